@@ -1,0 +1,7 @@
+"""`llmgw usage` (placeholder until its issue lands)."""
+
+from __future__ import annotations
+
+
+def register(sub) -> None:
+    pass

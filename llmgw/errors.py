@@ -1,0 +1,69 @@
+"""The small error vocabulary every part of llmgw raises.
+
+Each class carries its fields; the gateway maps them to OpenAI-style bodies in one table
+(gateway/errors.py) and the CLI prints `str(err)` and exits non-zero. No traceback ever reaches a user.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class LlmgwError(Exception):
+    """Base class: everything llmgw raises on purpose."""
+
+
+class ConfigError(LlmgwError):
+    def __init__(self, variable: str, reason: str):
+        self.variable, self.reason = variable, reason
+        super().__init__(f"{variable}: {reason}")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One problem in a document: where (a field path such as `models[2].profiles[0].gpu`) and why."""
+
+    path: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.reason}" if self.path else self.reason
+
+
+class CatalogInvalid(LlmgwError):
+    """A catalog failed validation; `problems` lists every problem found, not only the first."""
+
+    def __init__(self, source: str, problems: list[Problem]):
+        self.source, self.problems = source, list(problems)
+        super().__init__("\n".join(f"{source}: {p}" for p in self.problems))
+
+
+class CatalogConflict(LlmgwError):
+    """Compare-and-set failed: someone applied another catalog version in between."""
+
+    def __init__(self, expected: int, actual: int):
+        self.expected, self.actual = expected, actual
+        super().__init__(
+            f"catalog changed while applying: expected version {expected}, found {actual}; "
+            "re-run the command to diff against the new version"
+        )
+
+
+class Unschedulable(LlmgwError):
+    def __init__(self, model: str, profile: str, reason: str):
+        self.model, self.profile, self.reason = model, profile, reason
+        super().__init__(f"{model}/{profile}: {reason}")
+
+
+class EngineRefused(LlmgwError):
+    """An engine adapter refuses a profile (e.g. llama.cpp with tensor parallelism)."""
+
+    def __init__(self, engine: str, field: str, reason: str):
+        self.engine, self.field, self.reason = engine, field, reason
+        super().__init__(f"{engine}: {field}: {reason}")
+
+
+class NotFound(LlmgwError):
+    def __init__(self, kind: str, name: str):
+        self.kind, self.name = kind, name
+        super().__init__(f"no {kind} named {name!r}")

@@ -1,0 +1,61 @@
+"""Fixtures shared by every test: the process-leak detector and a real Redis.
+
+The leak detector gives each test its own LLMGW_TEST_TOKEN in the environment; every process the
+test starts (and every engine those start) inherits it. After the test, any live process still
+carrying it is killed and the test fails, naming the processes.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+
+from tests.support.cluster import Cluster
+from tests.support.procs import TOKEN_VAR, describe, kill_pids, processes_with_token, wait_until
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_processes(monkeypatch, request):
+    token = uuid.uuid4().hex
+    monkeypatch.setenv(TOKEN_VAR, token)
+    yield token
+    # Processes stopped a moment ago may still be exiting; give them a short, bounded while.
+    try:
+        wait_until(lambda: not processes_with_token(token), 5, what="test processes to exit")
+    except AssertionError:
+        leaked = processes_with_token(token)
+        names = "\n".join(describe(p) for p in leaked)
+        kill_pids(leaked)
+        pytest.fail(f"test left processes running:\n{names}", pytrace=False)
+
+
+@pytest.fixture
+def cluster(tmp_path, request):
+    """A Cluster whose processes are stopped (and their logs printed on failure) after the test."""
+    c = Cluster(tmp_path)
+    yield c
+    c.stop()
+    rep = getattr(request.node, "rep_call", None)
+    if rep is not None and rep.failed:
+        print(c.logs())
+
+
+@pytest.fixture
+def redis_server(cluster):
+    """A real redis-server on a free port; yields its URL."""
+    return cluster.start_redis()
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, f"rep_{rep.when}", rep)
+
+
+def pytest_collection_modifyitems(config, items):
+    # Keep the fast tests first: a broken unit shows up before minutes of end-to-end runs.
+    items.sort(key=lambda it: ("tests/e2e" in str(it.fspath), "tests/integration" in str(it.fspath)))
+    os.environ.setdefault("LLMGW_TESTING", "1")

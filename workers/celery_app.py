@@ -1,0 +1,58 @@
+"""The Celery app factory. `celery -A workers` finds the instance built in workers/__init__.py.
+
+Queues: `control` runs the reconciler, placement and publishing; each machine's agent consumes
+`node-<name>` (launch/stop for the replicas placed there). Tasks are short and idempotent; long
+supervision lives in the agent loop inside the node worker (workers/agent/step.py).
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from beat.schedule import beat_schedule
+from llmgw.config import Settings
+
+CONTROL_QUEUE = "control"
+
+
+def node_queue(node: str) -> str:
+    return f"node-{node}"
+
+
+class LlmgwCelery(Celery):
+    """A Celery app that carries llmgw's Settings, read once from the environment."""
+
+    settings: Settings
+
+
+def create_celery_app(settings: Settings) -> LlmgwCelery:
+    app = LlmgwCelery(
+        "llmgw",
+        broker=settings.redis_url,
+        include=["workers.control.tasks", "workers.agent.tasks"],
+    )
+    app.settings = settings
+    app.conf.update(
+        task_default_queue=CONTROL_QUEUE,
+        task_routes={
+            "llmgw.reconcile": {"queue": CONTROL_QUEUE},
+            "llmgw.publish": {"queue": CONTROL_QUEUE},
+            "llmgw.housekeeping": {"queue": CONTROL_QUEUE},
+        },
+        task_ignore_result=True,
+        task_acks_late=False,  # a redelivered control task is harmless, but don't invite it
+        worker_prefetch_multiplier=1,
+        broker_connection_retry_on_startup=True,
+        # Unacked tasks come back after this; our tasks take milliseconds.
+        broker_transport_options={"visibility_timeout": 300},
+        worker_send_task_events=True,  # for Flower
+        task_send_sent_event=True,
+        beat_schedule=beat_schedule(settings),
+        timezone="UTC",
+        enable_utc=True,
+    )
+    # The node agent's supervision loop runs inside a worker that consumes a node-<name> queue.
+    from workers.agent.step import AgentStep
+
+    app.steps["worker"].add(AgentStep)
+    return app
