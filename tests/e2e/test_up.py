@@ -1,0 +1,46 @@
+"""`llmgw up` is the main job: started here as a user would, it serves the built-in llama.cpp model,
+answers a chat completion, and leaves nothing behind after Ctrl-C (SIGINT)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+
+import openai
+import pytest
+
+from tests.support.procs import ProcessSet, free_port, processes_with_token, python, wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.llamacpp]
+
+
+def test_llmgw_up_serves_and_stops_clean(tmp_path, no_leaked_processes):
+    port = free_port()
+    procs = ProcessSet(tmp_path / "logs")
+    up = procs.start("up", [python(), "-m", "llmgw", "up", "--port", str(port),
+                            "--state-dir", str(tmp_path / "state"), "--node", "solo"])
+    try:
+        wait_until(lambda: "ready: the gateway answers" in up.log() or not up.alive(), 240,
+                   what="llmgw up to report ready")
+        assert up.alive(), up.log()
+        assert f"curl http://127.0.0.1:{port}/v1/chat/completions" in up.log()
+
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=60)
+        resp = client.chat.completions.create(
+            model="smollm2", messages=[{"role": "user", "content": "Say hello"}], max_tokens=8)
+        assert resp.choices[0].message.content is not None
+        assert resp.usage.completion_tokens > 0
+
+        # Processes it started: redis, control, beat, node agent, gateway, and the engine (+ shim).
+        assert len(processes_with_token(no_leaked_processes)) >= 6
+
+        up.signal_group(signal.SIGINT)
+        try:
+            code = up.popen.wait(60)
+        except subprocess.TimeoutExpired:
+            pytest.fail("llmgw up did not exit within 60 s of SIGINT:\n" + up.log())
+        assert code == 0, up.log()
+        assert "stopped" in up.log()
+        assert processes_with_token(no_leaked_processes) == [], "llmgw up left processes behind"
+    finally:
+        procs.stop_all()
