@@ -1,6 +1,8 @@
 """The applied catalog in Redis: versioned, hashed, replaced atomically by compare-and-set.
 
-(Draft: diff, history and the CLI are filled in by the catalog work; these signatures are stable.)
+`keys.CATALOG` holds the current document {"version", "hash", "spec", "applied_at", "applied_by",
+"source"}; `keys.CATALOG_HISTORY` keeps the last HISTORY_LIMIT documents, newest first. Versions only
+grow; applying content whose hash equals the applied one writes nothing.
 """
 
 from __future__ import annotations
@@ -9,10 +11,26 @@ import json
 import time
 
 import redis
+from pydantic import ValidationError
 
 from llmgw import keys
-from llmgw.catalog import Catalog, parse_catalog
-from llmgw.errors import CatalogConflict
+from llmgw.catalog import Catalog, _pydantic_problems
+from llmgw.errors import CatalogConflict, CatalogInvalid
+
+HISTORY_LIMIT = 50
+
+
+def _catalog_from_doc(doc: dict, where: str) -> Catalog:
+    # The stored spec was validated when applied and is fully resolved; only its structure is checked
+    # again, so a rule tightened in a later release never makes the running catalog unreadable.
+    try:
+        return Catalog.model_validate(doc["spec"])
+    except ValidationError as e:
+        raise CatalogInvalid(where, _pydantic_problems(e, "", "catalog")) from e
+
+
+def _meta(doc: dict) -> dict:
+    return {k: v for k, v in doc.items() if k != "spec"}
 
 
 def read_applied(r: redis.Redis) -> tuple[int, Catalog | None, dict]:
@@ -21,8 +39,37 @@ def read_applied(r: redis.Redis) -> tuple[int, Catalog | None, dict]:
     if not raw:
         return 0, None, {}
     doc = json.loads(raw)
-    meta = {k: v for k, v in doc.items() if k != "spec"}
-    return int(doc["version"]), parse_catalog(doc["spec"], "redis:" + keys.CATALOG), meta
+    return int(doc["version"]), _catalog_from_doc(doc, "redis:" + keys.CATALOG), _meta(doc)
+
+
+def applied_version(r: redis.Redis) -> int:
+    """The applied version (0 when none), without validating the spec."""
+    raw = r.get(keys.CATALOG)
+    return int(json.loads(raw)["version"]) if raw else 0
+
+
+def history(r: redis.Redis, n: int = 10) -> list[dict]:
+    """Metadata of the last `n` applied versions, newest first: version, hash, applied_at/by, source,
+    plus `models` and `replicas` counts."""
+    out = []
+    for raw in r.lrange(keys.CATALOG_HISTORY, 0, max(0, n - 1)) if n > 0 else []:
+        doc = json.loads(raw)
+        spec = doc.get("spec") or {}
+        models = spec.get("models", [])
+        meta = _meta(doc)
+        meta["models"] = len(models)
+        meta["replicas"] = sum(p.get("replicas", 0) for m in models for p in m.get("profiles", []))
+        out.append(meta)
+    return out
+
+
+def read_version(r: redis.Redis, version: int) -> tuple[Catalog, dict] | None:
+    """A past version still kept in the history (the last HISTORY_LIMIT), or None."""
+    for raw in r.lrange(keys.CATALOG_HISTORY, 0, -1):
+        doc = json.loads(raw)
+        if int(doc["version"]) == version:
+            return _catalog_from_doc(doc, f"redis:{keys.CATALOG_HISTORY}[v{version}]"), _meta(doc)
+    return None
 
 
 def apply_catalog(
@@ -36,33 +83,37 @@ def apply_catalog(
 ) -> tuple[int, bool]:
     """Store `catalog` as the next version. Returns (version, changed).
 
-    Applying a catalog whose hash equals the applied one changes nothing (no new version). With
-    `expected_version`, fails with CatalogConflict if someone applied another version in between.
+    Applying a catalog whose hash equals the applied one changes nothing (no new version), even if
+    another version was applied since `expected_version`: the result is already what was asked for.
+    Otherwise, with `expected_version`, fails with CatalogConflict (writing nothing) if the applied
+    version is no longer that one. The read, check and write are one WATCH/MULTI transaction.
     """
     now = time.time() if now is None else now
     digest = catalog.hash()
+    spec = catalog.canonical()
 
     def txn(pipe: redis.client.Pipeline) -> tuple[int, bool]:
         raw = pipe.get(keys.CATALOG)
         current = json.loads(raw) if raw else {"version": 0, "hash": None}
-        if expected_version is not None and current["version"] != expected_version:
-            raise CatalogConflict(expected_version, current["version"])
         if current.get("hash") == digest:
             pipe.multi()
-            return current["version"], False
-        version = current["version"] + 1
+            return int(current["version"]), False
+        if expected_version is not None and int(current["version"]) != expected_version:
+            raise CatalogConflict(expected_version, int(current["version"]))
+        version = int(current["version"]) + 1
         doc = {
             "version": version,
             "hash": digest,
-            "spec": catalog.canonical(),
+            "spec": spec,
             "applied_at": now,
             "applied_by": applied_by,
             "source": source,
         }
+        blob = json.dumps(doc, sort_keys=True)
         pipe.multi()
-        pipe.set(keys.CATALOG, json.dumps(doc))
-        pipe.lpush(keys.CATALOG_HISTORY, json.dumps(doc))
-        pipe.ltrim(keys.CATALOG_HISTORY, 0, 49)
+        pipe.set(keys.CATALOG, blob)
+        pipe.lpush(keys.CATALOG_HISTORY, blob)
+        pipe.ltrim(keys.CATALOG_HISTORY, 0, HISTORY_LIMIT - 1)
         return version, True
 
     return r.transaction(txn, keys.CATALOG, value_from_callable=True)

@@ -15,6 +15,9 @@ CATALOG = f"{PREFIX}:catalog"
 CATALOG_HISTORY = f"{PREFIX}:catalog:history"
 # Serialises applies from the file watcher (LLMGW_CATALOG) so two control workers don't race.
 CATALOG_FILE_LOCK = f"{PREFIX}:lock:catalog-file"
+# Hash: what the LLMGW_CATALOG watcher last saw of its file {path, stamp, sha, version, problems}, so
+# an unchanged file costs one stat and one HGETALL, and a rejected change is logged once, not per pass.
+CATALOG_FILE_STATE = f"{PREFIX}:catalog:file"
 
 # --- nodes ---------------------------------------------------------------------------------------
 # Set of every node name that ever sent a heartbeat (so an expired one can be reported as Lost).

@@ -12,7 +12,12 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from llmgw.catalog import MetricMapping, Model, Profile
-from llmgw.errors import Problem
+from llmgw.errors import EngineRefused, Problem
+
+
+class EngineUnavailable(EngineRefused):
+    """The engine cannot be started on this node (binary or model file missing): raised by
+    `command()`, which runs on the node; `field` says what is missing (`binary`, `source`, ...)."""
 
 
 @dataclass(frozen=True)
@@ -27,6 +32,13 @@ class LaunchContext:
     node_rank: int = 0  # 0 = head (serves HTTP) for multi-node replicas
     nnodes: int = 1
     master_addr: str | None = None  # head node's address, for multi-node
+
+    def __post_init__(self) -> None:
+        # A profile may override its model's `source` (e.g. a GGUF file for the llama.cpp tier of a
+        # model vLLM loads from Hugging Face); adapters read ctx.model.source and see the right one.
+        source = getattr(self.profile, "source", None)
+        if source and source != self.model.source:
+            object.__setattr__(self, "model", self.model.model_copy(update={"source": source}))
 
 
 @dataclass(frozen=True)
@@ -47,6 +59,9 @@ class EngineAdapter(ABC):
     default_metrics: ClassVar[MetricMapping]
     # Series tried, in order, when the mapped KV name is absent (e.g. vLLM's pre-0.9.2 name).
     kv_fallbacks: ClassVar[tuple[str, ...]] = ()
+    # Cumulative token counters (for learning a replica's speed); None = the engine has none.
+    prompt_tokens_metric: ClassVar[str | None] = None
+    generation_tokens_metric: ClassVar[str | None] = None
 
     def refusals(self, profile: Profile) -> list[Problem]:
         """What this engine refuses in a profile; paths are relative to the profile."""
@@ -69,6 +84,10 @@ class EngineAdapter(ABC):
             return m
         d = self.default_metrics
         return MetricMapping(running=d.running, waiting=m.waiting or d.waiting, kv_usage=m.kv_usage or d.kv_usage)
+
+    def token_metrics(self, profile: Profile) -> tuple[str | None, str | None]:
+        """Names of the (prompt, generation) token counters this profile's engine process exports."""
+        return self.prompt_tokens_metric, self.generation_tokens_metric
 
     @abstractmethod
     def command(self, ctx: LaunchContext) -> LaunchSpec:
