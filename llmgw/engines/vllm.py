@@ -1,9 +1,26 @@
-"""Adapter for engine `vllm` (stub: the command line is filled in by the engines work)."""
+"""Adapter for engine `vllm`: `vllm serve` (V1 engine), one process per replica per node.
+
+GPUs are pinned with CUDA_VISIBLE_DEVICES. A multi-node replica runs without Ray: every node runs
+`vllm serve` with `--nnodes/--node-rank/--master-addr`; only the head (rank 0) serves HTTP, the
+others are `--headless`. /health answers only after the (long) model load: the catalog gives vLLM
+profiles a 900 s start timeout by default.
+"""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+
 from llmgw.catalog import MetricMapping
-from llmgw.engines.base import EngineAdapter, LaunchContext, LaunchSpec
+from llmgw.engines.base import EngineAdapter, EngineUnavailable, LaunchContext, LaunchSpec
+
+VLLM_METRICS = MetricMapping(
+    running="vllm:num_requests_running",
+    waiting="vllm:num_requests_waiting",
+    kv_usage="vllm:kv_cache_usage_perc",
+)
+# Before 0.9.2 the KV gauge was vllm:gpu_cache_usage_perc (removed in 0.12).
+VLLM_KV_FALLBACKS = ("vllm:gpu_cache_usage_perc",)
 
 
 class VllmAdapter(EngineAdapter):
@@ -11,7 +28,37 @@ class VllmAdapter(EngineAdapter):
     needs_gpu = True
     supports_tensor_parallel = True
     supports_multi_node = True
-    default_metrics = MetricMapping(running="", waiting="", kv_usage="")
+    default_metrics = VLLM_METRICS
+    kv_fallbacks = VLLM_KV_FALLBACKS
+    prompt_tokens_metric = "vllm:prompt_tokens_total"
+    generation_tokens_metric = "vllm:generation_tokens_total"
+
+    def __init__(self, environ: Mapping[str, str] | None = None):
+        # LLMGW_VLLM names the executable (e.g. a venv's bin/vllm); default `vllm` from PATH.
+        self._environ = os.environ if environ is None else environ
 
     def command(self, ctx: LaunchContext) -> LaunchSpec:
-        raise NotImplementedError
+        p = ctx.profile
+        source = ctx.model.source or ctx.model.name
+        argv = [self._environ.get("LLMGW_VLLM") or "vllm", "serve", source,
+                "--host", ctx.host, "--port", str(ctx.port),
+                "--served-model-name", *ctx.model.names,
+                "--tensor-parallel-size", str(p.tensor_parallel)]
+        if p.pipeline_parallel > 1:
+            argv += ["--pipeline-parallel-size", str(p.pipeline_parallel)]
+        headless = False
+        if ctx.nnodes > 1:
+            if not ctx.master_addr:
+                raise EngineUnavailable(self.name, "nodes", f"replica {ctx.replica_id} spans {ctx.nnodes} nodes "
+                                                   "but no master address (head node) was given")
+            argv += ["--nnodes", str(ctx.nnodes), "--node-rank", str(ctx.node_rank),
+                     "--master-addr", ctx.master_addr]
+            if ctx.node_rank > 0:
+                argv.append("--headless")
+                headless = True
+        argv += p.args
+        env = dict(p.env)
+        if ctx.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in ctx.gpus)
+        return LaunchSpec(argv=tuple(argv), env=env, serves_http=not headless, health_path="/health",
+                          start_timeout=p.start_timeout)

@@ -1,0 +1,63 @@
+"""Command line of the simulated engine. Keep it stable: flags are only ever added."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+
+from llmgw.simengine.cli import parser
+from llmgw.simengine.core import SimConfig
+from llmgw.simengine.server import ServerOptions, build_server, log
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    names = tuple(args.served_model_name)
+    log(f"starting: models {', '.join(names)} on {args.host}:{args.port}")
+    if args.fail_start:
+        log("failing at start as asked (--fail-start)")
+        return 1
+    opts = ServerOptions(
+        host=args.host, port=args.port, names=names,
+        core=SimConfig(max_seqs=args.max_seqs, kv_tokens=args.kv_tokens, step_ms=args.step_ms,
+                       batch_alpha=args.batch_alpha, prefill_ms_per_token=args.prefill_ms_per_token,
+                       speed=args.speed),
+        max_tokens_default=args.max_tokens_default, metrics_style=args.metrics_style, seed=args.seed,
+        crash_after=args.crash_after, hang_after=args.hang_after, slow_start=args.slow_start, error_rate=args.error_rate,
+        log_requests=args.log_requests,
+    )
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    if args.startup_delay and stop.wait(args.startup_delay):
+        log("stopped during startup delay")
+        return 0
+    try:
+        server, app = build_server(opts)
+    except OSError as e:
+        log(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}")
+        return 1
+    app.started = time.monotonic()
+    app.engine.start()
+
+    def on_signal(signum, _frame):
+        log(f"received signal {signum}, shutting down")
+        # shutdown() waits for serve_forever, which runs in this (main) thread: call it elsewhere.
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    log(f"ready on http://{args.host}:{server.server_address[1]} (max-seqs {args.max_seqs}, "
+        f"metrics {args.metrics_style})")
+    try:
+        server.serve_forever(poll_interval=0.2)
+    finally:
+        app.engine.stop()
+        server.server_close()
+    log("stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

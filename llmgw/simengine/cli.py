@@ -1,0 +1,96 @@
+"""The simulated engine's command-line options, shared by `__main__` and the sim adapter (which
+checks a profile's args against them when the catalog is applied). Only ever add flags."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def _number(text: str, kind=float):
+    try:
+        return kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+
+
+def _fraction(text: str) -> float:
+    v = _number(text)
+    if not 0.0 <= v <= 1.0:
+        raise argparse.ArgumentTypeError("must be between 0 and 1")
+    return v
+
+
+def _positive_int(text: str) -> int:
+    v = _number(text, int)
+    if v < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return v
+
+
+def _non_negative(text: str) -> float:
+    v = _number(text)
+    if v < 0:
+        raise argparse.ArgumentTypeError("must not be negative")
+    return v
+
+
+def _positive(text: str) -> float:
+    v = _number(text)
+    if v <= 0:
+        raise argparse.ArgumentTypeError("must be positive")
+    return v
+
+
+def parser(exit_on_error: bool = True) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m llmgw.simengine", exit_on_error=exit_on_error,
+                                description="A simulated OpenAI-compatible LLM engine (vLLM-like metrics).")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", nargs="+", default=["sim"], metavar="NAME",
+                   help="the model name, then any aliases (all answer)")
+    p.add_argument("--model", default="", help="ignored; accepted so the command looks like a real engine's")
+    g = p.add_argument_group("load model")
+    g.add_argument("--max-seqs", type=_positive_int, default=16, help="sequences running at once; the rest wait")
+    g.add_argument("--kv-tokens", type=_positive_int, default=65536, help="KV budget in tokens")
+    g.add_argument("--step-ms", type=_non_negative, default=20.0, help="decode step with a batch of one (ms)")
+    g.add_argument("--batch-alpha", type=_non_negative, default=0.08,
+                   help="each extra running sequence makes a step this fraction slower")
+    g.add_argument("--prefill-ms-per-token", type=_non_negative, default=0.25)
+    g.add_argument("--speed", type=_positive, default=1.0, help="divides every duration (2 = twice as fast)")
+    g.add_argument("--max-tokens-default", type=_positive_int, default=16,
+                   help="output length when a request sets no max_tokens")
+    g.add_argument("--metrics-style", choices=("vllm", "llamacpp"), default="vllm")
+    f = p.add_argument_group("fault injection")
+    f.add_argument("--seed", type=int, default=0)
+    f.add_argument("--fail-start", action="store_true", help="log a line and exit 1 at start")
+    f.add_argument("--startup-delay", type=_non_negative, default=0.0,
+                   help="seconds before the port opens (connection refused meanwhile, like vLLM loading)")
+    f.add_argument("--slow-start", type=_non_negative, default=0.0,
+                   help="seconds /health answers 503 after the port opens (like llama.cpp loading)")
+    f.add_argument("--crash-after", type=_positive_int, default=None,
+                   help="exit hard (status 1) once N completion requests were answered")
+    f.add_argument("--hang-after", type=_positive_int, default=None,
+                   help="once N completion requests were answered, stop producing tokens while /health "
+                        "stays 200 and /metrics goes stale (a hung engine core)")
+    f.add_argument("--error-rate", type=_fraction, default=0.0,
+                   help="this fraction of completion requests answers 500 (seeded)")
+    f.add_argument("--log-requests", action="store_true")
+    return p
+
+
+def check_args(args: list[str]) -> list[str]:
+    """Problems with a profile's extra simengine args (unknown flag, bad value), without exiting."""
+    problems: list[str] = []
+    p = parser(exit_on_error=False)
+    # argparse reports some errors through error(), which exits: turn that into a problem too.
+    def fail(message: str) -> None:
+        raise argparse.ArgumentError(None, message)
+
+    p.error = fail  # type: ignore[method-assign]
+    try:
+        _, extra = p.parse_known_args(list(args))
+    except argparse.ArgumentError as e:
+        return problems + [str(e)]
+    if extra:
+        problems.append(f"unknown simengine option(s): {' '.join(extra)}")
+    return problems

@@ -1,0 +1,205 @@
+"""The simulated engine's batching model: pure, clock-free, unit-tested with a virtual clock.
+
+It models what makes a real engine's load numbers move: continuous batching of up to `max_seqs`
+running sequences (the rest wait, FIFO), a decode step that gets slower as the batch grows, prefill
+time proportional to the prompt, and a KV-cache budget in tokens. The HTTP server drives it with the
+real clock (plan a step, sleep its duration, finish it); tests drive it with `simulate()`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Knobs of the model. Times are in milliseconds at speed 1.0."""
+
+    max_seqs: int = 16
+    kv_tokens: int = 65536  # KV budget: prompt + generated tokens held by running sequences
+    step_ms: float = 20.0  # one decode step with a batch of one (20 ms = 50 tokens/s per stream)
+    batch_alpha: float = 0.08  # each extra sequence in the batch adds this fraction to a step
+    prefill_ms_per_token: float = 0.25
+    speed: float = 1.0  # >1 is faster: every duration is divided by it
+
+    def __post_init__(self) -> None:
+        if self.max_seqs < 1:
+            raise ValueError("max_seqs must be at least 1")
+        if self.kv_tokens < 1:
+            raise ValueError("kv_tokens must be at least 1")
+        if self.speed <= 0:
+            raise ValueError("speed must be positive")
+        if self.step_ms < 0 or self.batch_alpha < 0 or self.prefill_ms_per_token < 0:
+            raise ValueError("step_ms, batch_alpha and prefill_ms_per_token must not be negative")
+
+    def decode_seconds(self, batch: int) -> float:
+        """Duration of one decode step for `batch` running sequences."""
+        return self.step_ms * (1.0 + self.batch_alpha * max(0, batch - 1)) / self.speed / 1000.0
+
+    def prefill_seconds(self, prompt_tokens: int) -> float:
+        return self.prefill_ms_per_token * prompt_tokens / self.speed / 1000.0
+
+
+class RequestTooLarge(ValueError):
+    """A request could never fit the KV budget, however long it waited."""
+
+
+@dataclass
+class _Seq:
+    rid: str
+    prompt_tokens: int
+    max_tokens: int
+    arrival: float
+    generated: int = 0
+    prefilled: bool = False
+
+    @property
+    def reserved(self) -> int:
+        # Admission reserves the whole sequence, so a running sequence never has to be preempted.
+        return self.prompt_tokens + self.max_tokens
+
+    @property
+    def held(self) -> int:
+        return self.prompt_tokens + self.generated if self.prefilled else 0
+
+
+@dataclass(frozen=True)
+class Step:
+    """One engine iteration: every sequence in `batch` gets one token after `duration` seconds."""
+
+    duration: float
+    batch: tuple[str, ...]
+    prefill: tuple[str, ...]  # sequences whose prompt is processed in this step
+
+
+@dataclass(frozen=True)
+class Emit:
+    """One token produced for a request; `ttft` is set on its first token, `done` on its last."""
+
+    rid: str
+    index: int  # 0-based index of this token in the request's output
+    done: bool
+    ttft: float | None = None
+    e2e: float | None = None
+
+
+@dataclass
+class SimCore:
+    config: SimConfig
+    waiting: deque[_Seq] = field(default_factory=deque)
+    running: dict[str, _Seq] = field(default_factory=dict)
+    prompt_tokens_total: int = 0
+    generation_tokens_total: int = 0
+    requests_finished: int = 0
+    max_seq_tokens: int = 0  # longest prompt + output seen (llama.cpp's n_tokens_max)
+
+    # --- intake -----------------------------------------------------------------------------
+    def submit(self, rid: str, prompt_tokens: int, max_tokens: int, now: float) -> None:
+        """Queue a request. Raises RequestTooLarge if it could never fit the KV budget."""
+        if max_tokens < 1:
+            raise ValueError("max_tokens must be at least 1")
+        need = max(1, prompt_tokens) + max_tokens
+        if need > self.config.kv_tokens:
+            raise RequestTooLarge(
+                f"this request needs {need} tokens of KV cache (prompt {prompt_tokens} + max_tokens "
+                f"{max_tokens}) but the engine holds at most {self.config.kv_tokens}"
+            )
+        self.waiting.append(_Seq(rid, max(1, prompt_tokens), max_tokens, now))
+
+    def cancel(self, rid: str) -> None:
+        """Forget a request (client went away); frees its slot and KV at once."""
+        self.running.pop(rid, None)
+        for s in list(self.waiting):
+            if s.rid == rid:
+                self.waiting.remove(s)
+
+    # --- the engine loop ----------------------------------------------------------------------
+    def plan_step(self) -> Step | None:
+        """Admit waiting requests (FIFO, while a slot and KV are free) and plan the next step.
+        None when nothing is running."""
+        reserved = sum(s.reserved for s in self.running.values())
+        while self.waiting and len(self.running) < self.config.max_seqs:
+            head = self.waiting[0]
+            if reserved + head.reserved > self.config.kv_tokens:
+                break  # strict FIFO: the head waits for KV, nobody overtakes it
+            self.waiting.popleft()
+            self.running[head.rid] = head
+            reserved += head.reserved
+        if not self.running:
+            return None
+        prefill = tuple(s.rid for s in self.running.values() if not s.prefilled)
+        duration = self.config.decode_seconds(len(self.running)) + sum(
+            self.config.prefill_seconds(self.running[r].prompt_tokens) for r in prefill
+        )
+        return Step(duration=duration, batch=tuple(self.running), prefill=prefill)
+
+    def finish_step(self, step: Step, now: float) -> list[Emit]:
+        """Apply a planned step at time `now`: one token for each sequence still running."""
+        emits = []
+        for rid in step.batch:
+            seq = self.running.get(rid)
+            if seq is None:  # cancelled during the step
+                continue
+            ttft = None
+            if not seq.prefilled:
+                seq.prefilled = True
+                self.prompt_tokens_total += seq.prompt_tokens
+                ttft = now - seq.arrival
+            seq.generated += 1
+            self.generation_tokens_total += 1
+            self.max_seq_tokens = max(self.max_seq_tokens, seq.prompt_tokens + seq.generated)
+            done = seq.generated >= seq.max_tokens
+            e2e = None
+            if done:
+                del self.running[rid]
+                self.requests_finished += 1
+                e2e = now - seq.arrival
+            emits.append(Emit(rid, seq.generated - 1, done, ttft, e2e))
+        return emits
+
+    # --- what /metrics shows -------------------------------------------------------------------
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def kv_usage(self) -> float:
+        """Fraction of the KV budget holding tokens now (0..1), like vllm:kv_cache_usage_perc."""
+        return min(1.0, sum(s.held for s in self.running.values()) / self.config.kv_tokens)
+
+
+@dataclass(frozen=True)
+class Timing:
+    ttft: float
+    e2e: float
+    tokens: int
+
+
+def simulate(config: SimConfig, arrivals: list[tuple[float, str, int, int]]) -> dict[str, Timing]:
+    """Run the model on a virtual clock. `arrivals` are (time, rid, prompt_tokens, max_tokens);
+    returns each request's time to first token, end-to-end latency and output length."""
+    core = SimCore(config)
+    pending = sorted(arrivals)
+    now = 0.0
+    ttft: dict[str, float] = {}
+    out: dict[str, Timing] = {}
+    while pending or core.running or core.waiting:
+        while pending and pending[0][0] <= now:
+            t, rid, p, m = pending.pop(0)
+            core.submit(rid, p, m, t)
+        step = core.plan_step()
+        if step is None:
+            now = max(now, pending[0][0])  # idle until the next arrival
+            continue
+        now += step.duration
+        for e in core.finish_step(step, now):
+            if e.ttft is not None:
+                ttft[e.rid] = e.ttft
+            if e.done:
+                out[e.rid] = Timing(ttft[e.rid], e.e2e or 0.0, e.index + 1)
+    return out

@@ -1,0 +1,267 @@
+"""The simulated engine as a real process: OpenAI SDK calls, load numbers, fault injection."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import threading
+import time
+
+import openai
+import pytest
+import requests
+
+from llmgw.catalog import Profile
+from llmgw.engines import get_engine
+from llmgw.loadmetrics import read_load
+from tests.support.procs import ProcessSet, free_port, python, wait_until
+
+SIM = get_engine("sim")
+
+
+@pytest.fixture
+def procs(tmp_path):
+    ps = ProcessSet(tmp_path / "logs")
+    yield ps
+    ps.stop_all()
+
+
+def start(procs, *args, name="sim", ready=True):
+    port = free_port()
+    p = procs.start(name, [python(), "-m", "llmgw.simengine", "--host", "127.0.0.1", "--port", str(port),
+                           "--served-model-name", "sim-model", "sim-alias", *args])
+    url = f"http://127.0.0.1:{port}"
+    if ready:
+        wait_until(lambda: requests.get(url + "/health", timeout=1).status_code == 200, 15,
+                   what=f"sim /health 200\n{p.log()}")
+    return p, url
+
+
+def client(url) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=20)
+
+
+def load(url, profile=Profile(name="s", engine="sim")):
+    return read_load(requests.get(url + "/metrics", timeout=2).text, SIM, profile)
+
+
+def test_openai_sdk_chat_completions_and_models(procs):
+    _, url = start(procs, "--step-ms", "2")
+    c = client(url)
+    assert [m.id for m in c.models.list()] == ["sim-model", "sim-alias"]
+
+    r = c.chat.completions.create(model="sim-alias", messages=[{"role": "user", "content": "hello there"}], max_tokens=7)
+    assert r.choices[0].finish_reason == "length" and len(r.choices[0].message.content.split()) == 7
+    assert r.usage.completion_tokens == 7 and r.usage.prompt_tokens > 0
+    assert r.model == "sim-alias" and r.system_fingerprint == f"llmgw-sim-{url.rsplit(':', 1)[1]}"
+
+    chunks = list(c.chat.completions.create(model="sim-model", messages=[{"role": "user", "content": "hi"}],
+                                            max_tokens=5, stream=True, stream_options={"include_usage": True}))
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert len(text.split()) == 5
+    assert chunks[-1].usage.completion_tokens == 5 and chunks[-1].choices == []
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "length"
+
+    t = c.completions.create(model="sim-model", prompt="once upon a time", max_tokens=4)
+    assert len(t.choices[0].text.split()) == 4 and t.usage.prompt_tokens == 4
+
+    default = c.chat.completions.create(model="sim-model", messages=[{"role": "user", "content": "x"}])
+    assert default.usage.completion_tokens == 16 and default.choices[0].finish_reason == "stop"
+
+    after = load(url)
+    assert (after.running, after.waiting) == (0, 0)
+    assert after.generation_tokens_total == 7 + 5 + 4 + 16
+    assert after.prompt_tokens_total > 0 and after.kv_usage == 0.0
+
+
+def test_sse_chunks_arrive_one_by_one(procs):
+    _, url = start(procs, "--step-ms", "50")
+    with requests.post(url + "/v1/chat/completions", stream=True, timeout=10, headers={"X-Request-Id": "abc-1"},
+                       json={"model": "sim-model", "messages": [{"role": "user", "content": "x"}], "max_tokens": 6,
+                             "stream": True}) as r:
+        assert r.headers["Content-Type"].startswith("text/event-stream")
+        assert r.headers["X-Request-Id"] == "abc-1"
+        times, events = [], []
+        for line in r.iter_lines():
+            if line:
+                times.append(time.monotonic())
+                events.append(line)
+    assert events[-1] == b"data: [DONE]"
+    assert all(e.startswith(b"data: ") for e in events)
+    json.loads(events[1][6:])  # each event is one JSON chunk
+    assert times[-2] - times[1] > 4 * 0.04  # tokens were spread over the steps, not buffered
+
+
+def test_requests_beyond_max_seqs_wait_and_load_shows_it(procs):
+    _, url = start(procs, "--max-seqs", "2", "--step-ms", "20")
+    c = client(url)
+    errors = []
+
+    def one():
+        try:
+            c.chat.completions.create(model="sim-model", messages=[{"role": "user", "content": "x"}], max_tokens=25)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=one) for _ in range(5)]
+    for t in threads:
+        t.start()
+    seen = wait_until(lambda: (lambda l: l if (l.running, l.waiting) == (2, 3) else None)(load(url)), 5,
+                      interval=0.01, what="2 running, 3 waiting")
+    assert 0 < seen.kv_usage < 1
+    for t in threads:
+        t.join(20)
+    assert not errors
+    done = load(url)
+    assert (done.running, done.waiting, done.generation_tokens_total) == (0, 0, 125)
+
+
+def test_holds_many_concurrent_streams(procs):
+    n = 120
+    _, url = start(procs, "--max-seqs", "256", "--step-ms", "20", "--batch-alpha", "0")
+    results: list[int] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(n + 1)
+
+    def one():
+        s = requests.Session()
+        with s.post(url + "/v1/chat/completions", stream=True, timeout=30, json={
+                "model": "sim-model", "messages": [{"role": "user", "content": "x"}], "max_tokens": 40,
+                "stream": True}) as r:
+            barrier.wait(10)
+            count = sum(1 for line in r.iter_lines() if line.startswith(b"data: {"))
+        with lock:
+            results.append(count)
+
+    threads = [threading.Thread(target=one, daemon=True) for _ in range(n)]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    barrier.wait(20)  # every stream is open at once
+    assert load(url).running + load(url).waiting > 0
+    for t in threads:
+        t.join(30)
+    elapsed = time.monotonic() - t0
+    assert results == [41] * n  # role chunk + 40 tokens, for every stream
+    assert elapsed < 15, elapsed
+
+
+def test_client_disconnect_frees_the_slot(procs):
+    _, url = start(procs, "--max-seqs", "1", "--step-ms", "20")
+    r = requests.post(url + "/v1/chat/completions", stream=True, timeout=10, json={
+        "model": "sim-model", "messages": [{"role": "user", "content": "x"}], "max_tokens": 10000, "stream": True})
+    next(r.iter_lines())
+    assert load(url).running == 1
+    r.close()
+    wait_until(lambda: load(url).running == 0, 5, what="the abandoned stream to be aborted")
+
+
+def test_bad_requests_get_openai_style_errors(procs):
+    _, url = start(procs, "--kv-tokens", "100")
+    post = lambda body, **kw: requests.post(url + "/v1/chat/completions", timeout=5, **({"json": body} if body is not None else kw))  # noqa: E731
+    r = post(None, data=b"{not json", headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["type"] == "BadRequestError"
+    r = post({"model": "nope", "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 404 and "nope" in r.json()["error"]["message"]
+    r = post({"model": "sim-model", "messages": [{"role": "user", "content": "x"}], "max_tokens": 500})
+    assert r.status_code == 400 and "KV cache" in r.json()["error"]["message"]
+    r = post({"model": "sim-model", "messages": [], "max_tokens": 5})
+    assert r.status_code == 400
+    assert requests.get(url + "/nowhere", timeout=5).status_code == 404
+
+
+def test_llamacpp_metrics_style(procs):
+    _, url = start(procs, "--metrics-style", "llamacpp", "--step-ms", "1")
+    client(url).chat.completions.create(model="sim-model", messages=[{"role": "user", "content": "x"}], max_tokens=3)
+    text = requests.get(url + "/metrics", timeout=2).text
+    assert "llamacpp:requests_processing 0" in text and "vllm:" not in text
+    l = load(url, Profile(name="s", engine="sim", args=["--metrics-style", "llamacpp"]))
+    assert (l.running, l.waiting, l.kv_usage, l.generation_tokens_total) == (0, 0, None, 3)
+
+
+# --- fault injection -------------------------------------------------------------------------
+
+
+def test_fail_start_exits_1_after_a_log_line(procs):
+    p, _ = start(procs, "--fail-start", ready=False)
+    assert p.popen.wait(10) == 1
+    assert "failing at start" in p.log()
+
+
+def test_startup_delay_refuses_connections_then_serves(procs):
+    p, url = start(procs, "--startup-delay", "1.0", ready=False)
+    with pytest.raises(requests.ConnectionError):
+        requests.get(url + "/health", timeout=1)
+    wait_until(lambda: requests.get(url + "/health", timeout=1).status_code == 200, 10, what="health after delay")
+
+
+def test_slow_start_answers_503_then_200(procs):
+    _, url = start(procs, "--slow-start", "1.0", ready=False)
+    # (a tuple: a 503 Response is falsy)
+    (first,) = wait_until(lambda: (requests.get(url + "/health", timeout=1),), 10, what="the port to open")
+    assert first.status_code == 503 and first.json()["error"]["message"] == "Loading model"
+    r = requests.post(url + "/v1/chat/completions", timeout=5, json={"messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 503
+    wait_until(lambda: requests.get(url + "/health", timeout=1).status_code == 200, 10, what="health 200")
+
+
+def test_crash_after_n_requests(procs):
+    p, url = start(procs, "--crash-after", "2", "--step-ms", "1")
+    c = client(url)
+    for _ in range(2):
+        c.chat.completions.create(model="sim-model", messages=[{"role": "user", "content": "x"}], max_tokens=2)
+    assert p.popen.wait(10) == 1
+    assert "crashing after 2 requests" in p.log()
+
+
+def test_error_rate_is_seeded(procs):
+    def statuses(name):
+        p, url = start(procs, "--error-rate", "0.5", "--seed", "7", "--step-ms", "1", name=name)
+        out = [requests.post(url + "/v1/chat/completions", timeout=5, json={
+            "model": "sim-model", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1}).status_code
+            for _ in range(20)]
+        p.stop()
+        return out
+
+    a, b = statuses("sim-a"), statuses("sim-b")
+    assert a == b and set(a) == {200, 500}
+    assert 3 <= a.count(500) <= 17
+
+
+def test_sigterm_exits_cleanly_with_open_streams(procs):
+    p, url = start(procs, "--step-ms", "50")
+    r = requests.post(url + "/v1/chat/completions", stream=True, timeout=10, json={
+        "model": "sim-model", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1000, "stream": True})
+    next(r.iter_lines())
+    t0 = time.monotonic()
+    p.popen.send_signal(signal.SIGTERM)
+    assert p.popen.wait(5) == 0
+    assert time.monotonic() - t0 < 2
+    r.close()
+    with socket.socket() as s:  # the port is free again
+        s.bind(("127.0.0.1", int(url.rsplit(":", 1)[1])))
+
+
+def test_port_in_use_exits_1_with_a_clear_line(procs):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        p = procs.start("sim", [python(), "-m", "llmgw.simengine", "--port", str(port)])
+        assert p.popen.wait(10) == 1
+    assert "cannot listen" in p.log()
+
+
+def test_hang_after_keeps_http_up_but_stops_tokens(procs):
+    p, url = start(procs, "--hang-after", "1", "--step-ms", "1")
+    c = client(url)
+    c.chat.completions.create(model="sim-model", messages=[{"role": "user", "content": "x"}], max_tokens=2)
+    before = load(url).generation_tokens_total
+    with pytest.raises(openai.APITimeoutError):
+        c.with_options(timeout=0.5).chat.completions.create(
+            model="sim-model", messages=[{"role": "user", "content": "x"}], max_tokens=2)
+    assert requests.get(url + "/health", timeout=2).status_code == 200
+    stuck = load(url)
+    assert stuck.generation_tokens_total == before and stuck.running + stuck.waiting >= 1
+    assert p.alive()
