@@ -27,10 +27,13 @@ class State(str, enum.Enum):
 
 @dataclass(frozen=True)
 class CrashPolicy:
-    """How many unexpected exits within `window` seconds make a CrashLoop."""
+    """How many unexpected exits within `window` seconds make a CrashLoop.
+
+    The window must span several capped restart backoffs (the agent retries a crash-looping engine
+    every 60 s at most), or a replica that never recovers would flicker back to Failed."""
 
     max_failures: int = 4
-    window: float = 120.0
+    window: float = 600.0
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,124 @@
-"""The bootstep that runs the node agent inside a node worker (stub until the agent lands)."""
+"""The bootstep that runs the node agent inside a node worker's main process.
+
+A worker consuming a `node-<name>` queue is that node's agent; a worker consuming only `control` (or
+other queues) runs no agent. The queues a worker consumes are known before bootsteps are built
+(`WorkController.setup_queues` runs first), so the step decides in `__init__`. A worker told to consume
+another node's queue (`-Q node-b` with LLMGW_NODE=a) fails at start-up: it would otherwise launch
+node b's engines on node a.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+from pathlib import Path
 
 from celery import bootsteps
+
+from llmgw.errors import ConfigError
+
+log = logging.getLogger("llmgw.agent")
+
+NODE_QUEUE_PREFIX = "node-"
+
+
+def consumed_queues(app) -> list[str]:
+    return sorted(app.amqp.queues.consume_from.keys())
+
+
+def agent_queue(queues: list[str], node_name: str) -> str | None:
+    """The node queue this worker consumes, if any; ConfigError if it names another node."""
+    node_queues = [q for q in queues if q.startswith(NODE_QUEUE_PREFIX)]
+    if not node_queues:
+        return None
+    expected = NODE_QUEUE_PREFIX + node_name
+    wrong = [q for q in node_queues if q != expected]
+    if wrong:
+        raise ConfigError(
+            "LLMGW_NODE",
+            f"this worker consumes {', '.join(wrong)} but LLMGW_NODE is {node_name!r} "
+            f"(expected only -Q {expected}); set LLMGW_NODE to match the queue",
+        )
+    return expected
+
+
+def acquire_node_lock(state_dir, node: str):
+    """Hold `<state_dir>/agent.lock` (flock) for the life of this process, so two agents can never
+    supervise the same engines. The kernel drops the lock when the holder dies, even by kill -9, so a
+    restarted agent takes over at once. ConfigError if another live agent holds it."""
+    path = Path(state_dir) / "agent.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    f = open(path, "a+")
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        raise ConfigError(
+            "LLMGW_STATE_DIR",
+            f"another node agent ({holder}) already supervises {path.parent}; stop it first or give "
+            f"this one its own state dir",
+        ) from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"node {node}, pid {os.getpid()}")
+    f.flush()
+    # A prefork pool's children share the open file (and so the lock): close it in them, or a pool
+    # child outliving a killed agent would keep the next agent out.
+    os.register_at_fork(after_in_child=f.close)
+    return f
+
+
+class _AgentService:
+    """What the step starts and stops: the agent's threads in this process."""
+
+    def __init__(self, app):
+        from llmgw.gpus import parse_class_map
+        from llmgw.store import Store, connect
+        from workers.agent.config import AgentConfig
+        from workers.agent.inventory import discover_gpus
+        from workers.agent.loop import Agent
+        from workers.agent.probe import HttpProber
+        from workers.agent.runner import ShimRunner
+
+        settings = app.settings
+        config = AgentConfig.from_env()
+        parse_class_map(os.environ.get("LLMGW_GPU_CLASS_MAP", ""))  # a typo stops the agent here
+        self.lock_file = acquire_node_lock(settings.state_dir, settings.node_name)
+        self.agent = Agent(
+            settings, config, Store(connect(settings.redis_url)),
+            ShimRunner(settings.state_dir, config.log_max_bytes, config.log_keep),
+            HttpProber(), gpus=discover_gpus(settings.node_gpus),
+        )
+
+    def start(self) -> None:
+        self.agent.start()
+
+    def stop(self) -> None:
+        self.agent.stop()
+
+    def terminate(self) -> None:
+        self.agent.stop()
 
 
 class AgentStep(bootsteps.StartStopStep):
     requires = {"celery.worker.components:Timer"}
+
+    def __init__(self, worker, **kwargs):
+        super().__init__(worker, **kwargs)
+        settings = worker.app.settings
+        try:
+            self.queue = agent_queue(consumed_queues(worker.app), settings.node_name)
+        except ConfigError as e:
+            # Refuse to start, with one clear line rather than a traceback.
+            raise SystemExit(f"llmgw node agent: {e}") from None
+        self.enabled = self.queue is not None
+
+    def create(self, worker):
+        log.info("starting the node agent for %s (queue %s)", worker.app.settings.node_name, self.queue)
+        try:
+            return _AgentService(worker.app)
+        except ConfigError as e:  # e.g. a malformed LLMGW_NODE_GPUS or LLMGW_AGENT_* value
+            raise SystemExit(f"llmgw node agent: {e}") from None

@@ -1,0 +1,434 @@
+"""The agent loop (the shell around `decide`) driven with fakes: fakeredis, a fake process runner, a
+fake prober and a fake clock. `runner.set_ready(id)`, `runner.crash(id, exit_code=1)`, `clock.advance(5)`.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass, field
+
+import fakeredis
+import pytest
+import yaml
+
+from llmgw.catalog import parse_catalog
+from llmgw.catalog_store import apply_catalog
+from llmgw.config import Settings
+from llmgw.records import ReplicaRecord
+from llmgw.replica_state import State, derive
+from llmgw.store import Store
+from workers.agent import supervisor as sv
+from workers.agent.config import AgentConfig
+from workers.agent.loop import Agent
+from workers.agent.probe import ProbeResult
+from workers.agent.runner import Found, Seen
+
+CATALOG = """
+models:
+  - name: m
+    profiles:
+      - name: p
+        engine: sim
+        start_timeout: 30
+"""
+
+
+class FakeClock:
+    def __init__(self, t: float = 1000.0):
+        self.t = t
+
+    def time(self) -> float:
+        return self.t
+
+    def monotonic(self) -> float:
+        return self.t
+
+    def advance(self, s: float) -> None:
+        self.t += s
+
+
+@dataclass
+class FakeProc:
+    rid: str
+    attempt: int
+    pid: int
+    port: int
+    alive: bool = True
+    ready: bool = False
+    exit: sv.ExitFacts | None = None
+    signals: list[int] = field(default_factory=list)
+
+
+class FakeRunner:
+    def __init__(self, clock: FakeClock):
+        self.clock = clock
+        self.procs: dict[str, FakeProc] = {}
+        self.next_pid = 100
+        self.spawned: list[tuple[str, int, tuple[str, ...]]] = []
+        self.specs = {}
+        self.exit_on_term = True
+
+    # --- test controls ---
+    def set_ready(self, rid: str) -> None:
+        self.procs[rid].ready = True
+
+    def crash(self, rid: str, exit_code: int = 1) -> None:
+        p = self.procs[rid]
+        p.alive, p.ready = False, False
+        p.exit = sv.ExitFacts(exit_code, None, self.clock.time())
+
+    # --- the seam ---
+    def spawn(self, rid, attempt, spec):
+        self.next_pid += 1
+        port = int(spec.argv[spec.argv.index("--port") + 1])
+        self.procs[rid] = FakeProc(rid, attempt, self.next_pid, port)
+        self.spawned.append((rid, attempt, spec.argv))
+        self.specs[rid] = spec
+        return self.next_pid, self.next_pid * 10
+
+    def observe(self, rid, attempt, pid, pid_start):
+        p = self.procs.get(rid)
+        if p is None or p.attempt != attempt:
+            return Seen(False, None, pid, pid_start)
+        return Seen(p.alive, p.exit, p.pid, p.pid * 10, p.pid + 1)
+
+    def signal(self, rid, pid, pid_start, sig):
+        p = self.procs.get(rid)
+        if p is None or p.pid != pid or not p.alive:
+            return
+        p.signals.append(sig)
+        if sig == signal.SIGKILL or self.exit_on_term:
+            p.alive, p.ready = False, False
+            p.exit = sv.ExitFacts(-sig, sig, self.clock.time())
+
+    def discover(self):
+        return {r: Found(r, p.attempt, p.pid, p.pid * 10, p.pid + 1, p.alive) for r, p in self.procs.items()}
+
+    def known_dirs(self):
+        return list(self.procs)
+
+    def last_activity(self, rid):
+        return self.clock.time()
+
+    def remove(self, rid):
+        self.procs.pop(rid, None)
+
+    def log_tail(self, rid, max_bytes=4000):
+        return f"log of {rid}"
+
+
+class FakeProber:
+    def __init__(self, runner: FakeRunner):
+        self.runner = runner
+
+    def health(self, url, timeout):
+        port = int(url.rsplit(":", 1)[1].split("/")[0])
+        ok = any(p.alive and p.ready and p.port == port for p in self.runner.procs.values())
+        return ProbeResult(ok, None if ok else "connection refused")
+
+    def fetch(self, url, timeout):
+        return "vllm:num_requests_running 1\n"
+
+
+@pytest.fixture
+def env():
+    r = fakeredis.FakeRedis(decode_responses=True)
+    apply_catalog(r, parse_catalog(yaml.safe_load(CATALOG)), source="test", applied_by="test")
+    clock = FakeClock()
+    runner = FakeRunner(clock)
+    settings = Settings(node_name="a", port_range=(30000, 30009))
+    config = AgentConfig(backoff_base=1, backoff_cap=60, stop_grace=10, probe_interval=0)
+    store = Store(r)
+
+    def make_agent(bindable=lambda port: True):
+        return Agent(settings, config, store, runner, FakeProber(runner), clock, bindable=bindable)
+
+    return store, runner, clock, make_agent
+
+
+def create(store, rid="r1", **kw):
+    store.create_replica(ReplicaRecord(id=rid, model="m", profile="p", node="a", nodes=["a"], **kw))
+
+
+def state(store, rid="r1", now=1000.0):
+    return derive(store.get_replica(rid), True, now).state
+
+
+def test_start_then_ready(env):
+    store, runner, clock, make_agent = env
+    agent = make_agent()
+    create(store)
+    agent.tick()
+    rec = store.get_replica("r1")
+    assert rec.attempt == 1 and rec.port == 30000 and rec.url == "http://127.0.0.1:30000"
+    assert rec.pid == runner.procs["r1"].pid and rec.pid_start == rec.pid * 10
+    assert state(store, now=clock.t) is State.STARTING
+    clock.advance(1)
+    runner.set_ready("r1")
+    agent.tick()
+    rec = store.get_replica("r1")
+    assert rec.first_ready_at == clock.t and rec.last_probe_ok
+    assert state(store, now=clock.t) is State.READY
+    assert [t.replica_id for t in agent.targets] == ["r1"]
+
+
+def test_crash_backoff_1_2_4_then_crashloop(env):
+    store, runner, clock, make_agent = env
+    agent = make_agent()
+    create(store)
+    agent.tick()
+    expected_backoffs = [1, 2, 4, 8]
+    for i, backoff in enumerate(expected_backoffs):
+        runner.set_ready("r1")
+        agent.tick()
+        runner.crash("r1", exit_code=1)
+        agent.tick()
+        rec = store.get_replica("r1")
+        assert rec.exit_code == 1 and rec.restarts == i + 1 and rec.log_tail == "log of r1"
+        assert rec.next_restart_at == pytest.approx(clock.t + backoff)
+        clock.advance(backoff - 0.5)
+        agent.tick()
+        assert store.get_replica("r1").attempt == i + 1, "restarted before its backoff"
+        clock.advance(0.5)
+        if i < 3:
+            assert state(store, now=clock.t) is State.FAILED
+        agent.tick()
+        assert store.get_replica("r1").attempt == i + 2
+    runner.crash("r1", exit_code=1)
+    agent.tick()
+    assert state(store, now=clock.t) is State.CRASHLOOP
+    assert len(runner.spawned) == 5
+
+
+def test_stop_requested_then_stopped(env):
+    store, runner, clock, make_agent = env
+    agent = make_agent()
+    create(store)
+    agent.tick()
+    runner.exit_on_term = False  # an engine that ignores SIGTERM
+    store.update_replica("r1", stop_requested_at=clock.t, stop_reason="scale down")
+    agent.tick()
+    assert runner.procs["r1"].signals == [signal.SIGTERM]
+    assert state(store, now=clock.t) is State.STOPPING
+    clock.advance(10)
+    agent.tick()
+    assert runner.procs["r1"].signals == [signal.SIGTERM, signal.SIGKILL]
+    agent.tick()
+    rec = store.get_replica("r1")
+    assert rec.stopped_at == clock.t and rec.exit_signal == signal.SIGKILL
+    assert state(store, now=clock.t) is State.STOPPED
+    assert not rec.failure_times
+
+
+def test_a_new_agent_adopts_instead_of_restarting(env):
+    store, runner, clock, make_agent = env
+    first = make_agent()
+    create(store)
+    first.tick()
+    runner.set_ready("r1")
+    first.tick()
+    pid = store.get_replica("r1").pid
+    clock.advance(300)  # the old agent is gone for a while; the engine keeps running
+    second = make_agent()
+    actions = second.tick()
+    assert actions == [sv.Adopt("r1", pid, pid * 10, pid + 1)]
+    rec = store.get_replica("r1")
+    assert rec.adopted_at == clock.t and rec.pid == pid and rec.attempt == 1 and rec.restarts == 0
+    second.tick()
+    assert len(runner.spawned) == 1 and state(store, now=clock.t) is State.READY
+
+
+def test_an_engine_whose_record_was_deleted_is_stopped(env):
+    store, runner, clock, make_agent = env
+    agent = make_agent()
+    create(store)
+    agent.tick()
+    store.delete_replica("r1")
+    agent.tick()
+    assert runner.procs["r1"].signals == [signal.SIGTERM] and not runner.procs["r1"].alive
+    assert store.get_replica("r1") is None  # never resurrected
+
+
+def test_ports_skip_records_and_bound_ports(env):
+    store, runner, clock, make_agent = env
+    agent = make_agent(bindable=lambda port: port != 30001)
+    create(store, "r0", port=30000)  # holds 30000 already (e.g. its previous attempt)
+    create(store, "r1")
+    create(store, "r2")
+    agent.tick()
+    ports = {rid: store.get_replica(rid).port for rid in ("r0", "r1", "r2")}
+    assert ports["r0"] == 30000  # keeps its own port
+    assert sorted([ports["r1"], ports["r2"]]) == [30002, 30003]
+
+
+def test_a_replica_whose_model_is_not_in_the_catalog_is_not_started(env):
+    store, runner, clock, make_agent = env
+    agent = make_agent()
+    store.create_replica(ReplicaRecord(id="x", model="nope", profile="p", node="a", nodes=["a"]))
+    create(store, "r1")
+    agent.tick()
+    assert [s[0] for s in runner.spawned] == ["r1"]
+    assert store.get_replica("x").started_at is None
+
+
+def test_a_failing_spawn_is_a_failed_attempt_not_a_dead_loop(env):
+    store, runner, clock, make_agent = env
+    agent = make_agent()
+
+    def boom(*a):
+        raise OSError("no such file")
+
+    runner.spawn = boom
+    create(store)
+    agent.tick()
+    rec = store.get_replica("r1")
+    assert rec.failure_times == [clock.t] and "no such file" in rec.log_tail
+    assert state(store, now=clock.t) is State.FAILED
+
+
+def test_start_timeout_kills_and_counts_as_failure(env):
+    store, runner, clock, make_agent = env
+    agent = make_agent()
+    create(store)
+    agent.tick()
+    clock.advance(31)
+    agent.tick()  # SIGTERM: not healthy within 30 s
+    agent.tick()  # its exit is recorded as a failure
+    rec = store.get_replica("r1")
+    assert rec.exit_signal == signal.SIGTERM and len(rec.failure_times) == 1
+    assert "start timeout" in rec.log_tail
+
+
+def test_heartbeat_reports_the_node(env):
+    store, runner, clock, make_agent = env
+    agent = make_agent()
+    agent.heartbeat()
+    info = store.live_nodes()["a"]
+    assert info.name == "a" and info.cpu_cores >= 1 and info.agent_started_at == 1000.0
+
+
+def test_scraper_writes_load_records(env):
+    from workers.agent.scrape import Scraper
+
+    store, runner, clock, make_agent = env
+    agent = make_agent()
+    create(store)
+    agent.tick()
+    runner.set_ready("r1")
+    agent.tick()
+    scraper = Scraper(store, agent.prober, lambda: agent.targets, agent.config, clock)
+    [load] = scraper.once()
+    assert load.ok and load.replica_id == "r1"
+    assert store.loads(["r1"])["r1"].ok
+
+    class Failing:
+        def fetch(self, url, timeout):
+            raise OSError("timed out")
+
+    scraper.prober = Failing()
+    [bad] = scraper.once()
+    assert not bad.ok and bad.error == "timed out" and not store.loads(["r1"])["r1"].ok
+
+
+def test_multi_node_member_part_starts_with_rank_and_master_addr(env, monkeypatch):
+    """Node b runs rank 1 of a two-node replica headed by a; only the head writes agent fields."""
+    from llmgw.engines.base import LaunchSpec
+    from llmgw.records import NodeInfo
+
+    store, runner, clock, make_agent = env
+    contexts = []
+
+    class Recording:
+        def command(self, ctx):
+            contexts.append(ctx)
+            return LaunchSpec(argv=("engine", "--port", str(ctx.port)), serves_http=ctx.node_rank == 0)
+
+    monkeypatch.setattr("workers.agent.loop.get_engine", lambda name: Recording())
+    store.write_heartbeat(NodeInfo(name="a", address="10.0.0.1"), 60)
+    store.create_replica(ReplicaRecord(id="mn", model="m", profile="p", node="a", nodes=["a", "b"],
+                                       gpus={"a": [0, 1], "b": [2, 3]}))
+    member = Agent(Settings(node_name="b", port_range=(30100, 30109)), AgentConfig(probe_interval=0),
+                   store, runner, FakeProber(runner), clock, bindable=lambda p: True)
+    member.tick()
+    [ctx] = contexts
+    assert (ctx.node, ctx.node_rank, ctx.nnodes, ctx.master_addr, ctx.gpus) == ("b", 1, 2, "10.0.0.1", (2, 3))
+    rec = store.get_replica("mn")
+    assert rec.started_at is None and rec.pid is None, "a member part must not write the head's fields"
+    clock.advance(600)  # a headless part has no health endpoint: no start timeout kills it
+    member.tick()
+    assert runner.procs["mn"].alive and len(runner.spawned) == 1
+    # stop request reaches the member part too
+    store.update_replica("mn", stop_requested_at=clock.t)
+    member.tick()
+    assert not runner.procs["mn"].alive
+    member.tick()
+    assert store.get_replica("mn").stopped_at is None  # the head reports the stop, not the member
+
+
+def test_a_wiped_redis_does_not_stop_every_engine(env):
+    from llmgw import keys
+
+    store, runner, clock, make_agent = env
+    agent = make_agent()
+    create(store)
+    agent.tick()
+    store.r.flushall()  # records and catalog gone: a wiped or wrong Redis, not a deletion
+    agent.tick()
+    assert runner.procs["r1"].alive and runner.procs["r1"].signals == []
+    apply_catalog(store.r, parse_catalog(yaml.safe_load(CATALOG)), source="t", applied_by="t")
+    agent.catalog.fetched = -1e18  # skip the cache's 2 s
+    agent.tick()
+    assert not runner.procs["r1"].alive and keys.CATALOG
+
+
+def test_one_replica_that_cannot_be_observed_does_not_stop_the_pass(env):
+    store, runner, clock, make_agent = env
+    agent = make_agent()
+    create(store, "bad", attempt=1, started_at=clock.t, pid=1)
+    create(store, "good")
+    real = runner.observe
+
+    def observe(rid, *a):
+        if rid == "bad":
+            raise PermissionError("/proc says no")
+        return real(rid, *a)
+
+    runner.observe = observe
+    agent.tick()
+    assert [s[0] for s in runner.spawned] == ["good"]
+    assert store.get_replica("bad").exited_at is None  # unknown is not a crash
+
+
+def test_a_ready_replica_turns_unhealthy_only_after_3_failed_probes(env):
+    store, runner, clock, make_agent = env
+    agent = make_agent()
+    create(store)
+    agent.tick()
+    runner.set_ready("r1")
+    agent.tick()
+    runner.procs["r1"].ready = False  # /health stops answering
+    for _ in range(2):
+        clock.advance(1)
+        agent.tick()
+        assert state(store, now=clock.t) is State.READY
+    clock.advance(1)
+    agent.tick()
+    assert state(store, now=clock.t) is State.UNHEALTHY
+    assert store.get_replica("r1").probe_error == "connection refused"
+    runner.set_ready("r1")
+    clock.advance(1)
+    agent.tick()
+    assert state(store, now=clock.t) is State.READY
+
+
+def test_engines_on_a_gpu_node_see_only_their_gpus(env):
+    from llmgw.gpus import parse_gpu_spec
+
+    store, runner, clock, make_agent = env
+    agent = make_agent()
+    agent.gpus = parse_gpu_spec("l4:4")
+    store.create_replica(ReplicaRecord(id="g", model="m", profile="p", node="a", nodes=["a"], gpus={"a": [2, 3]}))
+    create(store, "cpu")
+    agent.tick()
+    assert runner.specs["g"].env["CUDA_VISIBLE_DEVICES"] == "2,3"
+    assert runner.specs["cpu"].env["CUDA_VISIBLE_DEVICES"] == ""

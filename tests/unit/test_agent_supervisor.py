@@ -1,0 +1,150 @@
+"""The agent's pure decision function: start, backoff, CrashLoop, stop, adopt, orphans, timeouts."""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+
+import pytest
+
+from llmgw.records import ReplicaRecord
+from llmgw.replica_state import State, derive
+from workers.agent import supervisor as sv
+
+P = sv.Policy(backoff_base=1, backoff_cap=60, backoff_reset=120, stop_grace=10, liveness_timeout=30)
+
+
+def rec(**kw) -> ReplicaRecord:
+    base = dict(id="r1", model="m", profile="p", node="a", nodes=["a"])
+    base.update(kw)
+    return ReplicaRecord(**base)
+
+
+def one(r: ReplicaRecord, obs: sv.Observed | None = None, now: float = 100.0, policy=P):
+    return sv.decide([r], {r.id: obs} if obs else {}, [], now, policy)
+
+
+def test_a_new_record_is_started():
+    assert one(rec()) == [sv.Start("r1", 1, restart=False)]
+
+
+def test_a_running_known_attempt_needs_nothing():
+    r = rec(attempt=1, started_at=90, pid=5, first_ready_at=91)
+    assert one(r, sv.Observed(alive=True, known=True, pid=5, last_ok_at=99)) == []
+
+
+@pytest.mark.parametrize("n,expected", [(1, 1), (2, 2), (3, 4), (4, 8), (7, 60), (40, 60)])
+def test_backoff_doubles_and_is_capped(n, expected):
+    assert sv.backoff(n, P) == expected
+
+
+def test_a_crash_is_recorded_with_backoff_1_2_4():
+    r = rec(attempt=1, started_at=90, pid=5)
+    exit = sv.ExitFacts(1, None, 100.0)
+    [a] = one(r, sv.Observed(alive=False, exit=exit, known=True))
+    assert isinstance(a, sv.RecordExit)
+    assert a.failure_times == (100.0,) and a.next_restart_at == 101.0 and a.restarts == 1
+    r2 = rec(attempt=2, started_at=101, pid=6, failure_times=[100.0], restarts=1)
+    [b] = one(r2, sv.Observed(exit=sv.ExitFacts(1, None, 102.0)), now=102)
+    assert b.next_restart_at == 104.0 and b.restarts == 2
+    r3 = rec(attempt=3, started_at=104, failure_times=[100.0, 102.0], restarts=2)
+    [c] = one(r3, sv.Observed(exit=sv.ExitFacts(1, None, 105.0)), now=105)
+    assert c.next_restart_at == 109.0
+
+
+def test_restart_waits_for_next_restart_at():
+    r = rec(attempt=1, started_at=90, exited_at=100, exit_code=1, failure_times=[100.0], next_restart_at=101)
+    assert one(r, now=100.5) == []
+    assert one(r, now=101.0) == [sv.Start("r1", 2, restart=True)]
+
+
+def test_unknown_exit_counts_as_a_failure():
+    r = rec(attempt=1, started_at=90, pid=5)
+    [a] = one(r, sv.Observed(alive=False, exit=None), now=100)
+    assert a.exit == sv.ExitFacts(None, None, 100) and a.failure_times == (100,)
+
+
+def test_repeated_crashes_become_crashloop_and_keep_retrying():
+    """Drive decide and apply its facts by hand: after 4 failures derive() says CrashLoop, and the
+    agent still schedules the next attempt."""
+    r, now = rec(), 0.0
+    for i in range(4):
+        [start] = one(r, now=now)
+        assert isinstance(start, sv.Start)
+        r = dataclasses.replace(r, attempt=start.attempt, started_at=now, pid=10 + i)
+        now += 0.5
+        [ex] = one(r, sv.Observed(exit=sv.ExitFacts(1, None, now)), now=now)
+        r = dataclasses.replace(r, exited_at=now, exit_code=1, failure_times=list(ex.failure_times),
+                                next_restart_at=ex.next_restart_at, restarts=ex.restarts)
+        now = ex.next_restart_at
+    assert derive(r, True, r.exited_at).state is State.CRASHLOOP
+    assert r.next_restart_at == r.exited_at + 8  # 1, 2, 4, 8
+    assert one(r, now=r.next_restart_at) == [sv.Start("r1", 5, restart=True)]
+
+
+def test_a_long_healthy_run_resets_the_streak():
+    r = rec(attempt=5, started_at=1000, first_ready_at=1001, failure_times=[1, 2, 3, 4], restarts=4)
+    [a] = one(r, sv.Observed(exit=sv.ExitFacts(1, None, 1200.0)), now=1200)
+    assert a.failure_times == (1200.0,) and a.next_restart_at == 1201.0
+
+
+def test_stop_requested_terms_then_kills_after_grace_then_marks_stopped():
+    r = rec(attempt=1, started_at=90, pid=5, pid_start=77, stop_requested_at=99, stop_reason="scale down")
+    [t] = one(r, sv.Observed(alive=True, known=True, pid=5, pid_start=77), now=100)
+    assert t == sv.Signal("r1", 5, 77, signal.SIGTERM, "stop requested: scale down")
+    assert one(r, sv.Observed(alive=True, known=True, pid=5, pid_start=77, term_sent_at=100), now=105) == []
+    [k] = one(r, sv.Observed(alive=True, known=True, pid=5, pid_start=77, term_sent_at=100), now=110)
+    assert k.sig == signal.SIGKILL
+    exit = sv.ExitFacts(-9, 9, 110.5)
+    assert one(r, sv.Observed(alive=False, exit=exit), now=111) == [sv.MarkStopped("r1", exit, 111)]
+    assert one(dataclasses.replace(r, stopped_at=111), now=112) == []
+
+
+def test_stop_of_a_never_started_replica_is_immediate():
+    r = rec(stop_requested_at=5)
+    assert one(r, now=6) == [sv.MarkStopped("r1", None, 6)]
+
+
+def test_an_unknown_running_attempt_is_adopted_not_restarted():
+    r = rec(attempt=3, started_at=50, pid=5, pid_start=77, first_ready_at=51)
+    acts = one(r, sv.Observed(alive=True, known=False, pid=5, pid_start=77, engine_pid=6, last_ok_at=None), now=100)
+    assert acts == [sv.Adopt("r1", 5, 77, 6)]
+
+
+def test_not_healthy_within_start_timeout_is_terminated():
+    r = rec(attempt=1, started_at=0, pid=5)
+    obs = sv.Observed(alive=True, known=True, pid=5, start_timeout=30)
+    assert one(r, obs, now=29) == []
+    [t] = one(r, obs, now=31)
+    assert t.sig == signal.SIGTERM and "start timeout" in t.reason
+    # its exit is then a failure carrying the reason
+    [e] = one(r, sv.Observed(exit=sv.ExitFacts(-15, 15, 32), term_reason=t.reason), now=32)
+    assert isinstance(e, sv.RecordExit) and "start timeout" in e.reason
+
+
+def test_liveness_failure_after_ready_is_terminated():
+    r = rec(attempt=1, started_at=0, first_ready_at=1, pid=5)
+    assert one(r, sv.Observed(alive=True, known=True, pid=5, last_ok_at=80), now=100) == []
+    [t] = one(r, sv.Observed(alive=True, known=True, pid=5, last_ok_at=60), now=100)
+    assert t.sig == signal.SIGTERM and "health probe failing" in t.reason
+    off = dataclasses.replace(P, liveness_timeout=0)
+    assert one(r, sv.Observed(alive=True, known=True, pid=5, last_ok_at=0), now=100, policy=off) == []
+
+
+def test_orphans_are_stopped():
+    o = sv.Orphan("gone", 42, 7)
+    assert sv.decide([], {}, [o], 100, P) == [sv.Signal("gone", 42, 7, signal.SIGTERM, "its replica record was deleted", True)]
+    o2 = sv.Orphan("gone", 42, 7, term_sent_at=85)
+    [k] = sv.decide([], {}, [o2], 100, P)
+    assert k.sig == signal.SIGKILL and k.orphan
+
+
+def test_one_bad_record_does_not_hide_the_others():
+    good, other = rec(id="a1"), rec(id="b1", attempt=1, started_at=1, pid=3)
+    acts = sv.decide([good, other], {"b1": sv.Observed(alive=True, known=True, pid=3, last_ok_at=99, start_timeout=1e9)}, [], 100, P)
+    assert acts == [sv.Start("a1", 1, restart=False)]
+
+
+def test_a_headless_part_has_no_start_timeout_or_liveness():
+    r = rec(attempt=1, started_at=0, first_ready_at=0, pid=5)
+    assert one(r, sv.Observed(alive=True, known=True, pid=5, has_health=False, start_timeout=1), now=1e6) == []

@@ -1,0 +1,48 @@
+"""Engine ports: picked from LLMGW_PORT_RANGE, never one a record holds or a process listens on.
+
+A port is taken if any replica record on this node names it (whether or not its process is up: a
+restart in place keeps its port while it can) or if binding it fails (some other process, or an engine
+we no longer track, holds it). The choice itself is a pure function over those two facts.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Callable, Iterable
+
+
+def can_bind(host: str, port: int) -> bool:
+    """True if a server could listen on host:port now (SO_REUSEADDR, like the engines use, so a
+    socket in TIME_WAIT does not count as taken, but a listening one does)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+class NoFreePort(RuntimeError):
+    def __init__(self, lo: int, hi: int):
+        super().__init__(f"no free port in LLMGW_PORT_RANGE {lo}-{hi}")
+
+
+def choose_port(
+    port_range: tuple[int, int],
+    reserved: Iterable[int],
+    bindable: Callable[[int], bool],
+    prefer: int | None = None,
+) -> int:
+    """The port for a new attempt: `prefer` (its previous port) if still free, else the lowest free one.
+
+    `reserved` are ports other records hold; `bindable(port)` checks the machine itself."""
+    lo, hi = port_range
+    taken = set(reserved)
+    if prefer is not None and lo <= prefer <= hi and prefer not in taken and bindable(prefer):
+        return prefer
+    for port in range(lo, hi + 1):
+        if port not in taken and bindable(port):
+            return port
+    raise NoFreePort(lo, hi)

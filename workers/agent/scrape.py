@@ -1,0 +1,71 @@
+"""Load scraping: about every second, GET each Ready replica's `/metrics` and write a LoadRecord.
+
+Runs in its own thread with a small pool and short timeouts, so a hung engine delays only its own
+sample, never supervision. A failed scrape is written too (`ok=False` with the error): the router
+then treats that replica's load as stale instead of trusting an old number.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
+
+from llmgw.records import LoadRecord
+
+log = logging.getLogger("llmgw.agent")
+
+
+def map_load(text: str, engine: str, profile) -> dict:
+    """The five numbers from a /metrics body, through llmgw.loadmetrics (the engines' mapping)."""
+    from llmgw import loadmetrics
+    from llmgw.catalog import Profile
+    from llmgw.engines import get_engine
+
+    if profile is None:  # the model left the catalog: the engine's default mapping still applies
+        profile = Profile(name="-", engine=engine)
+    out = loadmetrics.read_load(text, get_engine(engine), profile)
+    if not isinstance(out, dict):
+        out = {k: getattr(out, k, None) for k in
+               ("running", "waiting", "kv_usage", "prompt_tokens_total", "generation_tokens_total")}
+    return out
+
+
+def scrape_one(target, fetch: Callable[[str, float], str], timeout: float, now: float) -> LoadRecord:
+    try:
+        text = fetch(target.url, timeout)
+        values = map_load(text, target.engine, target.profile)
+    except Exception as e:  # noqa: BLE001 - any failure is a stale sample, described
+        return LoadRecord(replica_id=target.replica_id, ts=now, ok=False, error=str(e) or type(e).__name__)
+    known = ("running", "waiting", "kv_usage", "prompt_tokens_total", "generation_tokens_total")
+    return LoadRecord(replica_id=target.replica_id, ts=now, ok=True,
+                      **{k: (float(v) if v is not None else None) for k, v in values.items() if k in known})
+
+
+class Scraper:
+    def __init__(self, store, prober, targets: Callable[[], list], config, clock):
+        self.store, self.prober, self.targets, self.config, self.clock = store, prober, targets, config, clock
+        self.pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="llmgw-scrape")
+
+    def once(self) -> list[LoadRecord]:
+        targets = list(self.targets())
+        if not targets:
+            return []
+        now = self.clock.time()
+        records = list(self.pool.map(
+            lambda t: scrape_one(t, self.prober.fetch, self.config.scrape_timeout, now), targets))
+        ttl = max(10.0, 10 * self.config.scrape_interval)
+        for rec in records:
+            self.store.write_load(rec, ttl=ttl)
+        return records
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            started = self.clock.monotonic()
+            try:
+                self.once()
+            except Exception:  # noqa: BLE001
+                log.exception("load scrape failed")
+            stop.wait(max(0.05, self.config.scrape_interval - (self.clock.monotonic() - started)))
+        self.pool.shutdown(wait=False)

@@ -1,0 +1,212 @@
+"""The node agent's decisions: a pure function over (replica records, local process facts, now).
+
+`decide(...)` returns the actions that converge this node's processes toward its replica records;
+`workers.agent.loop.Agent` observes the facts, calls it and applies what it returns. Nothing here
+touches Redis, processes, the network or the clock, so every rule is unit-tested with plain data.
+
+Rules, per replica record on this node:
+- stop requested: SIGTERM the attempt (through its shim), SIGKILL its group after `stop_grace`;
+  once the process is gone, mark it stopped (`stopped_at`).
+- running and not known to this agent (it was started by a previous agent): adopt it, no restart.
+- running but not healthy within its start timeout, or unhealthy for `liveness_timeout` after being
+  ready: terminate it; its exit is then recorded as a failure like any crash.
+- the attempt ended without a stop request: record the exit as a failure, with an exponential backoff
+  (`backoff_base` * 2^(n-1), capped at `backoff_cap`) before the next attempt.
+- not running and its backoff has passed (or it never ran): start the next attempt.
+And for each process found in the state dir whose replica record no longer exists: stop it.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass
+
+from llmgw.records import ReplicaRecord
+
+MAX_FAILURE_TIMES = 30
+
+
+@dataclass(frozen=True)
+class Policy:
+    backoff_base: float = 1.0  # LLMGW_AGENT_BACKOFF_BASE
+    backoff_cap: float = 60.0  # LLMGW_AGENT_BACKOFF_CAP
+    # A failure after this long healthy starts a new streak (so backoff starts over at backoff_base).
+    backoff_reset: float = 120.0  # LLMGW_AGENT_BACKOFF_RESET
+    stop_grace: float = 10.0  # LLMGW_AGENT_STOP_GRACE: SIGTERM -> SIGKILL
+    liveness_timeout: float = 60.0  # LLMGW_AGENT_LIVENESS_TIMEOUT; 0 disables the liveness restart
+
+
+@dataclass(frozen=True)
+class ExitFacts:
+    exit_code: int | None  # negative: killed by that signal; None: unknown
+    exit_signal: int | None
+    exited_at: float
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What the agent knows locally about a replica's current attempt, this tick."""
+
+    alive: bool = False  # the attempt's shim is running (pid, start time and command line checked)
+    exit: ExitFacts | None = None  # how it ended, when not alive and it had been started
+    known: bool = False  # started or adopted by this agent process
+    pid: int | None = None
+    pid_start: int | None = None
+    engine_pid: int | None = None
+    term_sent_at: float | None = None  # when this agent sent SIGTERM to this attempt
+    term_reason: str = ""
+    last_ok_at: float | None = None  # last successful health probe of this attempt
+    start_timeout: float = 120.0
+    has_health: bool = True  # False for a headless part (multi-node worker): no probes, no timeouts
+
+
+@dataclass(frozen=True)
+class Orphan:
+    """A live attempt found in the state dir whose replica record no longer exists."""
+
+    replica_id: str
+    pid: int
+    pid_start: int | None
+    term_sent_at: float | None = None
+
+
+# --- actions -----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Start:
+    replica_id: str
+    attempt: int
+    restart: bool  # an earlier attempt existed
+
+
+@dataclass(frozen=True)
+class Adopt:
+    replica_id: str
+    pid: int | None
+    pid_start: int | None
+    engine_pid: int | None
+
+
+@dataclass(frozen=True)
+class Signal:
+    replica_id: str
+    pid: int
+    pid_start: int | None
+    sig: int  # SIGTERM goes to the shim (which forwards it once); SIGKILL to the whole group
+    reason: str
+    orphan: bool = False
+
+
+@dataclass(frozen=True)
+class RecordExit:
+    """The attempt ended without a stop request: a failure, restarted after `next_restart_at`."""
+
+    replica_id: str
+    exit: ExitFacts
+    failure_times: tuple[float, ...]
+    next_restart_at: float
+    restarts: int
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class MarkStopped:
+    replica_id: str
+    exit: ExitFacts | None
+    stopped_at: float
+
+
+Action = Start | Adopt | Signal | RecordExit | MarkStopped
+
+
+def backoff(failures: int, policy: Policy) -> float:
+    """Seconds before the next attempt after `failures` failures in a row: 1, 2, 4 ... capped."""
+    if failures <= 0:
+        return 0.0
+    return min(policy.backoff_cap, policy.backoff_base * (2 ** min(failures - 1, 30)))
+
+
+def ready_this_attempt(rec: ReplicaRecord) -> bool:
+    return rec.first_ready_at is not None and rec.first_ready_at >= (rec.started_at or 0)
+
+
+def _stop_signals(rid: str, obs: Observed, now: float, policy: Policy, reason: str, orphan=False):
+    """SIGTERM once, then SIGKILL every pass once the grace period is over."""
+    if obs.pid is None:
+        return []
+    if obs.term_sent_at is None:
+        return [Signal(rid, obs.pid, obs.pid_start, signal.SIGTERM, reason, orphan)]
+    if now - obs.term_sent_at >= policy.stop_grace:
+        return [Signal(rid, obs.pid, obs.pid_start, signal.SIGKILL, reason + " (grace period over)", orphan)]
+    return []
+
+
+def decide_one(rec: ReplicaRecord, obs: Observed, now: float, policy: Policy) -> list[Action]:
+    rid = rec.id
+    if rec.stop_requested_at is not None:
+        if rec.stopped_at is not None:
+            return []
+        if obs.alive:
+            return _stop_signals(rid, obs, now, policy, f"stop requested: {rec.stop_reason or 'no reason'}")
+        return [MarkStopped(rid, obs.exit, now)]
+
+    if obs.alive:
+        actions: list[Action] = []
+        if not obs.known:
+            # Adopt first; judge its health from the next pass on, with probes of our own.
+            return [Adopt(rid, obs.pid, obs.pid_start, obs.engine_pid)]
+        if obs.term_sent_at is not None:
+            # Already being terminated (start timeout or liveness): escalate, then record the exit.
+            return actions + _stop_signals(rid, obs, now, policy, obs.term_reason)
+        started = rec.started_at if rec.started_at is not None else now
+        if not obs.has_health:
+            return actions
+        if not ready_this_attempt(rec):
+            if now - started > obs.start_timeout:
+                reason = f"not healthy within its start timeout of {obs.start_timeout:g}s"
+                actions += _stop_signals(rid, obs, now, policy, reason)
+        elif policy.liveness_timeout > 0:
+            last_ok = max(obs.last_ok_at or 0.0, rec.first_ready_at or 0.0,
+                          (rec.last_probe_at or 0.0) if rec.last_probe_ok else 0.0)
+            if now - last_ok > policy.liveness_timeout:
+                reason = f"health probe failing for over {policy.liveness_timeout:g}s"
+                actions += _stop_signals(rid, obs, now, policy, reason)
+        return actions
+
+    if rec.running:
+        # The attempt ended, and nobody asked it to: a failure.
+        exit = obs.exit or ExitFacts(None, None, now)
+        previous = list(rec.failure_times)
+        healthy_for = exit.exited_at - (rec.first_ready_at or exit.exited_at) if ready_this_attempt(rec) else 0.0
+        if healthy_for >= policy.backoff_reset:
+            previous = []  # a long healthy run ends the streak
+        failures = (previous + [exit.exited_at])[-MAX_FAILURE_TIMES:]
+        return [RecordExit(
+            rid,
+            exit,
+            tuple(failures),
+            max(exit.exited_at, 0.0) + backoff(len(failures), policy),
+            rec.restarts + 1,
+            obs.term_reason,
+        )]
+
+    if rec.next_restart_at is None or now >= rec.next_restart_at:
+        return [Start(rid, rec.attempt + 1, restart=rec.attempt > 0)]
+    return []
+
+
+def decide(
+    records: list[ReplicaRecord],
+    observed: dict[str, Observed],
+    orphans: list[Orphan],
+    now: float,
+    policy: Policy = Policy(),
+) -> list[Action]:
+    """Every action for this pass. `records` are this node's records (for a multi-node replica's
+    member part, the agent passes a view whose agent fields come from its local memory)."""
+    actions: list[Action] = []
+    for rec in records:
+        actions += decide_one(rec, observed.get(rec.id, Observed()), now, policy)
+    for o in orphans:
+        obs = Observed(alive=True, pid=o.pid, pid_start=o.pid_start, term_sent_at=o.term_sent_at)
+        actions += _stop_signals(o.replica_id, obs, now, policy, "its replica record was deleted", orphan=True)
+    return actions
