@@ -22,6 +22,9 @@ CATALOG_FILE_STATE = f"{PREFIX}:catalog:file"
 # --- nodes ---------------------------------------------------------------------------------------
 # Set of every node name that ever sent a heartbeat (so an expired one can be reported as Lost).
 NODES = f"{PREFIX}:nodes"
+# Hash: node name -> when housekeeping first saw it without a heartbeat (it forgets such a node, once
+# nothing refers to it, some minutes later; the entry goes when the node heartbeats again).
+NODES_MISSING_SINCE = f"{PREFIX}:nodes:missing-since"
 
 
 def node_heartbeat(name: str) -> str:

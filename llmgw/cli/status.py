@@ -1,7 +1,186 @@
-"""`llmgw status` (placeholder until its issue lands)."""
+"""`llmgw status [--json]`: nodes, replicas and the published endpoints, as the control plane sees them.
+
+`build_status(...)` is pure (facts in, a JSON-able report out, every replica state derived with
+`llmgw.replica_state.derive`); `render(...)` turns the report into the tables a human reads.
+"""
 
 from __future__ import annotations
 
+import functools
+import sys
+import time
+from typing import Iterable, Mapping
+
+import redis
+
+from llmgw.catalog_store import read_applied
+from llmgw.cli.common import print_json, settings, store
+from llmgw.records import NodeAdmin, NodeInfo, ReplicaRecord
+from llmgw.replica_state import State, derive
+
 
 def register(sub) -> None:
-    pass
+    p = sub.add_parser("status", help="nodes, replicas and endpoints at a glance")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=cmd_status)
+
+
+def redis_errors_are_one_line(fn):
+    """A command whose Redis is unreachable prints one line and exits 1, never a traceback."""
+
+    @functools.wraps(fn)
+    def run(args) -> int:
+        try:
+            return fn(args)
+        except redis.RedisError as e:
+            url = settings().redis_url
+            print(f"llmgw: cannot talk to Redis at {url}: {e} (set REDIS_URL or LLMGW_REDIS_URL)",
+                  file=sys.stderr)
+            return 1
+
+    return run
+
+
+@redis_errors_are_one_line
+def cmd_status(args) -> int:
+    s = store(settings())
+    now = time.time()
+    live = s.live_nodes()
+    known = s.known_nodes() | set(live)
+    admin = s.all_node_admin(sorted(known))
+    replicas = s.all_replicas()
+    version, _fp, endpoints = s.read_endpoints()
+    catalog_version, _cat, meta = read_applied(s.r)
+    report = build_status(live, known, admin, replicas, version, len(endpoints), catalog_version, now)
+    if args.json:
+        print_json(report)
+    else:
+        print(render(report))
+    return 0
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = max(0.0, seconds)
+    if seconds < 10:
+        return f"{seconds:.1f}s"
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    if seconds < 172800:
+        return f"{seconds / 3600:.0f}h"
+    return f"{seconds / 86400:.0f}d"
+
+
+def build_status(
+    live: Mapping[str, NodeInfo],
+    known: Iterable[str],
+    admin: Mapping[str, NodeAdmin],
+    replicas: Iterable[ReplicaRecord],
+    endpoints_version: int,
+    endpoints_count: int,
+    catalog_version: int,
+    now: float,
+) -> dict:
+    replicas = sorted(replicas, key=lambda r: (r.model, r.profile, r.id))
+    used: dict[str, set[int]] = {}
+    rows = []
+    for rec in replicas:
+        names = rec.nodes or ([rec.node] if rec.node else [])
+        alive = bool(names) and all(n in live for n in names)
+        view = derive(rec, alive, now)
+        if view.state is not State.STOPPED:
+            for n, idxs in rec.gpus.items():
+                used.setdefault(n, set()).update(idxs)
+        rows.append({
+            "id": rec.id,
+            "model": rec.model,
+            "profile": rec.profile,
+            "node": rec.node,
+            "nodes": list(names),
+            "gpus": {n: list(ix) for n, ix in rec.gpus.items()},
+            "state": view.state.value,
+            "reason": view.reason,
+            "restarts": rec.restarts,
+            "age": now - rec.created_at if rec.created_at else None,
+            "url": rec.url,
+        })
+    nodes = []
+    for name in sorted(set(known) | set(live)):
+        info = live.get(name)
+        flags = admin.get(name) or NodeAdmin()
+        gpus: dict[str, dict[str, int]] = {}
+        for g in info.gpus if info else ():
+            entry = gpus.setdefault(g.gpu_class, {"total": 0, "used": 0, "free": 0})
+            entry["total"] += 1
+            if g.index in used.get(name, ()):
+                entry["used"] += 1
+            else:
+                entry["free"] += 1
+        nodes.append({
+            "name": name,
+            "live": info is not None,
+            "pool": info.pool if info else None,
+            "labels": dict(info.labels) if info else {},
+            "address": info.address if info else None,
+            "cordoned": flags.cordoned,
+            "draining": flags.draining,
+            "heartbeat_age": (now - info.heartbeat_at) if info and info.heartbeat_at else None,
+            "gpus": gpus,
+            "replicas": sum(1 for r in rows if name in r["nodes"] and r["state"] != State.STOPPED.value),
+        })
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r["state"]] = counts.get(r["state"], 0) + 1
+    return {
+        "catalog": {"version": catalog_version},
+        "nodes": nodes,
+        "replicas": rows,
+        "replica_states": counts,
+        "endpoints": {"version": endpoints_version, "count": endpoints_count},
+        "time": now,
+    }
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    out = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
+    for r in rows:
+        out.append("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    return "\n".join(out)
+
+
+def render(report: dict) -> str:
+    node_rows = []
+    for n in report["nodes"]:
+        admin = "draining" if n["draining"] else ("cordoned" if n["cordoned"] else "-")
+        gpus = ", ".join(f"{c} {g['used']}/{g['total']} used" for c, g in sorted(n["gpus"].items())) or "-"
+        node_rows.append([
+            n["name"], n["pool"] or "?", "yes" if n["live"] else "NO", _age(n["heartbeat_age"]) if n["live"] else "gone",
+            admin, gpus, str(n["replicas"]),
+        ])
+    rep_rows = []
+    for r in report["replicas"]:
+        gpus = "; ".join(f"{n}:{','.join(map(str, ix))}" for n, ix in r["gpus"].items()) or "-"
+        rep_rows.append([
+            r["id"], r["model"], r["profile"], ",".join(r["nodes"]) or "-", gpus, r["state"], str(r["restarts"]),
+            _age(r["age"]), r["url"] or "-", r["reason"] or "",
+        ])
+    states = ", ".join(f"{v} {k}" for k, v in sorted(report["replica_states"].items())) or "none"
+    ep = report["endpoints"]
+    parts = [
+        f"catalog version {report['catalog']['version']}",
+        "",
+        f"NODES ({len(node_rows)})",
+        _table(["NAME", "POOL", "LIVE", "HEARTBEAT", "ADMIN", "GPUS", "REPLICAS"], node_rows) if node_rows
+        else "  no node has sent a heartbeat",
+        "",
+        f"REPLICAS ({states})",
+        _table(["ID", "MODEL", "PROFILE", "NODE", "GPUS", "STATE", "RESTARTS", "AGE", "URL", "REASON"], rep_rows)
+        if rep_rows else "  none",
+        "",
+        f"ENDPOINTS version {ep['version']}, {ep['count']} routable",
+    ]
+    return "\n".join(parts)

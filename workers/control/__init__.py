@@ -1,0 +1,1 @@
+"""The control plane: reconcile, placement and publishing (docs/control-plane.md)."""

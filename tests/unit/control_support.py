@@ -1,0 +1,150 @@
+"""Builders and an in-memory fleet for the control plane's unit tests (no Redis, a fake clock).
+
+`Sim` applies planned actions to records the way `workers.control.apply` does, and plays the node
+agents (`sim.agents()` starts what was launched and marks it Ready, confirms stops), so a test can
+run several reconcile passes and look at what the fleet went through.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from llmgw.catalog import Catalog, parse_catalog
+from llmgw.gpus import parse_gpu_spec
+from llmgw.records import NodeAdmin, NodeInfo, ReplicaRecord
+from llmgw.replica_state import State, derive
+from workers.control.plan import (
+    CreateReplica,
+    DeleteRecord,
+    DispatchLaunch,
+    DispatchStop,
+    PlaceReplica,
+    StopReplica,
+    UpdatePending,
+    plan,
+)
+from workers.control.snapshot import Snapshot
+
+
+def node(name: str, gpus: str = "", pool: str = "default", labels: dict | None = None) -> NodeInfo:
+    return NodeInfo(name=name, gpus=parse_gpu_spec(gpus), pool=pool, labels=dict(labels or {}))
+
+
+def catalog(*models: dict) -> Catalog:
+    return parse_catalog({"models": list(models)})
+
+
+def model(name: str, *profiles: dict, aliases=()) -> dict:
+    return {"name": name, "aliases": list(aliases), "profiles": list(profiles)}
+
+
+def gpu_profile(name="gpu", cls="h100", count=1, replicas=1, **kw) -> dict:
+    nodes = kw.get("nodes", 1)
+    return {"name": name, "engine": "vllm", "replicas": replicas, "gpu": {"class": cls, "count": count},
+            "tensor_parallel": count * nodes, **kw}
+
+
+def cpu_profile(name="cpu", replicas=1, **kw) -> dict:
+    return {"name": name, "engine": "sim", "replicas": replicas, **kw}
+
+
+def ready_record(rid, model_name, profile, node_name, now, spec_hash="", gpus=None, **kw) -> ReplicaRecord:
+    return ReplicaRecord(
+        id=rid, model=model_name, profile=profile, spec_hash=spec_hash, node=node_name,
+        nodes=[node_name], gpus=gpus or {}, created_at=now - 100, started_at=now - 90,
+        first_ready_at=now - 80, last_probe_ok=True, last_probe_at=now - 1, url=f"http://{node_name}:1/", **kw,
+    )
+
+
+@dataclass
+class Sim:
+    cat: Catalog
+    nodes: dict[str, NodeInfo]
+    now: float = 1000.0
+    records: dict[str, ReplicaRecord] = field(default_factory=dict)
+    admin: dict[str, NodeAdmin] = field(default_factory=dict)
+    dispatched: list[tuple[str, str, str]] = field(default_factory=list)  # (kind, id, node)
+    history: list[list] = field(default_factory=list)
+
+    def snapshot(self) -> Snapshot:
+        return Snapshot(nodes=dict(self.nodes), replicas=tuple(self.records.values()), admin=dict(self.admin),
+                        known=frozenset(self.nodes), taken_at=self.now)
+
+    def state(self, rid: str) -> State:
+        rec = self.records[rid]
+        return derive(rec, self.snapshot().node_alive(rec), self.now).state
+
+    def states(self, model_name: str | None = None) -> dict[str, State]:
+        return {i: self.state(i) for i, r in self.records.items() if model_name in (None, r.model)}
+
+    def ready(self, model_name: str | None = None) -> list[str]:
+        return sorted(i for i, s in self.states(model_name).items() if s is State.READY)
+
+    def update(self, rid: str, **kw) -> None:
+        if rid in self.records:
+            self.records[rid] = dataclasses.replace(self.records[rid], **kw)
+
+    def reconcile(self, **kw) -> list:
+        actions = plan(self.cat, self.snapshot(), self.now, **kw)
+        self.history.append(actions)
+        for a in actions:
+            self.apply(a)
+        return actions
+
+    def apply(self, a) -> None:
+        now = self.now
+        if isinstance(a, CreateReplica):
+            assert a.id not in self.records, f"id reused: {a.id}"
+            self.records[a.id] = a.record(now)
+            for n in a.placement.nodes if a.placement else ():
+                self.dispatched.append(("launch", a.id, n))
+        elif isinstance(a, PlaceReplica):
+            p = a.placement
+            self.update(a.id, node=p.head, nodes=list(p.nodes), gpus=p.gpus_dict(), pending_reason=None,
+                        launch_dispatched_at=now)
+        elif isinstance(a, UpdatePending):
+            self.update(a.id, pending_reason=a.reason)
+        elif isinstance(a, StopReplica):
+            self.update(a.id, stop_requested_at=now, stop_reason=a.reason)
+        elif isinstance(a, DeleteRecord):
+            self.records.pop(a.id, None)
+        elif isinstance(a, (DispatchLaunch, DispatchStop)):
+            pass
+        else:
+            raise AssertionError(a)
+
+    def agents(self, start: bool = True, ready: bool = True) -> None:
+        """What the node agents would do by now: start launched replicas (and make them Ready),
+        confirm stops."""
+        for rid, rec in list(self.records.items()):
+            if not self.snapshot().node_alive(rec) or rec.node is None:
+                continue
+            if rec.stop_requested_at is not None:
+                if rec.stopped_at is None:
+                    self.update(rid, stopped_at=self.now, exited_at=self.now)
+                continue
+            if start and not rec.running:
+                self.update(rid, started_at=self.now, port=1, url=f"http://{rec.node}:1")
+            if ready and self.records[rid].running and self.records[rid].first_ready_at is None:
+                self.update(rid, first_ready_at=self.now, last_probe_ok=True, last_probe_at=self.now)
+
+    def tick(self, seconds: float = 2.0) -> None:
+        self.now += seconds
+
+    def converge(self, passes: int = 10, **kw) -> None:
+        for _ in range(passes):
+            self.reconcile(**kw)
+            self.agents()
+            self.tick()
+
+    def gpu_owners(self) -> dict[tuple[str, int], list[str]]:
+        """(node, gpu index) -> ids of not-Stopped replicas holding it."""
+        out: dict[tuple[str, int], list[str]] = {}
+        for rid, rec in self.records.items():
+            if self.state(rid) is State.STOPPED:
+                continue
+            for n, idxs in rec.gpus.items():
+                for i in idxs:
+                    out.setdefault((n, i), []).append(rid)
+        return out

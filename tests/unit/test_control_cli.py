@@ -1,0 +1,96 @@
+"""`llmgw status` and `llmgw node cordon|uncordon|drain` against fakeredis."""
+
+from __future__ import annotations
+
+import json
+
+import fakeredis
+import pytest
+
+from llmgw import cli
+from llmgw.catalog_store import apply_catalog
+from llmgw.records import NodeAdmin
+from llmgw.store import Store
+from tests.unit.control_support import catalog, cpu_profile, gpu_profile, model, node
+from workers.control.apply import publish_once, reconcile_once
+
+
+class NullDispatcher:
+    def launch(self, replica_id, node):
+        pass
+
+    def stop(self, replica_id, node):
+        pass
+
+
+@pytest.fixture
+def store(monkeypatch):
+    s = Store(fakeredis.FakeRedis(decode_responses=True))
+    monkeypatch.setattr("llmgw.cli.node.store", lambda *_: s)
+    monkeypatch.setattr("llmgw.cli.status.store", lambda *_: s)
+    return s
+
+
+def test_cordon_drain_uncordon_set_the_admin_flags(store, capsys):
+    store.write_heartbeat(node("a"), ttl=60)
+    assert cli.main(["node", "cordon", "a"]) == 0
+    assert store.node_admin("a") == NodeAdmin(cordoned=True, draining=False)
+    assert cli.main(["node", "drain", "a"]) == 0
+    assert store.node_admin("a") == NodeAdmin(cordoned=True, draining=True)
+    assert "draining" in capsys.readouterr().out
+    assert cli.main(["node", "uncordon", "a"]) == 0
+    assert store.node_admin("a") == NodeAdmin()
+
+
+def test_unknown_node_is_a_clear_error_with_exit_2(store, capsys):
+    store.write_heartbeat(node("a"), ttl=60)
+    assert cli.main(["node", "cordon", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "no node named 'nope' (known nodes: a)" in err and "Traceback" not in err
+    assert store.node_admin("nope") == NodeAdmin()  # nothing written
+
+
+def test_status_reports_nodes_replicas_and_endpoints(store, capsys):
+    apply_catalog(store.r, catalog(model("llama", gpu_profile(count=2, replicas=2)), model("tiny", cpu_profile())),
+                  source="t", applied_by="t", now=0)
+    store.write_heartbeat(node("a", "h100:3"), ttl=60)
+    reconcile_once(store, NullDispatcher(), lambda: 100.0)
+    (ready,) = [r for r in store.all_replicas() if r.model == "tiny"]
+    store.update_replica(ready.id, started_at=100.0, first_ready_at=101.0, last_probe_ok=True, url="http://a:9")
+    publish_once(store, lambda: 102.0)
+    store.set_node_admin("a", cordoned=True)
+
+    assert cli.main(["status", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    (a,) = report["nodes"]
+    assert a["live"] and a["cordoned"] and not a["draining"]
+    assert a["gpus"] == {"h100": {"total": 3, "used": 2, "free": 1}}
+    states = {r["model"] + "/" + r["state"] for r in report["replicas"]}
+    assert states == {"llama/Launching", "llama/Pending", "tiny/Ready"}
+    pending = next(r for r in report["replicas"] if r["state"] == "Pending")
+    assert pending["reason"] == 'no node in pool "default" has 2 free h100 (free: a 1)'
+    assert report["endpoints"] == {"version": 1, "count": 1}
+
+    assert cli.main(["status"]) == 0
+    text = capsys.readouterr().out
+    assert "h100 2/3 used" in text and "cordoned" in text and "Pending" in text
+    assert "ENDPOINTS version 1, 1 routable" in text
+
+
+def test_status_shows_a_node_that_went_away(store, capsys):
+    store.write_heartbeat(node("a"), ttl=60)
+    store.r.delete("llmgw:node:a:heartbeat")
+    assert cli.main(["status", "--json"]) == 0
+    (a,) = json.loads(capsys.readouterr().out)["nodes"]
+    assert a["name"] == "a" and not a["live"]
+
+
+@pytest.mark.parametrize("argv", [["status"], ["node", "drain", "a"]])
+def test_unreachable_redis_is_one_line_not_a_traceback(monkeypatch, capsys, argv):
+    from tests.support.procs import free_port
+
+    monkeypatch.setenv("REDIS_URL", f"redis://127.0.0.1:{free_port()}/0")
+    monkeypatch.delenv("LLMGW_REDIS_URL", raising=False)
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("llmgw: cannot talk to Redis at redis://127.0.0.1:") and "Traceback" not in err

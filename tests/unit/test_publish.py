@@ -1,0 +1,104 @@
+"""Publishing: which replicas become endpoints, the fingerprint, and the publish pass on fakeredis."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import fakeredis
+import pytest
+
+from llmgw.catalog_store import apply_catalog
+from llmgw.store import Store
+from tests.unit.control_support import Sim, catalog, cpu_profile, gpu_profile, model, node, ready_record
+from workers.control.apply import publish_once
+from workers.control.publish import endpoints_from, fingerprint
+
+NOW = 1000.0
+
+
+def cat():
+    return catalog(
+        model("llama", gpu_profile(replicas=2, priority=3, weight=2.0, capacity=32, pool="gpu"), aliases=["l3"]),
+        model("tiny", cpu_profile()),
+    )
+
+
+def test_ready_replicas_become_endpoints_sorted_by_id():
+    live = {"a": node("a", "h100:2", pool="gpu"), "b": node("b")}
+    recs = [
+        ready_record("z-tiny", "tiny", "cpu", "b", NOW),
+        ready_record("a-llama", "llama", "gpu", "a", NOW, gpus={"a": [0]}),
+    ]
+    eps = endpoints_from(cat(), recs, live, NOW)
+    assert [e.id for e in eps] == ["a-llama", "z-tiny"]
+    e = eps[0]
+    assert e.url == "http://a:1"  # trailing slash trimmed
+    assert e.models == ("llama", "l3") and e.served_name == "llama" and e.model == "llama"
+    assert (e.engine, e.pool, e.weight, e.priority, e.capacity) == ("vllm", "gpu", 2.0, 3, 32)
+    assert (e.profile, e.node) == ("gpu", "a")
+
+
+@pytest.mark.parametrize(
+    "change,why",
+    [
+        ({"first_ready_at": None}, "starting"),
+        ({"last_probe_ok": False}, "unhealthy"),
+        ({"stop_requested_at": NOW - 1}, "stopping"),
+        ({"exited_at": NOW - 1, "failure_times": [NOW - 1]}, "failed"),
+        ({"url": None}, "no url"),
+        ({"node": "gone", "nodes": ["gone"]}, "lost"),
+    ],
+)
+def test_replicas_that_are_not_ready_are_not_published(change, why):
+    rec = dataclasses.replace(ready_record("r", "tiny", "cpu", "b", NOW), **change)
+    assert endpoints_from(cat(), [rec], {"b": node("b")}, NOW) == [], why
+
+
+def test_a_model_that_left_the_catalog_is_never_published_even_while_stopping():
+    sim = Sim(catalog(model("old", cpu_profile()), model("tiny", cpu_profile())), {"b": node("b")})
+    sim.converge(2)
+    assert {e.model for e in endpoints_from(sim.cat, sim.records.values(), sim.nodes, sim.now)} == {"old", "tiny"}
+    sim.cat = catalog(model("tiny", cpu_profile()))
+    # Before the reconciler even ran, and while the engine is still stopping: not routable.
+    assert {e.model for e in endpoints_from(sim.cat, sim.records.values(), sim.nodes, sim.now)} == {"tiny"}
+    sim.reconcile()
+    old = next(r for r in sim.records.values() if r.model == "old")
+    assert old.stop_requested_at is not None and old.stopped_at is None
+    assert {e.model for e in endpoints_from(sim.cat, sim.records.values(), sim.nodes, sim.now)} == {"tiny"}
+
+
+def test_fingerprint_is_order_independent_and_sees_routing_fields():
+    recs = [ready_record("x", "tiny", "cpu", "b", NOW), ready_record("y", "tiny", "cpu", "b", NOW)]
+    eps = endpoints_from(cat(), recs, {"b": node("b")}, NOW)
+    assert fingerprint(eps) == fingerprint(list(reversed(eps)))
+    heavier = [dataclasses.replace(eps[0], weight=5.0), eps[1]]
+    assert fingerprint(heavier) != fingerprint(eps)
+    assert fingerprint([]) != fingerprint(eps)
+
+
+def test_publish_pass_writes_only_when_the_list_changes():
+    r = fakeredis.FakeRedis(decode_responses=True)
+    store = Store(r)
+    apply_catalog(r, cat(), source="test", applied_by="test", now=NOW)
+    store.write_heartbeat(node("b"), ttl=60)
+    rec = ready_record("x", "tiny", "cpu", "b", NOW)
+    store.create_replica(rec)
+    assert publish_once(store, lambda: NOW) == 1
+    assert publish_once(store, lambda: NOW + 1) is None  # unchanged: no new version
+    version, _fp, eps = store.read_endpoints()
+    assert version == 1 and [e.id for e in eps] == ["x"]
+    store.update_replica("x", last_probe_ok=False)
+    assert publish_once(store, lambda: NOW + 2) == 2
+    assert store.read_endpoints()[2] == []
+
+
+def test_publish_pass_skips_while_another_holds_the_lock():
+    from llmgw import keys
+
+    r = fakeredis.FakeRedis(decode_responses=True)
+    store = Store(r)
+    apply_catalog(r, cat(), source="test", applied_by="test", now=NOW)
+    with store.lock(keys.PUBLISH_LOCK, 10) as held:
+        assert held
+        assert publish_once(store, lambda: NOW) is None
+    assert store.endpoints_version() == 0

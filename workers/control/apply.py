@@ -1,0 +1,224 @@
+"""The control plane's side effects: apply planned actions to Redis and the node queues, and the three
+passes (reconcile, publish, housekeeping) the Celery tasks run.
+
+Every action records its intent in the replica record BEFORE the dispatch that acts on it, so a crash
+in between leaves a record the next pass repairs (re-dispatching a stale launch or stop) instead of an
+engine nobody knows about. Each action is applied on its own: one failure is logged and the rest go on.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+from llmgw import keys
+from llmgw.store import Store
+from workers.control.plan import (
+    Action,
+    CreateReplica,
+    DeleteRecord,
+    DispatchLaunch,
+    DispatchStop,
+    PlaceReplica,
+    PlanConfig,
+    StopReplica,
+    UpdatePending,
+    plan,
+)
+from workers.control.publish import endpoints_from, fingerprint
+from workers.control.snapshot import load_catalog, load_snapshot
+
+log = logging.getLogger("llmgw.control")
+
+
+class Dispatcher(Protocol):
+    """Tells a node's agent to look at a replica now (the agent is level-based: repeats are harmless)."""
+
+    def launch(self, replica_id: str, node: str) -> None: ...
+
+    def stop(self, replica_id: str, node: str) -> None: ...
+
+
+class CeleryDispatcher:
+    """Sends `llmgw.launch` / `llmgw.stop` to the node's own queue, `node-<name>`."""
+
+    def __init__(self, app):
+        self.app = app
+
+    def launch(self, replica_id: str, node: str) -> None:
+        self.app.send_task("llmgw.launch", args=[replica_id], queue=f"node-{node}")
+
+    def stop(self, replica_id: str, node: str) -> None:
+        self.app.send_task("llmgw.stop", args=[replica_id], queue=f"node-{node}")
+
+
+@dataclass
+class ApplyResult:
+    applied: int = 0
+    failed: int = 0
+    deferred: int = 0  # left for the next pass: the time budget ran out
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def add(self, action: Action) -> None:
+        self.applied += 1
+        name = type(action).__name__
+        self.counts[name] = self.counts.get(name, 0) + 1
+
+
+def apply_actions(
+    actions: list[Action],
+    store: Store,
+    dispatcher: Dispatcher,
+    now: float,
+    out_of_time: Callable[[], bool] = lambda: False,
+) -> ApplyResult:
+    """Apply each action; stop early when `out_of_time()` says so (the rest is planned again next
+    pass from fresh facts, so deferring is safe, while overrunning the pass lock would not be)."""
+    result = ApplyResult()
+    for i, action in enumerate(actions):
+        if out_of_time():
+            result.deferred = len(actions) - i
+            log.warning("apply budget spent: %d actions deferred to the next pass", result.deferred)
+            break
+        try:
+            _apply_one(action, store, dispatcher, now)
+            result.add(action)
+        except Exception:  # one bad action must not stop the others
+            result.failed += 1
+            log.exception("failed to apply %r", action)
+    return result
+
+
+def _apply_one(action: Action, store: Store, dispatcher: Dispatcher, now: float) -> None:
+    if isinstance(action, CreateReplica):
+        store.create_replica(action.record(now))  # the record first ...
+        if action.placement is not None:
+            log.info("launch %s (%s/%s) on %s: %s", action.id, action.model, action.profile,
+                     ",".join(action.placement.nodes), action.why)
+            for node in action.placement.nodes:  # ... then the dispatch
+                dispatcher.launch(action.id, node)
+        else:
+            log.info("pending %s (%s/%s): %s", action.id, action.model, action.profile, action.pending_reason)
+    elif isinstance(action, PlaceReplica):
+        p = action.placement
+        if store.update_replica(action.id, node=p.head, nodes=list(p.nodes), gpus=p.gpus_dict(),
+                                pending_reason=None, launch_dispatched_at=now):
+            log.info("launch %s on %s (was pending)", action.id, ",".join(p.nodes))
+            for node in p.nodes:
+                dispatcher.launch(action.id, node)
+    elif isinstance(action, UpdatePending):
+        store.update_replica(action.id, pending_reason=action.reason)
+    elif isinstance(action, StopReplica):
+        if store.update_replica(action.id, stop_requested_at=now, stop_reason=action.reason):
+            log.info("stop %s: %s", action.id, action.reason)
+            if action.dispatch:
+                for node in action.nodes:
+                    dispatcher.stop(action.id, node)
+    elif isinstance(action, DeleteRecord):
+        store.delete_replica(action.id)
+        log.info("delete record %s: %s", action.id, action.reason)
+    elif isinstance(action, DispatchLaunch):
+        if store.update_replica(action.id, launch_dispatched_at=now):
+            log.info("re-dispatch launch of %s to %s", action.id, ",".join(action.nodes))
+            for node in action.nodes:
+                dispatcher.launch(action.id, node)
+    elif isinstance(action, DispatchStop):
+        for node in action.nodes:
+            dispatcher.stop(action.id, node)
+    else:  # pragma: no cover - a new action type without an apply rule is a programming error
+        raise TypeError(f"unknown action {action!r}")
+
+
+# --- the passes ------------------------------------------------------------------------------------
+def reconcile_once(
+    store: Store,
+    dispatcher: Dispatcher,
+    now: Callable[[], float],
+    lock_ttl: float = 30.0,
+    config: PlanConfig = PlanConfig(),
+    catalog_sync: Callable[[], object] | None = None,
+    monotonic: Callable[[], float] = time.monotonic,
+) -> ApplyResult | None:
+    """One reconcile pass under the reconcile lock; None when another pass holds it. Applying stops
+    at half the lock's TTL, so a huge pass (a cold start of thousands of replicas) never outlives
+    its lock and overlaps the next one."""
+    started = monotonic()
+    with store.lock(keys.RECONCILE_LOCK, lock_ttl) as held:
+        if not held:
+            log.info("reconcile skipped: another pass holds the lock")
+            return None
+        if catalog_sync is not None:
+            try:
+                catalog_sync()
+            except Exception:  # a bad catalog file must not stop the fleet being reconciled
+                log.exception("catalog file sync failed; reconciling the applied catalog")
+        _version, catalog = load_catalog(store)
+        t = now()
+        snap = load_snapshot(store, t)
+        actions = plan(catalog, snap, t, config)
+        budget = lock_ttl / 2
+        result = apply_actions(actions, store, dispatcher, t, lambda: monotonic() - started > budget)
+        if result.applied or result.failed or result.deferred:
+            log.info("reconcile: %s applied, %s failed, %s deferred %s", result.applied, result.failed,
+                     result.deferred, result.counts)
+        return result
+
+
+def publish_once(store: Store, now: Callable[[], float], lock_ttl: float = 10.0) -> int | None:
+    """Publish the routable endpoints if they changed. Returns the new version, else None."""
+    with store.lock(keys.PUBLISH_LOCK, lock_ttl) as held:
+        if not held:
+            return None
+        _version, catalog = load_catalog(store)
+        t = now()
+        eps = endpoints_from(catalog, store.all_replicas(), store.live_nodes(), t)
+        fp = fingerprint(eps)
+        _v, published_fp, _eps = store.read_endpoints()
+        if fp == published_fp:
+            return None
+        version = store.write_endpoints(eps, fp, t)
+        log.info("published %d endpoints as version %d", len(eps), version)
+        return version
+
+
+def housekeeping_once(store: Store, now: float, forget_after: float = 600.0) -> dict[str, int]:
+    """Tidy what nobody else removes: load samples of deleted replicas, and nodes gone for
+    `forget_after` seconds that nothing refers to any more (no replica record, no operator flag)."""
+    replicas = store.all_replicas()
+    ids = {r.id for r in replicas}
+    prefix = keys.load("")
+    stale_loads = [k for k in store.r.scan_iter(match=prefix + "*", count=500) if k[len(prefix):] not in ids]
+    if stale_loads:
+        store.r.delete(*stale_loads)
+    referenced = {n for r in replicas for n in (r.nodes or ([r.node] if r.node else []))}
+    live = store.live_nodes()
+    missing = store.r.hgetall(keys.NODES_MISSING_SINCE)
+    back = [n for n in missing if n in live]
+    first_seen: dict[str, float] = {}
+    gone = []
+    for name in sorted(store.known_nodes()):
+        if name in live:
+            continue
+        since = float(missing.get(name) or 0) or None
+        if since is None:
+            first_seen[name] = now
+            continue
+        if now - since < forget_after or name in referenced or store.r.exists(keys.node_admin(name)):
+            continue  # recently gone, or still referred to: keep it visible in `llmgw status`
+        gone.append(name)
+    pipe = store.r.pipeline(transaction=False)
+    if back:
+        pipe.hdel(keys.NODES_MISSING_SINCE, *back)
+    if first_seen:
+        pipe.hset(keys.NODES_MISSING_SINCE, mapping={n: repr(t) for n, t in first_seen.items()})
+    if gone:
+        pipe.srem(keys.NODES, *gone)
+        pipe.hdel(keys.NODES_MISSING_SINCE, *gone)
+        for name in gone:
+            pipe.delete(keys.agent_wake(name))
+    pipe.execute()
+    if stale_loads or gone:
+        log.info("housekeeping: %d stale load keys, forgot nodes %s", len(stale_loads), gone)
+    return {"loads": len(stale_loads), "nodes": len(gone)}
