@@ -1,0 +1,153 @@
+"""API keys, per-key rate limits and usage accounting.
+
+- Keys: the whole key table (a small hash) is cached in memory and refreshed every ~2 s, so checking
+  a key costs no Redis round trip; a revoked key stops working within one refresh.
+- Rate limits (requests/min, tokens/min): fixed one-minute windows counted in Redis, shared by every
+  gateway; one pipelined round trip per request, only for keys that have a limit. While Redis is down
+  they fail open (requests are served, not counted).
+- Usage (prompt/completion tokens and requests per key and model) is summed in memory and flushed to
+  Redis in one pipeline every ~0.5 s, off the request path; it is kept across an outage and flushed
+  when Redis returns.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections import defaultdict
+from dataclasses import dataclass
+
+from gateway.state import REDIS_ERRORS, RedisHealth
+from llmgw import keys
+from llmgw.cli.keys import hash_key
+from llmgw.store import Clock
+
+log = logging.getLogger("llmgw.gateway")
+
+ANONYMOUS = "anonymous"
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    id: str
+    name: str
+    rpm: int | None = None
+    tpm: int | None = None
+    priority: str | None = None
+
+
+class KeyTable:
+    def __init__(self, r, health: RedisHealth):
+        self.r = r
+        self.health = health
+        self.by_hash: dict[str, ApiKey] = {}
+        self.loaded = False
+
+    @property
+    def required(self) -> bool:
+        return bool(self.by_hash)
+
+    def refresh(self) -> None:
+        try:
+            raw = self.r.hgetall(keys.API_KEYS)
+        except REDIS_ERRORS as e:
+            self.health.failed(e)
+            return
+        table: dict[str, ApiKey] = {}
+        for kid, blob in raw.items():
+            try:
+                d = json.loads(blob)
+                table[d["hash"]] = ApiKey(kid, d.get("name", kid), d.get("rpm"), d.get("tpm"), d.get("priority"))
+            except (ValueError, KeyError, TypeError):
+                log.error("ignoring malformed API key record %s", kid)
+        self.by_hash, self.loaded = table, True
+
+    def lookup(self, presented: str | None) -> ApiKey | None:
+        if not presented:
+            return None
+        return self.by_hash.get(hash_key(presented))
+
+
+class RateLimiter:
+    """Fixed per-minute windows in Redis. `check` returns seconds to wait, or None to go ahead."""
+
+    def __init__(self, r, health: RedisHealth, clock: Clock):
+        self.r, self.health, self.clock = r, health, clock
+
+    def check(self, key: ApiKey) -> tuple[str, int] | None:
+        if not (key.rpm or key.tpm) or not self.health.ok:
+            return None  # no limit, or Redis down: fail open
+        now = self.clock.time()
+        minute = int(now // 60)
+        retry = max(1, int(60 - now % 60))
+        try:
+            pipe = self.r.pipeline(transaction=False)
+            if key.rpm:
+                pipe.incr(keys.rate_window(key.id, "rpm", minute))
+                pipe.expire(keys.rate_window(key.id, "rpm", minute), 120)
+            if key.tpm:
+                pipe.get(keys.rate_window(key.id, "tpm", minute))
+            out = pipe.execute()
+        except REDIS_ERRORS as e:
+            self.health.failed(e)
+            return None
+        if key.rpm and int(out[0]) > key.rpm:
+            return f"{key.rpm} requests per minute", retry
+        if key.tpm and int(out[-1] or 0) >= key.tpm:
+            return f"{key.tpm} tokens per minute", retry
+        return None
+
+
+class UsageRecorder:
+    """Sums usage in memory; `flush` writes it to Redis in one pipeline (kept on failure)."""
+
+    MAX_PENDING = 100_000
+
+    def __init__(self, r, health: RedisHealth, clock: Clock):
+        self.r, self.health, self.clock = r, health, clock
+        self.lock = threading.Lock()
+        self.usage: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0])
+        self.tpm: dict[tuple[str, int], int] = defaultdict(int)
+
+    def record(self, key_id: str, model: str, prompt: int, completion: int, limited: bool) -> None:
+        with self.lock:
+            if len(self.usage) > self.MAX_PENDING:
+                return
+            u = self.usage[(key_id, model)]
+            u[0] += prompt
+            u[1] += completion
+            u[2] += 1
+            if limited and prompt + completion:
+                self.tpm[(key_id, int(self.clock.time() // 60))] += prompt + completion
+
+    def flush(self) -> None:
+        with self.lock:
+            usage, tpm = self.usage, self.tpm
+            if not usage and not tpm:
+                return
+            self.usage, self.tpm = defaultdict(lambda: [0, 0, 0]), defaultdict(int)
+        try:
+            pipe = self.r.pipeline(transaction=False)
+            for (kid, model), (p, c, n) in usage.items():
+                h = keys.usage(kid)
+                pipe.hincrby(h, f"{model}:prompt", p)
+                pipe.hincrby(h, f"{model}:completion", c)
+                pipe.hincrby(h, f"{model}:requests", n)
+            for (kid, minute), n in tpm.items():
+                pipe.incrby(keys.rate_window(kid, "tpm", minute), n)
+                pipe.expire(keys.rate_window(kid, "tpm", minute), 120)
+            pipe.execute()
+            self.health.succeeded()
+        except REDIS_ERRORS as e:
+            self.health.failed(e)
+            with self.lock:  # put it back for the next flush
+                for k, (p, c, n) in usage.items():
+                    u = self.usage[k]
+                    u[0] += p
+                    u[1] += c
+                    u[2] += n
+                now_minute = int(self.clock.time() // 60)
+                for k, n in tpm.items():
+                    if k[1] >= now_minute - 1:
+                        self.tpm[k] += n

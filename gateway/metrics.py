@@ -1,0 +1,57 @@
+"""The gateway's Prometheus metrics, in a registry per app (factories, not module globals).
+
+Under gunicorn with several workers set PROMETHEUS_MULTIPROC_DIR: the metrics are then written to
+that directory by every worker and `/metrics` aggregates them (gauges use live-sum / live-max modes).
+"""
+
+from __future__ import annotations
+
+import os
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class Metrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self):
+        self.multiproc = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+        # In multiprocess mode the values live in files; the registry we render is built per scrape.
+        reg = None if self.multiproc else CollectorRegistry()
+        kw = {"registry": reg}  # None: not registered; multiprocess values still go to the files
+        self.registry = reg
+        self.requests = Counter("llmgw_gateway_requests", "Requests by model, endpoint and status",
+                                ["model", "endpoint", "status"], **kw)
+        self.latency = Histogram("llmgw_gateway_request_seconds", "Request latency (to the last byte)",
+                                 ["model"], buckets=LATENCY_BUCKETS, **kw)
+        self.ttft = Histogram("llmgw_gateway_ttft_seconds", "Time to the first byte from the engine",
+                              ["model"], buckets=LATENCY_BUCKETS, **kw)
+        self.tokens = Counter("llmgw_gateway_tokens", "Tokens by model and direction (prompt|completion)",
+                              ["model", "kind"], **kw)
+        self.inflight = Gauge("llmgw_gateway_inflight", "Requests in flight per endpoint", ["endpoint"],
+                              multiprocess_mode="livesum", **kw)
+        self.queue = Gauge("llmgw_gateway_queue_length", "Requests waiting in the per-model queue", ["model"],
+                           multiprocess_mode="livesum", **kw)
+        self.shed = Counter("llmgw_gateway_shed", "Requests rejected by admission or rate limits",
+                            ["model", "reason"], **kw)
+        self.retries = Counter("llmgw_gateway_retries", "Retries on another endpoint", ["model"], **kw)
+        self.upstream_errors = Counter("llmgw_gateway_upstream_errors", "Upstream failures by endpoint and kind",
+                                       ["endpoint", "kind"], **kw)
+        self.endpoints_version = Gauge("llmgw_gateway_endpoints_version", "Version of the endpoint list in use",
+                                       multiprocess_mode="livemax", **kw)
+        self.endpoints = Gauge("llmgw_gateway_endpoints", "Endpoints in the list in use",
+                               multiprocess_mode="livemax", **kw)
+        self.redis_unavailable = Gauge("llmgw_gateway_redis_unavailable", "1 while Redis cannot be reached",
+                                       multiprocess_mode="livemax", **kw)
+
+    def render(self) -> bytes:
+        if self.multiproc:
+            from prometheus_client import multiprocess
+
+            reg = CollectorRegistry()
+            multiprocess.MultiProcessCollector(reg)
+            return generate_latest(reg)
+        return generate_latest(self.registry)

@@ -1,0 +1,289 @@
+"""The gateway's in-memory tables, refreshed in the background, never per request.
+
+- endpoints: reloaded when `Store.endpoints_version()` changes (polled every ~0.5 s, woken early by
+  the pub/sub hint);
+- loads: one MGET of the endpoints' LoadRecords every ~0.5 s;
+- in-flight counts and learned service times: updated by the request path itself.
+
+When Redis cannot be reached the last tables stay in use (static stability): the outage is logged
+once, shown by /healthz and a metric, and the loops recover by themselves when Redis answers again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import threading
+from dataclasses import replace
+from typing import Callable
+
+import redis
+
+from gateway.config import GatewayConfig
+from gateway.routing import Choice, EndpointStats, Rejection, RouteRequest, choose
+from llmgw import keys
+from llmgw.records import EndpointInfo, LoadRecord
+from llmgw.store import Clock, Store
+
+log = logging.getLogger("llmgw.gateway")
+
+REDIS_ERRORS = (redis.exceptions.RedisError, OSError)
+EWMA_ALPHA = 0.25
+FULL_RELOAD_EVERY = 30.0  # seconds
+
+
+class RedisHealth:
+    """Tracks whether Redis answers; logs each transition once (not per failed call)."""
+
+    def __init__(self, clock: Clock, on_change: Callable[[bool], None] = lambda ok: None):
+        self.clock = clock
+        self.ok = True
+        self.down_since: float | None = None
+        self.last_error = ""
+        self.on_change = on_change
+        self._lock = threading.Lock()
+
+    def failed(self, err: BaseException) -> None:
+        with self._lock:
+            self.last_error = f"{type(err).__name__}: {err}"
+            if self.ok:
+                self.ok = False
+                self.down_since = self.clock.time()
+                log.warning("redis unavailable (%s); serving from the last endpoint list", self.last_error)
+                self.on_change(False)
+
+    def succeeded(self) -> None:
+        if self.ok:
+            return
+        with self._lock:
+            if not self.ok:
+                down = self.clock.time() - (self.down_since or self.clock.time())
+                self.ok, self.down_since = True, None
+                log.warning("redis reachable again after %.1fs", down)
+                self.on_change(True)
+
+
+class GatewayState:
+    """Endpoint list, loads, in-flight counts and learned service times, behind one lock."""
+
+    def __init__(self, store: Store, cfg: GatewayConfig, clock: Clock | None = None, metrics=None,
+                 rng: random.Random | None = None):
+        self.store = store
+        self.cfg = cfg
+        self.clock = clock or Clock()
+        self.metrics = metrics
+        self.rng = rng or random.Random(cfg.seed)
+        self.lock = threading.Lock()
+        self.health = RedisHealth(self.clock, self._redis_changed)
+        self.version = 0
+        self.fingerprint = ""
+        self._last_full = float("-inf")
+        self.endpoints: tuple[EndpointInfo, ...] = ()
+        self.by_id: dict[str, EndpointInfo] = {}
+        self.loads: dict[str, LoadRecord] = {}
+        self.inflight: dict[str, int] = {}
+        self.stats: dict[str, EndpointStats] = {}
+        # Names in the applied catalog or the published list: 503 (no Ready replica), not 404. A model
+        # removed from the catalog becomes unknown again once its endpoints are unpublished.
+        self.known_models: set[str] = set()
+        self.loaded_once = False
+        self.rr_counter = 0
+        self.tokens_per_request: float | None = None  # completion tokens per answer, smoothed
+        self.wake = threading.Event()
+        self.stopping = threading.Event()
+        self.on_release: Callable[[], None] = lambda: None  # wakes the wait queues
+
+    # --- background refreshes ------------------------------------------------------------------
+    def _redis_changed(self, ok: bool) -> None:
+        if self.metrics:
+            self.metrics.redis_unavailable.set(0 if ok else 1)
+
+    def refresh_endpoints(self, force: bool = False) -> bool:
+        """Reload the endpoint list if its version changed; True if it did. Never raises."""
+        # After an outage the counter may have restarted (Redis lost its data), and a long-lived
+        # process re-reads now and then anyway: an equal version number is then not proof of equality.
+        now = self.clock.monotonic()
+        force = force or not self.health.ok or now - self._last_full >= FULL_RELOAD_EVERY
+        try:
+            version = self.store.endpoints_version()
+            if version < self.version:
+                # The counter went backwards: Redis lost its data. Keep serving the list we have, and
+                # take whatever is published next, whatever its number.
+                self.version = version
+            if version == self.version and not force and self.loaded_once:
+                self.health.succeeded()
+                return False
+            v, fp, eps = self.store.read_endpoints()
+            catalog_names = self._catalog_names()
+            self.health.succeeded()
+            self._last_full = now
+        except REDIS_ERRORS as e:
+            self.health.failed(e)
+            return False
+        except (ValueError, TypeError, KeyError) as e:  # a malformed document: keep the last good list
+            log.error("cannot read the endpoint list: %s", e)
+            return False
+        if v == 0 and self.endpoints:
+            # Redis came back empty (restarted without data): keep serving until it is republished.
+            return False
+        if self.loaded_once and v == self.version and fp == self.fingerprint:
+            with self.lock:
+                self.known_models = catalog_names | {n for e in self.endpoints for n in e.models}
+            return False
+        with self.lock:
+            self.version, self.fingerprint, self.endpoints = v, fp, tuple(eps)
+            self.by_id = {e.id: e for e in eps}
+            self.known_models = catalog_names | {n for e in eps for n in e.models}
+            self.loads = {k: v for k, v in self.loads.items() if k in self.by_id}
+            self.stats = {k: v for k, v in self.stats.items() if k in self.by_id}
+            self.loaded_once = True
+        if self.metrics:
+            self.metrics.endpoints_version.set(v)
+            self.metrics.endpoints.set(len(eps))
+        log.info("endpoint list version %d: %d endpoints", v, len(eps))
+        self.on_release()
+        return True
+
+    def _catalog_names(self) -> set[str]:
+        raw = self.store.r.get(keys.CATALOG)
+        names: set[str] = set()
+        if raw:
+            try:
+                for m in json.loads(raw).get("spec", {}).get("models", []) or []:
+                    names.add(m.get("name", ""))
+                    names.update(m.get("aliases") or [])
+            except (ValueError, AttributeError, TypeError):
+                pass
+        names.discard("")
+        return names
+
+    def refresh_loads(self) -> None:
+        ids = list(self.by_id)
+        if not ids:
+            return
+        try:
+            loads = self.store.loads(ids)
+            self.health.succeeded()
+        except REDIS_ERRORS as e:
+            self.health.failed(e)
+            return
+        except (ValueError, TypeError) as e:
+            log.error("cannot read loads: %s", e)
+            return
+        with self.lock:
+            for i, rec in loads.items():
+                old = self.loads.get(i)
+                if old is None or old.ts != rec.ts:
+                    # Remember our own in-flight count at this sample, so the router can tell the
+                    # scrape's other-gateway traffic from ours (which it counts exactly).
+                    st = self.stats.get(i, EndpointStats())
+                    self.stats[i] = replace(st, scrape_inflight=self.inflight.get(i, 0),
+                                            scrape_unit=self._scrape_unit(old, rec, st.scrape_unit))
+            self.loads = loads
+        self.on_release()
+
+    def _scrape_unit(self, old: LoadRecord | None, rec: LoadRecord, prev: float | None) -> float | None:
+        """Per-request service time implied by two scrapes: seconds per generated token per running
+        sequence, times the tokens a request of this fleet generates (as the answers' usage says)."""
+        if (old is None or not (old.ok and rec.ok) or self.tokens_per_request is None
+                or old.generation_tokens_total is None or rec.generation_tokens_total is None):
+            return prev
+        dt = rec.ts - old.ts
+        dgen = rec.generation_tokens_total - old.generation_tokens_total
+        running = ((old.running or 0) + (rec.running or 0)) / 2
+        if dt <= 0 or dgen <= 0 or running <= 0:
+            return prev
+        sample = self.tokens_per_request * dt * running / dgen
+        return sample if prev is None else prev + EWMA_ALPHA * (sample - prev)
+
+    def run_pollers(self) -> list[threading.Thread]:
+        """Start the background threads (daemon): endpoint poller, pub/sub listener, load refresher."""
+        threads = [
+            threading.Thread(target=self._poll_loop, name="llmgw-endpoints", daemon=True),
+            threading.Thread(target=self._pubsub_loop, name="llmgw-pubsub", daemon=True),
+            threading.Thread(target=self._load_loop, name="llmgw-loads", daemon=True),
+        ]
+        for t in threads:
+            t.start()
+        return threads
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.wake.set()
+
+    def _poll_loop(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                self.refresh_endpoints()
+            except Exception:  # noqa: BLE001 - the loop never dies
+                log.exception("endpoint refresh failed")
+            self.wake.wait(self.cfg.poll_interval)
+            self.wake.clear()
+
+    def _load_loop(self) -> None:
+        while not self.stopping.wait(self.cfg.load_interval):
+            try:
+                self.refresh_loads()
+            except Exception:  # noqa: BLE001
+                log.exception("load refresh failed")
+
+    def _pubsub_loop(self) -> None:
+        while not self.stopping.is_set():
+            ps = None
+            try:
+                ps = self.store.r.pubsub(ignore_subscribe_messages=True)
+                ps.subscribe(keys.ENDPOINTS_CHANNEL)
+                while not self.stopping.is_set():
+                    if ps.get_message(timeout=1.0):
+                        self.wake.set()
+            except REDIS_ERRORS:
+                pass  # the poller reports the outage; just retry quietly
+            except Exception:  # noqa: BLE001
+                log.exception("pub/sub listener failed")
+            finally:
+                if ps is not None:
+                    try:
+                        ps.close()
+                    except Exception:  # noqa: BLE001
+                        pass
+            self.stopping.wait(1.0)
+
+    # --- request path ------------------------------------------------------------------------------
+    def route(self, req: RouteRequest) -> Choice | Rejection:
+        """Choose and reserve (in-flight + 1) atomically, so concurrent requests see each other."""
+        now = self.clock.time()
+        with self.lock:
+            res = choose(self.endpoints, self.loads, self.inflight, req, now, stats=self.stats,
+                         cfg=self.cfg.routing, rng=self.rng, rr_counter=self.rr_counter)
+            if isinstance(res, Choice):
+                self.rr_counter += 1
+                self.inflight[res.endpoint.id] = self.inflight.get(res.endpoint.id, 0) + 1
+        if isinstance(res, Choice) and self.metrics:
+            self.metrics.inflight.labels(res.endpoint.id).inc()
+        return res
+
+    def release(self, choice: Choice, service_time: float | None, tokens: int | None = None) -> None:
+        """The request left the endpoint; learn its service time if it completed normally."""
+        eid = choice.endpoint.id
+        with self.lock:
+            if tokens:
+                t = self.tokens_per_request
+                self.tokens_per_request = tokens if t is None else t + 0.05 * (tokens - t)
+            self.inflight[eid] = max(0, self.inflight.get(eid, 0) - 1)
+            if service_time is not None and service_time > 0:
+                slots = max(1, choice.endpoint.capacity or 1)
+                sample = service_time / max(1.0, (choice.ahead + 1) / slots)
+                st = self.stats.get(eid, EndpointStats())
+                unit = sample if st.unit is None else st.unit + EWMA_ALPHA * (sample - st.unit)
+                self.stats[eid] = replace(st, unit=unit, last_sample=self.clock.time())
+        if self.metrics:
+            self.metrics.inflight.labels(eid).dec()
+        self.on_release()
+
+    def models(self) -> dict[str, list[EndpointInfo]]:
+        out: dict[str, list[EndpointInfo]] = {}
+        for e in self.endpoints:
+            for m in e.models:
+                out.setdefault(m, []).append(e)
+        return out

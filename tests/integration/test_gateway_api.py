@@ -1,0 +1,141 @@
+"""Through real HTTP: the `openai` SDK streaming through the gateway, API keys and rate limits made
+with the CLI, usage shown by `llmgw usage`, and serving through a Redis outage."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import openai
+import pytest
+import requests
+
+from llmgw.records import EndpointInfo
+from tests.support.fake_upstream import start_process
+from tests.support.procs import wait_until
+
+CHAT = "/v1/chat/completions"
+FAST = {"LLMGW_GATEWAY_KEYS_INTERVAL": "0.2", "LLMGW_GATEWAY_POLL_INTERVAL": "0.2", "LLMGW_GATEWAY_USAGE_FLUSH": "0.1"}
+
+
+def publish(cluster, urls: dict[str, str]) -> None:
+    eps = [EndpointInfo(id=i, url=u, models=("m", "m-alias"), engine="sim", model="m", served_name="served-m",
+                        capacity=8) for i, u in urls.items()]
+    cluster.store().write_endpoints(eps, "fp-" + "-".join(sorted(urls)), time.time())
+
+
+def wait_endpoints(gw: str, n: int) -> None:
+    wait_until(lambda: requests.get(gw + "/healthz").json()["endpoints"] == n, 10, what=f"{n} endpoints")
+
+
+def test_openai_sdk_streaming_keys_limits_and_usage(cluster):
+    cluster.start_redis()
+    publish(cluster, {"e1": start_process(cluster.procs, "engine", base=0.05, tokens=6)})
+    gw = cluster.start_gateway(**FAST)
+    wait_endpoints(gw, 1)
+    models = openai.OpenAI(base_url=gw + "/v1", api_key="none").models.list()
+    assert sorted(m.id for m in models.data) == ["m", "m-alias"]
+
+    key = cluster.llmgw("keys", "create", "team-a").stdout.strip()
+    limited = cluster.llmgw("keys", "create", "tiny", "--rpm", "2").stdout.strip()
+    assert key.startswith("sk-llmgw-") and key not in cluster.llmgw("keys", "list").stdout
+    wait_until(lambda: requests.post(gw + CHAT, json={"model": "m"}).status_code == 401, 5, what="keys enforced")
+
+    client = openai.OpenAI(base_url=gw + "/v1", api_key=key, max_retries=0)
+    stream = client.chat.completions.create(model="m-alias", messages=[{"role": "user", "content": "hi"}],
+                                            stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "t0 t1 t2 t3 t4 t5 "
+    assert chunks[-1].usage.completion_tokens == 6
+    plain = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    assert plain.usage.total_tokens == 11
+
+    bad = openai.OpenAI(base_url=gw + "/v1", api_key="sk-wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.chat.completions.create(model="m", messages=[])
+    small = openai.OpenAI(base_url=gw + "/v1", api_key=limited, max_retries=0)
+    small.chat.completions.create(model="m", messages=[])
+    small.chat.completions.create(model="m", messages=[])
+    with pytest.raises(openai.RateLimitError):
+        small.chat.completions.create(model="m", messages=[])
+
+    def usage_rows():
+        rows = json.loads(cluster.llmgw("usage", "--json").stdout)
+        return {(r["key"], r["model"]): r for r in rows}
+
+    rows = wait_until(lambda: (u := usage_rows()).get(("team-a", "m"), {}).get("requests") == 2 and u, 5,
+                      what="usage to be flushed")
+    assert rows[("team-a", "m")]["completion_tokens"] == 12 and rows[("tiny", "m")]["requests"] == 2
+    assert "team-a" in cluster.llmgw("usage").stdout
+
+    cluster.llmgw("keys", "revoke", "team-a")
+    wait_until(lambda: requests.post(gw + CHAT, json={"model": "m"}, headers={"Authorization": f"Bearer {key}"})
+               .status_code == 401, 5, what="the revoked key to be refused")
+    bad_create = cluster.llmgw("keys", "create", "x", "--rpm", "0", check=False)
+    assert bad_create.returncode != 0 and "--rpm" in bad_create.stderr and "Traceback" not in bad_create.stderr
+
+
+def test_client_going_away_closes_the_upstream_stream(cluster):
+    cluster.start_redis()
+    engine = start_process(cluster.procs, "engine", base=3.0, tokens=30)
+    publish(cluster, {"e1": engine})
+    gw = cluster.start_gateway(**FAST)
+    wait_endpoints(gw, 1)
+    with requests.post(gw + CHAT, json={"model": "m", "stream": True}, stream=True, timeout=10) as r:
+        it = r.iter_lines()
+        assert next(l for l in it if l).startswith(b"data:")
+    # the engine notices the gateway hung up long before its 3 s stream would have ended
+    wait_until(lambda: requests.get(engine + "/stats").json()["cancelled"] == 1, 5, what="upstream closed")
+    wait_until(lambda: requests.get(gw + "/healthz").json()["inflight"] == 0, 5, what="in-flight released")
+
+
+def test_serves_through_a_redis_outage_and_recovers(cluster):
+    cluster.start_redis()
+    a = start_process(cluster.procs, "engine-a", base=0.01)
+    publish(cluster, {"a": a})
+    gw = cluster.start_gateway(**FAST)
+    wait_endpoints(gw, 1)
+    s = requests.Session()
+    assert s.post(gw + CHAT, json={"model": "m"}).status_code == 200
+
+    cluster.stop_redis()
+    wait_until(lambda: requests.get(gw + "/healthz").json()["redis"] == "unavailable", 5, what="outage seen")
+    for _ in range(20):
+        r = s.post(gw + CHAT, json={"model": "m"}, timeout=5)
+        assert r.status_code == 200 and r.headers["X-LLMGW-Endpoint"] == "a"
+    assert "llmgw_gateway_redis_unavailable 1.0" in requests.get(gw + "/metrics").text
+
+    cluster.restart_redis()  # comes back empty, as after a crash without persistence
+    wait_until(lambda: requests.get(gw + "/healthz").json()["redis"] == "ok", 10, what="recovery")
+    assert s.post(gw + CHAT, json={"model": "m"}).status_code == 200  # still the last list
+    b = start_process(cluster.procs, "engine-b", base=0.01)
+    publish(cluster, {"b": b})  # the control plane republishes (version 1 again, other content)
+    wait_until(lambda: s.post(gw + CHAT, json={"model": "m"}).headers.get("X-LLMGW-Endpoint") == "b", 10,
+               what="the republished list to be used")
+    log = cluster.procs.get("gateway").log(200)
+    assert log.count("redis unavailable") == 1, log
+
+
+def test_streams_from_the_simulated_engine(cluster):
+    """The real sim engine (`python -m llmgw.simengine`) behind the gateway, through the openai SDK."""
+    from tests.support.procs import free_port, python
+
+    cluster.start_redis()
+    port = free_port()
+    cluster.procs.start("sim", [python(), "-m", "llmgw.simengine", "--port", str(port),
+                                "--served-model-name", "served-m", "--max-seqs", "4", "--speed", "4"],
+                        env=cluster.env())
+    url = f"http://127.0.0.1:{port}"
+    wait_until(lambda: requests.get(url + "/health", timeout=1).ok, 20, what="the sim engine")
+    publish(cluster, {"sim": url})
+    gw = cluster.start_gateway(**FAST)
+    wait_endpoints(gw, 1)
+    client = openai.OpenAI(base_url=gw + "/v1", api_key="none", max_retries=0)
+    chunks = list(client.chat.completions.create(
+        model="m-alias", messages=[{"role": "user", "content": "hi"}], max_tokens=5, stream=True,
+        stream_options={"include_usage": True}))
+    assert sum(1 for c in chunks if c.choices and c.choices[0].delta.content) >= 1
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 5
+    plain = client.completions.create(model="m", prompt="hello", max_tokens=3)
+    assert plain.usage.completion_tokens == 3

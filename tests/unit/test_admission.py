@@ -1,0 +1,100 @@
+"""Admission decisions when a model is saturated, and the bounded FIFO wait queue."""
+
+import threading
+
+import pytest
+
+from gateway.admission import Send, Shed, Wait, WaitQueue, admit
+from gateway.routing import Choice, Rejection
+from llmgw.records import EndpointInfo
+
+EP = EndpointInfo(id="a", url="http://a", models=("m",), engine="sim")
+OK = Choice(EP, 0.1, 0)
+SAT = Rejection("saturated", "m")
+
+
+@pytest.mark.parametrize(
+    "result, prio, qlen, expect",
+    [
+        (OK, "standard", 0, Send(OK)),
+        (OK, "sheddable", 0, Send(OK)),
+        (SAT, "sheddable", 0, Shed),
+        (SAT, "standard", 0, Wait()),
+        (SAT, "standard", 64, Shed),  # queue full
+        (OK, "standard", 3, Send(OK)),  # the router already weighed the queue
+        (OK, "sheddable", 3, Send(OK)),
+        (OK, "critical", 3, Send(OK)),  # critical never waits
+        (Rejection("unknown_model", "x"), "standard", 0, Rejection("unknown_model", "x")),
+    ],
+)
+def test_admit_table(result, prio, qlen, expect):
+    got = admit(result, prio, qlen, queue_max=64, queue_timeout=5)
+    if expect is Shed:
+        assert isinstance(got, Shed) and got.retry_after >= 1
+    else:
+        assert got == expect
+
+
+def test_no_queue_configured_sheds_standard():
+    assert isinstance(admit(SAT, "standard", 0, queue_max=64, queue_timeout=0), Shed)
+
+
+class FakeClock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_queue_times_out_and_is_bounded():
+    clock = FakeClock()
+    q = WaitQueue(max_len=1, recheck=0.001, monotonic=clock)
+    calls = []
+
+    def attempt():
+        calls.append(1)
+        clock.t += 1  # each try takes a "second" of fake time
+        return SAT
+
+    assert q.wait(attempt, timeout=3) is None
+    assert len(calls) >= 3 and len(q) == 0
+
+
+def test_queue_full_rejects_at_once():
+    q = WaitQueue(max_len=0)
+    assert q.wait(lambda: OK, timeout=5) is None
+
+
+def test_queue_serves_in_order_when_endpoint_frees():
+    q = WaitQueue(max_len=10, recheck=0.01)
+    free = threading.Semaphore(0)
+    order = []
+
+    def attempt_for(name):
+        def attempt():
+            if free.acquire(blocking=False):
+                order.append(name)
+                return OK
+            return SAT
+        return attempt
+
+    results = {}
+    threads = []
+    for name in ("first", "second"):
+        t = threading.Thread(target=lambda n=name: results.__setitem__(n, q.wait(attempt_for(n), 10)))
+        t.start()
+        threads.append(t)
+        # make sure "first" is enqueued before "second"
+        import time
+        deadline = time.monotonic() + 5
+        while len(q) < len(threads) and time.monotonic() < deadline:
+            time.sleep(0.001)
+    free.release()
+    q.notify()
+    free.release()
+    q.notify()
+    for t in threads:
+        t.join(10)
+    assert order == ["first", "second"]
+    assert results == {"first": OK, "second": OK}

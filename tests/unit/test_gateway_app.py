@@ -1,0 +1,281 @@
+"""The gateway's views on fakeredis and in-process fake engines: the error table, forwarding,
+retries, admission, keys and limits, and serving through a Redis outage."""
+
+import json
+import socket
+import time
+
+import fakeredis
+import pytest
+
+from gateway.app import create_app
+from gateway.config import GatewayConfig, RoutingConfig
+from llmgw import keys
+from llmgw.cli.keys import create_key, revoke_key
+from llmgw.errors import ConfigError
+from llmgw.records import EndpointInfo, LoadRecord
+from llmgw.store import Store
+from tests.support.fake_upstream import FakeUpstream
+
+CHAT = "/v1/chat/completions"
+
+
+@pytest.fixture
+def server():
+    return fakeredis.FakeServer()
+
+
+@pytest.fixture
+def store(server):
+    return Store(fakeredis.FakeRedis(server=server, decode_responses=True))
+
+
+@pytest.fixture
+def upstreams():
+    ups = []
+
+    def make(**kw):
+        u = FakeUpstream(**{"base": 0.005, **kw}).start()
+        ups.append(u)
+        return u
+
+    yield make
+    for u in ups:
+        u.stop()
+
+
+def endpoint(i, url, models=("m", "m-alias"), **kw):
+    return EndpointInfo(id=i, url=url, models=models, engine="sim", served_name=f"served-{models[0]}",
+                        model=models[0], **{"capacity": 4, **kw})
+
+
+def make_app(store, eps, **cfg):
+    routing = cfg.pop("routing", RoutingConfig())
+    store.write_endpoints(eps, "fp", time.time())
+    app = create_app(GatewayConfig(routing=routing, **cfg), store=store, start=False)
+    app.extensions["llmgw"].refresh()
+    return app, app.extensions["llmgw"], app.test_client()
+
+
+def dead_url():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"  # nothing listens once closed
+
+
+def test_forwards_rewrites_model_and_passes_request_id(store, upstreams):
+    up = upstreams()
+    _, gw, c = make_app(store, [endpoint("e1", up.url)])
+    r = c.post(CHAT, json={"model": "m-alias", "messages": []},
+               headers={"X-Request-Id": "rid-1", "Authorization": "Bearer secret", "Connection": "close"})
+    assert r.status_code == 200
+    assert r.headers["X-Request-Id"] == "rid-1" and r.headers["X-LLMGW-Endpoint"] == "e1"
+    assert up.stats["models_seen"] == ["served-m"] and up.stats["request_ids"] == ["rid-1"]
+    assert r.json["usage"]["completion_tokens"] == 8
+    assert gw.state.inflight["e1"] == 0 and gw.state.stats["e1"].unit > 0
+    gw.usage.flush()
+    assert store.r.hgetall(keys.usage("anonymous")) == {"m:prompt": "5", "m:completion": "8", "m:requests": "1"}
+    r = c.post(CHAT, json={"model": "m", "messages": []})
+    assert "X-Request-Id" in r.headers and len(r.headers["X-Request-Id"]) >= 16
+
+
+def test_streaming_is_passed_through(store, upstreams):
+    up = upstreams(tokens=5)
+    _, gw, c = make_app(store, [endpoint("e1", up.url)])
+    r = c.post(CHAT, json={"model": "m", "stream": True, "stream_options": {"include_usage": True}})
+    assert r.status_code == 200 and r.headers["Content-Type"].startswith("text/event-stream")
+    events = [line for line in r.data.split(b"\n") if line.startswith(b"data:")]
+    assert len(events) == 7 and events[-1] == b"data: [DONE]"
+    gw.usage.flush()
+    assert store.r.hget(keys.usage("anonymous"), "m:completion") == "5"
+
+
+@pytest.mark.parametrize(
+    "kwargs, status, code",
+    [
+        ({"data": "{not json"}, 400, "invalid_request"),
+        ({"json": [1, 2]}, 400, "invalid_request"),
+        ({"json": {"messages": []}}, 400, "model_required"),
+        ({"json": {"model": ""}}, 400, "model_required"),
+        ({"json": {"model": "nope"}}, 404, "model_not_found"),
+        ({"json": {"model": "m"}, "headers": {"X-LLMGW-Priority": "urgent"}}, 400, "invalid_request"),
+        ({"data": "x" * 5000}, 413, "request_too_large"),
+    ],
+)
+def test_error_table(store, upstreams, kwargs, status, code):
+    up = upstreams()
+    _, _, c = make_app(store, [endpoint("e1", up.url)], max_body_bytes=4096)
+    r = c.post(CHAT, **kwargs)
+    assert r.status_code == status
+    assert r.json["error"]["code"] == code and r.json["error"]["message"] and r.json["error"]["type"]
+
+
+def test_405_and_404_paths_are_openai_shaped(store):
+    _, _, c = make_app(store, [])
+    assert c.get(CHAT).status_code == 405 and c.get(CHAT).json["error"]["code"] == "method_not_allowed"
+    assert c.get("/v1/nothing").json["error"]["code"] == "not_found"
+
+
+def test_503_when_model_known_but_no_ready_endpoint(store, upstreams):
+    up = upstreams()
+    store.r.set(keys.CATALOG, json.dumps({"version": 1, "spec": {"models": [{"name": "m"}]}}))
+    _, gw, c = make_app(store, [endpoint("e1", up.url)])
+    store.write_endpoints([], "fp2", time.time())
+    gw.state.refresh_endpoints()
+    r = c.post(CHAT, json={"model": "m"})
+    assert r.status_code == 503 and r.json["error"]["code"] == "no_ready_replica"
+    # a model in the catalog but never published is also 503, not 404
+    store.r.set(keys.CATALOG, json.dumps({"version": 2, "spec": {"models": [{"name": "cat", "aliases": ["c2"]}]}}))
+    gw.state.refresh_endpoints(force=True)
+    assert c.post(CHAT, json={"model": "c2"}).status_code == 503
+    # ... and a model that left the catalog, once unpublished, is unknown again: 404
+    assert c.post(CHAT, json={"model": "m"}).status_code == 404
+
+
+def test_unexpected_error_is_a_clean_500(store, upstreams, monkeypatch):
+    up = upstreams()
+    _, gw, c = make_app(store, [endpoint("e1", up.url)])
+    monkeypatch.setattr(gw.state, "route", lambda req: 1 / 0)
+    r = c.post(CHAT, json={"model": "m"})
+    assert r.status_code == 500 and r.json["error"]["code"] == "internal_error"
+    assert "Traceback" not in r.get_data(as_text=True)
+
+
+def test_retries_on_refused_connection_and_5xx(store, upstreams):
+    good, bad = upstreams(), upstreams(fail_status=503)
+    eps = [endpoint("dead", dead_url()), endpoint("bad", bad.url), endpoint("good", good.url)]
+    _, gw, c = make_app(store, eps, retries=2)
+    for _ in range(10):
+        r = c.post(CHAT, json={"model": "m"})
+        assert r.status_code == 200 and r.headers["X-LLMGW-Endpoint"] == "good"
+    assert all(v == 0 for v in gw.state.inflight.values())
+    _, _, c0 = make_app(store, [endpoint("dead", dead_url())], retries=0)
+    r = c0.post(CHAT, json={"model": "m"})
+    assert r.status_code == 503 and r.json["error"]["code"] == "no_ready_replica"
+
+
+def test_upstream_timeout_is_504(store, upstreams):
+    slow = upstreams(base=2.0)
+    _, _, c = make_app(store, [endpoint("e1", slow.url)], first_byte_timeout=0.2, retries=0)
+    r = c.post(CHAT, json={"model": "m"})
+    assert r.status_code == 504 and r.json["error"]["code"] == "upstream_timeout"
+
+
+def test_shedding_by_priority(store, upstreams):
+    up = upstreams()
+    _, gw, c = make_app(store, [endpoint("e1", up.url)], queue_timeout=0.2)
+    store.write_load(LoadRecord("e1", time.time(), True, running=4, waiting=9))
+    gw.state.refresh_loads()
+    r = c.post(CHAT, json={"model": "m"}, headers={"X-LLMGW-Priority": "sheddable"})
+    assert r.status_code == 429 and r.json["error"]["code"] == "overloaded" and int(r.headers["Retry-After"]) >= 1
+    t0 = time.monotonic()
+    r = c.post(CHAT, json={"model": "m"})  # standard: waits in the queue, then 429
+    assert r.status_code == 429 and time.monotonic() - t0 >= 0.2 and "Retry-After" in r.headers
+    r = c.post(CHAT, json={"model": "m"}, headers={"X-LLMGW-Priority": "critical"})
+    assert r.status_code == 200
+    # once the engine drains, standard goes through again
+    store.write_load(LoadRecord("e1", time.time(), True, running=0, waiting=0))
+    gw.state.refresh_loads()
+    assert c.post(CHAT, json={"model": "m"}).status_code == 200
+
+
+def test_keys_required_once_one_exists_and_rpm_limit(store, upstreams):
+    up = upstreams()
+    _, gw, c = make_app(store, [endpoint("e1", up.url)])
+    assert c.post(CHAT, json={"model": "m"}).status_code == 200  # no keys yet: open
+    _, key = create_key(store.r, "team-a", rpm=3, priority="sheddable")
+    gw.keys.refresh()
+    assert c.post(CHAT, json={"model": "m"}).json["error"]["code"] == "invalid_api_key"
+    assert c.post(CHAT, json={"model": "m"}, headers={"Authorization": "Bearer nope"}).status_code == 401
+    auth = {"Authorization": f"Bearer {key}"}
+    assert [c.post(CHAT, json={"model": "m"}, headers=auth).status_code for _ in range(4)] == [200, 200, 200, 429]
+    r = c.post(CHAT, json={"model": "m"}, headers=auth)
+    assert r.json["error"]["code"] == "rate_limit_exceeded" and 1 <= int(r.headers["Retry-After"]) <= 60
+    assert c.get("/v1/models").status_code == 401 and c.get("/v1/models", headers=auth).status_code == 200
+    # only the hash is stored
+    assert key not in json.dumps(store.r.hgetall(keys.API_KEYS))
+    revoke_key(store.r, "team-a")
+    gw.keys.refresh()
+    assert c.post(CHAT, json={"model": "m"}).status_code == 200  # no keys left
+
+
+def test_tpm_limit_counts_reported_tokens(store, upstreams):
+    up = upstreams()  # 13 tokens per request
+    _, gw, c = make_app(store, [endpoint("e1", up.url)])
+    _, key = create_key(store.r, "t", tpm=20)
+    gw.keys.refresh()
+    auth = {"Authorization": f"Bearer {key}"}
+    assert c.post(CHAT, json={"model": "m"}, headers=auth).status_code == 200
+    gw.usage.flush()
+    assert c.post(CHAT, json={"model": "m"}, headers=auth).status_code == 200
+    gw.usage.flush()
+    assert c.post(CHAT, json={"model": "m"}, headers=auth).status_code == 429
+
+
+def test_keeps_serving_while_redis_is_down(store, server, upstreams):
+    up = upstreams()
+    _, gw, c = make_app(store, [endpoint("e1", up.url)])
+    _, key = create_key(store.r, "k", rpm=1000)
+    gw.keys.refresh()
+    auth = {"Authorization": f"Bearer {key}"}
+    server.connected = False
+    gw.refresh()
+    for _ in range(3):
+        assert c.post(CHAT, json={"model": "m"}, headers=auth).status_code == 200
+    h = c.get("/healthz").json
+    assert h["redis"] == "unavailable" and h["endpoints"] == 1
+    assert b"llmgw_gateway_redis_unavailable 1.0" in c.get("/metrics").data
+    gw.usage.flush()  # kept for later
+    server.connected = True
+    gw.refresh()
+    gw.usage.flush()
+    assert c.get("/healthz").json["redis"] == "ok"
+    assert store.r.hget(keys.usage("k-" + store.r.hkeys(keys.API_KEYS)[0][2:]), "m:requests") == "3"
+
+
+def test_config_from_env_validates():
+    cfg = GatewayConfig.from_env({"LLMGW_GATEWAY_POLICY": "round_robin", "LLMGW_GATEWAY_MAX_WAITING": "3",
+                                  "LLMGW_GATEWAY_RETRIES": "1", "REDIS_URL": "redis://x:1/0"})
+    assert cfg.routing.policy == "round_robin" and cfg.routing.max_waiting == 3 and cfg.retries == 1
+    assert cfg.redis_url == "redis://x:1/0"
+    with pytest.raises(ConfigError, match="LLMGW_GATEWAY_POLICY"):
+        GatewayConfig.from_env({"LLMGW_GATEWAY_POLICY": "fastest"})
+    with pytest.raises(ConfigError, match="LLMGW_GATEWAY_MAX_KV"):
+        GatewayConfig.from_env({"LLMGW_GATEWAY_MAX_KV": "2"})
+    with pytest.raises(ConfigError, match="LLMGW_GATEWAY_QUEUE_TIMEOUT"):
+        GatewayConfig.from_env({"LLMGW_GATEWAY_QUEUE_TIMEOUT": "soon"})
+
+
+def test_metrics_work_in_multiprocess_mode(tmp_path):
+    """Under gunicorn with several workers, PROMETHEUS_MULTIPROC_DIR aggregates every worker's values."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "from gateway.metrics import Metrics\n"
+        "a, b = Metrics(), Metrics()\n"
+        "a.requests.labels('m', 'e', '200').inc(); b.requests.labels('m', 'e', '200').inc()\n"
+        "a.redis_unavailable.set(1)\n"
+        "print(a.render().decode())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)},
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert 'llmgw_gateway_requests_total{endpoint="e",model="m",status="200"} 2.0' in out.stdout
+    assert "llmgw_gateway_redis_unavailable 1.0" in out.stdout
+
+
+def test_service_time_learned_from_token_counters(store, upstreams):
+    up = upstreams()
+    _, gw, c = make_app(store, [endpoint("e1", up.url), endpoint("e2", up.url)])
+    for _ in range(3):
+        c.post(CHAT, json={"model": "m"}, headers={"X-Session-ID": "s"})  # 8 tokens per answer
+    t0 = time.time()
+    store.write_load(LoadRecord("e2", t0 - 1, True, running=2, waiting=0, generation_tokens_total=100))
+    gw.state.refresh_loads()
+    store.write_load(LoadRecord("e2", t0, True, running=2, waiting=0, generation_tokens_total=132))
+    gw.state.refresh_loads()
+    # 32 tokens in 1 s over 2 running sequences: 16 tokens/s each; 8 tokens per answer = 0.5 s
+    assert gw.state.stats["e2"].scrape_unit == pytest.approx(0.5)
+    assert gw.state.stats["e2"].scrape_inflight == 0
