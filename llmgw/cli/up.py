@@ -125,7 +125,8 @@ def _run(args, settings, catalog, state_dir, node, stack: LocalStack, stopping) 
 
     url = f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '') else args.host}:{args.port}"
     store = Store(r)
-    ready_model = _wait_first_ready(url, store, stack, stopping, args.ready_timeout)
+    names = [m.name for m in catalog.models]
+    ready_model = _wait_first_ready(url, names, store, stack, stopping, args.ready_timeout)
     if ready_model is None:
         return 0 if stopping.is_set() else 1
     body = json.dumps({"model": ready_model, "messages": [{"role": "user", "content": "Say hello"}]})
@@ -146,8 +147,9 @@ def _redis_url_given() -> bool:
     return bool(os.environ.get("LLMGW_REDIS_URL") or os.environ.get("REDIS_URL"))
 
 
-def _wait_first_ready(url, store: Store, stack: LocalStack, stopping, timeout: float) -> str | None:
-    """Wait until the gateway lists a model; report replica states meanwhile."""
+def _wait_first_ready(url, names: list[str], store: Store, stack: LocalStack, stopping, timeout: float) -> str | None:
+    """Wait until the gateway lists one of the catalog's models (by its canonical name, for the curl
+    line); report replica states meanwhile."""
     deadline = time.monotonic() + timeout
     last_report = ""
     while time.monotonic() < deadline and not stopping.is_set():
@@ -157,8 +159,10 @@ def _wait_first_ready(url, store: Store, stack: LocalStack, stopping, timeout: f
             return None
         try:
             resp = requests.get(url + "/v1/models", timeout=2)
-            if resp.ok and resp.json().get("data"):
-                return resp.json()["data"][0]["id"]
+            listed = {m["id"] for m in resp.json().get("data", [])} if resp.ok else set()
+            ready = [n for n in names if n in listed]
+            if ready:
+                return ready[0]
         except (requests.RequestException, ValueError):
             pass
         report = _replica_report(store)
