@@ -122,6 +122,11 @@ class ReplicaRecord:
         return _from_dict(cls, d)
 
     @property
+    def all_nodes(self) -> list[str]:
+        """Every node this replica runs on, head first (one for all but multi-node replicas)."""
+        return list(self.nodes) or ([self.node] if self.node else [])
+
+    @property
     def running(self) -> bool:
         """The agent has a live process for the current attempt."""
         return self.started_at is not None and (

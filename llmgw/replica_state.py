@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Container
 
 from llmgw.records import ReplicaRecord
 
@@ -83,6 +84,12 @@ def _exit_text(rec: ReplicaRecord) -> str:
     if rec.exit_code is not None:
         return f"with code {rec.exit_code}"
     return "(status unknown)"
+
+
+def nodes_alive(rec: ReplicaRecord, live: "Container[str]") -> bool:
+    """A replica's node is alive when every node it spans sends heartbeats."""
+    nodes = rec.all_nodes
+    return bool(nodes) and all(n in live for n in nodes)
 
 
 def is_routable(view: StateView) -> bool:
