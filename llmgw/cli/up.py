@@ -112,7 +112,9 @@ def _run(args, settings, catalog, state_dir, node, stack: LocalStack, stopping) 
     stack.start("node", celery_argv("worker", "-Q", f"node-{node}", "-n", f"{node}@%h", "-P", "threads", "-c", "2", *common))
     stack.start("gateway", python_module(
         "gunicorn", "-k", "gthread", "-w", "1", "--threads", str(args.gateway_threads),
-        "-b", f"{args.host}:{args.port}", "--graceful-timeout", "10", "gateway:create_app()",
+        "-b", f"{args.host}:{args.port}", "--graceful-timeout", "10",
+        # gunicorn >= 24 opens a control socket at one fixed path per user; two gateways would collide.
+        "--no-control-socket", "gateway:create_app()",
     ))
     _say(f"started control worker, beat, node agent {node!r} and the gateway; logs in {state_dir / 'logs'}")
 

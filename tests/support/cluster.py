@@ -154,7 +154,8 @@ class Cluster:
             "gateway",
             [
                 bin_path("gunicorn"), "-k", "gthread", "-w", "1", "--threads", "128",
-                "-b", f"127.0.0.1:{port}", "--graceful-timeout", "5", "gateway:create_app()",
+                "-b", f"127.0.0.1:{port}", "--graceful-timeout", "5", "--no-control-socket",
+                "gateway:create_app()",
             ],
             env=self.env(**env),
         )
