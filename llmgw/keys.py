@@ -25,6 +25,9 @@ NODES = f"{PREFIX}:nodes"
 # Hash: node name -> when housekeeping first saw it without a heartbeat (it forgets such a node, once
 # nothing refers to it, some minutes later; the entry goes when the node heartbeats again).
 NODES_MISSING_SINCE = f"{PREFIX}:nodes:missing-since"
+# Hash: node name -> heartbeat_at of its last heartbeat (kept after the heartbeat expires), so the
+# control plane knows how long a Lost node has been gone.
+NODES_LAST_SEEN = f"{PREFIX}:nodes:last-seen"
 
 
 def node_heartbeat(name: str) -> str:
@@ -44,11 +47,33 @@ def agent_wake(name: str) -> str:
 
 # --- replicas ------------------------------------------------------------------------------------
 REPLICAS = f"{PREFIX}:replicas"  # set of replica ids
+# String "1": every replica record is in the per-node index (`node_replicas`), so a node without an
+# index set has no replicas. Set by the control plane's housekeeping after it rebuilt the index; until
+# then `Store.replicas_on` falls back to a scan of every record (records written before the index).
+REPLICA_NODE_INDEX_READY = f"{PREFIX}:replicas:node-index"
+
+
+def node_replicas(name: str) -> str:
+    """Set of the ids of the replica records that name this node (head or member), kept in the same
+    MULTI as the record's creation, deletion and node assignment."""
+    return f"{PREFIX}:node:{name}:replicas"
 
 
 def replica(replica_id: str) -> str:
     """Hash: one field per ReplicaRecord attribute, JSON-encoded."""
     return f"{PREFIX}:replica:{replica_id}"
+
+
+# Field of a replica's hash (not a key of its own): `stopped_on:<node>` = when the agent of that node
+# confirmed its part of the replica gone after a stop request. One field per node, so the agents of a
+# multi-node replica confirm concurrently without a read-modify-write race, and the fields go with the
+# record (Store.delete_replica). Loaded into ReplicaRecord.stopped_nodes.
+REPLICA_STOPPED_ON_PREFIX = "stopped_on:"
+
+
+def replica_stopped_on(node: str) -> str:
+    """The replica-hash field in which `node`'s agent confirms its part stopped."""
+    return REPLICA_STOPPED_ON_PREFIX + node
 
 
 def load(replica_id: str) -> str:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,23 +18,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from llmgw.ports import can_bind, free_port  # noqa: F401 - free_port is part of this module's API
+from llmgw.proctable import pids_with_env
+
 TOKEN_VAR = "LLMGW_UP_TOKEN"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def port_is_free(port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
+    """True if a server could listen on 127.0.0.1:port now."""
+    return can_bind("127.0.0.1", port)
 
 
 @dataclass
@@ -115,18 +106,8 @@ class LocalStack:
 
 
 def processes_with_token(token: str) -> list[int]:
-    needle = f"{TOKEN_VAR}={token}".encode()
-    me = os.getpid()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == me:
-            continue
-        try:
-            if needle in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
-                found.append(int(entry))
-        except OSError:
-            continue
-    return found
+    """Live processes started by this `llmgw up` (they inherit its token), this process excluded."""
+    return pids_with_env(TOKEN_VAR, token)
 
 
 def python_module(module: str, *args: str) -> list[str]:

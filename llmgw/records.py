@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Iterable, TypeVar
 
+from llmgw.keys import REPLICA_STOPPED_ON_PREFIX
+
 T = TypeVar("T")
 
 
@@ -74,7 +76,10 @@ AGENT_FIELDS = (
     "port", "url", "pid", "pid_start", "engine_pid", "started_at", "attempt", "exit_code",
     "exit_signal", "exited_at", "last_probe_at", "last_probe_ok", "probe_error", "first_ready_at",
     "restarts", "failure_times", "next_restart_at", "log_tail", "stopped_at", "adopted_at",
+    "master_port",
 )
+# Plus one field per node, `stopped_on:<node>` (llmgw.keys.replica_stopped_on), written by each node's
+# agent of a multi-node replica; read back as `ReplicaRecord.stopped_nodes`.
 
 
 @dataclass
@@ -113,13 +118,25 @@ class ReplicaRecord:
     log_tail: str | None = None
     stopped_at: float | None = None  # process confirmed gone after a stop request
     adopted_at: float | None = None  # when a restarted agent took over a running engine
+    # Multi-node: the torch.distributed rendezvous port the head chose for its current attempt (members
+    # join `node address:master_port`, and restart their part when the head's `attempt` changes).
+    master_port: int | None = None
+    # --- loaded, never stored under this name ------------------------------------------------------
+    # Nodes whose agent confirmed its part stopped (the `stopped_on:<node>` fields), sorted.
+    stopped_nodes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        del d["stopped_nodes"]  # stored as one field per node, written by each agent
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "ReplicaRecord":
-        return _from_dict(cls, d)
+        stopped = sorted(k[len(REPLICA_STOPPED_ON_PREFIX):] for k, v in d.items()
+                         if k.startswith(REPLICA_STOPPED_ON_PREFIX) and v is not None)
+        rec = _from_dict(cls, {k: v for k, v in d.items() if k != "stopped_nodes"})
+        rec.stopped_nodes = stopped
+        return rec
 
     @property
     def all_nodes(self) -> list[str]:

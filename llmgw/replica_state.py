@@ -51,11 +51,23 @@ def derive(
     rec: ReplicaRecord, node_alive: bool, now: float, policy: CrashPolicy = CrashPolicy()
 ) -> StateView:
     if rec.stop_requested_at is not None:
-        if rec.stopped_at is not None or rec.node is None:
+        if rec.node is None:
+            return StateView(State.STOPPED, rec.stop_reason or "")
+        nodes = rec.all_nodes
+        if len(nodes) > 1:
+            # Every node's agent confirms its own part: the head's `stopped_at` alone would free the
+            # GPUs of a member whose process still runs.
+            waiting = [n for n in nodes if n not in rec.stopped_nodes]
+        else:
+            waiting = [] if rec.stopped_at is not None else nodes
+        if not waiting:
             return StateView(State.STOPPED, rec.stop_reason or "")
         if not node_alive:
             # Nobody can confirm the stop; the reconciler treats it as gone for routing purposes.
-            return StateView(State.LOST, f"stopping on {rec.node}, whose heartbeat expired")
+            return StateView(State.LOST, f"stopping on {', '.join(waiting)}, whose heartbeat expired")
+        if len(nodes) > 1:
+            return StateView(State.STOPPING, f"{rec.stop_reason or 'stop requested'}; waiting for "
+                                             f"{', '.join(waiting)} to confirm")
         return StateView(State.STOPPING, rec.stop_reason or "")
     if rec.node is None:
         return StateView(State.PENDING, rec.pending_reason or "not placed yet")

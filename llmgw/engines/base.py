@@ -32,6 +32,7 @@ class LaunchContext:
     node_rank: int = 0  # 0 = head (serves HTTP) for multi-node replicas
     nnodes: int = 1
     master_addr: str | None = None  # head node's address, for multi-node
+    master_port: int | None = None  # the head's torch.distributed rendezvous port (chosen by its agent)
 
     def __post_init__(self) -> None:
         # A profile may override its model's `source` (e.g. a GGUF file for the llama.cpp tier of a

@@ -1,7 +1,7 @@
 """Adapter for engine `vllm`: `vllm serve` (V1 engine), one process per replica per node.
 
 GPUs are pinned with CUDA_VISIBLE_DEVICES. A multi-node replica runs without Ray: every node runs
-`vllm serve` with `--nnodes/--node-rank/--master-addr`; only the head (rank 0) serves HTTP, the
+`vllm serve` with `--nnodes/--node-rank/--master-addr/--master-port`; only the head (rank 0) serves HTTP, the
 others are `--headless`. /health answers only after the (long) model load: the catalog gives vLLM
 profiles a 900 s start timeout by default.
 """
@@ -53,6 +53,10 @@ class VllmAdapter(EngineAdapter):
                                                    "but no master address (head node) was given")
             argv += ["--nnodes", str(ctx.nnodes), "--node-rank", str(ctx.node_rank),
                      "--master-addr", ctx.master_addr]
+            if ctx.master_port:
+                # Chosen by the head's agent from its port range, so two multi-node replicas headed
+                # by one machine never both take vLLM's default rendezvous port.
+                argv += ["--master-port", str(ctx.master_port)]
             if ctx.node_rank > 0:
                 argv.append("--headless")
                 headless = True

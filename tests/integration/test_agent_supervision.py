@@ -17,7 +17,7 @@ import requests
 from llmgw.records import ReplicaRecord
 from llmgw.replica_state import State, derive
 from tests.support.procs import wait_until
-from workers.agent.proctable import is_same_process, read_proc
+from llmgw.proctable import is_same_process, read_proc
 
 CATALOG = """
 models:

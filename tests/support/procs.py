@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,33 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, TypeVar
 
+# Re-exported under their old names: many tests import them from here.
+from llmgw.ports import free_port, free_port_range  # noqa: F401
+from llmgw.proctable import describe, pids_with_env  # noqa: F401
+
 TOKEN_VAR = "LLMGW_TEST_TOKEN"
 T = TypeVar("T")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def free_port_range(size: int = 50) -> tuple[int, int]:
-    """A block of ports none of which is listening now (for an agent's LLMGW_PORT_RANGE)."""
-    for _ in range(200):
-        start = free_port()
-        if start + size >= 65000:
-            continue
-        ok = True
-        for p in range(start, start + size):
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", p))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            return start, start + size - 1
-    raise RuntimeError("no free port range")
 
 
 def wait_until(pred: Callable[[], T], timeout: float, interval: float = 0.05, what: str = "") -> T:
@@ -163,28 +141,7 @@ def bin_path(name: str) -> str:
 
 def processes_with_token(token: str) -> list[int]:
     """Pids of live (non-zombie) processes whose environment carries LLMGW_TEST_TOKEN=token."""
-    needle = f"{TOKEN_VAR}={token}".encode()
-    me = os.getpid()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == me:
-            continue
-        try:
-            env = Path(f"/proc/{entry}/environ").read_bytes()
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        if needle in env.split(b"\0") and stat.rsplit(")", 1)[1].split()[0] != "Z":
-            found.append(int(entry))
-    return found
-
-
-def describe(pid: int) -> str:
-    try:
-        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        cmd = "?"
-    return f"{pid}: {cmd.strip()[:200]}"
+    return pids_with_env(TOKEN_VAR, token)
 
 
 def kill_pids(pids: list[int]) -> None:

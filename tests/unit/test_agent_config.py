@@ -83,3 +83,9 @@ def test_a_forked_child_does_not_keep_the_lock(tmp_path):
         os.waitpid(pid, 0)
         os.close(r)
         os.close(w)
+
+
+def test_supervision_defaults_have_one_source():
+    from workers.agent.supervisor import Policy
+
+    assert AgentConfig().policy == Policy()

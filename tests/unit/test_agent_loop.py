@@ -345,15 +345,18 @@ def test_multi_node_member_part_starts_with_rank_and_master_addr(env, monkeypatc
 
     monkeypatch.setattr("workers.agent.loop.get_engine", lambda name: Recording())
     store.write_heartbeat(NodeInfo(name="a", address="10.0.0.1"), 60)
+    # The head (a) runs attempt 1 with its rendezvous on port 30009: a member joins a running head only.
     store.create_replica(ReplicaRecord(id="mn", model="m", profile="p", node="a", nodes=["a", "b"],
-                                       gpus={"a": [0, 1], "b": [2, 3]}))
+                                       gpus={"a": [0, 1], "b": [2, 3]}, attempt=1, started_at=clock.t,
+                                       pid=1, port=30000, master_port=30009))
     member = Agent(Settings(node_name="b", port_range=(30100, 30109)), AgentConfig(probe_interval=0),
                    store, runner, FakeProber(runner), clock, bindable=lambda p: True)
     member.tick()
     [ctx] = contexts
-    assert (ctx.node, ctx.node_rank, ctx.nnodes, ctx.master_addr, ctx.gpus) == ("b", 1, 2, "10.0.0.1", (2, 3))
+    assert (ctx.node, ctx.node_rank, ctx.nnodes, ctx.master_addr, ctx.master_port, ctx.gpus) == \
+        ("b", 1, 2, "10.0.0.1", 30009, (2, 3))
     rec = store.get_replica("mn")
-    assert rec.started_at is None and rec.pid is None, "a member part must not write the head's fields"
+    assert (rec.started_at, rec.pid, rec.attempt) == (1000.0, 1, 1), "a member part must not write the head's fields"
     clock.advance(600)  # a headless part has no health endpoint: no start timeout kills it
     member.tick()
     assert runner.procs["mn"].alive and len(runner.spawned) == 1
@@ -362,7 +365,9 @@ def test_multi_node_member_part_starts_with_rank_and_master_addr(env, monkeypatc
     member.tick()
     assert not runner.procs["mn"].alive
     member.tick()
-    assert store.get_replica("mn").stopped_at is None  # the head reports the stop, not the member
+    rec = store.get_replica("mn")
+    assert rec.stopped_at is None  # the head reports its own stop, not the member's
+    assert rec.stopped_nodes == ["b"]  # the member confirms its part
 
 
 def test_a_wiped_redis_does_not_stop_every_engine(env):
@@ -432,3 +437,127 @@ def test_engines_on_a_gpu_node_see_only_their_gpus(env):
     agent.tick()
     assert runner.specs["g"].env["CUDA_VISIBLE_DEVICES"] == "2,3"
     assert runner.specs["cpu"].env["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def two_node_env(env, monkeypatch):
+    """A head agent on a and a member agent on b, each with its own runner, sharing one Redis."""
+    from llmgw.engines.base import LaunchSpec
+    from llmgw.records import NodeInfo
+
+    store, _runner, clock, _make = env
+    contexts = []
+
+    class Recording:
+        def command(self, ctx):
+            contexts.append(ctx)
+            return LaunchSpec(argv=("engine", "--port", str(ctx.port)), serves_http=ctx.node_rank == 0)
+
+    monkeypatch.setattr("workers.agent.loop.get_engine", lambda name: Recording())
+    store.write_heartbeat(NodeInfo(name="a", address="10.0.0.1"), 600)
+    store.create_replica(ReplicaRecord(id="mn", model="m", profile="p", node="a", nodes=["a", "b"],
+                                       gpus={"a": [0], "b": [0]}))
+    head_runner, member_runner = FakeRunner(clock), FakeRunner(clock)
+    config = AgentConfig(backoff_base=1, backoff_cap=60, stop_grace=10, probe_interval=0)
+    head = Agent(Settings(node_name="a", node_address="10.0.0.1", port_range=(30000, 30009)), config, store,
+                 head_runner, FakeProber(head_runner), clock, bindable=lambda p: True)
+    member = Agent(Settings(node_name="b", port_range=(30100, 30109)), config, store, member_runner,
+                   FakeProber(member_runner), clock, bindable=lambda p: True)
+    return store, clock, head, head_runner, member, member_runner, contexts
+
+
+def test_multi_node_stop_is_stopped_only_when_every_node_confirmed(env, monkeypatch):
+    """The head's own stop must not free the GPUs of a member whose part still runs."""
+    store, clock, head, head_runner, member, member_runner, _ = two_node_env(env, monkeypatch)
+    head.tick()
+    member.tick()
+    assert head_runner.procs["mn"].alive and member_runner.procs["mn"].alive
+    member_runner.exit_on_term = False  # the member's part takes its time to stop
+    store.update_replica("mn", stop_requested_at=clock.t, stop_reason="scale down")
+    head.tick()
+    head.tick()
+    member.tick()
+    rec = store.get_replica("mn")
+    assert rec.stopped_at is not None and rec.stopped_nodes == ["a"]
+    assert member_runner.procs["mn"].alive
+    assert derive(rec, True, clock.t).state is State.STOPPING, "GPUs of b freed while its part runs"
+    clock.advance(10)
+    member.tick()  # grace over: SIGKILL
+    member.tick()  # gone: confirmed
+    rec = store.get_replica("mn")
+    assert rec.stopped_nodes == ["a", "b"] and not member_runner.procs["mn"].alive
+    assert derive(rec, True, clock.t).state is State.STOPPED
+    # A member agent restarted now finds its confirmation in the record: nothing left to do.
+    again = Agent(Settings(node_name="b", port_range=(30100, 30109)), AgentConfig(), store, member_runner,
+                  FakeProber(member_runner), clock, bindable=lambda p: True)
+    assert again.tick() == []
+
+
+def test_multi_node_member_rejoins_when_the_head_restarts(env, monkeypatch):
+    store, clock, head, head_runner, member, member_runner, contexts = two_node_env(env, monkeypatch)
+    member.tick()
+    assert "mn" not in member_runner.procs, "a member part must wait for the head's attempt"
+    head.tick()
+    rec = store.get_replica("mn")
+    assert rec.attempt == 1 and rec.master_port is not None and rec.master_port != rec.port
+    member.tick()
+    assert member_runner.spawned and contexts[-1].master_port == rec.master_port
+    assert contexts[-1].master_addr == "10.0.0.1" and contexts[0].master_addr == "10.0.0.1"
+    head_runner.set_ready("mn")
+    head.tick()
+    # The head crashes: the member's part is on a rendezvous that no longer exists.
+    head_runner.crash("mn")
+    head.tick()
+    member.tick()
+    assert member_runner.procs["mn"].signals == [signal.SIGTERM]
+    member.tick()  # its exit is not a failure of its own, and it waits for the head's next attempt
+    assert len(member_runner.spawned) == 1 and member.members["mn"].get("failure_times", []) == []
+    clock.advance(1)
+    head.tick()  # head attempt 2
+    assert store.get_replica("mn").attempt == 2
+    member.tick()
+    assert len(member_runner.spawned) == 2 and member_runner.procs["mn"].alive
+    assert member.members["mn"]["joined_attempt"] == 2
+
+
+def test_probe_outcomes_come_from_the_supervisor(env, monkeypatch):
+    """The loop applies what `supervisor.probed` decides (thresholds live there, not in the loop)."""
+    store, runner, clock, make_agent = env
+    agent = make_agent()
+    create(store)
+    agent.tick()
+    calls = []
+    real = sv.probed
+
+    def spy(*a, **kw):
+        out = real(*a, **kw)
+        calls.append(out)
+        return out
+
+    monkeypatch.setattr(sv, "probed", spy)
+    runner.set_ready("r1")
+    clock.advance(1)
+    agent.tick()
+    assert calls and calls[-1].became_ready and store.get_replica("r1").first_ready_at == clock.t
+
+
+def test_shutdown_waits_on_the_injected_clock(env):
+    """stop_engines escalates to SIGKILL after the grace period measured by the agent's clock; with a
+    fake clock no real time passes."""
+    import time as _time
+
+    store, runner, clock, make_agent = env
+
+    def sleep(s):
+        clock.advance(s)
+
+    agent = Agent(Settings(node_name="a", port_range=(30000, 30009)), AgentConfig(stop_grace=10),
+                  store, runner, FakeProber(runner), clock, bindable=lambda p: True, sleep=sleep)
+    create(store)
+    agent.tick()
+    runner.exit_on_term = False
+    t0, wall = clock.t, _time.monotonic()
+    agent.stop_engines()
+    assert runner.procs["r1"].signals == [signal.SIGTERM, signal.SIGKILL]
+    assert clock.t - t0 >= 10 and _time.monotonic() - wall < 2
+    rec = store.get_replica("r1")
+    assert rec.exit_signal == signal.SIGKILL and not rec.failure_times

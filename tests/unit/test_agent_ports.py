@@ -6,7 +6,8 @@ import socket
 
 import pytest
 
-from workers.agent.ports import NoFreePort, can_bind, choose_port
+from llmgw.ports import can_bind
+from workers.agent.ports import NoFreePort, choose_port
 
 
 def test_lowest_free_port():

@@ -10,7 +10,7 @@ import sys
 import time
 
 from tests.support.procs import wait_until
-from workers.agent import proctable
+from llmgw import proctable
 from workers.agent.shim import EXIT_FILE, SHIM_FILE, RotatingLog, decode_status, read_json
 from workers.agent.runner import SHIM_PATH
 

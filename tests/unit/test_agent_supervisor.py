@@ -148,3 +148,62 @@ def test_one_bad_record_does_not_hide_the_others():
 def test_a_headless_part_has_no_start_timeout_or_liveness():
     r = rec(attempt=1, started_at=0, first_ready_at=0, pid=5)
     assert one(r, sv.Observed(alive=True, known=True, pid=5, has_health=False, start_timeout=1), now=1e6) == []
+
+
+# --- probes: thresholds and first_ready_at are decided here, not in the loop ----------------------
+READY = dict(attempt=1, started_at=90, pid=5, first_ready_at=91, last_probe_ok=True, last_probe_at=99)
+PP = dataclasses.replace(P, probe_failures=3, probe_refresh=5)
+
+
+@pytest.mark.parametrize("desc,facts,before,ok,error,now,failures,fields,ready", [
+    ("first success of an attempt: ready", dict(attempt=1, started_at=90, pid=5), 0, True, None, 100, 0,
+     dict(last_probe_at=100, last_probe_ok=True, probe_error=None, first_ready_at=100), True),
+    ("not ready yet, failing: reported at once", dict(attempt=1, started_at=90, pid=5), 0, False, "refused",
+     100, 1, dict(last_probe_at=100, last_probe_ok=False, probe_error="refused"), False),
+    ("ready, 1st failure: held back", READY, 0, False, "timeout", 100, 1, {}, False),
+    ("ready, 2nd failure: held back", READY, 1, False, "timeout", 100, 2, {}, False),
+    ("ready, 3rd failure: unhealthy", READY, 2, False, "timeout", 100, 3,
+     dict(last_probe_at=100, last_probe_ok=False, probe_error="timeout"), False),
+    ("ready, unchanged success: not rewritten", READY, 0, True, None, 100, 0, {}, False),
+    ("ready, unchanged success after probe_refresh: rewritten", READY, 0, True, None, 104.5, 0,
+     dict(last_probe_at=104.5, last_probe_ok=True, probe_error=None), False),
+    ("a success resets the failure count", READY, 2, True, None, 100, 0, {}, False),
+])
+def test_probed(desc, facts, before, ok, error, now, failures, fields, ready):
+    out = sv.probed(rec(**facts), before, ok, error, now, PP)
+    assert (out.probe_failures, out.fields, out.became_ready) == (failures, fields, ready)
+
+
+# --- a launch that could not be built counts like a crash ------------------------------------------
+@pytest.mark.parametrize("failure_times,restarts,expected_backoff", [([], 0, 1), ([95], 1, 2), ([90, 95], 2, 4)])
+def test_launch_failed_shares_the_crash_streak_and_backoff(failure_times, restarts, expected_backoff):
+    out = sv.launch_failed(rec(failure_times=failure_times, restarts=restarts), 3, 100.0, "no port", P)
+    assert out == sv.LaunchFailed("r1", 3, 100.0, tuple(failure_times) + (100.0,), 100.0 + expected_backoff,
+                                  restarts + 1, "no port")
+
+
+# --- multi-node member parts follow the head's attempt ---------------------------------------------
+MEMBER_RUNNING = dict(attempt=1, started_at=90, pid=5, first_ready_at=90)
+
+
+@pytest.mark.parametrize("desc,facts,obs,expected", [
+    ("head not running yet: wait", dict(), sv.Observed(head_attempt=0), []),
+    ("head running attempt 2: join it", dict(), sv.Observed(head_attempt=2),
+     [sv.Start("r1", 1, restart=False, head_attempt=2)]),
+    ("joined the current head attempt: nothing to do", MEMBER_RUNNING,
+     sv.Observed(alive=True, known=True, pid=5, head_attempt=2, joined_attempt=2, has_health=False), []),
+    ("head restarted: leave the old rendezvous", MEMBER_RUNNING,
+     sv.Observed(alive=True, known=True, pid=5, head_attempt=3, joined_attempt=2, has_health=False),
+     [sv.Signal("r1", 5, None, signal.SIGTERM, "its head restarted (attempt 3)")]),
+    ("head's attempt ended: leave", MEMBER_RUNNING,
+     sv.Observed(alive=True, known=True, pid=5, head_attempt=0, joined_attempt=2, has_health=False),
+     [sv.Signal("r1", 5, None, signal.SIGTERM, "its head's attempt ended")]),
+    ("stale part ended: rejoin, no failure", MEMBER_RUNNING,
+     sv.Observed(exit=sv.ExitFacts(-15, 15, 99), head_attempt=3, joined_attempt=2, known=True),
+     [sv.Rejoin("r1", sv.ExitFacts(-15, 15, 99))]),
+    ("part crashed under the same head attempt: a failure", MEMBER_RUNNING,
+     sv.Observed(exit=sv.ExitFacts(1, None, 99), head_attempt=2, joined_attempt=2, known=True),
+     [sv.RecordExit("r1", sv.ExitFacts(1, None, 99), (99,), 100.0, 1, "")]),
+])
+def test_member_parts_follow_the_head(desc, facts, obs, expected):
+    assert one(rec(node="h", nodes=["h", "a"], **facts), obs) == expected

@@ -51,12 +51,15 @@ def test_source_defaults_to_model_name_and_executable_override():
 def test_multi_node_head_and_worker():
     m = model(tensor_parallel=8, pipeline_parallel=2, nodes=2)
     adapter = VllmAdapter(environ={})
-    head = adapter.command(ctx(m, gpus=tuple(range(8)), nnodes=2, node_rank=0, master_addr="10.0.0.5"))
-    worker = adapter.command(ctx(m, gpus=tuple(range(8)), nnodes=2, node_rank=1, master_addr="10.0.0.5"))
-    tail = ("--nnodes", "2", "--node-rank", "0", "--master-addr", "10.0.0.5")
+    head = adapter.command(ctx(m, gpus=tuple(range(8)), nnodes=2, node_rank=0, master_addr="10.0.0.5",
+                               master_port=30007))
+    worker = adapter.command(ctx(m, gpus=tuple(range(8)), nnodes=2, node_rank=1, master_addr="10.0.0.5",
+                                 master_port=30007))
+    tail = ("--nnodes", "2", "--node-rank", "0", "--master-addr", "10.0.0.5", "--master-port", "30007")
     assert head.argv[-len(tail):] == tail and head.serves_http
     assert "--headless" not in head.argv
-    assert worker.argv[-7:] == ("--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.5", "--headless")
+    assert worker.argv[-9:] == ("--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.5",
+                                "--master-port", "30007", "--headless")
     assert not worker.serves_http
     assert head.env["CUDA_VISIBLE_DEVICES"] == worker.env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3,4,5,6,7"
     assert "--ray" not in " ".join(head.argv)  # no Ray

@@ -47,6 +47,17 @@ CASES = [
      State.STOPPED, ""),
     ("stop requested, node gone", dict(started_at=NOW - 5, stop_requested_at=NOW - 1), False,
      State.LOST, "heartbeat"),
+    # multi-node: Stopped only when every node's agent confirmed its own part
+    ("multi-node stop, only the head confirmed", dict(nodes=["a", "b"], started_at=NOW - 5,
+     stop_requested_at=NOW - 2, stopped_at=NOW - 1, stopped_nodes=["a"]), True, State.STOPPING, "b"),
+    ("multi-node stop, only a member confirmed", dict(nodes=["a", "b"], started_at=NOW - 5,
+     stop_requested_at=NOW - 2, stopped_nodes=["b"]), True, State.STOPPING, "a"),
+    ("multi-node stop, every node confirmed", dict(nodes=["a", "b", "c"], started_at=NOW - 5,
+     stop_requested_at=NOW - 2, stopped_at=NOW - 1, stopped_nodes=["a", "b", "c"]), True, State.STOPPED, ""),
+    ("multi-node stop, unconfirmed member's node gone", dict(nodes=["a", "b"], started_at=NOW - 5,
+     stop_requested_at=NOW - 2, stopped_at=NOW - 1, stopped_nodes=["a"]), False, State.LOST, "b"),
+    ("single node: stopped_at alone still suffices", dict(started_at=NOW - 5, stop_requested_at=NOW - 2,
+     stopped_at=NOW - 1, stopped_nodes=[]), True, State.STOPPED, ""),
 ]
 
 
@@ -62,3 +73,13 @@ def test_only_ready_is_routable():
 
     routable = {s for _, f, alive, s, _ in CASES if is_routable(derive(rec(**f), alive, NOW, POLICY))}
     assert routable == {State.READY}
+
+
+def test_stopped_nodes_are_loaded_from_per_node_fields_and_never_stored_under_that_name():
+    from llmgw import keys
+
+    stored = rec(nodes=["a", "b"]).to_dict()
+    assert "stopped_nodes" not in stored
+    stored[keys.replica_stopped_on("b")] = NOW
+    stored[keys.replica_stopped_on("a")] = NOW
+    assert ReplicaRecord.from_dict(stored).stopped_nodes == ["a", "b"]

@@ -12,16 +12,17 @@ from workers.agent.supervisor import Policy
 
 @dataclass(frozen=True)
 class AgentConfig:
+    # The supervision knobs take their defaults from `supervisor.Policy`: one source for both.
     tick: float = 0.5  # LLMGW_AGENT_TICK: longest wait between passes (a wake-up ends it early)
     keep_engines: bool = False  # LLMGW_AGENT_KEEP_ENGINES=1: leave engines running on shutdown
-    backoff_base: float = 1.0  # LLMGW_AGENT_BACKOFF_BASE
-    backoff_cap: float = 60.0  # LLMGW_AGENT_BACKOFF_CAP
-    backoff_reset: float = 120.0  # LLMGW_AGENT_BACKOFF_RESET
-    stop_grace: float = 10.0  # LLMGW_AGENT_STOP_GRACE
-    liveness_timeout: float = 60.0  # LLMGW_AGENT_LIVENESS_TIMEOUT (0 = never restart a once-ready engine)
+    backoff_base: float = Policy.backoff_base  # LLMGW_AGENT_BACKOFF_BASE
+    backoff_cap: float = Policy.backoff_cap  # LLMGW_AGENT_BACKOFF_CAP
+    backoff_reset: float = Policy.backoff_reset  # LLMGW_AGENT_BACKOFF_RESET
+    stop_grace: float = Policy.stop_grace  # LLMGW_AGENT_STOP_GRACE
+    liveness_timeout: float = Policy.liveness_timeout  # LLMGW_AGENT_LIVENESS_TIMEOUT (0 = never restart a once-ready engine)
     probe_interval: float = 1.0  # LLMGW_AGENT_PROBE_INTERVAL
     probe_timeout: float = 1.0  # LLMGW_AGENT_PROBE_TIMEOUT
-    probe_failures: int = 3  # LLMGW_AGENT_PROBE_FAILURES: failed probes in a row before a Ready one is Unhealthy
+    probe_failures: int = Policy.probe_failures  # LLMGW_AGENT_PROBE_FAILURES: failed probes in a row before a Ready one is Unhealthy
     scrape_interval: float = 1.0  # LLMGW_AGENT_SCRAPE_INTERVAL
     scrape_timeout: float = 1.0  # LLMGW_AGENT_SCRAPE_TIMEOUT
     log_max_bytes: int = 10 * 1024 * 1024  # LLMGW_AGENT_LOG_MAX_BYTES: rotate engine.log past this
@@ -36,6 +37,8 @@ class AgentConfig:
             backoff_reset=self.backoff_reset,
             stop_grace=self.stop_grace,
             liveness_timeout=self.liveness_timeout,
+            probe_failures=self.probe_failures,
+            probe_refresh=5 * self.probe_interval,  # an unchanged probe result is rewritten this often
         )
 
     @classmethod

@@ -30,7 +30,8 @@ from llmgw.store import Clock, Store
 from workers.agent import supervisor as sv
 from workers.agent.config import AgentConfig
 from workers.agent.inventory import node_info
-from workers.agent.ports import NoFreePort, can_bind, choose_port
+from llmgw.ports import can_bind
+from workers.agent.ports import NoFreePort, choose_port
 
 log = logging.getLogger("llmgw.agent")
 
@@ -94,10 +95,13 @@ class Agent:
         clock: Clock | None = None,
         gpus: tuple[GPUDevice, ...] = (),
         bindable=None,
+        sleep=None,
     ):
         self.settings, self.config, self.store = settings, config, store
         self.runner, self.prober = runner, prober
         self.clock = clock or Clock()
+        # Waiting during shutdown goes through the clock too (a fake clock's `sleep` advances it).
+        self.sleep = sleep or getattr(self.clock, "sleep", None) or time.sleep
         self.gpus = gpus
         self.node = settings.node_name
         self.policy = config.policy
@@ -126,7 +130,7 @@ class Agent:
         for rec in records:
             try:
                 view = self._view(rec)
-                observed[rec.id] = self._observe(view, now)
+                observed[rec.id] = self._observe(view, now, rec)
                 views.append(view)
             except Exception as e:  # noqa: BLE001 - skip it this pass, keep supervising the others
                 self._warn(rec.id, f"cannot observe its process, skipped this pass: {e!r}")
@@ -135,7 +139,8 @@ class Agent:
         actions = sv.decide(views, observed, orphans, now, self.policy)
         by_id = {v.id: v for v in views}
         # Ports held by any record on this node, including this agent's member parts.
-        reserved = {r.port for r in records if r.port} | {v.port for v in views if v.port}
+        reserved = ({r.port for r in records if r.port} | {v.port for v in views if v.port}
+                    | {r.master_port for r in records if r.master_port and self._is_head(r)})
         for action in actions:
             try:
                 self._apply(action, by_id.get(action.replica_id), now, reserved)
@@ -155,19 +160,32 @@ class Agent:
         facts = self.members.setdefault(rec.id, {})
         if not facts:
             found = self.runner.discover().get(rec.id)
-            if found and found.alive:  # a part started by a previous agent: adopt it
+            if found and found.alive:
+                # A part started by a previous agent: adopt it, assuming it joined the head's current
+                # attempt (if the head has moved on since, the part cannot rejoin: it fails and restarts).
                 facts.update(attempt=found.attempt, pid=found.pid, pid_start=found.pid_start,
-                             started_at=self.clock.time(), first_ready_at=self.clock.time())
+                             started_at=self.clock.time(), first_ready_at=self.clock.time(),
+                             joined_attempt=rec.attempt)
+            elif self.node in rec.stopped_nodes:
+                # This node already confirmed its part stopped (before this agent restarted).
+                facts["stopped_at"] = rec.stop_requested_at or self.clock.time()
         blank = {f: getattr(ReplicaRecord(id="", model="", profile=""), f) for f in _AGENT_VIEW_FIELDS}
-        return dataclasses.replace(rec, **{**blank, **facts})
+        return dataclasses.replace(rec, **{**blank, **{k: v for k, v in facts.items() if k in blank}})
 
-    def _observe(self, rec: ReplicaRecord, now: float) -> sv.Observed:
+    def _observe(self, rec: ReplicaRecord, now: float, stored: ReplicaRecord | None = None) -> sv.Observed:
+        """`rec` is the view (see `_view`); `stored` the record as read, whose agent fields are the
+        head's: a member part follows the head's attempt."""
+        stored = stored or rec
+        member: dict[str, Any] = {}
+        if not self._is_head(rec):
+            member = dict(head_attempt=stored.attempt if stored.running else 0,
+                          joined_attempt=self.members.get(rec.id, {}).get("joined_attempt"))
         loc = self.local.get(rec.id)
         if loc is not None and loc.attempt != rec.attempt:
             loc = None
             self.local.pop(rec.id, None)
         if not rec.running:
-            return sv.Observed(known=loc is not None and loc.known)
+            return sv.Observed(known=loc is not None and loc.known, **member)
         seen = self.runner.observe(rec.id, rec.attempt, rec.pid, rec.pid_start)
         if loc is None:
             loc = self.local[rec.id] = Local(attempt=rec.attempt)
@@ -187,6 +205,7 @@ class Agent:
             last_ok_at=loc.last_ok_at,
             start_timeout=loc.spec.start_timeout if loc.spec else 120.0,
             has_health=self._is_head(rec) and (loc.spec is None or loc.spec.serves_http),
+            **member,
         )
 
     def _fill_spec(self, rec: ReplicaRecord, loc: Local) -> None:
@@ -219,21 +238,15 @@ class Agent:
             lambda item: self.prober.health(item[2], self.config.probe_timeout), due))
         updated = {}
         for (rec, loc, _url), res in zip(due, results):
-            loc.last_probe_at = now
-            loc.probe_failures = 0 if res.ok else loc.probe_failures + 1
-            if not res.ok and sv.ready_this_attempt(rec) and rec.last_probe_ok \
-                    and loc.probe_failures < self.config.probe_failures:
-                continue  # one slow answer from a busy engine is not yet "unhealthy" (kubelet's failureThreshold)
-            fields: dict[str, Any] = {"last_probe_at": now, "last_probe_ok": res.ok, "probe_error": res.error}
-            if res.ok:
+            outcome = sv.probed(rec, loc.probe_failures, res.ok, res.error, now, self.policy)
+            loc.last_probe_at, loc.probe_failures = now, outcome.probe_failures
+            if outcome.ok:
                 loc.last_ok_at = now
-                if not sv.ready_this_attempt(rec):
-                    fields["first_ready_at"] = now
-                    log.info("replica %s: ready at %s (attempt %d)", rec.id, rec.url, rec.attempt)
-            if rec.last_probe_ok != res.ok or rec.probe_error != res.error or "first_ready_at" in fields \
-                    or now - (rec.last_probe_at or 0) >= 5 * self.config.probe_interval:
-                self.store.update_replica(rec.id, **fields)
-            updated[rec.id] = dataclasses.replace(rec, **fields)
+            if outcome.became_ready:
+                log.info("replica %s: ready at %s (attempt %d)", rec.id, rec.url, rec.attempt)
+            if outcome.fields:
+                self.store.update_replica(rec.id, **outcome.fields)
+                updated[rec.id] = dataclasses.replace(rec, **outcome.fields)
         return [updated.get(v.id, v) for v in views]
 
     # --- orphans ---------------------------------------------------------------------------------
@@ -297,6 +310,21 @@ class Agent:
                 restarts=action.restarts, log_tail=tail,
             )
             self._write(rec, head, fields)
+        elif isinstance(action, sv.Rejoin):
+            self.local.pop(rec.id, None)
+            log.info("replica %s: part of head attempt %s ended; rejoining the head's attempt",
+                     rec.id, self.members.get(rec.id, {}).get("joined_attempt"))
+            self._write(rec, head, dict(exit_code=action.exit.exit_code, exit_signal=action.exit.exit_signal,
+                                        exited_at=max(action.exit.exited_at, rec.started_at or 0.0),
+                                        next_restart_at=None))
+        elif isinstance(action, sv.LaunchFailed):
+            log.error("replica %s: %s", rec.id, action.reason)
+            self._write(rec, head, dict(
+                attempt=action.attempt, started_at=action.at, exited_at=action.at, exit_code=None,
+                exit_signal=None, failure_times=list(action.failure_times),
+                next_restart_at=action.next_restart_at, restarts=action.restarts,
+                log_tail=f"[llmgw-agent] {action.reason}",
+            ))
         elif isinstance(action, sv.MarkStopped):
             self.local.pop(rec.id, None)
             fields: dict[str, Any] = {"stopped_at": action.stopped_at}
@@ -309,8 +337,13 @@ class Agent:
                 fields["log_tail"] = self.runner.log_tail(rec.id, LOG_TAIL_BYTES)
             log.info("replica %s: stopped", rec.id)
             self._write(rec, head, fields)
+            if len(rec.all_nodes) > 1:
+                # Each node confirms its own part (its own field: no race between the agents); the
+                # replica is Stopped, and its GPUs free, once every node has.
+                self.store.update_replica(rec.id, **{keys.replica_stopped_on(self.node): action.stopped_at})
 
     def _write(self, rec: ReplicaRecord, head: bool, fields: dict) -> bool:
+        """Agent facts go to the record for the head; a member part keeps them in this agent's memory."""
         if head:
             return self.store.update_replica(rec.id, **fields)
         self.members.setdefault(rec.id, {}).update(fields)
@@ -327,17 +360,23 @@ class Agent:
                 loc = self.local.setdefault(action.replica_id, Local())
                 loc.term_sent_at, loc.term_reason = now, action.reason
 
-    def _command(self, rec: ReplicaRecord, model: Model, profile: Profile, port: int) -> LaunchSpec:
-        nodes = rec.nodes or [rec.node]
+    def _command(self, rec: ReplicaRecord, model: Model, profile: Profile, port: int,
+                 master_port: int | None = None) -> LaunchSpec:
+        """The engine command for this node's part. `master_port`: the head's rendezvous port (the
+        head passes the one it just chose; a member part uses the one the head recorded)."""
+        nodes = rec.all_nodes
         rank = nodes.index(self.node) if self.node in nodes else 0
         master = None
         if len(nodes) > 1:
-            head = self.store.live_nodes().get(nodes[0])
-            master = head.address if head else None
+            if self._is_head(rec):
+                master = self.settings.node_address
+            else:
+                head = self.store.live_nodes().get(nodes[0])
+                master = head.address if head else None
         ctx = LaunchContext(
             replica_id=rec.id, model=model, profile=profile, host=self.settings.engine_host, port=port,
             gpus=tuple(rec.gpus.get(self.node, [])), node=self.node, node_rank=rank, nnodes=len(nodes),
-            master_addr=master,
+            master_addr=master, master_port=master_port if master_port is not None else rec.master_port,
         )
         spec = get_engine(profile.engine).command(ctx)
         if self.gpus and "CUDA_VISIBLE_DEVICES" not in spec.env:
@@ -355,13 +394,21 @@ class Agent:
             self._warn(rec.id, f"model {rec.model!r} profile {rec.profile!r} is not in the applied catalog; not starting")
             return
         model, profile = found
+        multi_head = head and len(rec.all_nodes) > 1
+        master_port = None
         try:
             port = choose_port(self.settings.port_range, reserved - {rec.port}, self.bindable, prefer=rec.port)
-            spec = self._command(rec, model, profile, port)
+            if multi_head:
+                # The rendezvous port the members join, from this node's range like the HTTP port.
+                master_port = choose_port(self.settings.port_range, (reserved - {rec.master_port}) | {port},
+                                          self.bindable, prefer=rec.master_port)
+            spec = self._command(rec, model, profile, port, master_port)
         except (NoFreePort, Exception) as e:  # noqa: BLE001 - a launch that cannot even be built is a failed attempt
             self._launch_failed(rec, action, now, head, f"cannot build the launch: {e}")
             return
         reserved.add(port)
+        if master_port is not None:
+            reserved.add(master_port)
         url = f"http://{self.settings.node_address}:{port}"
         # Bookkeeping before the side effect: a crash after this line leaves a record that the next
         # pass reads as a failed attempt (and restarts), never an untracked process.
@@ -370,8 +417,12 @@ class Agent:
             pid=None, pid_start=None, engine_pid=None, exit_code=None, exit_signal=None,
             next_restart_at=None, last_probe_ok=None, probe_error=None, adopted_at=None,
         )
+        if multi_head:
+            fields["master_port"] = master_port  # written with `attempt`: members join this attempt
         if not spec.serves_http:
             fields["first_ready_at"] = now  # a headless part is "ready" while it runs
+        if not head:
+            fields["joined_attempt"] = action.head_attempt
         if not self._write(rec, head, fields):
             return  # the record was deleted meanwhile
         self.local[rec.id] = Local(attempt=action.attempt, known=True, spec=spec, engine=profile.engine,
@@ -388,13 +439,7 @@ class Agent:
         self._write(rec, head, {"pid": pid, "pid_start": pid_start})
 
     def _launch_failed(self, rec, action, now, head, reason: str) -> None:
-        log.error("replica %s: %s", rec.id, reason)
-        failures = (list(rec.failure_times) + [now])[-sv.MAX_FAILURE_TIMES:]
-        self._write(rec, head, dict(
-            attempt=action.attempt, started_at=now, exited_at=now, exit_code=None, exit_signal=None,
-            failure_times=failures, next_restart_at=now + sv.backoff(len(failures), self.policy),
-            restarts=rec.restarts + 1, log_tail=f"[llmgw-agent] {reason}",
-        ))
+        self._apply(sv.launch_failed(rec, action.attempt, now, reason, self.policy), rec, now, set())
 
     def _warn(self, key: str, text: str, interval: float = 60.0) -> None:
         """Log a repeated condition at most once a minute."""
@@ -455,12 +500,12 @@ class Agent:
             try:
                 self.tick()
                 if failing_since is not None:
-                    log.info("agent passes succeed again after %.1fs", time.monotonic() - failing_since)
+                    log.info("agent passes succeed again after %.1fs", self.clock.monotonic() - failing_since)
                     failing_since = None
             except Exception as e:  # noqa: BLE001 - e.g. Redis down: log, wait, try again
                 # Engines keep running while Redis is away; say so once, then every 30 s, not every tick.
                 if failing_since is None:
-                    failing_since = time.monotonic()
+                    failing_since = self.clock.monotonic()
                     log.exception("agent pass failed; engines are left as they are until it succeeds")
                 else:
                     self._warn("*", f"agent passes still failing: {e}", interval=30)
@@ -507,14 +552,14 @@ class Agent:
                 running[rid] = (None, f.attempt, f.pid, f.pid_start)
         for rid, (_rec, _a, pid, start) in running.items():
             self.runner.signal(rid, pid, start, signal.SIGTERM)
-        deadline = time.monotonic() + self.policy.stop_grace
+        deadline = self.clock.monotonic() + self.policy.stop_grace
         pending = dict(running)
-        while pending and time.monotonic() < deadline:
+        while pending and self.clock.monotonic() < deadline:
             for rid, (rec, attempt, pid, start) in list(pending.items()):
                 if not self.runner.observe(rid, attempt, pid, start).alive:
                     del pending[rid]
             if pending:
-                time.sleep(0.1)
+                self.sleep(0.1)
         for rid, (rec, attempt, pid, start) in pending.items():
             log.warning("replica %s: still running after %.0fs; SIGKILL", rid, self.policy.stop_grace)
             self.runner.signal(rid, pid, start, signal.SIGKILL)
@@ -535,6 +580,9 @@ class Agent:
         log.info("agent stopped %d engine(s)", len(running))
 
 
+# The agent fields a member part's view takes from the member agent's memory. `master_port` is not one
+# of them: a member part uses the head's. (`joined_attempt`, the head attempt a part joined, lives in
+# the same memory but is no record field.)
 _AGENT_VIEW_FIELDS = (
     "port", "pid", "pid_start", "engine_pid", "started_at", "attempt", "exit_code", "exit_signal",
     "exited_at", "last_probe_at", "last_probe_ok", "probe_error", "first_ready_at", "restarts",

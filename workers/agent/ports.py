@@ -7,21 +7,7 @@ we no longer track, holds it). The choice itself is a pure function over those t
 
 from __future__ import annotations
 
-import socket
 from typing import Callable, Iterable
-
-
-def can_bind(host: str, port: int) -> bool:
-    """True if a server could listen on host:port now (SO_REUSEADDR, like the engines use, so a
-    socket in TIME_WAIT does not count as taken, but a listening one does)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
 
 
 class NoFreePort(RuntimeError):

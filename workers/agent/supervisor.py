@@ -13,13 +13,20 @@ Rules, per replica record on this node:
 - the attempt ended without a stop request: record the exit as a failure, with an exponential backoff
   (`backoff_base` * 2^(n-1), capped at `backoff_cap`) before the next attempt.
 - not running and its backoff has passed (or it never ran): start the next attempt.
+- a member part of a multi-node replica follows its head: it starts only while the head's attempt
+  runs, and is stopped and started again (not counted as a failure) when the head's attempt changes,
+  since its old rendezvous is gone.
 And for each process found in the state dir whose replica record no longer exists: stop it.
+
+Also pure and table-tested here: `probed` (what one `/health` result means: failure threshold,
+`first_ready_at`) and `launch_failed` (an attempt that could not be launched, counted like a crash).
 """
 
 from __future__ import annotations
 
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from llmgw.records import ReplicaRecord
 
@@ -34,6 +41,10 @@ class Policy:
     backoff_reset: float = 120.0  # LLMGW_AGENT_BACKOFF_RESET
     stop_grace: float = 10.0  # LLMGW_AGENT_STOP_GRACE: SIGTERM -> SIGKILL
     liveness_timeout: float = 60.0  # LLMGW_AGENT_LIVENESS_TIMEOUT; 0 disables the liveness restart
+    # A Ready replica is reported unhealthy only after this many failed probes in a row.
+    probe_failures: int = 3  # LLMGW_AGENT_PROBE_FAILURES
+    # Rewrite an unchanged probe result this often (seconds), so `last_probe_at` shows the agent is alive.
+    probe_refresh: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -58,6 +69,19 @@ class Observed:
     last_ok_at: float | None = None  # last successful health probe of this attempt
     start_timeout: float = 120.0
     has_health: bool = True  # False for a headless part (multi-node worker): no probes, no timeouts
+    # Multi-node member parts only (None on the head and on single-node replicas): the head's current
+    # attempt while it runs (0 while it does not), and the head attempt this part was started for.
+    head_attempt: int | None = None
+    joined_attempt: int | None = None
+
+    @property
+    def member(self) -> bool:
+        return self.head_attempt is not None
+
+    @property
+    def stale(self) -> bool:
+        """A member part started for a head attempt that is no longer the running one."""
+        return self.member and (not self.head_attempt or self.joined_attempt != self.head_attempt)
 
 
 @dataclass(frozen=True)
@@ -76,6 +100,7 @@ class Start:
     replica_id: str
     attempt: int
     restart: bool  # an earlier attempt existed
+    head_attempt: int | None = None  # a member part: the head attempt it joins
 
 
 @dataclass(frozen=True)
@@ -115,7 +140,42 @@ class MarkStopped:
     stopped_at: float
 
 
-Action = Start | Adopt | Signal | RecordExit | MarkStopped
+@dataclass(frozen=True)
+class Rejoin:
+    """A member part ended because its head's attempt changed: start again for the new one, no failure."""
+
+    replica_id: str
+    exit: ExitFacts
+
+
+@dataclass(frozen=True)
+class LaunchFailed:
+    """An attempt that could not even be launched (adapter error, no free port, shim failed to start):
+    a failure like a crash, with the same streak and backoff."""
+
+    replica_id: str
+    attempt: int
+    at: float
+    failure_times: tuple[float, ...]
+    next_restart_at: float
+    restarts: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Probed:
+    """The outcome of one `/health` probe. `fields` are the facts to write (empty: nothing to report
+    this time); `probe_failures` is the new count of failures in a row; `became_ready` the first success
+    of this attempt."""
+
+    replica_id: str
+    ok: bool
+    probe_failures: int
+    fields: dict[str, Any] = field(default_factory=dict)
+    became_ready: bool = False
+
+
+Action = Start | Adopt | Signal | RecordExit | MarkStopped | Rejoin
 
 
 def backoff(failures: int, policy: Policy) -> float:
@@ -123,6 +183,38 @@ def backoff(failures: int, policy: Policy) -> float:
     if failures <= 0:
         return 0.0
     return min(policy.backoff_cap, policy.backoff_base * (2 ** min(failures - 1, 30)))
+
+
+def _next_failure(previous: list[float], at: float, policy: Policy) -> tuple[tuple[float, ...], float]:
+    """(failure times, next restart time) after a failure at `at`, given the current streak."""
+    failures = (list(previous) + [at])[-MAX_FAILURE_TIMES:]
+    return tuple(failures), max(at, 0.0) + backoff(len(failures), policy)
+
+
+def launch_failed(rec: ReplicaRecord, attempt: int, now: float, reason: str, policy: Policy) -> LaunchFailed:
+    """An attempt that failed before its process ran: counted like a crash of a never-ready run."""
+    failures, next_at = _next_failure(rec.failure_times, now, policy)
+    return LaunchFailed(rec.id, attempt, now, failures, next_at, rec.restarts + 1, reason)
+
+
+def probed(rec: ReplicaRecord, failures_before: int, ok: bool, error: str | None, now: float,
+           policy: Policy) -> Probed:
+    """What one probe result means for the record: a Ready replica turns unhealthy only after
+    `policy.probe_failures` failures in a row (one slow answer from a busy engine is not an outage,
+    like kubelet's failureThreshold); the first success of an attempt is its `first_ready_at`; an
+    unchanged result is rewritten only every `probe_refresh` seconds."""
+    failures = 0 if ok else failures_before + 1
+    ready = ready_this_attempt(rec)
+    if not ok and ready and rec.last_probe_ok and failures < policy.probe_failures:
+        return Probed(rec.id, ok, failures)
+    fields: dict[str, Any] = {"last_probe_at": now, "last_probe_ok": ok, "probe_error": error}
+    became_ready = ok and not ready
+    if became_ready:
+        fields["first_ready_at"] = now
+    changed = rec.last_probe_ok != ok or rec.probe_error != error or became_ready
+    if not changed and now - (rec.last_probe_at or 0) < policy.probe_refresh:
+        return Probed(rec.id, ok, failures)
+    return Probed(rec.id, ok, failures, fields, became_ready)
 
 
 def ready_this_attempt(rec: ReplicaRecord) -> bool:
@@ -154,6 +246,10 @@ def decide_one(rec: ReplicaRecord, obs: Observed, now: float, policy: Policy) ->
         if not obs.known:
             # Adopt first; judge its health from the next pass on, with probes of our own.
             return [Adopt(rid, obs.pid, obs.pid_start, obs.engine_pid)]
+        if obs.stale and obs.term_sent_at is None:
+            why = (f"its head restarted (attempt {obs.head_attempt})" if obs.head_attempt
+                   else "its head's attempt ended")
+            return _stop_signals(rid, obs, now, policy, why)
         if obs.term_sent_at is not None:
             # Already being terminated (start timeout or liveness): escalate, then record the exit.
             return actions + _stop_signals(rid, obs, now, policy, obs.term_reason)
@@ -173,24 +269,21 @@ def decide_one(rec: ReplicaRecord, obs: Observed, now: float, policy: Policy) ->
         return actions
 
     if rec.running:
-        # The attempt ended, and nobody asked it to: a failure.
         exit = obs.exit or ExitFacts(None, None, now)
+        if obs.stale:
+            return [Rejoin(rid, exit)]  # ended because its head moved on: not its own failure
+        # The attempt ended, and nobody asked it to: a failure.
         previous = list(rec.failure_times)
         healthy_for = exit.exited_at - (rec.first_ready_at or exit.exited_at) if ready_this_attempt(rec) else 0.0
         if healthy_for >= policy.backoff_reset:
             previous = []  # a long healthy run ends the streak
-        failures = (previous + [exit.exited_at])[-MAX_FAILURE_TIMES:]
-        return [RecordExit(
-            rid,
-            exit,
-            tuple(failures),
-            max(exit.exited_at, 0.0) + backoff(len(failures), policy),
-            rec.restarts + 1,
-            obs.term_reason,
-        )]
+        failures, next_at = _next_failure(previous, exit.exited_at, policy)
+        return [RecordExit(rid, exit, failures, next_at, rec.restarts + 1, obs.term_reason)]
 
+    if obs.member and not obs.head_attempt:
+        return []  # a member part joins a running head attempt only (it needs the head's rendezvous)
     if rec.next_restart_at is None or now >= rec.next_restart_at:
-        return [Start(rid, rec.attempt + 1, restart=rec.attempt > 0)]
+        return [Start(rid, rec.attempt + 1, restart=rec.attempt > 0, head_attempt=obs.head_attempt)]
     return []
 
 

@@ -1,4 +1,6 @@
-"""The process table, read from /proc: who a pid is, and whether it is still the process we started.
+"""The process table, read from /proc: who a pid is, whether it is still the process we started, and
+which processes carry a marker in their environment. One implementation for the node agent, `llmgw up`
+(localstack) and the test harness's leak detector.
 
 PIDs are reused, so a process is identified by (pid, start time in clock ticks from
 `/proc/<pid>/stat` field 22) plus a marker we put there ourselves: the replica id in the shim's command
@@ -104,3 +106,37 @@ def group_members(pgid: int, replica_id: str, proc_root: Path = Path("/proc")) -
         if read_environ(info.pid, proc_root).get(REPLICA_ENV) == replica_id:
             out.append(info.pid)
     return out
+
+
+def pids_with_env(var: str, value: str, proc_root: Path = Path("/proc"), include_self: bool = False) -> list[int]:
+    """Pids of live (non-zombie) processes whose environment carries `var=value` exactly.
+
+    How `llmgw up` and the tests find every process they started, however deep: children inherit
+    the marker. This process is left out unless `include_self`."""
+    needle = f"{var}={value}".encode()
+    me = os.getpid()
+    found = []
+    try:
+        entries = os.listdir(proc_root)
+    except OSError:
+        return found
+    for entry in entries:
+        if not entry.isdigit() or (int(entry) == me and not include_self):
+            continue
+        try:
+            env = (proc_root / entry / "environ").read_bytes()
+            state = parse_stat((proc_root / entry / "stat").read_text())[0]
+        except (OSError, ValueError, IndexError):
+            continue
+        if needle in env.split(b"\0") and state not in ("Z", "X", "x"):
+            found.append(int(entry))
+    return sorted(found)
+
+
+def describe(pid: int, proc_root: Path = Path("/proc")) -> str:
+    """`pid: command line` (first 200 characters) for messages about stray processes."""
+    try:
+        cmd = (proc_root / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        cmd = "?"
+    return f"{pid}: {cmd.strip()[:200]}"
