@@ -114,7 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     doc["models"][3]["profiles"][0]["args"] = ["--max-model-len", "8192"]  # g1-3: rolling update
     cat2 = parse_catalog(doc)
     admin = {"h100-0100": NodeAdmin(cordoned=True, draining=True)}
-    steady = Snapshot(nodes=live, replicas=tuple(recs), admin=admin, known=frozenset(nodes), taken_at=now)
+    last_seen = {n: (now - 10 if n in dead else now) for n in nodes}  # the dead went quiet 10 s ago
+    steady = Snapshot(nodes=live, replicas=tuple(recs), admin=admin, known=frozenset(nodes), taken_at=now,
+                      last_seen=last_seen)
     steady_ms, steady_cpu, actions2 = timed(lambda: plan(cat2, steady, now), args.repeat)
     kinds: dict[str, int] = {}
     for a in actions2:

@@ -263,9 +263,18 @@ RUNTIME_FIELDS = frozenset({"replicas", "priority", "weight"})
 
 
 def profile_spec_hash(model: Model, profile: Profile) -> str:
-    """Hash of everything that requires a new process when it changes (not replicas/priority/weight)."""
-    spec = profile.model_dump(mode="json", by_alias=True, exclude=set(RUNTIME_FIELDS))
-    # The names are engine flags (--served-model-name, -a); the source is what this profile loads.
+    """Hash of what shapes the launched process, so a change of it (and only that) rolls the replicas.
+
+    Covered: engine, source (the profile's own or the model's), gpu, tensor/pipeline parallelism,
+    nodes, args, env, capacity (it becomes -np / --max-num-seqs) and the model's name and aliases (they
+    become served names). Not covered, because the router, planner or agent read them live: replicas,
+    priority, weight, pool and node_selector (a node that no longer matches is handled as outdated by
+    the planner), metrics and start_timeout."""
+    spec = profile.model_dump(
+        mode="json",
+        by_alias=True,
+        include={"engine", "gpu", "tensor_parallel", "pipeline_parallel", "nodes", "args", "env", "capacity"},
+    )
     spec["_model"] = {"name": model.name, "aliases": model.aliases, "source": model.source_for(profile)}
     blob = json.dumps(spec, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:12]

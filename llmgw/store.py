@@ -54,6 +54,31 @@ class Store:
         pipe = self.r.pipeline(transaction=False)
         pipe.set(keys.node_heartbeat(info.name), json.dumps(info.to_dict()), px=int(ttl * 1000))
         pipe.sadd(keys.NODES, info.name)
+        if info.heartbeat_at:
+            pipe.hset(keys.NODES_LAST_SEEN, info.name, repr(info.heartbeat_at))
+        pipe.execute()
+
+    def nodes_last_seen(self) -> dict[str, float]:
+        """Node name -> time of its last heartbeat (also for nodes whose heartbeat has expired)."""
+        out = {}
+        for name, raw in self.r.hgetall(keys.NODES_LAST_SEEN).items():
+            try:
+                out[name] = float(raw)
+            except ValueError:
+                pass
+        return out
+
+    def forget_nodes(self, names: Iterable[str]) -> None:
+        """Drop every trace of nodes that are gone for good (housekeeping decides which)."""
+        names = list(names)
+        if not names:
+            return
+        pipe = self.r.pipeline(transaction=False)
+        pipe.srem(keys.NODES, *names)
+        pipe.hdel(keys.NODES_MISSING_SINCE, *names)
+        pipe.hdel(keys.NODES_LAST_SEEN, *names)
+        for name in names:
+            pipe.delete(keys.agent_wake(name), keys.node_replicas(name), keys.node_admin(name))
         pipe.execute()
 
     def known_nodes(self) -> set[str]:
@@ -89,16 +114,43 @@ class Store:
         pipe = self.r.pipeline(transaction=True)
         pipe.hset(keys.replica(rec.id), mapping=data)
         pipe.sadd(keys.REPLICAS, rec.id)
+        for n in rec.all_nodes:
+            pipe.sadd(keys.node_replicas(n), rec.id)
         pipe.execute()
 
     def update_replica(self, replica_id: str, **fields) -> bool:
         """Set some fields of an existing record; False (and no write) if it no longer exists."""
         if not fields:
             return True
+        if "node" in fields or "nodes" in fields:
+            return self._update_replica_nodes(replica_id, fields)
         argv: list[str] = []
         for k, v in fields.items():
             argv += [k, json.dumps(v)]
         return bool(self.r.eval(_HSET_IF_EXISTS, 1, keys.replica(replica_id), *argv))
+
+    def _update_replica_nodes(self, replica_id: str, fields: dict) -> bool:
+        """`update_replica` of a record's node(s): the per-node index moves in the same MULTI."""
+        key = keys.replica(replica_id)
+
+        def txn(pipe: redis.client.Pipeline) -> bool:
+            old_node, old_nodes = pipe.hmget(key, "node", "nodes")
+            if old_node is None and old_nodes is None and not pipe.exists(key):
+                pipe.multi()
+                return False
+            before = _nodes_of(old_node, old_nodes)
+            node = fields["node"] if "node" in fields else (json.loads(old_node) if old_node else None)
+            nodes = fields["nodes"] if "nodes" in fields else (json.loads(old_nodes) if old_nodes else [])
+            after = list(nodes or []) or ([node] if node else [])
+            pipe.multi()
+            pipe.hset(key, mapping={k: json.dumps(v) for k, v in fields.items()})
+            for n in set(before) - set(after):
+                pipe.srem(keys.node_replicas(n), replica_id)
+            for n in after:
+                pipe.sadd(keys.node_replicas(n), replica_id)
+            return True
+
+        return bool(self.r.transaction(txn, key, value_from_callable=True))
 
     def get_replica(self, replica_id: str) -> ReplicaRecord | None:
         h = self.r.hgetall(keys.replica(replica_id))
@@ -123,13 +175,75 @@ class Store:
         return out
 
     def replicas_on(self, node: str) -> list[ReplicaRecord]:
-        return [r for r in self.all_replicas() if node in (r.nodes or ([r.node] if r.node else []))]
+        """The records that name `node`, from the node's index set; a scan of every record while the
+        index is not known to be complete (records written before it existed)."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.exists(keys.REPLICA_NODE_INDEX_READY)
+        pipe.smembers(keys.node_replicas(node))
+        ready, ids = pipe.execute()
+        if not ready:
+            return [r for r in self.all_replicas() if node in r.all_nodes]
+        ids = sorted(ids)
+        if not ids:
+            return []
+        pipe = self.r.pipeline(transaction=False)
+        for i in ids:
+            pipe.hgetall(keys.replica(i))
+        out = []
+        for h in pipe.execute():
+            if h:  # an id whose record is gone: housekeeping tidies the index
+                rec = _decode_replica(h)
+                if node in rec.all_nodes:
+                    out.append(rec)
+        return out
+
+    def replica_node_index_ready(self) -> bool:
+        return bool(self.r.exists(keys.REPLICA_NODE_INDEX_READY))
+
+    def reindex_replica_nodes(self, replicas: Iterable[ReplicaRecord]) -> None:
+        """Make the per-node index agree with `replicas` (all records, just read), then mark it
+        complete. Only ids whose record is gone or no longer names the node are removed, so a record
+        created meanwhile (indexed by its own MULTI) is never dropped."""
+        by_id = {r.id: r for r in replicas}
+        want: dict[str, set[str]] = {}
+        for r in by_id.values():
+            for n in r.all_nodes:
+                want.setdefault(n, set()).add(r.id)
+        names = sorted(set(want) | self.known_nodes())
+        pipe = self.r.pipeline(transaction=False)
+        for n in names:
+            pipe.smembers(keys.node_replicas(n))
+        have = dict(zip(names, pipe.execute()))
+        unknown = sorted({i for n in names for i in have[n] - want.get(n, set()) if i not in by_id})
+        exists: dict[str, bool] = {}
+        if unknown:
+            pipe = self.r.pipeline(transaction=False)
+            for i in unknown:
+                pipe.exists(keys.replica(i))
+            exists = dict(zip(unknown, (bool(x) for x in pipe.execute())))
+        pipe = self.r.pipeline(transaction=False)
+        for n in names:
+            extra = [i for i in have[n] - want.get(n, set()) if i in by_id or not exists.get(i, True)]
+            if extra:
+                pipe.srem(keys.node_replicas(n), *extra)
+            missing = want.get(n, set()) - have[n]
+            if missing:
+                pipe.sadd(keys.node_replicas(n), *sorted(missing))
+        pipe.set(keys.REPLICA_NODE_INDEX_READY, "1")
+        pipe.execute()
 
     def delete_replica(self, replica_id: str) -> None:
-        pipe = self.r.pipeline(transaction=True)
-        pipe.delete(keys.replica(replica_id), keys.load(replica_id))
-        pipe.srem(keys.REPLICAS, replica_id)
-        pipe.execute()
+        key = keys.replica(replica_id)
+
+        def txn(pipe: redis.client.Pipeline) -> None:
+            node, nodes = pipe.hmget(key, "node", "nodes")
+            pipe.multi()
+            pipe.delete(key, keys.load(replica_id))
+            pipe.srem(keys.REPLICAS, replica_id)
+            for n in _nodes_of(node, nodes):
+                pipe.srem(keys.node_replicas(n), replica_id)
+
+        self.r.transaction(txn, key)
 
     # --- load ------------------------------------------------------------------------------------
     def write_load(self, rec: LoadRecord, ttl: float = 30.0) -> None:
@@ -200,6 +314,16 @@ class Store:
 
 def _decode_replica(h: dict[str, str]) -> ReplicaRecord:
     return ReplicaRecord.from_dict({k: json.loads(v) for k, v in h.items()})
+
+
+def _nodes_of(node_raw: str | None, nodes_raw: str | None) -> list[str]:
+    """A stored record's nodes (head first) from its raw `node` and `nodes` fields."""
+    try:
+        nodes = json.loads(nodes_raw) if nodes_raw else []
+        node = json.loads(node_raw) if node_raw else None
+    except ValueError:
+        return []
+    return [n for n in (list(nodes or []) or ([node] if node else [])) if isinstance(n, str)]
 
 
 class Clock:

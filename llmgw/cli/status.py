@@ -13,10 +13,10 @@ from typing import Iterable, Mapping
 
 import redis
 
-from llmgw.catalog_store import read_applied
+from llmgw.catalog_store import applied_version, read_applied
 from llmgw.cli.common import print_json, settings, store
 from llmgw.records import NodeAdmin, NodeInfo, ReplicaRecord
-from llmgw.replica_state import State, derive
+from llmgw.replica_state import State, derive, nodes_alive
 
 
 def register(sub) -> None:
@@ -50,13 +50,34 @@ def cmd_status(args) -> int:
     admin = s.all_node_admin(sorted(known))
     replicas = s.all_replicas()
     version, _fp, endpoints = s.read_endpoints()
-    catalog_version, _cat, meta = read_applied(s.r)
+    catalog_problem = None
+    try:
+        catalog_version, _cat, meta = read_applied(s.r)
+    except redis.RedisError:
+        raise
+    except Exception as e:  # noqa: BLE001 - e.g. applied by a newer llmgw: report it, show the rest
+        catalog_version = _raw_catalog_version(s)
+        catalog_problem = str(e).splitlines()[0] if str(e) else type(e).__name__
     report = build_status(live, known, admin, replicas, version, len(endpoints), catalog_version, now)
+    if catalog_problem:
+        report["catalog"]["problem"] = f"this llmgw cannot read it: {catalog_problem}"
     if args.json:
         print_json(report)
     else:
         print(render(report))
     return 0
+
+
+def _raw_catalog_version(s) -> int | None:
+    try:
+        return applied_version(s.r)
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+
+# A heartbeat stamped this far in the future means the clocks disagree (a fresh one is never negative).
+CLOCK_SKEW_WARN = 0.5
 
 
 def _age(seconds: float | None) -> str:
@@ -88,9 +109,8 @@ def build_status(
     used: dict[str, set[int]] = {}
     rows = []
     for rec in replicas:
-        names = rec.nodes or ([rec.node] if rec.node else [])
-        alive = bool(names) and all(n in live for n in names)
-        view = derive(rec, alive, now)
+        names = rec.all_nodes
+        view = derive(rec, nodes_alive(rec, live), now)
         if view.state is not State.STOPPED:
             for n, idxs in rec.gpus.items():
                 used.setdefault(n, set()).update(idxs)
@@ -170,8 +190,16 @@ def render(report: dict) -> str:
         ])
     states = ", ".join(f"{v} {k}" for k, v in sorted(report["replica_states"].items())) or "none"
     ep = report["endpoints"]
-    parts = [
-        f"catalog version {report['catalog']['version']}",
+    catalog = f"catalog version {report['catalog']['version']}"
+    if report["catalog"].get("problem"):
+        catalog += f" ({report['catalog']['problem']}; the control plane keeps the last one it could read)"
+    parts = [catalog]
+    ahead = [n for n in report["nodes"] if n["live"] and n["heartbeat_age"] is not None
+             and n["heartbeat_age"] < -CLOCK_SKEW_WARN]
+    for n in ahead:
+        parts.append(f"warning: node {n['name']}'s clock is {-n['heartbeat_age']:.1f}s ahead of this machine's; "
+                     "llmgw needs synchronised clocks (NTP), see docs/control-plane.md")
+    parts += [
         "",
         f"NODES ({len(node_rows)})",
         _table(["NAME", "POOL", "LIVE", "HEARTBEAT", "ADMIN", "GPUS", "REPLICAS"], node_rows) if node_rows

@@ -26,7 +26,7 @@ from llmgw.config import Settings
 from llmgw.embedded_redis import redis_server_argv
 from llmgw.errors import CatalogInvalid, LlmgwError
 from llmgw.localstack import LocalStack, celery_argv, free_port, port_is_free, python_module, wait_for
-from llmgw.replica_state import derive
+from llmgw.replica_state import derive, nodes_alive
 from llmgw.store import Store, connect
 
 
@@ -183,7 +183,7 @@ def _replica_report(store: Store) -> str:
         now = time.time()
         parts = []
         for rec in store.all_replicas():
-            view = derive(rec, rec.node in live, now)
+            view = derive(rec, nodes_alive(rec, live), now)
             parts.append(f"{rec.id} {view.state.value}" + (f" ({view.reason})" if view.reason else ""))
         return "replicas: " + "; ".join(parts) if parts else ""
     except Exception:  # noqa: BLE001 - progress output only

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from llmgw.replica_state import State, derive
+from llmgw.replica_state import State, derive, nodes_alive
 from tests.support.procs import wait_until
 
 CATALOG = """
@@ -46,9 +46,7 @@ def replicas(cluster):
     live = store.live_nodes()
     out = []
     for rec in store.all_replicas():
-        names = rec.nodes or ([rec.node] if rec.node else [])
-        alive = bool(names) and all(n in live for n in names)
-        out.append((rec, derive(rec, alive, time.time()).state))
+        out.append((rec, derive(rec, nodes_alive(rec, live), time.time()).state))
     return out
 
 
@@ -139,6 +137,16 @@ def test_placement_publish_drain_and_node_loss(cluster):
     wait_until(rolled, 60, interval=0.1, what="tiny to roll over to the new spec")
     assert low_tiny >= 1, "the rolling update took tiny to zero Ready replicas"
 
+    # The per-node index (what each agent reads) agrees with the records on real Redis: built by the
+    # first pass, then kept by every create, placement and delete.
+    assert store.replica_node_index_ready()
+
+    def index_agrees():
+        on = {n: sorted(r.id for r in store.replicas_on(n)) for n in "abcd"}
+        return on == {n: sorted(r.id for r, _ in replicas(cluster) if n in r.all_nodes) for n in "abcd"}
+
+    wait_until(index_agrees, 10, what="the per-node index to match the records")
+
 
 CRASHING = """
 models:
@@ -182,3 +190,54 @@ def test_a_crash_looping_replica_is_moved_to_another_node(cluster):
 
     new = wait_until(moved, 60, what="the crash-looping replica to move to b")
     assert new.model == "broken"
+
+
+ONE_GPU = """
+models:
+  - name: solo
+    profiles:
+      - name: h100
+        engine: sim
+        replicas: 1
+        gpu: {class: h100, count: 1}
+        args: ["--startup-delay", "0.2"]
+        start_timeout: 30
+"""
+
+
+@pytest.mark.slow
+def test_an_agent_restart_slower_than_the_ttl_keeps_its_engines(cluster):
+    """kill -9 the only GPU node's agent: its replica turns Lost and a replacement is recorded at once
+    (Pending: no other node has a GPU), but nothing asks the old engine to stop. The agent comes back
+    within the grace, re-adopts the engine, and the surplus rule drops the Pending replacement."""
+    cluster.start_redis()
+    cluster.start_node("a", gpus="h100:1", **FAST_AGENT)
+    cluster.start_node("b", **FAST_AGENT)  # CPU only: live, but no room for the replacement
+    cluster.start_control()
+    cluster.start_beat()
+    cluster.apply_catalog(ONE_GPU)
+    store = cluster.store()
+    (first,) = wait_until(lambda: ready(cluster, "solo"), 60, what="solo to be Ready")
+    engine_pid = first.engine_pid
+    assert engine_pid
+
+    cluster.procs.get("node-a").kill9()
+
+    def lost_and_replaced():
+        recs = {r.id: (r, st) for r, st in replicas(cluster)}
+        old = recs.get(first.id)
+        pending = [r for r, st in recs.values() if r.id != first.id and st is State.PENDING]
+        return old and old[1] is State.LOST and pending
+
+    wait_until(lost_and_replaced, 30, interval=0.1, what="the replica to be Lost and replaced")
+    assert store.get_replica(first.id).stop_requested_at is None  # no stop while it may come back
+
+    cluster.start_node("a", gpus="h100:1", **FAST_AGENT)
+
+    def readopted():
+        recs = [r for r, _ in replicas(cluster)]
+        return [r.id for r in recs] == [first.id] and [r.id for r in ready(cluster, "solo")] == [first.id]
+
+    wait_until(readopted, 30, interval=0.1, what="the old replica to be Ready again and the replacement gone")
+    rec = store.get_replica(first.id)
+    assert rec.stop_requested_at is None and rec.engine_pid == engine_pid  # the same engine, adopted

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from llmgw.catalog import Catalog, parse_catalog
 from llmgw.gpus import parse_gpu_spec
 from llmgw.records import NodeAdmin, NodeInfo, ReplicaRecord
-from llmgw.replica_state import State, derive
+from llmgw.replica_state import State, derive, nodes_alive
 from workers.control.plan import (
     CreateReplica,
     DeleteRecord,
@@ -66,14 +66,24 @@ class Sim:
     admin: dict[str, NodeAdmin] = field(default_factory=dict)
     dispatched: list[tuple[str, str, str]] = field(default_factory=list)  # (kind, id, node)
     history: list[list] = field(default_factory=list)
+    last_seen: dict[str, float] = field(default_factory=dict)  # node -> last heartbeat
 
     def snapshot(self) -> Snapshot:
         return Snapshot(nodes=dict(self.nodes), replicas=tuple(self.records.values()), admin=dict(self.admin),
-                        known=frozenset(self.nodes), taken_at=self.now)
+                        known=frozenset(self.nodes) | frozenset(self.last_seen), taken_at=self.now,
+                        last_seen={**self.last_seen, **{n: self.now for n in self.nodes}})
+
+    def lose(self, name: str) -> NodeInfo:
+        """The node stops heartbeating now (its last heartbeat is remembered)."""
+        self.last_seen[name] = self.now
+        return self.nodes.pop(name)
+
+    def alive(self, rec: ReplicaRecord) -> bool:
+        return nodes_alive(rec, self.nodes)
 
     def state(self, rid: str) -> State:
         rec = self.records[rid]
-        return derive(rec, self.snapshot().node_alive(rec), self.now).state
+        return derive(rec, self.alive(rec), self.now).state
 
     def states(self, model_name: str | None = None) -> dict[str, State]:
         return {i: self.state(i) for i, r in self.records.items() if model_name in (None, r.model)}
@@ -118,7 +128,7 @@ class Sim:
         """What the node agents would do by now: start launched replicas (and make them Ready),
         confirm stops."""
         for rid, rec in list(self.records.items()):
-            if not self.snapshot().node_alive(rec) or rec.node is None:
+            if rec.node is None or not self.alive(rec):
                 continue
             if rec.stop_requested_at is not None:
                 if rec.stopped_at is None:

@@ -143,7 +143,7 @@ def test_catalog_sync_applies_before_planning(store):
     assert len(store.all_replicas()) == 3
 
 
-def test_lost_node_replica_is_stopped_without_a_dispatch_and_replaced(store):
+def test_lost_node_replica_is_replaced_then_stopped_without_a_dispatch(store):
     setup(store, catalog(model("m", cpu_profile())), node("a"), node("b"))
     clock = Clock()
     d = FakeDispatcher(store)
@@ -153,9 +153,13 @@ def test_lost_node_replica_is_stopped_without_a_dispatch_and_replaced(store):
     clock.t += 1
     reconcile_once(store, d, clock)
     recs = {r.id: r for r in store.all_replicas()}
-    assert recs[rec.id].stop_requested_at == clock.t
-    new = [r for r in recs.values() if r.id != rec.id]
-    assert len(new) == 1 and new[0].node != rec.node
+    assert recs[rec.id].stop_requested_at is None  # kept while its replacement starts
+    (new,) = [r for r in recs.values() if r.id != rec.id]
+    assert new.node != rec.node
+    store.update_replica(new.id, started_at=clock.t, first_ready_at=clock.t, last_probe_ok=True, url="http://x:1")
+    clock.t += 1
+    reconcile_once(store, d, clock)
+    assert store.get_replica(rec.id).stop_requested_at == clock.t
     assert ("stop", rec.id, rec.node) not in d.sent  # nobody consumes a dead node's queue
 
 

@@ -94,3 +94,27 @@ def test_unreachable_redis_is_one_line_not_a_traceback(monkeypatch, capsys, argv
     assert cli.main(argv) == 1
     err = capsys.readouterr().err
     assert err.startswith("llmgw: cannot talk to Redis at redis://127.0.0.1:") and "Traceback" not in err
+
+
+def test_status_with_a_catalog_this_version_cannot_read_still_reports(store, capsys):
+    from llmgw import keys
+
+    apply_catalog(store.r, catalog(model("m", cpu_profile())), source="t", applied_by="t", now=0)
+    doc = json.loads(store.r.get(keys.CATALOG))
+    doc.update(version=9, spec={"models": [{"name": "m", "profiles": [{"name": "p", "engine": "next-engine"}]}]})
+    store.r.set(keys.CATALOG, json.dumps(doc))
+    store.write_heartbeat(node("a"), ttl=60)
+    assert cli.main(["status"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("catalog version 9 (this llmgw cannot read it:") and "NODES (1)" in out
+
+
+def test_status_warns_when_a_nodes_clock_runs_ahead(store, capsys):
+    import dataclasses
+    import time
+
+    store.write_heartbeat(dataclasses.replace(node("fast"), heartbeat_at=time.time() + 30), ttl=60)
+    store.write_heartbeat(dataclasses.replace(node("ok"), heartbeat_at=time.time()), ttl=60)
+    assert cli.main(["status"]) == 0
+    out = capsys.readouterr().out
+    assert "warning: node fast's clock is" in out and "NTP" in out and "node ok's" not in out

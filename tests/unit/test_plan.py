@@ -100,18 +100,22 @@ def test_pending_replica_is_placed_when_a_node_joins_and_reason_updates():
     assert sim.records[rid].node == "c" and sim.records[rid].pending_reason is None
 
 
-def test_lost_node_replicas_are_replaced_elsewhere_and_stopped_when_it_returns():
+def test_lost_node_replicas_are_replaced_at_once_and_stopped_once_the_replacement_is_ready():
     sim = Sim(catalog(model("m", cpu_profile(replicas=2))), {"a": node("a"), "b": node("b"), "c": node("c")})
     sim.converge(2)
     on_a = [i for i, r in sim.records.items() if r.node == "a"]
     assert len(on_a) == 1
-    a_info = sim.nodes.pop("a")
+    a_info = sim.lose("a")
     acts = sim.reconcile()
-    stop = of(acts, StopReplica)
-    assert stop == [StopReplica(on_a[0], "node a lost; replaced", ("a",), dispatch=False)]
     (create,) = of(acts, CreateReplica)
     assert create.placement.nodes == ("c",)  # spread: c has none of the model
+    # Replaced at once, but not asked to stop yet: a blip or an agent restart may still re-adopt it.
+    assert not of(acts, StopReplica) and sim.records[on_a[0]].stop_requested_at is None
     assert sim.state(on_a[0]) is State.LOST
+    sim.agents()  # the replacement turns Ready
+    sim.tick()
+    assert of(sim.reconcile(), StopReplica) == [
+        StopReplica(on_a[0], "node a lost; replacement Ready", ("a",), dispatch=False)]
     # The node comes back: its stale engine is Stopping, the stop is re-sent, the agent stops it.
     sim.nodes["a"] = a_info
     sim.tick(11)
@@ -122,12 +126,64 @@ def test_lost_node_replicas_are_replaced_elsewhere_and_stopped_when_it_returns()
     assert len(sim.ready("m")) == 2
 
 
+def test_a_node_back_within_the_grace_keeps_its_replicas_and_the_surplus_rule_settles():
+    sim = Sim(catalog(model("m", cpu_profile(replicas=2))), {"a": node("a"), "b": node("b"), "c": node("c")})
+    sim.converge(2)
+    (on_a,) = [i for i, r in sim.records.items() if r.node == "a"]
+    a_info = sim.lose("a")  # a heartbeat blip, or an agent restart slower than the TTL
+    (create,) = of(sim.reconcile(), CreateReplica)
+    sim.tick(5)
+    sim.nodes["a"] = a_info  # back (its agent re-adopted the engine) before the replacement is Ready
+    assert sim.state(on_a) is State.READY
+    stops = of(sim.reconcile(), StopReplica)
+    # One too many: the not-Ready (newest) replacement goes, the healthy engine on a stays.
+    assert [(s.id, s.reason) for s in stops] == [(create.id, "scale down to 2")]
+    sim.converge(2)
+    assert on_a in sim.ready("m") and len(sim.ready("m")) == 2
+
+
+def test_a_lost_replica_with_no_ready_replacement_is_stopped_after_the_grace():
+    sim = Sim(catalog(model("m", gpu_profile())), {"a": node("a", "h100:1")})
+    sim.converge(2)
+    (rid,) = sim.records
+    sim.lose("a")
+    acts = sim.reconcile()
+    (create,) = of(acts, CreateReplica)
+    assert create.pending_reason and not of(acts, StopReplica)  # nowhere to go: Pending
+    sim.tick(59)
+    assert not of(sim.reconcile(), StopReplica)
+    sim.tick(1)
+    assert of(sim.reconcile(), StopReplica) == [StopReplica(rid, "node a lost for 60s; replaced", ("a",), dispatch=False)]
+    # A custom grace is honoured.
+    sim2 = Sim(catalog(model("m", cpu_profile())), {"a": node("a")})
+    sim2.converge(2)
+    sim2.lose("a")
+    sim2.tick(5)
+    assert of(sim2.reconcile(config=PlanConfig(lost_grace=5.0)), StopReplica)
+
+
+def test_the_grace_counts_from_the_last_heartbeat_or_the_records_last_fact():
+    sim = Sim(catalog(model("m", cpu_profile())), {"a": node("a"), "b": node("b")})
+    sim.converge(2)
+    (rid,) = sim.records
+    home = sim.records[rid].node
+    sim.nodes.pop(home)  # no heartbeat time known: the record's latest fact (its last probe) counts
+    last_probe = sim.records[rid].last_probe_at
+    sim.now = last_probe + 59
+    assert not of(sim.reconcile(), StopReplica)
+    sim.now = last_probe + 61
+    assert [s.id for s in of(sim.reconcile(), StopReplica)] == [rid]
+
+
 def test_lost_replica_asked_to_stop_is_deleted_after_a_grace():
     sim = Sim(catalog(model("m", cpu_profile(replicas=1))), {"a": node("a"), "b": node("b")})
     sim.converge(2)
     (rid,) = sim.records
-    sim.nodes.pop(sim.records[rid].node)
+    sim.lose(sim.records[rid].node)
     sim.reconcile()
+    sim.agents()  # the replacement is Ready: the Lost one is asked to stop
+    sim.tick()
+    assert of(sim.reconcile(), StopReplica)
     sim.tick(30)
     assert not of(sim.reconcile(), DeleteRecord)
     sim.tick(31)
@@ -313,9 +369,9 @@ def test_multi_node_replica_records_every_node_and_is_lost_with_any():
     (rid,) = sim.records
     rec = sim.records[rid]
     assert rec.nodes == ["a", "b"] and rec.node == "a" and rec.gpus == {"a": [0, 1, 2, 3], "b": [0, 1, 2, 3]}
-    sim.nodes.pop("b")
+    sim.lose("b")
     acts = sim.reconcile()
-    assert of(acts, StopReplica)[0].id == rid
+    assert not of(acts, StopReplica)  # kept until a replacement is Ready or the grace ends
     (create,) = of(acts, CreateReplica)
     # c is the only node with free GPUs now; a's GPUs stay with the Lost replica until it stops.
     assert create.pending_reason and "1 have them" in create.pending_reason
@@ -386,3 +442,32 @@ def test_gpus_of_a_record_that_cannot_be_read_are_never_handed_out_again(caplog)
     with caplog.at_level(logging.ERROR, logger="llmgw.control.plan"):
         (create,) = of(sim.reconcile(), CreateReplica)
     assert create.placement.gpus_dict() == {"a": [1]}
+
+
+def test_routing_only_edits_roll_nothing_and_launch_edits_do():
+    base = dict(replicas=2, start_timeout=120)
+    sim = Sim(catalog(model("m", cpu_profile(**base))), {"a": node("a", labels={"zone": "x"}), "b": node("b")})
+    sim.converge(3)
+    ready = set(sim.ready("m"))
+    for edit in ({"start_timeout": 30}, {"priority": 7}, {"weight": 3.0},
+                 {"metrics": {"running": "my_running"}}, {"node_selector": {}}):
+        sim.cat = catalog(model("m", cpu_profile(**{**base, **edit})))
+        acts = sim.reconcile()
+        assert acts == [], (edit, acts)
+    sim.cat = catalog(model("m", cpu_profile(**{**base, "args": ["--startup-delay", "1"]})))
+    acts = sim.reconcile()
+    assert [a.why for a in of(acts, CreateReplica)] == ["rolling replacement (spec changed)"]
+    assert set(sim.ready("m")) == ready  # nothing stopped before the new one is Ready
+
+
+def test_records_hashed_before_the_narrower_spec_hash_are_current():
+    from workers.control.plan import legacy_spec_hash
+
+    sim = Sim(catalog(model("m", cpu_profile())), {"a": node("a")})
+    sim.converge(2)
+    (rid,) = sim.records
+    m = sim.cat.models[0]
+    sim.update(rid, spec_hash=legacy_spec_hash(m, m.profiles[0]))  # written by the previous release
+    assert sim.reconcile() == []  # upgrading llmgw does not restart the fleet
+    sim.cat = catalog(model("m", cpu_profile(args=["--startup-delay", "1"])))
+    assert of(sim.reconcile(), CreateReplica)

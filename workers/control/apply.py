@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import AbstractSet, Callable, Mapping, Protocol
 
 from llmgw import keys
 from llmgw.store import Store
@@ -28,7 +28,7 @@ from workers.control.plan import (
     plan,
 )
 from workers.control.publish import endpoints_from, fingerprint
-from workers.control.snapshot import load_catalog, load_snapshot
+from workers.control.snapshot import CatalogKeeper, load_snapshot
 
 log = logging.getLogger("llmgw.control")
 
@@ -140,10 +140,12 @@ def reconcile_once(
     config: PlanConfig = PlanConfig(),
     catalog_sync: Callable[[], object] | None = None,
     monotonic: Callable[[], float] = time.monotonic,
+    catalogs: CatalogKeeper | None = None,
 ) -> ApplyResult | None:
-    """One reconcile pass under the reconcile lock; None when another pass holds it. Applying stops
-    at half the lock's TTL, so a huge pass (a cold start of thousands of replicas) never outlives
-    its lock and overlaps the next one."""
+    """One reconcile pass under the reconcile lock; None when another pass holds it (or no readable
+    catalog was ever seen by `catalogs`, the process's CatalogKeeper). Applying stops at half the
+    lock's TTL, so a huge pass (a cold start of thousands of replicas) never outlives its lock and
+    overlaps the next one."""
     started = monotonic()
     with store.lock(keys.RECONCILE_LOCK, lock_ttl) as held:
         if not held:
@@ -154,9 +156,17 @@ def reconcile_once(
                 catalog_sync()
             except Exception:  # a bad catalog file must not stop the fleet being reconciled
                 log.exception("catalog file sync failed; reconciling the applied catalog")
-        _version, catalog = load_catalog(store)
+        loaded = (catalogs or CatalogKeeper()).load(store)
+        if loaded is None:
+            return None
+        _version, catalog = loaded
         t = now()
         snap = load_snapshot(store, t)
+        if not store.replica_node_index_ready():
+            try:  # once per Redis: index records written before the per-node index existed
+                store.reindex_replica_nodes(snap.replicas)
+            except Exception:  # the agents keep scanning every record meanwhile: slower, not wrong
+                log.exception("building the per-node replica index failed; retried next pass")
         actions = plan(catalog, snap, t, config)
         budget = lock_ttl / 2
         result = apply_actions(actions, store, dispatcher, t, lambda: monotonic() - started > budget)
@@ -166,12 +176,18 @@ def reconcile_once(
         return result
 
 
-def publish_once(store: Store, now: Callable[[], float], lock_ttl: float = 10.0) -> int | None:
-    """Publish the routable endpoints if they changed. Returns the new version, else None."""
+def publish_once(
+    store: Store, now: Callable[[], float], lock_ttl: float = 10.0, catalogs: CatalogKeeper | None = None
+) -> int | None:
+    """Publish the routable endpoints if they changed. Returns the new version, else None (also when
+    no readable catalog was ever seen: the published list then stays as it is)."""
     with store.lock(keys.PUBLISH_LOCK, lock_ttl) as held:
         if not held:
             return None
-        _version, catalog = load_catalog(store)
+        loaded = (catalogs or CatalogKeeper()).load(store)
+        if loaded is None:
+            return None
+        _version, catalog = loaded
         t = now()
         eps = endpoints_from(catalog, store.all_replicas(), store.live_nodes(), t)
         fp = fingerprint(eps)
@@ -183,42 +199,70 @@ def publish_once(store: Store, now: Callable[[], float], lock_ttl: float = 10.0)
         return version
 
 
+@dataclass(frozen=True)
+class Forget:
+    """Housekeeping's decision about nodes without a heartbeat."""
+
+    first_missing: Mapping[str, float] = field(default_factory=dict)  # start their clock now
+    back: tuple[str, ...] = ()  # heartbeating again: clear their clock
+    gone: tuple[str, ...] = ()  # forget them
+
+
+def forget(
+    nodes: Mapping[str, bool],
+    missing_since: Mapping[str, float],
+    referenced: AbstractSet[str],
+    now: float,
+    forget_after: float = 600.0,
+) -> Forget:
+    """Which nodes to forget. Pure. `nodes`: every known node -> live; `missing_since`: when a node was
+    first seen without a heartbeat; `referenced`: nodes a replica record or an operator flag names.
+    A node is forgotten once it has been missing `forget_after` seconds and nothing refers to it, so
+    `llmgw status` keeps showing a recently gone node and one that still matters."""
+    first: dict[str, float] = {}
+    gone: list[str] = []
+    for name in sorted(nodes):
+        if nodes[name]:
+            continue
+        since = missing_since.get(name)
+        if since is None:
+            first[name] = now
+        elif now - since >= forget_after and name not in referenced:
+            gone.append(name)
+    back = tuple(sorted(n for n in missing_since if nodes.get(n)))
+    return Forget(first_missing=first, back=back, gone=tuple(gone))
+
+
 def housekeeping_once(store: Store, now: float, forget_after: float = 600.0) -> dict[str, int]:
-    """Tidy what nobody else removes: load samples of deleted replicas, and nodes gone for
-    `forget_after` seconds that nothing refers to any more (no replica record, no operator flag)."""
+    """Tidy what nobody else removes: load samples of deleted replicas, nodes gone for `forget_after`
+    seconds that nothing refers to any more (no replica record, no operator flag), and the per-node
+    replica index (rebuilt from the records, which also indexes records written before it existed)."""
     replicas = store.all_replicas()
     ids = {r.id for r in replicas}
     prefix = keys.load("")
     stale_loads = [k for k in store.r.scan_iter(match=prefix + "*", count=500) if k[len(prefix):] not in ids]
     if stale_loads:
         store.r.delete(*stale_loads)
-    referenced = {n for r in replicas for n in (r.nodes or ([r.node] if r.node else []))}
+    store.reindex_replica_nodes(replicas)
+    known = store.known_nodes()
     live = store.live_nodes()
-    missing = store.r.hgetall(keys.NODES_MISSING_SINCE)
-    back = [n for n in missing if n in live]
-    first_seen: dict[str, float] = {}
-    gone = []
-    for name in sorted(store.known_nodes()):
-        if name in live:
-            continue
-        since = float(missing.get(name) or 0) or None
-        if since is None:
-            first_seen[name] = now
-            continue
-        if now - since < forget_after or name in referenced or store.r.exists(keys.node_admin(name)):
-            continue  # recently gone, or still referred to: keep it visible in `llmgw status`
-        gone.append(name)
+    admin = store.all_node_admin(sorted(known))
+    referenced = {n for r in replicas for n in r.all_nodes}
+    referenced |= {n for n, a in admin.items() if a.cordoned or a.draining}
+    missing: dict[str, float] = {}
+    for name, raw in store.r.hgetall(keys.NODES_MISSING_SINCE).items():
+        try:
+            missing[name] = float(raw)
+        except ValueError:
+            pass  # unreadable: its clock starts again
+    decision = forget({n: n in live for n in known}, missing, referenced, now, forget_after)
+    store.forget_nodes(decision.gone)
     pipe = store.r.pipeline(transaction=False)
-    if back:
-        pipe.hdel(keys.NODES_MISSING_SINCE, *back)
-    if first_seen:
-        pipe.hset(keys.NODES_MISSING_SINCE, mapping={n: repr(t) for n, t in first_seen.items()})
-    if gone:
-        pipe.srem(keys.NODES, *gone)
-        pipe.hdel(keys.NODES_MISSING_SINCE, *gone)
-        for name in gone:
-            pipe.delete(keys.agent_wake(name))
+    if decision.back:
+        pipe.hdel(keys.NODES_MISSING_SINCE, *decision.back)
+    if decision.first_missing:
+        pipe.hset(keys.NODES_MISSING_SINCE, mapping={n: repr(t) for n, t in decision.first_missing.items()})
     pipe.execute()
-    if stale_loads or gone:
-        log.info("housekeeping: %d stale load keys, forgot nodes %s", len(stale_loads), gone)
-    return {"loads": len(stale_loads), "nodes": len(gone)}
+    if stale_loads or decision.gone:
+        log.info("housekeeping: %d stale load keys, forgot nodes %s", len(stale_loads), list(decision.gone))
+    return {"loads": len(stale_loads), "nodes": len(decision.gone)}

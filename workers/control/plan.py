@@ -4,8 +4,9 @@ One pass compares, per catalog profile, the replicas wanted with the records tha
 the actions that move the fleet one step closer (docs/control-plane.md has the full rule set):
 
 - start missing replicas, stop surplus ones (not yet Ready first, then the newest);
-- replicas on a node whose heartbeat expired are Lost: stopped (so a returning node stops them) and
-  replaced at once; a Lost record that was asked to stop is deleted after a grace;
+- replicas on a node whose heartbeat expired are Lost: unpublished and replaced at once, but asked to
+  stop only once the replacements are Ready or the node has been gone `lost_grace` (so a heartbeat
+  blip or a slow agent restart re-adopts them); a Lost record asked to stop is deleted after a grace;
 - a crash-looping replica is moved when another eligible node can take it (the agent restarts a
   merely Failed one in place, with backoff);
 - replicas of a model or profile that left the catalog are stopped;
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import json
 import logging
 import re
 from dataclasses import dataclass, field
@@ -133,6 +135,7 @@ class PlanConfig:
     launch_redispatch_after: float = 5.0
     stop_redispatch_after: float = 10.0
     lost_delete_after: float = 60.0  # a Lost record that was asked to stop is deleted after this
+    lost_grace: float = 60.0  # a Lost replica is asked to stop this long after its node's last heartbeat
     crash_policy: CrashPolicy = field(default_factory=CrashPolicy)
 
 
@@ -149,7 +152,17 @@ _STOP_RANK = {
 
 
 def _rec_nodes(rec: ReplicaRecord) -> tuple[str, ...]:
-    return tuple(rec.nodes or ([rec.node] if rec.node else []))
+    return tuple(rec.all_nodes)
+
+
+def legacy_spec_hash(model: Model, profile: Profile) -> str:
+    """The spec hash of records written before `profile_spec_hash` left out routing-only fields
+    (metrics, start_timeout, pool, node_selector). Such a record is current while its profile is
+    unchanged, so upgrading llmgw does not restart the fleet."""
+    spec = profile.model_dump(mode="json", by_alias=True, exclude={"replicas", "priority", "weight"})
+    spec["_model"] = {"name": model.name, "aliases": model.aliases, "source": model.source_for(profile)}
+    blob = json.dumps(spec, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
 def _slug(text: str) -> str:
@@ -218,6 +231,7 @@ def _plan(
     new_id: Callable[[str, str], str] | None,
 ) -> list[Action]:
     states: dict[str, State] = {}
+    node_lists: dict[str, list[str]] = {}  # rec.all_nodes, computed once per record per pass
     actions: list[Action] = []
     by_profile: dict[tuple[str, str], list[ReplicaRecord]] = {}
     allocated = []
@@ -230,7 +244,9 @@ def _plan(
     for rec in snap.replicas:
         counted = False
         try:
-            nodes = rec.nodes or ([rec.node] if rec.node else ())
+            nodes = node_lists[rec.id] = rec.all_nodes
+            # `llmgw.replica_state.nodes_alive`, inlined: this loop runs once per replica of the
+            # fleet every pass, and the call costs 15 ms per 10,000 replicas (bench/scheduler.py).
             alive = True
             for n in nodes:
                 if n not in live:
@@ -276,7 +292,7 @@ def _plan(
         for profile in model.profiles:
             try:
                 recs = by_profile.get((model.name, profile.name), [])
-                acts, reqs = _plan_profile(model, profile, recs, states, snap, view)
+                acts, reqs = _plan_profile(model, profile, recs, states, snap, view, now, config, node_lists)
                 actions.extend(acts)
                 requests.extend(reqs)
             except Exception:
@@ -322,11 +338,14 @@ def _stopping_upkeep(rec: ReplicaRecord, st: State, now: float, config: PlanConf
     return []
 
 
-def _outdated(rec: ReplicaRecord, profile: Profile, target_hash: str, snap: Snapshot) -> str | None:
-    """Why a live replica should be replaced (spec changed, node draining or no longer matching)."""
-    if rec.spec_hash != target_hash:
+def _outdated(
+    rec: ReplicaRecord, profile: Profile, is_current: Callable[[str], bool], snap: Snapshot, nodes: list[str]
+) -> str | None:
+    """Why a live replica should be replaced (spec changed, node draining or no longer matching).
+    `nodes` is `rec.all_nodes`."""
+    if not is_current(rec.spec_hash):
         return "spec changed"
-    for n in rec.nodes or ([rec.node] if rec.node else ()):
+    for n in nodes:
         admin = snap.admin.get(n)
         if admin is not None and admin.draining:
             return f"node {n} is draining"
@@ -351,19 +370,32 @@ def _plan_profile(
     states: dict[str, State],
     snap: Snapshot,
     view: ClusterView,
+    now: float = 0.0,
+    config: PlanConfig = PlanConfig(),
+    node_lists: dict[str, list[str]] | None = None,
 ) -> tuple[list[Action], list[_Request]]:
     actions: list[Action] = []
     target = profile_spec_hash(model, profile)
+    legacy: list[str] = []  # computed only when a record does not carry the current hash
+
+    def is_current(spec_hash: str) -> bool:
+        if spec_hash == target:
+            return True
+        if not legacy:
+            legacy.append(legacy_spec_hash(model, profile))
+        return spec_hash == legacy[0]
+
     desired = profile.replicas
     cur: list[ReplicaRecord] = []
     old: list[tuple[ReplicaRecord, str]] = []
+    lost: list[ReplicaRecord] = []
     for rec in recs:  # in id order (the snapshot's), which keeps the plan deterministic
         st = states[rec.id]
         if st is State.LOST:
-            nodes = ", ".join(n for n in _rec_nodes(rec) if n not in snap.nodes)
-            actions.append(_stop(rec, f"node {nodes} lost; replaced", snap))
+            lost.append(rec)  # not counted toward `desired`: replaced at once, stopped below
             continue
-        why = _outdated(rec, profile, target, snap)
+        nodes = node_lists[rec.id] if node_lists is not None else rec.all_nodes
+        why = _outdated(rec, profile, is_current, snap, nodes)
         if why:
             old.append((rec, why))
         else:
@@ -403,8 +435,12 @@ def _plan_profile(
             ready_after += 1 if is_ready(last) else 0
         for r in to_stop:
             actions.append(_stop(r, f"replaced: {reasons[r.id]}", snap))
+        ready_left = ready_after
     else:
         start = max(0, desired - len(cur))
+        ready_left = ready_cur
+    if lost:
+        actions.extend(_settle_lost(lost, desired, ready_left, snap, now, config))
 
     requests: list[_Request] = []
     ordinal = 0
@@ -430,6 +466,35 @@ def _plan_profile(
         # CPU replicas compete for nothing: place them as one batch (same result, far less overhead).
         requests.append(_Request(key(2), "new", model, profile, target, req, why=why, count=start))
     return actions, requests
+
+
+def lost_since(rec: ReplicaRecord, snap: Snapshot) -> float:
+    """When a Lost replica's first node went quiet: that node's last heartbeat, or (for a node with no
+    recorded heartbeat time) the latest fact in the record."""
+    seen = [snap.last_seen[n] for n in rec.all_nodes if n not in snap.nodes and n in snap.last_seen]
+    if seen:
+        return min(seen)
+    facts = (rec.created_at, rec.launch_dispatched_at, rec.started_at, rec.last_probe_at, rec.adopted_at)
+    return max((t for t in facts if t is not None), default=0.0)
+
+
+def _settle_lost(
+    lost: list[ReplicaRecord], desired: int, ready: int, snap: Snapshot, now: float, config: PlanConfig
+) -> list[Action]:
+    """Lost replicas of one profile: ask to stop those whose replacements are Ready (the profile has
+    `desired` Ready replicas without them) and those lost for `lost_grace`; keep the rest, so a node
+    that comes back soon keeps its engines and the surplus rule settles the count."""
+    out: list[Action] = []
+    keep = max(0, desired - ready)  # Lost replicas still standing in for a replacement not Ready yet
+    by_age = sorted(lost, key=lambda r: (lost_since(r, snap), r.id))
+    for i, rec in enumerate(by_age):
+        gone = ", ".join(n for n in _rec_nodes(rec) if n not in snap.nodes)
+        lost_for = now - lost_since(rec, snap)
+        if lost_for >= config.lost_grace:
+            out.append(_stop(rec, f"node {gone} lost for {lost_for:.0f}s; replaced", snap))
+        elif i < len(by_age) - keep:  # the longest lost go first
+            out.append(_stop(rec, f"node {gone} lost; replacement Ready", snap))
+    return out
 
 
 def _freeing_helps(rec: ReplicaRecord, req: PlacementRequest, view: ClusterView) -> bool:

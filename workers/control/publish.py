@@ -13,7 +13,7 @@ from typing import Iterable, Mapping
 
 from llmgw.catalog import Catalog
 from llmgw.records import EndpointInfo, NodeInfo, ReplicaRecord
-from llmgw.replica_state import CrashPolicy, State, derive
+from llmgw.replica_state import CrashPolicy, State, derive, nodes_alive
 
 
 def endpoints_from(
@@ -32,9 +32,7 @@ def endpoints_from(
         profile = model.profile(rec.profile)
         if profile is None or not rec.url:
             continue
-        names = rec.nodes or ([rec.node] if rec.node else [])
-        alive = bool(names) and all(n in live_nodes for n in names)
-        if derive(rec, alive, now, policy).state is not State.READY:
+        if derive(rec, nodes_alive(rec, live_nodes), now, policy).state is not State.READY:
             continue
         out.append(
             EndpointInfo(

@@ -1,18 +1,26 @@
 """The facts one control pass decides on, read from Redis in a few round trips.
 
 `Snapshot` is plain data (frozen); `load_snapshot(store, now)` is the only function here that talks to
-Redis, so `plan`, `place` and `endpoints_from` can be tested on hand-built snapshots.
+Redis, so `plan`, `place` and `endpoints_from` can be tested on hand-built snapshots. `CatalogKeeper`
+reads the applied catalog and keeps the last good one for the worker process.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 from dataclasses import dataclass, field
 from typing import Mapping
 
+import redis
+
+from llmgw import keys
 from llmgw.catalog import Catalog
 from llmgw.catalog_store import read_applied
 from llmgw.records import NodeAdmin, NodeInfo, ReplicaRecord
 from llmgw.store import Store
+
+log = logging.getLogger("llmgw.control")
 
 
 @dataclass(frozen=True)
@@ -22,11 +30,7 @@ class Snapshot:
     admin: Mapping[str, NodeAdmin] = field(default_factory=dict)  # operator flags, by node name
     known: frozenset[str] = frozenset()  # every node that ever sent a heartbeat
     taken_at: float = 0.0
-
-    def node_alive(self, rec: ReplicaRecord) -> bool:
-        """A replica's nodes are all live (a multi-node replica is lost with any of its nodes)."""
-        names = rec.nodes or ([rec.node] if rec.node else [])
-        return all(n in self.nodes for n in names)
+    last_seen: Mapping[str, float] = field(default_factory=dict)  # node -> time of its last heartbeat
 
 
 def load_snapshot(store: Store, now: float) -> Snapshot:
@@ -39,10 +43,52 @@ def load_snapshot(store: Store, now: float) -> Snapshot:
         admin=store.all_node_admin(names),
         known=frozenset(names),
         taken_at=now,
+        last_seen=store.nodes_last_seen(),
     )
 
 
 def load_catalog(store: Store) -> tuple[int, Catalog]:
-    """The applied catalog; an empty one (version 0) when nothing was ever applied."""
+    """The applied catalog; an empty one (version 0) when nothing was ever applied. Raises when the
+    applied document cannot be read (see CatalogKeeper for the forgiving variant)."""
     version, catalog, _meta = read_applied(store.r)
     return version, catalog if catalog is not None else Catalog()
+
+
+class CatalogKeeper:
+    """The applied catalog as this process last read it successfully.
+
+    A catalog this version cannot parse (written by a newer CLI, or damaged) must not stop the fleet:
+    `load` then returns the last good catalog (or None when this process never read one, so the pass
+    does nothing rather than act on an empty catalog) and logs the problem once per stored version.
+    An unchanged document (same version and hash) is not validated again."""
+
+    def __init__(self) -> None:
+        self.good: tuple[int, Catalog] | None = None
+        self._good_key: tuple | None = None
+        self._bad_key: tuple | None = None
+
+    def load(self, store: Store) -> tuple[int, Catalog] | None:
+        key: tuple = ("unreadable",)
+        try:
+            raw = store.r.get(keys.CATALOG)
+            if not raw:
+                self.good, self._good_key = (0, Catalog()), None
+                return self.good
+            doc = json.loads(raw)
+            key = (doc.get("version"), doc.get("hash"))
+            if key == self._good_key and self.good is not None:
+                return self.good
+            version, catalog, meta = read_applied(store.r)
+            self.good = (version, catalog if catalog is not None else Catalog())
+            self._good_key = (meta.get("version"), meta.get("hash"))
+            self._bad_key = None
+            return self.good
+        except redis.RedisError:
+            raise  # Redis itself is unreachable: not a catalog problem
+        except Exception as e:  # noqa: BLE001 - any unreadable document: keep serving the last good one
+            if key != self._bad_key:
+                self._bad_key = key
+                kept = f"keeping version {self.good[0]}" if self.good else "skipping passes until one is readable"
+                log.error("applied catalog (version %s) cannot be read by this llmgw (%s); %s",
+                          key[0], str(e).replace("\n", "; "), kept)
+            return self.good

@@ -13,10 +13,11 @@ import time
 from contextlib import contextmanager
 from typing import Iterator
 
-from celery import shared_task
+from celery import Task, shared_task
 
 from llmgw.store import Store, connect
 from workers.control.apply import CeleryDispatcher, housekeeping_once, publish_once, reconcile_once
+from workers.control.snapshot import CatalogKeeper
 
 log = logging.getLogger("llmgw.control")
 
@@ -44,7 +45,20 @@ def _catalog_sync(store: Store, settings):
     return lambda: sync_from_file(store.r, settings.catalog_file, applied_by)
 
 
-@shared_task(name="llmgw.reconcile", bind=True)
+class ControlTask(Task):
+    """Celery instantiates a task class once per worker process: the place for what a process keeps
+    between passes (the last good catalog, so an unreadable one never stops the fleet)."""
+
+    _catalogs: CatalogKeeper | None = None
+
+    @property
+    def catalogs(self) -> CatalogKeeper:
+        if self._catalogs is None:
+            self._catalogs = CatalogKeeper()
+        return self._catalogs
+
+
+@shared_task(name="llmgw.reconcile", bind=True, base=ControlTask)
 def reconcile(self) -> dict | None:
     settings = self.app.settings
     with _store(settings) as store:
@@ -54,15 +68,17 @@ def reconcile(self) -> dict | None:
             time.time,
             lock_ttl=max(10.0, 5 * settings.reconcile_interval),
             catalog_sync=_catalog_sync(store, settings),
+            catalogs=self.catalogs,
         )
     return None if result is None else {"applied": result.applied, "failed": result.failed}
 
 
-@shared_task(name="llmgw.publish", bind=True)
+@shared_task(name="llmgw.publish", bind=True, base=ControlTask)
 def publish(self) -> int | None:
     settings = self.app.settings
     with _store(settings) as store:
-        return publish_once(store, time.time, lock_ttl=max(5.0, 5 * settings.publish_interval))
+        return publish_once(store, time.time, lock_ttl=max(5.0, 5 * settings.publish_interval),
+                            catalogs=self.catalogs)
 
 
 @shared_task(name="llmgw.housekeeping", bind=True)
