@@ -1,4 +1,4 @@
-"""The gateway app factory and its thin views: `gunicorn -k gthread 'gateway:create_app()'`.
+"""The gateway app factory and its thin views: `gunicorn -c python:gateway.gunicorn_conf 'gateway:create_app()'`.
 
 The request path is: read the body (size-capped), parse just enough JSON for `model`/`stream`/`user`,
 check the key against the in-memory table, pick an endpoint from in-memory tables (gateway.routing),
@@ -13,12 +13,12 @@ import json
 import logging
 import os
 import threading
-import time
 import uuid
 from dataclasses import replace
 
 from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
+from werkzeug.http import HTTP_STATUS_CODES
 
 from gateway.admission import Send, Shed, Wait, WaitQueue, admit
 from gateway.auth import ANONYMOUS, ApiKey, KeyTable, RateLimiter, UsageRecorder
@@ -34,14 +34,47 @@ from gateway.proxy import (
     response_headers,
     usage_from_json,
 )
+from gateway.retry import Deliver, GiveUp, Outcome, next_attempt
 from gateway.routing import Choice, Rejection, RouteRequest
 from gateway.state import GatewayState
+from llmgw.apikeys import cap_priority
 from llmgw.store import Clock, Store, connect
 
 log = logging.getLogger("llmgw.gateway")
 
 PROXIED = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+SSE_HEADERS = [("Cache-Control", "no-cache"), ("X-Accel-Buffering", "no")]
 HTTP_KIND = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "too_large"}
+
+
+class RawAnswer:
+    """A proxied answer as a bare WSGI app: status, headers and body iterable as they are (werkzeug's
+    Response cost ~0.05 ms per request here and added nothing). A stream's body is the StreamBody,
+    whose `close()` the server calls."""
+
+    __slots__ = ("status", "headers", "body")
+
+    def __init__(self, status: int, headers: list[tuple[str, str]], body):
+        self.status, self.headers, self.body = status, headers, body
+
+    def __call__(self, environ, start_response):
+        start_response(f"{self.status} {HTTP_STATUS_CODES.get(self.status, 'UNKNOWN')}", self.headers)
+        return self.body
+
+
+class Lease:
+    """One reserved in-flight slot on an endpoint; `release` gives it back once, however often called
+    (the request path's `finally` and the answer's completion may both reach it)."""
+
+    __slots__ = ("state", "choice", "done")
+
+    def __init__(self, state: GatewayState, choice: Choice):
+        self.state, self.choice, self.done = state, choice, False
+
+    def release(self, service_time: float | None = None, tokens: int | None = None) -> None:
+        if not self.done:
+            self.done = True
+            self.state.release(self.choice, service_time, tokens)
 
 
 class Gateway:
@@ -59,7 +92,7 @@ class Gateway:
             else Store(connect(cfg.redis_url, socket_timeout=cfg.redis_timeout, socket_connect_timeout=cfg.redis_timeout))
         )
         self.state = GatewayState(self.store, cfg, self.clock, self.metrics)
-        self.keys = KeyTable(self.store.r, self.state.health)
+        self.keys = KeyTable(self.store.r, self.state.health, cfg.auth)
         self.limiter = RateLimiter(self.rstore.r, self.state.health, self.clock)
         self.usage = UsageRecorder(self.store.r, self.state.health, self.clock)
         self.upstream = Upstream(cfg.connect_timeout, cfg.first_byte_timeout, cfg.upstream_pool)
@@ -103,21 +136,22 @@ class Gateway:
         self.usage.flush()
 
     def _slow_loop(self) -> None:
-        last_keys = 0.0
+        last_keys = self.clock.monotonic()  # start() has just read the keys
         while not self.stopping.wait(self.cfg.usage_flush):
             try:
                 self.usage.flush()
-                if time.monotonic() - last_keys >= self.cfg.keys_interval:
-                    last_keys = time.monotonic()
+                if self.clock.monotonic() - last_keys >= self.cfg.keys_interval:
+                    last_keys = self.clock.monotonic()
                     self.keys.refresh()
             except Exception:  # noqa: BLE001 - the loop never dies
                 log.exception("key/usage refresh failed")
 
     def queue(self, model: str) -> WaitQueue:
+        """The model's wait queue; only ever called for names in `state.known_models`."""
         q = self.queues.get(model)
         if q is None:
             with self.queues_lock:
-                q = self.queues.setdefault(model, WaitQueue(self.cfg.queue_max))
+                q = self.queues.setdefault(model, WaitQueue(self.cfg.queue_max, monotonic=self.clock.monotonic))
         return q
 
     def _wake_queues(self) -> None:
@@ -126,7 +160,13 @@ class Gateway:
 
     # --- the proxied request ---------------------------------------------------------------------
     def authenticate(self, environ: dict) -> ApiKey | None:
-        if not self.keys.required:
+        keys_ = self.keys
+        if keys_.mode == "off":
+            return None
+        if not keys_.loaded:
+            raise ApiError("auth_unavailable", "the gateway has not loaded its API keys yet (is Redis up?); "
+                           "retry shortly", 1)
+        if not keys_.required:
             return None
         auth = environ.get("HTTP_AUTHORIZATION", "")
         presented = auth[7:].strip() if auth[:7].lower() == "bearer " else environ.get("HTTP_API_KEY")
@@ -151,10 +191,11 @@ class Gateway:
             raise ApiError("too_large", f"request body is over the limit of {limit} bytes")
         return data
 
-    def proxy(self, path: str, environ: dict, rid: str) -> Response:
+    def proxy(self, path: str, environ: dict, rid: str) -> RawAnswer:
         """The proxied POST, on the raw WSGI environ (Flask's request machinery is skipped: it cost
         ~0.3 ms per request, as much as the rest of the gateway's work)."""
-        t0 = time.monotonic()
+        mono = self.clock.monotonic
+        t0 = mono()
         self.ensure_started()
         data = self.read_body(environ)
         try:
@@ -167,9 +208,13 @@ class Gateway:
         if not isinstance(model, str) or not model:
             raise ApiError("missing_model", "'model' is required and must be a non-empty string")
         key = self.authenticate(environ)
-        prio = environ.get("HTTP_X_LLMGW_PRIORITY") or (key.priority if key else None) or self.cfg.default_priority
-        if prio not in PRIORITIES:
-            raise ApiError("bad_request", f"X-LLMGW-Priority must be one of {', '.join(PRIORITIES)}, got {prio!r}")
+        prio = self.priority(environ.get("HTTP_X_LLMGW_PRIORITY") or None, key)
+        if not self.state.loaded_once:
+            raise ApiError("no_replica", "the gateway has not loaded the endpoint list yet (is Redis up?)", 1)
+        if model not in self.state.known_models:
+            # Unknown names get no per-name state and no metric label of their own (cardinality).
+            self.metrics.rejected_unknown.inc()
+            raise ApiError("model_not_found", f"model {model!r} does not exist")
         if key is not None:
             limited = self.limiter.check(key)
             if limited:
@@ -183,45 +228,67 @@ class Gateway:
         headers.setdefault("content-type", "application/json")
         exclude: set[str] = set()
         last_error: ApiError | None = None
-        for attempt in range(self.cfg.retries + 1):
+        attempt = 0
+        while True:
             req = RouteRequest(model, prio, affinity, frozenset(exclude))
             choice = self._admit(req, first=(attempt == 0), last_error=last_error)
-            ep = choice.endpoint
-            out = data
-            served = ep.served_name or ep.model or model
-            if served != model:
-                out = json.dumps({**body, "model": served}).encode()
-            t_send = time.monotonic()
+            # From here the slot is ours: every path out of this block gives it back exactly once.
+            lease = Lease(self.state, choice)
+            resp = None
             try:
-                resp = self.upstream.send(ep.url, path, out, headers)
-            except UpstreamConnectError as e:
-                self.state.release(choice, None)
-                self.metrics.upstream_errors.labels(ep.id, "connect").inc()
-                log.warning("request %s: cannot reach %s (%s): %s", rid, ep.id, ep.url, e)
-                exclude.add(ep.id)
-                last_error = ApiError("no_replica", f"no endpoint of model {model!r} could be reached")
+                ep = choice.endpoint
+                out = data
+                served = ep.served_name or ep.model or model
+                if served != model:
+                    out = json.dumps({**body, "model": served}).encode()
+                t_send = mono()
+                try:
+                    resp = self.upstream.send(ep.url, path, out, headers)
+                    outcome = Outcome("answer", resp.status)
+                except UpstreamConnectError as e:
+                    log.warning("request %s: cannot reach %s (%s): %s", rid, ep.id, ep.url, e)
+                    outcome = Outcome("connect_error")
+                except UpstreamTimeout:
+                    outcome = Outcome("timeout")
+                step = next_attempt(outcome, attempt, self.cfg.retries)
+                if isinstance(step, Deliver):
+                    answer = self._respond(resp, lease, model, key, rid, t0, t_send)
+                    lease, resp = None, None  # handed over: the answer releases them when it ends
+                    return answer
+                if isinstance(step, GiveUp):
+                    if step.kind == "upstream_timeout":
+                        self.metrics.upstream_errors.labels(ep.id, "timeout").inc()
+                        self.metrics.requests.labels(model, ep.id, "504").inc()
+                        raise ApiError("upstream_timeout", f"endpoint {ep.id} sent nothing within "
+                                       f"{self.cfg.first_byte_timeout}s")
+                    self.metrics.upstream_errors.labels(ep.id, "connect").inc()
+                    raise ApiError("no_replica", f"no endpoint of model {model!r} could be reached")
+                self.metrics.upstream_errors.labels(ep.id, step.reason).inc()
                 self.metrics.retries.labels(model).inc()
-                continue
-            except UpstreamTimeout:
-                self.state.release(choice, None)
-                self.metrics.upstream_errors.labels(ep.id, "timeout").inc()
-                self.metrics.requests.labels(model, ep.id, "504").inc()
-                raise ApiError("upstream_timeout", f"endpoint {ep.id} sent nothing within "
-                               f"{self.cfg.first_byte_timeout}s") from None
-            if (resp.status >= 500 or resp.status == 429) and attempt < self.cfg.retries:
-                resp.close()
-                self.state.release(choice, None)
-                self.metrics.upstream_errors.labels(ep.id, str(resp.status)).inc()
                 exclude.add(ep.id)
-                last_error = ApiError("upstream_error", f"endpoint {ep.id} answered {resp.status}")
-                self.metrics.retries.labels(model).inc()
-                continue
-            return self._respond(resp, choice, model, key, rid, t0, t_send)
-        raise last_error or ApiError("no_replica", f"no Ready endpoint for model {model!r}")
+                last_error = (ApiError("no_replica", f"no endpoint of model {model!r} could be reached")
+                              if outcome.kind == "connect_error"
+                              else ApiError("upstream_error", f"endpoint {ep.id} answered {outcome.status}"))
+            finally:
+                if resp is not None:
+                    resp.close()
+                if lease is not None:
+                    lease.release()
+            attempt += 1
+
+    def priority(self, header: str | None, key: ApiKey | None) -> str:
+        """The request's criticality: the header, capped at the key's (a key's own priority, else the
+        default, is the highest its requests may claim); without a key the header stands."""
+        if header is not None and header not in PRIORITIES:
+            raise ApiError("bad_request", f"X-LLMGW-Priority must be one of {', '.join(PRIORITIES)}, got {header!r}")
+        if key is None:
+            return header or self.cfg.default_priority
+        ceiling = key.priority or self.cfg.default_priority
+        return cap_priority(header, ceiling) if header else ceiling
 
     def _admit(self, req: RouteRequest, first: bool, last_error: ApiError | None) -> Choice:
         q = self.queue(req.model)
-        res = self.state.route(replace(req, queued=len(q) + 1))
+        res = self.state.route(RouteRequest(req.model, req.priority, req.affinity, req.exclude, len(q) + 1))
         decision = admit(res, req.priority, len(q) if first else 0, self.cfg.queue_max, self.cfg.queue_timeout)
         if isinstance(decision, Wait):
             if isinstance(res, Choice):  # others queued first: give the slot back and line up
@@ -251,48 +318,54 @@ class Gateway:
             raise ApiError("model_not_found", f"model {req.model!r} does not exist")
         raise ApiError("no_replica", f"no Ready endpoint for model {req.model!r}")
 
-    def _respond(self, resp, choice: Choice, model: str, key: ApiKey | None, rid: str, t0: float,
-                 t_send: float) -> Response:
+    def _respond(self, resp, lease: "Lease", model: str, key: ApiKey | None, rid: str, t0: float,
+                 t_send: float) -> RawAnswer:
+        """Build the client's answer. On return the answer owns `resp` and `lease` (a stream releases
+        them when it ends or the client leaves); if this raises, the caller still owns both."""
+        choice = lease.choice
         ep = choice.endpoint
+        mono = self.clock.monotonic
         headers = response_headers(resp)
         headers += [("X-Request-Id", rid), ("X-LLMGW-Endpoint", ep.id)]
         status = resp.status
         key_id = key.id if key else ANONYMOUS
         limited = bool(key and key.tpm)
+        metrics = self.metrics
 
         def finish(completed: bool, usage) -> None:
-            now = time.monotonic()
+            now = mono()
             ok = completed and status < 400
-            self.state.release(choice, (now - t_send) if ok else None, usage[1] if usage else None)
-            self.metrics.requests.labels(model, ep.id, str(status) if completed else "aborted").inc()
-            self.metrics.latency.labels(model).observe(now - t0)
+            lease.release((now - t_send) if ok else None, usage[1] if usage else None)
+            child = metrics.child
+            child(metrics.requests, model, ep.id, str(status) if completed else "aborted").inc()
+            child(metrics.latency, model).observe(now - t0)
             if usage:
-                self.metrics.tokens.labels(model, "prompt").inc(usage[0])
-                self.metrics.tokens.labels(model, "completion").inc(usage[1])
+                child(metrics.tokens, model, "prompt").inc(usage[0])
+                child(metrics.tokens, model, "completion").inc(usage[1])
             if status < 400:
                 self.usage.record(key_id, ep.model or model, *(usage or (0, 0)), limited=limited)
 
         ctype = resp.headers.get("content-type", "")
         if ctype.startswith("text/event-stream"):
             deadline = t0 + self.cfg.total_timeout
-            first = lambda: self.metrics.ttft.labels(model).observe(time.monotonic() - t0)  # noqa: E731
-            body = StreamBody(resp, deadline, first, finish)
-            return Response(body, status=status, headers=headers, direct_passthrough=True)
-        completed = False
+            first = lambda: metrics.child(metrics.ttft, model).observe(mono() - t0)  # noqa: E731
+            # Proxies in front (nginx) must not buffer the stream, nor anything cache it.
+            headers = [h for h in headers if h[0].lower() not in ("cache-control", "x-accel-buffering")]
+            headers += SSE_HEADERS
+            body = StreamBody(resp, deadline, first, finish, monotonic=mono)
+            return RawAnswer(status, headers, body)
         try:
             payload = resp.read()
-            completed = True
         except Exception as e:  # noqa: BLE001 - reported as a clean 502/504 below
             resp.close()
             finish(False, None)
             kind = "upstream_timeout" if "timed out" in str(e).lower() else "upstream_error"
             raise ApiError(kind, f"endpoint {ep.id} failed while answering: {type(e).__name__}") from None
-        finally:
-            if completed:
-                resp.release()
-        self.metrics.ttft.labels(model).observe(time.monotonic() - t0)
+        resp.release()
+        metrics.child(metrics.ttft, model).observe(mono() - t0)
         finish(True, usage_from_json(payload) if status < 400 else None)
-        return Response(payload, status=status, headers=headers)
+        headers.append(("Content-Length", str(len(payload))))
+        return RawAnswer(status, headers, [payload])
 
     # --- other views -----------------------------------------------------------------------------
     def list_models(self) -> dict:
@@ -315,6 +388,8 @@ class Gateway:
             "models": sorted(self.state.models()),
             "inflight": sum(self.state.inflight.values()),
             "policy": self.cfg.routing.policy,
+            "auth": self.keys.mode,
+            "keys_loaded": self.keys.loaded,
         }
 
 

@@ -1,7 +1,9 @@
 """API keys, per-key rate limits and usage accounting.
 
 - Keys: the whole key table (a small hash) is cached in memory and refreshed every ~2 s, so checking
-  a key costs no Redis round trip; a revoked key stops working within one refresh.
+  a key costs no Redis round trip; a revoked key stops working within one refresh. Whether a key is
+  required is `LLMGW_GATEWAY_AUTH` (auto | required | off); until the table has been read once
+  (auto, required) nothing is served, and during a Redis outage the cached table stays in use.
 - Rate limits (requests/min, tokens/min): fixed one-minute windows counted in Redis, shared by every
   gateway; one pipelined round trip per request, only for keys that have a limit. While Redis is down
   they fail open (requests are served, not counted).
@@ -12,15 +14,13 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections import defaultdict
-from dataclasses import dataclass
 
 from gateway.state import REDIS_ERRORS, RedisHealth
 from llmgw import keys
-from llmgw.cli.keys import hash_key
+from llmgw.apikeys import ApiKeyRecord, hash_key, parse_table
 from llmgw.store import Clock
 
 log = logging.getLogger("llmgw.gateway")
@@ -28,40 +28,54 @@ log = logging.getLogger("llmgw.gateway")
 ANONYMOUS = "anonymous"
 
 
-@dataclass(frozen=True)
-class ApiKey:
-    id: str
-    name: str
-    rpm: int | None = None
-    tpm: int | None = None
-    priority: str | None = None
+ApiKey = ApiKeyRecord  # the gateway's name for the shared record type
+
+AUTH_MODES = ("auto", "required", "off")
 
 
 class KeyTable:
-    def __init__(self, r, health: RedisHealth):
+    """The cached key table and the auth mode.
+
+    `auto` requires a key once this process has seen any key record, and keeps requiring one even if
+    the table later reads empty: an empty hash after Redis restarted without its data must not open
+    the gateway (revoking the last key therefore leaves it closed; set `off` to open it)."""
+
+    def __init__(self, r, health: RedisHealth, mode: str = "auto"):
+        if mode not in AUTH_MODES:
+            raise ValueError(f"auth mode must be one of {AUTH_MODES}, got {mode!r}")
         self.r = r
         self.health = health
+        self.mode = mode
         self.by_hash: dict[str, ApiKey] = {}
         self.loaded = False
+        self.seen_keys = False
+        self._problems: list[str] = []
 
     @property
     def required(self) -> bool:
-        return bool(self.by_hash)
+        return self.mode == "required" or (self.mode == "auto" and self.seen_keys)
+
+    @property
+    def ready(self) -> bool:
+        """Whether requests may be served: `off`, or the table has been read at least once."""
+        return self.mode == "off" or self.loaded
 
     def refresh(self) -> None:
+        """Re-read the table; on a Redis error keep the cached one (static stability)."""
         try:
             raw = self.r.hgetall(keys.API_KEYS)
         except REDIS_ERRORS as e:
             self.health.failed(e)
             return
-        table: dict[str, ApiKey] = {}
-        for kid, blob in raw.items():
-            try:
-                d = json.loads(blob)
-                table[d["hash"]] = ApiKey(kid, d.get("name", kid), d.get("rpm"), d.get("tpm"), d.get("priority"))
-            except (ValueError, KeyError, TypeError):
-                log.error("ignoring malformed API key record %s", kid)
+        recs, problems = parse_table(raw)
+        if problems != self._problems:  # once per change, not every refresh
+            for p in problems:
+                log.error("ignoring malformed %s", p)
+            self._problems = problems
+        table = {k.hash: k for k in recs}
         self.by_hash, self.loaded = table, True
+        if raw:
+            self.seen_keys = True
 
     def lookup(self, presented: str | None) -> ApiKey | None:
         if not presented:

@@ -15,6 +15,7 @@ from llmgw.errors import ConfigError
 
 POLICIES = ("llmgw", "round_robin", "least_inflight")
 PRIORITIES = ("critical", "standard", "sheddable")
+AUTH_MODES = ("auto", "required", "off")
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,9 @@ class GatewayConfig:
     seed: int | None = None
     # LLMGW_GATEWAY_UPSTREAM_POOL: keep-alive connections kept per endpoint.
     upstream_pool: int = 256
+    # LLMGW_GATEWAY_AUTH: auto (a key is required once any key exists), required, off. Except with
+    # off, nothing is served until the key table has been read from Redis once.
+    auth: str = "auto"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "GatewayConfig":
@@ -113,6 +117,11 @@ class GatewayConfig:
             v = num(name, conv, lo, hi)
             if v is not None:
                 kw[attr] = v
+        auth = env.get(p + "AUTH")
+        if auth:
+            if auth not in AUTH_MODES:
+                raise ConfigError(p + "AUTH", f"expected one of {', '.join(AUTH_MODES)}, got {auth!r}")
+            kw["auth"] = auth
         prio = env.get(p + "DEFAULT_PRIORITY")
         if prio:
             if prio not in PRIORITIES:

@@ -24,6 +24,7 @@ TABLE: dict[str, tuple[int, str, str]] = {
     "internal": (500, "server_error", "internal_error"),
     "upstream_error": (502, "server_error", "upstream_error"),
     "no_replica": (503, "server_error", "no_ready_replica"),
+    "auth_unavailable": (503, "server_error", "auth_unavailable"),
     "upstream_timeout": (504, "server_error", "upstream_timeout"),
 }
 

@@ -1,19 +1,64 @@
-"""Optional gunicorn settings for the gateway: `gunicorn -c python:gateway.gunicorn_conf 'gateway:create_app()'`.
+"""The gateway's gunicorn settings, the one source for the Procfile, docker-compose and `llmgw up`:
 
-Defaults suited to proxying long streams (gthread, many threads per worker) and, when
-PROMETHEUS_MULTIPROC_DIR is set, the hook that drops a dead worker's live gauges from /metrics.
-Every value can still be overridden on the command line.
+    gunicorn -c python:gateway.gunicorn_conf 'gateway:create_app()'
+
+- LLMGW_GATEWAY_WORKERS (2): processes. Capacity and routing count every worker's traffic (through
+  the scraped load), so more workers do not multiply a replica's capacity.
+- LLMGW_GATEWAY_THREADS (64): threads per worker; each open stream holds one.
+- LLMGW_GATEWAY_BIND (127.0.0.1:$PORT, PORT defaulting to 8080): where to listen; compose sets
+  0.0.0.0:8080.
+- PROMETHEUS_MULTIPROC_DIR: with more than one worker /metrics needs it; when unset a fresh temporary
+  directory is made here (before the workers fork, so they all inherit it). Stale files of a previous
+  run are removed at start, and a dead worker's live gauges when it exits.
+Command-line flags still override every value.
 """
 
+import glob
 import os
+import shutil
+import tempfile
+
+from llmgw.errors import ConfigError
+
+
+def _int(name: str, default: int, lo: int = 1) -> int:
+    raw = os.environ.get(name) or str(default)
+    try:
+        v = int(raw)
+    except ValueError:
+        raise ConfigError(name, f"expected an integer, got {raw!r}") from None
+    if v < lo:
+        raise ConfigError(name, f"must be at least {lo}, got {v}")
+    return v
+
 
 worker_class = "gthread"
-workers = int(os.environ.get("LLMGW_GATEWAY_WORKERS", "2"))
-threads = int(os.environ.get("LLMGW_GATEWAY_THREADS", "128"))  # each open stream holds a thread
-bind = os.environ.get("LLMGW_GATEWAY_BIND", "0.0.0.0:8080")
+workers = _int("LLMGW_GATEWAY_WORKERS", 2)
+threads = _int("LLMGW_GATEWAY_THREADS", 64)  # each open stream holds a thread
+bind = os.environ.get("LLMGW_GATEWAY_BIND") or f"127.0.0.1:{os.environ.get('PORT') or 8080}"
 timeout = 0  # gthread heartbeats from the main thread; a long stream is not a hung worker
 graceful_timeout = 30
 keepalive = 75
+
+# Set before any worker imports prometheus_client (it picks its mode on import; `gateway/__init__`
+# therefore imports nothing eagerly).
+_made_dir: str | None = None
+if workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    _made_dir = os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="llmgw-gateway-metrics-")
+
+
+def on_starting(server):  # noqa: ARG001 - gunicorn's hook signature
+    """A previous run's value files would be summed into this run's counters: remove them."""
+    d = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if d:
+        os.makedirs(d, exist_ok=True)
+        for f in glob.glob(os.path.join(d, "*.db")):
+            os.unlink(f)
+
+
+def on_exit(server):  # noqa: ARG001 - gunicorn's hook signature
+    if _made_dir:
+        shutil.rmtree(_made_dir, ignore_errors=True)
 
 
 def child_exit(server, worker):  # noqa: ARG001 - gunicorn's hook signature

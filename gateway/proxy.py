@@ -49,6 +49,7 @@ class UpstreamResponse:
         self.upstream, self.key, self.conn, self.resp = upstream, key, conn, resp
         self.status = resp.status
         self.headers = resp.headers
+        self.done = False  # released or closed: later calls do nothing (the conn may be reused)
 
     def read(self) -> bytes:
         return self.resp.read()
@@ -64,13 +65,32 @@ class UpstreamResponse:
 
     def release(self) -> None:
         """Body fully read: the connection goes back to the pool (unless the engine closes it)."""
+        if self.done:
+            return
         if self.resp.will_close or not self.resp.isclosed():
             self.close()
         else:
+            self.done = True
             self.upstream._put(self.key, self.conn)
 
     def close(self) -> None:
-        self.conn.close()
+        if not self.done:
+            self.done = True
+            self.conn.close()
+
+
+class _Connection(http.client.HTTPConnection):
+    """http.client sends the head and a bytes body in two writes (two packets with TCP_NODELAY, and
+    an extra wake-up of the engine's reader); one write is measurably cheaper on this path."""
+
+    def _send_output(self, message_body=None, encode_chunked=False):
+        if isinstance(message_body, bytes) and not encode_chunked:
+            self._buffer.extend((b"", b""))
+            msg = b"\r\n".join(self._buffer)
+            del self._buffer[:]
+            self.send(msg + message_body)
+            return
+        super()._send_output(message_body, encode_chunked)
 
 
 class Upstream:
@@ -102,7 +122,7 @@ class Upstream:
         conn.close()
 
     def _connect(self, key: tuple[str, int]) -> http.client.HTTPConnection:
-        conn = http.client.HTTPConnection(key[0], key[1], timeout=self.connect_timeout)
+        conn = _Connection(key[0], key[1], timeout=self.connect_timeout)
         try:
             conn.connect()
         except socket.timeout as e:
@@ -184,7 +204,8 @@ class StreamBody:
     `on_done` still runs, exactly once."""
 
     def __init__(self, resp: UpstreamResponse, deadline: float, on_first: Callable[[], None],
-                 on_done: Callable[[bool, tuple[int, int] | None], None]):
+                 on_done: Callable[[bool, tuple[int, int] | None], None],
+                 monotonic: Callable[[], float] = time.monotonic):
         self.resp = resp
         self.done = False
 
@@ -194,7 +215,7 @@ class StreamBody:
                 on_done(completed, usage)
 
         self.on_done = once
-        self.gen = stream_body(resp, deadline, on_first, once)
+        self.gen = stream_body(resp, deadline, on_first, once, monotonic)
 
     def __iter__(self) -> Iterator[bytes]:
         return self.gen

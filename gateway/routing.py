@@ -37,9 +37,12 @@ class EndpointStats:
     """What the gateway learned about one endpoint (kept by gateway.state, passed in as a snapshot)."""
 
     unit: float | None = None  # smoothed service time of one request at or below its slots (s)
-    last_sample: float = 0.0  # when `unit` was last updated (clock seconds)
+    last_sample: float = 0.0  # when `unit` was last updated (the caller's monotonic clock)
     scrape_inflight: int | None = None  # our in-flight count when the current LoadRecord was read
     scrape_unit: float | None = None  # service time implied by the engine's token throughput (scrapes)
+    # When this gateway first saw the current LoadRecord's `ts` (its own monotonic clock): staleness
+    # is judged by it, never by comparing the agent's clock with ours.
+    load_seen: float | None = None
 
 
 @dataclass(frozen=True)
@@ -64,13 +67,16 @@ class _Cand:
     ahead: int
     saturated: bool
     score: float
-    soft: bool = False  # saturated only by our in-flight count reaching capacity (not by the engine)
+    soft: bool = False  # saturated only by what it holds reaching capacity (not by the engine)
     unit: float = 1.0
 
 
-def fresh_load(rec: LoadRecord | None, now: float, cfg: RoutingConfig) -> LoadRecord | None:
-    """The record if it can be trusted: scraped fine and recently; else None (unknown)."""
-    if rec is None or not rec.ok or now - rec.ts > cfg.stale_after:
+def fresh_load(rec: LoadRecord | None, now: float, cfg: RoutingConfig, seen: float | None = None) -> LoadRecord | None:
+    """The record if it can be trusted: scraped fine and recently; else None (unknown).
+
+    `seen` is when this gateway first saw this record's `ts`, on the same clock as `now`; callers
+    without it (tests on one clock) fall back to the record's own timestamp."""
+    if rec is None or not rec.ok or now - (rec.ts if seen is None else seen) > cfg.stale_after:
         return None
     return rec
 
@@ -95,8 +101,10 @@ def engine_saturated(load: LoadRecord | None, cfg: RoutingConfig) -> bool:
     return load.kv_usage is not None and load.kv_usage >= cfg.max_kv
 
 
-def is_saturated(ep: EndpointInfo, load: LoadRecord | None, inflight: int, cfg: RoutingConfig) -> bool:
-    return bool(ep.capacity and inflight >= ep.capacity) or engine_saturated(load, cfg)
+def is_saturated(ep: EndpointInfo, load: LoadRecord | None, ahead: int, cfg: RoutingConfig) -> bool:
+    """Full by capacity (`ahead` counts every gateway's and worker's traffic, see `_ahead`), or by the
+    engine's own figures."""
+    return bool(ep.capacity and ahead >= ep.capacity) or engine_saturated(load, cfg)
 
 
 def effective_unit(st: EndpointStats | None, best: float | None, now: float, cfg: RoutingConfig) -> float | None:
@@ -134,13 +142,14 @@ def choose(
     *,
     stats: Mapping[str, EndpointStats] | None = None,
     cfg: RoutingConfig = RoutingConfig(),
-    rng: random.Random | None = None,
+    rng: random.Random,
     rr_counter: int = 0,
 ) -> Choice | Rejection:
     """Pick an endpoint for `request`, or say why none: unknown model, none Ready, all saturated.
 
-    `critical` requests are never rejected for saturation: they go to the least-loaded endpoint."""
-    rng = rng or random.Random()
+    `critical` requests are never rejected for saturation: they go to the least-loaded endpoint.
+    `now` is the caller's monotonic clock (LoadRecord freshness via `stats[...].load_seen`, learned
+    speeds via `last_sample`); `rng` is always the caller's, so a seed reproduces every choice."""
     stats = stats or {}
     serving = [e for e in endpoints if request.model in e.models]
     if not serving:
@@ -153,12 +162,14 @@ def choose(
     best = min(known) if known else None
     cands: list[_Cand] = []
     for e in tried:
-        load = fresh_load(loads.get(e.id), now, cfg)
         n = inflight.get(e.id, 0)
         st = stats.get(e.id)
+        load = fresh_load(loads.get(e.id), now, cfg, st.load_seen if st is not None else None)
         ahead = _ahead(e, load, n, st)
         hard = engine_saturated(load, cfg)
-        soft = bool(e.capacity and n >= e.capacity)
+        # Capacity counts what the endpoint holds from everyone (other gateways and gunicorn workers
+        # as seen in the scrape, ours exactly), not just this process's in-flight requests.
+        soft = bool(e.capacity and ahead >= e.capacity)
         if best is not None and (st is None or (st.unit is None and st.scrape_unit is None)) and n >= 1:
             soft = True  # unknown speed while others are known: one probe at a time until it is learned
         unit = effective_unit(st, best, now, cfg) or 1.0

@@ -11,7 +11,6 @@ once, shown by /healthz and a metric, and the loops recover by themselves when R
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import threading
@@ -23,6 +22,7 @@ import redis
 from gateway.config import GatewayConfig
 from gateway.routing import Choice, EndpointStats, Rejection, RouteRequest, choose
 from llmgw import keys
+from llmgw.catalog_store import catalog_names as read_catalog_names
 from llmgw.records import EndpointInfo, LoadRecord
 from llmgw.store import Clock, Store
 
@@ -115,7 +115,7 @@ class GatewayState:
                 self.health.succeeded()
                 return False
             v, fp, eps = self.store.read_endpoints()
-            catalog_names = self._catalog_names()
+            catalog_names = read_catalog_names(self.store.r)
             self.health.succeeded()
             self._last_full = now
         except REDIS_ERRORS as e:
@@ -145,19 +145,6 @@ class GatewayState:
         self.on_release()
         return True
 
-    def _catalog_names(self) -> set[str]:
-        raw = self.store.r.get(keys.CATALOG)
-        names: set[str] = set()
-        if raw:
-            try:
-                for m in json.loads(raw).get("spec", {}).get("models", []) or []:
-                    names.add(m.get("name", ""))
-                    names.update(m.get("aliases") or [])
-            except (ValueError, AttributeError, TypeError):
-                pass
-        names.discard("")
-        return names
-
     def refresh_loads(self) -> None:
         ids = list(self.by_id)
         if not ids:
@@ -171,14 +158,16 @@ class GatewayState:
         except (ValueError, TypeError) as e:
             log.error("cannot read loads: %s", e)
             return
+        seen = self.clock.monotonic()
         with self.lock:
             for i, rec in loads.items():
                 old = self.loads.get(i)
                 if old is None or old.ts != rec.ts:
                     # Remember our own in-flight count at this sample, so the router can tell the
-                    # scrape's other-gateway traffic from ours (which it counts exactly).
+                    # scrape's other-gateway traffic from ours (which it counts exactly); and when we
+                    # first saw it, so freshness never compares the agent's clock with ours.
                     st = self.stats.get(i, EndpointStats())
-                    self.stats[i] = replace(st, scrape_inflight=self.inflight.get(i, 0),
+                    self.stats[i] = replace(st, scrape_inflight=self.inflight.get(i, 0), load_seen=seen,
                                             scrape_unit=self._scrape_unit(old, rec, st.scrape_unit))
             self.loads = loads
         self.on_release()
@@ -252,7 +241,7 @@ class GatewayState:
     # --- request path ------------------------------------------------------------------------------
     def route(self, req: RouteRequest) -> Choice | Rejection:
         """Choose and reserve (in-flight + 1) atomically, so concurrent requests see each other."""
-        now = self.clock.time()
+        now = self.clock.monotonic()
         with self.lock:
             res = choose(self.endpoints, self.loads, self.inflight, req, now, stats=self.stats,
                          cfg=self.cfg.routing, rng=self.rng, rr_counter=self.rr_counter)
@@ -260,7 +249,7 @@ class GatewayState:
                 self.rr_counter += 1
                 self.inflight[res.endpoint.id] = self.inflight.get(res.endpoint.id, 0) + 1
         if isinstance(res, Choice) and self.metrics:
-            self.metrics.inflight.labels(res.endpoint.id).inc()
+            self.metrics.child(self.metrics.inflight, res.endpoint.id).inc()
         return res
 
     def release(self, choice: Choice, service_time: float | None, tokens: int | None = None) -> None:
@@ -276,9 +265,9 @@ class GatewayState:
                 sample = service_time / max(1.0, (choice.ahead + 1) / slots)
                 st = self.stats.get(eid, EndpointStats())
                 unit = sample if st.unit is None else st.unit + EWMA_ALPHA * (sample - st.unit)
-                self.stats[eid] = replace(st, unit=unit, last_sample=self.clock.time())
+                self.stats[eid] = replace(st, unit=unit, last_sample=self.clock.monotonic())
         if self.metrics:
-            self.metrics.inflight.labels(eid).dec()
+            self.metrics.child(self.metrics.inflight, eid).dec()
         self.on_release()
 
     def models(self) -> dict[str, list[EndpointInfo]]:

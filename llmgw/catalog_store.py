@@ -48,6 +48,24 @@ def applied_version(r: redis.Redis) -> int:
     return int(json.loads(raw)["version"]) if raw else 0
 
 
+def catalog_names(r: redis.Redis) -> set[str]:
+    """Every model name and alias of the applied catalog (empty when none), without validating the
+    spec: cheap enough for the gateway to call on each endpoint-list reload."""
+    raw = r.get(keys.CATALOG)
+    names: set[str] = set()
+    if not raw:
+        return names
+    try:
+        for m in (json.loads(raw).get("spec") or {}).get("models") or []:
+            if isinstance(m, dict):
+                names.add(m.get("name") or "")
+                names.update(a for a in (m.get("aliases") or []) if isinstance(a, str))
+    except (ValueError, AttributeError, TypeError):
+        pass  # a malformed document names nothing; read_applied reports it
+    names.discard("")
+    return names
+
+
 def history(r: redis.Redis, n: int = 10) -> list[dict]:
     """Metadata of the last `n` applied versions, newest first: version, hash, applied_at/by, source,
     plus `models` and `replicas` counts."""

@@ -1,26 +1,19 @@
-"""`llmgw keys create|list|revoke`: API keys for the gateway.
+"""`llmgw keys create|list|revoke`: API keys for the gateway (a thin shell over `llmgw.apikeys`).
 
-A key is printed once, at creation; Redis keeps only its SHA-256 (`llmgw:apikeys` holds the records,
-`llmgw:apikey:<hash>` maps a hash to its id). Once any key exists the gateway requires one.
+A key is printed once, at creation; Redis keeps only its SHA-256 (`llmgw:apikeys` holds the records).
+Whether the gateway requires a key is `LLMGW_GATEWAY_AUTH` (see docs/gateway.md).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import secrets
 import sys
 import time
 
-from llmgw import keys
+from llmgw.apikeys import PRIORITIES, ApiKeyInvalid, create_key, hash_key, list_keys, revoke_key  # noqa: F401
 from llmgw.cli import common
-from llmgw.errors import LlmgwError, NotFound
+from llmgw.errors import LlmgwError
 
-PRIORITIES = ("critical", "standard", "sheddable")
-
-
-class KeyError_(LlmgwError):
-    """A bad argument to `llmgw keys`."""
+KeyError_ = ApiKeyInvalid  # the old name, kept for callers
 
 
 class RedisUnreachable(LlmgwError):
@@ -41,55 +34,6 @@ def redis_client():
     return r
 
 
-def hash_key(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
-
-
-def create_key(r, name: str, rpm: int | None = None, tpm: int | None = None,
-               priority: str | None = None, now: float | None = None) -> tuple[str, str]:
-    """Store a new key; returns (key id, the key itself). Names are unique among live keys."""
-    if not name or len(name) > 100:
-        raise KeyError_("NAME: must be 1..100 characters")
-    for v, flag in ((rpm, "--rpm"), (tpm, "--tpm")):
-        if v is not None and v <= 0:
-            raise KeyError_(f"{flag}: must be a positive integer, got {v}")
-    if priority is not None and priority not in PRIORITIES:
-        raise KeyError_(f"--priority: expected one of {', '.join(PRIORITIES)}, got {priority!r}")
-    if any(json.loads(v).get("name") == name for v in r.hvals(keys.API_KEYS)):
-        raise KeyError_(f"a key named {name!r} already exists (revoke it first)")
-    key_id = "k-" + secrets.token_hex(4)
-    key = "sk-llmgw-" + secrets.token_urlsafe(32)
-    h = hash_key(key)
-    rec = {"name": name, "hash": h, "rpm": rpm, "tpm": tpm, "priority": priority,
-           "created_at": time.time() if now is None else now}
-    pipe = r.pipeline(transaction=True)
-    pipe.hset(keys.API_KEYS, key_id, json.dumps(rec))
-    pipe.set(keys.api_key_by_hash(h), key_id)
-    pipe.execute()
-    return key_id, key
-
-
-def list_keys(r) -> list[dict]:
-    out = []
-    for kid, blob in sorted(r.hgetall(keys.API_KEYS).items()):
-        d = json.loads(blob)
-        d.pop("hash", None)
-        out.append({"id": kid, **d})
-    return sorted(out, key=lambda d: d.get("name", ""))
-
-
-def revoke_key(r, name_or_id: str) -> str:
-    for kid, blob in r.hgetall(keys.API_KEYS).items():
-        d = json.loads(blob)
-        if name_or_id in (kid, d.get("name")):
-            pipe = r.pipeline(transaction=True)
-            pipe.hdel(keys.API_KEYS, kid)
-            pipe.delete(keys.api_key_by_hash(d.get("hash", "")))
-            pipe.execute()
-            return kid
-    raise NotFound("API key", name_or_id)
-
-
 def register(sub) -> None:
     p = sub.add_parser("keys", help="manage gateway API keys")
     ks = p.add_subparsers(dest="keys_command", metavar="ACTION")
@@ -97,7 +41,8 @@ def register(sub) -> None:
     c.add_argument("name")
     c.add_argument("--rpm", type=int, help="requests per minute")
     c.add_argument("--tpm", type=int, help="tokens per minute (prompt + completion)")
-    c.add_argument("--priority", choices=PRIORITIES, help="default criticality of this key's requests")
+    c.add_argument("--priority", choices=PRIORITIES,
+                   help="criticality of this key's requests, and the highest its X-LLMGW-Priority may claim")
     c.set_defaults(func=_create)
     ls = ks.add_parser("list", help="list keys (never the keys themselves)")
     ls.add_argument("--json", action="store_true")
@@ -116,12 +61,13 @@ def _create(args) -> int:
 
 
 def _list(args) -> int:
-    rows = list_keys(redis_client())
+    rows = [k.public() for k in list_keys(redis_client())]
     if args.json:
         common.print_json(rows)
         return 0
     if not rows:
-        print("no API keys: the gateway accepts requests without one")
+        print("no API keys (with LLMGW_GATEWAY_AUTH=auto a gateway that never saw one accepts requests "
+              "without a key; with =required it rejects them all)")
         return 0
     print(f"{'NAME':20} {'ID':12} {'RPM':>8} {'TPM':>10} {'PRIORITY':10} CREATED")
     for d in rows:

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import json
-
 from llmgw import keys
+from llmgw.apikeys import names_by_id
 from llmgw.cli import common
 
 ANONYMOUS = "anonymous"  # requests served while no key was required
@@ -12,7 +11,7 @@ ANONYMOUS = "anonymous"  # requests served while no key was required
 
 def read_usage(r) -> list[dict]:
     """Rows {key, id, model, prompt_tokens, completion_tokens, requests}, sorted by key then model."""
-    names = {kid: json.loads(v).get("name", kid) for kid, v in r.hgetall(keys.API_KEYS).items()}
+    names = names_by_id(r)
     ids = set(names) | {ANONYMOUS}
     prefix = keys.usage("")
     for k in r.scan_iter(match=prefix + "*", count=500):

@@ -97,20 +97,19 @@ def test_priority_tiers_take_overflow_only():
 
 
 def test_learned_speed_beats_queue_length():
-    """A fast endpoint with free slots wins over an idle slow one; the slow one takes overflow only
-    once the fast one queues deeply (shortest expected delay)."""
-    eps = [ep("fast", capacity=4), ep("slow", capacity=4)]
+    """A fast endpoint with free slots wins over an idle slow one, even when it holds more requests;
+    once what it holds (from every gateway) reaches its capacity, the slow one takes the overflow."""
+    eps = [ep("fast", capacity=16), ep("slow", capacity=16)]
     stats = {"fast": EndpointStats(unit=0.1, last_sample=NOW, scrape_inflight=0),
              "slow": EndpointStats(unit=0.4, last_sample=NOW, scrape_inflight=0)}
     assert pick(eps, inflight={"fast": 3}, stats=stats).endpoint.id == "fast"
-    # 8 ahead (4 running, 4 queued, from other gateways): least-inflight would pick slow; expected
-    # delay (0.1 * 9/4 < 0.4) still prefers fast
-    busy = [load("fast", running=4, waiting=4)]
+    # 8 held for other gateways: least-inflight would pick slow; expected delay still prefers fast
+    busy = [load("fast", running=8, waiting=0)]
     assert pick(eps, busy, stats=stats).endpoint.id == "fast"
-    deep = [load("fast", running=4, waiting=4)]
-    assert pick(eps, deep, inflight={"fast": 3}, stats=stats).endpoint.id == "fast"  # 11 ahead: 0.3 < 0.4
-    assert pick(eps, [load("fast", running=4, waiting=4)], inflight={"fast": 3},
-                stats={**stats, "slow": EndpointStats(unit=0.2, last_sample=NOW)}).endpoint.id == "slow"
+    assert pick(eps, busy, inflight={"fast": 3}, stats=stats).endpoint.id == "fast"  # 11 ahead
+    full = [load("fast", running=16, waiting=0)]
+    assert pick(eps, full, inflight={"fast": 1},
+                stats={**stats, "slow": EndpointStats(unit=0.15, last_sample=NOW)}).endpoint.id == "slow"
 
 
 def test_weight_scales_the_score():
@@ -196,3 +195,34 @@ def test_scrape_derived_speed_for_endpoints_we_never_served():
     stats = {"fast": EndpointStats(unit=0.1, last_sample=NOW), "slow": EndpointStats(scrape_unit=0.8)}
     assert pick(eps, inflight={"fast": 3}, stats=stats).endpoint.id == "fast"
     assert pick(eps, inflight={"fast": 4}, stats=stats) == Rejection("saturated", "m", "deferred: a faster endpoint frees sooner")
+
+
+def test_capacity_counts_other_processes_traffic():
+    """Two gunicorn workers (or gateways) share a replica: the scrape shows the other's requests, and
+    together they must not exceed its capacity."""
+    eps = [ep("a", capacity=4)]
+    stats = {"a": EndpointStats(unit=0.1, last_sample=NOW, scrape_inflight=1)}
+    # we hold 1; the engine runs 4 (3 of them another worker's): full, though our own count is 1
+    r = pick(eps, [load("a", running=4)], inflight={"a": 1}, stats=stats)
+    assert isinstance(r, Rejection) and r.kind == "saturated"
+    crit = pick(eps, [load("a", running=4)], inflight={"a": 1}, stats=stats, req=RouteRequest("m", "critical"))
+    assert crit.saturated and crit.ahead == 4
+    assert pick(eps, [load("a", running=3)], inflight={"a": 1}, stats=stats).endpoint.id == "a"
+
+
+def test_staleness_is_judged_by_when_this_gateway_saw_the_record():
+    """The agent's clock may be far off ours: `load_seen` (our clock) decides, not the record's ts."""
+    eps = [ep("a", capacity=None), ep("b", capacity=None)]
+    skewed = [load("a", waiting=9, ts=NOW - 3600)]  # agent clock an hour behind, record just seen
+    fresh = {"a": EndpointStats(load_seen=NOW - 1)}
+    assert pick(eps, skewed, stats=fresh).endpoint.id == "b"  # the load counts: a is saturated
+    ahead_clock = [load("a", waiting=9, ts=NOW + 3600)]  # agent clock ahead; we saw it 10 s ago
+    old = {"a": EndpointStats(load_seen=NOW - 10)}
+    r = pick(eps, ahead_clock, stats=old)
+    assert r.ahead == 0  # stale: ignored, so a and b look equal
+    assert {pick(eps, ahead_clock, stats=old, seed=s).endpoint.id for s in range(20)} == {"a", "b"}
+
+
+def test_choose_requires_the_callers_rng():
+    with pytest.raises(TypeError):
+        choose([ep("a")], {}, {}, RouteRequest("m"), NOW)

@@ -1,0 +1,261 @@
+"""The gateway's safety fixes: auth never fails open, unknown model names cost no state, every
+in-flight slot is released, key priorities cap the header, staleness on our own clock, one gunicorn
+configuration."""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gateway.app import create_app
+from gateway.config import GatewayConfig, RoutingConfig
+from gateway.state import GatewayState
+from gateway.routing import RouteRequest
+from llmgw.apikeys import create_key
+from llmgw.records import LoadRecord
+from tests.unit.test_gateway_app import CHAT, endpoint, make_app, server, store, upstreams  # noqa: F401
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def bare_app(store, eps, **cfg):
+    """An app whose background state has not been loaded yet (as at start-up)."""
+    store.write_endpoints(eps, "fp", time.time())
+    app = create_app(GatewayConfig(**cfg), store=store, start=False)
+    return app, app.extensions["llmgw"], app.test_client()
+
+
+# --- 1. auth ---------------------------------------------------------------------------------------
+def test_no_service_until_the_key_table_was_read(store, server, upstreams):
+    up = upstreams()
+    _, gw, c = bare_app(store, [endpoint("e1", up.url)])
+    gw.state.refresh_endpoints()
+    server.connected = False  # Redis goes away before the first key refresh
+    gw.keys.refresh()
+    r = c.post(CHAT, json={"model": "m"})
+    assert r.status_code == 503 and r.json["error"]["code"] == "auth_unavailable"
+    assert r.json["error"]["type"] == "server_error" and "API keys" in r.json["error"]["message"]
+    assert c.get("/v1/models").status_code == 503
+    server.connected = True
+    gw.keys.refresh()
+    assert c.post(CHAT, json={"model": "m"}).status_code == 200  # auto, and no key exists
+
+
+def test_auth_off_serves_without_a_key_table(store, server, upstreams):
+    up = upstreams()
+    _, gw, c = bare_app(store, [endpoint("e1", up.url)], auth="off")
+    create_key(store.r, "k")
+    gw.state.refresh_endpoints()
+    server.connected = False
+    assert c.post(CHAT, json={"model": "m"}).status_code == 200
+
+
+def test_auth_required_with_no_keys_rejects_everyone(store, upstreams):
+    up = upstreams()
+    _, gw, c = make_app(store, [endpoint("e1", up.url)], auth="required")
+    assert c.post(CHAT, json={"model": "m"}).json["error"]["code"] == "invalid_api_key"
+    _, key = create_key(store.r, "k")
+    gw.keys.refresh()
+    assert c.post(CHAT, json={"model": "m"}, headers={"Authorization": f"Bearer {key}"}).status_code == 200
+
+
+def test_redis_restarted_without_data_does_not_open_the_gateway(store, upstreams):
+    up = upstreams()
+    _, gw, c = make_app(store, [endpoint("e1", up.url)])
+    create_key(store.r, "k")
+    gw.keys.refresh()
+    store.r.flushall()
+    gw.keys.refresh()
+    assert c.post(CHAT, json={"model": "m"}).status_code == 401
+
+
+def test_auth_mode_is_validated():
+    from llmgw.errors import ConfigError
+
+    assert GatewayConfig.from_env({"LLMGW_GATEWAY_AUTH": "required"}).auth == "required"
+    with pytest.raises(ConfigError, match="LLMGW_GATEWAY_AUTH"):
+        GatewayConfig.from_env({"LLMGW_GATEWAY_AUTH": "maybe"})
+
+
+# --- 2. unknown names ------------------------------------------------------------------------------
+def test_unknown_models_create_no_state_and_no_labels(store, upstreams):
+    up = upstreams()
+    _, gw, c = make_app(store, [endpoint("e1", up.url)])
+    _, key = create_key(store.r, "k", rpm=1)
+    gw.keys.refresh()
+    auth = {"Authorization": f"Bearer {key}"}
+    for i in range(50):
+        r = c.post(CHAT, json={"model": f"junk-{i}"}, headers=auth)
+        assert r.status_code == 404 and r.json["error"]["code"] == "model_not_found"
+    assert set(gw.queues) <= {"m", "m-alias"}
+    text = c.get("/metrics", headers=auth).get_data(as_text=True)
+    assert "junk" not in text
+    assert "llmgw_gateway_unknown_model_total 50.0" in text
+    assert c.post(CHAT, json={"model": "m"}, headers=auth).status_code == 200  # rpm not spent on junk
+
+
+def test_503_before_the_endpoint_list_was_loaded(store, upstreams):
+    up = upstreams()
+    _, gw, c = bare_app(store, [endpoint("e1", up.url)], auth="off")
+    r = c.post(CHAT, json={"model": "anything"})
+    assert r.status_code == 503 and r.json["error"]["code"] == "no_ready_replica"
+    assert not gw.queues
+
+
+# --- 6. slots are always released; SSE headers ------------------------------------------------------
+def test_unexpected_error_after_routing_releases_the_slot(store, upstreams, monkeypatch):
+    up = upstreams()
+    _, gw, c = make_app(store, [endpoint("e1", up.url)])
+
+    def boom(*a, **kw):
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(gw.upstream, "send", boom)
+    r = c.post(CHAT, json={"model": "m"})
+    assert r.status_code == 500 and r.json["error"]["code"] == "internal_error"
+    assert gw.state.inflight["e1"] == 0
+    monkeypatch.undo()
+    import gateway.app as app_mod
+
+    monkeypatch.setattr(app_mod, "response_headers", boom)  # after the upstream answered
+    assert c.post(CHAT, json={"model": "m"}).status_code == 500
+    assert gw.state.inflight["e1"] == 0
+
+
+def test_stream_headers_disable_proxy_buffering(store, upstreams):
+    up = upstreams(tokens=3)
+    _, gw, c = make_app(store, [endpoint("e1", up.url)])
+    r = c.post(CHAT, json={"model": "m", "stream": True})
+    assert r.status_code == 200
+    assert r.headers["X-Accel-Buffering"] == "no" and r.headers["Cache-Control"] == "no-cache"
+    r.get_data()
+    assert gw.state.inflight["e1"] == 0
+
+
+# --- 7. priority is capped by the key -----------------------------------------------------------
+@pytest.mark.parametrize("key_prio", ["standard", None])
+def test_key_priority_caps_the_header(store, upstreams, key_prio):
+    up = upstreams()
+    _, gw, c = make_app(store, [endpoint("e1", up.url)], queue_timeout=0.05)
+    _, key = create_key(store.r, "k", priority=key_prio)
+    gw.keys.refresh()
+    store.write_load(LoadRecord("e1", time.time(), True, running=4, waiting=9))  # saturated
+    gw.state.refresh_loads()
+    auth = {"Authorization": f"Bearer {key}", "X-LLMGW-Priority": "critical"}
+    r = c.post(CHAT, json={"model": "m"}, headers=auth)
+    assert r.status_code == 429 and r.json["error"]["code"] == "overloaded"  # not sent past saturation
+    assert gw.priority("sheddable", gw.keys.lookup(key)) == "sheddable"  # lowering is allowed
+
+
+def test_critical_key_may_send_critical(store, upstreams):
+    up = upstreams()
+    _, gw, c = make_app(store, [endpoint("e1", up.url)], queue_timeout=0.05)
+    _, key = create_key(store.r, "k", priority="critical")
+    gw.keys.refresh()
+    store.write_load(LoadRecord("e1", time.time(), True, running=4, waiting=9))
+    gw.state.refresh_loads()
+    assert c.post(CHAT, json={"model": "m"}, headers={"Authorization": f"Bearer {key}"}).status_code == 200
+
+
+# --- 4/5. our own clock ------------------------------------------------------------------------------
+class FakeClock:
+    def __init__(self):
+        self.mono, self.wall = 500.0, 2_000_000_000.0
+
+    def time(self):
+        return self.wall
+
+    def monotonic(self):
+        return self.mono
+
+
+def test_load_freshness_uses_when_we_first_saw_the_record(store):
+    clock = FakeClock()
+    store.write_endpoints([endpoint("e1", "http://127.0.0.1:9")], "fp", 0)
+    st = GatewayState(store, GatewayConfig(routing=RoutingConfig(stale_after=3)), clock)
+    st.refresh_endpoints()
+    store.write_load(LoadRecord("e1", 12.0, True, running=4, waiting=9))  # the agent's clock is way off
+    st.refresh_loads()
+    assert st.route(RouteRequest("m")).kind == "saturated"  # just seen: trusted
+    clock.mono += 2.9
+    st.refresh_loads()  # same ts again: not new
+    assert st.route(RouteRequest("m")).kind == "saturated"
+    clock.mono += 0.2
+    st.refresh_loads()
+    assert st.route(RouteRequest("m")).endpoint.id == "e1"  # no new sample for 3.1 s: stale, ignored
+
+
+def test_core_and_view_take_the_injected_clock_and_rng():
+    app_src = (ROOT / "gateway" / "app.py").read_text()
+    assert "time.monotonic" not in app_src and "time.time" not in app_src
+    assert "random.Random()" not in (ROOT / "gateway" / "routing.py").read_text()
+
+
+# --- 10. one gunicorn configuration --------------------------------------------------------------------
+def conf_values(env: dict) -> dict:
+    code = ("import json, os, sys, gateway.gunicorn_conf as c\n"
+            "print(json.dumps({'workers': c.workers, 'threads': c.threads, 'bind': c.bind, 'k': c.worker_class,"
+            " 'prom': os.environ.get('PROMETHEUS_MULTIPROC_DIR'),"
+            " 'early': 'prometheus_client' in sys.modules}))")
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith("LLMGW_GATEWAY_") and k not in ("PORT", "PROMETHEUS_MULTIPROC_DIR")}
+    out = subprocess.run([sys.executable, "-c", code], env={**base, **env}, capture_output=True, text=True,
+                         timeout=60, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    import json
+
+    return json.loads(out.stdout)
+
+
+def test_gunicorn_conf_knobs_and_multiproc_dir(tmp_path):
+    d = conf_values({})
+    assert (d["workers"], d["threads"], d["bind"], d["k"]) == (2, 64, "127.0.0.1:8080", "gthread")
+    assert d["prom"] and Path(d["prom"]).is_dir()  # 2 workers: /metrics aggregates through a directory
+    # prometheus_client picks its mode when first imported: loading the config must not import it
+    assert d["early"] is False
+    os.rmdir(d["prom"])
+    d = conf_values({"LLMGW_GATEWAY_WORKERS": "1", "LLMGW_GATEWAY_THREADS": "8", "PORT": "9000"})
+    assert (d["workers"], d["threads"], d["bind"], d["prom"]) == (1, 8, "127.0.0.1:9000", None)
+    d = conf_values({"LLMGW_GATEWAY_BIND": "0.0.0.0:8080", "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)})
+    assert d["bind"] == "0.0.0.0:8080" and d["prom"] == str(tmp_path)
+
+
+def test_procfile_and_compose_use_the_conf():
+    import yaml
+
+    proc = [line for line in (ROOT / "Procfile").read_text().splitlines() if line.startswith("gateway:")][0]
+    assert "-c python:gateway.gunicorn_conf" in proc and "--threads" not in proc and " -w " not in proc
+    svc = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]["gateway"]
+    assert svc["command"][:3] == ["gunicorn", "-c", "python:gateway.gunicorn_conf"]
+    assert svc["environment"]["LLMGW_GATEWAY_BIND"] == "0.0.0.0:8080" and svc["environment"]["REDIS_URL"]
+    docs = (ROOT / "docs" / "gateway.md").read_text()
+    for knob in ("LLMGW_GATEWAY_WORKERS", "LLMGW_GATEWAY_THREADS", "LLMGW_GATEWAY_BIND", "PROMETHEUS_MULTIPROC_DIR",
+                 "LLMGW_GATEWAY_AUTH"):
+        assert knob in docs, knob
+
+
+def test_empty_priority_header_is_absent_and_healthz_shows_auth(store, upstreams):
+    up = upstreams()
+    _, gw, c = make_app(store, [endpoint("e1", up.url)])
+    assert c.post(CHAT, json={"model": "m"}, headers={"X-LLMGW-Priority": ""}).status_code == 200
+    h = c.get("/healthz").json
+    assert h["auth"] == "auto" and h["keys_loaded"] is True
+
+
+def test_catalog_names_helper():
+    import json
+
+    import fakeredis
+
+    from llmgw import keys
+    from llmgw.catalog_store import catalog_names
+
+    r = fakeredis.FakeRedis(decode_responses=True)
+    assert catalog_names(r) == set()
+    r.set(keys.CATALOG, json.dumps({"version": 1, "spec": {"models": [{"name": "a", "aliases": ["b"]}, {"name": "c"}]}}))
+    assert catalog_names(r) == {"a", "b", "c"}
+    r.set(keys.CATALOG, "{broken")
+    assert catalog_names(r) == set()
