@@ -258,8 +258,9 @@ class Catalog(_Strict):
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-# Fields a running replica can take without a restart: the router and the planner read them live.
-RUNTIME_FIELDS = frozenset({"replicas", "priority", "weight"})
+# Profile fields that shape the launched process: a change of any of them rolls the replicas; every
+# other field is read live by the router, the planner or the agent.
+LAUNCH_FIELDS = frozenset({"engine", "gpu", "tensor_parallel", "pipeline_parallel", "nodes", "args", "env", "capacity"})
 
 
 def profile_spec_hash(model: Model, profile: Profile) -> str:
@@ -273,7 +274,7 @@ def profile_spec_hash(model: Model, profile: Profile) -> str:
     spec = profile.model_dump(
         mode="json",
         by_alias=True,
-        include={"engine", "gpu", "tensor_parallel", "pipeline_parallel", "nodes", "args", "env", "capacity"},
+        include=set(LAUNCH_FIELDS),
     )
     spec["_model"] = {"name": model.name, "aliases": model.aliases, "source": model.source_for(profile)}
     blob = json.dumps(spec, sort_keys=True, separators=(",", ":"))

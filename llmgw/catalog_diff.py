@@ -1,8 +1,8 @@
 """What applying a catalog would change: a pure function of (applied, new) returning data.
 
 `diff_catalogs(old, new)` lists models and profiles added, removed and changed, with replica counts
-and whether a change restarts replicas (the profile's spec hash changed) or is taken live (replicas,
-priority, weight). `format_diff` renders it for `llmgw catalog apply`.
+and whether a change restarts replicas (the profile's spec hash changed) or is taken live (everything
+outside LAUNCH_FIELDS). `format_diff` renders it for `llmgw catalog apply`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Literal
 
-from llmgw.catalog import RUNTIME_FIELDS, Catalog, Model, Profile, profile_spec_hash
+from llmgw.catalog import Catalog, Model, Profile, profile_spec_hash
 
 Kind = Literal["added", "removed", "changed"]
 
@@ -160,8 +160,8 @@ def format_diff(diff: CatalogDiff, new: Catalog | None = None) -> list[str]:
                         parts.append(f"{c.field} {_show(c.before)} -> {_show(c.after)}")
                 if not parts:
                     parts.append("model source or names changed")
-                live = all(c.field in RUNTIME_FIELDS for c in p.changes)
-                suffix = " [replicas restart]" if p.restart else (" [live]" if live else "")
+                # The spec hash decides: what does not change the launched process applies live.
+                suffix = " [replicas restart]" if p.restart else " [live]"
                 lines.append(f"{label}: " + "; ".join(parts) + suffix)
     lines.append(
         f"{diff.count('added')} added, {diff.count('changed')} changed, {diff.count('removed')} removed; "

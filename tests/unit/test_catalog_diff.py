@@ -67,3 +67,15 @@ def test_no_changes_and_first_apply():
     assert format_diff(diff_catalogs(new, new)) == ["no changes"]
     first = diff_catalogs(None, new)
     assert all(m.kind == "added" for m in first.models) and first.replicas_before == 0
+
+
+def test_fields_outside_the_launch_spec_apply_live():
+    old = parse_catalog_text("models: [{name: m, profiles: [{name: s, engine: sim, replicas: 1}]}]")
+    new = parse_catalog_text(
+        "models: [{name: m, profiles: [{name: s, engine: sim, replicas: 1, start_timeout: 30,"
+        " pool: cpu, metrics: {running: 'x:running'}}]}]")
+    d = diff_catalogs(old, new)
+    prof = d.models[0].profiles[0]
+    assert not prof.restart
+    assert {c.field for c in prof.changes} == {"start_timeout", "pool", "metrics"}
+    assert format_diff(d, new)[1].endswith("[live]")
