@@ -83,7 +83,7 @@ def main() -> None:
             "bench", time.time())
         port = free_port()
         cluster.procs.start("gateway", [
-            bin_path("gunicorn"), "-k", "gthread", "-w", str(a.workers), "--threads", str(a.threads),
+            bin_path("gunicorn"), "--no-control-socket", "-k", "gthread", "-w", str(a.workers), "--threads", str(a.threads),
             "-b", f"127.0.0.1:{port}", "--log-level", "warning", "gateway:create_app()"],
             env=cluster.env(), cwd=str(ROOT))
         gw = f"http://127.0.0.1:{port}"

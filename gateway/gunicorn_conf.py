@@ -39,6 +39,9 @@ bind = os.environ.get("LLMGW_GATEWAY_BIND") or f"127.0.0.1:{os.environ.get('PORT
 timeout = 0  # gthread heartbeats from the main thread; a long stream is not a hung worker
 graceful_timeout = 30
 keepalive = 75
+# gunicorn >= 25.1 opens a control socket at one fixed path per user ($HOME/.gunicorn/gunicorn.ctl);
+# a second gateway (or `llmgw up` beside a Procfile run) on the machine would collide with it.
+control_socket_disable = True
 
 # Set before any worker imports prometheus_client (it picks its mode on import; `gateway/__init__`
 # therefore imports nothing eagerly).

@@ -110,11 +110,10 @@ def _run(args, settings, catalog, state_dir, node, stack: LocalStack, stopping) 
     stack.start("control", celery_argv("worker", "-Q", "control", "-n", "control@%h", "-P", "threads", "-c", "4", *common))
     stack.start("beat", celery_argv("beat", "-l", "info", "-s", str(state_dir / "beat-schedule")))
     stack.start("node", celery_argv("worker", "-Q", f"node-{node}", "-n", f"{node}@%h", "-P", "threads", "-c", "2", *common))
+    # The gateway's one gunicorn config (gateway/gunicorn_conf.py); flags override its bind and threads.
     stack.start("gateway", python_module(
-        "gunicorn", "-k", "gthread", "-w", "1", "--threads", str(args.gateway_threads),
-        "-b", f"{args.host}:{args.port}", "--graceful-timeout", "10",
-        # gunicorn >= 24 opens a control socket at one fixed path per user; two gateways would collide.
-        "--no-control-socket", "gateway:create_app()",
+        "gunicorn", "-c", "python:gateway.gunicorn_conf", "--threads", str(args.gateway_threads),
+        "-b", f"{args.host}:{args.port}", "gateway:create_app()",
     ))
     _say(f"started control worker, beat, node agent {node!r} and the gateway; logs in {state_dir / 'logs'}")
 
