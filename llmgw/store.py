@@ -156,20 +156,23 @@ class Store:
         h = self.r.hgetall(keys.replica(replica_id))
         return _decode_replica(h) if h else None
 
-    def all_replicas(self) -> list[ReplicaRecord]:
-        ids = sorted(self.r.smembers(keys.REPLICAS))
+    def _read_records(self, ids: list[str]) -> tuple[list[ReplicaRecord], list[str]]:
+        """The records of `ids` in one round trip, and the ids whose record is gone."""
         if not ids:
-            return []
+            return [], []
         pipe = self.r.pipeline(transaction=False)
         for i in ids:
             pipe.hgetall(keys.replica(i))
-        out = []
-        stale = []
+        found, gone = [], []
         for i, h in zip(ids, pipe.execute()):
             if h:
-                out.append(_decode_replica(h))
+                found.append(_decode_replica(h))
             else:
-                stale.append(i)
+                gone.append(i)
+        return found, gone
+
+    def all_replicas(self) -> list[ReplicaRecord]:
+        out, stale = self._read_records(sorted(self.r.smembers(keys.REPLICAS)))
         if stale:  # a set member whose hash is gone: tidy the index
             self.r.srem(keys.REPLICAS, *stale)
         return out
@@ -183,19 +186,9 @@ class Store:
         ready, ids = pipe.execute()
         if not ready:
             return [r for r in self.all_replicas() if node in r.all_nodes]
-        ids = sorted(ids)
-        if not ids:
-            return []
-        pipe = self.r.pipeline(transaction=False)
-        for i in ids:
-            pipe.hgetall(keys.replica(i))
-        out = []
-        for h in pipe.execute():
-            if h:  # an id whose record is gone: housekeeping tidies the index
-                rec = _decode_replica(h)
-                if node in rec.all_nodes:
-                    out.append(rec)
-        return out
+        # An id whose record is gone is skipped: housekeeping tidies the index.
+        found, _gone = self._read_records(sorted(ids))
+        return [rec for rec in found if node in rec.all_nodes]
 
     def replica_node_index_ready(self) -> bool:
         return bool(self.r.exists(keys.REPLICA_NODE_INDEX_READY))
