@@ -18,7 +18,6 @@ import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,6 +25,7 @@ sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != 
 
 from llmgw.records import EndpointInfo  # noqa: E402
 from tests.support.cluster import Cluster  # noqa: E402
+from tests.support.loadgen import paced  # noqa: E402
 from tests.support.procs import free_port, python, wait_until  # noqa: E402
 
 SPEEDS = {"fast-1": 1.0, "fast-2": 1.0, "half": 0.5, "quarter": 0.25}
@@ -94,17 +94,7 @@ def open_loop(url: str, rate: float, seconds: float) -> tuple[list[float], list[
             else:
                 errors[0] += 1
 
-    n = int(rate * seconds)
-    with ThreadPoolExecutor(max_workers=120) as pool:
-        start = time.monotonic()
-        futs = []
-        for i in range(n):
-            delay = start + i / rate - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-            futs.append(pool.submit(one))
-        for f in futs:
-            f.result()
+    paced(one, rate, seconds, max_workers=120)
     return lat, ttft, errors[0]
 
 

@@ -11,6 +11,7 @@ import requests
 
 from llmgw.records import EndpointInfo
 from tests.support.fake_upstream import start_process
+from tests.support.loadgen import paced
 from tests.support.procs import free_port, wait_until
 
 CHAT = "/v1/chat/completions"
@@ -38,17 +39,7 @@ def open_loop(url: str, rate: float, seconds: float) -> list[float]:
         with lock:
             lat.append(time.monotonic() - t)
 
-    n = int(rate * seconds)
-    with ThreadPoolExecutor(max_workers=96) as pool:
-        start = time.monotonic()
-        futs = []
-        for i in range(n):
-            delay = start + i / rate - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-            futs.append(pool.submit(one))
-        for f in futs:
-            f.result()
+    paced(one, rate, seconds)
     return lat
 
 
