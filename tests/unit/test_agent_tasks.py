@@ -9,6 +9,8 @@ from celery.signals import worker_process_shutdown, worker_shutdown
 from llmgw.config import Settings
 from llmgw.records import ReplicaRecord
 from workers.agent import tasks
+from workers import store_cache
+from workers.store_cache import STORES, StoreCache
 
 
 class Clients:
@@ -41,8 +43,8 @@ def app(monkeypatch):
 
 def test_one_client_per_url_reused_across_tasks_and_closed_at_shutdown(app, monkeypatch):
     clients = Clients()
-    stores = tasks.StoreCache(clients.connect)
-    monkeypatch.setattr(tasks, "STORES", stores)
+    stores = StoreCache(clients.connect)
+    monkeypatch.setattr(store_cache, "STORES", stores)  # what the shutdown signals close
     store = stores.get(app.settings.redis_url)
     store.create_replica(ReplicaRecord(id="r1", model="m", profile="p", node="a", nodes=["a"]))
     store.create_replica(ReplicaRecord(id="r2", model="m", profile="p", node="b", nodes=["b", "a"]))
@@ -59,7 +61,7 @@ def test_one_client_per_url_reused_across_tasks_and_closed_at_shutdown(app, monk
 
 def test_the_shutdown_signals_close_the_module_cache(monkeypatch):
     closed = []
-    monkeypatch.setattr(tasks.STORES, "close", lambda: closed.append(1))
+    monkeypatch.setattr(STORES, "close", lambda: closed.append(1))
     worker_shutdown.send(sender=None)
     worker_process_shutdown.send(sender=None)
     assert closed == [1, 1]

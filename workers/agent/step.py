@@ -81,7 +81,7 @@ class _AgentService:
         from workers.agent.loop import Agent
         from workers.agent.probe import HttpProber
         from workers.agent.runner import ShimRunner
-        from workers.agent.tasks import STORES
+        from workers.store_cache import STORES
 
         settings = app.settings
         config = AgentConfig.from_env()

@@ -9,57 +9,12 @@ lost, duplicated or redelivered task does no harm.
 from __future__ import annotations
 
 import logging
-import os
-import threading
-from typing import Callable
 
-import redis
 from celery import shared_task
-from celery.signals import worker_process_shutdown, worker_shutdown
 
-from llmgw.store import Store, connect
+from workers.store_cache import STORES, StoreCache
 
 log = logging.getLogger("llmgw.agent")
-
-
-class StoreCache:
-    """One Store (so one Redis connection pool) per Redis URL for this worker process, made on first
-    use and closed at worker shutdown: a task must not build a client, and leak its sockets, per call.
-
-    A prefork pool child gets its own: clients are never shared across a fork."""
-
-    def __init__(self, connect: Callable[[str], redis.Redis] = connect):
-        self._connect = connect
-        self._lock = threading.Lock()
-        self._stores: dict[str, Store] = {}
-        self._pid = os.getpid()
-
-    def get(self, url: str) -> Store:
-        with self._lock:
-            if self._pid != os.getpid():  # forked: the parent's sockets are not ours to use
-                self._stores, self._pid = {}, os.getpid()
-            store = self._stores.get(url)
-            if store is None:
-                store = self._stores[url] = Store(self._connect(url))
-            return store
-
-    def close(self) -> None:
-        with self._lock:
-            stores, self._stores = list(self._stores.values()), {}
-        for store in stores:
-            try:
-                store.r.close()
-            except Exception:  # noqa: BLE001 - shutting down: nothing more to do about it
-                log.debug("closing a Redis client failed", exc_info=True)
-
-
-STORES = StoreCache()
-
-
-@worker_shutdown.connect
-@worker_process_shutdown.connect
-def _close_stores(**_kw) -> None:
-    STORES.close()
 
 
 def _nudge(replica_id: str, what: str, stores: StoreCache = STORES) -> str:
