@@ -73,8 +73,9 @@ class Settings:
             kw["redis_url"] = url
         if env.get("LLMGW_NODE"):
             kw["node_name"] = env["LLMGW_NODE"]
-        if env.get("LLMGW_STATE_DIR"):
-            kw["state_dir"] = Path(env["LLMGW_STATE_DIR"])
+        # Absolute from the start: engines run with their replica dir as working directory, so a
+        # relative path would point somewhere else for them (and for the shim).
+        kw["state_dir"] = Path(env.get("LLMGW_STATE_DIR") or ".llmgw").absolute()
         if env.get("LLMGW_NODE_POOL"):
             kw["node_pool"] = env["LLMGW_NODE_POOL"]
         if "LLMGW_NODE_LABELS" in env:

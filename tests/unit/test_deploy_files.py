@@ -51,3 +51,4 @@ def test_ci_runs_the_readme_test_command():
     head = readme.split("## ", 1)[0]
     assert "make up" in head and "make test" in head
     assert "exec make test" in ci
+
