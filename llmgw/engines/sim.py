@@ -2,6 +2,10 @@
 
 It reports vLLM's metric names by default; a profile with `--metrics-style llamacpp` in its args
 reports llama.cpp's, and then its default mapping follows (see `effective_metrics`).
+
+Multi-node replicas work as vLLM's do: every node runs the sim with `--nnodes/--node-rank/--master-addr/
+--master-port`; the head (rank 0) serves HTTP and is healthy once all members joined its rendezvous,
+the others are `--headless` (see llmgw/simengine/multinode.py).
 """
 
 from __future__ import annotations
@@ -9,7 +13,7 @@ from __future__ import annotations
 import sys
 
 from llmgw.catalog import MetricMapping, Profile
-from llmgw.engines.base import EngineAdapter, LaunchContext, LaunchSpec
+from llmgw.engines.base import EngineAdapter, EngineUnavailable, LaunchContext, LaunchSpec
 from llmgw.errors import Problem
 from llmgw.engines.llamacpp import LLAMACPP_METRICS, LlamaCppAdapter
 from llmgw.engines.vllm import VLLM_KV_FALLBACKS, VLLM_METRICS, VllmAdapter
@@ -25,11 +29,16 @@ def _metrics_style(args: list[str]) -> str:
     return style
 
 
+# Flags the adapter sets for multi-node replicas (the catalog already reserves --nnodes, --node-rank
+# and --master-addr for every engine).
+_MULTI_NODE_FLAGS = ("--master-port", "--headless")
+
+
 class SimAdapter(EngineAdapter):
     name = "sim"
     needs_gpu = False
     supports_tensor_parallel = True
-    supports_multi_node = False
+    supports_multi_node = True
     default_metrics = VLLM_METRICS
     kv_fallbacks = VLLM_KV_FALLBACKS
     prompt_tokens_metric = VllmAdapter.prompt_tokens_metric
@@ -38,7 +47,11 @@ class SimAdapter(EngineAdapter):
     def refusals(self, profile: Profile) -> list[Problem]:
         from llmgw.simengine.cli import check_args  # light, but only needed when validating
 
-        return super().refusals(profile) + [Problem("args", reason) for reason in check_args(profile.args)]
+        problems = super().refusals(profile) + [Problem("args", reason) for reason in check_args(profile.args)]
+        for flag in _MULTI_NODE_FLAGS:
+            if any(a == flag or a.startswith(flag + "=") for a in profile.args):
+                problems.append(Problem("args", f"'{flag}' is set by llmgw for multi-node replicas"))
+        return problems
 
     def effective_metrics(self, profile: Profile) -> MetricMapping:
         if _metrics_style(profile.args) == "llamacpp" and (profile.metrics is None or profile.metrics.is_empty()):
@@ -57,9 +70,21 @@ class SimAdapter(EngineAdapter):
         # capacity means "sequences at once", which is --max-seqs here (explicit args win).
         if p.capacity is not None and not any(a == "--max-seqs" or a.startswith("--max-seqs=") for a in p.args):
             argv += ["--max-seqs", str(p.capacity)]
+        headless = False
+        if ctx.nnodes > 1:
+            if not ctx.master_addr:
+                raise EngineUnavailable(self.name, "nodes", f"replica {ctx.replica_id} spans {ctx.nnodes} nodes "
+                                                   "but no master address (head node) was given")
+            argv += ["--nnodes", str(ctx.nnodes), "--node-rank", str(ctx.node_rank),
+                     "--master-addr", ctx.master_addr]
+            if ctx.master_port:
+                argv += ["--master-port", str(ctx.master_port)]
+            if ctx.node_rank > 0:
+                argv.append("--headless")
+                headless = True
         argv += p.args
         env = dict(p.env)
         if ctx.gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in ctx.gpus)
-        return LaunchSpec(argv=tuple(argv), env=env, serves_http=True, health_path="/health",
+        return LaunchSpec(argv=tuple(argv), env=env, serves_http=not headless, health_path="/health",
                           start_timeout=p.start_timeout)

@@ -7,15 +7,23 @@ import sys
 import threading
 import time
 
-from llmgw.simengine.cli import parser
+from llmgw.simengine import multinode
+from llmgw.simengine.cli import multinode_problems, parser
 from llmgw.simengine.core import SimConfig
 from llmgw.simengine.server import ServerOptions, build_server, log
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
+    for problem in multinode_problems(args.nnodes, args.node_rank, args.headless):
+        p.error(problem)
     names = tuple(args.served_model_name)
-    log(f"starting: models {', '.join(names)} on {args.host}:{args.port}")
+    if args.headless:
+        log(f"starting: rank {args.node_rank} of {args.nnodes} (headless), joining "
+            f"{args.master_addr}:{args.master_port}")
+    else:
+        log(f"starting: models {', '.join(names)} on {args.host}:{args.port}")
     if args.fail_start:
         log("failing at start as asked (--fail-start)")
         return 1
@@ -33,11 +41,26 @@ def main(argv: list[str] | None = None) -> int:
     if args.startup_delay and stop.wait(args.startup_delay):
         log("stopped during startup delay")
         return 0
+    if args.headless:
+        # A member serves nothing itself: it lives as long as its connection to the head.
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        return multinode.join(args.master_addr, args.master_port, args.node_rank, args.join_timeout, stop, log)
+    rendezvous = None
+    if args.nnodes > 1:
+        try:
+            rendezvous = multinode.Rendezvous(args.host, args.master_port, args.nnodes, log)
+        except OSError as e:
+            log(f"cannot listen for members on {args.host}:{args.master_port}: {e.strerror or e}")
+            return 1
+        log(f"head of {args.nnodes} nodes: members join on port {rendezvous.port}")
     try:
         server, app = build_server(opts)
     except OSError as e:
         log(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}")
+        if rendezvous is not None:
+            rendezvous.close()
         return 1
+    app.rendezvous = rendezvous
     app.started = time.monotonic()
     app.engine.start()
 
@@ -55,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         app.engine.stop()
         server.server_close()
+        if rendezvous is not None:
+            rendezvous.close()
     log("stopped")
     return 0
 

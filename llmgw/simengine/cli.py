@@ -27,6 +27,20 @@ def _positive_int(text: str) -> int:
     return v
 
 
+def _non_negative_int(text: str) -> int:
+    v = _number(text, int)
+    if v < 0:
+        raise argparse.ArgumentTypeError("must not be negative")
+    return v
+
+
+def _port(text: str) -> int:
+    v = _number(text, int)
+    if not 0 <= v <= 65535:
+        raise argparse.ArgumentTypeError("must be a port number (0-65535)")
+    return v
+
+
 def _non_negative(text: str) -> float:
     v = _number(text)
     if v < 0:
@@ -75,7 +89,27 @@ def parser(exit_on_error: bool = True) -> argparse.ArgumentParser:
     f.add_argument("--error-rate", type=_fraction, default=0.0,
                    help="this fraction of completion requests answers 500 (seeded)")
     f.add_argument("--log-requests", action="store_true")
+    m = p.add_argument_group("multi-node (like vLLM's; see llmgw/simengine/multinode.py)")
+    m.add_argument("--nnodes", type=_positive_int, default=1, help="nodes this replica spans")
+    m.add_argument("--node-rank", type=_non_negative_int, default=0, help="0 = the head (serves HTTP)")
+    m.add_argument("--master-addr", default="127.0.0.1", help="the head's address, which members join")
+    m.add_argument("--master-port", type=_port, default=29500,
+                   help="the head listens here for its members when --nnodes > 1")
+    m.add_argument("--headless", action="store_true", help="a member (rank > 0): no HTTP, joins the head")
+    m.add_argument("--join-timeout", type=_positive, default=30.0,
+                   help="seconds a headless member tries to join the head before exiting 1")
     return p
+
+
+def multinode_problems(nnodes: int, node_rank: int, headless: bool) -> list[str]:
+    """Inconsistent multi-node flags (argparse checks each alone; these rules span them)."""
+    if node_rank >= nnodes:
+        return [f"--node-rank {node_rank} must be below --nnodes {nnodes}"]
+    if headless and node_rank == 0:
+        return ["--headless is for members (--node-rank 1 and up); rank 0 is the head and serves HTTP"]
+    if node_rank > 0 and not headless:
+        return [f"--node-rank {node_rank} is a member: add --headless (only rank 0 serves HTTP)"]
+    return []
 
 
 def check_args(args: list[str]) -> list[str]:

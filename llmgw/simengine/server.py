@@ -181,9 +181,20 @@ class SimApp:
         self._answered = 0
         # Which replica answered, in a field every OpenAI client and proxy passes through.
         self.fingerprint = f"llmgw-sim-{opts.port}"
+        # A multi-node head's rendezvous (llmgw.simengine.multinode.Rendezvous); None on one node.
+        self.rendezvous: Any = None
 
     def loading(self) -> bool:
-        return time.monotonic() - self.started < self.opts.slow_start
+        return self.loading_reason() is not None
+
+    def loading_reason(self) -> str | None:
+        """Why the engine cannot serve yet (503), or None once it can."""
+        if time.monotonic() - self.started < self.opts.slow_start:
+            return "Loading model"
+        if self.rendezvous is not None and not self.rendezvous.ready():
+            ranks = ", ".join(map(str, self.rendezvous.waiting_for()))
+            return f"Waiting for node rank(s) {ranks} of {self.rendezvous.nnodes} to join"
+        return None
 
     def next_request(self) -> tuple[int, bool]:
         """The request's sequence number and whether it should fail (seeded, in arrival order)."""
@@ -269,8 +280,9 @@ def make_handler(app: SimApp) -> type[BaseHTTPRequestHandler]:
             return data
 
         def _loading(self) -> bool:
-            if app.loading():
-                self._error(503, "Loading model", "unavailable_error")
+            reason = app.loading_reason()
+            if reason is not None:
+                self._error(503, reason, "unavailable_error")
                 return True
             return False
 

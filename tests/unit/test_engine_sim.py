@@ -53,3 +53,123 @@ def test_bad_sim_args_are_refused_with_the_reason():
     problems = a.refusals(Profile(name="s", engine="sim", args=["--bogus", "1"]))
     assert [str(p) for p in problems] == ["args: unknown simengine option(s): --bogus 1"]
     assert a.refusals(Profile(name="s", engine="sim", args=["--speed", "2", "--metrics-style=llamacpp"])) == []
+
+
+# --- multi-node ------------------------------------------------------------------------------------
+
+def multi_ctx(rank: int, master_addr: str | None = "10.0.0.5", master_port: int | None = 29611) -> LaunchContext:
+    p = Profile(name="sim", engine="sim", nodes=2, gpu={"class": "h100", "count": 1})
+    m = Model(name="m", profiles=[p])
+    return LaunchContext(replica_id="r1", model=m, profile=p, host="127.0.0.1", port=9100, gpus=(0,),
+                         node="b" if rank else "a", node_rank=rank, nnodes=2, master_addr=master_addr,
+                         master_port=master_port)
+
+
+def test_multi_node_head_serves_http_and_members_are_headless():
+    a = get_engine("sim")
+    assert a.supports_multi_node
+    head, member = a.command(multi_ctx(0)), a.command(multi_ctx(1))
+    tail = ("--nnodes", "2", "--node-rank", "0", "--master-addr", "10.0.0.5", "--master-port", "29611")
+    assert head.argv[-len(tail):] == tail and head.serves_http and "--headless" not in head.argv
+    assert member.argv[-len(tail) - 1:] == ("--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.5",
+                                            "--master-port", "29611", "--headless")
+    assert not member.serves_http and member.env["CUDA_VISIBLE_DEVICES"] == "0"
+    # Single-node replicas get none of it.
+    assert "--nnodes" not in a.command(ctx()).argv
+
+
+def test_multi_node_without_head_address_is_refused_at_launch():
+    from llmgw.engines.base import EngineUnavailable
+
+    try:
+        get_engine("sim").command(multi_ctx(1, master_addr=None))
+    except EngineUnavailable as e:
+        assert e.field == "nodes" and "no master address" in e.reason
+    else:
+        raise AssertionError("a member without the head's address must not launch")
+
+
+def test_multi_node_profile_rules():
+    from llmgw.catalog import _profile_problems
+
+    a = get_engine("sim")
+    two = Profile(name="s", engine="sim", nodes=2, gpu={"class": "h100", "count": 1})
+    assert a.refusals(two) == [] and _profile_problems(two, "p") == []
+    # Still needs a GPU profile (the catalog's rule), and llmgw's own flags are refused in args.
+    assert [p.path for p in _profile_problems(Profile(name="s", engine="sim", nodes=2), "p")] == ["p.nodes"]
+    bad = a.refusals(Profile(name="s", engine="sim", args=["--headless", "--master-port=1"]))
+    assert [str(p) for p in bad] == ["args: '--master-port' is set by llmgw for multi-node replicas",
+                                     "args: '--headless' is set by llmgw for multi-node replicas"]
+
+
+def test_simengine_multinode_flag_rules():
+    from llmgw.simengine.cli import check_args, multinode_problems
+
+    assert check_args(["--join-timeout", "5"]) == []
+    assert "must be at least 1" in check_args(["--nnodes", "0"])[0]
+    assert multinode_problems(2, 0, False) == [] and multinode_problems(2, 1, True) == []
+    assert "below --nnodes" in multinode_problems(2, 2, True)[0]
+    assert "rank 0 is the head" in multinode_problems(2, 0, True)[0]
+    assert "add --headless" in multinode_problems(3, 1, False)[0]
+
+
+def test_rendezvous_ready_only_when_every_member_joined_and_member_exits_when_head_goes():
+    import threading
+
+    from llmgw.simengine.multinode import Rendezvous, join
+
+    lines: list[str] = []
+    rv = Rendezvous("127.0.0.1", 0, 3, lines.append)
+    stops = {r: threading.Event() for r in (1, 2)}
+    codes: dict[int, int] = {}
+    threads = {r: threading.Thread(target=lambda r=r: codes.__setitem__(
+        r, join("127.0.0.1", rv.port, r, 5, stops[r], lines.append))) for r in (1, 2)}
+    try:
+        assert not rv.ready() and rv.waiting_for() == [1, 2]
+        threads[1].start()
+        _wait(lambda: rv.waiting_for() == [2])
+        assert not rv.ready()
+        threads[2].start()
+        _wait(rv.ready)
+        # A member asked to stop exits 0 and the head is not ready again until that rank rejoins.
+        stops[2].set()
+        threads[2].join(5)
+        assert codes[2] == 0
+        _wait(lambda: rv.waiting_for() == [2])
+        # The head goes away: the remaining member exits 1.
+        rv.close()
+        threads[1].join(5)
+        assert codes[1] == 1 and any("closed the connection" in x or "lost the head" in x for x in lines)
+    finally:
+        for e in stops.values():
+            e.set()
+        rv.close()
+
+
+def test_member_exits_1_when_it_cannot_join_in_time_and_bad_ranks_are_refused():
+    import socket
+    import threading
+
+    from llmgw.simengine.multinode import Rendezvous, join
+
+    lines: list[str] = []
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert join("127.0.0.1", port, 1, 0.3, threading.Event(), lines.append) == 1
+    assert "cannot join the head" in lines[-1]
+    rv = Rendezvous("127.0.0.1", 0, 2, lines.append)
+    try:
+        assert join("127.0.0.1", rv.port, 5, 2, threading.Event(), lines.append) == 1
+        assert "refused rank 5" in lines[-1] and not rv.ready()
+    finally:
+        rv.close()
+
+
+def _wait(pred, timeout: float = 5.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
