@@ -201,9 +201,12 @@ MEMBER_RUNNING = dict(attempt=1, started_at=90, pid=5, first_ready_at=90)
     ("stale part ended: rejoin, no failure", MEMBER_RUNNING,
      sv.Observed(exit=sv.ExitFacts(-15, 15, 99), head_attempt=3, joined_attempt=2, known=True),
      [sv.Rejoin("r1", sv.ExitFacts(-15, 15, 99))]),
-    ("part crashed under the same head attempt: a failure", MEMBER_RUNNING,
-     sv.Observed(exit=sv.ExitFacts(1, None, 99), head_attempt=2, joined_attempt=2, known=True),
-     [sv.RecordExit("r1", sv.ExitFacts(1, None, 99), (99,), 100.0, 1, "")]),
+    ("part ended a moment ago, head still looks up: wait for the head's agent", MEMBER_RUNNING,
+     sv.Observed(exit=sv.ExitFacts(1, None, 99), head_attempt=2, joined_attempt=2, known=True), []),
+    ("part crashed under the same head attempt, head still up after the settle time: a failure",
+     MEMBER_RUNNING,
+     sv.Observed(exit=sv.ExitFacts(1, None, 95), head_attempt=2, joined_attempt=2, known=True),
+     [sv.RecordExit("r1", sv.ExitFacts(1, None, 95), (95,), 96.0, 1, "")]),
 ])
 def test_member_parts_follow_the_head(desc, facts, obs, expected):
     assert one(rec(node="h", nodes=["h", "a"], **facts), obs) == expected

@@ -45,6 +45,10 @@ class Policy:
     probe_failures: int = 3  # LLMGW_AGENT_PROBE_FAILURES
     # Rewrite an unchanged probe result this often (seconds), so `last_probe_at` shows the agent is alive.
     probe_refresh: float = 5.0
+    # A member part that ends while its head still looks up waits this long before it counts as its own
+    # failure: when the head dies, the member usually notices first (its rendezvous breaks), and the
+    # head's agent needs a moment to record the head's exit, which turns the member's end into a rejoin.
+    member_settle: float = 3.0
 
 
 @dataclass(frozen=True)
@@ -272,6 +276,8 @@ def decide_one(rec: ReplicaRecord, obs: Observed, now: float, policy: Policy) ->
         exit = obs.exit or ExitFacts(None, None, now)
         if obs.stale:
             return [Rejoin(rid, exit)]  # ended because its head moved on: not its own failure
+        if obs.member and now - exit.exited_at < policy.member_settle:
+            return []  # its head may have died first; judge once the head's agent had time to say so
         # The attempt ended, and nobody asked it to: a failure.
         previous = list(rec.failure_times)
         healthy_for = exit.exited_at - (rec.first_ready_at or exit.exited_at) if ready_this_attempt(rec) else 0.0
