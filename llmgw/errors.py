@@ -63,6 +63,18 @@ class EngineRefused(LlmgwError):
         super().__init__(f"{engine}: {field}: {reason}")
 
 
+class RedisUnreachable(LlmgwError):
+    """Redis did not answer: one line naming the URL and the variables that set it."""
+
+    exit_code = 1
+
+    def __init__(self, url: str, err: Exception, exit_code: int | None = None):
+        self.url = url
+        if exit_code is not None:
+            self.exit_code = exit_code
+        super().__init__(f"cannot reach Redis at {url}: {err} (set REDIS_URL or LLMGW_REDIS_URL)")
+
+
 class NotFound(LlmgwError):
     def __init__(self, kind: str, name: str):
         self.kind, self.name = kind, name

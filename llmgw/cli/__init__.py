@@ -10,7 +10,9 @@ import argparse
 import importlib
 import sys
 
-from llmgw.errors import LlmgwError
+import redis
+
+from llmgw.errors import LlmgwError, RedisUnreachable
 
 # Command-group modules, in the order `llmgw --help` lists them.
 GROUPS = ("up", "catalog", "status", "node", "logs", "keys", "usage")
@@ -35,6 +37,11 @@ def main(argv: list[str] | None = None) -> int:
     except LlmgwError as e:
         print(f"llmgw: {e}", file=sys.stderr)
         return getattr(e, "exit_code", 1)
+    except redis.RedisError as e:  # any command: a dead Redis is one line, never a traceback
+        from llmgw.config import Settings
+
+        print(f"llmgw: {RedisUnreachable(Settings.from_env().redis_url, e)}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 

@@ -19,7 +19,7 @@ from llmgw.catalog import Catalog, load_catalog_file
 from llmgw.catalog_diff import diff_catalogs, format_diff
 from llmgw.catalog_store import apply_catalog, history, read_applied, read_version
 from llmgw.cli.common import print_json, settings
-from llmgw.errors import CatalogConflict, CatalogInvalid, LlmgwError
+from llmgw.errors import CatalogConflict, CatalogInvalid, RedisUnreachable
 from llmgw.store import connect
 
 EXIT_CONFLICT = 1
@@ -86,15 +86,8 @@ def _redis():
     try:
         r.ping()
     except redis.RedisError as e:
-        raise _Unreachable(url, e) from e
+        raise RedisUnreachable(url, e, exit_code=EXIT_INVALID) from e
     return r
-
-
-class _Unreachable(LlmgwError):
-    exit_code = EXIT_INVALID
-
-    def __init__(self, url: str, err: Exception):
-        super().__init__(f"cannot reach Redis at {url} ({err}); set REDIS_URL or LLMGW_REDIS_URL")
 
 
 def _guard(fn):

@@ -11,14 +11,9 @@ import time
 
 from llmgw.apikeys import PRIORITIES, ApiKeyInvalid, create_key, hash_key, list_keys, revoke_key  # noqa: F401
 from llmgw.cli import common
-from llmgw.errors import LlmgwError
+from llmgw.errors import RedisUnreachable  # noqa: F401 - re-exported for callers
 
 KeyError_ = ApiKeyInvalid  # the old name, kept for callers
-
-
-class RedisUnreachable(LlmgwError):
-    def __init__(self, url: str, err: Exception):
-        super().__init__(f"cannot reach Redis at {url}: {err} (set LLMGW_REDIS_URL)")
 
 
 def redis_client():

@@ -16,7 +16,7 @@ from pathlib import Path
 import redis
 
 from llmgw.cli.common import settings, store
-from llmgw.errors import LlmgwError, NotFound
+from llmgw.errors import LlmgwError, NotFound, RedisUnreachable
 
 
 class LogsError(LlmgwError):
@@ -110,7 +110,7 @@ def cmd_logs(args) -> int:
         try:
             replica_id, rec = _resolve(store(cfg), args.replica)
         except redis.RedisError as e:
-            raise LogsError(f"no local log for {args.replica!r} and cannot reach Redis at {cfg.redis_url}: {e}") from e
+            raise LogsError(f"no local log for {args.replica!r}, and {RedisUnreachable(cfg.redis_url, e)}") from e
         path = _local_log(cfg.state_dir, replica_id)
     if path is not None:
         for line in _tail_lines(path, args.lines):

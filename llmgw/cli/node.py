@@ -9,7 +9,6 @@ from __future__ import annotations
 import sys
 
 from llmgw.cli.common import settings, store
-from llmgw.cli.status import redis_errors_are_one_line
 
 
 def register(sub) -> None:
@@ -32,7 +31,6 @@ FLAGS = {
 }
 
 
-@redis_errors_are_one_line
 def cmd_admin(args) -> int:
     s = store(settings())
     known = s.known_nodes() | set(s.live_nodes())

@@ -6,8 +6,6 @@
 
 from __future__ import annotations
 
-import functools
-import sys
 import time
 from typing import Iterable, Mapping
 
@@ -25,23 +23,6 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_status)
 
 
-def redis_errors_are_one_line(fn):
-    """A command whose Redis is unreachable prints one line and exits 1, never a traceback."""
-
-    @functools.wraps(fn)
-    def run(args) -> int:
-        try:
-            return fn(args)
-        except redis.RedisError as e:
-            url = settings().redis_url
-            print(f"llmgw: cannot talk to Redis at {url}: {e} (set REDIS_URL or LLMGW_REDIS_URL)",
-                  file=sys.stderr)
-            return 1
-
-    return run
-
-
-@redis_errors_are_one_line
 def cmd_status(args) -> int:
     s = store(settings())
     now = time.time()

@@ -3,7 +3,6 @@ once, and applying it (CLI or file watcher) changes nothing in Redis."""
 
 from __future__ import annotations
 
-import json
 import textwrap
 
 import fakeredis

@@ -93,7 +93,7 @@ def test_unreachable_redis_is_one_line_not_a_traceback(monkeypatch, capsys, argv
     monkeypatch.delenv("LLMGW_REDIS_URL", raising=False)
     assert cli.main(argv) == 1
     err = capsys.readouterr().err
-    assert err.startswith("llmgw: cannot talk to Redis at redis://127.0.0.1:") and "Traceback" not in err
+    assert err.startswith("llmgw: cannot reach Redis at redis://127.0.0.1:") and "Traceback" not in err
 
 
 def test_status_with_a_catalog_this_version_cannot_read_still_reports(store, capsys):
