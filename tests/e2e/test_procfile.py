@@ -14,7 +14,7 @@ import pytest
 import requests
 
 from tests.support.cluster import FAST_ENV
-from tests.support.procs import ProcessSet, bin_path, free_port, python, wait_until
+from tests.support.procs import ProcessSet, bin_path, free_port, processes_with_token, python, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -27,7 +27,7 @@ models:
 """
 
 
-def test_honcho_start_runs_the_whole_system(tmp_path):
+def test_honcho_start_runs_the_whole_system(tmp_path, no_leaked_processes):
     redis_port, gw_port, flower_port = free_port(), free_port(), free_port()
     env = {
         **FAST_ENV,
@@ -56,6 +56,9 @@ def test_honcho_start_runs_the_whole_system(tmp_path):
         assert (tmp_path / ".llmgw" / "redis").is_dir()  # the embedded Redis kept its data in the app dir
 
         honcho.signal_group(signal.SIGTERM)
-        honcho.popen.wait(60)
+        honcho.popen.wait(60)  # raises if honcho does not stop within the deadline
+        # Stopping honcho stops every process it started, the engine (in its own session) included.
+        wait_until(lambda: not processes_with_token(no_leaked_processes), 30,
+                   what="every process of the Procfile, engines included, to exit")
     finally:
         procs.stop_all()

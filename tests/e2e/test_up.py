@@ -41,6 +41,9 @@ def test_llmgw_up_serves_and_stops_clean(tmp_path, no_leaked_processes):
             pytest.fail("llmgw up did not exit within 60 s of SIGINT:\n" + up.log())
         assert code == 0, up.log()
         assert "stopped" in up.log()
-        assert processes_with_token(no_leaked_processes) == [], "llmgw up left processes behind"
+        # llmgw up kills whatever still carries its token before it exits; engines under their shims
+        # may still be finishing that exit: allow them a bounded moment.
+        wait_until(lambda: not processes_with_token(no_leaked_processes), 15,
+                   what="every process llmgw up started to be gone")
     finally:
         procs.stop_all()
