@@ -151,7 +151,8 @@ def test_deleted_record_stops_its_engine_and_sigterm_stops_all(cluster):
     _create(cluster, "r-del")
     _create(cluster, "r-keep")
     gone = wait_until(lambda: _ready(cluster, "r-del"), 30, what="r-del Ready")
-    kept = wait_until(lambda: _ready(cluster, "r-keep"), 30, what="r-keep Ready")
+    # Wait for engine_pid too: without it the engine check below would pass trivially.
+    kept = wait_until(lambda: (r := _ready(cluster, "r-keep")) and r.engine_pid and r, 30, what="r-keep Ready")
     cluster.store().delete_replica("r-del")
     wait_until(lambda: not is_same_process(gone.pid, gone.pid_start, "r-del"), 15,
                what="the orphaned engine to be stopped")
@@ -159,7 +160,7 @@ def test_deleted_record_stops_its_engine_and_sigterm_stops_all(cluster):
     # A graceful stop of the worker stops its engines (the leak detector checks nothing is left).
     assert node.stop() == 0
     assert not is_same_process(kept.pid, kept.pid_start, "r-keep")
-    assert read_proc(kept.engine_pid or -1) is None or read_proc(kept.engine_pid).exited
+    assert (info := read_proc(kept.engine_pid)) is None or info.exited
     rec = cluster.store().get_replica("r-keep")
     assert rec.exited_at is not None and not rec.failure_times
 

@@ -23,7 +23,7 @@ def test_concurrent_apply_exactly_one_wins(redis_server):
         outcomes: list[object] = [None, None]
 
         def applier(k: int) -> None:
-            barrier.wait()
+            barrier.wait(30)
             try:
                 outcomes[k] = apply_catalog(clients[k], cat(f"m{k}", i + 1), source=f"applier{k}",
                                             applied_by=f"applier{k}", expected_version=version)
@@ -31,10 +31,14 @@ def test_concurrent_apply_exactly_one_wins(redis_server):
                 outcomes[k] = e
 
         threads = [threading.Thread(target=applier, args=(k,)) for k in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(10)
+        try:
+            for t in threads:
+                t.start()
+        finally:
+            for t in threads:
+                if t.ident is not None:  # started
+                    t.join(30)
+        assert not any(t.is_alive() for t in threads), f"round {i}: an applier never finished"
         wins = [o for o in outcomes if isinstance(o, tuple)]
         losses = [o for o in outcomes if isinstance(o, CatalogConflict)]
         assert len(wins) == 1 and len(losses) == 1, outcomes

@@ -49,24 +49,38 @@ def test_smollm2_serves_chat_and_reports_load(tmp_path, spec_and_profile):
         assert (idle.running, idle.waiting, idle.kv_usage) == (0, 0, None)
         assert idle.generation_tokens_total == r.usage.completion_tokens
 
-        # Two slots, four long requests: two run, two are deferred.
+        # Two slots, four long requests: two run, two are deferred. ignore_eos makes every request
+        # generate exactly max_tokens, so the "2 running, >=1 deferred" state lasts the whole first
+        # round (seconds, not a fraction of one) and the token total is exact.
+        n_tokens = 512
+        errors: list[BaseException] = []
+
         def long_request():
-            c.chat.completions.create(model="smol", messages=[{"role": "user", "content": "Tell a long story."}],
-                                      max_tokens=64, extra_body={"ignore_eos": True})
+            try:
+                # A deferred request waits a whole round without a byte: a read timeout to match.
+                c.with_options(timeout=180).chat.completions.create(
+                    model="smol", messages=[{"role": "user", "content": "Tell a long story."}],
+                    max_tokens=n_tokens, extra_body={"ignore_eos": True})
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(e)
 
         threads = [threading.Thread(target=long_request) for _ in range(4)]
-        for t in threads:
-            t.start()
-        busy = wait_until(
-            lambda: (lambda l: l if l.running == 2 and l.waiting >= 1 else None)(
-                read_load(requests.get(url + "/metrics", timeout=5).text, LLAMA, profile)),
-            30, interval=0.02, what="2 running and some deferred")
-        assert busy.kv_usage is None
-        for t in threads:
-            t.join(60)
+        try:
+            for t in threads:
+                t.start()
+            busy = wait_until(
+                lambda: (lambda l: l if l.running == 2 and l.waiting >= 1 else None)(
+                    read_load(requests.get(url + "/metrics", timeout=5).text, LLAMA, profile)),
+                30, interval=0.02, what="2 running and some deferred")
+            assert busy.kv_usage is None
+        finally:
+            for t in threads:
+                t.join(200)
+        assert not any(t.is_alive() for t in threads), "a long request never finished"
+        assert not errors, errors
         done = read_load(requests.get(url + "/metrics", timeout=5).text, LLAMA, profile)
         assert (done.running, done.waiting) == (0, 0)
-        assert done.generation_tokens_total == idle.generation_tokens_total + 4 * 64
+        assert done.generation_tokens_total == idle.generation_tokens_total + 4 * n_tokens
     finally:
         procs.stop_all()
     assert p.popen.returncode == 0, p.log()  # SIGTERM is a clean exit

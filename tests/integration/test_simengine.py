@@ -100,21 +100,28 @@ def test_requests_beyond_max_seqs_wait_and_load_shows_it(procs):
 
     def one():
         try:
-            c.chat.completions.create(model="sim-model", messages=[{"role": "user", "content": "x"}], max_tokens=25)
+            c.chat.completions.create(model="sim-model", messages=[{"role": "user", "content": "x"}], max_tokens=100)
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
+    # 100 tokens at ~22 ms a step: the first two run for ~2 s while three wait, a window a slow poll
+    # still hits (with 25 tokens it lasted ~0.5 s).
     threads = [threading.Thread(target=one) for _ in range(5)]
-    for t in threads:
-        t.start()
-    seen = wait_until(lambda: (lambda l: l if (l.running, l.waiting) == (2, 3) else None)(load(url)), 5,
-                      interval=0.01, what="2 running, 3 waiting")
-    assert 0 < seen.kv_usage < 1
-    for t in threads:
-        t.join(20)
+    try:
+        for t in threads:
+            t.start()
+        # KV is held from the first decode step on (kv_usage is 0 for the instant before the prefill).
+        seen = wait_until(
+            lambda: (lambda l: l if (l.running, l.waiting) == (2, 3) and l.kv_usage > 0 else None)(load(url)),
+            10, interval=0.01, what="2 running, 3 waiting, KV in use")
+        assert seen.kv_usage < 1
+    finally:
+        for t in threads:
+            t.join(60)
+    assert not any(t.is_alive() for t in threads), "a request never finished"
     assert not errors
     done = load(url)
-    assert (done.running, done.waiting, done.generation_tokens_total) == (0, 0, 125)
+    assert (done.running, done.waiting, done.generation_tokens_total) == (0, 0, 500)
 
 
 def test_holds_many_concurrent_streams(procs):
@@ -129,22 +136,25 @@ def test_holds_many_concurrent_streams(procs):
         with s.post(url + "/v1/chat/completions", stream=True, timeout=30, json={
                 "model": "sim-model", "messages": [{"role": "user", "content": "x"}], "max_tokens": 40,
                 "stream": True}) as r:
-            barrier.wait(10)
+            # Generous: on a loaded machine opening 120 connections can take a while; the point is that
+            # they are all open at once, not how fast that happens.
+            barrier.wait(60)
             count = sum(1 for line in r.iter_lines() if line.startswith(b"data: {"))
         with lock:
             results.append(count)
 
-    threads = [threading.Thread(target=one, daemon=True) for _ in range(n)]
-    t0 = time.monotonic()
-    for t in threads:
-        t.start()
-    barrier.wait(20)  # every stream is open at once
-    assert load(url).running + load(url).waiting > 0
-    for t in threads:
-        t.join(30)
-    elapsed = time.monotonic() - t0
+    threads = [threading.Thread(target=one) for _ in range(n)]
+    try:
+        for t in threads:
+            t.start()
+        barrier.wait(60)  # every stream is open at once
+        assert load(url).running + load(url).waiting > 0
+    finally:
+        barrier.abort()  # harmless once passed; if the main thread failed first, it frees the streams
+        for t in threads:
+            t.join(60)
+    assert not any(t.is_alive() for t in threads), "a stream never finished"
     assert results == [41] * n  # role chunk + 40 tokens, for every stream
-    assert elapsed < 15, elapsed
 
 
 def test_client_disconnect_frees_the_slot(procs):
@@ -197,13 +207,14 @@ def test_startup_delay_refuses_connections_then_serves(procs):
 
 
 def test_slow_start_answers_503_then_200(procs):
-    _, url = start(procs, "--slow-start", "1.0", ready=False)
+    # 5 s of loading: room for a slow start-up and two calls on a loaded machine, and still short.
+    _, url = start(procs, "--slow-start", "5", ready=False)
     # (a tuple: a 503 Response is falsy)
     (first,) = wait_until(lambda: (requests.get(url + "/health", timeout=1),), 10, what="the port to open")
     assert first.status_code == 503 and first.json()["error"]["message"] == "Loading model"
     r = requests.post(url + "/v1/chat/completions", timeout=5, json={"messages": [{"role": "user", "content": "x"}]})
     assert r.status_code == 503
-    wait_until(lambda: requests.get(url + "/health", timeout=1).status_code == 200, 10, what="health 200")
+    wait_until(lambda: requests.get(url + "/health", timeout=1).status_code == 200, 30, what="health 200")
 
 
 def test_crash_after_n_requests(procs):
@@ -234,10 +245,9 @@ def test_sigterm_exits_cleanly_with_open_streams(procs):
     r = requests.post(url + "/v1/chat/completions", stream=True, timeout=10, json={
         "model": "sim-model", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1000, "stream": True})
     next(r.iter_lines())
-    t0 = time.monotonic()
     p.popen.send_signal(signal.SIGTERM)
-    assert p.popen.wait(5) == 0
-    assert time.monotonic() - t0 < 2
+    # The stream has ~50 s of tokens left: exiting 0 within wait()'s deadline means it did not drain them.
+    assert p.popen.wait(10) == 0
     r.close()
     with socket.socket() as s:  # the port is free again
         s.bind(("127.0.0.1", int(url.rsplit(":", 1)[1])))

@@ -4,6 +4,8 @@ import threading
 
 import pytest
 
+from tests.support.procs import wait_until
+
 from gateway.admission import Send, Shed, Wait, WaitQueue, admit
 from gateway.routing import Choice, Rejection
 from llmgw.records import EndpointInfo
@@ -81,20 +83,20 @@ def test_queue_serves_in_order_when_endpoint_frees():
 
     results = {}
     threads = []
-    for name in ("first", "second"):
-        t = threading.Thread(target=lambda n=name: results.__setitem__(n, q.wait(attempt_for(n), 10)))
-        t.start()
-        threads.append(t)
-        # make sure "first" is enqueued before "second"
-        import time
-        deadline = time.monotonic() + 5
-        while len(q) < len(threads) and time.monotonic() < deadline:
-            time.sleep(0.001)
-    free.release()
-    q.notify()
-    free.release()
-    q.notify()
-    for t in threads:
-        t.join(10)
+    try:
+        for name in ("first", "second"):
+            t = threading.Thread(target=lambda n=name: results.__setitem__(n, q.wait(attempt_for(n), 10)))
+            t.start()
+            threads.append(t)
+            # make sure "first" is enqueued before "second"
+            wait_until(lambda: len(q) == len(threads), 5, interval=0.001, what=f"{name} to be enqueued")
+        free.release()
+        q.notify()
+        free.release()
+        q.notify()
+    finally:
+        for t in threads:
+            t.join(15)
+    assert not any(t.is_alive() for t in threads)
     assert order == ["first", "second"]
     assert results == {"first": OK, "second": OK}

@@ -66,23 +66,28 @@ def test_a_forked_child_does_not_keep_the_lock(tmp_path):
     from workers.agent.step import acquire_node_lock
 
     held = acquire_node_lock(tmp_path, "a")
-    r, w = os.pipe()
+    r, w = os.pipe()  # child -> parent: "the at-fork hooks have run"
+    block_r, block_w = os.pipe()  # nothing is ever written: the child blocks on it until killed
     pid = os.fork()
     if pid == 0:  # the child: like a prefork pool process, it lives on without the lock
-        import time
-
-        os.write(w, b"x")  # the at-fork hooks have run by now
-        time.sleep(2)
-        os._exit(0)
+        try:
+            os.write(w, b"x")  # the at-fork hooks have run by now
+            os.read(block_r, 1)
+        finally:
+            os._exit(0)
     try:
         assert os.read(r, 1) == b"x"
         held.close()  # the "agent" dies; the child is still alive
-        acquire_node_lock(tmp_path, "a").close()
+        # However slow this process is, the child is still there when the lock is taken again.
+        assert os.waitpid(pid, os.WNOHANG) == (0, 0), "the forked child exited early: the test proves nothing"
+        again = acquire_node_lock(tmp_path, "a")
+        assert os.waitpid(pid, os.WNOHANG) == (0, 0)  # still alive while the lock was taken
+        again.close()
     finally:
         os.kill(pid, 9)
         os.waitpid(pid, 0)
-        os.close(r)
-        os.close(w)
+        for fd in (r, w, block_r, block_w):
+            os.close(fd)
 
 
 def test_supervision_defaults_have_one_source():

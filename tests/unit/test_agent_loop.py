@@ -540,24 +540,34 @@ def test_probe_outcomes_come_from_the_supervisor(env, monkeypatch):
     assert calls and calls[-1].became_ready and store.get_replica("r1").first_ready_at == clock.t
 
 
-def test_shutdown_waits_on_the_injected_clock(env):
+def test_shutdown_waits_on_the_injected_clock(env, monkeypatch):
     """stop_engines escalates to SIGKILL after the grace period measured by the agent's clock; with a
     fake clock no real time passes."""
     import time as _time
 
     store, runner, clock, make_agent = env
+    slept: list[float] = []
 
     def sleep(s):
+        slept.append(s)
         clock.advance(s)
+
+    def real_sleep(s):
+        raise AssertionError(f"stop_engines slept {s}s of real time")
 
     agent = Agent(Settings(node_name="a", port_range=(30000, 30009)), AgentConfig(stop_grace=10),
                   store, runner, FakeProber(runner), clock, bindable=lambda p: True, sleep=sleep)
     create(store)
     agent.tick()
     runner.exit_on_term = False
-    t0, wall = clock.t, _time.monotonic()
-    agent.stop_engines()
+    t0 = clock.t
+    with monkeypatch.context() as m:
+        m.setattr(_time, "sleep", real_sleep)
+        agent.stop_engines()
     assert runner.procs["r1"].signals == [signal.SIGTERM, signal.SIGKILL]
-    assert clock.t - t0 >= 10 and _time.monotonic() - wall < 2
+    # Only the injected sleep moved the fake clock, and the loop ended at the fake deadline: a deadline
+    # on the real clock would have spun the injected sleep far past 10 fake seconds.
+    assert slept and clock.t - t0 == pytest.approx(sum(slept))
+    assert 10 <= clock.t - t0 <= 10 + max(slept)
     rec = store.get_replica("r1")
     assert rec.exit_signal == signal.SIGKILL and not rec.failure_times

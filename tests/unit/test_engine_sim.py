@@ -5,6 +5,7 @@ import sys
 from llmgw.catalog import MetricMapping, Model, Profile
 from llmgw.engines import get_engine
 from llmgw.engines.base import LaunchContext
+from tests.support.procs import wait_until
 
 
 def ctx(**profile_kw) -> LaunchContext:
@@ -127,23 +128,28 @@ def test_rendezvous_ready_only_when_every_member_joined_and_member_exits_when_he
     try:
         assert not rv.ready() and rv.waiting_for() == [1, 2]
         threads[1].start()
-        _wait(lambda: rv.waiting_for() == [2])
+        wait_until(lambda: rv.waiting_for() == [2], 5, interval=0.01, what="rank 1 to join")
         assert not rv.ready()
         threads[2].start()
-        _wait(rv.ready)
+        wait_until(rv.ready, 5, interval=0.01, what="every rank to join")
         # A member asked to stop exits 0 and the head is not ready again until that rank rejoins.
         stops[2].set()
         threads[2].join(5)
-        assert codes[2] == 0
-        _wait(lambda: rv.waiting_for() == [2])
+        assert not threads[2].is_alive() and codes[2] == 0
+        wait_until(lambda: rv.waiting_for() == [2], 5, interval=0.01, what="the head to notice rank 2 left")
         # The head goes away: the remaining member exits 1.
         rv.close()
         threads[1].join(5)
-        assert codes[1] == 1 and any("closed the connection" in x or "lost the head" in x for x in lines)
+        assert not threads[1].is_alive() and codes[1] == 1
+        assert any("closed the connection" in x or "lost the head" in x for x in lines)
     finally:
         for e in stops.values():
             e.set()
         rv.close()
+        for t in threads.values():
+            if t.ident is not None:  # started
+                t.join(10)
+    assert not any(t.is_alive() for t in threads.values()), "a member thread never exited"
 
 
 def test_member_exits_1_when_it_cannot_join_in_time_and_bad_ranks_are_refused():
@@ -164,12 +170,3 @@ def test_member_exits_1_when_it_cannot_join_in_time_and_bad_ranks_are_refused():
         assert "refused rank 5" in lines[-1] and not rv.ready()
     finally:
         rv.close()
-
-
-def _wait(pred, timeout: float = 5.0) -> None:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)
