@@ -10,6 +10,8 @@ import openai
 import pytest
 import requests
 
+from llmgw import keys
+from llmgw.apikeys import names_by_id
 from llmgw.records import EndpointInfo
 from tests.support.fake_upstream import start_process
 from tests.support.procs import wait_until
@@ -24,8 +26,12 @@ def publish(cluster, urls: dict[str, str]) -> None:
     cluster.store().write_endpoints(eps, "fp-" + "-".join(sorted(urls)), time.time())
 
 
+def healthz(gw: str) -> dict:
+    return requests.get(gw + "/healthz", timeout=5).json()
+
+
 def wait_endpoints(gw: str, n: int) -> None:
-    wait_until(lambda: requests.get(gw + "/healthz").json()["endpoints"] == n, 10, what=f"{n} endpoints")
+    wait_until(lambda: healthz(gw)["endpoints"] == n, 10, what=f"{n} endpoints")
 
 
 def test_openai_sdk_streaming_keys_limits_and_usage(cluster):
@@ -33,15 +39,16 @@ def test_openai_sdk_streaming_keys_limits_and_usage(cluster):
     publish(cluster, {"e1": start_process(cluster.procs, "engine", base=0.05, tokens=6)})
     gw = cluster.start_gateway(**FAST)
     wait_endpoints(gw, 1)
-    models = openai.OpenAI(base_url=gw + "/v1", api_key="none").models.list()
+    models = openai.OpenAI(base_url=gw + "/v1", api_key="none", timeout=10).models.list()
     assert sorted(m.id for m in models.data) == ["m", "m-alias"]
 
     key = cluster.llmgw("keys", "create", "team-a").stdout.strip()
     limited = cluster.llmgw("keys", "create", "tiny", "--rpm", "2").stdout.strip()
     assert key.startswith("sk-llmgw-") and key not in cluster.llmgw("keys", "list").stdout
-    wait_until(lambda: requests.post(gw + CHAT, json={"model": "m"}).status_code == 401, 5, what="keys enforced")
+    wait_until(lambda: requests.post(gw + CHAT, json={"model": "m"}, timeout=5).status_code == 401, 5,
+               what="keys enforced")
 
-    client = openai.OpenAI(base_url=gw + "/v1", api_key=key, max_retries=0)
+    client = openai.OpenAI(base_url=gw + "/v1", api_key=key, max_retries=0, timeout=10)
     stream = client.chat.completions.create(model="m-alias", messages=[{"role": "user", "content": "hi"}],
                                             stream=True, stream_options={"include_usage": True})
     chunks = list(stream)
@@ -51,27 +58,31 @@ def test_openai_sdk_streaming_keys_limits_and_usage(cluster):
     plain = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
     assert plain.usage.total_tokens == 11
 
-    bad = openai.OpenAI(base_url=gw + "/v1", api_key="sk-wrong", max_retries=0)
+    bad = openai.OpenAI(base_url=gw + "/v1", api_key="sk-wrong", max_retries=0, timeout=10)
     with pytest.raises(openai.AuthenticationError):
         bad.chat.completions.create(model="m", messages=[])
-    small = openai.OpenAI(base_url=gw + "/v1", api_key=limited, max_retries=0)
+    small = openai.OpenAI(base_url=gw + "/v1", api_key=limited, max_retries=0, timeout=10)
+    # rpm windows are wall-clock minutes: start the burst early in one, so all three calls share it
+    wait_until(lambda: time.time() % 60 < 45, 20, interval=0.2, what="the first 45 s of a minute")
     small.chat.completions.create(model="m", messages=[])
     small.chat.completions.create(model="m", messages=[])
     with pytest.raises(openai.RateLimitError):
         small.chat.completions.create(model="m", messages=[])
 
-    def usage_rows():
-        rows = json.loads(cluster.llmgw("usage", "--json").stdout)
-        return {(r["key"], r["model"]): r for r in rows}
-
-    rows = wait_until(lambda: (u := usage_rows()).get(("team-a", "m"), {}).get("requests") == 2 and u, 5,
-                      what="usage to be flushed")
-    assert rows[("team-a", "m")]["completion_tokens"] == 12 and rows[("tiny", "m")]["requests"] == 2
+    # The gateway flushes usage to Redis in the background: wait on the hashes themselves, then ask the
+    # CLI once.
+    r = cluster.redis()
+    ids = {name: kid for kid, name in names_by_id(r).items()}
+    wait_until(lambda: r.hget(keys.usage(ids["team-a"]), "m:requests") == "2"
+               and r.hget(keys.usage(ids["tiny"]), "m:requests") == "2", 30, what="usage to be flushed")
+    rows = {(u["key"], u["model"]): u for u in json.loads(cluster.llmgw("usage", "--json").stdout)}
+    assert rows[("team-a", "m")]["requests"] == 2 and rows[("team-a", "m")]["completion_tokens"] == 12
+    assert rows[("tiny", "m")]["requests"] == 2  # the rate-limited call is not counted
     assert "team-a" in cluster.llmgw("usage").stdout
 
     cluster.llmgw("keys", "revoke", "team-a")
-    wait_until(lambda: requests.post(gw + CHAT, json={"model": "m"}, headers={"Authorization": f"Bearer {key}"})
-               .status_code == 401, 5, what="the revoked key to be refused")
+    wait_until(lambda: requests.post(gw + CHAT, json={"model": "m"}, headers={"Authorization": f"Bearer {key}"},
+                                     timeout=5).status_code == 401, 5, what="the revoked key to be refused")
     bad_create = cluster.llmgw("keys", "create", "x", "--rpm", "0", check=False)
     assert bad_create.returncode != 0 and "--rpm" in bad_create.stderr and "Traceback" not in bad_create.stderr
 
@@ -86,8 +97,8 @@ def test_client_going_away_closes_the_upstream_stream(cluster):
         it = r.iter_lines()
         assert next(l for l in it if l).startswith(b"data:")
     # the engine notices the gateway hung up long before its 3 s stream would have ended
-    wait_until(lambda: requests.get(engine + "/stats").json()["cancelled"] == 1, 5, what="upstream closed")
-    wait_until(lambda: requests.get(gw + "/healthz").json()["inflight"] == 0, 5, what="in-flight released")
+    wait_until(lambda: requests.get(engine + "/stats", timeout=5).json()["cancelled"] == 1, 5, what="upstream closed")
+    wait_until(lambda: healthz(gw)["inflight"] == 0, 5, what="in-flight released")
 
 
 def test_serves_through_a_redis_outage_and_recovers(cluster):
@@ -97,21 +108,21 @@ def test_serves_through_a_redis_outage_and_recovers(cluster):
     gw = cluster.start_gateway(**FAST)
     wait_endpoints(gw, 1)
     s = requests.Session()
-    assert s.post(gw + CHAT, json={"model": "m"}).status_code == 200
+    assert s.post(gw + CHAT, json={"model": "m"}, timeout=5).status_code == 200
 
     cluster.stop_redis()
-    wait_until(lambda: requests.get(gw + "/healthz").json()["redis"] == "unavailable", 5, what="outage seen")
+    wait_until(lambda: healthz(gw)["redis"] == "unavailable", 5, what="outage seen")
     for _ in range(20):
         r = s.post(gw + CHAT, json={"model": "m"}, timeout=5)
         assert r.status_code == 200 and r.headers["X-LLMGW-Endpoint"] == "a"
-    assert "llmgw_gateway_redis_unavailable 1.0" in requests.get(gw + "/metrics").text
+    assert "llmgw_gateway_redis_unavailable 1.0" in requests.get(gw + "/metrics", timeout=5).text
 
     cluster.restart_redis()  # comes back empty, as after a crash without persistence
-    wait_until(lambda: requests.get(gw + "/healthz").json()["redis"] == "ok", 10, what="recovery")
-    assert s.post(gw + CHAT, json={"model": "m"}).status_code == 200  # still the last list
+    wait_until(lambda: healthz(gw)["redis"] == "ok", 10, what="recovery")
+    assert s.post(gw + CHAT, json={"model": "m"}, timeout=5).status_code == 200  # still the last list
     b = start_process(cluster.procs, "engine-b", base=0.01)
     publish(cluster, {"b": b})  # the control plane republishes (version 1 again, other content)
-    wait_until(lambda: s.post(gw + CHAT, json={"model": "m"}).headers.get("X-LLMGW-Endpoint") == "b", 10,
+    wait_until(lambda: s.post(gw + CHAT, json={"model": "m"}, timeout=5).headers.get("X-LLMGW-Endpoint") == "b", 10,
                what="the republished list to be used")
     log = cluster.procs.get("gateway").log(200)
     assert log.count("redis unavailable") == 1, log
@@ -131,7 +142,7 @@ def test_streams_from_the_simulated_engine(cluster):
     publish(cluster, {"sim": url})
     gw = cluster.start_gateway(**FAST)
     wait_endpoints(gw, 1)
-    client = openai.OpenAI(base_url=gw + "/v1", api_key="none", max_retries=0)
+    client = openai.OpenAI(base_url=gw + "/v1", api_key="none", max_retries=0, timeout=30)
     chunks = list(client.chat.completions.create(
         model="m-alias", messages=[{"role": "user", "content": "hi"}], max_tokens=5, stream=True,
         stream_options={"include_usage": True}))

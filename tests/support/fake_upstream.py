@@ -1,51 +1,99 @@
 """A minimal OpenAI-compatible fake engine for gateway tests and benchmarks.
 
     python -m tests.support.fake_upstream --port P [--speed 1] [--max-seqs 4] [--base 0.05]
-                                          [--fail-status 503] [--name NAME]
+                                          [--fail-status 503] [--name NAME] [--gate]
 
 Each request holds one of `max-seqs` slots for `base / speed` seconds (requests beyond the slots
 queue), like a batch engine: latency is flat until the slots are full, then grows. Streams send
 `--tokens` chunks spread over that time, then a usage chunk when `stream_options.include_usage` is
-set, then `[DONE]`. GET /stats tells what it saw (requests, open streams, streams the client cut).
-Also usable in-process: `FakeUpstream(...).start()` / `.stop()`.
+set, then `[DONE]`. GET /stats tells what it saw (requests, open streams, streams the client cut,
+`open`/`max_open`: requests received and not yet answered, now and at most at once). With `--gate`
+every request, once in its slot, is held until `POST /gate` opens the gate (tests that need a
+request to stay busy for as long as they look at it, however slow the machine).
+Also usable in-process: `FakeUpstream(...).start()` / `.stop()`; `stop()` interrupts held and
+sleeping requests, closes open connections and joins every thread.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import socket
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 class _Server(ThreadingHTTPServer):
-    daemon_threads = True
+    # Handler threads are joined by server_close() (FakeUpstream.stop), so none outlives its test.
+    daemon_threads = False
+    block_on_close = True
     request_queue_size = 1024  # a benchmark opens many connections at once
+    stopping: threading.Event | None = None
+
+    def handle_error(self, request, client_address):
+        if self.stopping is not None and self.stopping.is_set():
+            return  # a connection cut by stop(): expected, not worth a traceback
+        super().handle_error(request, client_address)
 
 
 class FakeUpstream:
     def __init__(self, host: str = "127.0.0.1", port: int = 0, speed: float = 1.0, max_seqs: int = 4,
-                 base: float = 0.05, tokens: int = 8, fail_status: int = 0, name: str = "fake"):
+                 base: float = 0.05, tokens: int = 8, fail_status: int = 0, name: str = "fake",
+                 gate: bool = False):
         self.speed, self.base, self.tokens = speed, base, tokens
         self.fail_status, self.name = fail_status, name
         self.slots = threading.BoundedSemaphore(max_seqs)
         self.lock = threading.Lock()
         self.stats = {"requests": 0, "active": 0, "waiting": 0, "cancelled": 0, "completed": 0,
-                      "models_seen": [], "request_ids": []}
+                      "open": 0, "max_open": 0, "models_seen": [], "request_ids": []}
+        # Every wait (simulated work, the gate) is on `stopping`, so stop() ends it at once.
+        self.stopping = threading.Event()
+        self.gate = threading.Event()
+        if not gate:
+            self.gate.set()
+        self.conns: set[socket.socket] = set()
         self.server = _Server((host, port), self._handler())
+        self.server.stopping = self.stopping
         self.port = self.server.server_address[1]
         self.url = f"http://{host}:{self.port}"
         self.thread: threading.Thread | None = None
 
     def start(self) -> "FakeUpstream":
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,),
+                                       name=f"fake-upstream-{self.name}")
         self.thread.start()
         return self
 
+    def open_gate(self) -> None:
+        self.gate.set()
+
     def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        """Stop serving: end held and sleeping requests, cut kept-alive connections (a handler blocked
+        reading the next request would otherwise never end), then join the serving and handler threads."""
+        self.stopping.set()
+        if self.thread is not None:
+            self.server.shutdown()  # returns once serve_forever has left its loop
+            self.thread.join()
+        with self.lock:
+            conns = list(self.conns)
+        for c in conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # already closed by its handler
+        self.server.server_close()  # joins every handler thread (block_on_close)
+
+    def _hold(self, seconds: float) -> bool:
+        """Simulated work: wait for the gate, then `seconds`; False when stop() interrupted it."""
+        while not self.gate.is_set():
+            if self.stopping.wait(0.02):
+                return False
+        return not self.stopping.wait(seconds)
+
+    def _answered(self) -> None:
+        """Called just before a request's last bytes go out: once the client has its answer, `open`
+        no longer counts it (so a client sending its next request right away never overlaps)."""
+        self._bump("open", -1)
 
     def _bump(self, k: str, n: int = 1) -> None:
         with self.lock:
@@ -57,6 +105,22 @@ class FakeUpstream:
         class H(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
             disable_nagle_algorithm = True  # headers and body go out in separate writes
+
+            def setup(self):
+                super().setup()
+                with fake.lock:
+                    fake.conns.add(self.connection)
+                if fake.stopping.is_set():  # accepted while stop() was cutting the others
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+
+            def finish(self):
+                with fake.lock:
+                    fake.conns.discard(self.connection)
+                try:
+                    super().finish()
+                except OSError:
+                    pass  # the connection was cut (stop(), or the client left)
 
             def log_message(self, *a):  # quiet
                 pass
@@ -89,14 +153,21 @@ class FakeUpstream:
             def do_POST(self):
                 n = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(n) or b"{}")
+                if self.path == "/gate":  # a control call, not a request
+                    fake.open_gate()
+                    return self._json(200, {"gate": "open"})
                 with fake.lock:
                     fake.stats["requests"] += 1
+                    fake.stats["open"] += 1
+                    fake.stats["max_open"] = max(fake.stats["max_open"], fake.stats["open"])
                     fake.stats["models_seen"].append(body.get("model"))
                     fake.stats["request_ids"].append(self.headers.get("X-Request-Id"))
                     del fake.stats["models_seen"][:-50], fake.stats["request_ids"][:-50]
                 if fake.fail_status:
+                    fake._answered()
                     return self._json(fake.fail_status, {"error": {"message": "failing on purpose"}})
                 if self.path.endswith("/embeddings"):
+                    fake._answered()
                     return self._json(200, {"object": "list", "data": [{"embedding": [0.0, 1.0], "index": 0}],
                                             "usage": {"prompt_tokens": 3, "total_tokens": 3}})
                 fake._bump("waiting")
@@ -107,7 +178,11 @@ class FakeUpstream:
                     if body.get("stream"):
                         self._stream(body)
                     else:
-                        time.sleep(fake.base / fake.speed)
+                        if not fake._hold(fake.base / fake.speed):
+                            fake._answered()
+                            self.close_connection = True
+                            return
+                        fake._answered()
                         self._json(200, {
                             "id": "cmpl-1", "object": "chat.completion", "model": body.get("model"),
                             "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi " * fake.tokens},
@@ -130,9 +205,13 @@ class FakeUpstream:
                 self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
                 step = fake.base / fake.speed / max(1, fake.tokens)
+                answered = False
                 try:
+                    if not fake._hold(0):
+                        raise BrokenPipeError("stopping")
                     for i in range(fake.tokens):
-                        time.sleep(step)
+                        if not fake._hold(step):
+                            raise BrokenPipeError("stopping")
                         ev = {"id": "c", "object": "chat.completion.chunk", "model": body.get("model"),
                               "choices": [{"index": 0, "delta": {"content": f"t{i} "}, "finish_reason": None}]}
                         self._chunk(b"data: " + json.dumps(ev).encode() + b"\n\n")
@@ -142,9 +221,13 @@ class FakeUpstream:
                                         "total_tokens": 5 + fake.tokens}}
                         self._chunk(b"data: " + json.dumps(ev).encode() + b"\n\n")
                     self._chunk(b"data: [DONE]\n\n")
+                    answered = True
+                    fake._answered()
                     self._chunk(b"")
                     fake._bump("completed")
                 except (BrokenPipeError, ConnectionResetError):
+                    if not answered:
+                        fake._answered()
                     fake._bump("cancelled")
                     self.close_connection = True
 
@@ -161,12 +244,15 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=8)
     ap.add_argument("--fail-status", type=int, default=0)
     ap.add_argument("--name", default="fake")
+    ap.add_argument("--gate", action="store_true", help="hold every request until POST /gate")
     a = ap.parse_args()
-    f = FakeUpstream(a.host, a.port, a.speed, a.max_seqs, a.base, a.tokens, a.fail_status, a.name)
+    f = FakeUpstream(a.host, a.port, a.speed, a.max_seqs, a.base, a.tokens, a.fail_status, a.name, a.gate)
     try:
         f.server.serve_forever()
     except KeyboardInterrupt:
         pass
+    finally:
+        f.stop()  # its handler threads are not daemons: end them, or the exit would wait on them
 
 
 if __name__ == "__main__":
@@ -175,7 +261,7 @@ if __name__ == "__main__":
 
 def start_process(procs, name: str, **kw) -> str:
     """Start a fake engine as a process of `procs` (a tests.support.procs.ProcessSet); returns its URL
-    once /health answers. kw: speed, max_seqs, base, tokens, fail_status."""
+    once /health answers. kw: speed, max_seqs, base, tokens, fail_status, gate (True: a bare flag)."""
     import sys
 
     import requests
@@ -185,7 +271,11 @@ def start_process(procs, name: str, **kw) -> str:
     port = free_port()
     argv = [sys.executable, "-m", "tests.support.fake_upstream", "--port", str(port)]
     for k, v in kw.items():
-        argv += [f"--{k.replace('_', '-')}", str(v)]
+        flag = f"--{k.replace('_', '-')}"
+        if v is True:
+            argv.append(flag)
+        elif v is not False:
+            argv += [flag, str(v)]
     procs.start(name, argv)
     url = f"http://127.0.0.1:{port}"
     wait_until(lambda: requests.get(url + "/health", timeout=1).ok, 15, what=f"fake engine {name}")

@@ -49,10 +49,28 @@ def endpoint(i, url, models=("m", "m-alias"), **kw):
                         model=models[0], **{"capacity": 4, **kw})
 
 
-def make_app(store, eps, **cfg):
+class WallClock:
+    """Wall time stands still until the test moves it; monotonic time is real. Rate-limit windows are
+    wall-clock minutes (a real minute could turn mid-test), while queue timeouts need time to pass."""
+
+    def __init__(self, wall: float = 2_000_000_000.0):  # 20 s into a minute
+        self.wall = wall
+
+    def time(self) -> float:
+        return self.wall
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+
+# LoadRecords injected by a test must not go stale (3 s by default) while a slow machine runs it.
+NEVER_STALE = RoutingConfig(stale_after=3600)
+
+
+def make_app(store, eps, clock=None, **cfg):
     routing = cfg.pop("routing", RoutingConfig())
     store.write_endpoints(eps, "fp", time.time())
-    app = create_app(GatewayConfig(routing=routing, **cfg), store=store, start=False)
+    app = create_app(GatewayConfig(routing=routing, **cfg), store=store, clock=clock, start=False)
     app.extensions["llmgw"].refresh()
     return app, app.extensions["llmgw"], app.test_client()
 
@@ -149,9 +167,23 @@ def test_retries_on_refused_connection_and_5xx(store, upstreams):
         r = c.post(CHAT, json={"model": "m"})
         assert r.status_code == 200 and r.headers["X-LLMGW-Endpoint"] == "good"
     assert all(v == 0 for v in gw.state.inflight.values())
+    # both failing endpoints were really tried (and each failure retried), not just skipped
+    assert bad.stats["requests"] > 0 and good.stats["requests"] == 10
+    text = c.get("/metrics").get_data(as_text=True)
+    assert metric(text, 'llmgw_gateway_upstream_errors_total{endpoint="dead",kind="connect"}') >= 1
+    assert metric(text, 'llmgw_gateway_upstream_errors_total{endpoint="bad",kind="503"}') == bad.stats["requests"]
+    assert metric(text, 'llmgw_gateway_retries_total{model="m"}') >= 1 + bad.stats["requests"]
     _, _, c0 = make_app(store, [endpoint("dead", dead_url())], retries=0)
     r = c0.post(CHAT, json={"model": "m"})
     assert r.status_code == 503 and r.json["error"]["code"] == "no_ready_replica"
+
+
+def metric(text: str, sample: str) -> float:
+    """The value of one exact sample (`name{labels}`) in a Prometheus text page; 0 when absent."""
+    for line in text.splitlines():
+        if line.startswith(sample + " "):
+            return float(line.split()[-1])
+    return 0.0
 
 
 def test_upstream_timeout_is_504(store, upstreams):
@@ -163,7 +195,7 @@ def test_upstream_timeout_is_504(store, upstreams):
 
 def test_shedding_by_priority(store, upstreams):
     up = upstreams()
-    _, gw, c = make_app(store, [endpoint("e1", up.url)], queue_timeout=0.2)
+    _, gw, c = make_app(store, [endpoint("e1", up.url)], queue_timeout=0.2, routing=NEVER_STALE)
     store.write_load(LoadRecord("e1", time.time(), True, running=4, waiting=9))
     gw.state.refresh_loads()
     r = c.post(CHAT, json={"model": "m"}, headers={"X-LLMGW-Priority": "sheddable"})
@@ -181,7 +213,8 @@ def test_shedding_by_priority(store, upstreams):
 
 def test_keys_required_once_one_exists_and_rpm_limit(store, upstreams):
     up = upstreams()
-    _, gw, c = make_app(store, [endpoint("e1", up.url)])
+    clock = WallClock()
+    _, gw, c = make_app(store, [endpoint("e1", up.url)], clock=clock)
     assert c.post(CHAT, json={"model": "m"}).status_code == 200  # no keys yet: open
     _, key = create_key(store.r, "team-a", rpm=3, priority="sheddable")
     gw.keys.refresh()
@@ -190,7 +223,9 @@ def test_keys_required_once_one_exists_and_rpm_limit(store, upstreams):
     auth = {"Authorization": f"Bearer {key}"}
     assert [c.post(CHAT, json={"model": "m"}, headers=auth).status_code for _ in range(4)] == [200, 200, 200, 429]
     r = c.post(CHAT, json={"model": "m"}, headers=auth)
-    assert r.json["error"]["code"] == "rate_limit_exceeded" and 1 <= int(r.headers["Retry-After"]) <= 60
+    assert r.json["error"]["code"] == "rate_limit_exceeded" and int(r.headers["Retry-After"]) == 40  # to :00
+    clock.wall += 40  # the next minute: a fresh window
+    assert c.post(CHAT, json={"model": "m"}, headers=auth).status_code == 200
     assert c.get("/v1/models").status_code == 401 and c.get("/v1/models", headers=auth).status_code == 200
     # only the hash is stored
     assert key not in json.dumps(store.r.hgetall(keys.API_KEYS))
@@ -203,7 +238,8 @@ def test_keys_required_once_one_exists_and_rpm_limit(store, upstreams):
 
 def test_tpm_limit_counts_reported_tokens(store, upstreams):
     up = upstreams()  # 13 tokens per request
-    _, gw, c = make_app(store, [endpoint("e1", up.url)])
+    clock = WallClock()
+    _, gw, c = make_app(store, [endpoint("e1", up.url)], clock=clock)
     _, key = create_key(store.r, "t", tpm=20)
     gw.keys.refresh()
     auth = {"Authorization": f"Bearer {key}"}
@@ -212,6 +248,8 @@ def test_tpm_limit_counts_reported_tokens(store, upstreams):
     assert c.post(CHAT, json={"model": "m"}, headers=auth).status_code == 200
     gw.usage.flush()
     assert c.post(CHAT, json={"model": "m"}, headers=auth).status_code == 429
+    clock.wall += 60  # the tokens counted against the last minute only
+    assert c.post(CHAT, json={"model": "m"}, headers=auth).status_code == 200
 
 
 def test_keeps_serving_while_redis_is_down(store, server, upstreams):

@@ -16,7 +16,16 @@ from gateway.state import GatewayState
 from gateway.routing import RouteRequest
 from llmgw.apikeys import create_key
 from llmgw.records import LoadRecord
-from tests.unit.test_gateway_app import CHAT, endpoint, make_app, server, store, upstreams  # noqa: F401
+from tests.unit.test_gateway_app import (  # noqa: F401
+    CHAT,
+    NEVER_STALE,
+    WallClock,
+    endpoint,
+    make_app,
+    server,
+    store,
+    upstreams,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -83,7 +92,8 @@ def test_auth_mode_is_validated():
 # --- 2. unknown names ------------------------------------------------------------------------------
 def test_unknown_models_create_no_state_and_no_labels(store, upstreams):
     up = upstreams()
-    _, gw, c = make_app(store, [endpoint("e1", up.url)])
+    # one wall-clock minute throughout, so a request spent on junk would surely count against the last one
+    _, gw, c = make_app(store, [endpoint("e1", up.url)], clock=WallClock())
     _, key = create_key(store.r, "k", rpm=1)
     gw.keys.refresh()
     auth = {"Authorization": f"Bearer {key}"}
@@ -139,7 +149,7 @@ def test_stream_headers_disable_proxy_buffering(store, upstreams):
 @pytest.mark.parametrize("key_prio", ["standard", None])
 def test_key_priority_caps_the_header(store, upstreams, key_prio):
     up = upstreams()
-    _, gw, c = make_app(store, [endpoint("e1", up.url)], queue_timeout=0.05)
+    _, gw, c = make_app(store, [endpoint("e1", up.url)], queue_timeout=0.05, routing=NEVER_STALE)
     _, key = create_key(store.r, "k", priority=key_prio)
     gw.keys.refresh()
     store.write_load(LoadRecord("e1", time.time(), True, running=4, waiting=9))  # saturated
@@ -152,11 +162,15 @@ def test_key_priority_caps_the_header(store, upstreams, key_prio):
 
 def test_critical_key_may_send_critical(store, upstreams):
     up = upstreams()
-    _, gw, c = make_app(store, [endpoint("e1", up.url)], queue_timeout=0.05)
+    _, gw, c = make_app(store, [endpoint("e1", up.url)], queue_timeout=0.05, routing=NEVER_STALE)
     _, key = create_key(store.r, "k", priority="critical")
+    _, std = create_key(store.r, "s", priority="standard")
     gw.keys.refresh()
     store.write_load(LoadRecord("e1", time.time(), True, running=4, waiting=9))
     gw.state.refresh_loads()
+    # the endpoint is saturated (a standard key is turned away) ...
+    assert c.post(CHAT, json={"model": "m"}, headers={"Authorization": f"Bearer {std}"}).status_code == 429
+    # ... and the critical key's request is sent past it
     assert c.post(CHAT, json={"model": "m"}, headers={"Authorization": f"Bearer {key}"}).status_code == 200
 
 
@@ -195,15 +209,17 @@ def test_core_and_view_take_the_injected_clock_and_rng():
 
 
 # --- 10. one gunicorn configuration --------------------------------------------------------------------
-def conf_values(env: dict) -> dict:
+def conf_values(env: dict, tmp: Path) -> dict:
+    """The config module's values as a fresh process sees them; its temporary files go under `tmp`
+    (TMPDIR), so nothing it makes can outlive the test in /tmp, even when an assertion fails first."""
     code = ("import json, os, sys, gateway.gunicorn_conf as c\n"
             "print(json.dumps({'workers': c.workers, 'threads': c.threads, 'bind': c.bind, 'k': c.worker_class,"
             " 'prom': os.environ.get('PROMETHEUS_MULTIPROC_DIR'),"
             " 'early': 'prometheus_client' in sys.modules}))")
     base = {k: v for k, v in os.environ.items()
             if not k.startswith("LLMGW_GATEWAY_") and k not in ("PORT", "PROMETHEUS_MULTIPROC_DIR")}
-    out = subprocess.run([sys.executable, "-c", code], env={**base, **env}, capture_output=True, text=True,
-                         timeout=60, cwd=ROOT)
+    out = subprocess.run([sys.executable, "-c", code], env={**base, "TMPDIR": str(tmp), **env},
+                         capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     import json
 
@@ -211,16 +227,20 @@ def conf_values(env: dict) -> dict:
 
 
 def test_gunicorn_conf_knobs_and_multiproc_dir(tmp_path):
-    d = conf_values({})
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    d = conf_values({}, tmp)
     assert (d["workers"], d["threads"], d["bind"], d["k"]) == (2, 64, "127.0.0.1:8080", "gthread")
-    assert d["prom"] and Path(d["prom"]).is_dir()  # 2 workers: /metrics aggregates through a directory
+    # 2 workers: /metrics aggregates through a fresh temporary directory
+    assert d["prom"] and Path(d["prom"]).is_dir() and Path(d["prom"]).parent == tmp
     # prometheus_client picks its mode when first imported: loading the config must not import it
     assert d["early"] is False
     os.rmdir(d["prom"])
-    d = conf_values({"LLMGW_GATEWAY_WORKERS": "1", "LLMGW_GATEWAY_THREADS": "8", "PORT": "9000"})
+    d = conf_values({"LLMGW_GATEWAY_WORKERS": "1", "LLMGW_GATEWAY_THREADS": "8", "PORT": "9000"}, tmp)
     assert (d["workers"], d["threads"], d["bind"], d["prom"]) == (1, 8, "127.0.0.1:9000", None)
-    d = conf_values({"LLMGW_GATEWAY_BIND": "0.0.0.0:8080", "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)})
+    d = conf_values({"LLMGW_GATEWAY_BIND": "0.0.0.0:8080", "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}, tmp)
     assert d["bind"] == "0.0.0.0:8080" and d["prom"] == str(tmp_path)
+    assert list(tmp.iterdir()) == []  # a directory is made only when none was given
 
 
 def test_procfile_and_compose_use_the_conf():
