@@ -247,6 +247,7 @@ class Gateway:
                     outcome = Outcome("answer", resp.status)
                 except UpstreamConnectError as e:
                     log.warning("request %s: cannot reach %s (%s): %s", rid, ep.id, ep.url, e)
+                    self.state.mark_unreachable(ep.id)
                     outcome = Outcome("connect_error")
                 except UpstreamTimeout:
                     outcome = Outcome("timeout")

@@ -44,6 +44,9 @@ class RoutingConfig:
     # A learned service time relaxes toward the fleet's best with this half-life (seconds) when the
     # endpoint gets no traffic, so an endpoint that was slow once is tried again.
     forget_half_life: float = 60.0
+    # An endpoint that refused a connection is passed over for this long (seconds) while its peers
+    # can serve, instead of costing a retry on every request until the publisher drops it.
+    eject_for: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -143,6 +146,7 @@ class GatewayConfig:
             ("KV_WEIGHT", "kv_weight", 0, None),
             ("WAIT_MARGIN", "wait_margin", 1, None),
             ("FORGET_HALF_LIFE", "forget_half_life", 0.01, None),
+            ("EJECT_FOR", "eject_for", 0, None),
         ):
             v = num(name, float, lo, hi)
             if v is not None:

@@ -43,6 +43,8 @@ class EndpointStats:
     # When this gateway first saw the current LoadRecord's `ts` (its own monotonic clock): staleness
     # is judged by it, never by comparing the agent's clock with ours.
     load_seen: float | None = None
+    # Until when (the caller's monotonic clock) the endpoint is passed over: it refused a connection.
+    down_until: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -157,6 +159,10 @@ def choose(
     tried = [e for e in serving if e.id not in request.exclude]
     if not tried:
         return Rejection("no_ready", request.model, "every endpoint failed for this request")
+    # Endpoints that refused a connection a moment ago are passed over while any other can serve
+    # (when all of them did, trying one is still better than refusing the request).
+    up = [e for e in tried if (s := stats.get(e.id)) is None or s.down_until <= now]
+    tried = up or tried
 
     known = [s.unit for e in tried if (s := stats.get(e.id)) is not None and s.unit is not None]
     best = min(known) if known else None

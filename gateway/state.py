@@ -252,6 +252,12 @@ class GatewayState:
             self.metrics.child(self.metrics.inflight, res.endpoint.id).inc()
         return res
 
+    def mark_unreachable(self, endpoint_id: str) -> None:
+        """The endpoint refused a connection: pass it over for `eject_for` seconds (routing.choose)."""
+        with self.lock:
+            st = self.stats.get(endpoint_id, EndpointStats())
+            self.stats[endpoint_id] = replace(st, down_until=self.clock.monotonic() + self.cfg.routing.eject_for)
+
     def release(self, choice: Choice, service_time: float | None, tokens: int | None = None) -> None:
         """The request left the endpoint; learn its service time if it completed normally."""
         eid = choice.endpoint.id

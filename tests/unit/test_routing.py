@@ -226,3 +226,17 @@ def test_staleness_is_judged_by_when_this_gateway_saw_the_record():
 def test_choose_requires_the_callers_rng():
     with pytest.raises(TypeError):
         choose([ep("a")], {}, {}, RouteRequest("m"), NOW)
+
+
+def test_an_endpoint_that_refused_a_connection_is_passed_over_until_its_ejection_ends():
+    eps = [ep("a"), ep("dead")]
+    down = {"dead": EndpointStats(down_until=NOW + 5)}
+    # Otherwise "dead" would win every time: it is idle, "a" holds three of ours.
+    assert {pick(eps, inflight={"a": 3}, stats=down, seed=s).endpoint.id for s in range(20)} == {"a"}
+    assert pick(eps, inflight={"a": 3}, seed=0).endpoint.id == "dead"
+    # After the ejection it is a candidate again.
+    over = {"dead": EndpointStats(down_until=NOW - 0.1)}
+    assert pick(eps, inflight={"a": 3}, stats=over, seed=0).endpoint.id == "dead"
+    # When every endpoint is ejected, one is still tried rather than refusing the request.
+    all_down = {"a": EndpointStats(down_until=NOW + 5), "dead": EndpointStats(down_until=NOW + 5)}
+    assert isinstance(pick(eps, stats=all_down), Choice)
