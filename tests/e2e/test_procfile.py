@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import openai
@@ -37,6 +38,9 @@ def test_honcho_start_runs_the_whole_system(tmp_path, no_leaked_processes):
         "FLOWER_PORT": str(flower_port),
         "LLMGW_NODE": "solo",
         "LLMGW_GATEWAY_WORKERS": "1",
+        # The Procfile names bare commands (celery, gunicorn, python), as a user's activated
+        # virtualenv provides them; `make test` runs pytest without activating it.
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
     }
     procs = ProcessSet(tmp_path / "logs")
     honcho = procs.start("honcho", [bin_path("honcho"), "-f", str(ROOT / "Procfile"), "-d", str(tmp_path), "start"],
