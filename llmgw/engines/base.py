@@ -90,6 +90,33 @@ class EngineAdapter(ABC):
         """Names of the (prompt, generation) token counters this profile's engine process exports."""
         return self.prompt_tokens_metric, self.generation_tokens_metric
 
+    def multi_node_args(self, ctx: LaunchContext) -> tuple[list[str], bool]:
+        """vLLM-style multi-node flags for this part of a replica, and whether it is headless (a
+        member: no HTTP). Engines that take `--nnodes/--node-rank/--master-addr/--master-port/
+        --headless` share this."""
+        if ctx.nnodes <= 1:
+            return [], False
+        if not ctx.master_addr:
+            raise EngineUnavailable(self.name, "nodes", f"replica {ctx.replica_id} spans {ctx.nnodes} nodes "
+                                               "but no master address (head node) was given")
+        args = ["--nnodes", str(ctx.nnodes), "--node-rank", str(ctx.node_rank), "--master-addr", ctx.master_addr]
+        if ctx.master_port:
+            # Chosen by the head's agent from its port range, so two multi-node replicas headed by
+            # one machine never both take the engine's default rendezvous port.
+            args += ["--master-port", str(ctx.master_port)]
+        headless = ctx.node_rank > 0
+        if headless:
+            args.append("--headless")
+        return args, headless
+
+    @staticmethod
+    def gpu_env(ctx: LaunchContext, profile: Profile) -> dict[str, str]:
+        """The profile's env plus CUDA_VISIBLE_DEVICES for the GPUs placement allocated."""
+        env = dict(profile.env)
+        if ctx.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in ctx.gpus)
+        return env
+
     @abstractmethod
     def command(self, ctx: LaunchContext) -> LaunchSpec:
         """The process to run for this replica on this node."""

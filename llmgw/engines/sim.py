@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 
 from llmgw.catalog import MetricMapping, Profile
-from llmgw.engines.base import EngineAdapter, EngineUnavailable, LaunchContext, LaunchSpec
+from llmgw.engines.base import EngineAdapter, LaunchContext, LaunchSpec
 from llmgw.errors import Problem
 from llmgw.engines.llamacpp import LLAMACPP_METRICS, LlamaCppAdapter
 from llmgw.engines.vllm import VLLM_KV_FALLBACKS, VLLM_METRICS, VllmAdapter
@@ -70,21 +70,8 @@ class SimAdapter(EngineAdapter):
         # capacity means "sequences at once", which is --max-seqs here (explicit args win).
         if p.capacity is not None and not any(a == "--max-seqs" or a.startswith("--max-seqs=") for a in p.args):
             argv += ["--max-seqs", str(p.capacity)]
-        headless = False
-        if ctx.nnodes > 1:
-            if not ctx.master_addr:
-                raise EngineUnavailable(self.name, "nodes", f"replica {ctx.replica_id} spans {ctx.nnodes} nodes "
-                                                   "but no master address (head node) was given")
-            argv += ["--nnodes", str(ctx.nnodes), "--node-rank", str(ctx.node_rank),
-                     "--master-addr", ctx.master_addr]
-            if ctx.master_port:
-                argv += ["--master-port", str(ctx.master_port)]
-            if ctx.node_rank > 0:
-                argv.append("--headless")
-                headless = True
+        multi, headless = self.multi_node_args(ctx)
+        argv += multi
         argv += p.args
-        env = dict(p.env)
-        if ctx.gpus:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in ctx.gpus)
-        return LaunchSpec(argv=tuple(argv), env=env, serves_http=not headless, health_path="/health",
-                          start_timeout=p.start_timeout)
+        return LaunchSpec(argv=tuple(argv), env=self.gpu_env(ctx, p), serves_http=not headless,
+                          health_path="/health", start_timeout=p.start_timeout)

@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping
 
 from llmgw.catalog import MetricMapping
-from llmgw.engines.base import EngineAdapter, EngineUnavailable, LaunchContext, LaunchSpec
+from llmgw.engines.base import EngineAdapter, LaunchContext, LaunchSpec
 
 VLLM_METRICS = MetricMapping(
     running="vllm:num_requests_running",
@@ -46,23 +46,8 @@ class VllmAdapter(EngineAdapter):
                 "--tensor-parallel-size", str(p.tensor_parallel)]
         if p.pipeline_parallel > 1:
             argv += ["--pipeline-parallel-size", str(p.pipeline_parallel)]
-        headless = False
-        if ctx.nnodes > 1:
-            if not ctx.master_addr:
-                raise EngineUnavailable(self.name, "nodes", f"replica {ctx.replica_id} spans {ctx.nnodes} nodes "
-                                                   "but no master address (head node) was given")
-            argv += ["--nnodes", str(ctx.nnodes), "--node-rank", str(ctx.node_rank),
-                     "--master-addr", ctx.master_addr]
-            if ctx.master_port:
-                # Chosen by the head's agent from its port range, so two multi-node replicas headed
-                # by one machine never both take vLLM's default rendezvous port.
-                argv += ["--master-port", str(ctx.master_port)]
-            if ctx.node_rank > 0:
-                argv.append("--headless")
-                headless = True
+        multi, headless = self.multi_node_args(ctx)
+        argv += multi
         argv += p.args
-        env = dict(p.env)
-        if ctx.gpus:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in ctx.gpus)
-        return LaunchSpec(argv=tuple(argv), env=env, serves_http=not headless, health_path="/health",
+        return LaunchSpec(argv=tuple(argv), env=self.gpu_env(ctx, p), serves_http=not headless, health_path="/health",
                           start_timeout=p.start_timeout)
