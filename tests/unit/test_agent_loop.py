@@ -330,13 +330,13 @@ def test_scraper_writes_load_records(env):
     assert not bad.ok and bad.error == "timed out" and not store.loads(["r1"])["r1"].ok
 
 
-def test_multi_node_member_part_starts_with_rank_and_master_addr(env, monkeypatch):
-    """Node b runs rank 1 of a two-node replica headed by a; only the head writes agent fields."""
-    from llmgw.engines.base import LaunchSpec
-    from llmgw.records import NodeInfo
 
-    store, runner, clock, make_agent = env
-    contexts = []
+def record_engine_commands(monkeypatch) -> list:
+    """Replace the engine adapters with one that records each LaunchContext (a member part is
+    headless: only rank 0 serves HTTP); returns the list it appends to."""
+    from llmgw.engines.base import LaunchSpec
+
+    contexts: list = []
 
     class Recording:
         def command(self, ctx):
@@ -344,6 +344,15 @@ def test_multi_node_member_part_starts_with_rank_and_master_addr(env, monkeypatc
             return LaunchSpec(argv=("engine", "--port", str(ctx.port)), serves_http=ctx.node_rank == 0)
 
     monkeypatch.setattr("workers.agent.loop.get_engine", lambda name: Recording())
+    return contexts
+
+
+def test_multi_node_member_part_starts_with_rank_and_master_addr(env, monkeypatch):
+    """Node b runs rank 1 of a two-node replica headed by a; only the head writes agent fields."""
+    from llmgw.records import NodeInfo
+
+    store, runner, clock, make_agent = env
+    contexts = record_engine_commands(monkeypatch)
     store.write_heartbeat(NodeInfo(name="a", address="10.0.0.1"), 60)
     # The head (a) runs attempt 1 with its rendezvous on port 30009: a member joins a running head only.
     store.create_replica(ReplicaRecord(id="mn", model="m", profile="p", node="a", nodes=["a", "b"],
@@ -441,18 +450,10 @@ def test_engines_on_a_gpu_node_see_only_their_gpus(env):
 
 def two_node_env(env, monkeypatch):
     """A head agent on a and a member agent on b, each with its own runner, sharing one Redis."""
-    from llmgw.engines.base import LaunchSpec
     from llmgw.records import NodeInfo
 
     store, _runner, clock, _make = env
-    contexts = []
-
-    class Recording:
-        def command(self, ctx):
-            contexts.append(ctx)
-            return LaunchSpec(argv=("engine", "--port", str(ctx.port)), serves_http=ctx.node_rank == 0)
-
-    monkeypatch.setattr("workers.agent.loop.get_engine", lambda name: Recording())
+    contexts = record_engine_commands(monkeypatch)
     store.write_heartbeat(NodeInfo(name="a", address="10.0.0.1"), 600)
     store.create_replica(ReplicaRecord(id="mn", model="m", profile="p", node="a", nodes=["a", "b"],
                                        gpus={"a": [0], "b": [0]}))
