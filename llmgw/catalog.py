@@ -24,6 +24,9 @@ from llmgw.errors import CatalogInvalid, Problem
 EngineName = Literal["vllm", "llamacpp", "sim"]
 ENGINE_NAMES: tuple[str, ...] = ("vllm", "llamacpp", "sim")
 
+# Default `drain_timeout` (seconds): long enough for a long answer to finish streaming.
+DRAIN_TIMEOUT = 120.0
+
 # Per-engine defaults, applied under `defaults:` and the profile's own fields (docs/catalog.md).
 # start_timeout: vLLM loads large weights and compiles CUDA graphs (minutes); llama.cpp mmaps a GGUF
 # (seconds to a couple of minutes on CPU). capacity: concurrent requests one replica serves well --
@@ -140,6 +143,9 @@ class Profile(_Strict):
     capacity: SInt | None = Field(default=None, ge=1)  # filled from ENGINE_DEFAULTS when omitted
     metrics: MetricMapping | None = None
     start_timeout: SFloat = Field(default=120.0, gt=0, allow_inf_nan=False)
+    # A planned stop (rolling update, scale-down, drain, removal) lets in-flight requests finish for up
+    # to this long (seconds) after every gateway stopped sending new ones; 0 = stop at once.
+    drain_timeout: SFloat = Field(default=DRAIN_TIMEOUT, ge=0, allow_inf_nan=False)
     # Overrides the model's `source` for this profile (a GGUF file for the llama.cpp tier of a model
     # vLLM loads from Hugging Face). None: the model's source. LaunchContext applies it.
     source: str | None = None
@@ -270,7 +276,7 @@ def profile_spec_hash(model: Model, profile: Profile) -> str:
     nodes, args, env, capacity (it becomes -np / --max-num-seqs) and the model's name and aliases (they
     become served names). Not covered, because the router, planner or agent read them live: replicas,
     priority, weight, pool and node_selector (a node that no longer matches is handled as outdated by
-    the planner), metrics and start_timeout."""
+    the planner), metrics, start_timeout and drain_timeout."""
     spec = profile.model_dump(
         mode="json",
         by_alias=True,

@@ -13,7 +13,7 @@ import time
 import redis
 from pydantic import ValidationError
 
-from llmgw import keys
+from llmgw import events, keys
 from llmgw.catalog import Catalog, _pydantic_problems
 from llmgw.errors import CatalogConflict, CatalogInvalid
 
@@ -132,6 +132,8 @@ def apply_catalog(
         pipe.set(keys.CATALOG, blob)
         pipe.lpush(keys.CATALOG_HISTORY, blob)
         pipe.ltrim(keys.CATALOG_HISTORY, 0, HISTORY_LIMIT - 1)
+        events.emit(pipe, "catalog_applied", f"version {version} by {applied_by} from {source}",
+                    source=applied_by, ts=now, version=version, hash=digest)
         return version, True
 
     return r.transaction(txn, keys.CATALOG, value_from_callable=True)

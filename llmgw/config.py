@@ -63,6 +63,9 @@ class Settings:
     publish_interval: float = 1.0
     # LLMGW_CATALOG: a catalog file the control plane re-reads when it changes.
     catalog_file: Path | None = None
+    # LLMGW_EVENT_DRIVEN (1): facts (a catalog apply, a replica turning Ready, a stop...) kick the
+    # control passes at once; 0 leaves only beat's timers (tests of the backstop).
+    event_driven: bool = True
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -104,6 +107,11 @@ class Settings:
                 kw[name] = value
         if env.get("LLMGW_CATALOG"):
             kw["catalog_file"] = Path(env["LLMGW_CATALOG"])
+        flag = env.get("LLMGW_EVENT_DRIVEN", "").strip().lower()
+        if flag not in ("", "0", "1", "true", "false", "yes", "no"):
+            raise ConfigError("LLMGW_EVENT_DRIVEN", f"expected 1 or 0, got {flag!r}")
+        if flag:
+            kw["event_driven"] = flag in ("1", "true", "yes")
         return cls(**kw)
 
     def as_dict(self) -> dict:

@@ -89,6 +89,32 @@ ENDPOINTS_VERSION = f"{PREFIX}:endpoints:version"
 # Pub/sub channel: a hint that ENDPOINTS changed (at-most-once; readers also poll the version).
 ENDPOINTS_CHANNEL = f"{PREFIX}:endpoints:changed"
 
+# --- gateways ------------------------------------------------------------------------------------
+# Set of the ids of gateway processes that ever reported (expired ones are tidied by readers).
+GATEWAYS = f"{PREFIX}:gateways"
+
+
+def gateway_report(gateway_id: str) -> str:
+    """JSON GatewayReport of one gateway process, written with a TTL several times a second."""
+    return f"{PREFIX}:gateway:{gateway_id}"
+
+
+# --- events and kicks ------------------------------------------------------------------------------
+# Stream of what happened (catalog applied, replica Ready/failed/stopped, node lost, ...), capped.
+EVENTS = f"{PREFIX}:events"
+
+
+def kick_scheduled(task: str) -> str:
+    """Set (NX, short TTL) while a kicked pass of `task` is on its way: a burst of facts sends one."""
+    return f"{PREFIX}:kick:{task}"
+
+
+def kick_dirty(task: str) -> str:
+    """Set by every kick; cleared by the pass when it starts. Still set when the pass ends means a
+    fact changed during the pass: it kicks itself again."""
+    return f"{PREFIX}:dirty:{task}"
+
+
 # --- locks ---------------------------------------------------------------------------------------
 RECONCILE_LOCK = f"{PREFIX}:lock:reconcile"
 PUBLISH_LOCK = f"{PREFIX}:lock:publish"

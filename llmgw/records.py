@@ -70,13 +70,14 @@ class NodeAdmin:
 # single fields), which is what lets the control plane and the agent update one record concurrently.
 CONTROL_FIELDS = (
     "id", "model", "profile", "spec_hash", "node", "nodes", "gpus", "created_at",
-    "pending_reason", "stop_requested_at", "stop_reason", "launch_dispatched_at",
+    "pending_reason", "stop_requested_at", "stop_reason", "launch_dispatched_at", "drain_timeout",
+    "unpublished_version",
 )
 AGENT_FIELDS = (
     "port", "url", "pid", "pid_start", "engine_pid", "started_at", "attempt", "exit_code",
     "exit_signal", "exited_at", "last_probe_at", "last_probe_ok", "probe_error", "first_ready_at",
     "restarts", "failure_times", "next_restart_at", "log_tail", "stopped_at", "adopted_at",
-    "master_port",
+    "master_port", "drained_at", "drain_note",
 )
 # Plus one field per node, `stopped_on:<node>` (llmgw.keys.replica_stopped_on), written by each node's
 # agent of a multi-node replica; read back as `ReplicaRecord.stopped_nodes`.
@@ -97,6 +98,13 @@ class ReplicaRecord:
     stop_requested_at: float | None = None
     stop_reason: str | None = None
     launch_dispatched_at: float | None = None
+    # A planned stop drains first (docs/lifecycle.md): in-flight requests get this long (seconds) to
+    # finish after every gateway dropped the replica; 0 = stop at once. Copied from the profile when
+    # the stop is requested, so the agent needs no catalog to honour it.
+    drain_timeout: float = 0.0
+    # The first endpoint-list version that no longer routes to this replica (written by the
+    # publisher once a stop was requested): gateways that loaded it send nothing new here.
+    unpublished_version: int | None = None
     # --- written by the node agent (facts about the process) ------------------------------------
     port: int | None = None
     url: str | None = None  # http://address:port of the head's engine
@@ -121,6 +129,9 @@ class ReplicaRecord:
     # Multi-node: the torch.distributed rendezvous port the head chose for its current attempt (members
     # join `node address:master_port`, and restart their part when the head's `attempt` changes).
     master_port: int | None = None
+    # The agent judged the drain of a planned stop over (and sent SIGTERM) at this time, and why.
+    drained_at: float | None = None
+    drain_note: str | None = None
     # --- loaded, never stored under this name ------------------------------------------------------
     # Nodes whose agent confirmed its part stopped (the `stopped_on:<node>` fields), sorted.
     stopped_nodes: list[str] = field(default_factory=list)
@@ -208,3 +219,55 @@ class EndpointInfo:
 
 def index_by_id(items: Iterable[T]) -> dict[str, T]:
     return {getattr(i, "id"): i for i in items}
+
+
+@dataclass(frozen=True)
+class EndpointUse:
+    """One gateway process's view of one endpoint: its requests in flight there now, and the wall
+    clock of its last success and last failure to reach it (connection refused, reset or timed out).
+    The failures and successes are the evidence the publisher weighs for a replica whose node agent
+    is gone (docs/lifecycle.md)."""
+
+    inflight: int = 0
+    ok_at: float | None = None
+    fail_at: float | None = None
+
+
+@dataclass(frozen=True)
+class ModelDemand:
+    """One gateway process's demand for one model: requests in flight, waiting in its queue (or for
+    a cold start), and when the last one arrived (wall clock)."""
+
+    inflight: int = 0
+    queued: int = 0
+    last_request_at: float | None = None
+
+
+@dataclass(frozen=True)
+class GatewayReport:
+    """What one gateway process reports about itself, every fraction of a second, with a TTL: a
+    dead gateway's report expires and stops counting. `version` is the endpoint list it routes by."""
+
+    id: str
+    at: float
+    version: int = 0
+    host: str = ""
+    pid: int = 0
+    started_at: float = 0.0
+    keys_loaded: bool = False
+    endpoints: dict[str, EndpointUse] = field(default_factory=dict)
+    models: dict[str, ModelDemand] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        # Compact: a report is rewritten several times a second by every gateway process.
+        d["endpoints"] = {k: [u.inflight, u.ok_at, u.fail_at] for k, u in self.endpoints.items()}
+        d["models"] = {k: [m.inflight, m.queued, m.last_request_at] for k, m in self.models.items()}
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "GatewayReport":
+        d = dict(d)
+        d["endpoints"] = {k: EndpointUse(*v) for k, v in (d.get("endpoints") or {}).items()}
+        d["models"] = {k: ModelDemand(*v) for k, v in (d.get("models") or {}).items()}
+        return _from_dict(cls, d)

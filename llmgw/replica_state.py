@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Container
+from typing import Container, Iterable
 
-from llmgw.records import ReplicaRecord
+from llmgw.records import GatewayReport, LoadRecord, ReplicaRecord
 
 
 class State(str, enum.Enum):
@@ -21,7 +21,8 @@ class State(str, enum.Enum):
     UNHEALTHY = "Unhealthy"  # was Ready this attempt, the last probe failed
     FAILED = "Failed"  # exited unexpectedly; the agent restarts it after a backoff
     CRASHLOOP = "CrashLoop"  # failed too often in the window; the control plane may move it
-    STOPPING = "Stopping"  # stop requested, process not yet confirmed gone
+    DRAINING = "Draining"  # stop requested: unpublished, in-flight requests finishing (docs/lifecycle.md)
+    STOPPING = "Stopping"  # drained (or no drain): terminating, process not yet confirmed gone
     STOPPED = "Stopped"  # stop requested and the process is gone: the record may be deleted
     LOST = "Lost"  # its node's heartbeat expired
 
@@ -65,6 +66,8 @@ def derive(
         if not node_alive:
             # Nobody can confirm the stop; the reconciler treats it as gone for routing purposes.
             return StateView(State.LOST, f"stopping on {', '.join(waiting)}, whose heartbeat expired")
+        if draining(rec):
+            return StateView(State.DRAINING, rec.stop_reason or "")
         if len(nodes) > 1:
             return StateView(State.STOPPING, f"{rec.stop_reason or 'stop requested'}; waiting for "
                                              f"{', '.join(waiting)} to confirm")
@@ -88,6 +91,63 @@ def derive(
             return StateView(State.READY)
         return StateView(State.UNHEALTHY, rec.probe_error or "health probe failing")
     return StateView(State.STARTING, rec.probe_error or "")
+
+
+def served_this_attempt(rec: ReplicaRecord) -> bool:
+    """The current attempt runs and became Ready at some point: gateways may have requests on it."""
+    return rec.running and rec.first_ready_at is not None and rec.first_ready_at >= (rec.started_at or 0)
+
+
+def draining(rec: ReplicaRecord) -> bool:
+    """A planned stop whose drain is not over: the process still serves what it was given."""
+    return (rec.stop_requested_at is not None and rec.drain_timeout > 0 and rec.drained_at is None
+            and served_this_attempt(rec))
+
+
+@dataclass(frozen=True)
+class DrainProgress:
+    """Where the drain of a planned stop stands. `done`: the agent may send SIGTERM now."""
+
+    done: bool
+    inflight: int = 0  # requests still on the replica, as far as anyone can tell
+    note: str = ""
+
+
+# Engine load older than this (seconds) says nothing about what runs now.
+LOAD_FRESH_FOR = 5.0
+
+
+def drain_progress(rec: ReplicaRecord, gateways: Iterable[GatewayReport], load: LoadRecord | None,
+                   now: float) -> DrainProgress:
+    """The stop sequence of docs/lifecycle.md, pure: a planned stop may terminate the engine once
+    (1) the publisher unpublished it (`unpublished_version`), (2) every live gateway routes by that
+    list or a newer one, and (3) nothing is in flight on it: the gateways' counts for it and the
+    engine's own running + waiting (when freshly scraped) are 0. Or once `drain_timeout` is over,
+    whatever is left. A replica that never served this attempt has nothing to drain."""
+    if rec.stop_requested_at is None:
+        return DrainProgress(False, note="no stop requested")
+    if rec.drained_at is not None:
+        return DrainProgress(True, note=rec.drain_note or "drained")
+    if rec.drain_timeout <= 0 or not served_this_attempt(rec):
+        return DrainProgress(True, note="nothing to drain")
+    gateways = list(gateways)
+    on_gateways = sum(u.inflight for g in gateways if (u := g.endpoints.get(rec.id)) is not None)
+    on_engine = 0
+    if load is not None and load.ok and now - load.ts <= LOAD_FRESH_FOR:
+        on_engine = int((load.running or 0) + (load.waiting or 0))
+    inflight = max(on_gateways, on_engine)
+    if now >= rec.stop_requested_at + rec.drain_timeout:
+        return DrainProgress(True, inflight, f"drain timed out after {rec.drain_timeout:g}s with "
+                                             f"{inflight} in flight")
+    if rec.unpublished_version is None:
+        return DrainProgress(False, inflight, "waiting for the publisher to unpublish it")
+    lagging = [g for g in gateways if g.version < rec.unpublished_version]
+    if lagging:
+        return DrainProgress(False, inflight, f"waiting for {len(lagging)} gateway(s) to load endpoint "
+                                              f"list v{rec.unpublished_version}")
+    if inflight:
+        return DrainProgress(False, inflight, f"{inflight} in flight")
+    return DrainProgress(True, 0, "drained")
 
 
 def _exit_text(rec: ReplicaRecord) -> str:

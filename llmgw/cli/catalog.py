@@ -11,16 +11,18 @@ import getpass
 import os
 import socket
 import sys
+import time
 from datetime import datetime, timezone
 
 import redis
 
-from llmgw.catalog import Catalog, load_catalog_file
+from llmgw.catalog import Catalog, load_catalog_file, profile_spec_hash
 from llmgw.catalog_diff import diff_catalogs, format_diff
 from llmgw.catalog_store import apply_catalog, history, read_applied, read_version
-from llmgw.cli.common import print_json, settings
+from llmgw.cli.common import kick, print_json, settings
 from llmgw.errors import CatalogConflict, CatalogInvalid, RedisUnreachable
-from llmgw.store import connect
+from llmgw.kicks import RECONCILE
+from llmgw.store import Store, connect
 
 EXIT_CONFLICT = 1
 EXIT_INVALID = 2
@@ -37,6 +39,11 @@ def register(sub) -> None:
     a = csub.add_parser("apply", help="validate a catalog file, show the diff and store it as the next version")
     a.add_argument("file")
     a.add_argument("--dry-run", action="store_true", help="print the diff against the applied catalog only")
+    a.add_argument("--wait", action="store_true",
+                   help="return once every profile of the applied catalog has its replicas Ready and routable, "
+                        "printing how long each took (exit 1 on timeout)")
+    a.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
+                   help="with --wait: give up after this long (default 600)")
     a.set_defaults(func=cmd_apply)
 
     s = csub.add_parser("show", help="print the applied catalog")
@@ -130,13 +137,14 @@ def cmd_apply(args) -> int:
     diff = diff_catalogs(current, cat)
     if current is not None and current.hash() == cat.hash():
         print(f"unchanged: catalog version {version} already has this content (hash {cat.hash()})")
-        return 0
+        return wait_ready(r, cat, args.timeout, time.monotonic()) if args.wait else 0
     print(f"diff against catalog version {version}:" if version else "no catalog applied yet:")
     for line in format_diff(diff, cat):
         print("  " + line)
     if args.dry_run:
         print("dry run: nothing applied")
         return 0
+    started = time.monotonic()
     try:
         new_version, changed = apply_catalog(
             r, cat, source=os.path.abspath(args.file), applied_by=_who(), expected_version=version
@@ -146,9 +154,47 @@ def cmd_apply(args) -> int:
         return EXIT_CONFLICT
     if changed:
         print(f"applied catalog version {new_version} (hash {cat.hash()})")
+        kick(settings(), r, RECONCILE)
     else:
         print(f"unchanged: catalog version {new_version} already has this content (hash {cat.hash()})")
-    return 0
+    return wait_ready(r, cat, args.timeout, started) if args.wait else 0
+
+
+def wait_ready(r, cat: Catalog, timeout: float, started: float, poll: float = 0.05) -> int:
+    """`apply --wait`: until every profile has its replicas of the applied spec Ready and in the
+    published endpoint list; print when each profile got its first and its last one."""
+    store = Store(r)
+    want = {(m.name, p.name): p.replicas for m, p in cat.profiles()}
+    hashes = {(m.name, p.name): profile_spec_hash(m, p) for m, p in cat.profiles()}
+    first: dict[tuple[str, str], float] = {}
+    done: dict[tuple[str, str], float] = {k: 0.0 for k, n in want.items() if n == 0}
+    deadline = started + timeout
+    while True:
+        _v, _fp, eps = store.read_endpoints()
+        listed = {e.id for e in eps}
+        ready: dict[tuple[str, str], int] = {}
+        for rec in store.all_replicas():
+            key = (rec.model, rec.profile)
+            if rec.id in listed and hashes.get(key) == rec.spec_hash:
+                ready[key] = ready.get(key, 0) + 1
+        t = time.monotonic() - started
+        for key, n in want.items():
+            if ready.get(key) and key not in first:
+                first[key] = t
+            if key not in done and ready.get(key, 0) >= n:
+                done[key] = t
+                print(f"  {key[0]}/{key[1]}: {n} of {n} Ready after {t:.2f}s (first after {first.get(key, t):.2f}s)")
+        if len(done) == len(want):
+            print(f"all {sum(want.values())} replicas Ready after {t:.2f}s")
+            return 0
+        if time.monotonic() >= deadline:
+            for key, n in want.items():
+                if key not in done:
+                    print(f"  {key[0]}/{key[1]}: {ready.get(key, 0)} of {n} Ready after {t:.0f}s "
+                          "(see `llmgw status`)", file=sys.stderr)
+            print(f"llmgw: timed out after {timeout:g}s waiting for Ready replicas", file=sys.stderr)
+            return 1
+        time.sleep(poll)
 
 
 def _when(ts) -> str:

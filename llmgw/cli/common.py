@@ -6,6 +6,7 @@ import json
 import sys
 
 from llmgw.config import Settings
+from llmgw.kicks import Kicker, broker_app, celery_sender
 from llmgw.store import Store, connect
 
 
@@ -20,3 +21,17 @@ def store(s: Settings | None = None) -> Store:
 def print_json(obj) -> None:
     json.dump(obj, sys.stdout, indent=2, sort_keys=True, default=str)
     sys.stdout.write("\n")
+
+
+def kick(s: Settings, r, *tasks: str) -> None:
+    """Tell the control plane a fact changed, so it reacts now rather than at its next timer tick
+    (llmgw.kicks; best effort: the timer is the backstop)."""
+    if not s.event_driven:
+        return
+    app = broker_app(s.redis_url)
+    try:
+        kicker = Kicker(r, celery_sender(app))
+        for task in tasks:
+            kicker.kick(task)
+    finally:
+        app.close()

@@ -7,14 +7,14 @@
 from __future__ import annotations
 
 import time
-from typing import Iterable, Mapping
+from typing import Collection, Iterable, Mapping
 
 import redis
 
 from llmgw.catalog_store import applied_version, read_applied
 from llmgw.cli.common import print_json, settings, store
-from llmgw.records import NodeAdmin, NodeInfo, ReplicaRecord
-from llmgw.replica_state import State, derive, nodes_alive
+from llmgw.records import GatewayReport, LoadRecord, NodeAdmin, NodeInfo, ReplicaRecord
+from llmgw.replica_state import State, derive, drain_progress, nodes_alive
 
 
 def register(sub) -> None:
@@ -39,7 +39,10 @@ def cmd_status(args) -> int:
     except Exception as e:  # noqa: BLE001 - e.g. applied by a newer llmgw: report it, show the rest
         catalog_version = _raw_catalog_version(s)
         catalog_problem = str(e).splitlines()[0] if str(e) else type(e).__name__
-    report = build_status(live, known, admin, replicas, version, len(endpoints), catalog_version, now)
+    draining = [r.id for r in replicas if r.stop_requested_at is not None]
+    report = build_status(live, known, admin, replicas, version, len(endpoints), catalog_version, now,
+                          listed={e.id for e in endpoints}, gateways=s.gateway_reports(),
+                          loads=s.loads(draining), last_seen=s.nodes_last_seen())
     if catalog_problem:
         report["catalog"]["problem"] = f"this llmgw cannot read it: {catalog_problem}"
     if args.json:
@@ -85,13 +88,30 @@ def build_status(
     endpoints_count: int,
     catalog_version: int,
     now: float,
+    *,
+    listed: Collection[str] = (),
+    gateways: Iterable[GatewayReport] = (),
+    loads: Mapping[str, LoadRecord] | None = None,
+    last_seen: Mapping[str, float] | None = None,
 ) -> dict:
+    """`listed`: ids in the published endpoint list (a Lost replica still in it shows as Ready, its
+    node agent lost); `gateways` and `loads` tell how far a Draining replica's drain has come."""
+    gateways = list(gateways)
+    loads = loads or {}
+    last_seen = last_seen or {}
     replicas = sorted(replicas, key=lambda r: (r.model, r.profile, r.id))
     used: dict[str, set[int]] = {}
     rows = []
     for rec in replicas:
         names = rec.all_nodes
         view = derive(rec, nodes_alive(rec, live), now)
+        state, reason = view.state.value, view.reason
+        if view.state is State.LOST and rec.id in listed and rec.stop_requested_at is None:
+            gone = now - min((last_seen[n] for n in names if n not in live and n in last_seen), default=now)
+            state, reason = State.READY.value, f"node agent lost {_age(gone)} ago; engine still serving"
+        elif view.state is State.DRAINING:
+            progress = drain_progress(rec, gateways, loads.get(rec.id), now)
+            reason = f"{progress.inflight} in flight; {progress.note}; {view.reason}".rstrip("; ")
         if view.state is not State.STOPPED:
             for n, idxs in rec.gpus.items():
                 used.setdefault(n, set()).update(idxs)
@@ -102,8 +122,8 @@ def build_status(
             "node": rec.node,
             "nodes": list(names),
             "gpus": {n: list(ix) for n, ix in rec.gpus.items()},
-            "state": view.state.value,
-            "reason": view.reason,
+            "state": state,
+            "reason": reason,
             "restarts": rec.restarts,
             "age": now - rec.created_at if rec.created_at else None,
             "url": rec.url,

@@ -13,7 +13,8 @@ import time
 from dataclasses import dataclass, field
 from typing import AbstractSet, Callable, Mapping, Protocol
 
-from llmgw import keys
+from llmgw import events, keys
+from llmgw.kicks import PUBLISH, RECONCILE, Kicker, disabled
 from llmgw.store import Store
 from workers.control.plan import (
     Action,
@@ -27,7 +28,7 @@ from workers.control.plan import (
     UpdatePending,
     plan,
 )
-from workers.control.publish import endpoints_from, fingerprint
+from workers.control.publish import endpoints_from, fingerprint, merge_evidence
 from workers.control.snapshot import CatalogKeeper, load_snapshot
 
 log = logging.getLogger("llmgw.control")
@@ -73,6 +74,7 @@ def apply_actions(
     dispatcher: Dispatcher,
     now: float,
     out_of_time: Callable[[], bool] = lambda: False,
+    kicker: Kicker | None = None,
 ) -> ApplyResult:
     """Apply each action; stop early when `out_of_time()` says so (the rest is planned again next
     pass from fresh facts, so deferring is safe, while overrunning the pass lock would not be)."""
@@ -88,6 +90,8 @@ def apply_actions(
         except Exception:  # one bad action must not stop the others
             result.failed += 1
             log.exception("failed to apply %r", action)
+    if kicker is not None and any(isinstance(a, StopReplica) for a in actions):
+        kicker.kick(PUBLISH)  # a stop unpublishes at once: its drain waits for the new list
     return result
 
 
@@ -95,12 +99,17 @@ def _apply_one(action: Action, store: Store, dispatcher: Dispatcher, now: float)
     if isinstance(action, CreateReplica):
         store.create_replica(action.record(now))  # the record first ...
         if action.placement is not None:
-            log.info("launch %s (%s/%s) on %s: %s", action.id, action.model, action.profile,
-                     ",".join(action.placement.nodes), action.why)
+            where = ",".join(action.placement.nodes)
+            log.info("launch %s (%s/%s) on %s: %s", action.id, action.model, action.profile, where, action.why)
+            events.emit(store.r, "replica_placed", f"placed on {where}: {action.why}", source="control",
+                        model=action.model, profile=action.profile, node=action.placement.head,
+                        replica=action.id, ts=now)
             for node in action.placement.nodes:  # ... then the dispatch
                 dispatcher.launch(action.id, node)
         else:
             log.info("pending %s (%s/%s): %s", action.id, action.model, action.profile, action.pending_reason)
+            events.emit(store.r, "replica_pending", action.pending_reason or "", source="control",
+                        model=action.model, profile=action.profile, replica=action.id, ts=now)
     elif isinstance(action, PlaceReplica):
         p = action.placement
         if store.update_replica(action.id, node=p.head, nodes=list(p.nodes), gpus=p.gpus_dict(),
@@ -111,8 +120,13 @@ def _apply_one(action: Action, store: Store, dispatcher: Dispatcher, now: float)
     elif isinstance(action, UpdatePending):
         store.update_replica(action.id, pending_reason=action.reason)
     elif isinstance(action, StopReplica):
-        if store.update_replica(action.id, stop_requested_at=now, stop_reason=action.reason):
+        if store.update_replica(action.id, stop_requested_at=now, stop_reason=action.reason,
+                                drain_timeout=action.drain_timeout):
             log.info("stop %s: %s", action.id, action.reason)
+            events.emit(store.r, "replica_draining", action.reason, source="control", replica=action.id,
+                        model=action.model,
+                        node=action.nodes[0] if action.nodes else "", ts=now,
+                        drain_timeout=action.drain_timeout)
             if action.dispatch:
                 for node in action.nodes:
                     dispatcher.stop(action.id, node)
@@ -141,62 +155,109 @@ def reconcile_once(
     catalog_sync: Callable[[], object] | None = None,
     monotonic: Callable[[], float] = time.monotonic,
     catalogs: CatalogKeeper | None = None,
+    kicker: Kicker | None = None,
 ) -> ApplyResult | None:
     """One reconcile pass under the reconcile lock; None when another pass holds it (or no readable
     catalog was ever seen by `catalogs`, the process's CatalogKeeper). Applying stops at half the
     lock's TTL, so a huge pass (a cold start of thousands of replicas) never outlives its lock and
-    overlaps the next one."""
+    overlaps the next one. A fact kicked while the pass ran makes it kick itself again (llmgw.kicks)."""
+    kicker = kicker or disabled()
     started = monotonic()
     with store.lock(keys.RECONCILE_LOCK, lock_ttl) as held:
         if not held:
             log.info("reconcile skipped: another pass holds the lock")
+            kicker.mark_dirty(RECONCILE)
             return None
-        if catalog_sync is not None:
-            try:
-                catalog_sync()
-            except Exception:  # a bad catalog file must not stop the fleet being reconciled
-                log.exception("catalog file sync failed; reconciling the applied catalog")
-        loaded = (catalogs or CatalogKeeper()).load(store)
-        if loaded is None:
-            return None
-        _version, catalog = loaded
-        t = now()
-        snap = load_snapshot(store, t)
-        if not store.replica_node_index_ready():
-            try:  # once per Redis: index records written before the per-node index existed
-                store.reindex_replica_nodes(snap.replicas)
-            except Exception:  # the agents keep scanning every record meanwhile: slower, not wrong
-                log.exception("building the per-node replica index failed; retried next pass")
-        actions = plan(catalog, snap, t, config)
-        budget = lock_ttl / 2
-        result = apply_actions(actions, store, dispatcher, t, lambda: monotonic() - started > budget)
-        if result.applied or result.failed or result.deferred:
-            log.info("reconcile: %s applied, %s failed, %s deferred %s", result.applied, result.failed,
-                     result.deferred, result.counts)
-        return result
+        kicker.started(RECONCILE)
+        try:
+            return _reconcile(store, dispatcher, now, lock_ttl, config, catalog_sync, monotonic, catalogs,
+                              kicker, started)
+        finally:
+            kicker.finished(RECONCILE)
+
+
+def _reconcile(store, dispatcher, now, lock_ttl, config, catalog_sync, monotonic, catalogs, kicker,
+               started) -> ApplyResult | None:
+    if catalog_sync is not None:
+        try:
+            catalog_sync()
+        except Exception:  # a bad catalog file must not stop the fleet being reconciled
+            log.exception("catalog file sync failed; reconciling the applied catalog")
+    loaded = (catalogs or CatalogKeeper()).load(store)
+    if loaded is None:
+        return None
+    _version, catalog = loaded
+    t = now()
+    snap = load_snapshot(store, t)
+    if not store.replica_node_index_ready():
+        try:  # once per Redis: index records written before the per-node index existed
+            store.reindex_replica_nodes(snap.replicas)
+        except Exception:  # the agents keep scanning every record meanwhile: slower, not wrong
+            log.exception("building the per-node replica index failed; retried next pass")
+    actions = plan(catalog, snap, t, config)
+    budget = lock_ttl / 2
+    result = apply_actions(actions, store, dispatcher, t, lambda: monotonic() - started > budget, kicker)
+    if result.applied or result.failed or result.deferred:
+        log.info("reconcile: %s applied, %s failed, %s deferred %s", result.applied, result.failed,
+                 result.deferred, result.counts)
+    return result
+
+
+@dataclass
+class PublishMemory:
+    """What one control worker process remembers between publish passes."""
+
+    live: frozenset[str] | None = None  # the live nodes at the last pass
 
 
 def publish_once(
-    store: Store, now: Callable[[], float], lock_ttl: float = 10.0, catalogs: CatalogKeeper | None = None
+    store: Store, now: Callable[[], float], lock_ttl: float = 10.0, catalogs: CatalogKeeper | None = None,
+    kicker: Kicker | None = None, memory: PublishMemory | None = None, lost_grace: float | None = None,
 ) -> int | None:
-    """Publish the routable endpoints if they changed. Returns the new version, else None (also when
-    no readable catalog was ever seen: the published list then stays as it is)."""
+    """Publish the routable endpoints if they changed (publish.routable decides, weighing the
+    gateways' evidence for replicas whose node agent is gone). Returns the new version, else None
+    (also when no readable catalog was ever seen: the published list then stays as it is).
+
+    Then stamps `unpublished_version` on every replica asked to stop that the list no longer holds:
+    its agent drains it once every gateway has loaded that version. And when the set of live nodes
+    changed since this process's last pass (a node joined or was lost), it kicks a reconcile."""
+    kicker = kicker or disabled()
     with store.lock(keys.PUBLISH_LOCK, lock_ttl) as held:
         if not held:
+            kicker.mark_dirty(PUBLISH)
             return None
-        loaded = (catalogs or CatalogKeeper()).load(store)
-        if loaded is None:
-            return None
-        _version, catalog = loaded
-        t = now()
-        eps = endpoints_from(catalog, store.all_replicas(), store.live_nodes(), t)
-        fp = fingerprint(eps)
-        _v, published_fp, _eps = store.read_endpoints()
-        if fp == published_fp:
-            return None
-        version = store.write_endpoints(eps, fp, t)
-        log.info("published %d endpoints as version %d", len(eps), version)
-        return version
+        kicker.started(PUBLISH)
+        try:
+            loaded = (catalogs or CatalogKeeper()).load(store)
+            if loaded is None:
+                return None
+            _version, catalog = loaded
+            t = now()
+            replicas = store.all_replicas()
+            live = store.live_nodes()
+            extra = {} if lost_grace is None else {"lost_grace": lost_grace}
+            eps = endpoints_from(catalog, replicas, live, t, last_seen=store.nodes_last_seen(),
+                                 evidence=merge_evidence(store.gateway_reports()), **extra)
+            fp = fingerprint(eps)
+            current, published_fp, _eps = store.read_endpoints()
+            version = None
+            if fp != published_fp:
+                version = current = store.write_endpoints(eps, fp, t)
+                log.info("published %d endpoints as version %d", len(eps), version)
+                events.emit(store.r, "endpoints_published", f"{len(eps)} endpoints", source="control",
+                            ts=t, version=version, count=len(eps))
+            listed = {e.id for e in eps}
+            for rec in replicas:
+                if rec.stop_requested_at is not None and rec.unpublished_version is None and rec.id not in listed:
+                    store.update_replica(rec.id, unpublished_version=current)
+            if memory is not None:
+                now_live = frozenset(live)
+                if memory.live is not None and now_live != memory.live:
+                    kicker.kick(RECONCILE)  # a node joined or went quiet: place or replace now
+                memory.live = now_live
+            return version
+        finally:
+            kicker.finished(PUBLISH)
 
 
 @dataclass(frozen=True)

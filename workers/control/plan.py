@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Union
 
-from llmgw.catalog import Catalog, Model, Profile, profile_spec_hash
+from llmgw.catalog import DRAIN_TIMEOUT, Catalog, Model, Profile, profile_spec_hash
 from llmgw.gpus import normalize_gpu_class
 from llmgw.records import ReplicaRecord
 from llmgw.replica_state import CrashPolicy, State, derive
@@ -42,6 +42,7 @@ from workers.control.placement import (
     place_and_allocate,
     spread_many,
 )
+from workers.control.publish import LOST_GRACE, lost_since
 from workers.control.snapshot import Snapshot
 
 log = logging.getLogger("llmgw.control.plan")
@@ -101,6 +102,8 @@ class StopReplica:
     reason: str
     nodes: tuple[str, ...] = ()
     dispatch: bool = True  # False when its nodes are not live: nobody would consume it now
+    drain_timeout: float = 0.0  # the profile's: how long in-flight requests may take to finish
+    model: str = ""  # for the event history
 
 
 @dataclass(frozen=True)
@@ -135,7 +138,9 @@ class PlanConfig:
     launch_redispatch_after: float = 5.0
     stop_redispatch_after: float = 10.0
     lost_delete_after: float = 60.0  # a Lost record that was asked to stop is deleted after this
-    lost_grace: float = 60.0  # a Lost replica is asked to stop this long after its node's last heartbeat
+    # A Lost replica is asked to stop this long after its node's last heartbeat (replacement Ready or
+    # not); it stays routable until then unless the gateways fail to reach it (publish.routable).
+    lost_grace: float = LOST_GRACE
     crash_policy: CrashPolicy = field(default_factory=CrashPolicy)
 
 
@@ -316,11 +321,13 @@ def _plan(
     return actions
 
 
-def _stop(rec: ReplicaRecord, reason: str, snap: Snapshot) -> Action:
+def _stop(rec: ReplicaRecord, reason: str, snap: Snapshot, drain_timeout: float = DRAIN_TIMEOUT) -> Action:
+    """Every planned stop: the agent drains it (docs/lifecycle.md) for up to `drain_timeout`."""
     if rec.node is None:  # never placed: nothing runs, nothing to tell an agent
         return DeleteRecord(rec.id, reason)
     nodes = _rec_nodes(rec)
-    return StopReplica(rec.id, reason, nodes, dispatch=all(n in snap.nodes for n in nodes))
+    return StopReplica(rec.id, reason, nodes, dispatch=all(n in snap.nodes for n in nodes),
+                       drain_timeout=drain_timeout, model=rec.model)
 
 
 def _stopping_upkeep(rec: ReplicaRecord, st: State, now: float, config: PlanConfig) -> list[Action]:
@@ -335,6 +342,8 @@ def _stopping_upkeep(rec: ReplicaRecord, st: State, now: float, config: PlanConf
         return []
     if st is State.STOPPING and since >= config.stop_redispatch_after:
         return [DispatchStop(rec.id, _rec_nodes(rec))]
+    if st is State.DRAINING and since >= rec.drain_timeout + config.stop_redispatch_after:
+        return [DispatchStop(rec.id, _rec_nodes(rec))]  # its agent should have ended the drain by now
     return []
 
 
@@ -409,7 +418,7 @@ def _plan_profile(
         surplus = _order_to_stop(cur, states)[: len(cur) - desired]
         gone = {r.id for r in surplus}
         for r in surplus:
-            actions.append(_stop(r, f"scale down to {desired}", snap))
+            actions.append(_stop(r, f"scale down to {desired}", snap, profile.drain_timeout))
         cur = [r for r in cur if r.id not in gone]
 
     ready_cur = sum(1 for r in cur if is_ready(r))
@@ -434,13 +443,13 @@ def _plan_profile(
             last = to_stop.pop()
             ready_after += 1 if is_ready(last) else 0
         for r in to_stop:
-            actions.append(_stop(r, f"replaced: {reasons[r.id]}", snap))
+            actions.append(_stop(r, f"replaced: {reasons[r.id]}", snap, profile.drain_timeout))
         ready_left = ready_after
     else:
         start = max(0, desired - len(cur))
         ready_left = ready_cur
     if lost:
-        actions.extend(_settle_lost(lost, desired, ready_left, snap, now, config))
+        actions.extend(_settle_lost(lost, desired, ready_left, snap, now, config, profile.drain_timeout))
 
     requests: list[_Request] = []
     ordinal = 0
@@ -468,32 +477,23 @@ def _plan_profile(
     return actions, requests
 
 
-def lost_since(rec: ReplicaRecord, snap: Snapshot) -> float:
-    """When a Lost replica's first node went quiet: that node's last heartbeat, or (for a node with no
-    recorded heartbeat time) the latest fact in the record."""
-    seen = [snap.last_seen[n] for n in rec.all_nodes if n not in snap.nodes and n in snap.last_seen]
-    if seen:
-        return min(seen)
-    facts = (rec.created_at, rec.launch_dispatched_at, rec.started_at, rec.last_probe_at, rec.adopted_at)
-    return max((t for t in facts if t is not None), default=0.0)
-
-
 def _settle_lost(
-    lost: list[ReplicaRecord], desired: int, ready: int, snap: Snapshot, now: float, config: PlanConfig
+    lost: list[ReplicaRecord], desired: int, ready: int, snap: Snapshot, now: float, config: PlanConfig,
+    drain_timeout: float = DRAIN_TIMEOUT,
 ) -> list[Action]:
     """Lost replicas of one profile: ask to stop those whose replacements are Ready (the profile has
     `desired` Ready replicas without them) and those lost for `lost_grace`; keep the rest, so a node
     that comes back soon keeps its engines and the surplus rule settles the count."""
     out: list[Action] = []
     keep = max(0, desired - ready)  # Lost replicas still standing in for a replacement not Ready yet
-    by_age = sorted(lost, key=lambda r: (lost_since(r, snap), r.id))
+    by_age = sorted(lost, key=lambda r: (lost_since(r, snap.nodes, snap.last_seen), r.id))
     for i, rec in enumerate(by_age):
         gone = ", ".join(n for n in _rec_nodes(rec) if n not in snap.nodes)
-        lost_for = now - lost_since(rec, snap)
+        lost_for = now - lost_since(rec, snap.nodes, snap.last_seen)
         if lost_for >= config.lost_grace:
-            out.append(_stop(rec, f"node {gone} lost for {lost_for:.0f}s; replaced", snap))
+            out.append(_stop(rec, f"node {gone} lost for {lost_for:.0f}s; replaced", snap, drain_timeout))
         elif i < len(by_age) - keep:  # the longest lost go first
-            out.append(_stop(rec, f"node {gone} lost; replacement Ready", snap))
+            out.append(_stop(rec, f"node {gone} lost; replacement Ready", snap, drain_timeout))
     return out
 
 
@@ -550,7 +550,7 @@ def _place(
             CreateReplica(rid, r.model.name, r.profile.name, r.spec_hash, result,
                           why=f"replaces {r.rec.id} (crash loop on {where})"),
             StopReplica(r.rec.id, f"crash loop on {where}; moved to {result.head} as {rid}",
-                        _rec_nodes(r.rec)),
+                        _rec_nodes(r.rec), drain_timeout=r.profile.drain_timeout, model=r.model.name),
         ]
     if r.kind == "pending":
         assert r.rec is not None

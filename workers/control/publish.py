@@ -1,19 +1,87 @@
-"""What the gateway may route to: Ready replicas of models still in the catalog. Pure.
+"""What the gateway may route to, and the list's fingerprint. Pure.
 
-`endpoints_from(catalog, replicas, live_nodes, now)` builds the list (sorted by id) and
-`fingerprint(endpoints)` summarises it, so the publish task writes (and bumps the version) only when
-something a router cares about changed.
+`routable(...)` is the publish decision for one replica (docs/lifecycle.md): a Ready replica of a
+model and profile still in the catalog, never one asked to stop; and a replica whose node agent is
+gone (Lost) stays routable while it was Ready when last heard of, for at most `lost_grace`, and
+only while the gateways' own evidence (their last success and last failure reaching it) does not
+say it fails. The engines are the data plane: an agent that crashed or restarts must not take
+healthy engines out of routing.
+
+`endpoints_from(...)` builds the list (sorted by id) and `fingerprint(endpoints)` summarises it, so
+the publish task writes (and bumps the version) only when something a router cares about changed.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 from llmgw.catalog import Catalog
-from llmgw.records import EndpointInfo, NodeInfo, ReplicaRecord
-from llmgw.replica_state import CrashPolicy, State, derive, nodes_alive
+from llmgw.records import EndpointInfo, GatewayReport, NodeInfo, ReplicaRecord
+from llmgw.replica_state import CrashPolicy, State, derive, nodes_alive, served_this_attempt
+
+# How long a Lost node's Ready replicas stay routable without contrary evidence (seconds); the
+# planner asks them to stop after the same time (PlanConfig.lost_grace).
+LOST_GRACE = 300.0
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What every gateway saw of one endpoint, merged: the latest success and the latest failure."""
+
+    ok_at: float | None = None
+    fail_at: float | None = None
+
+    @property
+    def failing(self) -> bool:
+        """The latest word is a failure (a success since would have cleared it)."""
+        return self.fail_at is not None and (self.ok_at is None or self.fail_at > self.ok_at)
+
+
+def merge_evidence(reports: Iterable[GatewayReport]) -> dict[str, Evidence]:
+    out: dict[str, Evidence] = {}
+    for g in reports:
+        for eid, use in g.endpoints.items():
+            e = out.get(eid, Evidence())
+            out[eid] = Evidence(_latest(e.ok_at, use.ok_at), _latest(e.fail_at, use.fail_at))
+    return out
+
+
+def _latest(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else max(a, b)
+
+
+def lost_since(rec: ReplicaRecord, live: Mapping[str, object], last_seen: Mapping[str, float]) -> float:
+    """When a Lost replica's first node went quiet: that node's last heartbeat, or (for a node with no
+    recorded heartbeat time) the latest fact in the record."""
+    seen = [last_seen[n] for n in rec.all_nodes if n not in live and n in last_seen]
+    if seen:
+        return min(seen)
+    facts = (rec.created_at, rec.launch_dispatched_at, rec.started_at, rec.last_probe_at, rec.adopted_at)
+    return max((t for t in facts if t is not None), default=0.0)
+
+
+def routable(rec: ReplicaRecord, node_alive: bool, lost_at: float, evidence: Evidence | None, now: float,
+             policy: CrashPolicy = CrashPolicy(), lost_grace: float = LOST_GRACE) -> tuple[bool, str]:
+    """May the gateways route to this replica? (yes/no, and why, for `llmgw status`). The caller has
+    checked that its model and profile are in the catalog."""
+    if rec.stop_requested_at is not None:
+        return False, "stop requested"
+    if not rec.url:
+        return False, "no URL yet"
+    if node_alive:
+        view = derive(rec, True, now, policy)
+        return view.state is State.READY, view.state.value
+    if not (served_this_attempt(rec) and rec.last_probe_ok):
+        return False, "node lost while it was not Ready"
+    gone = now - lost_at
+    if gone >= lost_grace:
+        return False, f"node agent lost {gone:.0f}s ago, longer than the {lost_grace:g}s grace"
+    if evidence is not None and evidence.failing:
+        return False, "node agent lost and gateways fail to reach the engine"
+    return True, f"node agent lost {gone:.0f}s ago"
 
 
 def endpoints_from(
@@ -22,17 +90,26 @@ def endpoints_from(
     live_nodes: Mapping[str, NodeInfo],
     now: float,
     policy: CrashPolicy = CrashPolicy(),
+    *,
+    last_seen: Mapping[str, float] | None = None,
+    evidence: Mapping[str, Evidence] | None = None,
+    lost_grace: float = LOST_GRACE,
 ) -> list[EndpointInfo]:
     out: list[EndpointInfo] = []
     models = {m.name: m for m in catalog.models}
+    last_seen = last_seen or {}
+    evidence = evidence or {}
     for rec in replicas:
         model = models.get(rec.model)
         if model is None:
             continue  # left the catalog: never routed to, even while its engine is still stopping
         profile = model.profile(rec.profile)
-        if profile is None or not rec.url:
+        if profile is None:
             continue
-        if derive(rec, nodes_alive(rec, live_nodes), now, policy).state is not State.READY:
+        alive = nodes_alive(rec, live_nodes)
+        lost_at = now if alive else lost_since(rec, live_nodes, last_seen)
+        ok, _why = routable(rec, alive, lost_at, evidence.get(rec.id), now, policy, lost_grace)
+        if not ok:
             continue
         out.append(
             EndpointInfo(

@@ -13,8 +13,15 @@ import time
 from celery import Task, shared_task
 
 from llmgw.catalog_watch import sync_from_file
+from llmgw.kicks import Kicker, celery_sender
 from llmgw.store import Store
-from workers.control.apply import CeleryDispatcher, housekeeping_once, publish_once, reconcile_once
+from workers.control.apply import (
+    CeleryDispatcher,
+    PublishMemory,
+    housekeeping_once,
+    publish_once,
+    reconcile_once,
+)
 from workers.control.snapshot import CatalogKeeper
 from workers.store_cache import STORES
 
@@ -34,12 +41,22 @@ class ControlTask(Task):
     between passes (the last good catalog, so an unreadable one never stops the fleet)."""
 
     _catalogs: CatalogKeeper | None = None
+    _memory: PublishMemory | None = None
 
     @property
     def catalogs(self) -> CatalogKeeper:
         if self._catalogs is None:
             self._catalogs = CatalogKeeper()
         return self._catalogs
+
+    @property
+    def memory(self) -> PublishMemory:
+        if self._memory is None:
+            self._memory = PublishMemory()
+        return self._memory
+
+    def kicker(self, store: Store) -> Kicker:
+        return Kicker(store.r, celery_sender(self.app), enabled=self.app.settings.event_driven)
 
 
 @shared_task(name="llmgw.reconcile", bind=True, base=ControlTask)
@@ -53,6 +70,7 @@ def reconcile(self) -> dict | None:
         lock_ttl=max(10.0, 5 * settings.reconcile_interval),
         catalog_sync=_catalog_sync(store, settings),
         catalogs=self.catalogs,
+        kicker=self.kicker(store),
     )
     return None if result is None else {"applied": result.applied, "failed": result.failed}
 
@@ -60,8 +78,9 @@ def reconcile(self) -> dict | None:
 @shared_task(name="llmgw.publish", bind=True, base=ControlTask)
 def publish(self) -> int | None:
     settings = self.app.settings
-    return publish_once(STORES.get(settings.redis_url), time.time,
-                        lock_ttl=max(5.0, 5 * settings.publish_interval), catalogs=self.catalogs)
+    store = STORES.get(settings.redis_url)
+    return publish_once(store, time.time, lock_ttl=max(5.0, 5 * settings.publish_interval),
+                        catalogs=self.catalogs, kicker=self.kicker(store), memory=self.memory)
 
 
 @shared_task(name="llmgw.housekeeping", bind=True)

@@ -1,0 +1,142 @@
+"""Events drive the control passes; beat's timers are the backstop (docs/lifecycle.md).
+
+A fact that changes what should run or what is routable (a catalog apply, a node joining or being
+cordoned, a replica turning Ready or exiting, a stop confirmed, demand for a model at zero) *kicks*
+the pass that reacts to it: `Kicker.kick("llmgw.reconcile")`. A kick
+
+- marks the pass dirty (`llmgw:dirty:<task>`), and
+- sends the task to the control queue with a short countdown, unless one is already on its way
+  (`llmgw:kick:<task>`, SET NX with a TTL): a burst of facts sends one task, not one per fact.
+
+The pass clears both marks when it starts (`Kicker.started`) and, when it ends, kicks itself again
+if the dirty mark came back meanwhile (`Kicker.finished`): a fact that arrived after the pass read
+its snapshot is never left for the timer. A pass that finds its lock taken marks the pass dirty, so
+the running one goes again. Lost kicks (a worker dying with the task) are repaired by the next
+timer tick, and a scheduled mark expires by itself.
+
+The rule itself is pure (`KickRule`), so it is tested with a fake clock; `Kicker` applies it to Redis.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import redis
+
+from llmgw import keys
+
+log = logging.getLogger("llmgw.kicks")
+
+CONTROL_QUEUE = "control"
+RECONCILE = "llmgw.reconcile"
+PUBLISH = "llmgw.publish"
+
+# Seconds a kicked task waits before it runs, gathering the facts of a burst into one pass.
+DEBOUNCE = 0.03
+# A scheduled mark outlives a lost task by at most this long (seconds).
+SCHEDULED_TTL = 2.0
+
+
+@dataclass(frozen=True)
+class KickState:
+    """The two marks of one task: a pass is on its way until `scheduled_until`; `dirty` since the
+    last pass started."""
+
+    scheduled_until: float = float("-inf")
+    dirty: bool = False
+
+
+class KickRule:
+    """Pure: what a kick, a pass start and a pass end do to the marks, and whether to send a task."""
+
+    @staticmethod
+    def kick(s: KickState, now: float) -> tuple[KickState, bool]:
+        if now < s.scheduled_until:
+            return KickState(s.scheduled_until, True), False
+        return KickState(now + SCHEDULED_TTL, True), True
+
+    @staticmethod
+    def started(s: KickState, now: float) -> KickState:  # noqa: ARG004 - same shape as the others
+        return KickState(float("-inf"), False)
+
+    @staticmethod
+    def finished(s: KickState, now: float) -> tuple[KickState, bool]:
+        if not s.dirty:
+            return s, False
+        return KickRule.kick(s, now)
+
+
+class Sender(Protocol):
+    def __call__(self, task: str, countdown: float) -> None: ...
+
+
+def celery_sender(app) -> Sender:
+    """Send by name on the control queue through a Celery app (the worker's own, or `broker_app`)."""
+
+    def send(task: str, countdown: float) -> None:
+        app.send_task(task, queue=CONTROL_QUEUE, countdown=countdown or None)
+
+    return send
+
+
+def broker_app(redis_url: str):
+    """A Celery app that only sends (no task modules): for the CLI and the gateway, which kick the
+    control passes without being Celery workers."""
+    from celery import Celery
+
+    return Celery("llmgw-kick", broker=redis_url, set_as_current=False)
+
+
+class Kicker:
+    """`KickRule` on Redis. Never raises: a kick that cannot be sent is repaired by the timer."""
+
+    def __init__(self, r: redis.Redis, send: Sender, debounce: float = DEBOUNCE, enabled: bool = True):
+        self.r, self.send, self.debounce, self.enabled = r, send, debounce, enabled
+
+    def kick(self, task: str) -> bool:
+        """Mark `task` dirty and send it unless one is on its way. True if a task was sent."""
+        if not self.enabled:
+            return False
+        try:
+            pipe = self.r.pipeline(transaction=False)
+            pipe.set(keys.kick_dirty(task), "1", px=int(SCHEDULED_TTL * 10 * 1000))
+            pipe.set(keys.kick_scheduled(task), "1", nx=True, px=int(SCHEDULED_TTL * 1000))
+            _, scheduled = pipe.execute()
+            if scheduled:
+                self.send(task, self.debounce)
+            return bool(scheduled)
+        except Exception as e:  # noqa: BLE001 - the fact is recorded; the timer will catch up
+            log.warning("could not kick %s (%s); the periodic pass will run it", task, e)
+            return False
+
+    def started(self, task: str) -> None:
+        """A pass of `task` starts: facts from now on need another pass."""
+        try:
+            self.r.delete(keys.kick_dirty(task), keys.kick_scheduled(task))
+        except redis.RedisError:
+            pass
+
+    def finished(self, task: str) -> bool:
+        """A pass of `task` ended: kick again if a fact changed meanwhile. True if it did."""
+        try:
+            dirty = self.r.exists(keys.kick_dirty(task))
+        except redis.RedisError:
+            return False
+        return self.kick(task) if dirty else False
+
+    def mark_dirty(self, task: str) -> None:
+        """A pass could not run now (another holds the lock): make the running one go again."""
+        try:
+            self.r.set(keys.kick_dirty(task), "1", px=int(SCHEDULED_TTL * 10 * 1000))
+        except redis.RedisError:
+            pass
+
+
+def disabled() -> Kicker:
+    """A Kicker that does nothing (tests of the timers alone, and callers without a broker)."""
+    return Kicker(None, lambda task, countdown: None, enabled=False)  # type: ignore[arg-type]
+
+
+KickFn = Callable[[str], object]
