@@ -113,6 +113,8 @@ class Kicker:
 
     def started(self, task: str) -> None:
         """A pass of `task` starts: facts from now on need another pass."""
+        if not self.enabled:
+            return
         try:
             self.r.delete(keys.kick_dirty(task), keys.kick_scheduled(task))
         except redis.RedisError:
@@ -120,6 +122,8 @@ class Kicker:
 
     def finished(self, task: str) -> bool:
         """A pass of `task` ended: kick again if a fact changed meanwhile. True if it did."""
+        if not self.enabled:
+            return False
         try:
             dirty = self.r.exists(keys.kick_dirty(task))
         except redis.RedisError:
@@ -128,6 +132,8 @@ class Kicker:
 
     def mark_dirty(self, task: str) -> None:
         """A pass could not run now (another holds the lock): make the running one go again."""
+        if not self.enabled:
+            return
         try:
             self.r.set(keys.kick_dirty(task), "1", px=int(SCHEDULED_TTL * 10 * 1000))
         except redis.RedisError:

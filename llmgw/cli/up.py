@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import os
 import signal
 import socket
 import sys
@@ -22,7 +23,9 @@ import requests
 
 from llmgw.catalog import Catalog, load_catalog_file, parse_catalog
 from llmgw.catalog_store import apply_catalog
+from llmgw.cli.common import kick
 from llmgw.config import Settings
+from llmgw.kicks import RECONCILE
 from llmgw.embedded_redis import redis_server_argv
 from llmgw.errors import CatalogInvalid, LlmgwError
 from llmgw.localstack import LocalStack, celery_argv, free_port, port_is_free, python_module, wait_for
@@ -123,6 +126,7 @@ def _run(args, settings, catalog, state_dir, node, stack: LocalStack, stopping) 
     )
     _say(f"catalog version {version}{'' if changed else ' (unchanged)'}: "
          + ", ".join(m.name for m in catalog.models))
+    kick(Settings.from_env({**os.environ, **stack.env}), r, RECONCILE)
 
     url = f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '') else args.host}:{args.port}"
     store = Store(r)
@@ -143,8 +147,6 @@ def _run(args, settings, catalog, state_dir, node, stack: LocalStack, stopping) 
 
 
 def _redis_url_given() -> bool:
-    import os
-
     return bool(os.environ.get("LLMGW_REDIS_URL") or os.environ.get("REDIS_URL"))
 
 

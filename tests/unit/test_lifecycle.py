@@ -193,3 +193,38 @@ def test_a_scheduled_mark_outlives_a_lost_task_by_its_ttl_only():
     assert not sent and state.dirty
     _state, sent = KickRule.kick(state, SCHEDULED_TTL + 0.01)
     assert sent
+
+
+def test_the_kicker_sends_one_task_per_burst_and_again_for_facts_during_a_pass():
+    import fakeredis
+
+    from llmgw.kicks import PUBLISH, RECONCILE, Kicker
+
+    r = fakeredis.FakeRedis(decode_responses=True)
+    sent: list[str] = []
+    k = Kicker(r, lambda task, countdown: sent.append(task))
+    for _ in range(50):
+        k.kick(RECONCILE)
+    k.kick(PUBLISH)
+    assert sent == [RECONCILE, PUBLISH]
+    k.started(RECONCILE)  # the pass begins: later facts need another pass
+    assert not k.finished(RECONCILE) and sent == [RECONCILE, PUBLISH]
+    k.started(RECONCILE)
+    k.kick(RECONCILE)  # a fact while the pass runs
+    assert sent == [RECONCILE, PUBLISH, RECONCILE]
+    k.mark_dirty(RECONCILE)
+    r.delete("llmgw:kick:llmgw.reconcile")  # that task already started elsewhere and found the lock taken
+    assert k.finished(RECONCILE)
+    assert sent[-1] == RECONCILE
+
+
+def test_a_kicker_that_cannot_reach_redis_never_raises():
+    import redis as redis_lib
+
+    from llmgw.kicks import RECONCILE, Kicker
+
+    dead = redis_lib.Redis(port=1, socket_connect_timeout=0.05)
+    k = Kicker(dead, lambda task, countdown: None)
+    assert k.kick(RECONCILE) is False
+    k.started(RECONCILE)
+    assert k.finished(RECONCILE) is False

@@ -17,6 +17,7 @@ from tests.unit.control_support import (
     node,
     ready_record,
 )
+from workers.control.publish import LOST_GRACE
 from workers.control.plan import (
     CreateReplica,
     DeleteRecord,
@@ -115,7 +116,8 @@ def test_lost_node_replicas_are_replaced_at_once_and_stopped_once_the_replacemen
     sim.agents()  # the replacement turns Ready
     sim.tick()
     assert of(sim.reconcile(), StopReplica) == [
-        StopReplica(on_a[0], "node a lost; replacement Ready", ("a",), dispatch=False)]
+        StopReplica(on_a[0], "node a lost; replacement Ready", ("a",), dispatch=False, drain_timeout=120.0,
+                    model="m")]
     # The node comes back: its stale engine is Stopping, the stop is re-sent, the agent stops it.
     sim.nodes["a"] = a_info
     sim.tick(11)
@@ -150,10 +152,13 @@ def test_a_lost_replica_with_no_ready_replacement_is_stopped_after_the_grace():
     acts = sim.reconcile()
     (create,) = of(acts, CreateReplica)
     assert create.pending_reason and not of(acts, StopReplica)  # nowhere to go: Pending
-    sim.tick(59)
+    # The default grace is the one the publisher keeps a Lost node's Ready replicas routable for.
+    assert PlanConfig().lost_grace == LOST_GRACE == 300.0
+    sim.tick(299)
     assert not of(sim.reconcile(), StopReplica)
     sim.tick(1)
-    assert of(sim.reconcile(), StopReplica) == [StopReplica(rid, "node a lost for 60s; replaced", ("a",), dispatch=False)]
+    assert of(sim.reconcile(), StopReplica) == [StopReplica(rid, "node a lost for 300s; replaced", ("a",),
+                                                            dispatch=False, drain_timeout=120.0, model="m")]
     # A custom grace is honoured.
     sim2 = Sim(catalog(model("m", cpu_profile())), {"a": node("a")})
     sim2.converge(2)
@@ -170,9 +175,9 @@ def test_the_grace_counts_from_the_last_heartbeat_or_the_records_last_fact():
     sim.nodes.pop(home)  # no heartbeat time known: the record's latest fact (its last probe) counts
     last_probe = sim.records[rid].last_probe_at
     sim.now = last_probe + 59
-    assert not of(sim.reconcile(), StopReplica)
+    assert not of(sim.reconcile(config=PlanConfig(lost_grace=60.0)), StopReplica)
     sim.now = last_probe + 61
-    assert [s.id for s in of(sim.reconcile(), StopReplica)] == [rid]
+    assert [s.id for s in of(sim.reconcile(config=PlanConfig(lost_grace=60.0)), StopReplica)] == [rid]
 
 
 def test_lost_replica_asked_to_stop_is_deleted_after_a_grace():

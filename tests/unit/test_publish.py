@@ -46,7 +46,7 @@ def test_ready_replicas_become_endpoints_sorted_by_id():
         ({"stop_requested_at": NOW - 1}, "stopping"),
         ({"exited_at": NOW - 1, "failure_times": [NOW - 1]}, "failed"),
         ({"url": None}, "no url"),
-        ({"node": "gone", "nodes": ["gone"]}, "lost"),
+        ({"node": "gone", "nodes": ["gone"], "first_ready_at": None}, "lost while starting"),
     ],
 )
 def test_replicas_that_are_not_ready_are_not_published(change, why):
@@ -102,3 +102,51 @@ def test_publish_pass_skips_while_another_holds_the_lock():
         assert held
         assert publish_once(store, lambda: NOW) is None
     assert store.endpoints_version() == 0
+
+
+def test_a_lost_nodes_ready_replica_stays_routable_until_the_gateways_fail_to_reach_it_or_the_grace_ends():
+    """The engines are the data plane: an agent's death alone does not unpublish them (#17)."""
+    from llmgw.records import EndpointUse, GatewayReport
+    from workers.control.publish import merge_evidence
+
+    rec = dataclasses.replace(ready_record("r", "tiny", "cpu", "gone", NOW))
+    live = {"b": node("b")}
+    assert [e.id for e in endpoints_from(cat(), [rec], live, NOW, last_seen={"gone": NOW - 20})] == ["r"]
+    failing = merge_evidence([GatewayReport(id="g", at=NOW, endpoints={"r": EndpointUse(fail_at=NOW - 1)})])
+    assert endpoints_from(cat(), [rec], live, NOW, last_seen={"gone": NOW - 20}, evidence=failing) == []
+    assert endpoints_from(cat(), [rec], live, NOW, last_seen={"gone": NOW - 301}) == []
+
+
+def test_the_publish_pass_stamps_the_version_from_which_a_stopping_replica_is_unrouted():
+    r = fakeredis.FakeRedis(decode_responses=True)
+    store = Store(r)
+    apply_catalog(r, cat(), source="test", applied_by="test", now=NOW)
+    store.write_heartbeat(node("b"), ttl=60)
+    for rid in ("x", "y"):
+        store.create_replica(ready_record(rid, "tiny", "cpu", "b", NOW))
+    assert publish_once(store, lambda: NOW) == 1
+    store.update_replica("x", stop_requested_at=NOW + 1, drain_timeout=120.0)
+    assert publish_once(store, lambda: NOW + 2) == 2  # x left the list ...
+    assert store.get_replica("x").unpublished_version == 2  # ... as of version 2
+    assert store.get_replica("y").unpublished_version is None
+    # A replica asked to stop that was never in the list is stamped with the version in force.
+    store.create_replica(dataclasses.replace(ready_record("z", "tiny", "cpu", "b", NOW), first_ready_at=None,
+                                             stop_requested_at=NOW + 3))
+    assert publish_once(store, lambda: NOW + 3) is None
+    assert store.get_replica("z").unpublished_version == 2
+
+
+def test_the_publish_pass_weighs_the_gateways_evidence_for_a_lost_nodes_replica():
+    from llmgw.records import EndpointUse, GatewayReport
+
+    r = fakeredis.FakeRedis(decode_responses=True)
+    store = Store(r)
+    apply_catalog(r, cat(), source="test", applied_by="test", now=NOW)
+    store.write_heartbeat(dataclasses.replace(node("b"), heartbeat_at=NOW - 10), ttl=60)
+    store.create_replica(ready_record("x", "tiny", "cpu", "b", NOW))
+    assert publish_once(store, lambda: NOW) == 1
+    r.delete("llmgw:node:b:heartbeat")  # the agent died; its engine may still serve
+    assert publish_once(store, lambda: NOW + 5) is None  # still routable
+    store.write_gateway_report(GatewayReport(id="g1", at=NOW + 6, endpoints={"x": EndpointUse(fail_at=NOW + 6)}), 10)
+    assert publish_once(store, lambda: NOW + 7) == 2
+    assert store.read_endpoints()[2] == []
