@@ -148,10 +148,12 @@ class Cluster:
             env=self.env(**node_env),
         )
 
-    def start_gateway(self, port: int | None = None, **env: str) -> str:
+    def start_gateway(self, port: int | None = None, name: str = "gateway", **env: str) -> str:
+        """A gateway under gunicorn; several may run (give each its own `name`). Returns its URL; the
+        first one started is also `self.gateway_url`."""
         port = port or free_port()
         self.procs.start(
-            "gateway",
+            name,
             [
                 bin_path("gunicorn"), "-k", "gthread", "-w", "1", "--threads", "128",
                 "-b", f"127.0.0.1:{port}", "--graceful-timeout", "5", "--no-control-socket",
@@ -159,15 +161,16 @@ class Cluster:
             ],
             env=self.env(**env),
         )
-        self.gateway_url = f"http://127.0.0.1:{port}"
+        url = f"http://127.0.0.1:{port}"
+        self.gateway_url = self.gateway_url or url
         import requests
 
         wait_until(
-            lambda: requests.get(self.gateway_url + "/healthz", timeout=1).status_code < 500,
+            lambda: requests.get(url + "/healthz", timeout=1).status_code < 500,
             20,
-            what="the gateway to answer /healthz",
+            what=f"{name} to answer /healthz",
         )
-        return self.gateway_url
+        return url
 
     # --- CLI ---------------------------------------------------------------------------------------
     def llmgw(self, *args: str, check: bool = True, **env: str) -> subprocess.CompletedProcess:
