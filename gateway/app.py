@@ -27,18 +27,19 @@ from gateway.errors import ApiError, error_response
 from gateway.metrics import Metrics
 from gateway.proxy import (
     FORWARD_REQUEST_HEADERS,
+    StreamBody,
     Upstream,
     UpstreamConnectError,
     UpstreamTimeout,
-    StreamBody,
     response_headers,
     usage_from_json,
 )
 from gateway.retry import Deliver, GiveUp, Outcome, next_attempt
 from gateway.routing import Choice, Rejection, RouteRequest
 from gateway.state import GatewayState
-from llmgw.apikeys import cap_priority
-from llmgw.store import Clock, Store, connect
+from llmgw.state.apikeys import cap_priority
+from llmgw.state.clock import Clock
+from llmgw.state.store import Store, connect
 
 log = logging.getLogger("llmgw.gateway")
 

@@ -19,9 +19,9 @@ import threading
 from collections import defaultdict
 
 from gateway.state import REDIS_ERRORS, RedisHealth
-from llmgw import keys
-from llmgw.apikeys import ApiKeyRecord, hash_key, parse_table
-from llmgw.store import Clock
+from llmgw.state import keys
+from llmgw.state.apikeys import ApiKeyRecord, hash_key, parse_table
+from llmgw.state.clock import Clock
 
 log = logging.getLogger("llmgw.gateway")
 

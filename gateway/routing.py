@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from gateway.config import RoutingConfig
-from llmgw.records import EndpointInfo, LoadRecord
+from llmgw.state.records import EndpointInfo, LoadRecord
 
 
 @dataclass(frozen=True)

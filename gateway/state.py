@@ -21,10 +21,11 @@ import redis
 
 from gateway.config import GatewayConfig
 from gateway.routing import Choice, EndpointStats, Rejection, RouteRequest, choose
-from llmgw import keys
-from llmgw.catalog_store import catalog_names as read_catalog_names
-from llmgw.records import EndpointInfo, LoadRecord
-from llmgw.store import Clock, Store
+from llmgw.catalog import catalog_names as read_catalog_names
+from llmgw.state import keys
+from llmgw.state.clock import Clock
+from llmgw.state.records import EndpointInfo, LoadRecord
+from llmgw.state.store import Store
 
 log = logging.getLogger("llmgw.gateway")
 

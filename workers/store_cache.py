@@ -14,7 +14,7 @@ from typing import Callable
 import redis
 from celery.signals import worker_process_shutdown, worker_shutdown
 
-from llmgw.store import Store, connect
+from llmgw.state.store import Store, connect
 
 log = logging.getLogger("llmgw.workers")
 

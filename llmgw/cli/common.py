@@ -6,7 +6,7 @@ import json
 import sys
 
 from llmgw.config import Settings
-from llmgw.store import Store, connect
+from llmgw.state.store import Store, connect
 
 
 def settings() -> Settings:

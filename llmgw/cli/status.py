@@ -1,7 +1,7 @@
 """`llmgw status [--json]`: nodes, replicas and the published endpoints, as the control plane sees them.
 
 `build_status(...)` is pure (facts in, a JSON-able report out, every replica state derived with
-`llmgw.replica_state.derive`); `render(...)` turns the report into the tables a human reads.
+`llmgw.state.replica_state.derive`); `render(...)` turns the report into the tables a human reads.
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from typing import Iterable, Mapping
 
 import redis
 
-from llmgw.catalog_store import applied_version, read_applied
+from llmgw.catalog import applied_version, read_applied
 from llmgw.cli.common import print_json, settings, store
-from llmgw.records import NodeAdmin, NodeInfo, ReplicaRecord
-from llmgw.replica_state import State, derive, nodes_alive
+from llmgw.state.records import NodeAdmin, NodeInfo, ReplicaRecord
+from llmgw.state.replica_state import State, derive, nodes_alive
 
 
 def register(sub) -> None:

@@ -20,14 +20,13 @@ from pathlib import Path
 
 import requests
 
-from llmgw.catalog import Catalog, load_catalog_file, parse_catalog
-from llmgw.catalog_store import apply_catalog
+from llmgw.catalog import Catalog, apply_catalog, load_catalog_file, parse_catalog
 from llmgw.config import Settings
-from llmgw.embedded_redis import redis_server_argv
 from llmgw.errors import CatalogInvalid, LlmgwError
-from llmgw.localstack import LocalStack, celery_argv, free_port, port_is_free, python_module, wait_for
-from llmgw.replica_state import derive, nodes_alive
-from llmgw.store import Store, connect
+from llmgw.local.embedded_redis import redis_server_argv
+from llmgw.local.localstack import LocalStack, celery_argv, free_port, port_is_free, python_module, wait_for
+from llmgw.state.replica_state import derive, nodes_alive
+from llmgw.state.store import Store, connect
 
 
 def register(sub) -> None:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from llmgw import keys
-from llmgw.apikeys import names_by_id
 from llmgw.cli import common
+from llmgw.state import keys
+from llmgw.state.apikeys import names_by_id
 
 ANONYMOUS = "anonymous"  # requests served while no key was required
 

@@ -14,10 +14,10 @@ import time
 import pytest
 import requests
 
-from llmgw.records import ReplicaRecord
-from llmgw.replica_state import State, derive
+from llmgw.proc.proctable import is_same_process, read_proc
+from llmgw.state.records import ReplicaRecord
+from llmgw.state.replica_state import State, derive
 from tests.support.procs import wait_until
-from llmgw.proctable import is_same_process, read_proc
 
 CATALOG = """
 models:
@@ -45,8 +45,8 @@ FAST_AGENT = {
 
 
 def _send(cluster, task: str, rid: str, node: str = "a") -> None:
-    from workers.celery_app import create_celery_app
     from llmgw.config import Settings
+    from workers.celery_app import create_celery_app
 
     app = create_celery_app(Settings(redis_url=cluster.redis_url))
     try:

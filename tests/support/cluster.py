@@ -21,7 +21,7 @@ from pathlib import Path
 
 import redis
 
-from llmgw.store import Store, connect
+from llmgw.state.store import Store, connect
 from tests.support.procs import (
     ProcessSet,
     bin_path,

@@ -4,11 +4,10 @@ import threading
 
 import pytest
 
-from tests.support.procs import wait_until
-
 from gateway.admission import Send, Shed, Wait, WaitQueue, admit
 from gateway.routing import Choice, Rejection
-from llmgw.records import EndpointInfo
+from llmgw.state.records import EndpointInfo
+from tests.support.procs import wait_until
 
 EP = EndpointInfo(id="a", url="http://a", models=("m",), engine="sim")
 OK = Choice(EP, 0.1, 0)

@@ -7,8 +7,8 @@ import pytest
 
 from llmgw.cli import main
 from llmgw.config import Settings
-from llmgw.records import ReplicaRecord
-from llmgw.store import Store
+from llmgw.state.records import ReplicaRecord
+from llmgw.state.store import Store
 
 
 @pytest.fixture

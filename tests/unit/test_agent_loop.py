@@ -11,12 +11,11 @@ import fakeredis
 import pytest
 import yaml
 
-from llmgw.catalog import parse_catalog
-from llmgw.catalog_store import apply_catalog
+from llmgw.catalog import apply_catalog, parse_catalog
 from llmgw.config import Settings
-from llmgw.records import ReplicaRecord
-from llmgw.replica_state import State, derive
-from llmgw.store import Store
+from llmgw.state.records import ReplicaRecord
+from llmgw.state.replica_state import State, derive
+from llmgw.state.store import Store
 from workers.agent import supervisor as sv
 from workers.agent.config import AgentConfig
 from workers.agent.loop import Agent
@@ -349,7 +348,7 @@ def record_engine_commands(monkeypatch) -> list:
 
 def test_multi_node_member_part_starts_with_rank_and_master_addr(env, monkeypatch):
     """Node b runs rank 1 of a two-node replica headed by a; only the head writes agent fields."""
-    from llmgw.records import NodeInfo
+    from llmgw.state.records import NodeInfo
 
     store, runner, clock, make_agent = env
     contexts = record_engine_commands(monkeypatch)
@@ -380,7 +379,7 @@ def test_multi_node_member_part_starts_with_rank_and_master_addr(env, monkeypatc
 
 
 def test_a_wiped_redis_does_not_stop_every_engine(env):
-    from llmgw import keys
+    from llmgw.state import keys
 
     store, runner, clock, make_agent = env
     agent = make_agent()
@@ -450,7 +449,7 @@ def test_engines_on_a_gpu_node_see_only_their_gpus(env):
 
 def two_node_env(env, monkeypatch):
     """A head agent on a and a member agent on b, each with its own runner, sharing one Redis."""
-    from llmgw.records import NodeInfo
+    from llmgw.state.records import NodeInfo
 
     store, _runner, clock, _make = env
     contexts = record_engine_commands(monkeypatch)

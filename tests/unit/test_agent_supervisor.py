@@ -7,8 +7,8 @@ import signal
 
 import pytest
 
-from llmgw.records import ReplicaRecord
-from llmgw.replica_state import State, derive
+from llmgw.state.records import ReplicaRecord
+from llmgw.state.replica_state import State, derive
 from workers.agent import supervisor as sv
 
 P = sv.Policy(backoff_base=1, backoff_cap=60, backoff_reset=120, stop_grace=10, liveness_timeout=30)

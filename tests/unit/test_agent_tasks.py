@@ -7,9 +7,9 @@ import pytest
 from celery.signals import worker_process_shutdown, worker_shutdown
 
 from llmgw.config import Settings
-from llmgw.records import ReplicaRecord
-from workers.agent import tasks
+from llmgw.state.records import ReplicaRecord
 from workers import store_cache
+from workers.agent import tasks
 from workers.store_cache import STORES, StoreCache
 
 

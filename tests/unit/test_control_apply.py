@@ -9,10 +9,10 @@ import json
 import fakeredis
 import pytest
 
-from llmgw import keys
-from llmgw.catalog_store import apply_catalog
-from llmgw.records import LoadRecord
-from llmgw.store import Store
+from llmgw.catalog import apply_catalog
+from llmgw.state import keys
+from llmgw.state.records import LoadRecord
+from llmgw.state.store import Store
 from tests.unit.control_support import catalog, cpu_profile, gpu_profile, model, node
 from workers.control.apply import housekeeping_once, reconcile_once
 from workers.control.plan import PlanConfig
@@ -208,7 +208,7 @@ def test_a_pass_that_runs_out_of_time_defers_the_rest_to_the_next(store):
 
 
 def test_the_task_binds_the_catalog_file_sync_only_when_a_file_is_configured(store, tmp_path):
-    from llmgw.catalog_store import read_applied
+    from llmgw.catalog import read_applied
     from llmgw.config import Settings
     from workers.control.tasks import _catalog_sync
 

@@ -9,11 +9,11 @@ import logging
 import fakeredis
 import pytest
 
-from llmgw import keys
-from llmgw.catalog_store import apply_catalog
+from llmgw.catalog import apply_catalog
 from llmgw.config import Settings
-from llmgw.records import ReplicaRecord
-from llmgw.store import Store
+from llmgw.state import keys
+from llmgw.state.records import ReplicaRecord
+from llmgw.state.store import Store
 from tests.unit.control_support import catalog, cpu_profile, model, node
 from workers.control.apply import Forget, forget, housekeeping_once, publish_once, reconcile_once
 from workers.control.snapshot import CatalogKeeper

@@ -10,11 +10,11 @@ import pytest
 
 from gateway.app import create_app
 from gateway.config import GatewayConfig, RoutingConfig
-from llmgw import keys
-from llmgw.apikeys import create_key, revoke_key
 from llmgw.errors import ConfigError
-from llmgw.records import EndpointInfo, LoadRecord
-from llmgw.store import Store
+from llmgw.state import keys
+from llmgw.state.apikeys import create_key, revoke_key
+from llmgw.state.records import EndpointInfo, LoadRecord
+from llmgw.state.store import Store
 from tests.support.fake_upstream import FakeUpstream
 
 CHAT = "/v1/chat/completions"

@@ -12,10 +12,10 @@ import pytest
 
 from gateway.app import create_app
 from gateway.config import GatewayConfig, RoutingConfig
-from gateway.state import GatewayState
 from gateway.routing import RouteRequest
-from llmgw.apikeys import create_key
-from llmgw.records import LoadRecord
+from gateway.state import GatewayState
+from llmgw.state.apikeys import create_key
+from llmgw.state.records import LoadRecord
 from tests.unit.test_gateway_app import (  # noqa: F401
     CHAT,
     NEVER_STALE,
@@ -270,8 +270,8 @@ def test_catalog_names_helper():
 
     import fakeredis
 
-    from llmgw import keys
-    from llmgw.catalog_store import catalog_names
+    from llmgw.catalog import catalog_names
+    from llmgw.state import keys
 
     r = fakeredis.FakeRedis(decode_responses=True)
     assert catalog_names(r) == set()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from llmgw.config import Settings
-from llmgw.records import GPUDevice
+from llmgw.state.records import GPUDevice
 from workers.agent.inventory import discover_gpus, memory_mb, node_info
 
 

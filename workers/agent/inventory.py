@@ -16,7 +16,7 @@ from typing import Callable
 
 from llmgw.config import Settings
 from llmgw.gpus import parse_gpu_spec, parse_nvidia_smi
-from llmgw.records import GPUDevice, NodeInfo
+from llmgw.state.records import GPUDevice, NodeInfo
 
 log = logging.getLogger("llmgw.agent")
 

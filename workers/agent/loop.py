@@ -20,17 +20,18 @@ from typing import Any
 
 import redis
 
-from llmgw import catalog_store, keys
-from llmgw.catalog import Catalog, Model, Profile
+from llmgw.catalog import Catalog, Model, Profile, read_applied
 from llmgw.config import Settings
 from llmgw.engines import get_engine
 from llmgw.engines.base import LaunchContext, LaunchSpec
-from llmgw.records import GPUDevice, ReplicaRecord
-from llmgw.store import Clock, Store
+from llmgw.proc.ports import can_bind
+from llmgw.state import keys
+from llmgw.state.clock import Clock
+from llmgw.state.records import GPUDevice, ReplicaRecord
+from llmgw.state.store import Store
 from workers.agent import supervisor as sv
 from workers.agent.config import AgentConfig
 from workers.agent.inventory import node_info
-from llmgw.ports import can_bind
 from workers.agent.ports import NoFreePort, choose_port
 
 log = logging.getLogger("llmgw.agent")
@@ -73,7 +74,7 @@ class CatalogCache:
     def get(self, fresh: bool = False) -> Catalog | None:
         now = self.clock.monotonic()
         if fresh or now - self.fetched >= self.ttl:
-            self.version, self.catalog, _ = catalog_store.read_applied(self.r)
+            self.version, self.catalog, _ = read_applied(self.r)
             self.fetched = now
         return self.catalog
 

@@ -1,7 +1,7 @@
 """The process seam: start an attempt through the shim, observe it, signal it, find leftovers.
 
 `ShimRunner` is the real one (Linux, /proc); tests of the agent loop pass a fake with the same
-methods. Identity is never a pid alone: see `llmgw.proctable`.
+methods. Identity is never a pid alone: see `llmgw.proc.proctable`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmgw.engines.base import LaunchSpec
-from llmgw import proctable
+from llmgw.proc import proctable
 from workers.agent.logfiles import replica_dir, tail_text
 from workers.agent.shim import EXIT_FILE, SHIM_FILE, read_json
 from workers.agent.supervisor import ExitFacts

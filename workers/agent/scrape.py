@@ -12,20 +12,19 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
-from llmgw.records import LoadRecord
+from llmgw.catalog import Profile
+from llmgw.engines import get_engine
+from llmgw.engines.metrics import read_load
+from llmgw.state.records import LoadRecord
 
 log = logging.getLogger("llmgw.agent")
 
 
 def map_load(text: str, engine: str, profile) -> dict:
-    """The five numbers from a /metrics body, through llmgw.loadmetrics (the engines' mapping)."""
-    from llmgw import loadmetrics
-    from llmgw.catalog import Profile
-    from llmgw.engines import get_engine
-
+    """The five numbers from a /metrics body, through llmgw.engines.metrics (the engines' mapping)."""
     if profile is None:  # the model left the catalog: the engine's default mapping still applies
         profile = Profile(name="-", engine=engine)
-    out = loadmetrics.read_load(text, get_engine(engine), profile)
+    out = read_load(text, get_engine(engine), profile)
     if not isinstance(out, dict):
         out = {k: getattr(out, k, None) for k in
                ("running", "waiting", "kv_usage", "prompt_tokens_total", "generation_tokens_total")}

@@ -28,7 +28,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmgw.records import ReplicaRecord
+from llmgw.state.records import ReplicaRecord
 
 MAX_FAILURE_TIMES = 30
 

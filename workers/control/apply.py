@@ -13,8 +13,8 @@ import time
 from dataclasses import dataclass, field
 from typing import AbstractSet, Callable, Mapping, Protocol
 
-from llmgw import keys
-from llmgw.store import Store
+from llmgw.state import keys
+from llmgw.state.store import Store
 from workers.control.plan import (
     Action,
     CreateReplica,

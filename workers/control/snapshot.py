@@ -14,11 +14,10 @@ from typing import Mapping
 
 import redis
 
-from llmgw import keys
-from llmgw.catalog import Catalog
-from llmgw.catalog_store import read_applied
-from llmgw.records import NodeAdmin, NodeInfo, ReplicaRecord
-from llmgw.store import Store
+from llmgw.catalog import Catalog, read_applied
+from llmgw.state import keys
+from llmgw.state.records import NodeAdmin, NodeInfo, ReplicaRecord
+from llmgw.state.store import Store
 
 log = logging.getLogger("llmgw.control")
 

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import redis
 
-from llmgw import keys
 from llmgw.catalog import parse_catalog_text
-from llmgw.catalog_store import applied_version, apply_catalog
+from llmgw.catalog.store import applied_version, apply_catalog
 from llmgw.errors import CatalogInvalid
-from llmgw.store import Store
+from llmgw.state import keys
+from llmgw.state.store import Store
 
 log = logging.getLogger("llmgw.catalog")
 

@@ -13,9 +13,10 @@ import time
 import redis
 from pydantic import ValidationError
 
-from llmgw import keys
-from llmgw.catalog import Catalog, _pydantic_problems
+from llmgw.catalog.types import Catalog
+from llmgw.catalog.validate import pydantic_problems
 from llmgw.errors import CatalogConflict, CatalogInvalid
+from llmgw.state import keys
 
 HISTORY_LIMIT = 50
 
@@ -26,7 +27,7 @@ def _catalog_from_doc(doc: dict, where: str) -> Catalog:
     try:
         return Catalog.model_validate(doc["spec"])
     except ValidationError as e:
-        raise CatalogInvalid(where, _pydantic_problems(e, "", "catalog")) from e
+        raise CatalogInvalid(where, pydantic_problems(e, "", "catalog")) from e
 
 
 def _meta(doc: dict) -> dict:

@@ -1,21 +1,20 @@
 """Thin access to llmgw's state in Redis: nodes, replicas, loads, endpoints, locks.
 
-No decisions here: these functions read and write the records of `llmgw.records` under the keys of
-`llmgw.keys`. The catalog's own storage (versioned, compare-and-set) lives in `llmgw.catalog_store`.
+No decisions here: these functions read and write the records of `llmgw.state.records` under the keys of
+`llmgw.state.keys`. The catalog's own storage (versioned, compare-and-set) lives in `llmgw.catalog.store`.
 """
 
 from __future__ import annotations
 
 import json
 import secrets
-import time
 from contextlib import contextmanager
 from typing import Iterable, Iterator
 
 import redis
 
-from llmgw import keys
-from llmgw.records import EndpointInfo, LoadRecord, NodeAdmin, NodeInfo, ReplicaRecord
+from llmgw.state import keys
+from llmgw.state.records import EndpointInfo, LoadRecord, NodeAdmin, NodeInfo, ReplicaRecord
 
 
 def connect(url: str, **kw) -> redis.Redis:
@@ -317,13 +316,3 @@ def _nodes_of(node_raw: str | None, nodes_raw: str | None) -> list[str]:
     except ValueError:
         return []
     return [n for n in (list(nodes or []) or ([node] if node else [])) if isinstance(n, str)]
-
-
-class Clock:
-    """The real clock; tests pass a fake with the same two methods."""
-
-    def time(self) -> float:
-        return time.time()
-
-    def monotonic(self) -> float:
-        return time.monotonic()

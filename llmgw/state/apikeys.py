@@ -15,10 +15,10 @@ import secrets
 from dataclasses import asdict, dataclass
 from typing import Callable
 
-from llmgw import keys
 from llmgw.errors import LlmgwError, NotFound
+from llmgw.state import keys
 
-log = logging.getLogger("llmgw.apikeys")
+log = logging.getLogger("llmgw.state.apikeys")
 
 PRIORITIES = ("critical", "standard", "sheddable")
 PRIORITY_RANK = {"sheddable": 0, "standard": 1, "critical": 2}
