@@ -21,8 +21,8 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.http import HTTP_STATUS_CODES
 
 from gateway.admission import Send, Shed, Wait, WaitQueue, admit
-from gateway.auth import ANONYMOUS, ApiKey, KeyTable, RateLimiter, UsageRecorder
-from gateway.config import PRIORITIES, GatewayConfig
+from gateway.auth import ApiKey, KeyTable, RateLimiter, UsageRecorder
+from gateway.config import GatewaySettings
 from gateway.errors import ApiError, error_response
 from gateway.metrics import Metrics
 from gateway.proxy import (
@@ -37,7 +37,7 @@ from gateway.proxy import (
 from gateway.retry import Deliver, GiveUp, Outcome, next_attempt
 from gateway.routing import Choice, Rejection, RouteRequest
 from gateway.state import GatewayState
-from llmgw.state.apikeys import cap_priority
+from llmgw.state.apikeys import ANONYMOUS, PRIORITIES, cap_priority
 from llmgw.state.clock import Clock
 from llmgw.state.store import Store, connect
 
@@ -81,7 +81,7 @@ class Lease:
 class Gateway:
     """Everything one gateway process holds: config, tables, clients, metrics, queues."""
 
-    def __init__(self, cfg: GatewayConfig, store: Store | None = None, clock: Clock | None = None,
+    def __init__(self, cfg: GatewaySettings, store: Store | None = None, clock: Clock | None = None,
                  request_store: Store | None = None):
         self.cfg = cfg
         self.clock = clock or Clock()
@@ -395,13 +395,13 @@ class Gateway:
         }
 
 
-def create_app(config: GatewayConfig | None = None, *, store: Store | None = None, clock: Clock | None = None,
+def create_app(config: GatewaySettings | None = None, *, store: Store | None = None, clock: Clock | None = None,
                start: bool = True) -> Flask:
     """Build the app. With no arguments (gunicorn) the config comes from the environment and the
     background refreshers start; tests pass a Store on fakeredis and `start=False`."""
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    cfg = config or GatewayConfig.from_env()
+    cfg = config or GatewaySettings.from_env()
     gw = Gateway(cfg, store=store, clock=clock)
     app = Flask("llmgw.gateway")
     app.extensions["llmgw"] = gw

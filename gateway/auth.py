@@ -18,6 +18,7 @@ import logging
 import threading
 from collections import defaultdict
 
+from gateway.config import AUTH_MODES
 from gateway.state import REDIS_ERRORS, RedisHealth
 from llmgw.state import keys
 from llmgw.state.apikeys import ApiKeyRecord, hash_key, parse_table
@@ -25,12 +26,7 @@ from llmgw.state.clock import Clock
 
 log = logging.getLogger("llmgw.gateway")
 
-ANONYMOUS = "anonymous"
-
-
 ApiKey = ApiKeyRecord  # the gateway's name for the shared record type
-
-AUTH_MODES = ("auto", "required", "off")
 
 
 class KeyTable:

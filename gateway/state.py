@@ -19,7 +19,7 @@ from typing import Callable
 
 import redis
 
-from gateway.config import GatewayConfig
+from gateway.config import GatewaySettings
 from gateway.routing import Choice, EndpointStats, Rejection, RouteRequest, choose
 from llmgw.catalog import catalog_names as read_catalog_names
 from llmgw.state import keys
@@ -68,7 +68,7 @@ class RedisHealth:
 class GatewayState:
     """Endpoint list, loads, in-flight counts and learned service times, behind one lock."""
 
-    def __init__(self, store: Store, cfg: GatewayConfig, clock: Clock | None = None, metrics=None,
+    def __init__(self, store: Store, cfg: GatewaySettings, clock: Clock | None = None, metrics=None,
                  rng: random.Random | None = None):
         self.store = store
         self.cfg = cfg

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from llmgw.config import Settings
+from llmgw.settings import Settings
 from llmgw.state.store import Store, connect
 
 

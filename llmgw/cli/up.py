@@ -21,10 +21,10 @@ from pathlib import Path
 import requests
 
 from llmgw.catalog import Catalog, apply_catalog, load_catalog_file, parse_catalog
-from llmgw.config import Settings
 from llmgw.errors import CatalogInvalid, LlmgwError
 from llmgw.local.embedded_redis import redis_server_argv
 from llmgw.local.localstack import LocalStack, celery_argv, free_port, port_is_free, python_module, wait_for
+from llmgw.settings import Settings
 from llmgw.state.replica_state import derive, nodes_alive
 from llmgw.state.store import Store, connect
 
@@ -86,7 +86,7 @@ def cmd_up(args) -> int:
 
 
 def _run(args, settings, catalog, state_dir, node, stack: LocalStack, stopping) -> int:
-    if settings.redis_url and _redis_url_given():
+    if "redis_url" in settings.model_fields_set:  # REDIS_URL or LLMGW_REDIS_URL was given
         redis_url = settings.redis_url
         _say(f"using Redis at {redis_url}")
     else:
@@ -139,12 +139,6 @@ def _run(args, settings, catalog, state_dir, node, stack: LocalStack, stopping) 
             _say(f"{dead.name} exited with code {dead.popen.returncode}; last log lines:\n{dead.log_tail()}")
             return 1
     return 0
-
-
-def _redis_url_given() -> bool:
-    import os
-
-    return bool(os.environ.get("LLMGW_REDIS_URL") or os.environ.get("REDIS_URL"))
 
 
 def _wait_first_ready(url, names: list[str], store: Store, stack: LocalStack, stopping, timeout: float) -> str | None:

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from llmgw.cli import common
 from llmgw.state import keys
-from llmgw.state.apikeys import names_by_id
-
-ANONYMOUS = "anonymous"  # requests served while no key was required
+from llmgw.state.apikeys import ANONYMOUS, names_by_id
 
 
 def read_usage(r) -> list[dict]:

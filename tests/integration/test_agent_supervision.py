@@ -45,10 +45,10 @@ FAST_AGENT = {
 
 
 def _send(cluster, task: str, rid: str, node: str = "a") -> None:
-    from llmgw.config import Settings
+    from llmgw.settings import ControlSettings
     from workers.celery_app import create_celery_app
 
-    app = create_celery_app(Settings(redis_url=cluster.redis_url))
+    app = create_celery_app(ControlSettings(redis_url=cluster.redis_url))
     try:
         app.send_task(task, args=[rid], queue=f"node-{node}")
     finally:

@@ -6,7 +6,7 @@ import fakeredis
 import pytest
 
 from llmgw.cli import main
-from llmgw.config import Settings
+from llmgw.settings import Settings
 from llmgw.state.records import ReplicaRecord
 from llmgw.state.store import Store
 

@@ -12,12 +12,11 @@ import pytest
 import yaml
 
 from llmgw.catalog import apply_catalog, parse_catalog
-from llmgw.config import Settings
 from llmgw.state.records import ReplicaRecord
 from llmgw.state.replica_state import State, derive
 from llmgw.state.store import Store
 from workers.agent import supervisor as sv
-from workers.agent.config import AgentConfig
+from workers.agent.config import AgentSettings
 from workers.agent.loop import Agent
 from workers.agent.probe import ProbeResult
 from workers.agent.runner import Found, Seen
@@ -129,18 +128,24 @@ class FakeProber:
         return "vllm:num_requests_running 1\n"
 
 
+def agent_settings(**kw) -> AgentSettings:
+    """Agent settings for these tests: probe on every pass (`probe_interval=0`, which the environment
+    may not set, so built without validation) and restart backoff 1, 2, 4 ... capped at 60 s."""
+    return AgentSettings.model_construct(**{"backoff_base": 1, "backoff_cap": 60, "stop_grace": 10,
+                                            "probe_interval": 0, **kw})
+
+
 @pytest.fixture
 def env():
     r = fakeredis.FakeRedis(decode_responses=True)
     apply_catalog(r, parse_catalog(yaml.safe_load(CATALOG)), source="test", applied_by="test")
     clock = FakeClock()
     runner = FakeRunner(clock)
-    settings = Settings(node_name="a", port_range=(30000, 30009))
-    config = AgentConfig(backoff_base=1, backoff_cap=60, stop_grace=10, probe_interval=0)
+    settings = agent_settings(node_name="a", port_range=(30000, 30009))
     store = Store(r)
 
     def make_agent(bindable=lambda port: True):
-        return Agent(settings, config, store, runner, FakeProber(runner), clock, bindable=bindable)
+        return Agent(settings, store, runner, FakeProber(runner), clock, bindable=bindable)
 
     return store, runner, clock, make_agent
 
@@ -315,7 +320,7 @@ def test_scraper_writes_load_records(env):
     agent.tick()
     runner.set_ready("r1")
     agent.tick()
-    scraper = Scraper(store, agent.prober, lambda: agent.targets, agent.config, clock)
+    scraper = Scraper(store, agent.prober, lambda: agent.targets, agent.settings, clock)
     [load] = scraper.once()
     assert load.ok and load.replica_id == "r1"
     assert store.loads(["r1"])["r1"].ok
@@ -357,7 +362,7 @@ def test_multi_node_member_part_starts_with_rank_and_master_addr(env, monkeypatc
     store.create_replica(ReplicaRecord(id="mn", model="m", profile="p", node="a", nodes=["a", "b"],
                                        gpus={"a": [0, 1], "b": [2, 3]}, attempt=1, started_at=clock.t,
                                        pid=1, port=30000, master_port=30009))
-    member = Agent(Settings(node_name="b", port_range=(30100, 30109)), AgentConfig(probe_interval=0),
+    member = Agent(agent_settings(node_name="b", port_range=(30100, 30109)),
                    store, runner, FakeProber(runner), clock, bindable=lambda p: True)
     member.tick()
     [ctx] = contexts
@@ -457,10 +462,9 @@ def two_node_env(env, monkeypatch):
     store.create_replica(ReplicaRecord(id="mn", model="m", profile="p", node="a", nodes=["a", "b"],
                                        gpus={"a": [0], "b": [0]}))
     head_runner, member_runner = FakeRunner(clock), FakeRunner(clock)
-    config = AgentConfig(backoff_base=1, backoff_cap=60, stop_grace=10, probe_interval=0)
-    head = Agent(Settings(node_name="a", node_address="10.0.0.1", port_range=(30000, 30009)), config, store,
+    head = Agent(agent_settings(node_name="a", node_address="10.0.0.1", port_range=(30000, 30009)), store,
                  head_runner, FakeProber(head_runner), clock, bindable=lambda p: True)
-    member = Agent(Settings(node_name="b", port_range=(30100, 30109)), config, store, member_runner,
+    member = Agent(agent_settings(node_name="b", port_range=(30100, 30109)), store, member_runner,
                    FakeProber(member_runner), clock, bindable=lambda p: True)
     return store, clock, head, head_runner, member, member_runner, contexts
 
@@ -487,7 +491,7 @@ def test_multi_node_stop_is_stopped_only_when_every_node_confirmed(env, monkeypa
     assert rec.stopped_nodes == ["a", "b"] and not member_runner.procs["mn"].alive
     assert derive(rec, True, clock.t).state is State.STOPPED
     # A member agent restarted now finds its confirmation in the record: nothing left to do.
-    again = Agent(Settings(node_name="b", port_range=(30100, 30109)), AgentConfig(), store, member_runner,
+    again = Agent(AgentSettings(node_name="b", port_range=(30100, 30109)), store, member_runner,
                   FakeProber(member_runner), clock, bindable=lambda p: True)
     assert again.tick() == []
 
@@ -555,7 +559,7 @@ def test_shutdown_waits_on_the_injected_clock(env, monkeypatch):
     def real_sleep(s):
         raise AssertionError(f"stop_engines slept {s}s of real time")
 
-    agent = Agent(Settings(node_name="a", port_range=(30000, 30009)), AgentConfig(stop_grace=10),
+    agent = Agent(AgentSettings(node_name="a", port_range=(30000, 30009), stop_grace=10),
                   store, runner, FakeProber(runner), clock, bindable=lambda p: True, sleep=sleep)
     create(store)
     agent.tick()

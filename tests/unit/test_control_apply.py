@@ -209,13 +209,13 @@ def test_a_pass_that_runs_out_of_time_defers_the_rest_to_the_next(store):
 
 def test_the_task_binds_the_catalog_file_sync_only_when_a_file_is_configured(store, tmp_path):
     from llmgw.catalog import read_applied
-    from llmgw.config import Settings
+    from llmgw.settings import ControlSettings
     from workers.control.tasks import _catalog_sync
 
-    assert _catalog_sync(store, Settings()) is None
+    assert _catalog_sync(store, ControlSettings()) is None
     path = tmp_path / "catalog.yaml"
     path.write_text("models:\n  - name: m\n    profiles:\n      - {name: cpu, engine: sim, replicas: 1}\n")
-    sync = _catalog_sync(store, Settings(catalog_file=path))
+    sync = _catalog_sync(store, ControlSettings(catalog_file=path))
     setup(store, catalog(), node("a"))
     reconcile_once(store, FakeDispatcher(store), Clock(), catalog_sync=sync)
     version, cat, _meta = read_applied(store.r)

@@ -9,7 +9,7 @@ import fakeredis
 import pytest
 
 from gateway.app import create_app
-from gateway.config import GatewayConfig, RoutingConfig
+from gateway.config import GatewaySettings, RoutingConfig
 from llmgw.errors import ConfigError
 from llmgw.state import keys
 from llmgw.state.apikeys import create_key, revoke_key
@@ -70,7 +70,7 @@ NEVER_STALE = RoutingConfig(stale_after=3600)
 def make_app(store, eps, clock=None, **cfg):
     routing = cfg.pop("routing", RoutingConfig())
     store.write_endpoints(eps, "fp", time.time())
-    app = create_app(GatewayConfig(routing=routing, **cfg), store=store, clock=clock, start=False)
+    app = create_app(GatewaySettings(routing=routing, **cfg), store=store, clock=clock, start=False)
     app.extensions["llmgw"].refresh()
     return app, app.extensions["llmgw"], app.test_client()
 
@@ -274,16 +274,16 @@ def test_keeps_serving_while_redis_is_down(store, server, upstreams):
 
 
 def test_config_from_env_validates():
-    cfg = GatewayConfig.from_env({"LLMGW_GATEWAY_POLICY": "round_robin", "LLMGW_GATEWAY_MAX_WAITING": "3",
+    cfg = GatewaySettings.from_env({"LLMGW_GATEWAY_POLICY": "round_robin", "LLMGW_GATEWAY_MAX_WAITING": "3",
                                   "LLMGW_GATEWAY_RETRIES": "1", "REDIS_URL": "redis://x:1/0"})
     assert cfg.routing.policy == "round_robin" and cfg.routing.max_waiting == 3 and cfg.retries == 1
     assert cfg.redis_url == "redis://x:1/0"
     with pytest.raises(ConfigError, match="LLMGW_GATEWAY_POLICY"):
-        GatewayConfig.from_env({"LLMGW_GATEWAY_POLICY": "fastest"})
+        GatewaySettings.from_env({"LLMGW_GATEWAY_POLICY": "fastest"})
     with pytest.raises(ConfigError, match="LLMGW_GATEWAY_MAX_KV"):
-        GatewayConfig.from_env({"LLMGW_GATEWAY_MAX_KV": "2"})
+        GatewaySettings.from_env({"LLMGW_GATEWAY_MAX_KV": "2"})
     with pytest.raises(ConfigError, match="LLMGW_GATEWAY_QUEUE_TIMEOUT"):
-        GatewayConfig.from_env({"LLMGW_GATEWAY_QUEUE_TIMEOUT": "soon"})
+        GatewaySettings.from_env({"LLMGW_GATEWAY_QUEUE_TIMEOUT": "soon"})
 
 
 def test_metrics_work_in_multiprocess_mode(tmp_path):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gateway.app import create_app
-from gateway.config import GatewayConfig, RoutingConfig
+from gateway.config import GatewaySettings, RoutingConfig
 from gateway.routing import RouteRequest
 from gateway.state import GatewayState
 from llmgw.state.apikeys import create_key
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def bare_app(store, eps, **cfg):
     """An app whose background state has not been loaded yet (as at start-up)."""
     store.write_endpoints(eps, "fp", time.time())
-    app = create_app(GatewayConfig(**cfg), store=store, start=False)
+    app = create_app(GatewaySettings(**cfg), store=store, start=False)
     return app, app.extensions["llmgw"], app.test_client()
 
 
@@ -84,9 +84,9 @@ def test_redis_restarted_without_data_does_not_open_the_gateway(store, upstreams
 def test_auth_mode_is_validated():
     from llmgw.errors import ConfigError
 
-    assert GatewayConfig.from_env({"LLMGW_GATEWAY_AUTH": "required"}).auth == "required"
+    assert GatewaySettings.from_env({"LLMGW_GATEWAY_AUTH": "required"}).auth == "required"
     with pytest.raises(ConfigError, match="LLMGW_GATEWAY_AUTH"):
-        GatewayConfig.from_env({"LLMGW_GATEWAY_AUTH": "maybe"})
+        GatewaySettings.from_env({"LLMGW_GATEWAY_AUTH": "maybe"})
 
 
 # --- 2. unknown names ------------------------------------------------------------------------------
@@ -189,7 +189,7 @@ class FakeClock:
 def test_load_freshness_uses_when_we_first_saw_the_record(store):
     clock = FakeClock()
     store.write_endpoints([endpoint("e1", "http://127.0.0.1:9")], "fp", 0)
-    st = GatewayState(store, GatewayConfig(routing=RoutingConfig(stale_after=3)), clock)
+    st = GatewayState(store, GatewaySettings(routing=RoutingConfig(stale_after=3)), clock)
     st.refresh_endpoints()
     store.write_load(LoadRecord("e1", 12.0, True, running=4, waiting=9))  # the agent's clock is way off
     st.refresh_loads()

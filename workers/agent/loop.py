@@ -21,7 +21,6 @@ from typing import Any
 import redis
 
 from llmgw.catalog import Catalog, Model, Profile, read_applied
-from llmgw.config import Settings
 from llmgw.engines import get_engine
 from llmgw.engines.base import LaunchContext, LaunchSpec
 from llmgw.proc.ports import can_bind
@@ -30,7 +29,7 @@ from llmgw.state.clock import Clock
 from llmgw.state.records import GPUDevice, ReplicaRecord
 from llmgw.state.store import Store
 from workers.agent import supervisor as sv
-from workers.agent.config import AgentConfig
+from workers.agent.config import AgentSettings
 from workers.agent.inventory import node_info
 from workers.agent.ports import NoFreePort, choose_port
 
@@ -88,8 +87,7 @@ class CatalogCache:
 class Agent:
     def __init__(
         self,
-        settings: Settings,
-        config: AgentConfig,
+        settings: AgentSettings,
         store: Store,
         runner: Any,
         prober: Any,
@@ -98,14 +96,14 @@ class Agent:
         bindable=None,
         sleep=None,
     ):
-        self.settings, self.config, self.store = settings, config, store
+        self.settings, self.store = settings, store
         self.runner, self.prober = runner, prober
         self.clock = clock or Clock()
         # Waiting during shutdown goes through the clock too (a fake clock's `sleep` advances it).
         self.sleep = sleep or getattr(self.clock, "sleep", None) or time.sleep
         self.gpus = gpus
         self.node = settings.node_name
-        self.policy = config.policy
+        self.policy = settings.policy
         self.bindable = bindable or (lambda port: can_bind(settings.engine_host, port))
         self.catalog = CatalogCache(store.r, self.clock)
         self.local: dict[str, Local] = {}
@@ -229,14 +227,14 @@ class Agent:
                 continue
             if not self._is_head(rec) or (loc.spec is not None and not loc.spec.serves_http):
                 continue
-            if loc.last_probe_at is not None and now - loc.last_probe_at < self.config.probe_interval:
+            if loc.last_probe_at is not None and now - loc.last_probe_at < self.settings.probe_interval:
                 continue
             path = loc.spec.health_path if loc.spec else "/health"
             due.append((rec, loc, rec.url.rstrip("/") + path))
         if not due:
             return views
         results = list(self._probe_pool.map(
-            lambda item: self.prober.health(item[2], self.config.probe_timeout), due))
+            lambda item: self.prober.health(item[2], self.settings.probe_timeout), due))
         updated = {}
         for (rec, loc, _url), res in zip(due, results):
             outcome = sv.probed(rec, loc.probe_failures, res.ok, res.error, now, self.policy)
@@ -269,7 +267,7 @@ class Agent:
         for rid in self.runner.known_dirs():
             if rid in record_ids or (rid in found and found[rid].alive):
                 continue
-            if now - self.runner.last_activity(rid) > self.config.dir_retention:
+            if now - self.runner.last_activity(rid) > self.settings.dir_retention:
                 log.info("replica %s: removing the files of a deleted replica", rid)
                 self.runner.remove(rid)
         return out
@@ -471,7 +469,7 @@ class Agent:
     def start(self) -> None:
         from workers.agent.scrape import Scraper
 
-        scraper = Scraper(self.store, self.prober, lambda: self.targets, self.config, self.clock)
+        scraper = Scraper(self.store, self.prober, lambda: self.targets, self.settings, self.clock)
         for name, target in (("llmgw-agent-loop", self._run_loop), ("llmgw-agent-heartbeat", self._run_heartbeat),
                              ("llmgw-agent-scrape", lambda: scraper.run(self._stop))):
             t = threading.Thread(target=target, name=name, daemon=True)
@@ -510,13 +508,13 @@ class Agent:
                     log.exception("agent pass failed; engines are left as they are until it succeeds")
                 else:
                     self._warn("*", f"agent passes still failing: {e}", interval=30)
-                self._stop.wait(self.config.tick)
+                self._stop.wait(self.settings.tick)
                 continue
             try:
-                if self.store.r.blpop([wake], timeout=self.config.tick):
+                if self.store.r.blpop([wake], timeout=self.settings.tick):
                     self.store.r.delete(wake)  # one pass handles every pending wake-up
             except Exception:  # noqa: BLE001
-                self._stop.wait(self.config.tick)
+                self._stop.wait(self.settings.tick)
 
     def stop(self, keep_engines: bool | None = None) -> None:
         """Stop the threads; unless keeping them, stop this node's engines (SIGTERM, then SIGKILL)."""
@@ -526,9 +524,9 @@ class Agent:
         if not self._threads:
             return  # never started: the engines on this node are not ours to stop
         for t in self._threads:
-            t.join(self.config.tick + self.settings.heartbeat_interval + 2)
+            t.join(self.settings.tick + self.settings.heartbeat_interval + 2)
         self._probe_pool.shutdown(wait=False)
-        keep = self.config.keep_engines if keep_engines is None else keep_engines
+        keep = self.settings.keep_engines if keep_engines is None else keep_engines
         if keep:
             log.info("agent stopping; engines keep running (LLMGW_AGENT_KEEP_ENGINES)")
             return

@@ -43,8 +43,8 @@ def scrape_one(target, fetch: Callable[[str, float], str], timeout: float, now: 
 
 
 class Scraper:
-    def __init__(self, store, prober, targets: Callable[[], list], config, clock):
-        self.store, self.prober, self.targets, self.config, self.clock = store, prober, targets, config, clock
+    def __init__(self, store, prober, targets: Callable[[], list], settings, clock):
+        self.store, self.prober, self.targets, self.settings, self.clock = store, prober, targets, settings, clock
         self.pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="llmgw-scrape")
 
     def once(self) -> list[LoadRecord]:
@@ -53,8 +53,8 @@ class Scraper:
             return []
         now = self.clock.time()
         records = list(self.pool.map(
-            lambda t: scrape_one(t, self.prober.fetch, self.config.scrape_timeout, now), targets))
-        ttl = max(10.0, 10 * self.config.scrape_interval)
+            lambda t: scrape_one(t, self.prober.fetch, self.settings.scrape_timeout, now), targets))
+        ttl = max(10.0, 10 * self.settings.scrape_interval)
         for rec in records:
             self.store.write_load(rec, ttl=ttl)
         return records
@@ -66,5 +66,5 @@ class Scraper:
                 self.once()
             except Exception:  # noqa: BLE001
                 log.exception("load scrape failed")
-            stop.wait(max(0.05, self.config.scrape_interval - (self.clock.monotonic() - started)))
+            stop.wait(max(0.05, self.settings.scrape_interval - (self.clock.monotonic() - started)))
         self.pool.shutdown(wait=False)

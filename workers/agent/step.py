@@ -76,22 +76,22 @@ class _AgentService:
 
     def __init__(self, app):
         from llmgw.gpus import parse_class_map
-        from workers.agent.config import AgentConfig
+        from workers.agent.config import AgentSettings
         from workers.agent.inventory import discover_gpus
         from workers.agent.loop import Agent
         from workers.agent.probe import HttpProber
         from workers.agent.runner import ShimRunner
         from workers.store_cache import STORES
 
-        settings = app.settings
-        config = AgentConfig.from_env()
+        # The node agent's own settings; the app carries only the shared and control ones.
+        settings = AgentSettings.from_env()
         parse_class_map(os.environ.get("LLMGW_GPU_CLASS_MAP", ""))  # a typo stops the agent here
         self.lock_file = acquire_node_lock(settings.state_dir, settings.node_name)
         self.agent = Agent(
             # The worker process's one Redis client, shared with the launch/stop tasks and closed at
             # worker shutdown (after this service has stopped).
-            settings, config, STORES.get(settings.redis_url),
-            ShimRunner(settings.state_dir, config.log_max_bytes, config.log_keep),
+            settings, STORES.get(settings.redis_url),
+            ShimRunner(settings.state_dir, settings.log_max_bytes, settings.log_keep),
             HttpProber(), gpus=discover_gpus(settings.node_gpus),
         )
 
