@@ -33,6 +33,7 @@ _LAZY = {
     "format_diff": "diff",
     "HISTORY_LIMIT": "store",
     "applied_version": "store",
+    "catalog_applied": "store",
     "apply_catalog": "store",
     "catalog_names": "store",
     "history": "store",

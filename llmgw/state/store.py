@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import secrets
 from contextlib import contextmanager
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator, Mapping
 
 import redis
 
@@ -123,10 +123,19 @@ class Store:
             return True
         if "node" in fields or "nodes" in fields:
             return self._update_replica_nodes(replica_id, fields)
-        argv: list[str] = []
-        for k, v in fields.items():
-            argv += [k, json.dumps(v)]
-        return bool(self.r.eval(_HSET_IF_EXISTS, 1, keys.replica(replica_id), *argv))
+        return bool(self.r.eval(_HSET_IF_EXISTS, 1, keys.replica(replica_id), *_hset_args(fields)))
+
+    def update_replicas(self, updates: Mapping[str, Mapping[str, Any]]) -> set[str]:
+        """`update_replica` of several records in one round trip (the agent's one write per pass);
+        returns the ids whose record still exists. Not for node fields (the control plane's)."""
+        ids = [rid for rid, fields in updates.items() if fields]
+        if not ids:
+            return set()
+        pipe = self.r.pipeline(transaction=False)
+        for rid in ids:
+            assert not {"node", "nodes"} & set(updates[rid]), "node fields move the index: use update_replica"
+            pipe.eval(_HSET_IF_EXISTS, 1, keys.replica(rid), *_hset_args(updates[rid]))
+        return {rid for rid, existed in zip(ids, pipe.execute()) if existed}
 
     def _update_replica_nodes(self, replica_id: str, fields: dict) -> bool:
         """`update_replica` of a record's node(s): the per-node index moves in the same MULTI."""
@@ -291,6 +300,14 @@ class Store:
         pipe.ltrim(keys.agent_wake(node), -1000, -1)
         pipe.execute()
 
+    def wait_for_wake(self, node: str, timeout: float) -> bool:
+        """Block until a launch/stop task wakes `node`'s agent, or `timeout` seconds; every pending
+        wake-up is taken at once, since one pass handles them all."""
+        if self.r.blpop([keys.agent_wake(node)], timeout=timeout):
+            self.r.delete(keys.agent_wake(node))
+            return True
+        return False
+
     # --- locks -----------------------------------------------------------------------------------
     @contextmanager
     def lock(self, name: str, ttl: float) -> Iterator[bool]:
@@ -302,6 +319,13 @@ class Store:
         finally:
             if held:
                 self.r.eval(_COMPARE_AND_DELETE, 1, name, token)
+
+
+def _hset_args(fields: Mapping[str, Any]) -> list[str]:
+    argv: list[str] = []
+    for k, v in fields.items():
+        argv += [k, json.dumps(v)]
+    return argv
 
 
 def _decode_replica(h: dict[str, str]) -> ReplicaRecord:

@@ -20,7 +20,7 @@ from llmgw.engines.base import LaunchSpec
 from llmgw.proc import proctable
 from workers.agent.logfiles import replica_dir, tail_text
 from workers.agent.shim import EXIT_FILE, SHIM_FILE, read_json
-from workers.agent.supervisor import ExitFacts
+from workers.agent.supervisor import ExitFacts, Found
 
 log = logging.getLogger("llmgw.agent")
 
@@ -36,18 +36,6 @@ class Seen:
     pid: int | None = None
     pid_start: int | None = None
     engine_pid: int | None = None
-
-
-@dataclass(frozen=True)
-class Found:
-    """An attempt found in the state dir (for orphans and for pids that never reached Redis)."""
-
-    replica_id: str
-    attempt: int
-    pid: int
-    pid_start: int | None
-    engine_pid: int | None
-    alive: bool
 
 
 class ShimRunner:

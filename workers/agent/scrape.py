@@ -10,14 +10,39 @@ from __future__ import annotations
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, Mapping
 
 from llmgw.catalog import Profile
 from llmgw.engines import get_engine
 from llmgw.engines.metrics import read_load
-from llmgw.state.records import LoadRecord
+from llmgw.state.records import LoadRecord, ReplicaRecord
+from workers.agent.launch import Launch
+from workers.agent.supervisor import ready_this_attempt
 
 log = logging.getLogger("llmgw.agent")
+
+
+@dataclass(frozen=True)
+class ScrapeTarget:
+    replica_id: str
+    url: str
+    engine: str
+    profile: Profile | None
+
+
+def scrape_targets(heads: list[ReplicaRecord], launches: Mapping[str, Launch | None]) -> list[ScrapeTarget]:
+    """The replicas to scrape: Ready attempts this agent runs (its `launches`), not being stopped."""
+    targets = []
+    for rec in heads:
+        if rec.id not in launches or rec.stop_requested_at is not None or not rec.url:
+            continue
+        if rec.running and ready_this_attempt(rec) and rec.last_probe_ok:
+            launch = launches[rec.id]
+            path = launch.spec.metrics_path if launch else "/metrics"
+            targets.append(ScrapeTarget(rec.id, rec.url.rstrip("/") + path, launch.engine if launch else "",
+                                        launch.profile if launch else None))
+    return targets
 
 
 def map_load(text: str, engine: str, profile) -> dict:
