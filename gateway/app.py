@@ -93,9 +93,9 @@ class Gateway:
             else Store(connect(cfg.redis_url, socket_timeout=cfg.redis_timeout, socket_connect_timeout=cfg.redis_timeout))
         )
         self.state = GatewayState(self.store, cfg, self.clock, self.metrics)
-        self.keys = KeyTable(self.store.r, self.state.health, cfg.auth)
-        self.limiter = RateLimiter(self.rstore.r, self.state.health, self.clock)
-        self.usage = UsageRecorder(self.store.r, self.state.health, self.clock)
+        self.keys = KeyTable(self.store, self.state.health, cfg.auth)
+        self.limiter = RateLimiter(self.rstore, self.state.health, self.clock)
+        self.usage = UsageRecorder(self.store, self.state.health, self.clock)
         self.upstream = Upstream(cfg.connect_timeout, cfg.first_byte_timeout, cfg.upstream_pool)
         self.queues: dict[str, WaitQueue] = {}
         self.queues_lock = threading.Lock()

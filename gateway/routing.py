@@ -103,12 +103,6 @@ def engine_saturated(load: LoadRecord | None, cfg: RoutingConfig) -> bool:
     return load.kv_usage is not None and load.kv_usage >= cfg.max_kv
 
 
-def is_saturated(ep: EndpointInfo, load: LoadRecord | None, ahead: int, cfg: RoutingConfig) -> bool:
-    """Full by capacity (`ahead` counts every gateway's and worker's traffic, see `_ahead`), or by the
-    engine's own figures."""
-    return bool(ep.capacity and ahead >= ep.capacity) or engine_saturated(load, cfg)
-
-
 def effective_unit(st: EndpointStats | None, best: float | None, now: float, cfg: RoutingConfig) -> float | None:
     """The learned service time, relaxed toward the fleet's best while the endpoint gets no samples."""
     if st is None or st.unit is None:

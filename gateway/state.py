@@ -22,7 +22,6 @@ import redis
 from gateway.config import GatewaySettings
 from gateway.routing import Choice, EndpointStats, Rejection, RouteRequest, choose
 from llmgw.catalog import catalog_names as read_catalog_names
-from llmgw.state import keys
 from llmgw.state.clock import Clock
 from llmgw.state.records import EndpointInfo, LoadRecord
 from llmgw.state.store import Store
@@ -116,7 +115,7 @@ class GatewayState:
                 self.health.succeeded()
                 return False
             v, fp, eps = self.store.read_endpoints()
-            catalog_names = read_catalog_names(self.store.r)
+            catalog_names = read_catalog_names(self.store)
             self.health.succeeded()
             self._last_full = now
         except REDIS_ERRORS as e:
@@ -222,8 +221,7 @@ class GatewayState:
         while not self.stopping.is_set():
             ps = None
             try:
-                ps = self.store.r.pubsub(ignore_subscribe_messages=True)
-                ps.subscribe(keys.ENDPOINTS_CHANNEL)
+                ps = self.store.subscribe_endpoints()
                 while not self.stopping.is_set():
                     if ps.get_message(timeout=1.0):
                         self.wake.set()

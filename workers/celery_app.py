@@ -11,13 +11,7 @@ from celery import Celery
 
 from beat.schedule import beat_schedule
 from llmgw.settings import ControlSettings
-
-CONTROL_QUEUE = "control"
-
-
-def node_queue(node: str) -> str:
-    return f"node-{node}"
-
+from llmgw.state.keys import CONTROL_QUEUE
 
 class LlmgwCelery(Celery):
     """A Celery app that carries the control plane's settings, read once from the environment (a node

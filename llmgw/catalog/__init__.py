@@ -32,6 +32,7 @@ _LAZY = {
     "diff_catalogs": "diff",
     "format_diff": "diff",
     "HISTORY_LIMIT": "store",
+    "applied_stamp": "store",
     "applied_version": "store",
     "catalog_applied": "store",
     "apply_catalog": "store",

@@ -152,10 +152,6 @@ class Profile(_Strict):
         return v
 
     @property
-    def on_gpu(self) -> bool:
-        return self.gpu is not None
-
-    @property
     def gpus_per_replica(self) -> int:
         """GPUs one replica holds across all its nodes (0 on the CPU)."""
         return self.gpu.count * self.nodes if self.gpu else 0

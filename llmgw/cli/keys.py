@@ -10,10 +10,8 @@ import sys
 import time
 
 from llmgw.cli import common
-from llmgw.errors import RedisUnreachable  # noqa: F401 - re-exported for callers
-from llmgw.state.apikeys import PRIORITIES, ApiKeyInvalid, create_key, hash_key, list_keys, revoke_key  # noqa: F401
-
-KeyError_ = ApiKeyInvalid  # the old name, kept for callers
+from llmgw.errors import RedisUnreachable
+from llmgw.state.apikeys import PRIORITIES, create_key, hash_key, list_keys, revoke_key  # noqa: F401 - hash_key: tests
 
 
 def redis_client():

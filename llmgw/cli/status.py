@@ -33,7 +33,7 @@ def cmd_status(args) -> int:
     version, _fp, endpoints = s.read_endpoints()
     catalog_problem = None
     try:
-        catalog_version, _cat, meta = read_applied(s.r)
+        catalog_version, _cat, meta = read_applied(s)
     except redis.RedisError:
         raise
     except Exception as e:  # noqa: BLE001 - e.g. applied by a newer llmgw: report it, show the rest
@@ -51,7 +51,7 @@ def cmd_status(args) -> int:
 
 def _raw_catalog_version(s) -> int | None:
     try:
-        return applied_version(s.r)
+        return applied_version(s)
     except (ValueError, KeyError, TypeError):
         return None
 

@@ -26,6 +26,7 @@ from llmgw.local.embedded_redis import redis_server_argv
 from llmgw.local.localstack import LocalStack, celery_argv, free_port, port_is_free, python_module, wait_for
 from llmgw.settings import Settings
 from llmgw.state.replica_state import derive, nodes_alive
+from llmgw.state.keys import CONTROL_QUEUE, node_queue
 from llmgw.state.store import Store, connect
 
 
@@ -106,9 +107,10 @@ def _run(args, settings, catalog, state_dir, node, stack: LocalStack, stopping) 
         "LLMGW_NODE": node,
     })
     common = ["--without-gossip", "--without-mingle", "-l", "info"]
-    stack.start("control", celery_argv("worker", "-Q", "control", "-n", "control@%h", "-P", "threads", "-c", "4", *common))
+    stack.start("control", celery_argv("worker", "-Q", CONTROL_QUEUE, "-n", "control@%h", "-P", "threads", "-c", "4",
+                                       *common))
     stack.start("beat", celery_argv("beat", "-l", "info", "-s", str(state_dir / "beat-schedule")))
-    stack.start("node", celery_argv("worker", "-Q", f"node-{node}", "-n", f"{node}@%h", "-P", "threads", "-c", "2", *common))
+    stack.start("node", celery_argv("worker", "-Q", node_queue(node), "-n", f"{node}@%h", "-P", "threads", "-c", "2", *common))
     # The gateway's one gunicorn config (gateway/gunicorn_conf.py); flags override its bind and threads.
     stack.start("gateway", python_module(
         "gunicorn", "-c", "python:gateway.gunicorn_conf", "--threads", str(args.gateway_threads),

@@ -8,7 +8,7 @@ from them by `llmgw.state.replica_state.derive`.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Iterable, TypeVar
+from typing import Any, TypeVar
 
 from llmgw.state.keys import REPLICA_STOPPED_ON_PREFIX
 
@@ -205,6 +205,3 @@ class EndpointInfo:
         d["models"] = tuple(d.get("models") or ())
         return _from_dict(cls, d)
 
-
-def index_by_id(items: Iterable[T]) -> dict[str, T]:
-    return {getattr(i, "id"): i for i in items}

@@ -7,7 +7,6 @@ No decisions here: these functions read and write the records of `llmgw.state.re
 from __future__ import annotations
 
 import json
-import secrets
 from contextlib import contextmanager
 from typing import Any, Iterable, Iterator, Mapping
 
@@ -34,15 +33,6 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
 end
 return 0
 """
-
-# Release a lock only if we still own it.
-_COMPARE_AND_DELETE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-"""
-
 
 class Store:
     def __init__(self, r: redis.Redis):
@@ -78,6 +68,27 @@ class Store:
         pipe.hdel(keys.NODES_LAST_SEEN, *names)
         for name in names:
             pipe.delete(keys.agent_wake(name), keys.node_replicas(name), keys.node_admin(name))
+        pipe.execute()
+
+    def nodes_missing_since(self) -> dict[str, float]:
+        """Node -> when housekeeping first saw it without a heartbeat (unreadable entries are skipped:
+        their clock starts again)."""
+        out = {}
+        for name, raw in self.r.hgetall(keys.NODES_MISSING_SINCE).items():
+            try:
+                out[name] = float(raw)
+            except ValueError:
+                pass
+        return out
+
+    def note_missing_nodes(self, first_missing: Mapping[str, float], back: Iterable[str]) -> None:
+        """Start the missing clock of nodes just seen without a heartbeat; stop it for those back."""
+        back = list(back)
+        pipe = self.r.pipeline(transaction=False)
+        if back:
+            pipe.hdel(keys.NODES_MISSING_SINCE, *back)
+        if first_missing:
+            pipe.hset(keys.NODES_MISSING_SINCE, mapping={n: repr(t) for n, t in first_missing.items()})
         pipe.execute()
 
     def known_nodes(self) -> set[str]:
@@ -250,6 +261,14 @@ class Store:
     def write_load(self, rec: LoadRecord, ttl: float = 30.0) -> None:
         self.r.set(keys.load(rec.replica_id), json.dumps(rec.to_dict()), px=int(ttl * 1000))
 
+    def delete_loads_except(self, replica_ids: Iterable[str]) -> int:
+        """Drop the load samples of replicas not in `replica_ids` (deleted ones); returns how many."""
+        keep, prefix = set(replica_ids), keys.load("")
+        stale = [k for k in self.r.scan_iter(match=prefix + "*", count=500) if k[len(prefix):] not in keep]
+        if stale:
+            self.r.delete(*stale)
+        return len(stale)
+
     def loads(self, replica_ids: Iterable[str]) -> dict[str, LoadRecord]:
         ids = list(replica_ids)
         if not ids:
@@ -293,6 +312,45 @@ class Store:
         self.r.publish(keys.ENDPOINTS_CHANNEL, str(version))
         return version
 
+    def subscribe_endpoints(self) -> redis.client.PubSub:
+        """A subscription to the hint that a new endpoint list was published (close it when done)."""
+        ps = self.r.pubsub(ignore_subscribe_messages=True)
+        ps.subscribe(keys.ENDPOINTS_CHANNEL)
+        return ps
+
+    # --- API keys, rate limits, usage (the gateway's) ---------------------------------------------
+    def api_key_table(self) -> dict[str, str]:
+        """The raw key table, key id -> JSON record (`llmgw.state.apikeys.parse_table` reads it)."""
+        return self.r.hgetall(keys.API_KEYS)
+
+    def count_request(self, key_id: str, minute: int, rpm: bool, tpm: bool) -> tuple[int | None, int]:
+        """One round trip for a key's limits in this minute's windows: count this request against its
+        requests-per-minute window (when `rpm`) and read its tokens so far (when `tpm`). Returns
+        (requests including this one or None, tokens so far)."""
+        pipe = self.r.pipeline(transaction=False)
+        if rpm:
+            pipe.incr(keys.rate_window(key_id, "rpm", minute))
+            pipe.expire(keys.rate_window(key_id, "rpm", minute), 120)
+        if tpm:
+            pipe.get(keys.rate_window(key_id, "tpm", minute))
+        out = pipe.execute()
+        return (int(out[0]) if rpm else None), (int(out[-1] or 0) if tpm else 0)
+
+    def add_usage(self, usage: Mapping[tuple[str, str], tuple[int, int, int]],
+                  tokens: Mapping[tuple[str, int], int]) -> None:
+        """Add counted usage in one pipeline: (key id, model) -> (prompt, completion, requests), and
+        (key id, minute) -> tokens for the tokens-per-minute windows."""
+        pipe = self.r.pipeline(transaction=False)
+        for (kid, model), (p, c, n) in usage.items():
+            h = keys.usage(kid)
+            pipe.hincrby(h, f"{model}:prompt", p)
+            pipe.hincrby(h, f"{model}:completion", c)
+            pipe.hincrby(h, f"{model}:requests", n)
+        for (kid, minute), n in tokens.items():
+            pipe.incrby(keys.rate_window(kid, "tpm", minute), n)
+            pipe.expire(keys.rate_window(kid, "tpm", minute), 120)
+        pipe.execute()
+
     # --- agent wake-ups ----------------------------------------------------------------------------
     def wake_agent(self, node: str, replica_id: str) -> None:
         pipe = self.r.pipeline(transaction=False)
@@ -308,17 +366,25 @@ class Store:
             return True
         return False
 
+    def close(self) -> None:
+        self.r.close()
+
     # --- locks -----------------------------------------------------------------------------------
     @contextmanager
     def lock(self, name: str, ttl: float) -> Iterator[bool]:
-        """`with store.lock(key, ttl) as held:` -- held is False if another holder has it."""
-        token = secrets.token_hex(8)
-        held = bool(self.r.set(name, token, nx=True, px=int(ttl * 1000)))
+        """`with store.lock(key, ttl) as held:` -- one try, never waiting: held is False if another
+        holder has it. redis-py's Lock: a token under `name` that expires after `ttl` seconds and is
+        released only by its owner."""
+        lock = self.r.lock(name, timeout=ttl, blocking=False)
+        held = lock.acquire()
         try:
             yield held
         finally:
             if held:
-                self.r.eval(_COMPARE_AND_DELETE, 1, name, token)
+                try:
+                    lock.release()
+                except redis.exceptions.LockError:
+                    pass  # it expired (and may be another's now): nothing of ours left to release
 
 
 def _hset_args(fields: Mapping[str, Any]) -> list[str]:

@@ -15,6 +15,7 @@ import pytest
 import requests
 
 from llmgw.proc.proctable import is_same_process, read_proc
+from llmgw.state.keys import node_queue
 from llmgw.state.records import ReplicaRecord
 from llmgw.state.replica_state import State, derive
 from tests.support.procs import wait_until
@@ -50,7 +51,7 @@ def _send(cluster, task: str, rid: str, node: str = "a") -> None:
 
     app = create_celery_app(ControlSettings(redis_url=cluster.redis_url))
     try:
-        app.send_task(task, args=[rid], queue=f"node-{node}")
+        app.send_task(task, args=[rid], queue=node_queue(node))
     finally:
         app.close()
 

@@ -15,6 +15,7 @@ from llmgw.catalog import apply_catalog, parse_catalog
 from llmgw.state.records import ReplicaRecord
 from llmgw.state.replica_state import State, derive
 from llmgw.state.store import Store
+from tests.support.clock import FakeClock
 from workers.agent import supervisor as sv
 from workers.agent.config import AgentSettings
 from workers.agent.loop import Agent
@@ -29,20 +30,6 @@ models:
         engine: sim
         start_timeout: 30
 """
-
-
-class FakeClock:
-    def __init__(self, t: float = 1000.0):
-        self.t = t
-
-    def time(self) -> float:
-        return self.t
-
-    def monotonic(self) -> float:
-        return self.t
-
-    def advance(self, s: float) -> None:
-        self.t += s
 
 
 @dataclass

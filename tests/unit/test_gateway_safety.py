@@ -16,15 +16,16 @@ from gateway.routing import RouteRequest
 from gateway.state import GatewayState
 from llmgw.state.apikeys import create_key
 from llmgw.state.records import LoadRecord
+from tests.support.clock import FakeClock
 from tests.unit.test_gateway_app import (  # noqa: F401
     CHAT,
     NEVER_STALE,
-    WallClock,
     endpoint,
     make_app,
     server,
     store,
     upstreams,
+    wall_clock,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,7 +94,7 @@ def test_auth_mode_is_validated():
 def test_unknown_models_create_no_state_and_no_labels(store, upstreams):
     up = upstreams()
     # one wall-clock minute throughout, so a request spent on junk would surely count against the last one
-    _, gw, c = make_app(store, [endpoint("e1", up.url)], clock=WallClock())
+    _, gw, c = make_app(store, [endpoint("e1", up.url)], clock=wall_clock())
     _, key = create_key(store.r, "k", rpm=1)
     gw.keys.refresh()
     auth = {"Authorization": f"Bearer {key}"}
@@ -175,19 +176,8 @@ def test_critical_key_may_send_critical(store, upstreams):
 
 
 # --- 4/5. our own clock ------------------------------------------------------------------------------
-class FakeClock:
-    def __init__(self):
-        self.mono, self.wall = 500.0, 2_000_000_000.0
-
-    def time(self):
-        return self.wall
-
-    def monotonic(self):
-        return self.mono
-
-
 def test_load_freshness_uses_when_we_first_saw_the_record(store):
-    clock = FakeClock()
+    clock = FakeClock(2_000_000_000.0, mono=500.0)
     store.write_endpoints([endpoint("e1", "http://127.0.0.1:9")], "fp", 0)
     st = GatewayState(store, GatewaySettings(routing=RoutingConfig(stale_after=3)), clock)
     st.refresh_endpoints()

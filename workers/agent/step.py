@@ -18,11 +18,9 @@ from pathlib import Path
 from celery import bootsteps
 
 from llmgw.errors import ConfigError
+from llmgw.state.keys import NODE_QUEUE_PREFIX, node_queue
 
 log = logging.getLogger("llmgw.agent")
-
-NODE_QUEUE_PREFIX = "node-"
-
 
 def consumed_queues(app) -> list[str]:
     return sorted(app.amqp.queues.consume_from.keys())
@@ -33,7 +31,7 @@ def agent_queue(queues: list[str], node_name: str) -> str | None:
     node_queues = [q for q in queues if q.startswith(NODE_QUEUE_PREFIX)]
     if not node_queues:
         return None
-    expected = NODE_QUEUE_PREFIX + node_name
+    expected = node_queue(node_name)
     wrong = [q for q in node_queues if q != expected]
     if wrong:
         raise ConfigError(

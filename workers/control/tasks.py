@@ -26,7 +26,7 @@ def _catalog_sync(store: Store, settings):
     if settings.catalog_file is None:
         return None
     applied_by = f"control@{socket.gethostname()}"
-    return lambda: sync_from_file(store.r, settings.catalog_file, applied_by)
+    return lambda: sync_from_file(store, settings.catalog_file, applied_by)
 
 
 class ControlTask(Task):
