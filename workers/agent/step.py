@@ -76,6 +76,8 @@ class _AgentService:
     hung engine can stall supervision."""
 
     def __init__(self, app):
+        # Imported here, not at the top: every Celery process (beat, control workers) loads this module
+        # for the step, and only node workers run an agent.
         from llmgw.gpus import parse_class_map
         from workers.agent.config import AgentSettings
         from workers.agent.inventory import discover_gpus
@@ -98,7 +100,7 @@ class _AgentService:
         self.threads: list[threading.Thread] = []
 
     def start(self) -> None:
-        from workers.agent.scrape import Scraper
+        from workers.agent.scrape import Scraper  # (node workers only, as above)
 
         a = self.agent
         scraper = Scraper(a.store, a.prober, lambda: a.targets, a.settings, a.clock)
