@@ -3,7 +3,7 @@
 
     python bench/routing.py [--seconds 15] [--load 0.8]
 
-Four simulated engines (`python -m llmgw.simengine`, speeds 1, 1, 0.5 and 0.25, 4 sequences each)
+Four simulated engines (`python -m simengine`, speeds 1, 1, 0.5 and 0.25, 4 sequences each)
 behind one gateway per policy (LLMGW_GATEWAY_POLICY). Arrivals are open-loop (evenly paced, so a slow
 answer does not slow the arrivals, as with real users). Each policy gets a short warm-up that is not
 measured. Starts redis, engines and gateways itself and stops them all.
@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 
-from llmgw.records import EndpointInfo  # noqa: E402
+from llmgw.state.records import EndpointInfo  # noqa: E402
 from tests.support.cluster import Cluster  # noqa: E402
 from tests.support.loadgen import paced  # noqa: E402
 from tests.support.procs import free_port, python, wait_until  # noqa: E402
@@ -43,7 +43,7 @@ def pct(xs: list[float], p: float) -> float:
 def start_engine(cluster: Cluster, name: str, speed: float) -> str:
     port = free_port()
     cluster.procs.start(f"engine-{name}", [
-        python(), "-m", "llmgw.simengine", "--port", str(port), "--served-model-name", "m",
+        python(), "-m", "simengine", "--port", str(port), "--served-model-name", "m",
         "--max-seqs", str(MAX_SEQS), "--speed", str(speed), "--seed", "1"], env=cluster.env())
     url = f"http://127.0.0.1:{port}"
     import requests

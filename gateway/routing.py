@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from gateway.config import RoutingConfig
-from llmgw.records import EndpointInfo, LoadRecord
+from llmgw.state.records import EndpointInfo, LoadRecord
 
 
 @dataclass(frozen=True)
@@ -101,12 +101,6 @@ def engine_saturated(load: LoadRecord | None, cfg: RoutingConfig) -> bool:
     if load.waiting is not None and load.waiting >= cfg.max_waiting:
         return True
     return load.kv_usage is not None and load.kv_usage >= cfg.max_kv
-
-
-def is_saturated(ep: EndpointInfo, load: LoadRecord | None, ahead: int, cfg: RoutingConfig) -> bool:
-    """Full by capacity (`ahead` counts every gateway's and worker's traffic, see `_ahead`), or by the
-    engine's own figures."""
-    return bool(ep.capacity and ahead >= ep.capacity) or engine_saturated(load, cfg)
 
 
 def effective_unit(st: EndpointStats | None, best: float | None, now: float, cfg: RoutingConfig) -> float | None:

@@ -16,13 +16,21 @@ from datetime import datetime, timezone
 
 import redis
 
-from llmgw.catalog import Catalog, load_catalog_file, profile_spec_hash
-from llmgw.catalog_diff import diff_catalogs, format_diff
-from llmgw.catalog_store import apply_catalog, history, read_applied, read_version
+from llmgw.catalog import (
+    Catalog,
+    apply_catalog,
+    diff_catalogs,
+    format_diff,
+    history,
+    load_catalog_file,
+    profile_spec_hash,
+    read_applied,
+    read_version,
+)
 from llmgw.cli.common import kick, print_json, settings
 from llmgw.errors import CatalogConflict, CatalogInvalid, RedisUnreachable
-from llmgw.kicks import RECONCILE
-from llmgw.store import Store, connect
+from llmgw.state.kicks import RECONCILE
+from llmgw.state.store import Store, connect
 
 EXIT_CONFLICT = 1
 EXIT_INVALID = 2
@@ -154,7 +162,7 @@ def cmd_apply(args) -> int:
         return EXIT_CONFLICT
     if changed:
         print(f"applied catalog version {new_version} (hash {cat.hash()})")
-        kick(settings(), r, RECONCILE)
+        kick(settings(), Store(r), RECONCILE)
     else:
         print(f"unchanged: catalog version {new_version} already has this content (hash {cat.hash()})")
     return wait_ready(r, cat, args.timeout, started) if args.wait else 0

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import sys
 
-from llmgw.config import Settings
-from llmgw.kicks import Kicker, broker_app, celery_sender
-from llmgw.store import Store, connect
+from llmgw.settings import Settings
+from llmgw.state.kicks import Kicker, broker_app, celery_sender
+from llmgw.state.store import Store, connect
 
 
 def settings() -> Settings:
@@ -23,14 +23,14 @@ def print_json(obj) -> None:
     sys.stdout.write("\n")
 
 
-def kick(s: Settings, r, *tasks: str) -> None:
+def kick(s: Settings, st: Store, *tasks: str) -> None:
     """Tell the control plane a fact changed, so it reacts now rather than at its next timer tick
     (llmgw.kicks; best effort: the timer is the backstop)."""
     if not s.event_driven:
         return
     app = broker_app(s.redis_url)
     try:
-        kicker = Kicker(r, celery_sender(app))
+        kicker = Kicker(st, celery_sender(app))
         for task in tasks:
             kicker.kick(task)
     finally:

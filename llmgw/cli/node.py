@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import sys
 
-from llmgw import events
 from llmgw.cli.common import kick, settings, store
-from llmgw.kicks import RECONCILE
+from llmgw.state.kicks import RECONCILE
 
 
 def register(sub) -> None:
@@ -42,9 +41,9 @@ def cmd_admin(args) -> int:
         print(f"llmgw: no node named {args.name!r} (known nodes: {listing})", file=sys.stderr)
         return 2
     s.set_node_admin(args.name, **FLAGS[args.action])
-    events.emit(s.r, {"cordon": "node_cordoned", "uncordon": "node_uncordoned", "drain": "node_drained"}[args.action],
+    s.emit({"cordon": "node_cordoned", "uncordon": "node_uncordoned", "drain": "node_drained"}[args.action],
                 f"llmgw node {args.action}", source="cli", node=args.name)
-    kick(cfg, s.r, RECONCILE)
+    kick(cfg, s, RECONCILE)
     on_it = [r for r in s.replicas_on(args.name) if r.stop_requested_at is None]
     if args.action == "drain":
         print(f"node {args.name}: draining; {len(on_it)} replica(s) will move elsewhere "

@@ -13,7 +13,7 @@ import time
 import pytest
 import requests
 
-from llmgw.replica_state import State, derive, nodes_alive
+from llmgw.state.replica_state import State, derive, nodes_alive
 from tests.support.clients import ClientLoop, start_loops, stop_loops, stream_problem
 from tests.support.procs import wait_until
 

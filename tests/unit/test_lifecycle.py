@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from llmgw.kicks import SCHEDULED_TTL, KickRule, KickState
-from llmgw.records import EndpointUse, GatewayReport, LoadRecord, ModelDemand, ReplicaRecord
-from llmgw.replica_state import State, derive, drain_progress
+from llmgw.state.kicks import SCHEDULED_TTL, KickRule, KickState
+from llmgw.state.records import EndpointUse, GatewayReport, LoadRecord, ModelDemand, ReplicaRecord
+from llmgw.state.replica_state import State, derive, drain_progress
 from workers.control.publish import Evidence, merge_evidence, routable
 
 NOW = 1_000.0
@@ -198,11 +198,13 @@ def test_a_scheduled_mark_outlives_a_lost_task_by_its_ttl_only():
 def test_the_kicker_sends_one_task_per_burst_and_again_for_facts_during_a_pass():
     import fakeredis
 
-    from llmgw.kicks import PUBLISH, RECONCILE, Kicker
+    from llmgw.state.store import Store
+
+    from llmgw.state.kicks import PUBLISH, RECONCILE, Kicker
 
     r = fakeredis.FakeRedis(decode_responses=True)
     sent: list[str] = []
-    k = Kicker(r, lambda task, countdown: sent.append(task))
+    k = Kicker(Store(r), lambda task, countdown: sent.append(task))
     for _ in range(50):
         k.kick(RECONCILE)
     k.kick(PUBLISH)
@@ -221,10 +223,12 @@ def test_the_kicker_sends_one_task_per_burst_and_again_for_facts_during_a_pass()
 def test_a_kicker_that_cannot_reach_redis_never_raises():
     import redis as redis_lib
 
-    from llmgw.kicks import RECONCILE, Kicker
+    from llmgw.state.store import Store
+
+    from llmgw.state.kicks import RECONCILE, Kicker
 
     dead = redis_lib.Redis(port=1, socket_connect_timeout=0.05)
-    k = Kicker(dead, lambda task, countdown: None)
+    k = Kicker(Store(dead), lambda task, countdown: None)
     assert k.kick(RECONCILE) is False
     k.started(RECONCILE)
     assert k.finished(RECONCILE) is False

@@ -7,8 +7,8 @@ import dataclasses
 import fakeredis
 import pytest
 
-from llmgw.catalog_store import apply_catalog
-from llmgw.store import Store
+from llmgw.catalog import apply_catalog
+from llmgw.state.store import Store
 from tests.unit.control_support import Sim, catalog, cpu_profile, gpu_profile, model, node, ready_record
 from workers.control.apply import publish_once
 from workers.control.publish import endpoints_from, fingerprint
@@ -93,7 +93,7 @@ def test_publish_pass_writes_only_when_the_list_changes():
 
 
 def test_publish_pass_skips_while_another_holds_the_lock():
-    from llmgw import keys
+    from llmgw.state import keys
 
     r = fakeredis.FakeRedis(decode_responses=True)
     store = Store(r)
@@ -106,7 +106,7 @@ def test_publish_pass_skips_while_another_holds_the_lock():
 
 def test_a_lost_nodes_ready_replica_stays_routable_until_the_gateways_fail_to_reach_it_or_the_grace_ends():
     """The engines are the data plane: an agent's death alone does not unpublish them (#17)."""
-    from llmgw.records import EndpointUse, GatewayReport
+    from llmgw.state.records import EndpointUse, GatewayReport
     from workers.control.publish import merge_evidence
 
     rec = dataclasses.replace(ready_record("r", "tiny", "cpu", "gone", NOW))
@@ -137,7 +137,7 @@ def test_the_publish_pass_stamps_the_version_from_which_a_stopping_replica_is_un
 
 
 def test_the_publish_pass_weighs_the_gateways_evidence_for_a_lost_nodes_replica():
-    from llmgw.records import EndpointUse, GatewayReport
+    from llmgw.state.records import EndpointUse, GatewayReport
 
     r = fakeredis.FakeRedis(decode_responses=True)
     store = Store(r)

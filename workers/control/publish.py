@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 from llmgw.catalog import Catalog
-from llmgw.records import EndpointInfo, GatewayReport, NodeInfo, ReplicaRecord
-from llmgw.replica_state import CrashPolicy, State, derive, nodes_alive, served_this_attempt
+from llmgw.state.records import EndpointInfo, GatewayReport, NodeInfo, ReplicaRecord
+from llmgw.state.replica_state import CrashPolicy, State, derive, nodes_alive, served_this_attempt
 
 # How long a Lost node's Ready replicas stay routable without contrary evidence (seconds); the
 # planner asks them to stop after the same time (PlanConfig.lost_grace).

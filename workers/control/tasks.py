@@ -12,9 +12,9 @@ import time
 
 from celery import Task, shared_task
 
-from llmgw.catalog_watch import sync_from_file
-from llmgw.kicks import Kicker, celery_sender
-from llmgw.store import Store
+from llmgw.catalog import sync_from_file
+from llmgw.state.kicks import Kicker, celery_sender
+from llmgw.state.store import Store
 from workers.control.apply import (
     CeleryDispatcher,
     PublishMemory,
@@ -29,11 +29,11 @@ log = logging.getLogger("llmgw.control")
 
 
 def _catalog_sync(store: Store, settings):
-    """`llmgw.catalog_watch.sync_from_file` bound to this pass, or None when there is no file."""
+    """`llmgw.catalog.watch.sync_from_file` bound to this pass, or None when there is no file."""
     if settings.catalog_file is None:
         return None
     applied_by = f"control@{socket.gethostname()}"
-    return lambda: sync_from_file(store.r, settings.catalog_file, applied_by)
+    return lambda: sync_from_file(store, settings.catalog_file, applied_by)
 
 
 class ControlTask(Task):
@@ -56,7 +56,7 @@ class ControlTask(Task):
         return self._memory
 
     def kicker(self, store: Store) -> Kicker:
-        return Kicker(store.r, celery_sender(self.app), enabled=self.app.settings.event_driven)
+        return Kicker(store, celery_sender(self.app), enabled=self.app.settings.event_driven)
 
 
 @shared_task(name="llmgw.reconcile", bind=True, base=ControlTask)

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from llmgw import keys
+from llmgw.state import keys
 
 log = logging.getLogger("llmgw.events")
 

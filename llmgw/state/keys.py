@@ -115,6 +115,18 @@ def kick_dirty(task: str) -> str:
     return f"{PREFIX}:dirty:{task}"
 
 
+# --- Celery queues (the broker is this Redis: each queue is a list of that name) ------------------
+# The control plane's tasks (reconcile, publish, housekeeping), consumed by the control workers.
+CONTROL_QUEUE = "control"
+NODE_QUEUE_PREFIX = "node-"
+
+
+def node_queue(node: str) -> str:
+    """The queue of `node`'s agent (`celery -A workers worker -Q node-<name>`): launch and stop tasks
+    for the replicas placed there. The one spelling, for the control plane, the agent, `llmgw up`."""
+    return NODE_QUEUE_PREFIX + node
+
+
 # --- locks ---------------------------------------------------------------------------------------
 RECONCILE_LOCK = f"{PREFIX}:lock:reconcile"
 PUBLISH_LOCK = f"{PREFIX}:lock:publish"

@@ -21,15 +21,18 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 import redis
 
-from llmgw import keys
+from llmgw.state import keys
+from llmgw.state.keys import CONTROL_QUEUE
+
+if TYPE_CHECKING:
+    from llmgw.state.store import Store
 
 log = logging.getLogger("llmgw.kicks")
 
-CONTROL_QUEUE = "control"
 RECONCILE = "llmgw.reconcile"
 PUBLISH = "llmgw.publish"
 
@@ -92,8 +95,9 @@ def broker_app(redis_url: str):
 class Kicker:
     """`KickRule` on Redis. Never raises: a kick that cannot be sent is repaired by the timer."""
 
-    def __init__(self, r: redis.Redis, send: Sender, debounce: float = DEBOUNCE, enabled: bool = True):
-        self.r, self.send, self.debounce, self.enabled = r, send, debounce, enabled
+    def __init__(self, store: "Store | None", send: Sender, debounce: float = DEBOUNCE, enabled: bool = True):
+        self.r = store.r if store is not None else None
+        self.send, self.debounce, self.enabled = send, debounce, enabled
 
     def kick(self, task: str) -> bool:
         """Mark `task` dirty and send it unless one is on its way. True if a task was sent."""
@@ -142,7 +146,7 @@ class Kicker:
 
 def disabled() -> Kicker:
     """A Kicker that does nothing (tests of the timers alone, and callers without a broker)."""
-    return Kicker(None, lambda task, countdown: None, enabled=False)  # type: ignore[arg-type]
+    return Kicker(None, lambda task, countdown: None, enabled=False)
 
 
 KickFn = Callable[[str], object]

@@ -10,7 +10,7 @@ import enum
 from dataclasses import dataclass
 from typing import Container, Iterable
 
-from llmgw.records import GatewayReport, LoadRecord, ReplicaRecord
+from llmgw.state.records import GatewayReport, LoadRecord, ReplicaRecord
 
 
 class State(str, enum.Enum):
