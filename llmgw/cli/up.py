@@ -108,6 +108,8 @@ def _run(args, settings, catalog, state_dir, node, stack: LocalStack, stopping) 
         "REDIS_URL": redis_url,
         "LLMGW_STATE_DIR": str(state_dir),
         "LLMGW_NODE": node,
+        # Ctrl-C stops the whole system here, engines included.
+        "LLMGW_AGENT_KEEP_ENGINES": "0",
     })
     common = ["--without-gossip", "--without-mingle", "-l", "info"]
     stack.start("control", celery_argv("worker", "-Q", CONTROL_QUEUE, "-n", "control@%h", "-P", "threads", "-c", "4",

@@ -23,9 +23,9 @@ MAX_EVENTS = 10_000
 # The kinds llmgw writes (docs/events.md lists what each carries).
 KINDS = (
     "catalog_applied",
-    "replica_placed", "replica_pending", "replica_ready", "replica_failed", "replica_restarted",
-    "replica_crashloop", "replica_moved", "replica_draining", "replica_stopped", "replica_scaled",
-    "replica_preempted",
+    "replica_placed", "replica_pending", "replica_ready", "replica_unhealthy", "replica_failed",
+    "replica_restarted", "replica_crashloop", "replica_adopted", "replica_moved", "replica_draining",
+    "replica_stopped", "replica_scaled", "replica_preempted",
     "node_joined", "node_lost", "node_cordoned", "node_uncordoned", "node_drained",
     "endpoints_published",
     "model_saturated", "model_recovered", "model_cold_start",

@@ -150,6 +150,19 @@ def drain_progress(rec: ReplicaRecord, gateways: Iterable[GatewayReport], load: 
     return DrainProgress(True, 0, "drained")
 
 
+def head_drained(rec: ReplicaRecord, now: float) -> DrainProgress:
+    """For a member part of a multi-node replica (`rec` as stored: the head's facts): its head serves
+    HTTP and drains; the member part may stop once the head's drain is over, or timed out, or the head
+    does not serve at all."""
+    if rec.drained_at is not None:
+        return DrainProgress(True, note=rec.drain_note or "the head drained")
+    if rec.drain_timeout <= 0 or not served_this_attempt(rec):
+        return DrainProgress(True, note="nothing to drain")
+    if rec.stop_requested_at is not None and now >= rec.stop_requested_at + rec.drain_timeout:
+        return DrainProgress(True, note=f"drain timed out after {rec.drain_timeout:g}s")
+    return DrainProgress(False, note="waiting for the head to drain")
+
+
 def _exit_text(rec: ReplicaRecord) -> str:
     if rec.exit_signal:
         return f"by signal {rec.exit_signal}"

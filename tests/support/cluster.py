@@ -39,6 +39,8 @@ FAST_ENV = {
     "LLMGW_HEARTBEAT_TTL": "3",
     "LLMGW_RECONCILE_INTERVAL": "1",
     "LLMGW_PUBLISH_INTERVAL": "0.5",
+    # Agents stop their engines when a test stops them (the default keeps engines across a restart).
+    "LLMGW_AGENT_KEEP_ENGINES": "0",
     "PYTHONUNBUFFERED": "1",
 }
 

@@ -354,3 +354,78 @@ def found(rid, alive=True):
 ])
 def test_leftovers(desc, found_, ids, catalog, dirs, expected):
     assert sv.leftovers(found_, ids, {"x": 95}, catalog, dirs, 100, 3600) == expected
+
+
+# --- planned stops drain first (docs/lifecycle.md) -----------------------------------------------------
+from llmgw.state.kicks import PUBLISH, RECONCILE  # noqa: E402
+from llmgw.state.replica_state import DrainProgress  # noqa: E402
+
+SERVING = dict(attempt=1, started_at=50, pid=5, first_ready_at=51, last_probe_ok=True, url="http://a:1",
+               stop_requested_at=99, stop_reason="replaced: spec changed", drain_timeout=120)
+ALIVE = dict(alive=True, known=True, pid=5)
+
+DRAIN_CASES = [
+    # (description, record facts, observed drain, expected action kinds)
+    ("draining with requests in flight: nothing yet", dict(), DrainProgress(False, 2, "2 in flight"), []),
+    ("drain over: record it, then SIGTERM", dict(), DrainProgress(True, 0, "drained"), ["Drained", "SIGTERM"]),
+    ("drain timed out: the same", dict(), DrainProgress(True, 1, "drain timed out"), ["Drained", "SIGTERM"]),
+    ("no drain asked (no progress given): SIGTERM at once", dict(), None, ["SIGTERM"]),
+    ("already drained (e.g. a restarted agent): SIGTERM only", dict(drained_at=99.5), DrainProgress(True, 0, "drained"),
+     ["SIGTERM"]),
+]
+
+
+@pytest.mark.parametrize("desc,facts,drain,kinds", DRAIN_CASES, ids=[c[0] for c in DRAIN_CASES])
+def test_a_planned_stop_waits_for_its_drain(desc, facts, drain, kinds):
+    actions = one(rec(**{**SERVING, **facts}), sv.Observed(**ALIVE, drain=drain))
+    got = [signal.Signals(a.sig).name if isinstance(a, sv.Signal) else type(a).__name__ for a in actions]
+    assert got == kinds
+    drained = [a for a in actions if isinstance(a, sv.Drained)]
+    if drained:
+        assert drained[0].fields == {"drained_at": 100.0, "drain_note": drain.note}
+
+
+def test_once_terminating_the_escalation_goes_on_whatever_the_drain_says():
+    obs = sv.Observed(**ALIVE, term_sent_at=85.0, drain=DrainProgress(False, 3, "3 in flight"))
+    [kill] = one(rec(**SERVING, drained_at=85.0), obs, now=100.0)
+    assert kill.sig == signal.SIGKILL
+
+
+def test_a_member_part_waits_for_its_heads_drain_and_records_nothing():
+    member = rec(**SERVING, nodes=["a", "b"])  # this node is b; the head a drains and records drained_at
+    waiting = sv.decide([member], {"r1": sv.Observed(**ALIVE, head_attempt=1, joined_attempt=1,
+                                                     drain=DrainProgress(False, note="waiting for the head"))},
+                        [], 100.0, P, node="b")
+    assert waiting == []
+    done = sv.decide([member], {"r1": sv.Observed(**ALIVE, head_attempt=1, joined_attempt=1,
+                                                  drain=DrainProgress(True, note="the head drained"))},
+                     [], 100.0, P, node="b")
+    assert [type(a).__name__ for a in done] == ["Signal"]
+
+
+NEWS_CASES = [
+    ("became ready", sv.Probed("r1", True, 0, True, fields={"first_ready_at": 100}), ["replica_ready"], {PUBLISH}),
+    ("turned unhealthy", sv.Probed("r1", False, 3, fields={"last_probe_ok": False, "probe_error": "503"}),
+     ["replica_unhealthy"], {PUBLISH}),
+    ("crashed", sv.RecordExit("r1", sv.ExitFacts(-4, 4, 100.0), (100.0,), 101.0, 1), ["replica_failed"],
+     {PUBLISH, RECONCILE}),
+    ("crashed a fourth time in the window", sv.RecordExit("r1", sv.ExitFacts(1, None, 100.0), (40.0, 60.0, 80.0, 100.0),
+                                                          160.0, 4), ["replica_failed", "replica_crashloop"],
+     {PUBLISH, RECONCILE}),
+    ("restarted", sv.Start("r1", 2, restart=True), ["replica_restarted"], set()),
+    ("stopped", sv.MarkStopped("r1", None, 100.0), ["replica_stopped"], {RECONCILE}),
+    ("an unchanged probe says nothing", sv.Probed("r1", True, 0), [], set()),
+]
+
+
+@pytest.mark.parametrize("desc,action,kinds,kicks", NEWS_CASES, ids=[c[0] for c in NEWS_CASES])
+def test_news_of_an_action(desc, action, kinds, kicks):
+    r = rec(attempt=1, started_at=50, first_ready_at=51, last_probe_ok=True, url="http://a:1")
+    out = sv.news(r, action)
+    assert [n.kind for n in out] == kinds
+    assert {k for n in out for k in n.kicks} == kicks
+
+
+def test_a_crash_by_signal_is_named():
+    [n] = sv.news(rec(attempt=3), sv.RecordExit("r1", sv.ExitFacts(-4, 4, 100.0), (100.0,), 101.0, 1))
+    assert "SIGILL" in n.message and "attempt 3" in n.message

@@ -65,8 +65,9 @@ class AgentSettings(Settings):
     # --- supervision (defaults from `supervisor.Policy`: one source for both) ----------------------
     tick: Seconds = env("LLMGW_AGENT_TICK", default=0.5, gt=0,
                         meaning="longest wait between passes (a wake-up ends it)")
-    keep_engines: bool = env("LLMGW_AGENT_KEEP_ENGINES", default=False,
-                             meaning="1: leave engines running when the worker stops")
+    keep_engines: bool = env("LLMGW_AGENT_KEEP_ENGINES", default=True,
+                             meaning="engines keep serving when the agent stops (an upgrade, a restart): the next "
+                                     "agent adopts them; 0: stop this node's engines with the agent")
     backoff_base: Seconds = env("LLMGW_AGENT_BACKOFF_BASE", default=Policy.backoff_base, gt=0,
                                 meaning="first restart delay")
     backoff_cap: Seconds = env("LLMGW_AGENT_BACKOFF_CAP", default=Policy.backoff_cap, gt=0,
@@ -79,6 +80,9 @@ class AgentSettings(Settings):
                                     meaning="restart a once-ready engine failing probes this long (0: never)")
     probe_interval: Seconds = env("LLMGW_AGENT_PROBE_INTERVAL", default=1.0, gt=0,
                                   meaning="`/health` probe period per replica")
+    start_probe_interval: Seconds = env(
+        "LLMGW_AGENT_START_PROBE_INTERVAL", default=0.1, gt=0,
+        meaning="`/health` probe period while an attempt is starting, so a Ready engine is routed at once")
     probe_timeout: Seconds = env("LLMGW_AGENT_PROBE_TIMEOUT", default=1.0, gt=0, meaning="`/health` timeout")
     probe_failures: int = env("LLMGW_AGENT_PROBE_FAILURES", default=Policy.probe_failures, ge=1,
                               meaning="failed probes in a row before a Ready replica is reported unhealthy")

@@ -23,12 +23,13 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from llmgw.catalog import catalog_applied
 from llmgw.proc.ports import can_bind
 from llmgw.state.clock import Clock
 from llmgw.state.records import GPUDevice, ReplicaRecord
+from llmgw.state.replica_state import drain_progress, head_drained
 from llmgw.state.store import Store
 from workers.agent import supervisor as sv
 from workers.agent.config import AgentSettings
@@ -51,8 +52,10 @@ class Local:
 
 class Agent:
     def __init__(self, settings: AgentSettings, store: Store, runner: Any, prober: Any, clock: Clock | None = None,
-                 gpus: tuple[GPUDevice, ...] = (), bindable=None, sleep=None):
+                 gpus: tuple[GPUDevice, ...] = (), bindable=None, sleep=None,
+                 kick: Callable[[str], object] = lambda task: None):
         self.settings, self.store, self.runner, self.prober = settings, store, runner, prober
+        self.kick = kick  # tells the control plane a fact changed (llmgw.state.kicks)
         self.clock = clock or Clock()
         # Waiting during shutdown goes through the clock too (a fake clock's `sleep` advances it).
         self.sleep = sleep or getattr(self.clock, "sleep", None) or time.sleep
@@ -67,6 +70,7 @@ class Agent:
         self.orphan_terms: dict[str, float] = {}  # when SIGTERM went to an attempt without a record
         self.started_at = self.clock.time()
         self.targets: list[ScrapeTarget] = []
+        self.starting = False  # an attempt is starting: pass again soon (`next_wait`)
         self.stopping = threading.Event()  # set when the agent shuts down (workers.agent.step)
         self._warned: dict[str, float] = {}
         self._probe_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="llmgw-probe")
@@ -85,6 +89,8 @@ class Agent:
         rest = self._leftovers(ids, found, now)
         actions = sv.decide(views, observed, list(rest.orphans), now, self.policy, self.node)
         self._act(views, records, actions, now)
+        self.starting = any(observed[v.id].alive and observed[v.id].has_health and not sv.ready_this_attempt(v)
+                            and v.stop_requested_at is None for v in views)
         for rid in rest.remove:
             log.info("replica %s: removing the files of a deleted replica", rid)
             self.runner.remove(rid)
@@ -103,7 +109,25 @@ class Agent:
             except Exception as e:  # noqa: BLE001 - skip it this pass, keep supervising the others
                 self.warn(rec.id, f"cannot observe its process, skipped this pass: {e!r}")
         self._probe(views, observed, now)
+        self._drains(views, {r.id: r for r in records}, observed, now)
         return views, observed
+
+    def _drains(self, views: list[ReplicaRecord], stored: dict[str, ReplicaRecord],
+                observed: dict[str, sv.Observed], now: float) -> None:
+        """How far each planned stop's drain has come (docs/lifecycle.md): for a head, from the gateways'
+        reports and its engine's last scrape, read once a pass and only while something drains; a
+        member part follows its head's record."""
+        waiting = [v for v in views if v.stop_requested_at is not None and v.stopped_at is None
+                   and observed[v.id].alive and observed[v.id].term_sent_at is None]
+        if not waiting:
+            return
+        heads = [v.id for v in waiting if v.node == self.node and v.drained_at is None]
+        gateways = self.store.gateway_reports() if heads else []
+        loads = self.store.loads(heads) if heads else {}
+        for v in waiting:
+            drain = (drain_progress(v, gateways, loads.get(v.id), now) if v.node == self.node
+                     else head_drained(stored[v.id], now))
+            observed[v.id] = dataclasses.replace(observed[v.id], drain=drain)
 
     def _look(self, view: ReplicaRecord, stored: ReplicaRecord) -> sv.Observed:
         """What this agent knows of the part's current attempt. `view` is the part's view (see
@@ -142,7 +166,9 @@ class Agent:
             obs, loc = observed[rec.id], self.local.get(rec.id)
             if not obs.alive or not obs.has_health or loc is None or rec.stop_requested_at is not None or not rec.url:
                 continue
-            if loc.memory.last_probe_at is not None and now - loc.memory.last_probe_at < self.settings.probe_interval:
+            # A starting attempt is probed often: the moment it answers is the moment it can be routed.
+            every = self.settings.probe_interval if sv.ready_this_attempt(rec) else self.settings.start_probe_interval
+            if loc.memory.last_probe_at is not None and now - loc.memory.last_probe_at < every:
                 continue
             path = loc.launch.spec.health_path if loc.launch else "/health"
             due.append((rec.id, loc, rec.url.rstrip("/") + path))
@@ -191,6 +217,22 @@ class Agent:
                 continue  # the record was deleted meanwhile
             self._spawn(rec, start, launch, now, spawned)
         self.store.update_replicas(spawned)
+        self._announce(actions, by_id)
+
+    def _announce(self, actions: list[sv.Action], by_id: dict[str, ReplicaRecord]) -> None:
+        """Events for the history, and kicks for the control passes a fact concerns (after the facts
+        are in Redis, so the pass they start reads them)."""
+        kicks: set[str] = set()
+        for action in actions:
+            rec = by_id.get(action.replica_id)
+            if rec is None:
+                continue  # an orphan: no record to speak of
+            for n in sv.news(rec, action):
+                self.store.emit(n.kind, n.message, source=f"agent:{self.node}", model=rec.model,
+                                profile=rec.profile, node=self.node, replica=rec.id)
+                kicks.update(n.kicks)
+        for task in sorted(kicks):
+            self.kick(task)
 
     def _record(self, rec: ReplicaRecord, facts: sv.Facts, writes: dict[str, dict[str, Any]]) -> None:
         """Facts of this node's part go to the record for the head, to this agent's memory for a member
@@ -271,6 +313,10 @@ class Agent:
                  "restarting," if start.restart else "starting,", start.attempt, launch.port, pid,
                  " ".join(launch.spec.argv))
         self._record(rec, sv.Facts(fields={"pid": pid, "pid_start": pid_start}), writes)
+
+    def next_wait(self) -> float:
+        """How long the loop may wait for a wake-up before the next pass."""
+        return min(self.settings.tick, self.settings.start_probe_interval) if self.starting else self.settings.tick
 
     def warn(self, key: str, text: str, interval: float = 60.0) -> None:
         """Log a repeated condition at most once a minute."""

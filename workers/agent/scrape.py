@@ -32,10 +32,11 @@ class ScrapeTarget:
 
 
 def scrape_targets(heads: list[ReplicaRecord], launches: Mapping[str, Launch | None]) -> list[ScrapeTarget]:
-    """The replicas to scrape: Ready attempts this agent runs (its `launches`), not being stopped."""
+    """The replicas to scrape: Ready attempts this agent runs (its `launches`), draining ones included
+    (their drain waits for the engine's own running and waiting counts to reach 0)."""
     targets = []
     for rec in heads:
-        if rec.id not in launches or rec.stop_requested_at is not None or not rec.url:
+        if rec.id not in launches or rec.drained_at is not None or rec.stopped_at is not None or not rec.url:
             continue
         if rec.running and ready_this_attempt(rec) and rec.last_probe_ok:
             launch = launches[rec.id]

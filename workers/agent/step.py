@@ -83,6 +83,7 @@ class _AgentService:
         from workers.agent.inventory import discover_gpus
         from workers.agent.loop import Agent
         from workers.agent.probe import HttpProber
+        from llmgw.state.kicks import Kicker, celery_sender
         from workers.agent.runner import ShimRunner
         from workers.store_cache import STORES
 
@@ -90,12 +91,13 @@ class _AgentService:
         settings = AgentSettings.from_env()
         parse_class_map(os.environ.get("LLMGW_GPU_CLASS_MAP", ""))  # a typo stops the agent here
         self.lock_file = acquire_node_lock(settings.state_dir, settings.node_name)
+        # The worker process's one Redis client, shared with the launch/stop tasks and closed at
+        # worker shutdown (after this service has stopped).
+        store = STORES.get(settings.redis_url)
+        self.kicker = Kicker(store, celery_sender(app), enabled=settings.event_driven)
         self.agent = Agent(
-            # The worker process's one Redis client, shared with the launch/stop tasks and closed at
-            # worker shutdown (after this service has stopped).
-            settings, STORES.get(settings.redis_url),
-            ShimRunner(settings.state_dir, settings.log_max_bytes, settings.log_keep),
-            HttpProber(), gpus=discover_gpus(settings.node_gpus),
+            settings, store, ShimRunner(settings.state_dir, settings.log_max_bytes, settings.log_keep),
+            HttpProber(), gpus=discover_gpus(settings.node_gpus), kick=self.kicker.kick,
         )
         self.threads: list[threading.Thread] = []
 
@@ -131,17 +133,26 @@ class _AgentService:
                 a.stopping.wait(a.settings.tick)
                 continue
             try:
-                a.store.wait_for_wake(a.node, a.settings.tick)  # a launch/stop task ends the wait early
+                a.store.wait_for_wake(a.node, a.next_wait())  # a launch/stop task ends the wait early
             except Exception:  # noqa: BLE001
                 a.stopping.wait(a.settings.tick)
 
     def _run_heartbeat(self) -> None:
+        from llmgw.state.kicks import RECONCILE  # (node workers only, as above)
+
         a = self.agent
         failing = False
+        joined = False
         while not a.stopping.is_set():
             try:
                 a.heartbeat()
                 failing = False
+                if not joined:
+                    # A node that (re)joins can take replicas, and its own may be Lost no more.
+                    joined = True
+                    a.store.emit("node_joined", f"agent pid {os.getpid()} started", source=f"agent:{a.node}",
+                                 node=a.node)
+                    self.kicker.kick(RECONCILE)
             except Exception as e:  # noqa: BLE001
                 if not failing:
                     log.exception("heartbeat failed")

@@ -8,9 +8,13 @@ performs the process side effects (start, signal). Nothing here touches Redis, p
 or the clock, so every rule is table-tested with plain data (tests/unit/test_agent_supervisor.py).
 
 Rules, per replica record on this node:
-- stop requested: SIGTERM the attempt (through its shim), SIGKILL its group after `stop_grace`
-  (`stop_signals`, the one escalation, also used when the agent shuts down); once the process is
-  gone, mark it stopped (`stopped_at`; each node of a multi-node replica confirms its own part).
+- stop requested: a planned stop drains first (docs/lifecycle.md): while the drain is not over
+  (`Observed.drain`, from `llmgw.state.replica_state.drain_progress`: unpublished, every gateway
+  moved on, nothing in flight; or `drain_timeout` passed) the engine keeps serving what it has.
+  Then the head records `drained_at` and the attempt gets SIGTERM (through its shim), SIGKILL of its
+  group after `stop_grace` (`stop_signals`, the one escalation, also used when the agent shuts
+  down); a member part of a multi-node replica waits for its head's drain. Once the process is gone,
+  mark it stopped (`stopped_at`; each node of a multi-node replica confirms its own part).
 - running and not known to this agent (it was started by a previous agent): adopt it, no restart.
   A member part of a multi-node replica is adopted from the attempt found in the state dir
   (`part_view`), since only the head writes the record's agent fields.
@@ -42,6 +46,8 @@ from typing import Any, Mapping
 
 from llmgw.state.keys import replica_stopped_on
 from llmgw.state.records import AGENT_FIELDS, ReplicaRecord
+from llmgw.state.kicks import PUBLISH, RECONCILE
+from llmgw.state.replica_state import CrashPolicy, DrainProgress
 
 MAX_FAILURE_TIMES = 30
 LOG_TAIL_BYTES = 4000  # of the engine log kept in the record when an attempt ends
@@ -118,6 +124,8 @@ class Observed:
     # attempt while it runs (0 while it does not), and the head attempt this part was started for.
     head_attempt: int | None = None
     joined_attempt: int | None = None
+    # A stop was requested and the process runs: how far its drain has come (None: no drain, stop now).
+    drain: DrainProgress | None = None
     # This pass's `/health` probe, when one was due: its result and the failures in a row before it.
     probe_ok: bool | None = None
     probe_error: str | None = None
@@ -196,6 +204,13 @@ class Signal:
 
 
 @dataclass(frozen=True)
+class Drained(Facts):
+    """The drain of a planned stop is over (or timed out): recorded by the head before its SIGTERM."""
+
+    replica_id: str
+
+
+@dataclass(frozen=True)
 class RecordExit(Facts):
     """The attempt ended without a stop request: a failure, restarted after `next_restart_at`."""
 
@@ -248,7 +263,7 @@ class Probed(Facts):
     became_ready: bool = False
 
 
-Action = Start | Adopt | Learned | Signal | RecordExit | MarkStopped | Rejoin | LaunchFailed | Probed
+Action = Start | Adopt | Learned | Drained | Signal | RecordExit | MarkStopped | Rejoin | LaunchFailed | Probed
 
 
 # --- single rules ------------------------------------------------------------------------------------
@@ -368,8 +383,15 @@ def _decide(rec: ReplicaRecord, obs: Observed, now: float, policy: Policy, node:
         if rec.stopped_at is not None:
             return []
         if obs.alive:
-            return _learned(rec, obs) + _terminate(rid, obs, now, policy,
-                                                   f"stop requested: {rec.stop_reason or 'no reason'}")
+            learned: list[Action] = list(_learned(rec, obs))
+            drain = obs.drain
+            if obs.term_sent_at is None and drain is not None:
+                if not drain.done:
+                    return learned  # still serving what it was given; nothing new reaches it
+                if not obs.member and rec.drained_at is None:
+                    learned.append(Drained(rid, fields={"drained_at": now, "drain_note": drain.note},
+                                           message=f"drain over: {drain.note}"))
+            return learned + _terminate(rid, obs, now, policy, f"stop requested: {rec.stop_reason or 'no reason'}")
         return [_mark_stopped(rec, obs.exit, now, node)]
 
     if obs.alive:
@@ -503,6 +525,60 @@ def remember(memory: Attempt | None, action: Action, now: float) -> Attempt | No
     if isinstance(action, Signal) and action.sig == signal.SIGTERM and not action.orphan:
         return dataclasses.replace(memory, term_sent_at=now, term_reason=action.reason)
     return memory
+
+
+# --- what other parts hear of it ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class News:
+    """An event for the history (`llmgw.state.events`) and the control passes to kick at once."""
+
+    kind: str
+    message: str
+    kicks: tuple[str, ...] = ()
+
+
+def news(rec: ReplicaRecord, action: Action, crash: CrashPolicy = CrashPolicy()) -> list[News]:
+    """What an applied action tells the rest of llmgw (`rec`: the part's view before the action). A
+    replica turning Ready or unhealthy changes what is routable (publish now); an exit, a failed
+    launch or a confirmed stop changes what should run (reconcile now: restart elsewhere, delete the
+    record, place what waited for its GPUs)."""
+    if isinstance(action, Probed):
+        if action.became_ready:
+            return [News("replica_ready", f"Ready at {rec.url} (attempt {rec.attempt})", (PUBLISH,))]
+        if "last_probe_ok" in action.fields and action.fields["last_probe_ok"] != rec.last_probe_ok \
+                and ready_this_attempt(rec):
+            if action.ok:
+                return [News("replica_ready", "healthy again", (PUBLISH,))]
+            return [News("replica_unhealthy", action.fields.get("probe_error") or "health probe failing", (PUBLISH,))]
+        return []
+    if isinstance(action, RecordExit):
+        how = _exit_words(action.exit) + (f" ({action.reason})" if action.reason else "")
+        out = [News("replica_failed", f"attempt {rec.attempt} {how}", (PUBLISH, RECONCILE))]
+        recent = sum(1 for t in action.failure_times if action.exit.exited_at - t <= crash.window)
+        if recent >= crash.max_failures:
+            out.append(News("replica_crashloop", f"{recent} failures in {crash.window:g}s; last {how}"))
+        return out
+    if isinstance(action, LaunchFailed):
+        return [News("replica_failed", f"attempt {action.attempt} could not start: {action.reason}", (RECONCILE,))]
+    if isinstance(action, Start) and action.restart:
+        return [News("replica_restarted", f"attempt {action.attempt}")]
+    if isinstance(action, MarkStopped):
+        return [News("replica_stopped", rec.stop_reason or "stopped", (RECONCILE,))]
+    if isinstance(action, Adopt):
+        return [News("replica_adopted", f"attempt {rec.attempt} adopted by a restarted agent (pid {action.pid})")]
+    return []
+
+
+def _exit_words(exit: ExitFacts) -> str:
+    if exit.exit_signal:
+        try:
+            name = signal.Signals(exit.exit_signal).name
+        except ValueError:
+            name = f"signal {exit.exit_signal}"
+        return f"killed by {name}"
+    if exit.exit_code is not None:
+        return f"exited with code {exit.exit_code}"
+    return "ended (status unknown)"
 
 
 # --- a member part's view ----------------------------------------------------------------------------
