@@ -89,6 +89,16 @@ ENDPOINTS_VERSION = f"{PREFIX}:endpoints:version"
 # Pub/sub channel: a hint that ENDPOINTS changed (at-most-once; readers also poll the version).
 ENDPOINTS_CHANNEL = f"{PREFIX}:endpoints:changed"
 
+# --- gateways ------------------------------------------------------------------------------------
+# Set of the ids of gateway processes that ever reported (expired ones are tidied by readers).
+GATEWAYS = f"{PREFIX}:gateways"
+
+
+def gateway_report(gateway_id: str) -> str:
+    """JSON GatewayReport of one gateway process, written with a TTL several times a second."""
+    return f"{PREFIX}:gateway:{gateway_id}"
+
+
 # --- locks ---------------------------------------------------------------------------------------
 RECONCILE_LOCK = f"{PREFIX}:lock:reconcile"
 PUBLISH_LOCK = f"{PREFIX}:lock:publish"

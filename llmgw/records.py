@@ -208,3 +208,55 @@ class EndpointInfo:
 
 def index_by_id(items: Iterable[T]) -> dict[str, T]:
     return {getattr(i, "id"): i for i in items}
+
+
+@dataclass(frozen=True)
+class EndpointUse:
+    """One gateway process's view of one endpoint: its requests in flight there now, and the wall
+    clock of its last success and last failure to reach it (connection refused, reset or timed out).
+    The failures and successes are the evidence the publisher weighs for a replica whose node agent
+    is gone (docs/lifecycle.md)."""
+
+    inflight: int = 0
+    ok_at: float | None = None
+    fail_at: float | None = None
+
+
+@dataclass(frozen=True)
+class ModelDemand:
+    """One gateway process's demand for one model: requests in flight, waiting in its queue (or for
+    a cold start), and when the last one arrived (wall clock)."""
+
+    inflight: int = 0
+    queued: int = 0
+    last_request_at: float | None = None
+
+
+@dataclass(frozen=True)
+class GatewayReport:
+    """What one gateway process reports about itself, every fraction of a second, with a TTL: a
+    dead gateway's report expires and stops counting. `version` is the endpoint list it routes by."""
+
+    id: str
+    at: float
+    version: int = 0
+    host: str = ""
+    pid: int = 0
+    started_at: float = 0.0
+    keys_loaded: bool = False
+    endpoints: dict[str, EndpointUse] = field(default_factory=dict)
+    models: dict[str, ModelDemand] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        # Compact: a report is rewritten several times a second by every gateway process.
+        d["endpoints"] = {k: [u.inflight, u.ok_at, u.fail_at] for k, u in self.endpoints.items()}
+        d["models"] = {k: [m.inflight, m.queued, m.last_request_at] for k, m in self.models.items()}
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "GatewayReport":
+        d = dict(d)
+        d["endpoints"] = {k: EndpointUse(*v) for k, v in (d.get("endpoints") or {}).items()}
+        d["models"] = {k: ModelDemand(*v) for k, v in (d.get("models") or {}).items()}
+        return _from_dict(cls, d)

@@ -15,7 +15,7 @@ from typing import Iterable, Iterator
 import redis
 
 from llmgw import keys
-from llmgw.records import EndpointInfo, LoadRecord, NodeAdmin, NodeInfo, ReplicaRecord
+from llmgw.records import EndpointInfo, GatewayReport, LoadRecord, NodeAdmin, NodeInfo, ReplicaRecord
 
 
 def connect(url: str, **kw) -> redis.Redis:
@@ -284,6 +284,34 @@ class Store:
         version = self.r.transaction(txn, keys.ENDPOINTS_VERSION, value_from_callable=True)
         self.r.publish(keys.ENDPOINTS_CHANNEL, str(version))
         return version
+
+    # --- gateway reports ---------------------------------------------------------------------------
+    def write_gateway_report(self, report: GatewayReport, ttl: float) -> None:
+        pipe = self.r.pipeline(transaction=False)
+        pipe.set(keys.gateway_report(report.id), json.dumps(report.to_dict(), separators=(",", ":")),
+                 px=int(ttl * 1000))
+        pipe.sadd(keys.GATEWAYS, report.id)
+        pipe.execute()
+
+    def gateway_reports(self) -> list[GatewayReport]:
+        """The reports of live gateway processes (a dead one's report has expired); expired ids are
+        tidied from the set here."""
+        ids = sorted(self.r.smembers(keys.GATEWAYS))
+        if not ids:
+            return []
+        raw = self.r.mget([keys.gateway_report(i) for i in ids])
+        out, gone = [], []
+        for i, v in zip(ids, raw):
+            if v is None:
+                gone.append(i)
+                continue
+            try:
+                out.append(GatewayReport.from_dict(json.loads(v)))
+            except (ValueError, TypeError):
+                continue  # a report from a newer or broken writer: ignore it, never fail the reader
+        if gone:
+            self.r.srem(keys.GATEWAYS, *gone)
+        return out
 
     # --- agent wake-ups ----------------------------------------------------------------------------
     def wake_agent(self, node: str, replica_id: str) -> None:
