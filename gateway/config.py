@@ -16,6 +16,9 @@ from llmgw.errors import ConfigError
 POLICIES = ("llmgw", "round_robin", "least_inflight")
 PRIORITIES = ("critical", "standard", "sheddable")
 AUTH_MODES = ("auto", "required", "off")
+# Open requests per process when LLMGW_GATEWAY_MAX_CONNECTIONS is unset: 10,000 streams take about
+# 20,000 file descriptors and (bench/streams.py) well under 1 GiB.
+DEFAULT_MAX_CONNECTIONS = 10_000
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,15 @@ class GatewayConfig:
     seed: int | None = None
     # LLMGW_GATEWAY_UPSTREAM_POOL: keep-alive connections kept per endpoint.
     upstream_pool: int = 256
+    # LLMGW_GATEWAY_MAX_CONNECTIONS: requests one process holds open at once (parsed, queued or
+    # streaming); the next get 503 with Retry-After. Unset: 10,000, or fewer if the file-descriptor
+    # limit allows fewer (gateway.worker.connection_cap).
+    max_connections: int | None = None
+    # LLMGW_GATEWAY_REPORT_INTERVAL (seconds): how often each process writes its GatewayReport.
+    report_interval: float = 0.5
+    # LLMGW_GATEWAY_START_WAIT (seconds): how long a starting worker waits for the endpoint list and
+    # the key table before it accepts requests anyway (answering 503s that say why).
+    start_wait: float = 10.0
     # LLMGW_GATEWAY_AUTH: auto (a key is required once any key exists), required, off. Except with
     # off, nothing is served until the key table has been read from Redis once.
     auth: str = "auto"
@@ -116,6 +128,9 @@ class GatewayConfig:
             ("REDIS_TIMEOUT", float, "redis_timeout", 0.001, None),
             ("SEED", int, "seed", None, None),
             ("UPSTREAM_POOL", int, "upstream_pool", 1, None),
+            ("MAX_CONNECTIONS", int, "max_connections", 1, None),
+            ("REPORT_INTERVAL", float, "report_interval", 0.01, None),
+            ("START_WAIT", float, "start_wait", 0, None),
         ):
             v = num(name, conv, lo, hi)
             if v is not None:

@@ -2,14 +2,20 @@
 
     gunicorn -c python:gateway.gunicorn_conf 'gateway:create_app()'
 
-- LLMGW_GATEWAY_WORKERS (2): processes. Capacity and routing count every worker's traffic (through
-  the scraped load), so more workers do not multiply a replica's capacity.
-- LLMGW_GATEWAY_THREADS (64): threads per worker; each open stream holds one.
+- gevent worker: each connection is a greenlet (a few kilobytes), so a process holds thousands of
+  open streams; gunicorn patches the worker with gevent before it loads the app. This module is
+  imported by the master before any patching: it imports nothing that opens sockets or starts threads.
+- LLMGW_GATEWAY_WORKERS (the machine's cores): processes. Capacity and routing count every worker's
+  traffic (through the scraped load), so more workers do not multiply a replica's capacity.
 - LLMGW_GATEWAY_BIND (127.0.0.1:$PORT, PORT defaulting to 8080): where to listen; compose sets
   0.0.0.0:8080.
+- Each worker, before it accepts its first connection (post_worker_init): raises its open-file limit,
+  sizes its connection cap (LLMGW_GATEWAY_MAX_CONNECTIONS, gevent's worker_connections follows it)
+  and waits for the endpoint list and the key table (gateway.worker).
 - PROMETHEUS_MULTIPROC_DIR: with more than one worker /metrics needs it; when unset a fresh temporary
   directory is made here (before the workers fork, so they all inherit it). Stale files of a previous
   run are removed at start, and a dead worker's live gauges when it exits.
+- SIGTERM: the workers stop accepting, let open streams finish for up to graceful_timeout, then exit.
 Command-line flags still override every value.
 """
 
@@ -32,11 +38,12 @@ def _int(name: str, default: int, lo: int = 1) -> int:
     return v
 
 
-worker_class = "gthread"
-workers = _int("LLMGW_GATEWAY_WORKERS", 2)
-threads = _int("LLMGW_GATEWAY_THREADS", 64)  # each open stream holds a thread
+worker_class = "gevent"
+workers = _int("LLMGW_GATEWAY_WORKERS", os.cpu_count() or 1)
 bind = os.environ.get("LLMGW_GATEWAY_BIND") or f"127.0.0.1:{os.environ.get('PORT') or 8080}"
-timeout = 0  # gthread heartbeats from the main thread; a long stream is not a hung worker
+# The gevent worker tells the master it is alive every second from its own greenlet: a worker
+# silent for this long has its event loop stuck (a request hogging the CPU), not a long stream.
+timeout = 30
 graceful_timeout = 30
 keepalive = 75
 # gunicorn >= 25.1 opens a control socket at one fixed path per user ($HOME/.gunicorn/gunicorn.ctl);
@@ -57,6 +64,13 @@ def on_starting(server):  # noqa: ARG001 - gunicorn's hook signature
         os.makedirs(d, exist_ok=True)
         for f in glob.glob(os.path.join(d, "*.db")):
             os.unlink(f)
+
+
+def post_worker_init(worker):
+    """In the worker, after the app is loaded and gevent patched, before the first connection."""
+    from gateway.worker import start
+
+    start(worker)
 
 
 def on_exit(server):  # noqa: ARG001 - gunicorn's hook signature

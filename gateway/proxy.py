@@ -19,10 +19,14 @@ from urllib.parse import urlsplit
 
 log = logging.getLogger("llmgw.gateway")
 
+# Engine response headers not passed on: hop-by-hop ones, those the server sets itself, and
+# X-Request-Id (the gateway sends its own, once; an engine that echoes it would make it two).
 HOP_BY_HOP = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "trailers",
-    "transfer-encoding", "upgrade", "content-length", "content-encoding", "server", "date",
+    "transfer-encoding", "upgrade", "content-length", "content-encoding", "server", "date", "x-request-id",
 })
+# ... and for a stream also its caching headers: the gateway sets its own (app.SSE_HEADERS).
+STREAM_REPLACED = HOP_BY_HOP | {"cache-control", "x-accel-buffering"}
 # Request headers an engine needs; everything else (the client's API key above all) stays here.
 FORWARD_REQUEST_HEADERS = (
     ("content-type", "CONTENT_TYPE"), ("accept", "HTTP_ACCEPT"), ("user-agent", "HTTP_USER_AGENT"),
@@ -49,19 +53,11 @@ class UpstreamResponse:
         self.upstream, self.key, self.conn, self.resp = upstream, key, conn, resp
         self.status = resp.status
         self.headers = resp.headers
+        self.read1 = resp.read1  # whatever the engine sent so far, as soon as it arrives
         self.done = False  # released or closed: later calls do nothing (the conn may be reused)
 
     def read(self) -> bytes:
         return self.resp.read()
-
-    def chunks(self) -> Iterator[bytes]:
-        """Whatever the engine sent so far, as soon as it arrives (read1 returns what is there)."""
-        read1 = self.resp.read1
-        while True:
-            chunk = read1(65536)
-            if not chunk:
-                return
-            yield chunk
 
     def release(self) -> None:
         """Body fully read: the connection goes back to the pool (unless the engine closes it)."""
@@ -159,8 +155,9 @@ class Upstream:
         raise UpstreamConnectError("unreachable")  # pragma: no cover - the loop always returns or raises
 
 
-def response_headers(resp: UpstreamResponse) -> list[tuple[str, str]]:
-    return [(k, v) for k, v in resp.headers.items() if k.lower() not in HOP_BY_HOP]
+def response_headers(resp: UpstreamResponse, drop: frozenset[str] | None = None) -> list[tuple[str, str]]:
+    drop = drop or HOP_BY_HOP
+    return [(k, v) for k, v in resp.headers.items() if k.lower() not in drop]
 
 
 def usage_from_json(body: bytes) -> tuple[int, int] | None:
@@ -174,28 +171,17 @@ def usage_from_json(body: bytes) -> tuple[int, int] | None:
         return None
 
 
-class SSEUsage:
-    """Finds the `usage` object an engine puts in a stream's last chunk (when asked to), without
-    touching chunks that do not mention it."""
-
-    def __init__(self):
-        self.usage: tuple[int, int] | None = None
-        self._partial = b""  # an incomplete last line, carried to the next chunk
-
-    def feed(self, chunk: bytes) -> None:
-        data = self._partial + chunk if self._partial else chunk
-        nl = data.rfind(b"\n")
-        if nl < 0:
-            self._partial = data[-65536:]
-            return
-        complete, self._partial = data[:nl], data[nl + 1:][-65536:]
-        if b'"usage"' not in complete:
-            return
-        for line in complete.split(b"\n"):
-            if line.startswith(b"data:") and b'"usage"' in line:
-                got = usage_from_json(line[5:].strip())
-                if got is not None and (got[0] or got[1]):
-                    self.usage = got
+def sse_usage(tail: bytes) -> tuple[int, int] | None:
+    """The `usage` an engine puts in a stream's last event (when asked to), from the stream's tail."""
+    at = tail.rfind(b'"usage"')
+    if at < 0:
+        return None
+    start = tail.rfind(b"data:", 0, at)
+    if start < 0:
+        return None
+    end = tail.find(b"\n", at)
+    got = usage_from_json(tail[start + 5:end if end >= 0 else len(tail)].strip())
+    return got if got is not None and (got[0] or got[1]) else None
 
 
 class StreamBody:
@@ -231,22 +217,24 @@ def stream_body(resp: UpstreamResponse, deadline: float, on_first: Callable[[], 
                 on_done: Callable[[bool, tuple[int, int] | None], None],
                 monotonic: Callable[[], float] = time.monotonic) -> Iterator[bytes]:
     """Yield the engine's bytes as they arrive. `on_done(completed, usage)` runs exactly once, in
-    `finally`, after the upstream is released (stream ended) or closed (client gone, error)."""
+    `finally`, after the upstream is released (stream ended) or closed (client gone, error).
+
+    Per chunk only a read, a write (the yield) and a clock check: usage is looked for once, at the
+    end, in the last two chunks (the usage event and `[DONE]` may arrive apart)."""
     completed = False
-    usage = SSEUsage()
-    first = True
+    prev = last = b""
+    read1 = resp.read1
     try:
-        for chunk in resp.chunks():
-            if not chunk:
-                continue
-            if first:
-                first = False
-                on_first()
-            usage.feed(chunk)
+        chunk = read1(65536)
+        if chunk:
+            on_first()
+        while chunk:
             yield chunk
+            prev, last = last, chunk
             if monotonic() > deadline:
                 log.warning("stream exceeded the total timeout; closing it")
                 return
+            chunk = read1(65536)
         completed = True
     except (OSError, http.client.HTTPException) as e:
         log.warning("upstream stream broke after the first byte: %s", e)
@@ -257,4 +245,4 @@ def stream_body(resp: UpstreamResponse, deadline: float, on_first: Callable[[], 
             else:
                 resp.close()  # drop the connection: the engine sees the client leave and aborts
         finally:
-            on_done(completed, usage.usage)
+            on_done(completed, sse_usage(prev + last))
