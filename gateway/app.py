@@ -152,7 +152,7 @@ class Gateway:
         deadline = self.clock.monotonic() + wait
         while self.not_ready() is not None:
             if self.clock.monotonic() >= deadline:
-                log.warning("serving without being ready after %.0fs: %s", wait, self.not_ready())
+                log.warning("serving without being ready after %gs: %s", wait, self.not_ready())
                 return False
             tick()
             self.stopping.wait(0.02)
@@ -390,8 +390,7 @@ class Gateway:
         choice = lease.choice
         ep = choice.endpoint
         mono = self.clock.monotonic
-        ctype = resp.headers.get("content-type", "")
-        streamed = ctype.startswith("text/event-stream")
+        streamed = resp.content_type.startswith("text/event-stream")
         # One pass over the engine's headers; X-Request-Id is ours (an engine echoing it would
         # otherwise send it twice), and a stream's caching headers are ours too.
         headers = response_headers(resp, STREAM_REPLACED if streamed else None)

@@ -12,13 +12,11 @@ class FakeResp:
         self.fail_after = fail_after
         self.closed = self.released = 0
 
-        self.reads = 0
-
-    def read1(self, n):
-        i, self.reads = self.reads, self.reads + 1
-        if self.fail_after is not None and i == self.fail_after:
-            raise OSError("connection reset")
-        return self.data[i] if i < len(self.data) else b""
+    def chunks(self):
+        for i, c in enumerate(self.data):
+            if self.fail_after is not None and i == self.fail_after:
+                raise OSError("connection reset")
+            yield c
 
     def close(self):
         self.closed += 1
