@@ -1,10 +1,10 @@
 """What the gateway adds to a request: latency over a direct call (p50, p99) at concurrency 1 and 32,
 JSON and streaming, and requests per second of tiny requests.
 
-    python bench/gateway.py [--seconds 6] [--workers 1] [--threads 64]
+    python bench/gateway.py [--seconds 6] [--workers 1]
 
-Starts its own redis-server, an instant fake engine and the gateway (gunicorn gthread), prints the
-figures and stops everything. Clients use raw keep-alive http.client connections so the client's own
+Starts its own redis-server, an instant fake engine and the gateway (its one gunicorn config: the
+gevent worker), prints the figures and stops everything. Clients use raw keep-alive http.client connections so the client's own
 cost stays small and is the same for the direct and the proxied calls.
 """
 
@@ -26,7 +26,7 @@ sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != 
 from llmgw.state.records import EndpointInfo  # noqa: E402
 from tests.support.cluster import Cluster  # noqa: E402
 from tests.support.fake_upstream import start_process  # noqa: E402
-from tests.support.procs import bin_path, free_port, wait_until  # noqa: E402
+from tests.support.procs import wait_until  # noqa: E402
 
 BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
 SBODY = json.dumps({"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}).encode()
@@ -72,7 +72,6 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=6.0)
     ap.add_argument("--workers", type=int, default=1)
-    ap.add_argument("--threads", type=int, default=64)
     a = ap.parse_args()
     cluster = Cluster(Path(tempfile.mkdtemp(prefix="llmgw-bench-gw-")))
     try:
@@ -81,18 +80,13 @@ def main() -> None:
         cluster.store().write_endpoints(
             [EndpointInfo(id="e1", url=engine, models=("m",), engine="sim", model="m", served_name="m")],
             "bench", time.time())
-        port = free_port()
-        cluster.procs.start("gateway", [
-            bin_path("gunicorn"), "--no-control-socket", "-k", "gthread", "-w", str(a.workers), "--threads", str(a.threads),
-            "-b", f"127.0.0.1:{port}", "--log-level", "warning", "gateway:create_app()"],
-            env=cluster.env(), cwd=str(ROOT))
-        gw = f"http://127.0.0.1:{port}"
+        gw = cluster.start_gateway(LLMGW_GATEWAY_WORKERS=str(a.workers))
         import requests
 
         wait_until(lambda: requests.get(gw + "/healthz", timeout=1).json()["endpoints"] == 1, 20, what="gateway")
         run(gw, BODY, 4, 1.0)  # warm the pools
         print(f"gateway overhead ({os.cpu_count()} cores shared by client, gateway and engine; "
-              f"{a.workers} gunicorn worker(s) x {a.threads} threads)")
+              f"{a.workers} gunicorn gevent worker(s))")
         print(f"{'case':28} {'direct p50':>11} {'gw p50':>9} {'added p50':>10} {'direct p99':>11} "
               f"{'gw p99':>9} {'added p99':>10} {'direct rps':>11} {'gw rps':>8}")
         for name, body, conc in (("json, concurrency 1", BODY, 1), ("stream, concurrency 1", SBODY, 1),

@@ -3,7 +3,12 @@
 The request path is: read the body (size-capped), parse just enough JSON for `model`/`stream`/`user`,
 check the key against the in-memory table, pick an endpoint from in-memory tables (gateway.routing),
 forward over a pooled connection and stream back. Everything that needs Redis for routing happens in
-background threads (gateway.state); only rate-limited keys cost one Redis round trip per request.
+background loops (gateway.state); only rate-limited keys cost one Redis round trip per request.
+
+gunicorn's gevent worker serves it (gateway.gunicorn_conf): one greenlet per connection, so an open
+stream costs a few kilobytes, not a thread. The worker's `post_worker_init` hook calls `serve()`,
+which starts the loops and waits for the endpoint list and the key table before the first request
+is accepted.
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ import atexit
 import json
 import logging
 import os
+import socket
+import sys
 import threading
 import uuid
 from dataclasses import replace
@@ -22,11 +29,12 @@ from werkzeug.http import HTTP_STATUS_CODES
 
 from gateway.admission import Send, Shed, Wait, WaitQueue, admit
 from gateway.auth import ApiKey, KeyTable, RateLimiter, UsageRecorder
-from gateway.config import GatewaySettings
+from gateway.config import DEFAULT_MAX_CONNECTIONS, GatewaySettings
 from gateway.errors import ApiError, error_response
 from gateway.metrics import Metrics
 from gateway.proxy import (
     FORWARD_REQUEST_HEADERS,
+    STREAM_REPLACED,
     StreamBody,
     Upstream,
     UpstreamConnectError,
@@ -34,9 +42,10 @@ from gateway.proxy import (
     response_headers,
     usage_from_json,
 )
+from gateway.report import Identity, report_ttl
 from gateway.retry import Deliver, GiveUp, Outcome, next_attempt
 from gateway.routing import Choice, Rejection, RouteRequest
-from gateway.state import GatewayState
+from gateway.state import REDIS_ERRORS, GatewayState
 from llmgw.state.apikeys import ANONYMOUS, PRIORITIES, cap_priority
 from llmgw.state.clock import Clock
 from llmgw.state.store import Store, connect
@@ -59,7 +68,15 @@ class RawAnswer:
         self.status, self.headers, self.body = status, headers, body
 
     def __call__(self, environ, start_response):
-        start_response(f"{self.status} {HTTP_STATUS_CODES.get(self.status, 'UNKNOWN')}", self.headers)
+        try:
+            start_response(f"{self.status} {HTTP_STATUS_CODES.get(self.status, 'UNKNOWN')}", self.headers)
+        except BaseException:
+            # The server refused the head (an engine's malformed header, say): it will never close the
+            # body, so give back what the body holds (the upstream connection, the slot) here.
+            close = getattr(self.body, "close", None)
+            if close is not None:
+                close()
+            raise
         return self.body
 
 
@@ -101,51 +118,97 @@ class Gateway:
         self.queues_lock = threading.Lock()
         self.state.on_release = self._wake_queues
         self.stopping = threading.Event()
-        self._pid: int | None = None
-        self.autostart = False
+        self.started = False
+        # Requests being proxied (parsed, queued, or streaming) in this process, and the most it takes
+        # before answering 503: each holds a client connection, and once routed an upstream one. The
+        # gevent worker switches greenlets only on I/O, so the plain += / -= on it are atomic.
+        self.open = 0
+        self.max_open = cfg.max_connections or DEFAULT_MAX_CONNECTIONS  # gateway.worker fits it to the fds
+        host = socket.gethostname()
+        self.identity = Identity(f"{host}:{os.getpid()}", host, os.getpid(), self.clock.time())
+        self.report_due = threading.Event()
+        self.state.on_loaded = self.report_due.set  # acknowledge a new endpoint list at once
 
     # --- background ----------------------------------------------------------------------------
     def refresh(self) -> None:
-        """One synchronous pass of every background refresh (tests, and start-up)."""
+        """One synchronous pass of every background refresh (tests)."""
         self.state.refresh_endpoints()
         self.state.refresh_loads()
         self.keys.refresh()
 
     def start(self) -> None:
-        self._pid = os.getpid()
-        self.refresh()
+        """Start the background loops in the process that serves (never in a gunicorn master: they
+        would not survive the fork). Each loads its table at once; `wait_ready` waits for them."""
+        self.started = True
         self.state.run_pollers()
         threading.Thread(target=self._slow_loop, name="llmgw-keys-usage", daemon=True).start()
+        threading.Thread(target=self._report_loop, name="llmgw-report", daemon=True).start()
         atexit.register(self.usage.flush)  # a graceful worker exit writes the last usage
 
-    def ensure_started(self) -> None:
-        """Start the background threads in the process that serves, on its first request.
+    def serve(self, wait: float, tick=lambda: None) -> bool:
+        """Start, then wait up to `wait` seconds until this process can serve (`ready`), calling
+        `tick` meanwhile (gunicorn's liveness notify). True when ready; when Redis stays down the
+        process serves anyway, answering 503s that say why (`not_ready`)."""
+        self.start()
+        deadline = self.clock.monotonic() + wait
+        while self.not_ready() is not None:
+            if self.clock.monotonic() >= deadline:
+                log.warning("serving without being ready after %gs: %s", wait, self.not_ready())
+                return False
+            tick()
+            self.stopping.wait(0.02)
+        return True
 
-        Lazily, because threads do not survive fork: under `gunicorn --preload` the app is built in
-        the master, which must not run them (a lock held at fork time would deadlock the worker)."""
-        if self.autostart and self._pid != os.getpid():
-            with self.queues_lock:
-                if self._pid != os.getpid():
-                    if self._pid is not None:  # forked from a process that had started: fresh sockets
-                        self.upstream = Upstream(self.cfg.connect_timeout, self.cfg.first_byte_timeout,
-                                                 self.cfg.upstream_pool)
-                    self.start()
+    def not_ready(self) -> str | None:
+        """Why this process cannot serve yet (None: it can). /readyz and the 503s give this reason."""
+        h = self.state.health
+        why = (f" (Redis unavailable: {h.last_error})" if not h.ok
+               else "" if self.started else " (this process never started its background loops: serve "
+               "it with `gunicorn -c python:gateway.gunicorn_conf`)")
+        if not self.keys.ready:
+            return f"the gateway has not loaded its API keys yet{why}; retry shortly"
+        if not self.state.loaded_once:
+            return f"the gateway has not loaded the endpoint list yet{why}"
+        return None
 
     def stop(self) -> None:
         self.stopping.set()
         self.state.stop()
+        self.report_due.set()
         self.usage.flush()
 
     def _slow_loop(self) -> None:
-        last_keys = self.clock.monotonic()  # start() has just read the keys
-        while not self.stopping.wait(self.cfg.usage_flush):
+        last_keys = float("-inf")  # the table is read at once: readiness waits for it
+        while not self.stopping.is_set():
             try:
-                self.usage.flush()
-                if self.clock.monotonic() - last_keys >= self.cfg.keys_interval:
+                if self.clock.monotonic() - last_keys >= self.cfg.keys_interval or not self.keys.loaded:
                     last_keys = self.clock.monotonic()
                     self.keys.refresh()
+                self.usage.flush()
             except Exception:  # noqa: BLE001 - the loop never dies
                 log.exception("key/usage refresh failed")
+            self.stopping.wait(self.cfg.usage_flush)
+
+    def _report_loop(self) -> None:
+        """Write this process's GatewayReport every `report_interval`, and at once when a new endpoint
+        list is in use (the acknowledgement the control plane waits for before stopping a replica)."""
+        ttl = report_ttl(self.cfg.report_interval)
+        while not self.stopping.is_set():
+            self.report_due.wait(self.cfg.report_interval)
+            self.report_due.clear()
+            if self.stopping.is_set():
+                return
+            try:
+                self.store.write_gateway_report(self.report(), ttl)
+                self.state.health.succeeded()
+            except REDIS_ERRORS as e:
+                self.state.health.failed(e)  # logged once per outage; the next pass retries
+            except Exception:  # noqa: BLE001 - the loop never dies
+                log.exception("gateway report failed")
+
+    def report(self):
+        queued = {name: len(q) for name, q in list(self.queues.items())}
+        return self.state.report(self.identity, queued, self.keys.loaded)
 
     def queue(self, model: str) -> WaitQueue:
         """The model's wait queue; only ever called for names in `state.known_models`."""
@@ -165,8 +228,7 @@ class Gateway:
         if keys_.mode == "off":
             return None
         if not keys_.loaded:
-            raise ApiError("auth_unavailable", "the gateway has not loaded its API keys yet (is Redis up?); "
-                           "retry shortly", 1)
+            raise ApiError("auth_unavailable", self.not_ready() or "the gateway has not loaded its API keys yet", 1)
         if not keys_.required:
             return None
         auth = environ.get("HTTP_AUTHORIZATION", "")
@@ -197,7 +259,6 @@ class Gateway:
         ~0.3 ms per request, as much as the rest of the gateway's work)."""
         mono = self.clock.monotonic
         t0 = mono()
-        self.ensure_started()
         data = self.read_body(environ)
         try:
             body = json.loads(data)
@@ -211,11 +272,12 @@ class Gateway:
         key = self.authenticate(environ)
         prio = self.priority(environ.get("HTTP_X_LLMGW_PRIORITY") or None, key)
         if not self.state.loaded_once:
-            raise ApiError("no_replica", "the gateway has not loaded the endpoint list yet (is Redis up?)", 1)
+            raise ApiError("no_replica", self.not_ready() or "the gateway has not loaded the endpoint list yet", 1)
         if model not in self.state.known_models:
             # Unknown names get no per-name state and no metric label of their own (cardinality).
             self.metrics.rejected_unknown.inc()
             raise ApiError("model_not_found", f"model {model!r} does not exist")
+        self.state.requested(model)
         if key is not None:
             limited = self.limiter.check(key)
             if limited:
@@ -245,12 +307,14 @@ class Gateway:
                 t_send = mono()
                 try:
                     resp = self.upstream.send(ep.url, path, out, headers)
+                    self.state.answered(ep.id)
                     outcome = Outcome("answer", resp.status)
                 except UpstreamConnectError as e:
                     log.warning("request %s: cannot reach %s (%s): %s", rid, ep.id, ep.url, e)
                     self.state.mark_unreachable(ep.id)
                     outcome = Outcome("connect_error")
                 except UpstreamTimeout:
+                    self.state.timed_out(ep.id)
                     outcome = Outcome("timeout")
                 step = next_attempt(outcome, attempt, self.cfg.retries)
                 if isinstance(step, Deliver):
@@ -327,7 +391,10 @@ class Gateway:
         choice = lease.choice
         ep = choice.endpoint
         mono = self.clock.monotonic
-        headers = response_headers(resp)
+        streamed = resp.content_type.startswith("text/event-stream")
+        # One pass over the engine's headers; X-Request-Id is ours (an engine echoing it would
+        # otherwise send it twice), and a stream's caching headers are ours too.
+        headers = response_headers(resp, STREAM_REPLACED if streamed else None)
         headers += [("X-Request-Id", rid), ("X-LLMGW-Endpoint", ep.id)]
         status = resp.status
         key_id = key.id if key else ANONYMOUS
@@ -347,14 +414,17 @@ class Gateway:
             if status < 400:
                 self.usage.record(key_id, ep.model or model, *(usage or (0, 0)), limited=limited)
 
-        ctype = resp.headers.get("content-type", "")
-        if ctype.startswith("text/event-stream"):
+        if streamed:
             deadline = t0 + self.cfg.total_timeout
             first = lambda: metrics.child(metrics.ttft, model).observe(mono() - t0)  # noqa: E731
+
+            def finish_stream(completed: bool, usage) -> None:
+                self.open -= 1  # counted by the WSGI entry, which left it to the stream
+                finish(completed, usage)
+
             # Proxies in front (nginx) must not buffer the stream, nor anything cache it.
-            headers = [h for h in headers if h[0].lower() not in ("cache-control", "x-accel-buffering")]
             headers += SSE_HEADERS
-            body = StreamBody(resp, deadline, first, finish, monotonic=mono)
+            body = StreamBody(resp, deadline, first, finish_stream, monotonic=mono)
             return RawAnswer(status, headers, body)
         try:
             payload = resp.read()
@@ -371,14 +441,20 @@ class Gateway:
 
     # --- other views -----------------------------------------------------------------------------
     def list_models(self) -> dict:
-        self.ensure_started()
         self.authenticate(request.environ)
         data = [{"id": m, "object": "model", "created": 0, "owned_by": "llmgw"}
                 for m in sorted(self.state.models())]
         return {"object": "list", "data": data}
 
+    def readiness(self) -> tuple[dict, int]:
+        """/readyz: 200 once this process has loaded the endpoint list (and the key table, unless
+        auth is off), else 503 with the reason. For load balancers and compose healthchecks."""
+        reason = self.not_ready()
+        if reason is None:
+            return {"ready": True, "endpoints_version": self.state.version}, 200
+        return {"ready": False, "reason": reason}, 503
+
     def health(self) -> dict:
-        self.ensure_started()
         h = self.state.health
         return {
             "status": "ok" if h.ok else "degraded",
@@ -392,13 +468,19 @@ class Gateway:
             "policy": self.cfg.routing.policy,
             "auth": self.keys.mode,
             "keys_loaded": self.keys.loaded,
+            "ready": self.not_ready() is None,
+            "open_requests": self.open,
+            "max_open_requests": self.max_open,
+            "pid": os.getpid(),
+            # Whether this process serves on greenlets (gunicorn's gevent worker patched it).
+            "gevent": "gevent.monkey" in sys.modules and sys.modules["gevent.monkey"].is_module_patched("socket"),
         }
 
 
-def create_app(config: GatewaySettings | None = None, *, store: Store | None = None, clock: Clock | None = None,
-               start: bool = True) -> Flask:
-    """Build the app. With no arguments (gunicorn) the config comes from the environment and the
-    background refreshers start; tests pass a Store on fakeredis and `start=False`."""
+def create_app(config: GatewaySettings | None = None, *, store: Store | None = None, clock: Clock | None = None) -> Flask:
+    """Build the app. With no arguments (gunicorn) the config comes from the environment; tests pass a
+    Store on fakeredis. Nothing runs in the background until `Gateway.serve` (gunicorn's
+    post_worker_init, in the worker) or `Gateway.start`."""
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cfg = config or GatewaySettings.from_env()
@@ -421,6 +503,10 @@ def create_app(config: GatewaySettings | None = None, *, store: Store | None = N
     @app.get("/healthz")
     def healthz():
         return gw.health()
+
+    @app.get("/readyz")
+    def readyz():
+        return gw.readiness()
 
     @app.get("/metrics")
     def metrics():
@@ -449,15 +535,26 @@ def create_app(config: GatewaySettings | None = None, *, store: Store | None = N
         if path not in proxied or environ.get("REQUEST_METHOD") != "POST":
             return flask_wsgi(environ, start_response)
         rid = environ.get("HTTP_X_REQUEST_ID") or uuid.uuid4().hex
+        if gw.open >= gw.max_open:
+            # Beyond the cap a flood gets a cheap answer instead of memory and file descriptors.
+            gw.metrics.over_capacity.inc()
+            return error_response(ApiError(
+                "gateway_full", f"this gateway process already holds {gw.max_open} open requests "
+                "(LLMGW_GATEWAY_MAX_CONNECTIONS); retry shortly", 1), rid)(environ, start_response)
+        gw.open += 1
+        handed_over = False
         try:
             resp = gw.proxy(path, environ, rid)
+            handed_over = isinstance(resp.body, StreamBody)  # the stream gives the count back
         except ApiError as e:
             resp = error_response(e, rid)
         except Exception:  # noqa: BLE001 - never a traceback to the client
             log.exception("unhandled error on POST %s", path)
             resp = error_response(ApiError("internal", "internal error in the gateway; see its log"), rid)
+        finally:
+            if not handed_over:
+                gw.open -= 1
         return resp(environ, start_response)
 
     app.wsgi_app = wsgi
-    gw.autostart = start  # the threads start with the first request (see Gateway.ensure_started)
     return app

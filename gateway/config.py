@@ -8,6 +8,7 @@ their own). `GunicornSettings` is what `gateway/gunicorn_conf.py` reads. Bad val
 
 from __future__ import annotations
 
+import os
 import typing
 from typing import ClassVar, Literal
 
@@ -98,20 +99,32 @@ class GatewaySettings(Settings):
                            meaning="seeds the router's randomness (benchmarks and tests); unset = random")
     upstream_pool: int = env("LLMGW_GATEWAY_UPSTREAM_POOL", default=256, ge=1,
                              meaning="idle keep-alive connections kept per endpoint")
+    max_connections: int | None = env(
+        "LLMGW_GATEWAY_MAX_CONNECTIONS", default=None, ge=1,
+        meaning="requests one process holds open at once (parsed, queued or streaming); the next get 503 with "
+                "Retry-After. Unset: 10,000, or fewer if the file-descriptor limit allows fewer")
+    report_interval: Seconds = env("LLMGW_GATEWAY_REPORT_INTERVAL", default=0.5, ge=0.01,
+                                   meaning="seconds between this process's gateway reports (in flight, demand, "
+                                           "the endpoint list it routes by; docs/lifecycle.md)")
+    start_wait: Seconds = env("LLMGW_GATEWAY_START_WAIT", default=10.0, ge=0,
+                              meaning="seconds a starting worker waits for the endpoint list and the key table "
+                                      "before it accepts requests anyway (answering 503s that say why)")
     auth: AuthMode = env("LLMGW_GATEWAY_AUTH", default="auto",
                          meaning="`auto` (a key is required once any key exists), `required`, `off`; except with "
                                  "`off`, nothing is served until the key table was read once")
 
+# Open requests per process when LLMGW_GATEWAY_MAX_CONNECTIONS is unset: 10,000 streams take about
+# 20,000 file descriptors and (bench/streams.py) well under 1 GiB.
+DEFAULT_MAX_CONNECTIONS = 10_000
 
 class GunicornSettings(EnvSettings):
     """What gateway/gunicorn_conf.py reads (command-line flags still override it)."""
 
     docs: ClassVar[str] = "docs/gateway.md"
 
-    workers: int = env("LLMGW_GATEWAY_WORKERS", default=2, ge=1,
-                       meaning="gunicorn worker processes (gthread)")
-    threads: int = env("LLMGW_GATEWAY_THREADS", default=64, ge=1,
-                       meaning="threads per worker; each open stream holds one")
+    workers: int = env("LLMGW_GATEWAY_WORKERS", default_factory=lambda: os.cpu_count() or 1, ge=1,
+                       meaning="gunicorn worker processes (gevent: each holds thousands of open streams); "
+                               "default: the machine's cores")
     bind: str | None = env("LLMGW_GATEWAY_BIND", default=None,
                            meaning="listen address; unset: `127.0.0.1:$PORT`; compose sets `0.0.0.0:8080`")
     port: int = env("PORT", default=8080, ge=0, le=65535, meaning="the port of the default listen address")

@@ -2,13 +2,19 @@
 
     gunicorn -c python:gateway.gunicorn_conf 'gateway:create_app()'
 
-- LLMGW_GATEWAY_WORKERS, LLMGW_GATEWAY_THREADS, LLMGW_GATEWAY_BIND, PORT: read through
-  `gateway.config.GunicornSettings` (defaults and meanings there and in docs/gateway.md). Capacity
-  and routing count every worker's traffic (through the scraped load), so more workers do not
-  multiply a replica's capacity.
+- gevent worker: each connection is a greenlet (a few kilobytes), so a process holds thousands of
+  open streams; gunicorn patches the worker with gevent before it loads the app. This module is
+  imported by the master before any patching: it imports nothing that opens sockets or starts threads.
+- LLMGW_GATEWAY_WORKERS, LLMGW_GATEWAY_BIND, PORT: read through `gateway.config.GunicornSettings`
+  (defaults and meanings there and in docs/gateway.md). Capacity and routing count every worker's
+  traffic (through the scraped load), so more workers do not multiply a replica's capacity.
+- Each worker, before it accepts its first connection (post_worker_init): raises its open-file limit,
+  sizes its connection cap (LLMGW_GATEWAY_MAX_CONNECTIONS, gevent's worker_connections follows it)
+  and waits for the endpoint list and the key table (gateway.worker).
 - PROMETHEUS_MULTIPROC_DIR: with more than one worker /metrics needs it; when unset a fresh temporary
   directory is made here (before the workers fork, so they all inherit it). Stale files of a previous
   run are removed at start, and a dead worker's live gauges when it exits.
+- SIGTERM: the workers stop accepting, let open streams finish for up to graceful_timeout, then exit.
 Command-line flags still override every value.
 """
 
@@ -20,11 +26,12 @@ import tempfile
 from gateway.config import GunicornSettings
 
 _settings = GunicornSettings.from_env()
-worker_class = "gthread"
+worker_class = "gevent"
 workers = _settings.workers
-threads = _settings.threads  # each open stream holds a thread
 bind = _settings.address
-timeout = 0  # gthread heartbeats from the main thread; a long stream is not a hung worker
+# The gevent worker tells the master it is alive every second from its own greenlet: a worker
+# silent for this long has its event loop stuck (a request hogging the CPU), not a long stream.
+timeout = 30
 graceful_timeout = 30
 keepalive = 75
 # gunicorn >= 25.1 opens a control socket at one fixed path per user ($HOME/.gunicorn/gunicorn.ctl);
@@ -45,6 +52,13 @@ def on_starting(server):  # noqa: ARG001 - gunicorn's hook signature
         os.makedirs(d, exist_ok=True)
         for f in glob.glob(os.path.join(d, "*.db")):
             os.unlink(f)
+
+
+def post_worker_init(worker):
+    """In the worker, after the app is loaded and gevent patched, before the first connection."""
+    from gateway.worker import start
+
+    start(worker)
 
 
 def on_exit(server):  # noqa: ARG001 - gunicorn's hook signature

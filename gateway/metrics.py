@@ -39,6 +39,8 @@ class Metrics:
                             ["model", "reason"], **kw)
         self.rejected_unknown = Counter("llmgw_gateway_unknown_model", "Requests for a model name nobody knows "
                                         "(one series: unknown names never become labels)", **kw)
+        self.over_capacity = Counter("llmgw_gateway_over_capacity", "Requests refused with 503 because the "
+                                     "process held LLMGW_GATEWAY_MAX_CONNECTIONS open requests", **kw)
         self.retries = Counter("llmgw_gateway_retries", "Retries on another endpoint", ["model"], **kw)
         self.upstream_errors = Counter("llmgw_gateway_upstream_errors", "Upstream failures by endpoint and kind",
                                        ["endpoint", "kind"], **kw)

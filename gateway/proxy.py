@@ -1,14 +1,16 @@
 """Forwarding to engines over pooled keep-alive connections, and streaming their answers back.
 
-A small LIFO pool of `http.client` connections per endpoint (thread-safe; measured ~0.3 ms per request
-cheaper than urllib3 on this path) keeps connections to every endpoint open. Streams are passed
-through chunk by chunk as the engine sends them (never buffered), and the upstream response is closed
-in `finally` whether the stream ended or the client went away, so the engine stops generating.
+A small HTTP/1.1 client on plain sockets, with a LIFO pool of keep-alive connections per endpoint:
+the request goes out in one write, the response head is split by hand (http.client's `email`-based
+header parsing and its layered chunked reader were most of the gateway's per-request CPU), and a
+chunked body is passed on piece by piece as it arrives: per piece one receive and, in the caller,
+one write. Streams are never buffered, and the upstream response is closed in `finally` whether the
+stream ended or the client went away, so the engine stops generating. Under the gevent worker the
+sockets are gevent's (patched): a blocked read yields to the other requests.
 """
 
 from __future__ import annotations
 
-import http.client
 import json
 import logging
 import socket
@@ -19,18 +21,21 @@ from urllib.parse import urlsplit
 
 log = logging.getLogger("llmgw.gateway")
 
+# Engine response headers not passed on: hop-by-hop ones, those the server sets itself, and
+# X-Request-Id (the gateway sends its own, once; an engine that echoes it would make it two).
 HOP_BY_HOP = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "trailers",
-    "transfer-encoding", "upgrade", "content-length", "content-encoding", "server", "date",
+    "transfer-encoding", "upgrade", "content-length", "content-encoding", "server", "date", "x-request-id",
 })
+# ... and for a stream also its caching headers: the gateway sets its own (app.SSE_HEADERS).
+STREAM_REPLACED = HOP_BY_HOP | {"cache-control", "x-accel-buffering"}
 # Request headers an engine needs; everything else (the client's API key above all) stays here.
 FORWARD_REQUEST_HEADERS = (
     ("content-type", "CONTENT_TYPE"), ("accept", "HTTP_ACCEPT"), ("user-agent", "HTTP_USER_AGENT"),
     ("x-session-id", "HTTP_X_SESSION_ID"),
 )  # (header, WSGI environ key); X-Request-Id is always set
-# A reused keep-alive connection the engine had already closed fails with one of these before the
-# engine read anything: safe to send again on a fresh connection.
-STALE = (http.client.RemoteDisconnected, http.client.BadStatusLine, ConnectionResetError, BrokenPipeError)
+MAX_HEAD = 65536  # a response head larger than this is not an engine's
+READ = 65536
 
 
 class UpstreamConnectError(Exception):
@@ -41,33 +46,143 @@ class UpstreamTimeout(Exception):
     """The engine accepted the request but sent no first byte in time."""
 
 
+class Stale(ConnectionError):
+    """A reused keep-alive connection was closed by the engine before it answered: the request is
+    sent again on a fresh connection (the engine read nothing)."""
+
+
+class Malformed(ConnectionError):
+    """The engine's bytes are not HTTP/1.1 as we understand it."""
+
+
+class Conn:
+    """One keep-alive connection to an engine."""
+
+    __slots__ = ("sock", "buf")
+
+    def __init__(self, sock: socket.socket):
+        self.sock, self.buf = sock, b""  # bytes read past the last response (none, normally)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def parse_head(head: bytes) -> tuple[int, list[tuple[str, str]]]:
+    """Status and headers of a response head (without its blank line)."""
+    lines = head.split(b"\r\n")
+    first = lines[0]
+    if not first.startswith(b"HTTP/1.") or len(first) < 12:
+        raise Malformed(f"not an HTTP/1.x status line: {first[:80]!r}")
+    try:
+        status = int(first[9:12])
+    except ValueError:
+        raise Malformed(f"bad status line: {first[:80]!r}") from None
+    headers = []
+    for line in lines[1:]:
+        name, sep, value = line.partition(b":")
+        if not sep or not name or name != name.strip():
+            raise Malformed(f"bad header line: {line[:80]!r}")
+        headers.append((name.decode("latin-1"), value.strip().decode("latin-1")))
+    return status, headers
+
+
 class UpstreamResponse:
     """An engine's answer with its body unread, and the connection it came on."""
 
-    def __init__(self, upstream: "Upstream", key: tuple[str, int], conn: http.client.HTTPConnection,
-                 resp: http.client.HTTPResponse):
-        self.upstream, self.key, self.conn, self.resp = upstream, key, conn, resp
-        self.status = resp.status
-        self.headers = resp.headers
-        self.done = False  # released or closed: later calls do nothing (the conn may be reused)
+    __slots__ = ("upstream", "key", "conn", "status", "headers", "content_type", "length", "chunked",
+                 "keep_alive", "done", "complete")
 
-    def read(self) -> bytes:
-        return self.resp.read()
+    def __init__(self, upstream: "Upstream", key: tuple[str, int], conn: Conn, status: int,
+                 headers: list[tuple[str, str]], bodiless: bool):
+        self.upstream, self.key, self.conn, self.status, self.headers = upstream, key, conn, status, headers
+        self.content_type, self.length, self.chunked, self.keep_alive = "", None, False, True
+        for name, value in headers:
+            n = name.lower()
+            if n == "content-type":
+                self.content_type = value
+            elif n == "content-length":
+                try:
+                    self.length = int(value)
+                except ValueError:
+                    raise Malformed(f"bad Content-Length {value!r}") from None
+            elif n == "transfer-encoding":
+                self.chunked = value.lower().endswith("chunked")
+            elif n == "connection":
+                self.keep_alive = "close" not in value.lower()
+        if bodiless:
+            self.length, self.chunked = 0, False
+        elif self.length is None and not self.chunked:
+            self.keep_alive = False  # the body ends when the engine closes the connection
+        self.done = False  # released or closed: later calls do nothing (the conn may be reused)
+        self.complete = False  # the whole body was read
+
+    def _recv(self) -> bytes:
+        data = self.conn.sock.recv(READ)
+        if not data and (self.chunked or self.length is not None):
+            raise ConnectionResetError("the engine closed the connection mid-answer")
+        return data
 
     def chunks(self) -> Iterator[bytes]:
-        """Whatever the engine sent so far, as soon as it arrives (read1 returns what is there)."""
-        read1 = self.resp.read1
+        """The body as it arrives: each piece is what one receive completed (a chunked body's
+        framing removed; the pieces of several chunks that arrived together are joined)."""
+        conn = self.conn
+        if not self.chunked:
+            left = self.length
+            buf, conn.buf = conn.buf, b""
+            while left is None or left > 0:
+                if not buf:
+                    buf = self._recv()
+                    if not buf:  # close-delimited body: the end
+                        break
+                if left is not None:
+                    if len(buf) > left:
+                        raise Malformed("the engine sent more than its Content-Length")
+                    left -= len(buf)
+                yield buf
+                buf = b""
+            self.complete = True
+            return
+        buf, conn.buf = conn.buf, b""
+        recv = self._recv
         while True:
-            chunk = read1(65536)
-            if not chunk:
-                return
-            yield chunk
+            parts = []
+            while True:  # every complete chunk in the buffer
+                nl = buf.find(b"\r\n")
+                if nl < 0:
+                    break
+                try:
+                    size = int(buf[:nl].split(b";", 1)[0], 16)
+                except ValueError:
+                    raise Malformed(f"bad chunk size line {buf[:nl][:40]!r}") from None
+                if size == 0:  # the last chunk; then trailers (none, from engines) and a blank line
+                    end = buf.find(b"\r\n\r\n", nl)
+                    if end < 0:
+                        break
+                    if parts:
+                        yield parts[0] if len(parts) == 1 else b"".join(parts)
+                    conn.buf = buf[end + 4:]
+                    self.complete = True
+                    return
+                end = nl + 2 + size
+                if len(buf) < end + 2:
+                    break
+                parts.append(buf[nl + 2:end])
+                buf = buf[end + 2:]
+            if parts:
+                yield parts[0] if len(parts) == 1 else b"".join(parts)
+            if len(buf) > MAX_HEAD + READ:
+                raise Malformed("chunk framing out of bounds")
+            data = recv()
+            buf = buf + data if buf else data
+
+    def read(self) -> bytes:
+        return b"".join(self.chunks())
 
     def release(self) -> None:
         """Body fully read: the connection goes back to the pool (unless the engine closes it)."""
         if self.done:
             return
-        if self.resp.will_close or not self.resp.isclosed():
+        if not (self.complete and self.keep_alive) or self.conn.buf:
             self.close()
         else:
             self.done = True
@@ -79,25 +194,11 @@ class UpstreamResponse:
             self.conn.close()
 
 
-class _Connection(http.client.HTTPConnection):
-    """http.client sends the head and a bytes body in two writes (two packets with TCP_NODELAY, and
-    an extra wake-up of the engine's reader); one write is measurably cheaper on this path."""
-
-    def _send_output(self, message_body=None, encode_chunked=False):
-        if isinstance(message_body, bytes) and not encode_chunked:
-            self._buffer.extend((b"", b""))
-            msg = b"\r\n".join(self._buffer)
-            del self._buffer[:]
-            self.send(msg + message_body)
-            return
-        super()._send_output(message_body, encode_chunked)
-
-
 class Upstream:
     def __init__(self, connect_timeout: float, first_byte_timeout: float, pool_size: int = 256):
         self.connect_timeout, self.first_byte_timeout = connect_timeout, first_byte_timeout
         self.pool_size = pool_size
-        self.idle: dict[tuple[str, int], list[http.client.HTTPConnection]] = {}
+        self.idle: dict[tuple[str, int], list[Conn]] = {}
         self.lock = threading.Lock()
         self.hosts: dict[str, tuple[str, int]] = {}
 
@@ -108,12 +209,12 @@ class Upstream:
             key = self.hosts[base_url] = (u.hostname or "127.0.0.1", u.port or 80)
         return key
 
-    def _get(self, key: tuple[str, int]) -> http.client.HTTPConnection | None:
+    def _get(self, key: tuple[str, int]) -> Conn | None:
         with self.lock:
             conns = self.idle.get(key)
             return conns.pop() if conns else None
 
-    def _put(self, key: tuple[str, int], conn: http.client.HTTPConnection) -> None:
+    def _put(self, key: tuple[str, int], conn: Conn) -> None:
         with self.lock:
             conns = self.idle.setdefault(key, [])
             if len(conns) < self.pool_size:
@@ -121,46 +222,71 @@ class Upstream:
                 return
         conn.close()
 
-    def _connect(self, key: tuple[str, int]) -> http.client.HTTPConnection:
-        conn = _Connection(key[0], key[1], timeout=self.connect_timeout)
+    def _connect(self, key: tuple[str, int]) -> Conn:
         try:
-            conn.connect()
+            sock = socket.create_connection(key, timeout=self.connect_timeout)
         except socket.timeout as e:
             raise UpstreamConnectError(f"connect timeout after {self.connect_timeout}s") from e
         except OSError as e:
             raise UpstreamConnectError(str(e)) from e
-        conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        conn.sock.settimeout(self.first_byte_timeout)
-        return conn
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(self.first_byte_timeout)
+        return Conn(sock)
+
+    def _exchange(self, conn: Conn, key: tuple[str, int], request: bytes, bodiless: bool) -> UpstreamResponse:
+        """Send the request in one write; read until the response head is complete."""
+        sock = conn.sock
+        sock.sendall(request)
+        buf = conn.buf
+        while True:
+            end = buf.find(b"\r\n\r\n")
+            if end >= 0:
+                status, headers = parse_head(buf[:end])
+                if 100 <= status < 200:  # informational (100 Continue): the answer follows
+                    buf = buf[end + 4:]
+                    continue
+                conn.buf = buf[end + 4:]
+                return UpstreamResponse(self, key, conn, status, headers, bodiless or status in (204, 304))
+            if len(buf) > MAX_HEAD:
+                raise Malformed("response head too large")
+            data = sock.recv(READ)
+            if not data:
+                raise Stale("the engine closed the connection before answering")
+            buf += data
 
     def send(self, base_url: str, path: str, body: bytes | None, headers: dict[str, str]) -> UpstreamResponse:
         """POST (GET without a body) and return the response with its body unread."""
         key = self._key(base_url)
-        method = "POST" if body is not None else "GET"
+        head = [f"{'POST' if body is not None else 'GET'} {path} HTTP/1.1\r\nHost: {key[0]}:{key[1]}\r\n"]
+        head += [f"{k}: {v}\r\n" for k, v in headers.items()]
+        if body is not None:
+            head.append(f"Content-Length: {len(body)}\r\n")
+        head.append("\r\n")
+        request = "".join(head).encode("latin-1") + (body or b"")
         conn = self._get(key)
         for reused in (True, False):
             if conn is None:
                 reused = False
                 conn = self._connect(key)
             try:
-                conn.request(method, path, body, headers)
-                return UpstreamResponse(self, key, conn, conn.getresponse())
+                return self._exchange(conn, key, request, False)
             except socket.timeout as e:
                 conn.close()
                 raise UpstreamTimeout(str(e)) from e
-            except STALE as e:
+            except (Stale, ConnectionResetError, BrokenPipeError) as e:
                 conn.close()
                 conn = None
                 if not reused:
                     raise UpstreamConnectError(f"engine closed the connection: {e!r}") from e
-            except (OSError, http.client.HTTPException) as e:
+            except OSError as e:
                 conn.close()
                 raise UpstreamConnectError(f"{type(e).__name__}: {e}") from e
         raise UpstreamConnectError("unreachable")  # pragma: no cover - the loop always returns or raises
 
 
-def response_headers(resp: UpstreamResponse) -> list[tuple[str, str]]:
-    return [(k, v) for k, v in resp.headers.items() if k.lower() not in HOP_BY_HOP]
+def response_headers(resp: UpstreamResponse, drop: frozenset[str] | None = None) -> list[tuple[str, str]]:
+    drop = drop or HOP_BY_HOP
+    return [(k, v) for k, v in resp.headers if k.lower() not in drop]
 
 
 def usage_from_json(body: bytes) -> tuple[int, int] | None:
@@ -174,28 +300,17 @@ def usage_from_json(body: bytes) -> tuple[int, int] | None:
         return None
 
 
-class SSEUsage:
-    """Finds the `usage` object an engine puts in a stream's last chunk (when asked to), without
-    touching chunks that do not mention it."""
-
-    def __init__(self):
-        self.usage: tuple[int, int] | None = None
-        self._partial = b""  # an incomplete last line, carried to the next chunk
-
-    def feed(self, chunk: bytes) -> None:
-        data = self._partial + chunk if self._partial else chunk
-        nl = data.rfind(b"\n")
-        if nl < 0:
-            self._partial = data[-65536:]
-            return
-        complete, self._partial = data[:nl], data[nl + 1:][-65536:]
-        if b'"usage"' not in complete:
-            return
-        for line in complete.split(b"\n"):
-            if line.startswith(b"data:") and b'"usage"' in line:
-                got = usage_from_json(line[5:].strip())
-                if got is not None and (got[0] or got[1]):
-                    self.usage = got
+def sse_usage(tail: bytes) -> tuple[int, int] | None:
+    """The `usage` an engine puts in a stream's last event (when asked to), from the stream's tail."""
+    at = tail.rfind(b'"usage"')
+    if at < 0:
+        return None
+    start = tail.rfind(b"data:", 0, at)
+    if start < 0:
+        return None
+    end = tail.find(b"\n", at)
+    got = usage_from_json(tail[start + 5:end if end >= 0 else len(tail)].strip())
+    return got if got is not None and (got[0] or got[1]) else None
 
 
 class StreamBody:
@@ -231,24 +346,27 @@ def stream_body(resp: UpstreamResponse, deadline: float, on_first: Callable[[], 
                 on_done: Callable[[bool, tuple[int, int] | None], None],
                 monotonic: Callable[[], float] = time.monotonic) -> Iterator[bytes]:
     """Yield the engine's bytes as they arrive. `on_done(completed, usage)` runs exactly once, in
-    `finally`, after the upstream is released (stream ended) or closed (client gone, error)."""
+    `finally`, after the upstream is released (stream ended) or closed (client gone, error).
+
+    Per chunk only a read, a write (the yield) and a clock check: usage is looked for once, at the
+    end, in the last two chunks (the usage event and `[DONE]` may arrive apart)."""
     completed = False
-    usage = SSEUsage()
-    first = True
+    prev = last = b""
     try:
-        for chunk in resp.chunks():
-            if not chunk:
-                continue
-            if first:
-                first = False
-                on_first()
-            usage.feed(chunk)
+        pieces = resp.chunks()
+        for chunk in pieces:
+            on_first()
             yield chunk
+            prev, last = last, chunk
+            break
+        for chunk in pieces:
+            yield chunk
+            prev, last = last, chunk
             if monotonic() > deadline:
                 log.warning("stream exceeded the total timeout; closing it")
                 return
         completed = True
-    except (OSError, http.client.HTTPException) as e:
+    except OSError as e:
         log.warning("upstream stream broke after the first byte: %s", e)
     finally:
         try:
@@ -257,4 +375,4 @@ def stream_body(resp: UpstreamResponse, deadline: float, on_first: Callable[[], 
             else:
                 resp.close()  # drop the connection: the engine sees the client leave and aborts
         finally:
-            on_done(completed, usage.usage)
+            on_done(completed, sse_usage(prev + last))

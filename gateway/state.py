@@ -3,7 +3,14 @@
 - endpoints: reloaded when `Store.endpoints_version()` changes (polled every ~0.5 s, woken early by
   the pub/sub hint);
 - loads: one MGET of the endpoints' LoadRecords every ~0.5 s;
-- in-flight counts and learned service times: updated by the request path itself.
+- in-flight counts and learned service times: updated by the request path itself;
+- what the gateway report tells the control plane (gateway.report): in flight per endpoint and per
+  model, the last request per model, and per endpoint the wall clock of the last response head and
+  of the last failure to reach it. Counts change under the lock the request path already takes to
+  route and release; the timestamps are single dict stores (atomic between greenlets and threads).
+
+The loops are threads; under gunicorn's gevent worker (gateway.gunicorn_conf) `threading` is
+monkey-patched, so each is a greenlet and every wait in them yields to the request path.
 
 When Redis cannot be reached the last tables stay in use (static stability): the outage is logged
 once, shown by /healthz and a metric, and the loops recover by themselves when Redis answers again.
@@ -20,10 +27,11 @@ from typing import Callable
 import redis
 
 from gateway.config import GatewaySettings
+from gateway.report import Identity, gateway_report
 from gateway.routing import Choice, EndpointStats, Rejection, RouteRequest, choose
 from llmgw.catalog import catalog_names as read_catalog_names
 from llmgw.state.clock import Clock
-from llmgw.state.records import EndpointInfo, LoadRecord
+from llmgw.state.records import EndpointInfo, GatewayReport, LoadRecord
 from llmgw.state.store import Store
 
 log = logging.getLogger("llmgw.gateway")
@@ -82,7 +90,12 @@ class GatewayState:
         self.endpoints: tuple[EndpointInfo, ...] = ()
         self.by_id: dict[str, EndpointInfo] = {}
         self.loads: dict[str, LoadRecord] = {}
-        self.inflight: dict[str, int] = {}
+        self.inflight: dict[str, int] = {}  # kept for endpoints that left the list while in flight
+        self.ok_at: dict[str, float] = {}  # wall clock of the last response head per endpoint
+        self.fail_at: dict[str, float] = {}  # ... of the last connection failure or first-byte timeout
+        self.model_inflight: dict[str, int] = {}  # by canonical model name
+        self.last_request_at: dict[str, float] = {}  # by canonical name (the requested one if unpublished)
+        self.canonical: dict[str, str] = {}  # alias or name -> canonical model name, from the list
         self.stats: dict[str, EndpointStats] = {}
         # Names in the applied catalog or the published list: 503 (no Ready replica), not 404. A model
         # removed from the catalog becomes unknown again once its endpoints are unpublished.
@@ -93,6 +106,7 @@ class GatewayState:
         self.wake = threading.Event()
         self.stopping = threading.Event()
         self.on_release: Callable[[], None] = lambda: None  # wakes the wait queues
+        self.on_loaded: Callable[[], None] = lambda: None  # a new endpoint list is in use (report it)
 
     # --- background refreshes ------------------------------------------------------------------
     def _redis_changed(self, ok: bool) -> None:
@@ -137,11 +151,18 @@ class GatewayState:
             self.known_models = catalog_names | {n for e in eps for n in e.models}
             self.loads = {k: v for k, v in self.loads.items() if k in self.by_id}
             self.stats = {k: v for k, v in self.stats.items() if k in self.by_id}
+            # An endpoint that left the list stays while requests are in flight on it (the report
+            # must show them: the control plane waits for them before stopping its replica).
+            self.inflight = {k: n for k, n in self.inflight.items() if n > 0 or k in self.by_id}
+            self.ok_at = {k: t for k, t in self.ok_at.items() if k in self.inflight}
+            self.fail_at = {k: t for k, t in self.fail_at.items() if k in self.inflight}
+            self.canonical = {n: e.model or e.models[0] for e in eps for n in e.models}
             self.loaded_once = True
         if self.metrics:
             self.metrics.endpoints_version.set(v)
             self.metrics.endpoints.set(len(eps))
         log.info("endpoint list version %d: %d endpoints", v, len(eps))
+        self.on_loaded()
         self.on_release()
         return True
 
@@ -246,21 +267,39 @@ class GatewayState:
                          cfg=self.cfg.routing, rng=self.rng, rr_counter=self.rr_counter)
             if isinstance(res, Choice):
                 self.rr_counter += 1
-                self.inflight[res.endpoint.id] = self.inflight.get(res.endpoint.id, 0) + 1
+                ep = res.endpoint
+                self.inflight[ep.id] = self.inflight.get(ep.id, 0) + 1
+                m = ep.model or ep.models[0]
+                self.model_inflight[m] = self.model_inflight.get(m, 0) + 1
         if isinstance(res, Choice) and self.metrics:
             self.metrics.child(self.metrics.inflight, res.endpoint.id).inc()
         return res
 
     def mark_unreachable(self, endpoint_id: str) -> None:
         """The endpoint refused a connection: pass it over for `eject_for` seconds (routing.choose)."""
+        self.fail_at[endpoint_id] = self.clock.time()
         with self.lock:
             st = self.stats.get(endpoint_id, EndpointStats())
             self.stats[endpoint_id] = replace(st, down_until=self.clock.monotonic() + self.cfg.routing.eject_for)
 
+    def timed_out(self, endpoint_id: str) -> None:
+        """The endpoint accepted a request but sent nothing in time: evidence against it."""
+        self.fail_at[endpoint_id] = self.clock.time()
+
+    def answered(self, endpoint_id: str) -> None:
+        """A response head arrived from the endpoint: evidence that it serves."""
+        self.ok_at[endpoint_id] = self.clock.time()
+
+    def requested(self, model: str) -> None:
+        """A request for a known model arrived (demand, even when nothing can serve it yet)."""
+        self.last_request_at[self.canonical.get(model, model)] = self.clock.time()
+
     def release(self, choice: Choice, service_time: float | None, tokens: int | None = None) -> None:
         """The request left the endpoint; learn its service time if it completed normally."""
-        eid = choice.endpoint.id
+        ep = choice.endpoint
+        eid, m = ep.id, ep.model or ep.models[0]
         with self.lock:
+            self.model_inflight[m] = max(0, self.model_inflight.get(m, 0) - 1)
             if tokens:
                 t = self.tokens_per_request
                 self.tokens_per_request = tokens if t is None else t + 0.05 * (tokens - t)
@@ -281,3 +320,17 @@ class GatewayState:
             for m in e.models:
                 out.setdefault(m, []).append(e)
         return out
+
+    def report(self, who: Identity, queued: dict[str, int], keys_loaded: bool) -> GatewayReport:
+        """This process's report now; `queued` by the requested name (aliases have their own queues)."""
+        by_model: dict[str, int] = {}
+        for name, n in queued.items():
+            if n:
+                m = self.canonical.get(name, name)
+                by_model[m] = by_model.get(m, 0) + n
+        with self.lock:  # consistent copies; the pure builder runs outside the lock
+            snap = (self.version, dict(self.inflight), dict(self.ok_at), dict(self.fail_at),
+                    dict(self.model_inflight), dict(self.last_request_at))
+        version, inflight, ok_at, fail_at, model_inflight, last = snap
+        return gateway_report(who, self.clock.time(), version, keys_loaded, inflight, ok_at, fail_at,
+                              model_inflight, by_model, last)

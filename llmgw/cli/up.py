@@ -42,7 +42,6 @@ def register(sub) -> None:
     p.add_argument("--node", help="this node's name (default: LLMGW_NODE or the host name)")
     p.add_argument("--ready-timeout", type=float, default=600.0,
                    help="seconds to wait for the first Ready replica before giving up (default 600)")
-    p.add_argument("--gateway-threads", type=int, default=128, help="gunicorn threads (open streams)")
     p.set_defaults(func=cmd_up)
 
 
@@ -116,10 +115,9 @@ def _run(args, settings, catalog, state_dir, node, stack: LocalStack, stopping) 
                                        *common))
     stack.start("beat", celery_argv("beat", "-l", "info", "-s", str(state_dir / "beat-schedule")))
     stack.start("node", celery_argv("worker", "-Q", node_queue(node), "-n", f"{node}@%h", "-P", "threads", "-c", "2", *common))
-    # The gateway's one gunicorn config (gateway/gunicorn_conf.py); flags override its bind and threads.
+    # The gateway's one gunicorn config (gateway/gunicorn_conf.py); the flag overrides its bind.
     stack.start("gateway", python_module(
-        "gunicorn", "-c", "python:gateway.gunicorn_conf", "--threads", str(args.gateway_threads),
-        "-b", f"{args.host}:{args.port}", "gateway:create_app()",
+        "gunicorn", "-c", "python:gateway.gunicorn_conf", "-b", f"{args.host}:{args.port}", "gateway:create_app()",
     ))
     _say(f"started control worker, beat, node agent {node!r} and the gateway; logs in {state_dir / 'logs'}")
 

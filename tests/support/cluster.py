@@ -157,12 +157,12 @@ class Cluster:
         port = port or free_port()
         self.procs.start(
             name,
+            # The one gunicorn config users run (gevent worker, readiness before the first request).
             [
-                bin_path("gunicorn"), "-k", "gthread", "-w", "1", "--threads", "128",
-                "-b", f"127.0.0.1:{port}", "--graceful-timeout", "5", "--no-control-socket",
-                "gateway:create_app()",
+                bin_path("gunicorn"), "-c", "python:gateway.gunicorn_conf",
+                "-b", f"127.0.0.1:{port}", "--graceful-timeout", "5", "gateway:create_app()",
             ],
-            env=self.env(**env),
+            env=self.env(**{"LLMGW_GATEWAY_WORKERS": "1", **env}),
         )
         url = f"http://127.0.0.1:{port}"
         self.gateway_url = self.gateway_url or url

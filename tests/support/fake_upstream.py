@@ -5,7 +5,7 @@
 
 Each request holds one of `max-seqs` slots for `base / speed` seconds (requests beyond the slots
 queue), like a batch engine: latency is flat until the slots are full, then grows. Streams send
-`--tokens` chunks spread over that time, then a usage chunk when `stream_options.include_usage` is
+`--tokens` chunks spread over that time (the first at once), then a usage chunk when `stream_options.include_usage` is
 set, then `[DONE]`. GET /stats tells what it saw (requests, open streams, streams the client cut,
 `open`/`max_open`: requests received and not yet answered, now and at most at once). With `--gate`
 every request, once in its slot, is held until `POST /gate` opens the gate (tests that need a
@@ -209,12 +209,14 @@ class FakeUpstream:
                 try:
                     if not fake._hold(0):
                         raise BrokenPipeError("stopping")
+                    # The first event at once (an engine sends its first token right after prefill),
+                    # then one every `step`; the answer ends `base / speed` after it began.
                     for i in range(fake.tokens):
-                        if not fake._hold(step):
-                            raise BrokenPipeError("stopping")
                         ev = {"id": "c", "object": "chat.completion.chunk", "model": body.get("model"),
                               "choices": [{"index": 0, "delta": {"content": f"t{i} "}, "finish_reason": None}]}
                         self._chunk(b"data: " + json.dumps(ev).encode() + b"\n\n")
+                        if not fake._hold(step):
+                            raise BrokenPipeError("stopping")
                     if (body.get("stream_options") or {}).get("include_usage"):
                         ev = {"id": "c", "object": "chat.completion.chunk", "model": body.get("model"), "choices": [],
                               "usage": {"prompt_tokens": 5, "completion_tokens": fake.tokens,

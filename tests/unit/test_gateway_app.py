@@ -63,7 +63,7 @@ NEVER_STALE = RoutingConfig(stale_after=3600)
 def make_app(store, eps, clock=None, **cfg):
     routing = cfg.pop("routing", RoutingConfig())
     store.write_endpoints(eps, "fp", time.time())
-    app = create_app(GatewaySettings(routing=routing, **cfg), store=store, clock=clock, start=False)
+    app = create_app(GatewaySettings(routing=routing, **cfg), store=store, clock=clock)
     app.extensions["llmgw"].refresh()
     return app, app.extensions["llmgw"], app.test_client()
 

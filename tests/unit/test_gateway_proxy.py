@@ -1,7 +1,7 @@
 """The SSE pass-through: chunks go out as they come, and the upstream is closed (or released to the
 pool) in `finally` exactly once, whether the stream ended or the client went away."""
 
-from gateway.proxy import HOP_BY_HOP, SSEUsage, StreamBody, stream_body, usage_from_json
+from gateway.proxy import HOP_BY_HOP, StreamBody, sse_usage, stream_body, usage_from_json
 
 
 class FakeResp:
@@ -61,12 +61,23 @@ def test_upstream_breaking_mid_stream_ends_cleanly():
     assert len(out) == 2 and done == [(False, None)] and resp.closed == 1
 
 
-def test_usage_split_across_chunks():
-    u = SSEUsage()
+def test_usage_split_across_the_last_two_chunks():
     line = b'data: {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 9}}\n\n'
-    u.feed(b"data: {}\n\n" + line[:20])
-    u.feed(line[20:])
-    assert u.usage == (3, 9)
+    resp = FakeResp([b"data: {}\n\n" * 3, b"data: {}\n\n" + line[:20], line[20:] + b"data: [DONE]\n\n"])
+    _, done, _ = run(resp)
+    assert done == [(True, (3, 9))]
+    assert sse_usage(line + b"data: [DONE]\n\n") == (3, 9)
+    assert sse_usage(b'data: {"usage": null}\n\n') is None and sse_usage(b"data: [DONE]\n\n") is None
+    assert sse_usage(b'data: {"usage": {"prompt_tokens": 0, "completion_tokens": 0}}') is None
+
+
+def test_only_the_tail_is_scanned_for_usage():
+    """An early chunk that mentions usage (an engine reporting it per chunk) does not count: only the
+    stream's last event does."""
+    early = b'data: {"usage": {"prompt_tokens": 1, "completion_tokens": 1}}\n\n'
+    final = b'data: {"usage": {"prompt_tokens": 5, "completion_tokens": 8}}\n\n'
+    _, done, _ = run(FakeResp([early, b"data: {}\n\n", b"data: {}\n\n", final, b"data: [DONE]\n\n"]))
+    assert done == [(True, (5, 8))]
 
 
 def test_usage_from_json():

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def bare_app(store, eps, **cfg):
     """An app whose background state has not been loaded yet (as at start-up)."""
     store.write_endpoints(eps, "fp", time.time())
-    app = create_app(GatewaySettings(**cfg), store=store, start=False)
+    app = create_app(GatewaySettings(**cfg), store=store)
     return app, app.extensions["llmgw"], app.test_client()
 
 
@@ -203,9 +203,15 @@ def conf_values(env: dict, tmp: Path) -> dict:
     """The config module's values as a fresh process sees them; its temporary files go under `tmp`
     (TMPDIR), so nothing it makes can outlive the test in /tmp, even when an assertion fails first."""
     code = ("import json, os, sys, gateway.gunicorn_conf as c\n"
-            "print(json.dumps({'workers': c.workers, 'threads': c.threads, 'bind': c.bind, 'k': c.worker_class,"
-            " 'prom': os.environ.get('PROMETHEUS_MULTIPROC_DIR'),"
-            " 'early': 'prometheus_client' in sys.modules}))")
+            "print(json.dumps({'workers': c.workers, 'bind': c.bind, 'k': c.worker_class,"
+            " 'prom': os.environ.get('PROMETHEUS_MULTIPROC_DIR'), 'cores': os.cpu_count(),"
+            " 'early': 'prometheus_client' in sys.modules,"
+            # gevent patches the worker after the master loaded this module: it must not have
+            # imported clients that would then keep unpatched sockets or locks. (ssl and threading
+            # are not on the list: gunicorn's own config module imports ssl, and logging threading,
+            # before any config file is read.)
+            " 'unpatchable': sorted(m for m in ('redis', 'requests', 'urllib3', 'http.client', 'gevent',"
+            " 'gateway.app', 'gateway.state', 'gateway.proxy') if m in sys.modules)}))")
     base = {k: v for k, v in os.environ.items()
             if not k.startswith("LLMGW_GATEWAY_") and k not in ("PORT", "PROMETHEUS_MULTIPROC_DIR")}
     out = subprocess.run([sys.executable, "-c", code], env={**base, "TMPDIR": str(tmp), **env},
@@ -219,15 +225,19 @@ def conf_values(env: dict, tmp: Path) -> dict:
 def test_gunicorn_conf_knobs_and_multiproc_dir(tmp_path):
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    d = conf_values({}, tmp)
-    assert (d["workers"], d["threads"], d["bind"], d["k"]) == (2, 64, "127.0.0.1:8080", "gthread")
+    d = conf_values({"LLMGW_GATEWAY_WORKERS": "2"}, tmp)
+    assert (d["workers"], d["bind"], d["k"]) == (2, "127.0.0.1:8080", "gevent")
     # 2 workers: /metrics aggregates through a fresh temporary directory
     assert d["prom"] and Path(d["prom"]).is_dir() and Path(d["prom"]).parent == tmp
     # prometheus_client picks its mode when first imported: loading the config must not import it
-    assert d["early"] is False
+    assert d["early"] is False and d["unpatchable"] == []
     os.rmdir(d["prom"])
-    d = conf_values({"LLMGW_GATEWAY_WORKERS": "1", "LLMGW_GATEWAY_THREADS": "8", "PORT": "9000"}, tmp)
-    assert (d["workers"], d["threads"], d["bind"], d["prom"]) == (1, 8, "127.0.0.1:9000", None)
+    d = conf_values({"LLMGW_GATEWAY_WORKERS": "1", "PORT": "9000"}, tmp)
+    assert (d["workers"], d["bind"], d["prom"]) == (1, "127.0.0.1:9000", None)
+    d = conf_values({}, tmp)  # one worker per core by default
+    assert d["workers"] == d["cores"]
+    if d["prom"]:
+        os.rmdir(d["prom"])
     d = conf_values({"LLMGW_GATEWAY_BIND": "0.0.0.0:8080", "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}, tmp)
     assert d["bind"] == "0.0.0.0:8080" and d["prom"] == str(tmp_path)
     assert list(tmp.iterdir()) == []  # a directory is made only when none was given
@@ -242,8 +252,9 @@ def test_procfile_and_compose_use_the_conf():
     assert svc["command"][:3] == ["gunicorn", "-c", "python:gateway.gunicorn_conf"]
     assert svc["environment"]["LLMGW_GATEWAY_BIND"] == "0.0.0.0:8080" and svc["environment"]["REDIS_URL"]
     docs = (ROOT / "docs" / "gateway.md").read_text()
-    for knob in ("LLMGW_GATEWAY_WORKERS", "LLMGW_GATEWAY_THREADS", "LLMGW_GATEWAY_BIND", "PROMETHEUS_MULTIPROC_DIR",
-                 "LLMGW_GATEWAY_AUTH"):
+    for knob in ("LLMGW_GATEWAY_WORKERS", "LLMGW_GATEWAY_MAX_CONNECTIONS", "LLMGW_GATEWAY_BIND",
+                 "PROMETHEUS_MULTIPROC_DIR", "LLMGW_GATEWAY_AUTH", "LLMGW_GATEWAY_START_WAIT",
+                 "LLMGW_GATEWAY_REPORT_INTERVAL"):
         assert knob in docs, knob
 
 

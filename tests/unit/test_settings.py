@@ -27,7 +27,6 @@ def test_state_dir_is_absolute_even_when_given_relative(tmp_path, monkeypatch):
     (AgentSettings, {"LLMGW_HEARTBEAT_TTL": "soon"}, "LLMGW_HEARTBEAT_TTL"),
     (ControlSettings, {"LLMGW_RECONCILE_INTERVAL": "0"}, "LLMGW_RECONCILE_INTERVAL"),
     (AgentSettings, {"LLMGW_NODE_LABELS": "gpu"}, "LLMGW_NODE_LABELS"),
-    (GunicornSettings, {"LLMGW_GATEWAY_THREADS": "0"}, "LLMGW_GATEWAY_THREADS"),
     (GunicornSettings, {"LLMGW_GATEWAY_WORKERS": "two"}, "LLMGW_GATEWAY_WORKERS"),
 ])
 def test_bad_values_name_their_variable(cls, env, var):

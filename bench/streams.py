@@ -1,0 +1,350 @@
+"""How many concurrent streams the gateway holds: closed loop at 64, 256, 1,024 and 4,096 concurrent
+streams, side by side with the engines called directly and with nginx `least_conn` in front of them.
+
+    python bench/streams.py [--levels 64,256,1024,4096] [--seconds 8] [--quick] [--targets direct,nginx,llmgw]
+
+Two fake engines (tests/support/fake_upstream.py) with a slot for every stream answer each request
+with 8 SSE events over ~1.6 s (64 tokens, one event per 8 tokens). Each level runs every target in
+turn; the load generator is an asyncio client on raw keep-alive sockets in its own process, each
+simulated user sending its next request as soon as the last one ended. Printed per level and target:
+requests/s, time to first token and latency (p50/p99), errors, and for the proxies their CPU time
+per request (user + system of all their processes, from /proc/<pid>/stat) and their RSS (the most
+seen while the level ran). The `direct` column shows what the client and the engines manage on
+their own on this machine: a proxy cannot beat it. Starts everything itself and stops it all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
+
+ANSWER_S = 1.6  # seconds per answer: 64 tokens at 40 tokens/s
+EVENTS = 8  # one SSE event per 8 tokens
+BODY = json.dumps({"model": "m", "stream": True, "max_tokens": 64,
+                   "messages": [{"role": "user", "content": "tell me something"}]}).encode()
+
+
+# --- the load generator (its own process: `python bench/streams.py --client '<json>'`) --------------
+def pct(xs: list[float], p: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(p * len(xs)))] if xs else float("nan")
+
+
+class Stream(asyncio.Protocol):
+    """One keep-alive connection sending a streamed request and reading the chunked answer; the end
+    of an answer is the terminating zero-length chunk."""
+
+    def __init__(self, loop):
+        self.loop = loop
+        self.transport = None
+        self.done: asyncio.Future | None = None
+        self.buf = b""
+        self.t0 = self.first = 0.0
+        self.status = 0
+        self.connected = loop.create_future()
+
+    def connection_made(self, transport):
+        self.transport = transport
+        self.connected.set_result(True)
+
+    def send(self, request: bytes) -> asyncio.Future:
+        self.done = self.loop.create_future()
+        self.buf, self.first, self.status = b"", 0.0, 0
+        self.t0 = time.perf_counter()
+        self.transport.write(request)
+        return self.done
+
+    def data_received(self, data: bytes):
+        if self.status == 0:
+            self.buf += data
+            head_end = self.buf.find(b"\r\n\r\n")
+            if head_end < 0:
+                return
+            self.status = int(self.buf[9:12])
+            data = self.buf[head_end + 4:]
+            self.buf = b""
+        if not self.first and data:
+            self.first = time.perf_counter()
+        self.buf = (self.buf + data)[-16:]
+        if self.buf.endswith(b"0\r\n\r\n") and self.done is not None and not self.done.done():
+            self.done.set_result(True)
+
+    def connection_lost(self, exc):
+        if self.done is not None and not self.done.done():
+            self.done.set_exception(ConnectionError(f"connection lost: {exc!r}"))
+
+
+async def user(i: int, urls: list[str], start_at: float, stop_at: float, measure_from: float, out: dict) -> None:
+    loop = asyncio.get_running_loop()
+    host, port = urls[i % len(urls)].split("//")[1].split(":")
+    request = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+               b"Content-Length: %d\r\n\r\n%s" % (host.encode(), len(BODY), BODY))
+    await asyncio.sleep(max(0.0, start_at - time.perf_counter()))
+    proto = None
+    while time.perf_counter() < stop_at:
+        try:
+            if proto is None or proto.transport.is_closing():
+                _, proto = await loop.create_connection(lambda: Stream(loop), host, int(port))
+            await asyncio.wait_for(proto.send(request), 120)
+            ok = proto.status == 200
+        except (OSError, asyncio.TimeoutError, ConnectionError) as e:
+            ok = False
+            out["last_error"] = repr(e)
+            if proto is not None and proto.transport is not None:
+                proto.transport.close()
+            proto = None
+            await asyncio.sleep(0.05)
+        end = time.perf_counter()
+        if measure_from <= end <= stop_at:  # every answer that ended within the measured window
+            if ok:
+                out["ttft"].append(proto.first - proto.t0)
+                out["lat"].append(end - proto.t0)
+            else:
+                out["errors"] += 1
+                status = proto.status if proto is not None else 0
+                out["statuses"][status] = out["statuses"].get(status, 0) + 1
+    if proto is not None:
+        proto.transport.close()
+
+
+async def client_main(a: dict) -> dict:
+    n, urls, seconds = a["concurrency"], a["urls"], a["seconds"]
+    now = time.perf_counter()
+    # Users start spread evenly over one answer time: connections do not all open at once, and the
+    # answers end at evenly spread times (clustered ends would bias the count in a short window).
+    ramp = a["answer"]
+    measure_from = now + ramp + a["answer"]  # every user is in its steady loop
+    stop_at = measure_from + seconds
+    out = {"ttft": [], "lat": [], "errors": 0, "statuses": {}, "last_error": ""}
+    rng = random.Random(1)
+    print(json.dumps({"measure_from_in": measure_from - now, "seconds": seconds}), flush=True)
+    await asyncio.gather(*(user(i, urls, now + ramp * (i + rng.random()) / n, stop_at, measure_from, out)
+                           for i in range(n)))
+    lat, ttft = out["lat"], out["ttft"]
+    return {"rps": len(lat) / seconds, "requests": len(lat), "errors": out["errors"], "statuses": out["statuses"],
+            "last_error": out["last_error"], "ttft50": pct(ttft, .5), "ttft99": pct(ttft, .99),
+            "lat50": pct(lat, .5), "lat99": pct(lat, .99)}
+
+
+def client(arg: str) -> None:
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    print(json.dumps(asyncio.run(client_main(json.loads(arg)))), flush=True)
+
+
+# --- process accounting ------------------------------------------------------------------------------
+def tree(pid: int) -> list[int]:
+    """`pid` and its descendants (gunicorn's workers, nginx's)."""
+    kids: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                ppid = int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            kids.setdefault(ppid, []).append(int(d))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(kids.get(p, []))
+    return out
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for p in pids:
+        try:
+            f = open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()
+            total += int(f[11]) + int(f[12])  # utime, stime
+        except (OSError, IndexError, ValueError):
+            pass
+    return total / tick
+
+
+def rss_bytes(pids: list[int]) -> int:
+    page = os.sysconf("SC_PAGE_SIZE")
+    total = 0
+    for p in pids:
+        try:
+            total += int(open(f"/proc/{p}/statm").read().split()[1]) * page
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
+
+
+# --- nginx ----------------------------------------------------------------------------------------------
+NGINX_CONF = """
+worker_processes {workers};
+worker_rlimit_nofile 40000;
+daemon off;
+master_process on;
+user root root;
+pid {dir}/nginx.pid;
+error_log {dir}/error.log warn;
+events {{ worker_connections 20000; }}
+http {{
+    access_log off;
+    client_body_temp_path {dir}/body; proxy_temp_path {dir}/proxy; fastcgi_temp_path {dir}/fcgi;
+    uwsgi_temp_path {dir}/uwsgi; scgi_temp_path {dir}/scgi;
+    upstream engines {{
+        least_conn;
+        {servers}
+        keepalive 1024;
+    }}
+    server {{
+        listen 127.0.0.1:{port} backlog=4096;
+        keepalive_requests 1000000;
+        location / {{
+            proxy_pass http://engines;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+            proxy_read_timeout 300s;
+        }}
+    }}
+}}
+"""
+
+
+def start_nginx(procs, workdir: Path, engines: list[str], port: int):
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    if not os.path.exists(nginx):
+        return None
+    d = workdir / "nginx"
+    d.mkdir(parents=True, exist_ok=True)
+    servers = " ".join(f"server {u.split('//')[1]};" for u in engines)
+    (d / "nginx.conf").write_text(NGINX_CONF.format(workers=os.cpu_count() or 1, dir=d, servers=servers, port=port))
+    return procs.start("nginx", [nginx, "-c", str(d / "nginx.conf"), "-p", str(d)])
+
+
+# --- the run -----------------------------------------------------------------------------------------------
+def run_level(urls: list[str], n: int, seconds: float, answer: float, pids_of) -> dict:
+    """One closed-loop run; samples the proxy's CPU time over the measured window and its RSS."""
+    proc = subprocess.Popen([sys.executable, __file__, "--client", json.dumps(
+        {"concurrency": n, "urls": urls, "seconds": seconds, "answer": answer})], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    head = json.loads(proc.stdout.readline())
+    pids = pids_of() if pids_of else []
+    rss = [0]
+    stop = threading.Event()
+
+    def sample():
+        while not stop.wait(0.25):
+            rss[0] = max(rss[0], rss_bytes(pids))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    time.sleep(head["measure_from_in"])
+    cpu0 = cpu_seconds(pids)
+    time.sleep(seconds)
+    cpu1 = cpu_seconds(pids)
+    res = json.loads(proc.stdout.readline())
+    proc.wait()
+    stop.set()
+    sampler.join()
+    res["cpu_ms"] = (cpu1 - cpu0) * 1000 / res["requests"] if pids and res["requests"] else None
+    res["rss_mb"] = rss[0] / 2**20 if pids else None
+    return res
+
+
+def fmt(r: dict) -> str:
+    cpu = f"{r['cpu_ms']:.2f}" if r["cpu_ms"] is not None else "-"
+    rss = f"{r['rss_mb']:.0f}" if r["rss_mb"] is not None else "-"
+    return (f"{r['rps']:>7.1f} {r['ttft50'] * 1000:>7.0f} {r['ttft99'] * 1000:>7.0f} {r['lat50'] * 1000:>7.0f} "
+            f"{r['lat99'] * 1000:>7.0f} {r['errors']:>6} {cpu:>7} {rss:>7}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--levels", default="64,256,1024,4096", help="concurrent streams, comma-separated")
+    ap.add_argument("--seconds", type=float, default=8.0, help="measured seconds per level and target")
+    ap.add_argument("--targets", default="direct,nginx,llmgw")
+    ap.add_argument("--workers", type=int, default=0, help="gateway workers (default: the conf's, one per core)")
+    ap.add_argument("--answer", type=float, default=ANSWER_S, help="seconds per answer")
+    ap.add_argument("--quick", action="store_true", help="64 and 256 streams, 4 s each")
+    ap.add_argument("--client", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.client:
+        return client(a.client)
+    if a.quick:
+        a.levels, a.seconds = "64,256", 4.0
+    levels = [int(x) for x in a.levels.split(",")]
+    targets = a.targets.split(",")
+
+    from llmgw.state.records import EndpointInfo
+    from tests.support.cluster import Cluster
+    from tests.support.fake_upstream import start_process
+    from tests.support.procs import free_port, wait_until
+
+    workdir = Path(tempfile.mkdtemp(prefix="llmgw-bench-streams-"))
+    cluster = Cluster(workdir)
+    try:
+        cluster.start_redis()
+        room = max(levels)  # every stream gets a slot: the engines never queue
+        engines = [start_process(cluster.procs, f"engine-{i}", base=a.answer, tokens=EVENTS, max_seqs=room)
+                   for i in range(2)]
+        cluster.store().write_endpoints(
+            [EndpointInfo(id=f"e{i}", url=u, models=("m",), engine="sim", model="m", served_name="m")
+             for i, u in enumerate(engines)], "bench", time.time())
+        urls = {"direct": (engines, None)}
+        if "nginx" in targets:
+            port = free_port()
+            ng = start_nginx(cluster.procs, workdir, engines, port)
+            if ng is None:
+                print("nginx is not installed: its column is skipped")
+                targets.remove("nginx")
+            else:
+                import requests
+
+                url = f"http://127.0.0.1:{port}"
+                wait_until(lambda: requests.get(url + "/health", timeout=1).ok, 10, what="nginx")
+                urls["nginx"] = ([url], lambda: tree(ng.pid))
+        if "llmgw" in targets:
+            env = {"LLMGW_GATEWAY_WORKERS": str(a.workers)} if a.workers else {}
+            gw = cluster.start_gateway(**{"LLMGW_GATEWAY_WORKERS": str(a.workers or os.cpu_count() or 1), **env})
+            wait_until(lambda: __import__("requests").get(gw + "/readyz", timeout=1).ok, 20, what="gateway ready")
+            gproc = cluster.procs.get("gateway")
+            urls["llmgw"] = ([gw], lambda: tree(gproc.pid))
+        print(f"streams: {os.cpu_count()} cores ({_cpu_model()}) shared by client, proxies and 2 fake engines; "
+              f"{EVENTS} SSE events over {a.answer}s per answer; closed loop, {a.seconds:.0f}s measured per cell")
+        print(f"{'streams':>7} {'target':8} {'req/s':>7} {'ttft50':>7} {'ttft99':>7} {'lat50':>7} {'lat99':>7} "
+              f"{'errors':>6} {'cpu ms':>7} {'rss MB':>7}")
+        for n in levels:
+            for t in targets:
+                target_urls, pids_of = urls[t]
+                r = run_level(target_urls, n, a.seconds, a.answer, pids_of)
+                print(f"{n:>7} {t:8} {fmt(r)}" + (f"  ({r['statuses']} {r['last_error']})" if r["errors"] else ""),
+                      flush=True)
+    finally:
+        cluster.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _cpu_model() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
+if __name__ == "__main__":
+    main()

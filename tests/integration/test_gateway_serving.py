@@ -1,0 +1,112 @@
+"""The gateway as users run it (gunicorn -c python:gateway.gunicorn_conf, the gevent worker) on a
+real redis-server: ready before the first request, the report acknowledging a new endpoint list,
+many open streams in one process, and a graceful stop that lets open streams finish."""
+
+from __future__ import annotations
+
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import requests
+
+from llmgw.state.records import EndpointInfo
+from tests.support.fake_upstream import start_process
+from tests.support.procs import wait_until
+
+CHAT = "/v1/chat/completions"
+
+
+def publish(cluster, urls: dict[str, str], capacity: int = 1000) -> int:
+    eps = [EndpointInfo(id=i, url=u, models=("m",), engine="sim", model="m", served_name="m", capacity=capacity)
+           for i, u in urls.items()]
+    return cluster.store().write_endpoints(eps, "fp-" + "-".join(sorted(urls)), time.time())
+
+
+def test_every_worker_is_ready_before_its_first_request_and_reports_new_lists(cluster):
+    cluster.start_redis()
+    engine = start_process(cluster.procs, "engine", base=0.01, max_seqs=64)
+    publish(cluster, {"e1": engine})
+    gw = cluster.start_gateway(LLMGW_GATEWAY_WORKERS="2")
+    # Fresh connections land on either worker: none may answer "not loaded yet".
+    statuses = [requests.post(gw + CHAT, json={"model": "m"}, headers={"Connection": "close"}, timeout=10)
+                .status_code for _ in range(20)]
+    assert statuses == [200] * 20
+    health = requests.get(gw + "/healthz", timeout=5).json()
+    assert health["gevent"] is True and health["ready"] is True
+    assert requests.get(gw + "/readyz", timeout=5).json()["ready"] is True
+
+    store = cluster.store()
+    wait_until(lambda: len(store.gateway_reports()) == 2, 5, what="a report from each worker")
+    version = publish(cluster, {"e1": engine, "e2": engine})
+    # The pub/sub hint makes each worker load the list, and a report follows at once: the
+    # acknowledgement the control plane waits for before it stops a replica, within a second.
+    wait_until(lambda: all(r.version == version for r in store.gateway_reports()), 1.0,
+               interval=0.02, what="both workers to report the new version within a second")
+    reports = store.gateway_reports()
+    assert {r.pid for r in reports} == {int(i.split(":")[1]) for i in (r.id for r in reports)}
+    assert all(r.endpoints["e1"].ok_at for r in reports if "e1" in r.endpoints)
+    assert sum(r.models["m"].last_request_at is not None for r in reports if "m" in r.models) >= 1
+
+
+def test_readyz_says_why_until_redis_answers(cluster):
+    cluster.start_redis()
+    cluster.stop_redis()
+    gw = cluster.start_gateway(LLMGW_GATEWAY_START_WAIT="0.2")
+    r = requests.get(gw + "/readyz", timeout=5)
+    assert r.status_code == 503 and "Redis unavailable" in r.json()["reason"]
+    r = requests.post(gw + CHAT, json={"model": "m"}, timeout=5)
+    assert r.status_code == 503 and r.json()["error"]["code"] == "auth_unavailable"
+    cluster.restart_redis()
+    publish(cluster, {"e1": start_process(cluster.procs, "engine", base=0.01)})
+    wait_until(lambda: requests.get(gw + "/readyz", timeout=5).status_code == 200, 15, what="ready")
+    wait_until(lambda: requests.get(gw + "/healthz", timeout=5).json()["endpoints"] == 1, 10, what="the list")
+    assert requests.post(gw + CHAT, json={"model": "m"}, timeout=5).status_code == 200
+
+
+def test_one_process_holds_many_open_streams(cluster):
+    """More streams than the old thread-per-stream worker had threads (128), in one process, all at
+    once: the gateway, not gunicorn's accept queue, holds them."""
+    cluster.start_redis()
+    engine = start_process(cluster.procs, "engine", base=3.0, tokens=3, max_seqs=400, gate=True)
+    publish(cluster, {"e1": engine})
+    gw = cluster.start_gateway()
+    n = 300
+    pool = ThreadPoolExecutor(n)
+    try:
+        futs = [pool.submit(requests.post, gw + CHAT, json={"model": "m", "stream": True}, timeout=120)
+                for _ in range(n)]
+        wait_until(lambda: requests.get(engine + "/stats", timeout=5).json()["active"] == n, 60,
+                   what=f"{n} streams open at the engine")
+        assert requests.get(gw + "/healthz", timeout=5).json()["open_requests"] == n
+        requests.post(engine + "/gate", timeout=5)
+        assert all(f.result().status_code == 200 and f.result().text.endswith("data: [DONE]\n\n") for f in futs)
+    finally:
+        cluster.procs.get("engine").stop()
+        pool.shutdown(wait=True)
+
+
+def test_sigterm_lets_open_streams_finish_and_refuses_new_ones(cluster):
+    cluster.start_redis()
+    engine = start_process(cluster.procs, "engine", base=2.0, tokens=10)
+    publish(cluster, {"e1": engine})
+    gw = cluster.start_gateway()
+    with requests.post(gw + CHAT, json={"model": "m", "stream": True}, stream=True, timeout=30) as r:
+        lines = r.iter_lines()
+        assert next(line for line in lines if line).startswith(b"data:")
+        proc = cluster.procs.get("gateway")
+        proc.popen.send_signal(signal.SIGTERM)
+        # stop accepting: new connections are refused (once the worker closed its listener)
+        wait_until(lambda: _refused(gw), 10, what="new connections refused")
+        rest = [line for line in lines if line]
+    assert rest[-1] == b"data: [DONE]" and len(rest) == 10  # the open stream ran to its end
+    proc.popen.wait(15)
+    assert requests.get(engine + "/stats", timeout=5).json()["cancelled"] == 0
+
+
+def _refused(gw: str) -> bool:
+    try:
+        requests.get(gw + "/healthz", timeout=2, headers={"Connection": "close"})
+        return False
+    except requests.ConnectionError:
+        return True
