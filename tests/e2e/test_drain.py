@@ -149,4 +149,5 @@ def test_removing_a_model_lets_in_flight_requests_finish(fleet):
         t.join(60)
     assert results == [None] * 6, results
     wait_until(lambda: not any(engine_alive(p) for p in engines), 90, what="the removed model's engines to exit")
-    assert not [r for r in cluster.store().all_replicas() if r.model == "chat"]
+    wait_until(lambda: not [r for r in cluster.store().all_replicas() if r.model == "chat"], 30,
+               what="the removed model's records to be deleted")
