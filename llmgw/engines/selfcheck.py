@@ -47,7 +47,7 @@ _GENERIC_ADVICE = f"Read the engine's output below; if the binary itself is brok
 class Failure:
     """What went wrong: the stage that failed, the engine's exit (if it ended) and its last output."""
 
-    stage: str  # e.g. "starting", "waiting for /health", "one-token completion"
+    stage: str  # "starting", "waiting for /health" or "answering a one-token completion"
     detail: str = ""
     exit_code: int | None = None
     exit_signal: int | None = None
@@ -98,18 +98,20 @@ class Engine:
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          start_new_session=True)
 
-    def exited(self) -> Failure | None:
+    def exit_status(self) -> tuple[int | None, int | None] | None:
+        """(exit_code, exit_signal) once the engine has ended, else None."""
         rc = self.proc.poll()
-        return None if rc is None else Failure("", exit_code=rc if rc >= 0 else None,
-                                               exit_signal=-rc if rc < 0 else None)
+        if rc is None:
+            return None
+        return (rc, None) if rc >= 0 else (None, -rc)
 
     def wait_healthy(self, timeout: float) -> Failure | None:
         """None once /health answers 200; else why not (the engine ended, or the time ran out)."""
         deadline = time.monotonic() + timeout
         while True:
-            ended = self.exited()
+            ended = self.exit_status()
             if ended:
-                return Failure("waiting for /health", exit_code=ended.exit_code, exit_signal=ended.exit_signal,
+                return Failure("waiting for /health", exit_code=ended[0], exit_signal=ended[1],
                                output_tail=tail(self.log))
             try:
                 if requests.get(self.url + self.spec.health_path, timeout=2).status_code == 200:
@@ -150,10 +152,10 @@ def one_token(engine: Engine) -> Failure | None:
         engine.proc.wait(2)  # a request that killed the engine: let its exit status arrive
     except subprocess.TimeoutExpired:
         pass
-    ended = engine.exited()
-    return Failure("answering a one-token completion", "" if ended else problem,
-                   exit_code=ended.exit_code if ended else None, exit_signal=ended.exit_signal if ended else None,
-                   output_tail=tail(engine.log))
+    code, sig = engine.exit_status() or (None, None)
+    ended = code is not None or sig is not None
+    return Failure("answering a one-token completion", "" if ended else problem, exit_code=code,
+                   exit_signal=sig, output_tail=tail(engine.log))
 
 
 def check(spec: LaunchSpec, timeout: float, workdir: Path) -> Failure | None:

@@ -53,6 +53,30 @@ def test_an_engine_that_never_gets_healthy_is_stopped_and_reported(standin):
     # The sleeping stand-in was stopped (the leak detector fails the test otherwise).
 
 
+STANDIN_SERVER = """
+import http.server, os, signal, sys
+port = int(sys.argv[sys.argv.index("--port") + 1])
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
+    def do_POST(self):
+        print("computing the first token", flush=True)
+        os.kill(os.getpid(), signal.SIGSEGV)
+http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+"""
+
+
+def test_an_engine_that_dies_answering_the_completion_is_reported(standin, tmp_path):
+    """Healthy first, then killed by SIGSEGV at the first request (a kernel that faults when used)."""
+    server = tmp_path / "server.py"
+    server.write_text(STANDIN_SERVER)
+    binary, model = standin(f'exec "{sys.executable}" "{server}" "$@"\n')
+    r = selfcheck("--binary", binary, "--model", model)
+    assert r.returncode == 1
+    assert "while answering a one-token completion: killed by SIGSEGV (segmentation fault" in r.stderr
+    assert "computing the first token" in r.stderr
+
+
 def test_a_missing_binary_is_a_clear_error(tmp_path):
     r = selfcheck("--binary", str(tmp_path / "nope"))
     assert r.returncode == 1
