@@ -344,7 +344,9 @@ class Gateway:
                     out = json.dumps({**body, "model": served}).encode()
                 t_send = mono()
                 try:
-                    resp = self.upstream.send(ep.url, path, out, headers)
+                    # The engine's credential, never the client's key (FORWARD_REQUEST_HEADERS drops it).
+                    sent = {**headers, "authorization": "Bearer " + ep.engine_secret} if ep.engine_secret else headers
+                    resp = self.upstream.send(ep.url, path, out, sent)
                     self.state.answered(ep.id)
                     outcome = Outcome("answer", resp.status)
                 except UpstreamConnectError as e:
