@@ -4,6 +4,8 @@
 from datetime import datetime, timezone
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gateway.policy import ALLOW, Deny, ModelRef, decide
 from llmgw.state.apikeys import ApiKeyInvalid, ApiKeyRecord, parse_expires, parse_models, parse_tokens
@@ -132,3 +134,13 @@ def test_policy_round_trips_through_the_stored_json():
         ApiKeyRecord.from_json("k-3", '{"hash": "h", "budget": 5, "budget_period": "week"}')
     with pytest.raises(ValueError, match="models"):
         ApiKeyRecord.from_json("k-4", '{"hash": "h", "models": "m"}')
+
+
+@given(st.floats(min_value=0, max_value=4_102_444_800, allow_nan=False))  # 1970 .. 2100
+def test_periods_agree_with_the_calendar(now):
+    t = datetime.fromtimestamp(now, timezone.utc)
+    day, month = period_of("day", now), period_of("month", now)
+    assert day.id == t.strftime("%Y-%m-%d") and day.start <= now < day.end
+    assert month.id == t.strftime("%Y-%m") and month.start <= now < month.end
+    assert datetime.fromtimestamp(month.start, timezone.utc).day == 1 == datetime.fromtimestamp(month.end, timezone.utc).day
+    assert period_of("day", day.end).start == day.end and period_of("month", month.end).start == month.end
