@@ -32,6 +32,7 @@ from gateway.auth import ApiKey, KeyTable, RateLimiter, UsageRecorder
 from gateway.config import DEFAULT_MAX_CONNECTIONS, GatewaySettings
 from gateway.errors import ApiError, error_response
 from gateway.metrics import Metrics
+from gateway.policy import Deny, ModelRef, allows, decide
 from gateway.proxy import (
     FORWARD_REQUEST_HEADERS,
     STREAM_REPLACED,
@@ -46,13 +47,15 @@ from gateway.report import Identity, report_ttl
 from gateway.retry import Deliver, GiveUp, Outcome, next_attempt
 from gateway.routing import Choice, Rejection, RouteRequest
 from gateway.state import REDIS_ERRORS, GatewayState
-from llmgw.state.apikeys import ANONYMOUS, PRIORITIES, cap_priority
+from llmgw.state.apikeys import ANONYMOUS, PRIORITIES, budget_status, cap_priority, usage_by_model
+from llmgw.state.budget import iso
 from llmgw.state.clock import Clock
 from llmgw.state.store import Store, connect
 
 log = logging.getLogger("llmgw.gateway")
 
 PROXIED = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+USAGE_PATH = "/v1/llmgw/usage"  # a key's own usage and budget (JSON)
 SSE_HEADERS = [("Cache-Control", "no-cache"), ("X-Accel-Buffering", "no")]
 HTTP_KIND = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "too_large"}
 
@@ -184,7 +187,7 @@ class Gateway:
                 if self.clock.monotonic() - last_keys >= self.cfg.keys_interval or not self.keys.loaded:
                     last_keys = self.clock.monotonic()
                     self.keys.refresh()
-                self.usage.flush()
+                self.usage.flush(self.keys.budget_periods(self.clock.time()))
             except Exception:  # noqa: BLE001 - the loop never dies
                 log.exception("key/usage refresh failed")
             self.stopping.wait(self.cfg.usage_flush)
@@ -231,6 +234,9 @@ class Gateway:
             raise ApiError("auth_unavailable", self.not_ready() or "the gateway has not loaded its API keys yet", 1)
         if not keys_.required:
             return None
+        return self._presented_key(environ)
+
+    def _presented_key(self, environ: dict) -> ApiKey:
         auth = environ.get("HTTP_AUTHORIZATION", "")
         presented = auth[7:].strip() if auth[:7].lower() == "bearer " else environ.get("HTTP_API_KEY")
         if not presented:
@@ -239,6 +245,34 @@ class Gateway:
         if key is None:
             raise ApiError("unauthorized", "invalid API key")
         return key
+
+    def identify(self, environ: dict) -> ApiKey:
+        """The caller's key, whatever LLMGW_GATEWAY_AUTH says (a request about a key needs one): 401
+        without a valid, unexpired key."""
+        if not self.keys.loaded:
+            raise ApiError("auth_unavailable", self.not_ready() or "the gateway has not loaded its API keys yet", 1)
+        key = self._presented_key(environ)
+        self.enforce(key, None)
+        return key
+
+    def require_admin(self, environ: dict) -> ApiKey:
+        """For the admin APIs (the console): the caller's key if it is an admin key (`llmgw keys
+        create|update --admin`); 401 without a valid key, 403 with an ordinary one. In every auth
+        mode: `LLMGW_GATEWAY_AUTH=off` opens the OpenAI API, never the admin APIs."""
+        key = self.identify(environ)
+        if not key.admin:
+            raise ApiError("forbidden", f"API key {key.name} is not an admin key")
+        return key
+
+    def enforce(self, key: ApiKey, model: str | None) -> None:
+        """The key's policy (gateway.policy.decide) over the in-memory tables; raises the denial."""
+        now = self.clock.time()
+        period = key.period(now)
+        used = self.usage.spent(key.id, period.id) if period is not None else 0
+        d = decide(key, ModelRef(model, self.state.names_of(model)) if model is not None else None, used, now)
+        if isinstance(d, Deny):
+            self.metrics.child(self.metrics.denied, d.kind).inc()
+            raise ApiError(d.kind, d.message, d.retry_after)
 
     def read_body(self, environ: dict) -> bytes:
         limit = self.cfg.max_body_bytes
@@ -273,6 +307,10 @@ class Gateway:
         prio = self.priority(environ.get("HTTP_X_LLMGW_PRIORITY") or None, key)
         if not self.state.loaded_once:
             raise ApiError("no_replica", self.not_ready() or "the gateway has not loaded the endpoint list yet", 1)
+        if key is not None:
+            self.enforce(key, model)  # expiry, the key's models, its budget: 401 / 404 / 429
+            if key.budget and body.get("stream") is True:
+                body, data = with_stream_usage(body, data)
         if model not in self.state.known_models:
             # Unknown names get no per-name state and no metric label of their own (cardinality).
             self.metrics.rejected_unknown.inc()
@@ -306,7 +344,9 @@ class Gateway:
                     out = json.dumps({**body, "model": served}).encode()
                 t_send = mono()
                 try:
-                    resp = self.upstream.send(ep.url, path, out, headers)
+                    # The engine's credential, never the client's key (FORWARD_REQUEST_HEADERS drops it).
+                    sent = {**headers, "authorization": "Bearer " + ep.engine_secret} if ep.engine_secret else headers
+                    resp = self.upstream.send(ep.url, path, out, sent)
                     self.state.answered(ep.id)
                     outcome = Outcome("answer", resp.status)
                 except UpstreamConnectError as e:
@@ -399,6 +439,7 @@ class Gateway:
         status = resp.status
         key_id = key.id if key else ANONYMOUS
         limited = bool(key and key.tpm)
+        budgeted = key if key is not None and key.budget else None
         metrics = self.metrics
 
         def finish(completed: bool, usage) -> None:
@@ -412,7 +453,8 @@ class Gateway:
                 child(metrics.tokens, model, "prompt").inc(usage[0])
                 child(metrics.tokens, model, "completion").inc(usage[1])
             if status < 400:
-                self.usage.record(key_id, ep.model or model, *(usage or (0, 0)), limited=limited)
+                self.usage.record(key_id, ep.model or model, *(usage or (0, 0)), limited=limited,
+                                  budget=budgeted.period(self.clock.time()) if budgeted else None)
 
         if streamed:
             deadline = t0 + self.cfg.total_timeout
@@ -441,10 +483,40 @@ class Gateway:
 
     # --- other views -----------------------------------------------------------------------------
     def list_models(self) -> dict:
-        self.authenticate(request.environ)
-        data = [{"id": m, "object": "model", "created": 0, "owned_by": "llmgw"}
-                for m in sorted(self.state.models())]
+        """The published models; for a key with `--models`, only those it may call."""
+        key = self.authenticate(request.environ)
+        names = sorted(self.state.models())
+        if key is not None:
+            self.enforce(key, None)
+            names = [m for m in names if allows(key, self.state.names_of(m))]
+        data = [{"id": m, "object": "model", "created": 0, "owned_by": "llmgw"} for m in names]
         return {"object": "list", "data": data}
+
+    def key_usage(self) -> dict:
+        """`GET /v1/llmgw/usage`: the caller's key, its policy, budget and usage per model. An admin key
+        may ask about another with `?key=NAME`."""
+        key = self.identify(request.environ)
+        which = request.args.get("key")
+        if which and which not in (key.id, key.name):
+            self.require_admin(request.environ)
+            found = self.keys.find(which)
+            if found is None:
+                raise ApiError("not_found", f"no API key named {which!r}")
+            key = found
+        now = self.clock.time()
+        period = key.period(now)
+        used = self.usage.spent(key.id, period.id) if period is not None else 0
+        try:
+            per_model = usage_by_model(self.store.key_usage(key.id))
+        except REDIS_ERRORS as e:
+            self.state.health.failed(e)
+            per_model = None  # the budget above is this gateway's own count, still known
+        return {
+            "key": key.name, "id": key.id, "models": list(key.models) or None,
+            "expires_at": iso(key.expires_at) if key.expires_at is not None else None, "admin": key.admin,
+            "rpm": key.rpm, "tpm": key.tpm, "budget": budget_status(key, used, now),
+            "usage": None if per_model is None else [{"model": m, **row} for m, row in sorted(per_model.items())],
+        }
 
     def readiness(self) -> tuple[dict, int]:
         """/readyz: 200 once this process has loaded the endpoint list (and the key table, unless
@@ -477,6 +549,16 @@ class Gateway:
         }
 
 
+def with_stream_usage(body: dict, data: bytes) -> tuple[dict, bytes]:
+    """A streamed request of a key with a budget asks the engine for the usage chunk at its end
+    (`stream_options.include_usage`), so its tokens are counted; the client then receives that chunk."""
+    opts = body.get("stream_options")
+    if isinstance(opts, dict) and opts.get("include_usage") is True:
+        return body, data
+    body = {**body, "stream_options": {**(opts if isinstance(opts, dict) else {}), "include_usage": True}}
+    return body, json.dumps(body).encode()
+
+
 def create_app(config: GatewaySettings | None = None, *, store: Store | None = None, clock: Clock | None = None) -> Flask:
     """Build the app. With no arguments (gunicorn) the config comes from the environment; tests pass a
     Store on fakeredis. Nothing runs in the background until `Gateway.serve` (gunicorn's
@@ -499,6 +581,10 @@ def create_app(config: GatewaySettings | None = None, *, store: Store | None = N
     @app.get("/v1/models")
     def models():
         return gw.list_models()
+
+    @app.get(USAGE_PATH)
+    def key_usage():
+        return gw.key_usage()
 
     @app.get("/healthz")
     def healthz():

@@ -10,6 +10,10 @@
 - Usage (prompt/completion tokens and requests per key and model) is summed in memory and flushed to
   Redis in one pipeline every ~0.5 s, off the request path; it is kept across an outage and flushed
   when Redis returns.
+- Budgets: the same flush adds each key's tokens to its period's counter and, in the same round
+  trip, reads back the counters of every key with a budget (what all gateways flushed). What a key
+  has spent, as this gateway knows it, is that total plus what it counted since: its own answers at
+  once, other gateways' within their flush and the next one here (`UsageRecorder.spent`).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from collections import defaultdict
 from gateway.config import AUTH_MODES
 from gateway.state import REDIS_ERRORS, RedisHealth
 from llmgw.state.apikeys import ApiKeyRecord, hash_key, parse_table
+from llmgw.state.budget import Period
 from llmgw.state.clock import Clock
 from llmgw.state.store import Store
 
@@ -78,6 +83,13 @@ class KeyTable:
             return None
         return self.by_hash.get(hash_key(presented))
 
+    def find(self, name_or_id: str) -> ApiKey | None:
+        return next((k for k in self.by_hash.values() if name_or_id in (k.id, k.name)), None)
+
+    def budget_periods(self, now: float) -> list[tuple[str, str]]:
+        """(key id, period id) of every key with a budget: the counters each usage flush reads."""
+        return [(k.id, k.period(now).id) for k in list(self.by_hash.values()) if k.budget]  # type: ignore[union-attr]
+
 
 class RateLimiter:
     """Fixed per-minute windows in Redis. `check` returns seconds to wait, or None to go ahead."""
@@ -113,9 +125,24 @@ class UsageRecorder:
         self.lock = threading.Lock()
         self.usage: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0])
         self.tpm: dict[tuple[str, int], int] = defaultdict(int)
+        # Budgets: tokens counted here that the last read of Redis did not hold yet, per (key id,
+        # period id) -> [tokens, counter TTL] ...
+        self.budget_pending: dict[tuple[str, str], list[int]] = {}
+        # ... and per key id the period id and the tokens Redis held at the last flush (every gateway's).
+        self.budget_seen: dict[str, tuple[str, int]] = {}
 
-    def record(self, key_id: str, model: str, prompt: int, completion: int, limited: bool) -> None:
+    def spent(self, key_id: str, period_id: str) -> int:
+        """Tokens the key spent in the period, as this gateway knows now (no Redis)."""
+        seen = self.budget_seen.get(key_id)
+        pending = self.budget_pending.get((key_id, period_id))
+        return (seen[1] if seen is not None and seen[0] == period_id else 0) + (pending[0] if pending else 0)
+
+    def record(self, key_id: str, model: str, prompt: int, completion: int, limited: bool,
+               budget: Period | None = None) -> None:
         with self.lock:
+            if budget is not None and prompt + completion:
+                b = self.budget_pending.setdefault((key_id, budget.id), [0, budget.counter_ttl])
+                b[0] += prompt + completion
             if len(self.usage) > self.MAX_PENDING:
                 return
             u = self.usage[(key_id, model)]
@@ -125,15 +152,28 @@ class UsageRecorder:
             if limited and prompt + completion:
                 self.tpm[(key_id, int(self.clock.time() // 60))] += prompt + completion
 
-    def flush(self) -> None:
+    def flush(self, read: list[tuple[str, str]] | None = None) -> None:
+        """Write what was counted; `read`: the (key id, period id) budget counters to read back."""
+        read = read or []
         with self.lock:
             usage, tpm = self.usage, self.tpm
-            if not usage and not tpm:
+            # Budget tokens stay counted here until the read that includes them is in.
+            batch = {k: (n, ttl) for k, (n, ttl) in self.budget_pending.items()}
+            if not usage and not tpm and not batch and not read:
                 return
             self.usage, self.tpm = defaultdict(lambda: [0, 0, 0]), defaultdict(int)
         try:
-            self.store.add_usage(usage, tpm)
+            totals = self.store.add_usage(usage, tpm, batch, read)
             self.health.succeeded()
+            with self.lock:
+                for k, (n, _ttl) in batch.items():
+                    left = self.budget_pending[k][0] - n
+                    if left > 0:
+                        self.budget_pending[k][0] = left
+                    else:
+                        del self.budget_pending[k]
+                for (kid, period), total in zip(read, totals):
+                    self.budget_seen[kid] = (period, total)
         except REDIS_ERRORS as e:
             self.health.failed(e)
             with self.lock:  # put it back for the next flush

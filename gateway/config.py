@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import os
 import typing
-from typing import ClassVar, Literal
+from pathlib import Path
+from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import AfterValidator, Field, model_validator
 
+from llmgw.errors import ConfigError
 from llmgw.settings import EnvSettings, Seconds, Settings, env
 from llmgw.state.apikeys import Priority
 
@@ -117,6 +119,17 @@ class GatewaySettings(Settings):
 # 20,000 file descriptors and (bench/streams.py) well under 1 GiB.
 DEFAULT_MAX_CONNECTIONS = 10_000
 
+def _readable(path: Path) -> Path:
+    """A TLS file gunicorn will open: checked at start-up, so a typo is one line naming the variable."""
+    path = path.expanduser().absolute()
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as e:
+        raise ValueError(f"cannot read {path}: {e.strerror or e}") from None
+    return path
+
+
 class GunicornSettings(EnvSettings):
     """What gateway/gunicorn_conf.py reads (command-line flags still override it)."""
 
@@ -128,7 +141,24 @@ class GunicornSettings(EnvSettings):
     bind: str | None = env("LLMGW_GATEWAY_BIND", default=None,
                            meaning="listen address; unset: `127.0.0.1:$PORT`; compose sets `0.0.0.0:8080`")
     port: int = env("PORT", default=8080, ge=0, le=65535, meaning="the port of the default listen address")
+    certfile: Annotated[Path, AfterValidator(_readable)] | None = env(
+        "LLMGW_GATEWAY_CERTFILE", default=None,
+        meaning="PEM certificate (chain) file: with the key file, gunicorn serves HTTPS; unset: plain HTTP")
+    keyfile: Annotated[Path, AfterValidator(_readable)] | None = env(
+        "LLMGW_GATEWAY_KEYFILE", default=None, meaning="PEM private key of that certificate")
+
+    @model_validator(mode="after")
+    def _tls_needs_both(self) -> "GunicornSettings":
+        if (self.certfile is None) != (self.keyfile is None):
+            missing = "LLMGW_GATEWAY_KEYFILE" if self.keyfile is None else "LLMGW_GATEWAY_CERTFILE"
+            other = "LLMGW_GATEWAY_CERTFILE" if self.keyfile is None else "LLMGW_GATEWAY_KEYFILE"
+            raise ConfigError(missing, f"HTTPS needs it too ({other} is set)")
+        return self
 
     @property
     def address(self) -> str:
         return self.bind or f"127.0.0.1:{self.port}"
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.certfile else "http"

@@ -14,6 +14,8 @@
 - PROMETHEUS_MULTIPROC_DIR: with more than one worker /metrics needs it; when unset a fresh temporary
   directory is made here (before the workers fork, so they all inherit it). Stale files of a previous
   run are removed at start, and a dead worker's live gauges when it exits.
+- LLMGW_GATEWAY_CERTFILE, LLMGW_GATEWAY_KEYFILE: when set, gunicorn serves HTTPS with them (TLS at the
+  gateway; the usual alternative is a reverse proxy in front, docs/gateway.md).
 - SIGTERM: the workers stop accepting, let open streams finish for up to graceful_timeout, then exit.
 Command-line flags still override every value.
 """
@@ -34,6 +36,8 @@ bind = _settings.address
 timeout = 30
 graceful_timeout = 30
 keepalive = 75
+if _settings.certfile is not None:
+    certfile, keyfile = str(_settings.certfile), str(_settings.keyfile)
 # gunicorn >= 25.1 opens a control socket at one fixed path per user ($HOME/.gunicorn/gunicorn.ctl);
 # a second gateway (or `llmgw up` beside a Procfile run) on the machine would collide with it.
 control_socket_disable = True

@@ -37,6 +37,8 @@ class Metrics:
                            multiprocess_mode="livesum", **kw)
         self.shed = Counter("llmgw_gateway_shed", "Requests rejected by admission or rate limits",
                             ["model", "reason"], **kw)
+        self.denied = Counter("llmgw_gateway_denied", "Requests an API key's policy refused, by reason "
+                              "(key_expired, model_not_found, budget_exceeded)", ["reason"], **kw)
         self.rejected_unknown = Counter("llmgw_gateway_unknown_model", "Requests for a model name nobody knows "
                                         "(one series: unknown names never become labels)", **kw)
         self.over_capacity = Counter("llmgw_gateway_over_capacity", "Requests refused with 503 because the "

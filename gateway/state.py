@@ -29,7 +29,7 @@ import redis
 from gateway.config import GatewaySettings
 from gateway.report import Identity, gateway_report
 from gateway.routing import Choice, EndpointStats, Rejection, RouteRequest, choose
-from llmgw.catalog import catalog_names as read_catalog_names
+from llmgw.catalog import catalog_model_names
 from llmgw.state.clock import Clock
 from llmgw.state.records import EndpointInfo, GatewayReport, LoadRecord
 from llmgw.state.store import Store
@@ -39,6 +39,16 @@ log = logging.getLogger("llmgw.gateway")
 REDIS_ERRORS = (redis.exceptions.RedisError, OSError)
 EWMA_ALPHA = 0.25
 FULL_RELOAD_EVERY = 30.0  # seconds
+
+
+def name_table(catalog: list[tuple[str, ...]], endpoints) -> dict[str, frozenset[str]]:
+    """Name or alias -> all names of its model, from the catalog's models and the endpoints' lists."""
+    groups = [frozenset(names) for names in catalog] + [frozenset(e.models) for e in endpoints]
+    out: dict[str, frozenset[str]] = {}
+    for g in groups:
+        for n in g:
+            out[n] = out.get(n, frozenset()) | g
+    return out
 
 
 class RedisHealth:
@@ -100,6 +110,9 @@ class GatewayState:
         # Names in the applied catalog or the published list: 503 (no Ready replica), not 404. A model
         # removed from the catalog becomes unknown again once its endpoints are unpublished.
         self.known_models: set[str] = set()
+        # Name or alias -> every name of its model (catalog and published list): a key's `--models`
+        # may list any of them (gateway.policy).
+        self.names: dict[str, frozenset[str]] = {}
         self.loaded_once = False
         self.rr_counter = 0
         self.tokens_per_request: float | None = None  # completion tokens per answer, smoothed
@@ -129,7 +142,7 @@ class GatewayState:
                 self.health.succeeded()
                 return False
             v, fp, eps = self.store.read_endpoints()
-            catalog_names = read_catalog_names(self.store)
+            catalog_names = catalog_model_names(self.store)
             self.health.succeeded()
             self._last_full = now
         except REDIS_ERRORS as e:
@@ -143,12 +156,14 @@ class GatewayState:
             return False
         if self.loaded_once and v == self.version and fp == self.fingerprint:
             with self.lock:
-                self.known_models = catalog_names | {n for e in self.endpoints for n in e.models}
+                self.names = name_table(catalog_names, self.endpoints)
+                self.known_models = set(self.names)
             return False
         with self.lock:
             self.version, self.fingerprint, self.endpoints = v, fp, tuple(eps)
             self.by_id = {e.id: e for e in eps}
-            self.known_models = catalog_names | {n for e in eps for n in e.models}
+            self.names = name_table(catalog_names, eps)
+            self.known_models = set(self.names)
             self.loads = {k: v for k, v in self.loads.items() if k in self.by_id}
             self.stats = {k: v for k, v in self.stats.items() if k in self.by_id}
             # An endpoint that left the list stays while requests are in flight on it (the report
@@ -313,6 +328,10 @@ class GatewayState:
         if self.metrics:
             self.metrics.child(self.metrics.inflight, eid).dec()
         self.on_release()
+
+    def names_of(self, model: str) -> frozenset[str]:
+        """Every name of the model called `model` (just that name when it is unknown)."""
+        return self.names.get(model) or frozenset((model,))
 
     def models(self) -> dict[str, list[EndpointInfo]]:
         out: dict[str, list[EndpointInfo]] = {}

@@ -23,7 +23,8 @@ def main(argv: list[str] | None = None) -> int:
         log(f"starting: rank {args.node_rank} of {args.nnodes} (headless), joining "
             f"{args.master_addr}:{args.master_port}")
     else:
-        log(f"starting: models {', '.join(names)} on {args.host}:{args.port}")
+        log(f"starting: models {', '.join(names)} on {args.host}:{args.port}"
+            + (" (API key required on /v1)" if args.api_key else ""))
     if args.fail_start:
         log("failing at start as asked (--fail-start)")
         return 1
@@ -34,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
                        speed=args.speed),
         max_tokens_default=args.max_tokens_default, metrics_style=args.metrics_style, seed=args.seed,
         crash_after=args.crash_after, hang_after=args.hang_after, slow_start=args.slow_start, error_rate=args.error_rate,
-        log_requests=args.log_requests,
+        log_requests=args.log_requests, api_key=args.api_key, log_headers=args.log_headers,
     )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -4,6 +4,7 @@ checks a profile's args against them when the catalog is applied). Only ever add
 from __future__ import annotations
 
 import argparse
+import os
 
 
 def _number(text: str, kind=float):
@@ -63,6 +64,9 @@ def parser(exit_on_error: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--served-model-name", nargs="+", default=["sim"], metavar="NAME",
                    help="the model name, then any aliases (all answer)")
     p.add_argument("--model", default="", help="ignored; accepted so the command looks like a real engine's")
+    p.add_argument("--api-key", default=os.environ.get("SIMENGINE_API_KEY") or None, metavar="KEY",
+                   help="refuse /v1 requests without 'Authorization: Bearer KEY' (401), like vLLM's --api-key; "
+                        "/health and /metrics stay open (default: $SIMENGINE_API_KEY)")
     g = p.add_argument_group("load model")
     g.add_argument("--max-seqs", type=_positive_int, default=16, help="sequences running at once; the rest wait")
     g.add_argument("--kv-tokens", type=_positive_int, default=65536, help="KV budget in tokens")
@@ -89,6 +93,9 @@ def parser(exit_on_error: bool = True) -> argparse.ArgumentParser:
     f.add_argument("--error-rate", type=_fraction, default=0.0,
                    help="this fraction of completion requests answers 500 (seeded)")
     f.add_argument("--log-requests", action="store_true")
+    f.add_argument("--log-headers", action="store_true",
+                   help="log every request's headers (tests: what a proxy forwards); an Authorization value "
+                        "is logged as the SHA-256 of its token, never the token")
     m = p.add_argument_group("multi-node (like vLLM's; see simengine/multinode.py)")
     m.add_argument("--nnodes", type=_positive_int, default=1, help="nodes this replica spans")
     m.add_argument("--node-rank", type=_non_negative_int, default=0, help="0 = the head (serves HTTP)")

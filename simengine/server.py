@@ -8,6 +8,8 @@ sequence and writes tokens as they arrive (SSE chunks are flushed one by one). S
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import math
 import os
@@ -42,10 +44,21 @@ class ServerOptions:
     slow_start: float = 0.0
     error_rate: float = 0.0
     log_requests: bool = False
+    api_key: str | None = field(default=None, repr=False)
+    log_headers: bool = False
 
 
 def log(msg: str) -> None:
     print(f"simengine: {msg}", file=sys.stderr, flush=True)
+
+
+# vLLM's AuthenticationMiddleware guards these path prefixes; /health and /metrics stay open.
+GUARDED_PREFIXES = ("/v1", "/v2", "/inference", "/cohere")
+
+
+def token_digest(token: str) -> str:
+    """How --log-headers shows a bearer token: enough to tell which one it was, useless to replay."""
+    return "sha256:" + hashlib.sha256(token.encode()).hexdigest()[:16]
 
 
 def estimate_tokens(text: str) -> int:
@@ -279,6 +292,26 @@ def make_handler(app: SimApp) -> type[BaseHTTPRequestHandler]:
                 raise BadRequest(400, "the request body must be a JSON object", "BadRequestError")
             return data
 
+        def _authorized(self, path: str) -> bool:
+            """Like vLLM with --api-key: a guarded path needs the bearer token; else 401, answered here."""
+            if app.opts.log_headers:
+                shown = []
+                for name, value in self.headers.items():
+                    if name.lower() == "authorization":
+                        scheme, space, token = value.partition(" ")
+                        value = f"{scheme} {token_digest(token)}" if space else token_digest(value)
+                    shown.append(f"{name}: {value}")
+                log(f"headers of {self.command} {path}: " + " | ".join(shown))
+            key = app.opts.api_key
+            if not key or not path.startswith(GUARDED_PREFIXES):
+                return True
+            scheme, _, token = (self.headers.get("Authorization") or "").partition(" ")
+            if scheme.lower() == "bearer" and hmac.compare_digest(token.encode(), key.encode()):
+                return True
+            self.close_connection = True  # a POST's body was not read
+            self._json(401, {"error": {"message": "Unauthorized", "type": "authentication_error", "code": 401}})
+            return False
+
         def _loading(self) -> bool:
             reason = app.loading_reason()
             if reason is not None:
@@ -289,6 +322,8 @@ def make_handler(app: SimApp) -> type[BaseHTTPRequestHandler]:
         # --- routes -----------------------------------------------------------------------
         def do_GET(self) -> None:  # noqa: N802 - stdlib name
             path = self.path.split("?", 1)[0]
+            if not self._authorized(path):
+                return
             if path == "/health":
                 if not self._loading():
                     self._json(200, {"status": "ok"})
@@ -306,6 +341,8 @@ def make_handler(app: SimApp) -> type[BaseHTTPRequestHandler]:
 
         def do_POST(self) -> None:  # noqa: N802 - stdlib name
             path = self.path.split("?", 1)[0]
+            if not self._authorized(path):
+                return
             if path not in ("/v1/chat/completions", "/v1/completions"):
                 self.close_connection = True  # its body was not read: the connection cannot be reused
                 self._error(404, f"no route {path}", "NotFoundError")

@@ -70,22 +70,28 @@ def applied_version(r: redis.Redis | Store) -> int:
     return int(json.loads(raw)["version"]) if raw else 0
 
 
-def catalog_names(r: redis.Redis | Store) -> set[str]:
-    """Every model name and alias of the applied catalog (empty when none), without validating the
-    spec: cheap enough for the gateway to call on each endpoint-list reload."""
+def catalog_model_names(r: redis.Redis | Store) -> list[tuple[str, ...]]:
+    """Per model of the applied catalog, its name then its aliases (empty when none), without
+    validating the spec: cheap enough for the gateway to call on each endpoint-list reload."""
     raw = client_of(r).get(keys.CATALOG)
-    names: set[str] = set()
+    out: list[tuple[str, ...]] = []
     if not raw:
-        return names
+        return out
     try:
         for m in (json.loads(raw).get("spec") or {}).get("models") or []:
             if isinstance(m, dict):
-                names.add(m.get("name") or "")
-                names.update(a for a in (m.get("aliases") or []) if isinstance(a, str))
+                names = [m.get("name") or ""] + [a for a in (m.get("aliases") or []) if isinstance(a, str)]
+                names = [n for n in names if n and isinstance(n, str)]
+                if names:
+                    out.append(tuple(names))
     except (ValueError, AttributeError, TypeError):
         pass  # a malformed document names nothing; read_applied reports it
-    names.discard("")
-    return names
+    return out
+
+
+def catalog_names(r: redis.Redis | Store) -> set[str]:
+    """Every model name and alias of the applied catalog (empty when none)."""
+    return {n for names in catalog_model_names(r) for n in names}
 
 
 def history(r: redis.Redis | Store, n: int = 10) -> list[dict]:

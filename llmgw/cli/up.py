@@ -111,6 +111,9 @@ def _run(args, settings, catalog, state_dir, node, stack: LocalStack, stopping) 
         "LLMGW_NODE": node,
         # Ctrl-C stops the whole system here, engines included.
         "LLMGW_AGENT_KEEP_ENGINES": "0",
+        # Plain HTTP on this machine (its readiness check and curl line are http://): TLS is for the
+        # fleet's gateways (docs/gateway.md); an empty variable is an unset one.
+        "LLMGW_GATEWAY_CERTFILE": "", "LLMGW_GATEWAY_KEYFILE": "",
     })
     common = ["--without-gossip", "--without-mingle", "-l", "info"]
     stack.start("control", celery_argv("worker", "-Q", CONTROL_QUEUE, "-n", "control@%h", "-P", "threads", "-c", "4",

@@ -1,10 +1,11 @@
-"""`llmgw usage`: tokens and requests per API key and model, as the gateways counted them."""
+"""`llmgw usage`: tokens and requests per API key and model, and the budgets of keys that have one
+(tokens spent this UTC day or month, and what remains), as the gateways flushed them."""
 
 from __future__ import annotations
 
 from llmgw.cli import common
 from llmgw.state import keys
-from llmgw.state.apikeys import ANONYMOUS, names_by_id
+from llmgw.state.apikeys import ANONYMOUS, names_by_id, read_budgets, usage_by_model
 
 
 def read_usage(r) -> list[dict]:
@@ -16,40 +17,42 @@ def read_usage(r) -> list[dict]:
         ids.add(k[len(prefix):])
     rows = []
     for kid in sorted(ids):
-        h = r.hgetall(keys.usage(kid))
-        per_model: dict[str, dict] = {}
-        for field, value in h.items():
-            model, _, kind = field.rpartition(":")
-            row = per_model.setdefault(model, {"prompt_tokens": 0, "completion_tokens": 0, "requests": 0})
-            col = {"prompt": "prompt_tokens", "completion": "completion_tokens", "requests": "requests"}.get(kind)
-            if col:
-                row[col] = int(value)
-        for model, row in sorted(per_model.items()):
+        for model, row in sorted(usage_by_model(r.hgetall(keys.usage(kid))).items()):
             rows.append({"key": names.get(kid, kid + ("" if kid == ANONYMOUS else " (revoked)")),
                          "id": kid, "model": model, **row})
     return rows
 
 
 def register(sub) -> None:
-    p = sub.add_parser("usage", help="tokens and requests per API key and model")
-    p.add_argument("--json", action="store_true")
+    p = sub.add_parser("usage", help="tokens and requests per API key and model; budgets and what remains")
+    p.add_argument("--json", action="store_true", help='{"usage": [rows], "budgets": [rows]}')
     p.add_argument("--key", help="only this key (name or id)")
     p.set_defaults(func=_usage)
 
 
 def _usage(args) -> int:
+    import time
+
     from llmgw.cli.keys import redis_client
 
-    rows = read_usage(redis_client())
+    r = redis_client()
+    rows, budgets = read_usage(r), read_budgets(r, time.time())
     if args.key:
-        rows = [r for r in rows if args.key in (r["key"], r["id"])]
+        rows = [u for u in rows if args.key in (u["key"], u["id"])]
+        budgets = [b for b in budgets if args.key in (b["key"], b["id"])]
     if args.json:
-        common.print_json(rows)
+        common.print_json({"usage": rows, "budgets": budgets})
         return 0
     if not rows:
         print("no usage recorded yet")
-        return 0
-    print(f"{'KEY':24} {'MODEL':28} {'REQUESTS':>9} {'PROMPT':>10} {'COMPLETION':>11}")
-    for r in rows:
-        print(f"{r['key']:24} {r['model']:28} {r['requests']:>9} {r['prompt_tokens']:>10} {r['completion_tokens']:>11}")
+    else:
+        print(f"{'KEY':24} {'MODEL':28} {'REQUESTS':>9} {'PROMPT':>10} {'COMPLETION':>11}")
+        for u in rows:
+            print(f"{u['key']:24} {u['model']:28} {u['requests']:>9} {u['prompt_tokens']:>10} "
+                  f"{u['completion_tokens']:>11}")
+    if budgets:
+        print(f"\n{'KEY':24} {'PERIOD':12} {'USED':>12} {'BUDGET':>12} {'REMAINING':>12} RESETS (UTC)")
+        for b in budgets:
+            print(f"{b['key']:24} {b['period_id']:12} {b['used']:>12} {b['tokens']:>12} {b['remaining']:>12} "
+                  f"{b['resets_at']}")
     return 0

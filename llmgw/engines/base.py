@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, Mapping
 
 from llmgw.catalog.types import MetricMapping, Model, Profile
 from llmgw.errors import EngineRefused, Problem
@@ -38,6 +38,8 @@ class LaunchContext:
     nnodes: int = 1
     master_addr: str | None = None  # head node's address, for multi-node
     master_port: int | None = None  # the head's torch.distributed rendezvous port (chosen by its agent)
+    # The replica's engine credential (head only: members serve no HTTP); None: start without one.
+    api_key: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         # A profile may override its model's `source` (e.g. a GGUF file for the llama.cpp tier of a
@@ -68,6 +70,11 @@ class EngineAdapter(ABC):
     # Cumulative token counters (for learning a replica's speed); None = the engine has none.
     prompt_tokens_metric: ClassVar[str | None] = None
     generation_tokens_metric: ClassVar[str | None] = None
+    # How the engine learns its API key: the environment variable that sets it (never a flag: argv is
+    # world-readable in /proc and the shim logs it), and the flags that would override it, which a
+    # profile may therefore not set.
+    credential_env: ClassVar[str]
+    credential_flags: ClassVar[tuple[str, ...]] = ("--api-key",)
 
     def refusals(self, profile: Profile) -> list[Problem]:
         """What this engine refuses in a profile (GPUs, parallelism); paths are relative to the profile."""
@@ -81,6 +88,13 @@ class EngineAdapter(ABC):
         elif profile.nodes > 1 and profile.gpu is None and not self.needs_gpu:
             # (An engine that needs a GPU was refused above already.)
             problems.append(Problem("nodes", "a multi-node replica needs a gpu (nodes > 1 splits a model across GPUs)"))
+        for flag in self.credential_flags:
+            if any(a == flag or a.startswith(flag + "=") for a in profile.args):
+                problems.append(Problem("args", f"'{flag}' is set by llmgw: each replica gets its own engine "
+                                                "credential (docs/engines.md)"))
+        if self.credential_env in profile.env:
+            problems.append(Problem(f"env.{self.credential_env}", "set by llmgw: each replica gets its own engine "
+                                                                  "credential (docs/engines.md)"))
         return problems
 
     def source_problems(self, source: str, path: str, profile: str = "") -> list[Problem]:
@@ -130,13 +144,17 @@ class EngineAdapter(ABC):
             args.append("--headless")
         return args, headless
 
-    @staticmethod
-    def gpu_env(ctx: LaunchContext, profile: Profile) -> dict[str, str]:
-        """The profile's env plus CUDA_VISIBLE_DEVICES for the GPUs placement allocated."""
+    def engine_env(self, ctx: LaunchContext, profile: Profile) -> dict[str, str]:
+        """The profile's env plus CUDA_VISIBLE_DEVICES for the GPUs placement allocated, and the
+        engine's credential."""
         env = dict(profile.env)
         if ctx.gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in ctx.gpus)
-        return env
+        return self.with_credential(env, ctx)
+
+    def with_credential(self, env: Mapping[str, str], ctx: LaunchContext) -> dict[str, str]:
+        """`env` plus the variable that gives the engine its API key, when the replica has one."""
+        return {**env, self.credential_env: ctx.api_key} if ctx.api_key else dict(env)
 
     @abstractmethod
     def command(self, ctx: LaunchContext) -> LaunchSpec:

@@ -73,6 +73,10 @@ class LlamaCppAdapter(EngineAdapter):
     default_metrics = LLAMACPP_METRICS
     prompt_tokens_metric = "llamacpp:prompt_tokens_total"
     generation_tokens_metric = "llamacpp:tokens_predicted_total"
+    # llama-server guards every path but /health and /v1/health with it (/metrics too: the agent's
+    # scraper sends it); see docs/engines.md.
+    credential_env = "LLAMA_API_KEY"
+    credential_flags = ("--api-key", "--api-key-file")
 
     def __init__(self, environ: Mapping[str, str] | None = None,
                  package_dir: Callable[[str], Path | None] = _package_dir,
@@ -145,7 +149,7 @@ class LlamaCppAdapter(EngineAdapter):
             argv += ["-np", str(slots)]
         if _flag_value(args, "-c", "--ctx-size") is None:
             argv += ["-c", str(slots * CTX_PER_SLOT)]
-        env = dict(p.env)
+        env = self.with_credential(p.env, ctx)
         gpu_layers_set = _flag_value(args, "-ngl", "--n-gpu-layers", "--gpu-layers") is not None
         if ctx.gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in ctx.gpus)

@@ -44,6 +44,7 @@ class SimAdapter(EngineAdapter):
     kv_fallbacks = VLLM_KV_FALLBACKS
     prompt_tokens_metric = VllmAdapter.prompt_tokens_metric
     generation_tokens_metric = VllmAdapter.generation_tokens_metric
+    credential_env = "SIMENGINE_API_KEY"  # guards /v1, like vLLM
 
     def refusals(self, profile: Profile) -> list[Problem]:
         problems = super().refusals(profile) + [Problem("args", reason) for reason in check_args(profile.args)]
@@ -72,5 +73,5 @@ class SimAdapter(EngineAdapter):
         multi, headless = self.multi_node_args(ctx)
         argv += multi
         argv += p.args
-        return LaunchSpec(argv=tuple(argv), env=self.gpu_env(ctx, p), serves_http=not headless,
+        return LaunchSpec(argv=tuple(argv), env=self.engine_env(ctx, p), serves_http=not headless,
                           health_path="/health", start_timeout=p.start_timeout)

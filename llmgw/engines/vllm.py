@@ -33,6 +33,8 @@ class VllmAdapter(EngineAdapter):
     kv_fallbacks = VLLM_KV_FALLBACKS
     prompt_tokens_metric = "vllm:prompt_tokens_total"
     generation_tokens_metric = "vllm:generation_tokens_total"
+    # vLLM guards only its /v1 (and /v2, /inference, /cohere) paths with it; see docs/engines.md.
+    credential_env = "VLLM_API_KEY"
 
     def __init__(self, environ: Mapping[str, str] | None = None):
         # LLMGW_VLLM names the executable (e.g. a venv's bin/vllm); default `vllm` from PATH.
@@ -76,5 +78,5 @@ class VllmAdapter(EngineAdapter):
         multi, headless = self.multi_node_args(ctx)
         argv += multi
         argv += p.args
-        return LaunchSpec(argv=tuple(argv), env=self.gpu_env(ctx, p), serves_http=not headless, health_path="/health",
+        return LaunchSpec(argv=tuple(argv), env=self.engine_env(ctx, p), serves_http=not headless, health_path="/health",
                           start_timeout=p.start_timeout)

@@ -136,7 +136,9 @@ RECONCILE_LOCK = f"{PREFIX}:lock:reconcile"
 PUBLISH_LOCK = f"{PREFIX}:lock:publish"
 
 # --- gateway: API keys, rate limits, usage ---------------------------------------------------------
-API_KEYS = f"{PREFIX}:apikeys"  # hash: key id -> JSON {name, hash, rpm, tpm, priority, created_at}
+# hash: key id -> JSON {name, hash, rpm, tpm, priority, created_at, models, expires_at, budget,
+# budget_period, admin} (llmgw.state.apikeys.ApiKeyRecord)
+API_KEYS = f"{PREFIX}:apikeys"
 
 
 def api_key_by_hash(key_hash: str) -> str:
@@ -149,3 +151,17 @@ def rate_window(key_id: str, kind: str, minute: int) -> str:
 
 def usage(key_id: str) -> str:
     return f"{PREFIX}:usage:{key_id}"  # hash: "<model>:prompt" / "<model>:completion" / "<model>:requests"
+
+
+def budget(key_id: str, period_id: str) -> str:
+    """Integer: tokens a key with a budget spent in one UTC day or month (`llmgw.state.budget`),
+    INCRBY'd by every gateway's usage flush; expires a while after the period ends."""
+    return f"{PREFIX}:budget:{key_id}:{period_id}"
+
+
+# --- engine credentials ------------------------------------------------------------------------------
+# Hash: model name (or "*" for every model) -> how many times `llmgw engines rotate-credentials` ran
+# for it. A replica created before the latest rotation of its model is outdated: the rolling update
+# replaces it by one with a fresh secret (the secret itself is a control field of the replica record).
+ENGINE_CREDENTIALS = f"{PREFIX}:engine-credentials"
+ALL_MODELS = "*"

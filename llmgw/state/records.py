@@ -71,7 +71,7 @@ class NodeAdmin:
 CONTROL_FIELDS = (
     "id", "model", "profile", "spec_hash", "node", "nodes", "gpus", "created_at",
     "pending_reason", "stop_requested_at", "stop_reason", "launch_dispatched_at", "drain_timeout",
-    "unpublished_version",
+    "unpublished_version", "engine_secret", "credential_generation",
 )
 AGENT_FIELDS = (
     "port", "url", "pid", "pid_start", "engine_pid", "started_at", "attempt", "exit_code",
@@ -105,6 +105,13 @@ class ReplicaRecord:
     # The first endpoint-list version that no longer routes to this replica (written by the
     # publisher once a stop was requested): gateways that loaded it send nothing new here.
     unpublished_version: int | None = None
+    # The engine's credential (docs/engines.md): generated with the record, passed to the head's engine
+    # at launch, sent upstream by the gateways; clients never see it. None: a record made before
+    # engines had credentials (its engine serves unauthenticated until it is replaced).
+    engine_secret: str | None = field(default=None, repr=False)
+    # The model's credential generation when the record was made (`llmgw engines rotate-credentials`
+    # bumps it; an older record is outdated and rolled).
+    credential_generation: int = 0
     # --- written by the node agent (facts about the process) ------------------------------------
     port: int | None = None
     url: str | None = None  # http://address:port of the head's engine
@@ -206,6 +213,9 @@ class EndpointInfo:
     model: str = ""  # canonical model name
     profile: str = ""
     node: str = ""
+    # What the gateway sends upstream as `Authorization: Bearer` (the replica's engine_secret; empty
+    # for an engine started without one). The list lives in Redis, which only llmgw's parts read.
+    engine_secret: str = field(default="", repr=False)
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -371,6 +371,10 @@ class Store:
         """The raw key table, key id -> JSON record (`llmgw.state.apikeys.parse_table` reads it)."""
         return self.r.hgetall(keys.API_KEYS)
 
+    def key_usage(self, key_id: str) -> dict[str, str]:
+        """The raw usage hash of one key (`llmgw.state.apikeys.usage_by_model` reads it)."""
+        return self.r.hgetall(keys.usage(key_id))
+
     def count_request(self, key_id: str, minute: int, rpm: bool, tpm: bool) -> tuple[int | None, int]:
         """One round trip for a key's limits in this minute's windows: count this request against its
         requests-per-minute window (when `rpm`) and read its tokens so far (when `tpm`). Returns
@@ -385,9 +389,14 @@ class Store:
         return (int(out[0]) if rpm else None), (int(out[-1] or 0) if tpm else 0)
 
     def add_usage(self, usage: Mapping[tuple[str, str], tuple[int, int, int]],
-                  tokens: Mapping[tuple[str, int], int]) -> None:
-        """Add counted usage in one pipeline: (key id, model) -> (prompt, completion, requests), and
-        (key id, minute) -> tokens for the tokens-per-minute windows."""
+                  tokens: Mapping[tuple[str, int], int],
+                  budgets: Mapping[tuple[str, str], tuple[int, int]] | None = None,
+                  read: Iterable[tuple[str, str]] = ()) -> list[int]:
+        """Add counted usage in one pipeline: (key id, model) -> (prompt, completion, requests),
+        (key id, minute) -> tokens for the tokens-per-minute windows, and (key id, budget period id)
+        -> (tokens, counter TTL) for budgets. Then, in the same round trip, read the budget counters
+        of `read` ((key id, period id) pairs): what every gateway flushed so far, this one included."""
+        read = list(read)
         pipe = self.r.pipeline(transaction=False)
         for (kid, model), (p, c, n) in usage.items():
             h = keys.usage(kid)
@@ -397,7 +406,29 @@ class Store:
         for (kid, minute), n in tokens.items():
             pipe.incrby(keys.rate_window(kid, "tpm", minute), n)
             pipe.expire(keys.rate_window(kid, "tpm", minute), 120)
-        pipe.execute()
+        for (kid, period), (n, ttl) in (budgets or {}).items():
+            pipe.incrby(keys.budget(kid, period), n)
+            pipe.expire(keys.budget(kid, period), ttl)
+        if read:
+            pipe.mget([keys.budget(kid, period) for kid, period in read])
+        out = pipe.execute()
+        return [int(v or 0) for v in out[-1]] if read else []
+
+    # --- engine credentials ------------------------------------------------------------------------
+    def credential_generations(self) -> dict[str, int]:
+        """Model (or `keys.ALL_MODELS`) -> how often its engine credentials were rotated."""
+        out = {}
+        for name, raw in self.r.hgetall(keys.ENGINE_CREDENTIALS).items():
+            try:
+                out[name] = int(raw)
+            except ValueError:
+                pass
+        return out
+
+    def rotate_credentials(self, model: str | None) -> int:
+        """Mark the replicas of `model` (None: every model) outdated: the next reconcile replaces them
+        by a rolling update with fresh secrets. Returns the new generation of that name."""
+        return int(self.r.hincrby(keys.ENGINE_CREDENTIALS, model or keys.ALL_MODELS, 1))
 
     # --- agent wake-ups ----------------------------------------------------------------------------
     def wake_agent(self, node: str, replica_id: str) -> None:

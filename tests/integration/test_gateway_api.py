@@ -75,7 +75,7 @@ def test_openai_sdk_streaming_keys_limits_and_usage(cluster):
     ids = {name: kid for kid, name in names_by_id(r).items()}
     wait_until(lambda: r.hget(keys.usage(ids["team-a"]), "m:requests") == "2"
                and r.hget(keys.usage(ids["tiny"]), "m:requests") == "2", 30, what="usage to be flushed")
-    rows = {(u["key"], u["model"]): u for u in json.loads(cluster.llmgw("usage", "--json").stdout)}
+    rows = {(u["key"], u["model"]): u for u in json.loads(cluster.llmgw("usage", "--json").stdout)["usage"]}
     assert rows[("team-a", "m")]["requests"] == 2 and rows[("team-a", "m")]["completion_tokens"] == 12
     assert rows[("tiny", "m")]["requests"] == 2  # the rate-limited call is not counted
     assert "team-a" in cluster.llmgw("usage").stdout

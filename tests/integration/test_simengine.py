@@ -275,3 +275,32 @@ def test_hang_after_keeps_http_up_but_stops_tokens(procs):
     stuck = load(url)
     assert stuck.generation_tokens_total == before and stuck.running + stuck.waiting >= 1
     assert p.alive()
+
+
+def test_api_key_guards_v1_only_and_headers_are_logged_without_tokens(procs):
+    import hashlib
+
+    p, url = start(procs, "--api-key", "engine-secret", "--log-headers", "--step-ms", "1")
+    # like vLLM: /health and /metrics stay open, everything under /v1 needs the key
+    assert requests.get(url + "/health", timeout=5).status_code == 200
+    assert "vllm:num_requests_running" in requests.get(url + "/metrics", timeout=5).text
+    body = {"model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "engine-secret"}):
+        r = requests.post(url + "/v1/chat/completions", json=body, headers=headers, timeout=5)
+        assert r.status_code == 401 and r.json()["error"]["message"] == "Unauthorized"
+    assert requests.get(url + "/v1/models", timeout=5).status_code == 401
+    ok = requests.post(url + "/v1/chat/completions", json=body, headers={"Authorization": "Bearer engine-secret"},
+                       timeout=5)
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
+    digest = "sha256:" + hashlib.sha256(b"engine-secret").hexdigest()[:16]
+    wait_until(lambda: f"Authorization: Bearer {digest}" in p.log(), 5, what="the headers in the log")
+    assert "engine-secret" not in p.log()
+
+
+def test_api_key_from_the_environment(procs):
+    port = free_port()
+    procs.start("sim", [python(), "-m", "simengine", "--port", str(port)], env={"SIMENGINE_API_KEY": "from-env"})
+    url = f"http://127.0.0.1:{port}"
+    wait_until(lambda: requests.get(url + "/health", timeout=1).status_code == 200, 15, what="sim /health 200")
+    assert requests.get(url + "/v1/models", timeout=5).status_code == 401
+    assert requests.get(url + "/v1/models", headers={"Authorization": "Bearer from-env"}, timeout=5).status_code == 200

@@ -164,12 +164,14 @@ class Cluster:
             ],
             env=self.env(**{"LLMGW_GATEWAY_WORKERS": "1", **env}),
         )
-        url = f"http://127.0.0.1:{port}"
+        # With LLMGW_GATEWAY_CERTFILE the gateway serves HTTPS with that (self-signed) certificate.
+        cert = env.get("LLMGW_GATEWAY_CERTFILE")
+        url = f"{'https' if cert else 'http'}://127.0.0.1:{port}"
         self.gateway_url = self.gateway_url or url
         import requests
 
         wait_until(
-            lambda: requests.get(url + "/healthz", timeout=1).status_code < 500,
+            lambda: requests.get(url + "/healthz", timeout=1, verify=cert or True).status_code < 500,
             20,
             what=f"{name} to answer /healthz",
         )

@@ -6,7 +6,8 @@
 Each request holds one of `max-seqs` slots for `base / speed` seconds (requests beyond the slots
 queue), like a batch engine: latency is flat until the slots are full, then grows. Streams send
 `--tokens` chunks spread over that time (the first at once), then a usage chunk when `stream_options.include_usage` is
-set, then `[DONE]`. GET /stats tells what it saw (requests, open streams, streams the client cut,
+set, then `[DONE]`. GET /stats tells what it saw (requests, open streams, streams the client cut, the
+Authorization headers it got,
 `open`/`max_open`: requests received and not yet answered, now and at most at once). With `--gate`
 every request, once in its slot, is held until `POST /gate` opens the gate (tests that need a
 request to stay busy for as long as they look at it, however slow the machine).
@@ -45,7 +46,7 @@ class FakeUpstream:
         self.slots = threading.BoundedSemaphore(max_seqs)
         self.lock = threading.Lock()
         self.stats = {"requests": 0, "active": 0, "waiting": 0, "cancelled": 0, "completed": 0,
-                      "open": 0, "max_open": 0, "models_seen": [], "request_ids": []}
+                      "open": 0, "max_open": 0, "models_seen": [], "request_ids": [], "auth_seen": []}
         # Every wait (simulated work, the gate) is on `stopping`, so stop() ends it at once.
         self.stopping = threading.Event()
         self.gate = threading.Event()
@@ -162,7 +163,8 @@ class FakeUpstream:
                     fake.stats["max_open"] = max(fake.stats["max_open"], fake.stats["open"])
                     fake.stats["models_seen"].append(body.get("model"))
                     fake.stats["request_ids"].append(self.headers.get("X-Request-Id"))
-                    del fake.stats["models_seen"][:-50], fake.stats["request_ids"][:-50]
+                    fake.stats["auth_seen"].append(self.headers.get("Authorization"))
+                    del fake.stats["models_seen"][:-50], fake.stats["request_ids"][:-50], fake.stats["auth_seen"][:-50]
                 if fake.fail_status:
                     fake._answered()
                     return self._json(fake.fail_status, {"error": {"message": "failing on purpose"}})

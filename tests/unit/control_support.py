@@ -67,11 +67,13 @@ class Sim:
     dispatched: list[tuple[str, str, str]] = field(default_factory=list)  # (kind, id, node)
     history: list[list] = field(default_factory=list)
     last_seen: dict[str, float] = field(default_factory=dict)  # node -> last heartbeat
+    credentials: dict[str, int] = field(default_factory=dict)  # model or "*" -> rotations
 
     def snapshot(self) -> Snapshot:
         return Snapshot(nodes=dict(self.nodes), replicas=tuple(self.records.values()), admin=dict(self.admin),
                         known=frozenset(self.nodes) | frozenset(self.last_seen), taken_at=self.now,
-                        last_seen={**self.last_seen, **{n: self.now for n in self.nodes}})
+                        last_seen={**self.last_seen, **{n: self.now for n in self.nodes}},
+                        credentials=dict(self.credentials))
 
     def lose(self, name: str) -> NodeInfo:
         """The node stops heartbeating now (its last heartbeat is remembered)."""
@@ -106,7 +108,7 @@ class Sim:
         now = self.now
         if isinstance(a, CreateReplica):
             assert a.id not in self.records, f"id reused: {a.id}"
-            self.records[a.id] = a.record(now)
+            self.records[a.id] = a.record(now, engine_secret=f"secret-of-{a.id}")
             for n in a.placement.nodes if a.placement else ():
                 self.dispatched.append(("launch", a.id, n))
         elif isinstance(a, PlaceReplica):

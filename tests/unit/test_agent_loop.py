@@ -114,7 +114,8 @@ class FakeProber:
         ok = any(p.alive and p.ready and p.port == port for p in self.runner.procs.values())
         return ProbeResult(ok, None if ok else "connection refused")
 
-    def fetch(self, url, timeout):
+    def fetch(self, url, timeout, secret=None):
+        self.secrets = getattr(self, "secrets", []) + [secret]
         return "vllm:num_requests_running 1\n"
 
 
@@ -318,7 +319,7 @@ def test_scraper_writes_load_records(env):
     assert store.loads(["r1"])["r1"].ok
 
     class Failing:
-        def fetch(self, url, timeout):
+        def fetch(self, url, timeout, secret=None):
             raise OSError("timed out")
 
     scraper.prober = Failing()

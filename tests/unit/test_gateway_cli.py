@@ -52,3 +52,60 @@ def test_usage_rows(r, capsys):
     assert rows[("team-a", "m")] == {"key": "team-a", "id": kid, "model": "m", "prompt_tokens": 5,
                                      "completion_tokens": 7, "requests": 2}
     assert ("anonymous", "m") in rows and ("k-gone (revoked)", "x") in rows
+
+
+def test_create_and_update_policy(r, capsys):
+    assert main(["keys", "create", "team-b", "--models", "m,x", "--expires", "30d", "--budget", "5M",
+                 "--budget-period", "day"]) == 0
+    key = capsys.readouterr().out.strip()
+    [rec] = keys_cli.list_keys(r)
+    assert (rec.models, rec.budget, rec.budget_period, rec.admin) == (("m", "x"), 5_000_000, "day", False)
+    assert rec.expires_at is not None and rec.hash == keys_cli.hash_key(key)
+    assert main(["keys", "update", "team-b", "--models", "all", "--expires", "never", "--admin", "--rpm", "7"]) == 0
+    assert "updated key 'team-b'" in capsys.readouterr().out
+    [new] = keys_cli.list_keys(r)
+    assert (new.models, new.expires_at, new.admin, new.rpm, new.budget) == ((), None, True, 7, 5_000_000)
+    assert new.hash == rec.hash and new.id == rec.id  # the key itself never changes
+    assert main(["keys", "update", "team-b", "--budget", "none", "--no-admin"]) == 0
+    [last] = keys_cli.list_keys(r)
+    assert (last.budget, last.budget_period, last.admin) == (None, None, False)
+    assert main(["keys", "list"]) == 0
+    assert "team-b" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["keys", "create", "x", "--expires", "yesterday"], "--expires: expected a duration"),
+    (["keys", "create", "x", "--budget", "lots"], "--budget: expected a number of tokens"),
+    (["keys", "create", "x", "--budget-period", "day"], "--budget-period: the key has no --budget"),
+    (["keys", "create", "x", "--rpm", "many"], "--rpm: expected an integer"),
+    (["keys", "update", "ghost", "--rpm", "3"], "no API key named 'ghost'"),
+])
+def test_bad_policy_flags_change_nothing(r, capsys, argv, says):
+    before = dict(r.hgetall(keys.API_KEYS))
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err
+    assert r.hgetall(keys.API_KEYS) == before
+
+
+def test_update_needs_a_change(r, capsys):
+    keys_cli.create_key(r, "a")
+    assert main(["keys", "update", "a"]) == 2
+    assert "nothing to change" in capsys.readouterr().err
+
+
+def test_usage_shows_budgets(r, capsys):
+    import time
+
+    from llmgw.state.apikeys import find_key
+
+    kid, _ = keys_cli.create_key(r, "b", budget=100, budget_period="day")
+    period = find_key(r, "b").period(time.time())
+    r.set(keys.budget(kid, period.id), 40)
+    assert main(["usage", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["budgets"] == [{"key": "b", "id": kid, "tokens": 100, "period": "day", "period_id": period.id,
+                               "used": 40, "remaining": 60, "resets_at": out["budgets"][0]["resets_at"]}]
+    assert main(["usage"]) == 0
+    text = capsys.readouterr().out
+    assert "REMAINING" in text and " 60 " in text

@@ -108,3 +108,17 @@ def test_every_documented_llmgw_variable_is_read_by_a_settings_class():
     stale = {f"{page}: {v}" for page in pages for v in table_variables(page)
              if v.startswith("LLMGW_") and v not in known}
     assert not stale, f"table rows name variables nothing reads: {sorted(stale)}"
+
+
+def test_tls_files_are_checked_at_start_up(tmp_path):
+    cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
+    cert.write_text("x")
+    key.write_text("y")
+    both = GunicornSettings.from_env({"LLMGW_GATEWAY_CERTFILE": str(cert), "LLMGW_GATEWAY_KEYFILE": str(key)})
+    assert (both.certfile, both.keyfile, both.scheme) == (cert, key, "https")
+    assert GunicornSettings.from_env({}).scheme == "http"
+    with pytest.raises(ConfigError, match="LLMGW_GATEWAY_KEYFILE: HTTPS needs it too"):
+        GunicornSettings.from_env({"LLMGW_GATEWAY_CERTFILE": str(cert)})
+    with pytest.raises(ConfigError, match="LLMGW_GATEWAY_CERTFILE: cannot read .*missing.pem"):
+        GunicornSettings.from_env({"LLMGW_GATEWAY_CERTFILE": str(tmp_path / "missing.pem"),
+                                   "LLMGW_GATEWAY_KEYFILE": str(key)})

@@ -46,10 +46,12 @@ class HttpProber:
         except Exception as e:  # noqa: BLE001 - every failure is a failed probe, described
             return ProbeResult(False, _describe(e))
 
-    def fetch(self, url: str, timeout: float, limit: int = 4 * 1024 * 1024) -> str:
-        """The body as text; raises OSError (with a short description) on any failure."""
+    def fetch(self, url: str, timeout: float, limit: int = 4 * 1024 * 1024, secret: str | None = None) -> str:
+        """The body as text; raises OSError (with a short description) on any failure. `secret`: the
+        engine's credential, sent as a bearer token (llama-server guards /metrics with it)."""
+        req = urllib.request.Request(url, headers={"Authorization": f"Bearer {secret}"} if secret else {})
         try:
-            with _OPENER.open(url, timeout=timeout) as resp:
+            with _OPENER.open(req, timeout=timeout) as resp:
                 return resp.read(limit).decode("utf-8", errors="replace")
         except Exception as e:  # noqa: BLE001
             raise OSError(_describe(e)) from e

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 from llmgw.catalog import Profile
@@ -29,6 +29,8 @@ class ScrapeTarget:
     url: str
     engine: str
     profile: Profile | None
+    # The engine's credential: llama-server guards /metrics with it (vLLM and the sim do not).
+    secret: str | None = field(default=None, repr=False)
 
 
 def scrape_targets(heads: list[ReplicaRecord], launches: Mapping[str, Launch | None]) -> list[ScrapeTarget]:
@@ -42,7 +44,7 @@ def scrape_targets(heads: list[ReplicaRecord], launches: Mapping[str, Launch | N
             launch = launches[rec.id]
             path = launch.spec.metrics_path if launch else "/metrics"
             targets.append(ScrapeTarget(rec.id, rec.url.rstrip("/") + path, launch.engine if launch else "",
-                                        launch.profile if launch else None))
+                                        launch.profile if launch else None, rec.engine_secret))
     return targets
 
 
@@ -57,9 +59,9 @@ def map_load(text: str, engine: str, profile) -> dict:
     return out
 
 
-def scrape_one(target, fetch: Callable[[str, float], str], timeout: float, now: float) -> LoadRecord:
+def scrape_one(target, fetch: Callable[..., str], timeout: float, now: float) -> LoadRecord:
     try:
-        text = fetch(target.url, timeout)
+        text = fetch(target.url, timeout, secret=target.secret)
         values = map_load(text, target.engine, target.profile)
     except Exception as e:  # noqa: BLE001 - any failure is a stale sample, described
         return LoadRecord(replica_id=target.replica_id, ts=now, ok=False, error=str(e) or type(e).__name__)

@@ -9,6 +9,7 @@ engine nobody knows about. Each action is applied on its own: one failure is log
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from dataclasses import dataclass, field
 from typing import AbstractSet, Callable, Mapping, Protocol
@@ -97,7 +98,8 @@ def apply_actions(
 
 def _apply_one(action: Action, store: Store, dispatcher: Dispatcher, now: float) -> None:
     if isinstance(action, CreateReplica):
-        store.create_replica(action.record(now))  # the record first ...
+        # The record first, with the engine's new credential ...
+        store.create_replica(action.record(now, engine_secret=secrets.token_urlsafe(32)))
         if action.placement is not None:
             where = ",".join(action.placement.nodes)
             log.info("launch %s (%s/%s) on %s: %s", action.id, action.model, action.profile, where, action.why)

@@ -10,7 +10,8 @@ the actions that move the fleet one step closer (docs/control-plane.md has the f
 - a crash-looping replica is moved when another eligible node can take it (the agent restarts a
   merely Failed one in place, with backoff);
 - replicas of a model or profile that left the catalog are stopped;
-- a replica whose spec changed, or whose node is draining or no longer matches, is outdated and
+- a replica whose spec changed, whose engine credentials were rotated (`llmgw engines
+  rotate-credentials`), or whose node is draining or no longer matches, is outdated and
   replaced by a rolling update with a surge of one: a new one starts, and an old one is stopped only
   once a new one is Ready, so the profile never drops to zero Ready replicas;
 - Stopped records are deleted; launches and stops still unconfirmed after a while are re-dispatched
@@ -60,9 +61,11 @@ class CreateReplica:
     placement: Placement | None
     pending_reason: str | None = None
     why: str = ""  # "scale up", "replaces r1 (node-a lost)", ...
+    credential_generation: int = 0  # its model's, from the snapshot
 
-    def record(self, now: float) -> ReplicaRecord:
-        """The control fields of the new record; `launch_dispatched_at` marks the intent to launch."""
+    def record(self, now: float, engine_secret: str | None = None) -> ReplicaRecord:
+        """The control fields of the new record; `launch_dispatched_at` marks the intent to launch.
+        The secret comes from the applying shell (decisions take no randomness)."""
         p = self.placement
         return ReplicaRecord(
             id=self.id,
@@ -75,6 +78,8 @@ class CreateReplica:
             created_at=now,
             pending_reason=None if p else self.pending_reason,
             launch_dispatched_at=now if p else None,
+            engine_secret=engine_secret,
+            credential_generation=self.credential_generation,
         )
 
 
@@ -207,6 +212,7 @@ class _Request:
     rec: ReplicaRecord | None = None
     why: str = ""
     count: int = 1  # "new" CPU requests come as one batch per profile
+    credential_generation: int = 0  # stamped on the records it creates
 
 
 def plan(
@@ -348,12 +354,15 @@ def _stopping_upkeep(rec: ReplicaRecord, st: State, now: float, config: PlanConf
 
 
 def _outdated(
-    rec: ReplicaRecord, profile: Profile, is_current: Callable[[str], bool], snap: Snapshot, nodes: list[str]
+    rec: ReplicaRecord, profile: Profile, is_current: Callable[[str], bool], snap: Snapshot, nodes: list[str],
+    credential_generation: int = 0,
 ) -> str | None:
-    """Why a live replica should be replaced (spec changed, node draining or no longer matching).
-    `nodes` is `rec.all_nodes`."""
+    """Why a live replica should be replaced (spec changed, credentials rotated, node draining or no
+    longer matching). `nodes` is `rec.all_nodes`."""
     if not is_current(rec.spec_hash):
         return "spec changed"
+    if rec.credential_generation < credential_generation:
+        return "engine credentials rotated"
     for n in nodes:
         admin = snap.admin.get(n)
         if admin is not None and admin.draining:
@@ -395,6 +404,7 @@ def _plan_profile(
         return spec_hash == legacy[0]
 
     desired = profile.replicas
+    generation = snap.credential_generation(model.name)
     cur: list[ReplicaRecord] = []
     old: list[tuple[ReplicaRecord, str]] = []
     lost: list[ReplicaRecord] = []
@@ -404,7 +414,7 @@ def _plan_profile(
             lost.append(rec)  # not counted toward `desired`: replaced at once, stopped below
             continue
         nodes = node_lists[rec.id] if node_lists is not None else rec.all_nodes
-        why = _outdated(rec, profile, is_current, snap, nodes)
+        why = _outdated(rec, profile, is_current, snap, nodes, generation)
         if why:
             old.append((rec, why))
         else:
@@ -464,16 +474,19 @@ def _plan_profile(
             ordinal += 1
         elif st is State.CRASHLOOP:
             move = PlacementRequest.for_profile(model.name, profile, exclude=_rec_nodes(r))
-            requests.append(_Request(key(0), "move", model, profile, target, move, rec=r))
+            requests.append(_Request(key(0), "move", model, profile, target, move, rec=r,
+                                     credential_generation=generation))
             ordinal += 1
     why = f"rolling replacement ({old[0][1]})" if old else "scale up"
     if req.gpu_class:
         for _ in range(start):
-            requests.append(_Request(key(2), "new", model, profile, target, req, why=why))
+            requests.append(_Request(key(2), "new", model, profile, target, req, why=why,
+                                     credential_generation=generation))
             ordinal += 1
     elif start:
         # CPU replicas compete for nothing: place them as one batch (same result, far less overhead).
-        requests.append(_Request(key(2), "new", model, profile, target, req, why=why, count=start))
+        requests.append(_Request(key(2), "new", model, profile, target, req, why=why, count=start,
+                                 credential_generation=generation))
     return actions, requests
 
 
@@ -520,15 +533,16 @@ def _place(
 ) -> list[Action]:
     if r.count > 1:
         placed, missing = spread_many(r.req, view, r.count)
+        gen = r.credential_generation
         out: list[Action] = [
             CreateReplica(new_id(r.model.name, r.profile.name), r.model.name, r.profile.name, r.spec_hash, p,
-                          why=r.why)
+                          why=r.why, credential_generation=gen)
             for p in placed
         ]
         for _ in range(r.count - len(placed)):
             assert missing is not None
             out.append(CreateReplica(new_id(r.model.name, r.profile.name), r.model.name, r.profile.name,
-                                     r.spec_hash, None, missing.reason, why=r.why))
+                                     r.spec_hash, None, missing.reason, why=r.why, credential_generation=gen))
         return out
     reason = failed.get(r.req.key)
     result: Placement | NoPlacement
@@ -548,7 +562,8 @@ def _place(
         where = ", ".join(_rec_nodes(r.rec))
         return [
             CreateReplica(rid, r.model.name, r.profile.name, r.spec_hash, result,
-                          why=f"replaces {r.rec.id} (crash loop on {where})"),
+                          why=f"replaces {r.rec.id} (crash loop on {where})",
+                          credential_generation=r.credential_generation),
             StopReplica(r.rec.id, f"crash loop on {where}; moved to {result.head} as {rid}",
                         _rec_nodes(r.rec), drain_timeout=r.profile.drain_timeout, model=r.model.name),
         ]
@@ -561,5 +576,7 @@ def _place(
         return []
     rid = new_id(r.model.name, r.profile.name)
     if isinstance(result, Placement):
-        return [CreateReplica(rid, r.model.name, r.profile.name, r.spec_hash, result, why=r.why)]
-    return [CreateReplica(rid, r.model.name, r.profile.name, r.spec_hash, None, result.reason, why=r.why)]
+        return [CreateReplica(rid, r.model.name, r.profile.name, r.spec_hash, result, why=r.why,
+                              credential_generation=r.credential_generation)]
+    return [CreateReplica(rid, r.model.name, r.profile.name, r.spec_hash, None, result.reason, why=r.why,
+                          credential_generation=r.credential_generation)]

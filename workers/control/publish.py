@@ -125,6 +125,7 @@ def endpoints_from(
                 model=model.name,
                 profile=profile.name,
                 node=rec.node or "",
+                engine_secret=rec.engine_secret or "",
             )
         )
     out.sort(key=lambda e: e.id)

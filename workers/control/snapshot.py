@@ -14,6 +14,7 @@ from typing import Mapping
 import redis
 
 from llmgw.catalog import Catalog, applied_stamp, read_applied
+from llmgw.state.keys import ALL_MODELS
 from llmgw.state.records import NodeAdmin, NodeInfo, ReplicaRecord
 from llmgw.state.store import Store
 
@@ -28,6 +29,12 @@ class Snapshot:
     known: frozenset[str] = frozenset()  # every node that ever sent a heartbeat
     taken_at: float = 0.0
     last_seen: Mapping[str, float] = field(default_factory=dict)  # node -> time of its last heartbeat
+    # Model (or keys.ALL_MODELS) -> how often its engine credentials were rotated.
+    credentials: Mapping[str, int] = field(default_factory=dict)
+
+    def credential_generation(self, model: str) -> int:
+        """A replica of `model` made at a lower generation is outdated (rotated for all or for it)."""
+        return self.credentials.get(ALL_MODELS, 0) + self.credentials.get(model, 0)
 
 
 def load_snapshot(store: Store, now: float) -> Snapshot:
@@ -41,6 +48,7 @@ def load_snapshot(store: Store, now: float) -> Snapshot:
         known=frozenset(names),
         taken_at=now,
         last_seen=store.nodes_last_seen(),
+        credentials=store.credential_generations(),
     )
 
 
