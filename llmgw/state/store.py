@@ -81,15 +81,21 @@ class Store:
                 pass
         return out
 
-    def note_missing_nodes(self, first_missing: Mapping[str, float], back: Iterable[str]) -> None:
-        """Start the missing clock of nodes just seen without a heartbeat; stop it for those back."""
-        back = list(back)
+    def note_missing_nodes(self, first_missing: Mapping[str, float],
+                           back: Iterable[str]) -> tuple[list[str], list[str]]:
+        """Start the missing clock of nodes just seen without a heartbeat; stop it for those back.
+        Returns (the nodes whose clock this call started, those whose clock it stopped): of several
+        control workers noticing the same node, exactly one is told (HSETNX, HDEL), and announces it."""
+        back, first = list(back), list(first_missing.items())
         pipe = self.r.pipeline(transaction=False)
-        if back:
-            pipe.hdel(keys.NODES_MISSING_SINCE, *back)
-        if first_missing:
-            pipe.hset(keys.NODES_MISSING_SINCE, mapping={n: repr(t) for n, t in first_missing.items()})
-        pipe.execute()
+        for n in back:
+            pipe.hdel(keys.NODES_MISSING_SINCE, n)
+        for n, t in first:
+            pipe.hsetnx(keys.NODES_MISSING_SINCE, n, repr(t))
+        done = pipe.execute()
+        stopped = [n for n, ok in zip(back, done) if ok]
+        started = [n for (n, _t), ok in zip(first, done[len(back):]) if ok]
+        return started, stopped
 
     def known_nodes(self) -> set[str]:
         return set(self.r.smembers(keys.NODES))
