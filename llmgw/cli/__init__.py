@@ -15,7 +15,7 @@ import redis
 from llmgw.errors import LlmgwError, RedisUnreachable
 
 # Command-group modules, in the order `llmgw --help` lists them.
-GROUPS = ("up", "catalog", "status", "node", "logs", "keys", "usage")
+GROUPS = ("up", "catalog", "status", "events", "explain", "node", "logs", "keys", "usage")
 
 
 def build_parser() -> argparse.ArgumentParser:
