@@ -338,6 +338,35 @@ class Store:
         """Append to the event history (`llmgw.state.events.emit`); never raises."""
         events.emit(self.r, kind, message, **fields)
 
+    def emit_limited(self, kind: str, message: str, *, subject: str, every: float, **fields) -> bool:
+        """`emit`, unless an event of this kind about `subject` was written (by any process) in the
+        last `every` seconds; True when written. Never raises."""
+        try:
+            if not self.r.set(keys.event_gate(kind, subject), "1", nx=True, px=max(1, int(every * 1000))):
+                return False
+        except redis.RedisError:
+            return False
+        self.emit(kind, message, **fields)
+        return True
+
+    # --- gateway traffic (the console's charts) ----------------------------------------------------
+    def add_traffic(self, counts: Mapping[int, Mapping[str, int]], ttl: float) -> None:
+        """Add one gateway process's counts to each slot's hash, in one pipeline."""
+        pipe = self.r.pipeline(transaction=False)
+        for slot, fields in counts.items():
+            key = keys.traffic(slot)
+            for name, n in fields.items():
+                pipe.hincrby(key, name, n)
+            pipe.expire(key, int(ttl))
+        pipe.execute()
+
+    def traffic(self, slots: Iterable[int]) -> dict[int, dict[str, str]]:
+        slots = list(slots)
+        pipe = self.r.pipeline(transaction=False)
+        for s in slots:
+            pipe.hgetall(keys.traffic(s))
+        return dict(zip(slots, pipe.execute()))
+
     # --- gateway reports ---------------------------------------------------------------------------
     def write_gateway_report(self, report: GatewayReport, ttl: float) -> None:
         pipe = self.r.pipeline(transaction=False)
