@@ -27,10 +27,12 @@ from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
 from werkzeug.http import HTTP_STATUS_CODES
 
+from gateway import fleetmetrics
 from gateway.admission import Send, Shed, Wait, WaitQueue, admit
 from gateway.auth import ApiKey, KeyTable, RateLimiter, UsageRecorder
 from gateway.config import DEFAULT_MAX_CONNECTIONS, GatewaySettings
 from gateway.errors import ApiError, error_response
+from gateway.fleet import FleetView
 from gateway.metrics import Metrics
 from gateway.proxy import (
     FORWARD_REQUEST_HEADERS,
@@ -50,6 +52,7 @@ from gateway.saturation import step as saturation_step
 from gateway.state import REDIS_ERRORS, GatewayState
 from gateway.traffic import KEEP as TRAFFIC_KEEP
 from gateway.traffic import TrafficCounter
+from gateway.ui import console_blueprint
 from llmgw.state.apikeys import ANONYMOUS, PRIORITIES, cap_priority
 from llmgw.state.clock import Clock
 from llmgw.state.store import Store, connect
@@ -558,6 +561,17 @@ def create_app(config: GatewaySettings | None = None, *, store: Store | None = N
     @app.get("/metrics")
     def metrics():
         return Response(gw.metrics.render(), mimetype=None, content_type=gw.metrics.content_type)
+
+    fleet = FleetView(gw.store, gw.clock)  # the console and the fleet metrics share one cached read
+    app.register_blueprint(console_blueprint(gw, fleet))
+
+    @app.get("/metrics/fleet")
+    def fleet_metrics():
+        try:
+            body = fleetmetrics.render(fleet.get())
+        except REDIS_ERRORS as e:
+            raise ApiError("unavailable", f"the fleet metrics cannot read Redis: {type(e).__name__}: {e}") from None
+        return Response(body, mimetype=None, content_type=gw.metrics.content_type)
 
     @app.errorhandler(ApiError)
     def api_error(e: ApiError):

@@ -15,6 +15,7 @@ TABLE: dict[str, tuple[int, str, str]] = {
     "bad_request": (400, "invalid_request_error", "invalid_request"),
     "missing_model": (400, "invalid_request_error", "model_required"),
     "unauthorized": (401, "authentication_error", "invalid_api_key"),
+    "forbidden": (403, "permission_error", "admin_key_required"),
     "model_not_found": (404, "invalid_request_error", "model_not_found"),
     "not_found": (404, "invalid_request_error", "not_found"),
     "method_not_allowed": (405, "invalid_request_error", "method_not_allowed"),
@@ -26,6 +27,7 @@ TABLE: dict[str, tuple[int, str, str]] = {
     "no_replica": (503, "server_error", "no_ready_replica"),
     "auth_unavailable": (503, "server_error", "auth_unavailable"),
     "gateway_full": (503, "server_error", "gateway_overloaded"),
+    "unavailable": (503, "server_error", "state_unavailable"),
     "upstream_timeout": (504, "server_error", "upstream_timeout"),
 }
 

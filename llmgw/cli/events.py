@@ -40,14 +40,6 @@ def parse_duration(text: str) -> float:
     return float(m.group(1)) * _UNITS[m.group(2) or "s"]
 
 
-def kind_problem(kind: str | None) -> str | None:
-    """Why `--kind` can never match (a typo), or None."""
-    if not kind:
-        return None
-    ok = any(k.startswith(kind[:-1]) for k in events.KINDS) if kind.endswith("*") else kind in events.KINDS
-    return None if ok else f"no event kind {kind!r}; kinds: {', '.join(events.KINDS)}"
-
-
 def when(ts: float) -> str:
     return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -71,7 +63,7 @@ def cmd_events(args) -> int:
             since = parse_duration(args.since)
         except ValueError as e:
             problems.append(f"--since: {e}")
-    if (p := kind_problem(args.kind)) is not None:
+    if (p := events.kind_problem(args.kind)) is not None:
         problems.append(f"--kind: {p}")
     if args.n < 1:
         problems.append(f"-n: must be at least 1, got {args.n}")

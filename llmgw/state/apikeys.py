@@ -44,6 +44,7 @@ class ApiKeyRecord:
     tpm: int | None = None
     priority: str | None = None  # the highest criticality this key's requests may claim
     created_at: float = 0.0
+    admin: bool = False  # may read the console (/ui); never implied by anything else
 
     def to_json(self) -> str:
         d = asdict(self)
@@ -62,7 +63,7 @@ class ApiKeyRecord:
                 raise ValueError(f"bad priority {prio!r}")
             return cls(id=key_id, name=str(d.get("name") or key_id), hash=d["hash"],
                        rpm=_pos_int(d.get("rpm")), tpm=_pos_int(d.get("tpm")), priority=prio,
-                       created_at=float(d.get("created_at") or 0.0))
+                       created_at=float(d.get("created_at") or 0.0), admin=d.get("admin") is True)
         except (TypeError, ValueError) as e:
             raise ValueError(f"API key record {key_id}: {e}") from None
 

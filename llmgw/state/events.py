@@ -100,6 +100,14 @@ def latest(r, count: int = 100, *, model: str | None = None, node: str | None = 
     return list(reversed(found[:count]))
 
 
+def kind_problem(kind: str | None) -> str | None:
+    """Why a kind filter can never match (a typo), or None."""
+    if not kind:
+        return None
+    ok = any(k.startswith(kind[:-1]) for k in KINDS) if kind.endswith("*") else kind in KINDS
+    return None if ok else f"no event kind {kind!r}; kinds: {', '.join(KINDS)}"
+
+
 def matching(events: Iterable[Event], *, model: str | None = None, node: str | None = None,
              kind: str | None = None) -> list[Event]:
     """Filter (pure): by model (name), node and kind (exact, or a prefix ending in '*')."""
