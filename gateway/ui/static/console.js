@@ -13,6 +13,7 @@ const state = {
   timer: null,
   events: { cursor: null, list: [], filters: { model: "", node: "", kind: "" }, kinds: [] },
   catalogVersion: null,
+  catalogSeen: null,
 };
 
 class AuthError extends Error {}
@@ -118,12 +119,14 @@ async function renderFleet(view) {
     }, d.index)));
     const cpu = r.replicas.filter((x) => x.nodes.includes(n.name) && !(x.gpus[n.name] || []).length && x.state !== "Stopped");
     const gpuHolders = [...new Set((n.devices || []).filter((d) => d.replica).map((d) => d.replica))];
-    cards.append(el("div", { class: "card", "data-node": n.name, "data-live": n.live },
+    cards.append(el("div", { class: "card", "data-node": n.name, "data-live": String(n.live) },
       el("div", { class: "row" }, el("h3", {}, n.name), badges),
       el("div", { class: "row muted" }, n.live ? `heartbeat ${age(n.heartbeat_age)} ago` : "no heartbeat",
         n.address ? ` · ${n.address}` : ""),
       labels.length ? el("div", { class: "row" }, labels) : null,
-      (n.devices || []).length ? gpus : el("div", { class: "muted" }, "no GPUs"),
+      (n.devices || []).length ? el("div", { class: "row" }, el("span", { class: "muted" },
+        Object.entries(n.gpus).map(([c, g]) => `${c} ${g.used}/${g.total} used`).join(", ")), gpus)
+        : el("div", { class: "muted" }, "no GPUs"),
       gpuHolders.length ? el("div", { class: "row legend" }, gpuHolders.map((id) => {
         const rep = r.replicas.find((x) => x.id === id);
         return el("span", { "data-replica": id, "data-state": rep ? rep.state : "" },
@@ -134,7 +137,12 @@ async function renderFleet(view) {
           el("span", { class: "chip" }, x.id), stateBadge(x.state), el("span", { class: "muted" }, x.reason || ""))))
         : null));
   }
-  view.replaceChildren(summary, r.nodes.length ? cards : el("p", { class: "muted" }, "No node has sent a heartbeat."));
+  const unplaced = r.replicas.filter((x) => !x.nodes.length && x.state !== "Stopped");
+  view.replaceChildren(summary, r.nodes.length ? cards : el("p", { class: "muted" }, "No node has sent a heartbeat."),
+    unplaced.length ? el("div", { class: "card", style: "margin-top:.8rem" }, el("h3", {}, "Not placed"),
+      unplaced.map((x) => el("div", { class: "row", "data-replica": x.id, "data-state": x.state },
+        el("span", { class: "chip" }, x.id), stateBadge(x.state), el("span", { class: "muted" }, x.reason || ""))))
+      : null);
 }
 
 function bar(label, value, max, opts) {
@@ -177,6 +185,12 @@ function chart(title, points, series) {
       path += (path && points[i - 1] && points[i - 1][k] !== null ? " L" : " M") + x.toFixed(1) + " " + y.toFixed(1);
     });
     if (path) box.append(svg("path", { d: path.trim(), fill: "none", stroke: col, "stroke-width": 1.5 }));
+    points.forEach((p, i) => {  // a point with no neighbour would draw nothing: a dot
+      const alone = (j) => j < 0 || j >= points.length || points[j][k] === null || points[j][k] === undefined;
+      if (p[k] !== null && p[k] !== undefined && alone(i - 1) && alone(i + 1)) {
+        box.append(svg("circle", { cx: (i / n) * W, cy: H - P - (p[k] / max) * (H - 2 * P), r: 2, fill: col }));
+      }
+    });
   }
   const last = points.length ? points[points.length - 1] : {};
   const legend = series.map(([k, col, label, fmt]) => el("span", { style: `color:${col}` },
@@ -253,6 +267,9 @@ async function renderEvents(view) {
 
 async function renderCatalog(view) {
   const r = await api("/ui/api/catalog" + (state.catalogVersion ? "?version=" + state.catalogVersion : ""));
+  const seen = JSON.stringify(r);
+  if (seen === state.catalogSeen && view.childElementCount) return; // unchanged: keep what is scrolled
+  state.catalogSeen = seen;
   const rows = r.history.map((h) => el("tr", {
     class: "clickable", "data-version": h.version,
     onclick: () => { state.catalogVersion = h.version; refresh(); },
