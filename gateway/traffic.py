@@ -34,40 +34,52 @@ def slot_of(t: float) -> int:
     return int(t // SLOT)
 
 
+# Field codes while counting (ints: no string is built on the request path); names in Redis.
+_N, _ERR, _SHED, _LAT, _TTFT = 0, 1, 2, 1000, 2000
+
+
+def _field(code: int) -> str:
+    if code >= _TTFT:
+        return f"ttft{code - _TTFT}"
+    if code >= _LAT:
+        return f"lat{code - _LAT}"
+    return ("n", "err", "shed")[code]
+
+
 class TrafficCounter:
-    """One gateway process's counts since its last flush, by (slot, model, field)."""
+    """One gateway process's counts since its last flush, by (slot, model, field code)."""
 
     def __init__(self, time: Callable[[], float]):
         self.time = time
         self.lock = threading.Lock()
-        self.counts: dict[tuple[int, str, str], int] = defaultdict(int)
+        self.counts: dict[tuple[int, str, int], int] = defaultdict(int)
 
-    def request(self, model: str, *, error: bool = False, shed: bool = False, seconds: float | None = None) -> None:
+    def request(self, model: str, error: bool = False, shed: bool = False, seconds: float | None = None) -> None:
         """One request of `model` (its canonical name) ended: answered in `seconds` (None when it was
         refused), an error (5xx, or the client left mid-answer), or shed (429)."""
-        s = slot_of(self.time())
+        s = int(self.time() // SLOT)
         with self.lock:
             c = self.counts
-            c[(s, model, "n")] += 1
+            c[(s, model, _N)] += 1
             if error:
-                c[(s, model, "err")] += 1
+                c[(s, model, _ERR)] += 1
             if shed:
-                c[(s, model, "shed")] += 1
+                c[(s, model, _SHED)] += 1
             if seconds is not None:
-                c[(s, model, f"lat{bucket(seconds)}")] += 1
+                c[(s, model, _LAT + bisect_left(BOUNDS, seconds))] += 1
 
     def first_byte(self, model: str, seconds: float) -> None:
-        s = slot_of(self.time())
+        s = int(self.time() // SLOT)
         with self.lock:
-            self.counts[(s, model, f"ttft{bucket(seconds)}")] += 1
+            self.counts[(s, model, _TTFT + bisect_left(BOUNDS, seconds))] += 1
 
     def take(self) -> dict[int, dict[str, int]]:
         """What was counted since the last take, as the fields to add per slot (`<model>:<field>`)."""
         with self.lock:
             counts, self.counts = self.counts, defaultdict(int)
         out: dict[int, dict[str, int]] = {}
-        for (s, model, name), n in counts.items():
-            out.setdefault(s, {})[f"{model}:{name}"] = n
+        for (s, model, code), n in counts.items():
+            out.setdefault(s, {})[f"{model}:{_field(code)}"] = n
         return out
 
 
