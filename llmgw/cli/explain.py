@@ -10,7 +10,6 @@ the replicas it asks for Ready, 1 otherwise.
 
 from __future__ import annotations
 
-import signal
 import textwrap
 import time
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from typing import Iterable, Mapping
 from llmgw.catalog import Catalog, read_applied
 from llmgw.cli.common import settings, store
 from llmgw.cli.status import _age, gather_status
+from llmgw.proc.exitstatus import describe_exit
 from llmgw.state import events
 from llmgw.state.records import EndpointInfo, GatewayReport, LoadRecord, ReplicaRecord
 from llmgw.state.replica_state import CrashPolicy, recent_failures
@@ -164,14 +164,14 @@ def _pending(rid: str, rec: ReplicaRecord, report: dict, last_seen: Mapping[str,
 
 
 def _failing(rid: str, row: dict, rec: ReplicaRecord, now: float) -> str:
-    exit_words = _exit_words(rec)
+    how = f"attempt {rec.attempt} {describe_exit(rec.exit_code, rec.exit_signal)}"
     if row["state"] == "CrashLoop":
         policy = CrashPolicy()
         text = (f"{rid} is in a crash loop{_on(row)}: {recent_failures(rec, now, policy)} unexpected exits in the "
-                f"last {policy.window:g}s, the last attempt ({rec.attempt}) {exit_words}. The agent keeps retrying with a growing backoff; the control "
+                f"last {policy.window:g}s; {how}. The agent keeps retrying with a growing backoff; the control "
                 "plane moves the replica when another node can take it.")
     else:
-        text = f"{rid} Failed{_on(row)}: attempt {rec.attempt} {exit_words}."
+        text = f"{rid} Failed{_on(row)}: {how}."
     if rec.next_restart_at is not None:
         wait = rec.next_restart_at - now
         text += f" Next start {'in ' + _age(wait) if wait > 0 else 'due now'}."
@@ -179,19 +179,6 @@ def _failing(rid: str, row: dict, rec: ReplicaRecord, now: float) -> str:
     if tail:
         text += "\nThe last lines of its log (llmgw logs " + rid + "):\n" + "\n".join(f"    | {ln}" for ln in tail)
     return text
-
-
-def _exit_words(rec: ReplicaRecord) -> str:
-    # TODO(lead): word this with llmgw.exitstatus.describe_exit once issue 9 is on main, so every part
-    # says the same about the same exit.
-    if rec.exit_signal:
-        try:
-            return f"was killed by {signal.Signals(rec.exit_signal).name}"
-        except ValueError:
-            return f"was killed by signal {rec.exit_signal}"
-    if rec.exit_code is not None:
-        return f"exited with code {rec.exit_code}"
-    return "ended (exit status unknown)"
 
 
 def _gateways(model: str, endpoints: list[EndpointInfo], gateways: list[GatewayReport],

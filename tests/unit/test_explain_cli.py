@@ -71,7 +71,7 @@ def test_a_crash_loop_shows_the_exit_and_the_last_log_lines(store, capsys):
                          failure_times=[NOW - 100, NOW - 60, NOW - 30, NOW], next_restart_at=NOW + 50, log_tail=log)
     code, out = explain(capsys, "chat")
     assert code == 1
-    assert f"{rec.id} is in a crash loop on a: 4 unexpected exits in the last 600s, the last attempt (5) was killed by SIGKILL" in out
+    assert f"{rec.id} is in a crash loop on a: 4 unexpected exits in the last 600s; attempt 5 killed by SIGKILL (often out of memory" in out
     assert "Next start in 20s." in out
     assert f"The last lines of its log (llmgw logs {rec.id}):" in out
     assert "    | fatal: model file is truncated" in out and "    | line 21" in out and "line 20\n" not in out
