@@ -47,7 +47,7 @@ from gateway.proxy import (
 from gateway.report import Identity, report_ttl
 from gateway.retry import Deliver, GiveUp, Outcome, next_attempt
 from gateway.routing import Choice, Rejection, RouteRequest
-from gateway.saturation import SaturationSignals
+from gateway.saturation import Episode, SaturationSignals
 from gateway.saturation import step as saturation_step
 from gateway.state import REDIS_ERRORS, GatewayState
 from gateway.traffic import KEEP as TRAFFIC_KEEP
@@ -140,7 +140,7 @@ class Gateway:
         # The console's charts and the saturation events (gateway.traffic, gateway.saturation).
         self.traffic = TrafficCounter(self.clock.time)
         self.saturation = SaturationSignals()
-        self.episodes: dict = {}
+        self.episodes: dict[str, Episode] = {}
 
     # --- background ----------------------------------------------------------------------------
     def refresh(self) -> None:
