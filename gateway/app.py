@@ -27,10 +27,12 @@ from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
 from werkzeug.http import HTTP_STATUS_CODES
 
+from gateway import fleetmetrics
 from gateway.admission import Send, Shed, Wait, WaitQueue, admit
 from gateway.auth import ApiKey, KeyTable, RateLimiter, UsageRecorder
 from gateway.config import DEFAULT_MAX_CONNECTIONS, GatewaySettings
 from gateway.errors import ApiError, error_response
+from gateway.fleet import FleetView
 from gateway.metrics import Metrics
 from gateway.policy import Deny, ModelRef, allows, decide
 from gateway.proxy import (
@@ -46,7 +48,12 @@ from gateway.proxy import (
 from gateway.report import Identity, report_ttl
 from gateway.retry import Deliver, GiveUp, Outcome, next_attempt
 from gateway.routing import Choice, Rejection, RouteRequest
+from gateway.saturation import Episode, SaturationSignals
+from gateway.saturation import step as saturation_step
 from gateway.state import REDIS_ERRORS, GatewayState
+from gateway.traffic import KEEP as TRAFFIC_KEEP
+from gateway.traffic import TrafficCounter
+from gateway.ui import console_blueprint
 from llmgw.state.apikeys import ANONYMOUS, PRIORITIES, budget_status, cap_priority, usage_by_model
 from llmgw.state.budget import iso
 from llmgw.state.clock import Clock
@@ -57,6 +64,8 @@ log = logging.getLogger("llmgw.gateway")
 PROXIED = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 USAGE_PATH = "/v1/llmgw/usage"  # a key's own usage and budget (JSON)
 SSE_HEADERS = [("Cache-Control", "no-cache"), ("X-Accel-Buffering", "no")]
+# At most one model_saturated (model_recovered) event per model in this many seconds, fleet-wide.
+SATURATION_EVENT_EVERY = 5.0
 HTTP_KIND = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "too_large"}
 
 
@@ -131,6 +140,10 @@ class Gateway:
         self.identity = Identity(f"{host}:{os.getpid()}", host, os.getpid(), self.clock.time())
         self.report_due = threading.Event()
         self.state.on_loaded = self.report_due.set  # acknowledge a new endpoint list at once
+        # The console's charts and the saturation events (gateway.traffic, gateway.saturation).
+        self.traffic = TrafficCounter(self.clock.time)
+        self.saturation = SaturationSignals()
+        self.episodes: dict[str, Episode] = {}
 
     # --- background ----------------------------------------------------------------------------
     def refresh(self) -> None:
@@ -188,9 +201,36 @@ class Gateway:
                     last_keys = self.clock.monotonic()
                     self.keys.refresh()
                 self.usage.flush(self.keys.budget_periods(self.clock.time()))
+                self.flush_traffic()
             except Exception:  # noqa: BLE001 - the loop never dies
                 log.exception("key/usage refresh failed")
             self.stopping.wait(self.cfg.usage_flush)
+
+    def flush_traffic(self) -> None:
+        """Add this process's traffic counts to Redis (dropped on failure: they only feed charts), and
+        put a saturation episode's start and end in the event history."""
+        counts = self.traffic.take()
+        if counts:
+            try:
+                self.store.add_traffic(counts, TRAFFIC_KEEP)
+            except REDIS_ERRORS as e:
+                self.state.health.failed(e)
+        self.episodes, news = saturation_step(self.episodes, self.saturation.take(), self.clock.time())
+        for n in news:
+            self.store.emit_limited(n.kind, n.message, subject=n.model, every=SATURATION_EVENT_EVERY,
+                                    source=f"gateway:{self.identity.id}", model=n.model, queued=n.queued,
+                                    shed=n.shed)
+
+    def refused(self, environ: dict, err: ApiError) -> None:
+        """A proxied request ended in an error answer: count it for its model's charts (only known
+        models have one), and a shed one as a sign of saturation."""
+        model = environ.get("llmgw.model")
+        if model is None:
+            return
+        shed = err.kind in ("shed", "rate_limited")
+        self.traffic.request(model, error=err.status >= 500, shed=shed)
+        if err.kind == "shed":
+            self.saturation.shed(model)
 
     def _report_loop(self) -> None:
         """Write this process's GatewayReport every `report_interval`, and at once when a new endpoint
@@ -255,10 +295,14 @@ class Gateway:
         self.enforce(key, None)
         return key
 
-    def require_admin(self, environ: dict) -> ApiKey:
-        """For the admin APIs (the console): the caller's key if it is an admin key (`llmgw keys
-        create|update --admin`); 401 without a valid key, 403 with an ordinary one. In every auth
-        mode: `LLMGW_GATEWAY_AUTH=off` opens the OpenAI API, never the admin APIs."""
+    def require_admin(self, environ: dict, open_without_keys: bool = False) -> ApiKey | None:
+        """For the admin APIs: the caller's key if it is an admin key (`llmgw keys create|update
+        --admin`); 401 without a valid key, 403 with an ordinary one. In every auth mode:
+        `LLMGW_GATEWAY_AUTH=off` opens the OpenAI API, never the admin APIs that act on keys. The
+        read-only console (`open_without_keys`) is open while the gateway requires no key at all
+        (auth off, or `auto` before any key exists), like the rest of the gateway; then None."""
+        if open_without_keys and (self.keys.mode == "off" or (self.keys.loaded and not self.keys.required)):
+            return None
         key = self.identify(environ)
         if not key.admin:
             raise ApiError("forbidden", f"API key {key.name} is not an admin key")
@@ -316,6 +360,7 @@ class Gateway:
             self.metrics.rejected_unknown.inc()
             raise ApiError("model_not_found", f"model {model!r} does not exist")
         self.state.requested(model)
+        environ["llmgw.model"] = self.state.canonical.get(model, model)  # known: charts may count it
         if key is not None:
             limited = self.limiter.check(key)
             if limited:
@@ -399,6 +444,7 @@ class Gateway:
         if isinstance(decision, Wait):
             if isinstance(res, Choice):  # others queued first: give the slot back and line up
                 self.state.release(res, None)
+            self.saturation.queued(self.state.canonical.get(req.model, req.model))
             self.metrics.queue.labels(req.model).inc()
             try:
                 # Only the head of the queue routes: it is first in line, whatever waits behind it.
@@ -441,14 +487,17 @@ class Gateway:
         limited = bool(key and key.tpm)
         budgeted = key if key is not None and key.budget else None
         metrics = self.metrics
+        traffic, canon = self.traffic, self.state.canonical.get(model, model)
 
-        def finish(completed: bool, usage) -> None:
+        def finish(completed: bool, usage, charted: bool = True) -> None:
             now = mono()
             ok = completed and status < 400
             lease.release((now - t_send) if ok else None, usage[1] if usage else None)
             child = metrics.child
             child(metrics.requests, model, ep.id, str(status) if completed else "aborted").inc()
             child(metrics.latency, model).observe(now - t0)
+            if charted:  # else the error answer raised next is counted, by Gateway.refused
+                traffic.request(canon, error=not completed or status >= 500, seconds=now - t0)
             if usage:
                 child(metrics.tokens, model, "prompt").inc(usage[0])
                 child(metrics.tokens, model, "completion").inc(usage[1])
@@ -458,7 +507,11 @@ class Gateway:
 
         if streamed:
             deadline = t0 + self.cfg.total_timeout
-            first = lambda: metrics.child(metrics.ttft, model).observe(mono() - t0)  # noqa: E731
+
+            def first() -> None:
+                waited = mono() - t0
+                metrics.child(metrics.ttft, model).observe(waited)
+                traffic.first_byte(canon, waited)
 
             def finish_stream(completed: bool, usage) -> None:
                 self.open -= 1  # counted by the WSGI entry, which left it to the stream
@@ -472,11 +525,12 @@ class Gateway:
             payload = resp.read()
         except Exception as e:  # noqa: BLE001 - reported as a clean 502/504 below
             resp.close()
-            finish(False, None)
+            finish(False, None, charted=False)
             kind = "upstream_timeout" if "timed out" in str(e).lower() else "upstream_error"
             raise ApiError(kind, f"endpoint {ep.id} failed while answering: {type(e).__name__}") from None
         resp.release()
         metrics.child(metrics.ttft, model).observe(mono() - t0)
+        traffic.first_byte(canon, mono() - t0)
         finish(True, usage_from_json(payload) if status < 400 else None)
         headers.append(("Content-Length", str(len(payload))))
         return RawAnswer(status, headers, [payload])
@@ -598,6 +652,17 @@ def create_app(config: GatewaySettings | None = None, *, store: Store | None = N
     def metrics():
         return Response(gw.metrics.render(), mimetype=None, content_type=gw.metrics.content_type)
 
+    fleet = FleetView(gw.store, gw.clock)  # the console and the fleet metrics share one cached read
+    app.register_blueprint(console_blueprint(gw, fleet))
+
+    @app.get("/metrics/fleet")
+    def fleet_metrics():
+        try:
+            body = fleetmetrics.render(fleet.get())
+        except REDIS_ERRORS as e:
+            raise ApiError("unavailable", f"the fleet metrics cannot read Redis: {type(e).__name__}: {e}") from None
+        return Response(body, mimetype=None, content_type=gw.metrics.content_type)
+
     @app.errorhandler(ApiError)
     def api_error(e: ApiError):
         return error_response(e, request.headers.get("X-Request-Id"))
@@ -633,6 +698,7 @@ def create_app(config: GatewaySettings | None = None, *, store: Store | None = N
             resp = gw.proxy(path, environ, rid)
             handed_over = isinstance(resp.body, StreamBody)  # the stream gives the count back
         except ApiError as e:
+            gw.refused(environ, e)
             resp = error_response(e, rid)
         except Exception:  # noqa: BLE001 - never a traceback to the client
             log.exception("unhandled error on POST %s", path)

@@ -29,6 +29,7 @@ TABLE: dict[str, tuple[int, str, str]] = {
     "no_replica": (503, "server_error", "no_ready_replica"),
     "auth_unavailable": (503, "server_error", "auth_unavailable"),
     "gateway_full": (503, "server_error", "gateway_overloaded"),
+    "unavailable": (503, "server_error", "state_unavailable"),
     "upstream_timeout": (504, "server_error", "upstream_timeout"),
 }
 

@@ -15,7 +15,7 @@ import redis
 from llmgw.errors import LlmgwError, RedisUnreachable
 
 # Command-group modules, in the order `llmgw --help` lists them.
-GROUPS = ("up", "catalog", "status", "node", "engines", "logs", "keys", "usage")
+GROUPS = ("up", "catalog", "status", "events", "explain", "node", "engines", "logs", "keys", "usage")
 
 
 def build_parser() -> argparse.ArgumentParser:

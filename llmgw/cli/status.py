@@ -15,6 +15,7 @@ from llmgw.catalog import applied_version, read_applied
 from llmgw.cli.common import print_json, settings, store
 from llmgw.state.records import GatewayReport, LoadRecord, NodeAdmin, NodeInfo, ReplicaRecord
 from llmgw.state.replica_state import State, derive, drain_progress, nodes_alive
+from llmgw.state.store import Store
 
 
 def register(sub) -> None:
@@ -24,8 +25,17 @@ def register(sub) -> None:
 
 
 def cmd_status(args) -> int:
-    s = store(settings())
-    now = time.time()
+    report = gather_status(store(settings()), time.time())
+    if args.json:
+        print_json(report)
+    else:
+        print(render(report))
+    return 0
+
+
+def gather_status(s: Store, now: float) -> dict:
+    """The facts `build_status` needs, read from Redis, and its report: what `llmgw status --json`
+    prints (the console's fleet API serves the same)."""
     live = s.live_nodes()
     known = s.known_nodes() | set(live)
     admin = s.all_node_admin(sorted(known))
@@ -45,11 +55,7 @@ def cmd_status(args) -> int:
                           loads=s.loads(draining), last_seen=s.nodes_last_seen())
     if catalog_problem:
         report["catalog"]["problem"] = f"this llmgw cannot read it: {catalog_problem}"
-    if args.json:
-        print_json(report)
-    else:
-        print(render(report))
-    return 0
+    return report
 
 
 def _raw_catalog_version(s) -> int | None:
@@ -101,6 +107,7 @@ def build_status(
     last_seen = last_seen or {}
     replicas = sorted(replicas, key=lambda r: (r.model, r.profile, r.id))
     used: dict[str, set[int]] = {}
+    holder: dict[tuple[str, int], ReplicaRecord] = {}  # (node, GPU index) -> the replica holding it
     rows = []
     for rec in replicas:
         names = rec.all_nodes
@@ -115,6 +122,7 @@ def build_status(
         if view.state is not State.STOPPED:
             for n, idxs in rec.gpus.items():
                 used.setdefault(n, set()).update(idxs)
+                holder.update(((n, i), rec) for i in idxs)
         rows.append({
             "id": rec.id,
             "model": rec.model,
@@ -150,6 +158,11 @@ def build_status(
             "draining": flags.draining,
             "heartbeat_age": (now - info.heartbeat_at) if info and info.heartbeat_at else None,
             "gpus": gpus,
+            # Each GPU and the replica holding it (None: free), for the console's row of boxes.
+            "devices": [{"index": g.index, "class": g.gpu_class,
+                         "replica": h.id if (h := holder.get((name, g.index))) else None,
+                         "model": h.model if h else None}
+                        for g in sorted(info.gpus if info else (), key=lambda g: g.index)],
             "replicas": sum(1 for r in rows if name in r["nodes"] and r["state"] != State.STOPPED.value),
         })
     counts: dict[str, int] = {}

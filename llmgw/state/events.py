@@ -84,9 +84,29 @@ def read(r, *, after: str = "-", count: int = 1000, since: float | None = None) 
     return [_decode(i, f) for i, f in r.xrange(keys.EVENTS, min=start, max="+", count=count)]
 
 
-def latest(r, count: int = 100) -> list[Event]:
-    """The newest `count` events, oldest first."""
-    return [_decode(i, f) for i, f in reversed(r.xrevrange(keys.EVENTS, count=count))]
+def latest(r, count: int = 100, *, model: str | None = None, node: str | None = None,
+           kind: str | None = None, page: int = 1000) -> list[Event]:
+    """The newest `count` events that pass `matching(model, node, kind)`, oldest first: pages back
+    through the stream until it has them (or the stream's start)."""
+    found: list[Event] = []
+    end = "+"
+    while len(found) < count:
+        batch = r.xrevrange(keys.EVENTS, max=end, min="-", count=page if (model or node or kind) else count)
+        if not batch:
+            break
+        found += matching((_decode(i, f) for i, f in batch), model=model, node=node, kind=kind)
+        if len(batch) < page:
+            break
+        end = f"({batch[-1][0]}"
+    return list(reversed(found[:count]))
+
+
+def kind_problem(kind: str | None) -> str | None:
+    """Why a kind filter can never match (a typo), or None."""
+    if not kind:
+        return None
+    ok = any(k.startswith(kind[:-1]) for k in KINDS) if kind.endswith("*") else kind in KINDS
+    return None if ok else f"no event kind {kind!r}; kinds: {', '.join(KINDS)}"
 
 
 def matching(events: Iterable[Event], *, model: str | None = None, node: str | None = None,

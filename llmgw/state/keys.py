@@ -104,6 +104,12 @@ def gateway_report(gateway_id: str) -> str:
 EVENTS = f"{PREFIX}:events"
 
 
+def event_gate(kind: str, subject: str) -> str:
+    """String set NX with a short TTL by `Store.emit_limited`: while it exists, that kind of event about
+    that subject (a model) is not written again, whichever process would write it."""
+    return f"{PREFIX}:events:gate:{kind}:{subject}"
+
+
 def kick_scheduled(task: str) -> str:
     """Set (NX, short TTL) while a kicked pass of `task` is on its way: a burst of facts sends one."""
     return f"{PREFIX}:kick:{task}"
@@ -147,6 +153,12 @@ def api_key_by_hash(key_hash: str) -> str:
 
 def rate_window(key_id: str, kind: str, minute: int) -> str:
     return f"{PREFIX}:rl:{key_id}:{kind}:{minute}"
+
+
+def traffic(slot: int) -> str:
+    """Hash of one time slot of the gateways' traffic (gateway.traffic): `<model>:<field>` -> count,
+    summed over every gateway process (HINCRBY), expiring a few minutes after the slot."""
+    return f"{PREFIX}:traffic:{slot}"
 
 
 def usage(key_id: str) -> str:

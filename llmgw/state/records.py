@@ -70,8 +70,8 @@ class NodeAdmin:
 # single fields), which is what lets the control plane and the agent update one record concurrently.
 CONTROL_FIELDS = (
     "id", "model", "profile", "spec_hash", "node", "nodes", "gpus", "created_at",
-    "pending_reason", "stop_requested_at", "stop_reason", "launch_dispatched_at", "drain_timeout",
-    "unpublished_version", "engine_secret", "credential_generation",
+    "pending_reason", "pending_refusals", "stop_requested_at", "stop_reason", "launch_dispatched_at",
+    "drain_timeout", "unpublished_version", "engine_secret", "credential_generation",
 )
 AGENT_FIELDS = (
     "port", "url", "pid", "pid_start", "engine_pid", "started_at", "attempt", "exit_code",
@@ -95,6 +95,9 @@ class ReplicaRecord:
     gpus: dict[str, list[int]] = field(default_factory=dict)  # node -> GPU indexes allocated
     created_at: float = 0.0
     pending_reason: str | None = None  # why it could not be placed, for humans
+    # ... and why each live node refused it: [{"why", "nodes" (the first few), "count"}], most nodes
+    # first (`workers.control.placement.refusals`; `llmgw explain` shows them).
+    pending_refusals: list[dict] = field(default_factory=list)
     stop_requested_at: float | None = None
     stop_reason: str | None = None
     launch_dispatched_at: float | None = None

@@ -81,15 +81,21 @@ class Store:
                 pass
         return out
 
-    def note_missing_nodes(self, first_missing: Mapping[str, float], back: Iterable[str]) -> None:
-        """Start the missing clock of nodes just seen without a heartbeat; stop it for those back."""
-        back = list(back)
+    def note_missing_nodes(self, first_missing: Mapping[str, float],
+                           back: Iterable[str]) -> tuple[list[str], list[str]]:
+        """Start the missing clock of nodes just seen without a heartbeat; stop it for those back.
+        Returns (the nodes whose clock this call started, those whose clock it stopped): of several
+        control workers noticing the same node, exactly one is told (HSETNX, HDEL), and announces it."""
+        back, first = list(back), list(first_missing.items())
         pipe = self.r.pipeline(transaction=False)
-        if back:
-            pipe.hdel(keys.NODES_MISSING_SINCE, *back)
-        if first_missing:
-            pipe.hset(keys.NODES_MISSING_SINCE, mapping={n: repr(t) for n, t in first_missing.items()})
-        pipe.execute()
+        for n in back:
+            pipe.hdel(keys.NODES_MISSING_SINCE, n)
+        for n, t in first:
+            pipe.hsetnx(keys.NODES_MISSING_SINCE, n, repr(t))
+        done = pipe.execute()
+        stopped = [n for n, ok in zip(back, done) if ok]
+        started = [n for (n, _t), ok in zip(first, done[len(back):]) if ok]
+        return started, stopped
 
     def known_nodes(self) -> set[str]:
         return set(self.r.smembers(keys.NODES))
@@ -331,6 +337,35 @@ class Store:
     def emit(self, kind: str, message: str = "", **fields) -> None:
         """Append to the event history (`llmgw.state.events.emit`); never raises."""
         events.emit(self.r, kind, message, **fields)
+
+    def emit_limited(self, kind: str, message: str, *, subject: str, every: float, **fields) -> bool:
+        """`emit`, unless an event of this kind about `subject` was written (by any process) in the
+        last `every` seconds; True when written. Never raises."""
+        try:
+            if not self.r.set(keys.event_gate(kind, subject), "1", nx=True, px=max(1, int(every * 1000))):
+                return False
+        except redis.RedisError:
+            return False
+        self.emit(kind, message, **fields)
+        return True
+
+    # --- gateway traffic (the console's charts) ----------------------------------------------------
+    def add_traffic(self, counts: Mapping[int, Mapping[str, int]], ttl: float) -> None:
+        """Add one gateway process's counts to each slot's hash, in one pipeline."""
+        pipe = self.r.pipeline(transaction=False)
+        for slot, fields in counts.items():
+            key = keys.traffic(slot)
+            for name, n in fields.items():
+                pipe.hincrby(key, name, n)
+            pipe.expire(key, int(ttl))
+        pipe.execute()
+
+    def traffic(self, slots: Iterable[int]) -> dict[int, dict[str, str]]:
+        slots = list(slots)
+        pipe = self.r.pipeline(transaction=False)
+        for s in slots:
+            pipe.hgetall(keys.traffic(s))
+        return dict(zip(slots, pipe.execute()))
 
     # --- gateway reports ---------------------------------------------------------------------------
     def write_gateway_report(self, report: GatewayReport, ttl: float) -> None:

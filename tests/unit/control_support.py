@@ -112,11 +112,9 @@ class Sim:
             for n in a.placement.nodes if a.placement else ():
                 self.dispatched.append(("launch", a.id, n))
         elif isinstance(a, PlaceReplica):
-            p = a.placement
-            self.update(a.id, node=p.head, nodes=list(p.nodes), gpus=p.gpus_dict(), pending_reason=None,
-                        launch_dispatched_at=now)
+            self.update(a.id, **a.fields(now))
         elif isinstance(a, UpdatePending):
-            self.update(a.id, pending_reason=a.reason)
+            self.update(a.id, **a.fields())
         elif isinstance(a, StopReplica):
             self.update(a.id, stop_requested_at=now, stop_reason=a.reason)
         elif isinstance(a, DeleteRecord):

@@ -214,3 +214,65 @@ def test_the_task_binds_the_catalog_file_sync_only_when_a_file_is_configured(sto
     version, cat, _meta = read_applied(store.r)
     assert cat.model("m") is not None and version == 2
     assert [r.model for r in store.all_replicas()] == ["m"]  # planned against the file's catalog
+
+
+# --- the event history ------------------------------------------------------------------------------
+def kinds_of(store: Store) -> list[tuple[str, str]]:
+    from llmgw.state import events
+
+    return [(e.kind, e.replica or e.node) for e in events.latest(store.r, 100)]
+
+
+def test_a_pending_replica_records_who_refused_it_and_its_placement_is_an_event(store):
+    setup(store, catalog(model("m", gpu_profile(count=2))), node("a", "h100:1"), node("c"))
+    clock = FakeClock()
+    reconcile_once(store, FakeDispatcher(store), clock.time)
+    (rec,) = store.all_replicas()
+    assert rec.pending_refusals == [
+        {"why": "1 of 1 h100 free, needs 2", "nodes": ["a"], "count": 1},
+        {"why": "has no h100 GPUs (it has no GPUs)", "nodes": ["c"], "count": 1},
+    ]
+    store.write_heartbeat(node("b", "h100:2"), ttl=60)
+    clock.t += 1
+    reconcile_once(store, FakeDispatcher(store), clock.time)
+    placed = store.get_replica(rec.id)
+    assert placed.node == "b" and placed.pending_refusals == [] and placed.pending_reason is None
+    assert kinds_of(store)[-2:] == [("replica_pending", rec.id), ("replica_placed", rec.id)]
+
+
+def test_moving_a_crash_looping_replica_is_an_event(store):
+    setup(store, catalog(model("m", cpu_profile())), node("a"), node("b"))
+    clock = FakeClock()
+    reconcile_once(store, FakeDispatcher(store), clock.time)
+    (rec,) = store.all_replicas()
+    t = clock.t
+    store.update_replica(rec.id, started_at=t - 50, exited_at=t - 1, exit_code=1, attempt=4,
+                         failure_times=[t - 40, t - 30, t - 20, t - 1])
+    clock.t += 1
+    reconcile_once(store, FakeDispatcher(store), clock.time)
+    new = next(r for r in store.all_replicas() if r.id != rec.id)
+    from llmgw.state import events
+
+    (moved,) = [e for e in events.latest(store.r) if e.kind == "replica_moved"]
+    assert moved.replica == rec.id and moved.data["new_replica"] == new.id and moved.node == new.node
+    assert f"crash loop on {rec.node}" in moved.message
+
+
+def test_a_node_loss_and_return_are_each_one_event_whoever_notices(store):
+    from workers.control.apply import PublishMemory, publish_once
+
+    setup(store, catalog(model("m", cpu_profile())), node("a"), node("b"))
+    mem1, mem2 = PublishMemory(), PublishMemory()  # two control workers
+    for mem in (mem1, mem2):
+        publish_once(store, lambda: 1000.0, memory=mem)
+    store.r.delete(keys.node_heartbeat("b"))
+    for mem in (mem1, mem2):
+        publish_once(store, lambda: 1001.0, memory=mem)
+    housekeeping_once(store, 1002.0)
+    assert kinds_of(store)[-1:] == [("node_lost", "b")] and kinds_of(store).count(("node_lost", "b")) == 1
+    store.write_heartbeat(node("b"), ttl=60)
+    housekeeping_once(store, 1003.0)
+    for mem in (mem1, mem2):
+        publish_once(store, lambda: 1004.0, memory=mem)
+    assert kinds_of(store).count(("node_joined", "b")) == 1
+    assert store.nodes_missing_since() == {}

@@ -12,6 +12,7 @@ from workers.control.placement import (
     Placement,
     PlacementRequest,
     place,
+    Refusal,
     place_and_allocate,
     spread_many,
 )
@@ -158,7 +159,7 @@ UNSCHEDULABLE = [
 @pytest.mark.parametrize("name,nodes,admin,allocated,req,reason", UNSCHEDULABLE, ids=[c[0] for c in UNSCHEDULABLE])
 def test_unschedulable_reasons(name, nodes, admin, allocated, req, reason):
     got = place(req, view(*nodes, admin=admin, allocated=allocated))
-    assert got == NoPlacement(reason)
+    assert isinstance(got, NoPlacement) and got.reason == reason
 
 
 def test_reason_lists_at_most_eight_nodes():
@@ -196,7 +197,8 @@ def test_cpu_spread_many_is_even():
 def test_cpu_spread_many_with_no_eligible_node_says_why():
     placed, missing = spread_many(cpu_req(selector=[("zone", "q")]), view(node("a")), 3)
     assert placed == []
-    assert missing == NoPlacement('no node in pool "default" matches node_selector {zone=q}')
+    assert missing.reason == 'no node in pool "default" matches node_selector {zone=q}'
+    assert missing.refusals == (Refusal("no label zone (wants zone=q)", ("a",), 1),)
 
 
 def test_gpu_class_names_are_normalised_on_both_sides():
@@ -206,3 +208,35 @@ def test_gpu_class_names_are_normalised_on_both_sides():
     n = NodeInfo(name="a", gpus=(GPUDevice(0, "NVIDIA H100 80GB HBM3"),))
     got = place(gpu_req(1, cls="h100"), ClusterView.build({"a": n}, {}))
     assert isinstance(got, Placement) and got.gpus_dict() == {"a": [0]}
+
+
+def test_no_placement_says_why_each_live_node_refused():
+    nodes = [node("big", "h100:4"), node("cpu1"), node("cpu2"), node("l4", "l4:2"),
+             node("other", "h100:8", pool="batch"), node("cord", "h100:8"), node("zone", "h100:8", labels={"z": "b"})]
+    got = place(gpu_req(2, selector=[("z", "a")]), view(*nodes, admin={"cord": NodeAdmin(cordoned=True)},
+                                                        allocated=[("x", "r1", {"big": [0, 1, 2]})]))
+    assert isinstance(got, NoPlacement)
+    # Grouped by why, most nodes first; each node once, with the first rule it fails.
+    assert [r.to_dict() for r in got.refusals] == [
+        {"why": "no label z (wants z=a)", "nodes": ["big", "cpu1", "cpu2", "l4"], "count": 4},
+        {"why": "cordoned", "nodes": ["cord"], "count": 1},
+        {"why": 'in pool "batch", not "default"', "nodes": ["other"], "count": 1},
+        {"why": "label z=b, not a", "nodes": ["zone"], "count": 1},
+    ]
+    # Without the selector, capacity and class are what refuse.
+    got = place(gpu_req(2), view(*nodes[:4], allocated=[("x", "r1", {"big": [0, 1, 2]})]))
+    assert {n: r.why for r in got.refusals for n in r.nodes} == {
+        "big": "1 of 4 h100 free, needs 2", "cpu1": "has no h100 GPUs (it has no GPUs)",
+        "cpu2": "has no h100 GPUs (it has no GPUs)", "l4": "has no h100 GPUs (it has l4)"}
+    assert got.refusals[0] == Refusal("has no h100 GPUs (it has no GPUs)", ("cpu1", "cpu2"), 2)
+
+
+def test_refusals_name_a_few_nodes_and_count_them_all():
+    got = place(gpu_req(1), view(*[node(f"n{i:02d}") for i in range(20)]))
+    assert got.refusals == (Refusal("has no h100 GPUs (it has no GPUs)", tuple(f"n{i:02d}" for i in range(8)), 20),)
+
+
+def test_multi_node_refusals_include_the_nodes_that_fit():
+    got = place(gpu_req(8, nodes=2), view(node("a", "h100:8"), node("b", "h100:4")))
+    assert {r.why: r.nodes for r in got.refusals} == {
+        "4 of 4 h100 free, needs 8": ("b",), "fits, but the replica needs 2 such nodes": ("a",)}

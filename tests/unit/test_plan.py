@@ -89,10 +89,17 @@ def test_pending_replica_is_placed_when_a_node_joins_and_reason_updates():
     (rid,) = sim.records
     assert sim.state(rid) is State.PENDING
     assert sim.records[rid].pending_reason == 'no node in pool "default" has 2 free h100 (free: a 1)'
+    assert sim.records[rid].pending_refusals == [{"why": "1 of 1 h100 free, needs 2", "nodes": ["a"], "count": 1}]
+    assert sim.reconcile() == []  # same reason, same refusals: nothing to write
     sim.nodes["b"] = node("b", "a10g:2")
-    assert sim.reconcile() == []  # same reason: nothing to write
+    (update,) = sim.reconcile()  # same reason, but one more node refused it
+    assert isinstance(update, UpdatePending) and update.reason == sim.records[rid].pending_reason
+    assert {n: r["why"] for r in sim.records[rid].pending_refusals for n in r["nodes"]} == {
+        "a": "1 of 1 h100 free, needs 2", "b": "has no h100 GPUs (it has a10g)"}
+    assert sim.reconcile() == []
     sim.nodes["d"] = node("d", "h100:1")
-    assert sim.reconcile() == [UpdatePending(rid, 'no node in pool "default" has 2 free h100 (free: a 1, d 1)')]
+    (update,) = sim.reconcile()
+    assert update.reason == 'no node in pool "default" has 2 free h100 (free: a 1, d 1)'
     assert sim.records[rid].pending_reason.endswith("(free: a 1, d 1)")
     sim.nodes["c"] = node("c", "h100:2")
     acts = sim.reconcile()

@@ -103,6 +103,10 @@ def _apply_one(action: Action, store: Store, dispatcher: Dispatcher, now: float)
         if action.placement is not None:
             where = ",".join(action.placement.nodes)
             log.info("launch %s (%s/%s) on %s: %s", action.id, action.model, action.profile, where, action.why)
+            if action.moved_from:
+                store.emit("replica_moved", f"{action.why}; now on {where} as {action.id}", source="control",
+                           model=action.model, profile=action.profile, node=action.placement.head,
+                           replica=action.moved_from, ts=now, new_replica=action.id)
             store.emit("replica_placed", f"placed on {where}: {action.why}", source="control",
                         model=action.model, profile=action.profile, node=action.placement.head,
                         replica=action.id, ts=now)
@@ -114,13 +118,15 @@ def _apply_one(action: Action, store: Store, dispatcher: Dispatcher, now: float)
                         model=action.model, profile=action.profile, replica=action.id, ts=now)
     elif isinstance(action, PlaceReplica):
         p = action.placement
-        if store.update_replica(action.id, node=p.head, nodes=list(p.nodes), gpus=p.gpus_dict(),
-                                pending_reason=None, launch_dispatched_at=now):
-            log.info("launch %s on %s (was pending)", action.id, ",".join(p.nodes))
+        if store.update_replica(action.id, **action.fields(now)):
+            where = ",".join(p.nodes)
+            log.info("launch %s on %s (was pending)", action.id, where)
+            store.emit("replica_placed", f"placed on {where} (was Pending)", source="control",
+                       model=action.model, profile=action.profile, node=p.head, replica=action.id, ts=now)
             for node in p.nodes:
                 dispatcher.launch(action.id, node)
     elif isinstance(action, UpdatePending):
-        store.update_replica(action.id, pending_reason=action.reason)
+        store.update_replica(action.id, **action.fields())
     elif isinstance(action, StopReplica):
         if store.update_replica(action.id, stop_requested_at=now, stop_reason=action.reason,
                                 drain_timeout=action.drain_timeout):
@@ -261,6 +267,8 @@ def publish_once(
                 now_live = frozenset(live)
                 if memory.live is not None and now_live != memory.live:
                     kicker.kick(RECONCILE)  # a node joined or went quiet: place or replace now
+                    # Housekeeping would notice too, up to its interval later.
+                    note_nodes(store, {n: t for n in memory.live - now_live}, now_live - memory.live, t)
                 memory.live = now_live
             return version
         finally:
@@ -302,6 +310,19 @@ def forget(
     return Forget(first_missing=first, back=back, gone=tuple(gone))
 
 
+def note_nodes(store: Store, first_missing: Mapping[str, float], back: AbstractSet[str] | tuple[str, ...],
+               now: float) -> None:
+    """Start (stop) the missing clock of nodes whose heartbeat expired (came back), and put each loss and
+    return in the event history once, whichever control worker or pass noticed it first."""
+    lost, returned = store.note_missing_nodes(first_missing, back)
+    seen = store.nodes_last_seen() if lost else {}
+    for n in lost:
+        silent = f" for {now - seen[n]:.0f}s" if n in seen else ""
+        store.emit("node_lost", f"no heartbeat{silent}; its replicas count as Lost", source="control", node=n, ts=now)
+    for n in returned:
+        store.emit("node_joined", "heartbeats again after it was lost", source="control", node=n, ts=now)
+
+
 def housekeeping_once(store: Store, now: float, forget_after: float = 600.0) -> dict[str, int]:
     """Tidy what nobody else removes: load samples of deleted replicas, nodes gone for `forget_after`
     seconds that nothing refers to any more (no replica record, no operator flag), and the per-node
@@ -316,7 +337,7 @@ def housekeeping_once(store: Store, now: float, forget_after: float = 600.0) -> 
     referenced |= {n for n, a in admin.items() if a.cordoned or a.draining}
     decision = forget({n: n in live for n in known}, store.nodes_missing_since(), referenced, now, forget_after)
     store.forget_nodes(decision.gone)
-    store.note_missing_nodes(decision.first_missing, decision.back)
+    note_nodes(store, decision.first_missing, decision.back, now)
     if stale_loads or decision.gone:
         log.info("housekeeping: %d stale load keys, forgot nodes %s", stale_loads, list(decision.gone))
     return {"loads": stale_loads, "nodes": len(decision.gone)}

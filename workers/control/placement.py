@@ -2,7 +2,8 @@
 
 `ClusterView.build(...)` indexes a snapshot once (free GPU indexes per node and class, replica counts
 per node and per model); `place(request, view)` answers a `Placement` or a `NoPlacement` with a reason
-a human understands, without changing the view; the planner then calls `view.allocate(...)` so the
+a human understands and, per live node, why it was refused (`llmgw explain` shows them), without
+changing the view; the planner then calls `view.allocate(...)` so the
 next request of the same pass sees the capacity that one took.
 
 Rules (docs/control-plane.md): GPU replicas are bin-packed (the node where `gpu.count` GPUs of the
@@ -81,8 +82,23 @@ class Placement:
 
 
 @dataclass(frozen=True)
+class Refusal:
+    """Why some nodes could not take a replica: `count` nodes, the first few named (sorted)."""
+
+    why: str
+    nodes: tuple[str, ...]
+    count: int
+
+    def to_dict(self) -> dict:
+        return {"why": self.why, "nodes": list(self.nodes), "count": self.count}
+
+
+@dataclass(frozen=True)
 class NoPlacement:
     reason: str
+    # Every live node, grouped by why it was refused (most nodes first); computed only when placement
+    # fails, once per distinct request per pass.
+    refusals: tuple[Refusal, ...] = ()
 
 
 def _fmt_selector(selector: tuple[tuple[str, str], ...]) -> str:
@@ -239,7 +255,7 @@ def _place_gpu(req: PlacementRequest, view: ClusterView) -> Placement | NoPlacem
                 if len(chosen) == req.nodes:
                     gpus = tuple((n, tuple(view.free[n][cls_][:need])) for n in chosen)
                     return Placement(nodes=tuple(chosen), gpus=gpus)
-    return NoPlacement(_gpu_reason(req, view, len(chosen)))
+    return _refused(req, view, _gpu_reason(req, view, len(chosen)))
 
 
 def _gpu_reason(req: PlacementRequest, view: ClusterView, fitting: int) -> str:
@@ -292,6 +308,54 @@ def _excluded_note(req: PlacementRequest, view: ClusterView, always: bool = Fals
     return f"; not schedulable: {_fmt_list(parts)}"
 
 
+# --- why each node was refused ----------------------------------------------------------------------
+def node_refusal(name: str, req: PlacementRequest, view: ClusterView) -> str | None:
+    """Why live node `name` cannot take `req` now, in a few words; None when it could."""
+    info = view.nodes[name]
+    if info.pool != req.pool:
+        return f'in pool "{info.pool}", not "{req.pool}"'
+    flags = view.admin.get(name)
+    if flags is not None and flags.draining:
+        return "draining"
+    if flags is not None and flags.cordoned:
+        return "cordoned"
+    if name in req.exclude:
+        return "the replica crash-loops there"
+    for k, v in req.selector:
+        have = info.labels.get(k)
+        if have != v:
+            return f"label {k}={have}, not {v}" if have is not None else f"no label {k} (wants {k}={v})"
+    if req.gpu_class:
+        cls_ = req.gpu_class
+        total = view.total.get(name, {}).get(cls_, 0)
+        if total == 0:
+            others = sorted(view.total.get(name, {}))
+            return f"has no {cls_} GPUs ({'it has ' + ', '.join(others) if others else 'it has no GPUs'})"
+        free = view.free_gpus(name, cls_)
+        if free < req.gpu_count:
+            return f"{free} of {total} {cls_} free, needs {req.gpu_count}"
+    return None
+
+
+def refusals(req: PlacementRequest, view: ClusterView) -> tuple[Refusal, ...]:
+    """Every live node grouped by `node_refusal` (nodes that could take it are grouped too when the
+    request needs several nodes and there were not enough of them); most nodes first."""
+    groups: dict[str, list[str]] = {}
+    for name in sorted(view.nodes):
+        why = node_refusal(name, req, view)
+        if why is None:
+            if req.nodes <= 1:
+                continue
+            why = f"fits, but the replica needs {req.nodes} such nodes"
+        groups.setdefault(why, []).append(name)
+    ordered = sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+    return tuple(Refusal(why, tuple(names[:_REASON_NODES]), len(names)) for why, names in ordered)
+
+
+def _refused(req: PlacementRequest, view: ClusterView, reason: str) -> NoPlacement:
+    return NoPlacement(reason, refusals(req, view))
+
+
 # --- CPU: spreading ------------------------------------------------------------------------------
 def _spread_heap(req: PlacementRequest, view: ClusterView) -> list[tuple[int, int, str]]:
     names = view.pool_nodes.get(req.pool, ())
@@ -327,11 +391,9 @@ def _place_cpu(req: PlacementRequest, view: ClusterView, peek: bool) -> Placemen
             heapq.heappush(heap, entry)
         problem = _eligibility_problem(req, view)
         if problem:
-            return NoPlacement(problem)
-        return NoPlacement(
-            f'needs {req.nodes} nodes in pool "{req.pool}", only {len(chosen)} are eligible'
-            + _excluded_note(req, view)
-        )
+            return _refused(req, view, problem)
+        return _refused(req, view, f'needs {req.nodes} nodes in pool "{req.pool}", only {len(chosen)} are eligible'
+                        + _excluded_note(req, view))
     if not peek:
         # The counts each chosen node will have once `allocate` runs.
         for mc, tc, n in chosen:
@@ -354,7 +416,7 @@ def spread_many(req: PlacementRequest, view: ClusterView, k: int) -> tuple[list[
     if heap is None:
         heap = view._spread_heaps[req.key] = _spread_heap(req, view)
     if not heap:
-        return [], NoPlacement(_eligibility_problem(req, view) or f'no eligible node in pool "{req.pool}"')
+        return [], _refused(req, view, _eligibility_problem(req, view) or f'no eligible node in pool "{req.pool}"')
     per_model, per_node, model = view.per_model_node, view.per_node, req.model
     pop, push = heapq.heappop, heapq.heappush
     placed: list[Placement] = []

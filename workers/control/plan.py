@@ -40,6 +40,7 @@ from workers.control.placement import (
     NoPlacement,
     Placement,
     PlacementRequest,
+    Refusal,
     place_and_allocate,
     spread_many,
 )
@@ -62,6 +63,8 @@ class CreateReplica:
     pending_reason: str | None = None
     why: str = ""  # "scale up", "replaces r1 (node-a lost)", ...
     credential_generation: int = 0  # its model's, from the snapshot
+    refusals: tuple[Refusal, ...] = ()  # when Pending: why each live node refused it
+    moved_from: str | None = None  # the crash-looping replica this one replaces elsewhere
 
     def record(self, now: float, engine_secret: str | None = None) -> ReplicaRecord:
         """The control fields of the new record; `launch_dispatched_at` marks the intent to launch.
@@ -77,6 +80,7 @@ class CreateReplica:
             gpus=p.gpus_dict() if p else {},
             created_at=now,
             pending_reason=None if p else self.pending_reason,
+            pending_refusals=[] if p else [r.to_dict() for r in self.refusals],
             launch_dispatched_at=now if p else None,
             engine_secret=engine_secret,
             credential_generation=self.credential_generation,
@@ -89,14 +93,27 @@ class PlaceReplica:
 
     id: str
     placement: Placement
+    model: str = ""  # for the event history
+    profile: str = ""
+
+    def fields(self, now: float) -> dict:
+        """The control fields it writes; `launch_dispatched_at` marks the intent to launch."""
+        p = self.placement
+        return {"node": p.head, "nodes": list(p.nodes), "gpus": p.gpus_dict(), "pending_reason": None,
+                "pending_refusals": [], "launch_dispatched_at": now}
 
 
 @dataclass(frozen=True)
 class UpdatePending:
-    """A Pending record still has no room, for a different reason than the one it shows."""
+    """A Pending record still has no room, for a different reason (or other node refusals) than the
+    ones it shows."""
 
     id: str
     reason: str
+    refusals: tuple[Refusal, ...] = ()
+
+    def fields(self) -> dict:
+        return {"pending_reason": self.reason, "pending_refusals": [r.to_dict() for r in self.refusals]}
 
 
 @dataclass(frozen=True)
@@ -318,7 +335,7 @@ def _plan(
         (r for r in requests if not r.req.gpu_class),
         key=lambda r: (r.sort_key[0], r.sort_key[3], r.sort_key[4], r.sort_key[1], r.sort_key[2]),
     )
-    failed: dict[tuple, str] = {}
+    failed: dict[tuple, NoPlacement] = {}
     for r in gpu + cpu:
         try:
             actions.extend(_place(r, view, failed, new_id))
@@ -529,7 +546,7 @@ def _freeing_helps(rec: ReplicaRecord, req: PlacementRequest, view: ClusterView)
 
 
 def _place(
-    r: _Request, view: ClusterView, failed: dict[tuple, str], new_id: Callable[[str, str], str]
+    r: _Request, view: ClusterView, failed: dict[tuple, NoPlacement], new_id: Callable[[str, str], str]
 ) -> list[Action]:
     if r.count > 1:
         placed, missing = spread_many(r.req, view, r.count)
@@ -542,17 +559,15 @@ def _place(
         for _ in range(r.count - len(placed)):
             assert missing is not None
             out.append(CreateReplica(new_id(r.model.name, r.profile.name), r.model.name, r.profile.name,
-                                     r.spec_hash, None, missing.reason, why=r.why, credential_generation=gen))
+                                     r.spec_hash, None, missing.reason, why=r.why, credential_generation=gen,
+                                     refusals=missing.refusals))
         return out
-    reason = failed.get(r.req.key)
-    result: Placement | NoPlacement
-    if reason is None:
+    result: Placement | NoPlacement | None = failed.get(r.req.key)
+    if result is None:
         result = place_and_allocate(r.req, view)
         if isinstance(result, NoPlacement):
             # Capacity only shrinks during a pass: an identical request would fail the same way.
-            failed[r.req.key] = result.reason
-    else:
-        result = NoPlacement(reason)
+            failed[r.req.key] = result
 
     if r.kind == "move":
         assert r.rec is not None
@@ -562,7 +577,7 @@ def _place(
         where = ", ".join(_rec_nodes(r.rec))
         return [
             CreateReplica(rid, r.model.name, r.profile.name, r.spec_hash, result,
-                          why=f"replaces {r.rec.id} (crash loop on {where})",
+                          why=f"replaces {r.rec.id} (crash loop on {where})", moved_from=r.rec.id,
                           credential_generation=r.credential_generation),
             StopReplica(r.rec.id, f"crash loop on {where}; moved to {result.head} as {rid}",
                         _rec_nodes(r.rec), drain_timeout=r.profile.drain_timeout, model=r.model.name),
@@ -570,13 +585,14 @@ def _place(
     if r.kind == "pending":
         assert r.rec is not None
         if isinstance(result, Placement):
-            return [PlaceReplica(r.rec.id, result)]
-        if result.reason != r.rec.pending_reason:
-            return [UpdatePending(r.rec.id, result.reason)]
+            return [PlaceReplica(r.rec.id, result, r.model.name, r.profile.name)]
+        if (result.reason != r.rec.pending_reason
+                or [x.to_dict() for x in result.refusals] != r.rec.pending_refusals):
+            return [UpdatePending(r.rec.id, result.reason, result.refusals)]
         return []
     rid = new_id(r.model.name, r.profile.name)
     if isinstance(result, Placement):
         return [CreateReplica(rid, r.model.name, r.profile.name, r.spec_hash, result, why=r.why,
                               credential_generation=r.credential_generation)]
     return [CreateReplica(rid, r.model.name, r.profile.name, r.spec_hash, None, result.reason, why=r.why,
-                          credential_generation=r.credential_generation)]
+                          credential_generation=r.credential_generation, refusals=result.refusals)]

@@ -1,0 +1,115 @@
+"""The web console at `/ui`: read-only pages over the fleet, served by the gateway itself (docs/console.md).
+
+Plain HTML, CSS and JavaScript files in `static/` (no build step, nothing from a CDN), which poll the
+JSON API below every 2 s. The API views are thin: read the facts (the fleet through `gateway.fleet`,
+cached for a second), call the pure builders of `gateway.ui.views`, answer.
+
+    /ui                 the single page
+    /ui/api/fleet       nodes and replicas: `llmgw status --json`
+    /ui/api/models      per model and profile: replicas asked for and Ready, each replica's load, charts
+    /ui/api/events      the event history, filtered, paged with `after`
+    /ui/api/catalog     the applied catalog as YAML and its history (`?version=N` for a past one)
+
+When API keys are in use the API needs an admin key (`Gateway.require_admin`); with auth off, or before any
+key exists (`LLMGW_GATEWAY_AUTH=auto`), it is open like the rest of the gateway.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+from flask import Blueprint, Response, jsonify, request, send_from_directory
+
+from gateway.errors import ApiError
+from gateway.state import REDIS_ERRORS
+from gateway.traffic import SLOT, SLOTS, series, slot_of
+from gateway.ui.views import catalog_view, models_view
+from gateway.fleet import FleetView
+from llmgw.catalog import history, read_applied, read_version
+from llmgw.state import events
+
+EVENTS_MAX = 1000  # events one answer carries at most
+
+
+def console_blueprint(gw, fleet: FleetView) -> Blueprint:
+    """The console of one gateway process (`gw`: its `gateway.app.Gateway`)."""
+    bp = Blueprint("console", __name__, url_prefix="/ui", static_folder="static", static_url_path="/static")
+
+    def api(view):
+        @functools.wraps(view)
+        def run(*args, **kw):
+            gw.require_admin(request.environ, open_without_keys=True)
+            try:
+                body = view(*args, **kw)
+            except REDIS_ERRORS as e:
+                raise ApiError("unavailable", f"the console cannot read Redis: {type(e).__name__}: {e}") from None
+            resp = jsonify(body)
+            resp.headers["Cache-Control"] = "no-store"
+            return resp
+        return run
+
+    @bp.get("")
+    @bp.get("/")
+    def page() -> Response:
+        return send_from_directory(bp.static_folder, "index.html", max_age=0)
+
+    @bp.get("/api/fleet")
+    @api
+    def fleet_api():
+        return fleet.get().report
+
+    @bp.get("/api/models")
+    @api
+    def models_api():
+        f = fleet.get()
+        loads = gw.store.loads(r["id"] for r in f.report["replicas"])
+        units = {eid: st.unit for eid, st in list(gw.state.stats.items()) if st.unit is not None}
+        last = slot_of(f.now) - 1  # the last complete slot
+        traffic = series(gw.store.traffic(range(last - SLOTS + 1, last + 1)), last)
+        thresholds = {"max_waiting": gw.cfg.routing.max_waiting, "max_kv": gw.cfg.routing.max_kv}
+        return models_view(f.catalog, f.report, f.gateways, loads, units, traffic, thresholds, SLOT, f.now)
+
+    @bp.get("/api/events")
+    @api
+    def events_api():
+        args = request.args
+        filters = {"model": args.get("model") or None, "node": args.get("node") or None,
+                   "kind": args.get("kind") or None}
+        if (problem := events.kind_problem(filters["kind"])) is not None:
+            raise ApiError("bad_request", f"kind: {problem}")
+        try:
+            limit = min(EVENTS_MAX, max(1, int(args.get("limit", 200))))
+        except ValueError:
+            raise ApiError("bad_request", f"limit: expected an integer, got {args.get('limit')!r}") from None
+        after = args.get("after")
+        if after and not re.fullmatch(r"\d+-\d+", after):
+            raise ApiError("bad_request", f"after: expected an event id like 1717171717171-0, got {after!r}")
+        if after:
+            batch = events.read(gw.store.r, after=after, count=EVENTS_MAX)
+            found = events.matching(batch, **filters)[-limit:]
+            cursor = batch[-1].id if batch else after
+        else:
+            found = events.latest(gw.store.r, limit, **filters)
+            newest = events.latest(gw.store.r, 1)
+            cursor = newest[-1].id if newest else "0-0"
+        return {"events": [e.to_dict() for e in found], "cursor": cursor, "kinds": list(events.KINDS)}
+
+    @bp.get("/api/catalog")
+    @api
+    def catalog_api():
+        raw = request.args.get("version")
+        past = history(gw.store, 50)
+        if raw:
+            try:
+                version = int(raw)
+            except ValueError:
+                raise ApiError("bad_request", f"version: expected an integer, got {raw!r}") from None
+            found = read_version(gw.store, version)
+            if found is None:
+                raise ApiError("not_found", f"catalog version {version} is not in the history")
+            return catalog_view(version, found[0], found[1], past)
+        version, catalog, meta = read_applied(gw.store)
+        return catalog_view(version, catalog, meta, past)
+
+    return bp

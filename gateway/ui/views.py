@@ -1,0 +1,81 @@
+"""What the console's API answers, built by pure functions over facts the blueprint read (docs/console.md).
+
+The fleet page serves `llmgw status --json` as it is (`llmgw.cli.status.build_status`); the models page
+adds, per model and profile, the replicas asked for, each replica's live load and the traffic charts;
+the catalog page the applied document as YAML and its history.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping
+
+import yaml
+
+from llmgw.catalog import Catalog
+from llmgw.state.records import GatewayReport, LoadRecord
+
+# Engine figures older than this (seconds) are shown as unknown, not as the engine's state now.
+LOAD_FRESH_FOR = 10.0
+
+
+def replica_load(rid: str, gateways: Iterable[GatewayReport], load: LoadRecord | None, unit: float | None,
+                 now: float) -> dict:
+    """One replica's live load: requests in flight from every gateway, the engine's own running,
+    waiting and KV use (its last scrape, when fresh), and the service time this gateway learned."""
+    inflight = sum(u.inflight for g in gateways if (u := g.endpoints.get(rid)) is not None)
+    fresh = load is not None and load.ok and now - load.ts <= LOAD_FRESH_FOR
+    return {
+        "inflight": inflight,
+        "running": load.running if fresh else None,
+        "waiting": load.waiting if fresh else None,
+        "kv": load.kv_usage if fresh else None,
+        "load_error": load.error if load is not None and not load.ok else None,
+        "service_time": unit,
+    }
+
+
+def models_view(catalog: Catalog | None, report: dict, gateways: list[GatewayReport],
+                loads: Mapping[str, LoadRecord], units: Mapping[str, float], traffic: Mapping[str, list[dict]],
+                thresholds: dict, slot: float, now: float) -> dict:
+    """Per model (the catalog's, then any whose records outlive it): replicas asked for and Ready per
+    profile, each replica's row of `llmgw status` with its `load`, the gateways' demand, and the
+    traffic points (`gateway.traffic.series`)."""
+    rows_by: dict[tuple[str, str], list[dict]] = {}
+    for row in report["replicas"]:
+        rows_by.setdefault((row["model"], row["profile"]), []).append(
+            {**row, "load": replica_load(row["id"], gateways, loads.get(row["id"]), units.get(row["id"]), now)})
+    # model -> (aliases, in the catalog, [(profile, engine, replicas asked for, capacity)])
+    shape: dict[str, tuple[list[str], bool, list[tuple]]] = {
+        m.name: (list(m.aliases), True, [(p.name, p.engine, p.replicas, p.capacity) for p in m.profiles])
+        for m in (catalog.models if catalog else [])}
+    for model, profile in sorted(rows_by):  # records of what left the catalog, until they are gone
+        _aliases, _in, profiles = shape.setdefault(model, ([], False, []))
+        if all(p[0] != profile for p in profiles):
+            profiles.append((profile, None, 0, None))
+    models = []
+    for name, (aliases, in_catalog, profiles) in shape.items():
+        out_profiles = []
+        for pname, engine, wanted, capacity in profiles:
+            rows = rows_by.get((name, pname), [])
+            out_profiles.append({"name": pname, "engine": engine, "wanted": wanted, "capacity": capacity,
+                                 "ready": sum(1 for r in rows if r["state"] == "Ready"), "replicas": rows})
+        demand = [g.models[name] for g in gateways if name in g.models]
+        models.append({
+            "name": name,
+            "aliases": aliases,
+            "in_catalog": in_catalog,
+            "wanted": sum(p["wanted"] for p in out_profiles),
+            "ready": sum(p["ready"] for p in out_profiles),
+            "profiles": out_profiles,
+            "gateway": {"inflight": sum(d.inflight for d in demand), "queued": sum(d.queued for d in demand),
+                        "processes": len(gateways)},
+            "traffic": traffic.get(name, []),
+        })
+    return {"time": now, "models": models, "thresholds": thresholds, "traffic_slot": slot}
+
+
+def catalog_view(version: int, catalog: Catalog | None, meta: dict, history: list[dict]) -> dict:
+    """The applied (or asked-for past) catalog: its metadata, its resolved spec as YAML, the history."""
+    text = yaml.safe_dump(catalog.canonical(), sort_keys=False, default_flow_style=False) if catalog else ""
+    return {"version": version, "hash": meta.get("hash"), "applied_at": meta.get("applied_at"),
+            "applied_by": meta.get("applied_by"), "source": meta.get("source"), "yaml": text, "history": history}
