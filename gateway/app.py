@@ -305,7 +305,8 @@ class Gateway:
             return None
         key = self.identify(environ)
         if not key.admin:
-            raise ApiError("forbidden", f"API key {key.name} is not an admin key")
+            raise ApiError("forbidden", f"API key {key.name!r} is not an admin key; the console and the admin APIs "
+                                        "need one (llmgw keys create NAME --admin)")
         return key
 
     def enforce(self, key: ApiKey, model: str | None) -> None:
