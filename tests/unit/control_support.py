@@ -67,11 +67,14 @@ class Sim:
     dispatched: list[tuple[str, str, str]] = field(default_factory=list)  # (kind, id, node)
     history: list[list] = field(default_factory=list)
     last_seen: dict[str, float] = field(default_factory=dict)  # node -> last heartbeat
+    wanted: dict[tuple[str, str], int] = field(default_factory=dict)  # the autoscaler's counts
+    replica_load: dict[str, float] = field(default_factory=dict)
 
     def snapshot(self) -> Snapshot:
         return Snapshot(nodes=dict(self.nodes), replicas=tuple(self.records.values()), admin=dict(self.admin),
                         known=frozenset(self.nodes) | frozenset(self.last_seen), taken_at=self.now,
-                        last_seen={**self.last_seen, **{n: self.now for n in self.nodes}})
+                        last_seen={**self.last_seen, **{n: self.now for n in self.nodes}},
+                        wanted=dict(self.wanted), replica_load=dict(self.replica_load))
 
     def lose(self, name: str) -> NodeInfo:
         """The node stops heartbeating now (its last heartbeat is remembered)."""

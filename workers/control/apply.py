@@ -123,7 +123,7 @@ def _apply_one(action: Action, store: Store, dispatcher: Dispatcher, now: float)
         if store.update_replica(action.id, stop_requested_at=now, stop_reason=action.reason,
                                 drain_timeout=action.drain_timeout):
             log.info("stop %s: %s", action.id, action.reason)
-            store.emit("replica_draining", action.reason, source="control", replica=action.id,
+            store.emit(action.event, action.reason, source="control", replica=action.id,
                         model=action.model,
                         node=action.nodes[0] if action.nodes else "", ts=now,
                         drain_timeout=action.drain_timeout)

@@ -28,6 +28,12 @@ class Snapshot:
     known: frozenset[str] = frozenset()  # every node that ever sent a heartbeat
     taken_at: float = 0.0
     last_seen: Mapping[str, float] = field(default_factory=dict)  # node -> time of its last heartbeat
+    # Autoscaled profiles: (model, profile) -> the replica count the autoscaler wants (docs/autoscaling.md);
+    # a profile not in it runs its catalog `replicas`.
+    wanted: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    # Requests each replica holds (gateways' in flight, or its engine's running + waiting if more), where
+    # known: a scale-down stops the least loaded first, and preemption takes the least loaded victim.
+    replica_load: Mapping[str, float] = field(default_factory=dict)
 
 
 def load_snapshot(store: Store, now: float) -> Snapshot:
