@@ -29,6 +29,7 @@ from workers.control.plan import (
     plan,
 )
 from workers.control.publish import endpoints_from, fingerprint, merge_evidence
+from workers.control.scaling import autoscale_step
 from workers.control.snapshot import CatalogKeeper, load_snapshot
 
 log = logging.getLogger("llmgw.control")
@@ -194,6 +195,7 @@ def _reconcile(store, dispatcher, now, lock_ttl, config, catalog_sync, monotonic
             store.reindex_replica_nodes(snap.replicas)
         except Exception:  # the agents keep scanning every record meanwhile: slower, not wrong
             log.exception("building the per-node replica index failed; retried next pass")
+    snap = autoscale_step(store, catalog, snap, t)
     actions = plan(catalog, snap, t, config)
     budget = lock_ttl / 2
     result = apply_actions(actions, store, dispatcher, t, lambda: monotonic() - started > budget, kicker)

@@ -22,6 +22,7 @@ the reconcile shell writes (samples, states) and what the planner reads (counts,
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
@@ -29,6 +30,8 @@ from typing import Iterable, Mapping, Sequence
 from llmgw.catalog import Catalog, Profile
 from llmgw.state.records import DemandHint, GatewayReport, LoadRecord, ReplicaRecord, ScaleState
 from llmgw.state.replica_state import LOAD_FRESH_FOR
+
+log = logging.getLogger("llmgw.control.autoscale")
 
 # History kept beyond the longer window (seconds): a pass that runs late still finds the run's start.
 HISTORY_SLACK = 30.0
@@ -277,7 +280,12 @@ def decide_all(
         history = [s for s in history if s.t < now] + [sample]
         spec = ScaleSpec.of(p)
         current = state.count if state is not None else sum(1 for r in recs if r.stop_requested_at is None)
-        decision = desired(spec, history, current, now, state.since if state is not None else None)
+        try:
+            decision = desired(spec, history, current, now, state.since if state is not None else None)
+        except Exception:  # one bad profile must not stop the pass: it holds its count
+            log.exception("autoscaling %s/%s failed this pass; holding %d replicas", m.name, p.name, current)
+            decision = Decision(current, f"holds {current}: autoscaling failed this pass (see the control log)",
+                                current)
         if decision.changed or state is None:
             new_state = ScaleState(decision.count, now, decision.reason, current, now, sample.last_active,
                                    decision.reason)
