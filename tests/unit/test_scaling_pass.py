@@ -4,6 +4,8 @@ reports and cold-start hints, keeps a short history per profile, records each de
 
 from __future__ import annotations
 
+import json
+
 import fakeredis
 import pytest
 
@@ -103,3 +105,22 @@ def test_a_profile_that_stops_autoscaling_is_forgotten_and_keeps_its_replicas_co
     reconcile_once(store, FakeDispatcher(store), clock.time)
     assert store.scale_states() == {} and not store.r.exists(keys.autoscale_history("m", "cpu"))
     assert len(live(store)) == 2
+
+
+def test_status_shows_wanted_min_max_and_the_last_decision(store, monkeypatch, capsys):
+    from llmgw import cli
+
+    monkeypatch.setattr("llmgw.cli.status.store", lambda *_: store)
+    setup(store, auto(min_=0, max_=2))
+    clock = FakeClock(t=100.0)
+    store.write_demand_hint("m", DemandHint(at=clock.t, queued=2), ttl=10)
+    reconcile_once(store, FakeDispatcher(store), clock.time)
+    monkeypatch.setattr("llmgw.cli.status.time.time", lambda: 112.0)
+    assert cli.main(["status", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)["autoscale"]
+    assert (row["model"], row["profile"], row["wanted"], row["min"], row["max"], row["replicas"]) == \
+        ("m", "cpu", 1, 0, 2, 1)
+    assert row["last_change"] == "0 -> 1: 2 requests waiting (cold start)" and row["changed_age"] == 12.0
+    assert cli.main(["status"]) == 0
+    out = capsys.readouterr().out
+    assert "AUTOSCALING" in out and "0 -> 1: 2 requests waiting (cold start)" in out and "12s ago" in out
