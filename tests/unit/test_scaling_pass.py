@@ -124,3 +124,13 @@ def test_status_shows_wanted_min_max_and_the_last_decision(store, monkeypatch, c
     assert cli.main(["status"]) == 0
     out = capsys.readouterr().out
     assert "AUTOSCALING" in out and "0 -> 1: 2 requests waiting (cold start)" in out and "12s ago" in out
+
+
+def test_a_catalog_apply_moves_the_endpoint_list_version_so_gateways_learn_a_model_at_zero(store):
+    from workers.control.apply import publish_once
+
+    setup(store, auto())
+    first = publish_once(store, lambda: 1.0)
+    assert first is not None and publish_once(store, lambda: 2.0) is None  # nothing changed
+    apply_catalog(store.r, catalog(model("m", auto()), model("n", auto())), source="t", applied_by="t", now=3)
+    assert publish_once(store, lambda: 4.0) == first + 1  # no endpoint changed, the catalog did

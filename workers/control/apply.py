@@ -233,14 +233,17 @@ def publish_once(
             loaded = (catalogs or CatalogKeeper()).load(store)
             if loaded is None:
                 return None
-            _version, catalog = loaded
+            catalog_version, catalog = loaded
             t = now()
             replicas = store.all_replicas()
             live = store.live_nodes()
             extra = {} if lost_grace is None else {"lost_grace": lost_grace}
             eps = endpoints_from(catalog, replicas, live, t, last_seen=store.nodes_last_seen(),
                                  evidence=merge_evidence(store.gateway_reports()), **extra)
-            fp = fingerprint(eps)
+            # The catalog version too: gateways re-read the catalog's names (which models exist, which
+            # can cold-start) when the list's version moves, so a model added at zero replicas is
+            # known at once.
+            fp = f"{fingerprint(eps)}@{catalog_version}"
             current, published_fp, _eps = store.read_endpoints()
             version = None
             if fp != published_fp:
