@@ -176,8 +176,8 @@ class ControlSettings(Settings):
 
     docs: ClassVar[str] = "docs/control-plane.md"
 
-    reconcile_interval: Seconds = env("LLMGW_RECONCILE_INTERVAL", default=2.0, gt=0,
-                                      meaning="beat schedule of `llmgw.reconcile`")
+    reconcile_interval: Seconds = env("LLMGW_RECONCILE_INTERVAL", default=5.0, gt=0,
+                                      meaning="beat schedule of `llmgw.reconcile`, the backstop: facts kick it at once")
     publish_interval: Seconds = env("LLMGW_PUBLISH_INTERVAL", default=1.0, gt=0,
                                     meaning="beat schedule of `llmgw.publish`")
     catalog_file: Path | None = env("LLMGW_CATALOG", default=None,

@@ -27,7 +27,9 @@ from llmgw.errors import CatalogInvalid, LlmgwError
 from llmgw.local.embedded_redis import redis_server_argv
 from llmgw.local.localstack import LocalStack, celery_argv, free_port, port_is_free, python_module, wait_for
 from llmgw.settings import Settings
-from llmgw.state.replica_state import derive, nodes_alive
+from llmgw.engines.selfcheck import advice
+from llmgw.state.records import ReplicaRecord
+from llmgw.state.replica_state import State, derive, nodes_alive
 from llmgw.state.keys import CONTROL_QUEUE, node_queue
 from llmgw.state.kicks import RECONCILE
 from llmgw.state.store import Store, connect
@@ -132,7 +134,8 @@ def _run(args, settings, catalog, state_dir, node, stack: LocalStack, stopping) 
     url = f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '') else args.host}:{args.port}"
     store = Store(r)
     names = [m.name for m in catalog.models]
-    ready_model = _wait_first_ready(url, names, store, stack, stopping, args.ready_timeout)
+    crashes = CrashReporter(catalog)
+    ready_model = _wait_first_ready(url, names, store, stack, stopping, args.ready_timeout, crashes)
     if ready_model is None:
         return 0 if stopping.is_set() else 1
     body = json.dumps({"model": ready_model, "messages": [{"role": "user", "content": "Say hello"}]})
@@ -144,15 +147,20 @@ def _run(args, settings, catalog, state_dir, node, stack: LocalStack, stopping) 
         if dead:
             _say(f"{dead.name} exited with code {dead.popen.returncode}; last log lines:\n{dead.log_tail()}")
             return 1
+        for text in crashes.check(store):
+            _say(text)
     return 0
 
 
-def _wait_first_ready(url, names: list[str], store: Store, stack: LocalStack, stopping, timeout: float) -> str | None:
+def _wait_first_ready(url, names: list[str], store: Store, stack: LocalStack, stopping, timeout: float,
+                      crashes: CrashReporter) -> str | None:
     """Wait until the gateway lists one of the catalog's models (by its canonical name, for the curl
-    line); report replica states meanwhile."""
+    line); report replica states meanwhile, and each crash loop once."""
     deadline = time.monotonic() + timeout
     last_report = ""
     while time.monotonic() < deadline and not stopping.is_set():
+        for text in crashes.check(store):
+            _say(text)
         dead = stack.dead_child()
         if dead:
             _say(f"{dead.name} exited with code {dead.popen.returncode}; last log lines:\n{dead.log_tail()}")
@@ -173,6 +181,42 @@ def _wait_first_ready(url, names: list[str], store: Store, stack: LocalStack, st
     if not stopping.is_set():
         _say(f"no replica became Ready within {timeout:.0f} s; see the logs above and in the state directory")
     return None
+
+
+def crash_loop_text(rec: ReplicaRecord, reason: str, engine: str, lines: int = 15) -> str:
+    """What `llmgw up` says, once, when a replica reaches CrashLoop: why, the end of its engine log
+    (kept in the record: the node may be this machine or not) and what to do."""
+    out = [f"replica {rec.id} ({rec.model}/{rec.profile}) is crash-looping: {reason}"]
+    tail = [ln for ln in (rec.log_tail or "").splitlines() if ln.strip()][-lines:]
+    if tail:
+        out.append("last lines of its engine log:")
+        out += ["  " + ln for ln in tail]
+    if engine == "llamacpp":
+        out.append(advice(rec.exit_signal or (-rec.exit_code if rec.exit_code and rec.exit_code < 0 else None)))
+    else:
+        out.append("see `llmgw logs " + rec.id + "` and docs/engines.md")
+    return "\n".join(out)
+
+
+class CrashReporter:
+    """Tells about each replica that reaches CrashLoop once (not on every progress line)."""
+
+    def __init__(self, catalog: Catalog):
+        self.engines = {(m.name, p.name): p.engine for m, p in catalog.profiles()}
+        self.told: set[str] = set()
+
+    def check(self, store: Store) -> list[str]:
+        try:
+            live, now = store.live_nodes(), time.time()
+            out = []
+            for rec in store.all_replicas():
+                view = derive(rec, nodes_alive(rec, live), now)
+                if view.state is State.CRASHLOOP and rec.id not in self.told:
+                    self.told.add(rec.id)
+                    out.append(crash_loop_text(rec, view.reason, self.engines.get((rec.model, rec.profile), "")))
+            return out
+        except Exception:  # noqa: BLE001 - progress output only
+            return []
 
 
 def _replica_report(store: Store) -> str:

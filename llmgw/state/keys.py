@@ -148,6 +148,10 @@ def node_queue(node: str) -> str:
     return NODE_QUEUE_PREFIX + node
 
 
+# Hash of the control passes' counters: "<task>:passes", "<task>:seconds", "<task>:actions" (totals
+# since the Redis started), for the benchmarks and the control-plane metrics.
+CONTROL_STATS = f"{PREFIX}:stats:control"
+
 # --- locks ---------------------------------------------------------------------------------------
 RECONCILE_LOCK = f"{PREFIX}:lock:reconcile"
 PUBLISH_LOCK = f"{PREFIX}:lock:publish"

@@ -77,7 +77,7 @@ AGENT_FIELDS = (
     "port", "url", "pid", "pid_start", "engine_pid", "started_at", "attempt", "exit_code",
     "exit_signal", "exited_at", "last_probe_at", "last_probe_ok", "probe_error", "first_ready_at",
     "restarts", "failure_times", "next_restart_at", "log_tail", "stopped_at", "adopted_at",
-    "master_port", "drained_at", "drain_note",
+    "master_port", "drained_at", "drain_note", "log_path",
 )
 # Plus one field per node, `stopped_on:<node>` (llmgw.state.keys.replica_stopped_on), written by each node's
 # agent of a multi-node replica; read back as `ReplicaRecord.stopped_nodes`.
@@ -129,6 +129,8 @@ class ReplicaRecord:
     # Multi-node: the torch.distributed rendezvous port the head chose for its current attempt (members
     # join `node address:master_port`, and restart their part when the head's `attempt` changes).
     master_port: int | None = None
+    # The engine's log file on its node (`llmgw logs` reads it there; status and explain name it).
+    log_path: str | None = None
     # The agent judged the drain of a planned stop over (and sent SIGTERM) at this time, and why.
     drained_at: float | None = None
     drain_note: str | None = None

@@ -10,6 +10,7 @@ import enum
 from dataclasses import dataclass
 from typing import Container, Iterable
 
+from llmgw.proc.exitstatus import describe_exit
 from llmgw.state.records import GatewayReport, LoadRecord, ReplicaRecord
 
 
@@ -84,7 +85,7 @@ def derive(
                 f"{failures} failures in {policy.window:g}s; last exit {_exit_text(rec)}",
             )
         if rec.exited_at is not None:
-            return StateView(State.FAILED, f"exited {_exit_text(rec)}")
+            return StateView(State.FAILED, _exit_text(rec))
         return StateView(State.LAUNCHING, "waiting for the node agent")
     if rec.first_ready_at is not None and rec.first_ready_at >= (rec.started_at or 0):
         if rec.last_probe_ok:
@@ -164,11 +165,11 @@ def head_drained(rec: ReplicaRecord, now: float) -> DrainProgress:
 
 
 def _exit_text(rec: ReplicaRecord) -> str:
-    if rec.exit_signal:
-        return f"by signal {rec.exit_signal}"
-    if rec.exit_code is not None:
-        return f"with code {rec.exit_code}"
-    return "(status unknown)"
+    """How the last attempt ended, in words (`llmgw.proc.exitstatus`), and where its log is."""
+    text = describe_exit(rec.exit_code, rec.exit_signal)
+    if rec.log_path:
+        text += f"; engine log: {rec.node}:{rec.log_path}" if rec.node else f"; engine log: {rec.log_path}"
+    return text
 
 
 def nodes_alive(rec: ReplicaRecord, live: "Container[str]") -> bool:

@@ -101,6 +101,9 @@ class FakeRunner:
     def log_tail(self, rid, max_bytes=4000):
         return f"log of {rid}"
 
+    def log_path(self, rid):
+        return f"/state/replicas/{rid}/engine.log"
+
 
 class FakeProber:
     def __init__(self, runner: FakeRunner):

@@ -118,3 +118,33 @@ def test_status_warns_when_a_nodes_clock_runs_ahead(store, capsys):
     assert cli.main(["status"]) == 0
     out = capsys.readouterr().out
     assert "warning: node fast's clock is" in out and "NTP" in out and "node ok's" not in out
+
+
+def test_llmgw_up_tells_about_a_crash_loop_once_with_the_log_and_what_to_do():
+    from llmgw.catalog import parse_catalog_text
+    from llmgw.cli.up import CrashReporter, crash_loop_text
+    from llmgw.state.records import ReplicaRecord
+
+    rec = ReplicaRecord(id="r1", model="smollm2", profile="cpu", node="a", exit_code=-4, exit_signal=4,
+                        log_tail="loading model\n\nggml: tinygemm_kernel_amx\n")
+    text = crash_loop_text(rec, "4 failures in 600s; last exit killed by SIGILL (...)", "llamacpp")
+    lines = text.splitlines()
+    assert lines[0].startswith("replica r1 (smollm2/cpu) is crash-looping: 4 failures")
+    assert "  ggml: tinygemm_kernel_amx" in lines and "  loading model" in lines
+    assert "CPU instructions this machine lacks" in lines[-1] and "make clean-engine install" in lines[-1]
+    other = crash_loop_text(rec, "why", "sim")
+    assert other.endswith("see `llmgw logs r1` and docs/engines.md")
+
+    import fakeredis
+
+    from llmgw.state.store import Store
+
+    store = Store(fakeredis.FakeRedis(decode_responses=True))
+    store.write_heartbeat(node("a"), ttl=60)
+    now = __import__("time").time()
+    crashing = ReplicaRecord(id="r1", model="m", profile="p", node="a", nodes=["a"], attempt=4, started_at=now - 9,
+                             exited_at=now - 1, exit_code=1, failure_times=[now - 8, now - 6, now - 4, now - 1])
+    store.create_replica(crashing)
+    reporter = CrashReporter(parse_catalog_text("models:\n  - name: m\n    profiles:\n      - {name: p, engine: sim}\n"))
+    assert len(reporter.check(store)) == 1
+    assert reporter.check(store) == []  # once

@@ -1,5 +1,6 @@
 """The Procfile, docker-compose.yml, README and .ci/run agree with each other and with the CLI."""
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -34,15 +35,80 @@ def test_compose_services_match_procfile():
     assert set(doc["services"]) == ROLES
 
 
-def test_docker_compose_config_passes():
+def compose_tool() -> list[str] | None:
+    """`docker compose` or `docker-compose`, whichever is installed (None: neither)."""
     if shutil.which("docker") and subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0:
-        cmd = ["docker", "compose", "config", "-q"]
-    elif shutil.which("docker-compose"):
-        cmd = ["docker-compose", "config", "-q"]
-    else:
-        pytest.skip("neither `docker compose` nor `docker-compose` is installed (make install adds the latter)")
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
+        return ["docker", "compose"]
+    if shutil.which("docker-compose"):
+        return ["docker-compose"]
+    return None
+
+
+COMPOSE_TOP = {"version", "name", "services", "volumes", "networks", "configs", "secrets"}
+SERVICE_KEYS = {"image", "build", "command", "environment", "depends_on", "restart", "volumes", "ports",
+                "healthcheck", "env_file", "entrypoint", "working_dir", "user", "networks", "deploy", "labels"}
+
+
+def compose_problems(doc) -> list[str]:
+    """What `docker compose config` would refuse in a compose document, as far as llmgw's file uses
+    the format: unknown keys, a service without image or build, commands that are not lists of
+    strings, bad environments, dependencies, volumes and ports, healthchecks without a test."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("services"), dict) or not doc["services"]:
+        return ["no services"]
+    problems = [f"unknown top-level key {k!r}" for k in doc if k not in COMPOSE_TOP and not k.startswith("x-")]
+    services, volumes = doc["services"], doc.get("volumes") or {}
+    for name, svc in services.items():
+        if not isinstance(svc, dict):
+            problems.append(f"{name}: not a mapping")
+            continue
+        problems += [f"{name}: unknown key {k!r}" for k in svc if k not in SERVICE_KEYS]
+        if "image" not in svc and "build" not in svc:
+            problems.append(f"{name}: neither image nor build")
+        cmd = svc.get("command")
+        if cmd is not None and not (isinstance(cmd, list) and cmd and all(isinstance(a, str) for a in cmd)):
+            problems.append(f"{name}: command is not a list of strings")
+        env = svc.get("environment", {})
+        if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, (str, int, float))
+                                                for k, v in env.items()):
+            problems.append(f"{name}: environment is not a mapping of names to values")
+        problems += [f"{name}: depends on unknown service {d!r}" for d in svc.get("depends_on", [])
+                     if d not in services]
+        for v in svc.get("volumes", []):
+            source = v.split(":", 1)[0] if isinstance(v, str) and ":" in v else None
+            if source is None:
+                problems.append(f"{name}: volume {v!r} is not source:target")
+            elif not source.startswith((".", "/", "~")) and source not in volumes:
+                problems.append(f"{name}: named volume {source!r} is not declared under volumes")
+        for p in svc.get("ports", []):
+            if not (isinstance(p, str) and re.fullmatch(r"(\d+\.\d+\.\d+\.\d+:)?(\d+:)?\d+(/(tcp|udp))?", p)):
+                problems.append(f"{name}: port {p!r} is not [ip:][host:]container")
+        hc = svc.get("healthcheck")
+        if hc is not None and not (isinstance(hc, dict) and hc.get("test")):
+            problems.append(f"{name}: healthcheck without a test")
+    return problems
+
+
+def test_compose_structure_checker_finds_mistakes():
+    """The Python check is what validates the file where no compose tool is installed: it must be
+    able to fail."""
+    good = {"services": {"a": {"image": "x", "command": ["run"], "volumes": ["data:/d"], "ports": ["8080:80"]}},
+            "volumes": {"data": None}, "x-anchor": {}}
+    assert compose_problems(good) == []
+    bad = {"services": {"a": {"command": "run", "depends_on": ["b"], "volumes": ["nope:/d"], "ports": [80],
+                              "healthcheck": {"interval": "5s"}, "environment": {"X": [1]}, "comand": ["x"]}},
+           "volume": {}}
+    assert len(compose_problems(bad)) == 9, compose_problems(bad)
+
+
+def test_docker_compose_file_is_valid():
+    """With the compose tool this machine has (`docker compose` or `docker-compose`), and always with
+    the structural check in Python; `make test` installs no tool for this (.ci/run does, on CI)."""
+    doc = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    assert compose_problems(doc) == []
+    tool = compose_tool()
+    if tool:
+        proc = subprocess.run([*tool, "config", "-q"], cwd=ROOT, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
 
 
 def test_ci_runs_the_readme_test_command():
@@ -52,3 +118,17 @@ def test_ci_runs_the_readme_test_command():
     assert "make up" in head and "make test" in head
     assert "exec make test" in ci
 
+
+
+def test_make_installs_nothing_system_wide():
+    """`make test` and `make up` only touch .venv and the user's cache; system packages are .ci/run's job."""
+    makefile = (ROOT / "Makefile").read_text()
+    assert not re.search(r"\b(apt-get|apt|sudo|dnf|yum|brew)\b", makefile)
+    assert "apt-get install" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_the_image_builds_the_engine_like_make_install():
+    """One set of build flags: the Dockerfile builds llama-server with the Makefile's `engine` target."""
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert "make engine" in dockerfile and "CMAKE_ARGS" not in dockerfile
+    assert "python -m llmgw.engines.selfcheck" in dockerfile

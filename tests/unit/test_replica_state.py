@@ -30,7 +30,11 @@ CASES = [
     ("exited", dict(started_at=NOW - 5, exited_at=NOW - 1, exit_code=1,
      failure_times=[NOW - 1]), True, State.FAILED, "code 1"),
     ("killed by a signal", dict(started_at=NOW - 5, exited_at=NOW - 1, exit_code=-9, exit_signal=9,
-     failure_times=[NOW - 1]), True, State.FAILED, "signal 9"),
+     failure_times=[NOW - 1]), True, State.FAILED, "killed by SIGKILL (often out of memory"),
+    ("killed by SIGILL, with its log", dict(started_at=NOW - 5, exited_at=NOW - 1, exit_code=-4, exit_signal=4,
+     failure_times=[NOW - 1], log_path="/s/replicas/r1/engine.log"), True, State.FAILED,
+     "killed by SIGILL (illegal instruction: the engine binary uses CPU instructions this machine cannot run); "
+     "engine log: a:/s/replicas/r1/engine.log"),
     ("too many failures in the window", dict(started_at=NOW - 5, exited_at=NOW - 1, exit_code=1,
      failure_times=[NOW - 30, NOW - 10, NOW - 1]), True, State.CRASHLOOP, "3 failures"),
     ("old failures fall out of the window", dict(started_at=NOW - 5, exited_at=NOW - 1, exit_code=1,

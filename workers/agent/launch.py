@@ -32,21 +32,29 @@ class Launch:
 
 
 class CatalogCache:
-    """The applied catalog, re-read at most every `ttl` seconds (a pass may need it many times)."""
+    """The applied catalog, re-read at most every `ttl` seconds (a pass may need it many times), and at
+    once when a record names a model or profile the cached copy lacks: a replica the control plane
+    placed right after a catalog apply must not wait for the cache to expire before it starts."""
 
     def __init__(self, store: Store, clock: Clock, ttl: float = 2.0):
         self.store, self.clock, self.ttl = store, clock, ttl
         self.version, self.catalog, self.fetched = 0, None, -1e18
 
-    def get(self) -> Catalog | None:
+    def get(self, fresh: bool = False) -> Catalog | None:
         now = self.clock.monotonic()
-        if now - self.fetched >= self.ttl:
+        if fresh or now - self.fetched >= self.ttl:
             self.version, self.catalog, _ = read_applied(self.store)
             self.fetched = now
         return self.catalog
 
     def lookup(self, rec: ReplicaRecord) -> tuple[Model, Profile] | None:
-        cat = self.get()
+        found = self._find(self.get(), rec)
+        if found is None and self.clock.monotonic() - self.fetched > 0.05:
+            found = self._find(self.get(fresh=True), rec)  # newer than our copy, or really gone
+        return found
+
+    @staticmethod
+    def _find(cat: Catalog | None, rec: ReplicaRecord) -> tuple[Model, Profile] | None:
         model = cat.model(rec.model) if cat else None
         profile = model.profile(rec.profile) if model else None
         return (model, profile) if model and profile else None

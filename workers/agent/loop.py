@@ -294,7 +294,8 @@ class Agent:
                                    "not starting")
                 continue
             reserved |= {p for p in (launch.port, launch.master_port) if p is not None}
-            fields = sv.starting(rec, start, now, launch.port, launch.url, launch.master_port, launch.spec.serves_http)
+            fields = sv.starting(rec, start, now, launch.port, launch.url, launch.master_port, launch.spec.serves_http,
+                                 log_path=str(self.runner.log_path(rec.id)))
             self._record(rec, sv.Facts(fields=fields), writes)
             out.append((rec, start, launch))
         return out

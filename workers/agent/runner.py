@@ -19,7 +19,7 @@ from pathlib import Path
 from llmgw.engines.base import LaunchSpec
 from llmgw.proc import proctable
 from workers.agent.logfiles import replica_dir, tail_text
-from workers.agent.shim import EXIT_FILE, SHIM_FILE, read_json
+from workers.agent.shim import EXIT_FILE, LOG_FILE, SHIM_FILE, read_json
 from workers.agent.supervisor import ExitFacts, Found
 
 log = logging.getLogger("llmgw.agent")
@@ -175,5 +175,8 @@ class ShimRunner:
         except (OSError, ValueError):
             return 0.0
 
+    def log_path(self, replica_id: str) -> Path:
+        return self.dir(replica_id) / LOG_FILE
+
     def log_tail(self, replica_id: str, max_bytes: int = 4000) -> str:
-        return tail_text(self.dir(replica_id) / "engine.log", max_bytes)
+        return tail_text(self.log_path(replica_id), max_bytes)

@@ -44,6 +44,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from llmgw.proc.exitstatus import describe_exit
 from llmgw.state.keys import replica_stopped_on
 from llmgw.state.records import AGENT_FIELDS, ReplicaRecord
 from llmgw.state.kicks import PUBLISH, RECONCILE
@@ -298,7 +299,7 @@ def launch_failed(rec: ReplicaRecord, attempt: int, now: float, reason: str, pol
 
 
 def starting(rec: ReplicaRecord, start: Start, now: float, port: int, url: str, master_port: int | None,
-             serves_http: bool) -> dict[str, Any]:
+             serves_http: bool, log_path: str | None = None) -> dict[str, Any]:
     """The facts recorded before a new attempt's process is spawned, so a crash in between leaves a
     record the next pass reads as a failed attempt (and restarts), never an untracked process.
     `master_port`: the rendezvous port a multi-node head chose (members join this attempt on it)."""
@@ -308,6 +309,8 @@ def starting(rec: ReplicaRecord, start: Start, now: float, port: int, url: str, 
         engine_pid=None, exit_code=None, exit_signal=None, next_restart_at=None, last_probe_ok=None,
         probe_error=None, adopted_at=None,
     )
+    if log_path is not None:
+        fields["log_path"] = log_path
     if master_port is not None:
         fields["master_port"] = master_port
     if not serves_http:
@@ -472,8 +475,9 @@ def _record_exit(rec: ReplicaRecord, obs: Observed, exit: ExitFacts, now: float,
     fields = {**_exit_fields(rec, exit), "failure_times": list(failures), "next_restart_at": next_at,
               "restarts": restarts}
     reason = obs.term_reason
-    message = (f"attempt {rec.attempt} ended unexpectedly (code {exit.exit_code}, signal {exit.exit_signal})"
-               f"{f' ({reason})' if reason else ''}; restart in {max(0.0, next_at - now):.1f}s")
+    where = f"; engine log: {rec.log_path}" if rec.log_path else ""
+    message = (f"attempt {rec.attempt} ended unexpectedly: {describe_exit(exit.exit_code, exit.exit_signal)}"
+               f"{f' ({reason})' if reason else ''}{where}; restart in {max(0.0, next_at - now):.1f}s")
     return RecordExit(rec.id, exit, failures, next_at, restarts, reason, fields=fields,
                       tail=f"\n[llmgw-agent] terminated: {reason}\n" if reason else "",
                       message=message, level=logging.WARNING)
@@ -552,7 +556,8 @@ def news(rec: ReplicaRecord, action: Action, crash: CrashPolicy = CrashPolicy())
             return [News("replica_unhealthy", action.fields.get("probe_error") or "health probe failing", (PUBLISH,))]
         return []
     if isinstance(action, RecordExit):
-        how = _exit_words(action.exit) + (f" ({action.reason})" if action.reason else "")
+        how = describe_exit(action.exit.exit_code, action.exit.exit_signal)
+        how += (f" ({action.reason})" if action.reason else "") + (f"; engine log: {rec.log_path}" if rec.log_path else "")
         out = [News("replica_failed", f"attempt {rec.attempt} {how}", (PUBLISH, RECONCILE))]
         recent = sum(1 for t in action.failure_times if action.exit.exited_at - t <= crash.window)
         if recent >= crash.max_failures:
@@ -567,18 +572,6 @@ def news(rec: ReplicaRecord, action: Action, crash: CrashPolicy = CrashPolicy())
     if isinstance(action, Adopt):
         return [News("replica_adopted", f"attempt {rec.attempt} adopted by a restarted agent (pid {action.pid})")]
     return []
-
-
-def _exit_words(exit: ExitFacts) -> str:
-    if exit.exit_signal:
-        try:
-            name = signal.Signals(exit.exit_signal).name
-        except ValueError:
-            name = f"signal {exit.exit_signal}"
-        return f"killed by {name}"
-    if exit.exit_code is not None:
-        return f"exited with code {exit.exit_code}"
-    return "ended (status unknown)"
 
 
 # --- a member part's view ----------------------------------------------------------------------------

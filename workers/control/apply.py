@@ -170,11 +170,14 @@ def reconcile_once(
             kicker.mark_dirty(RECONCILE)
             return None
         kicker.started(RECONCILE)
+        result = None
         try:
-            return _reconcile(store, dispatcher, now, lock_ttl, config, catalog_sync, monotonic, catalogs,
-                              kicker, started)
+            result = _reconcile(store, dispatcher, now, lock_ttl, config, catalog_sync, monotonic, catalogs,
+                                kicker, started)
+            return result
         finally:
             kicker.finished(RECONCILE)
+            store.count_pass("reconcile", monotonic() - started, result.applied if result else 0)
 
 
 def _reconcile(store, dispatcher, now, lock_ttl, config, catalog_sync, monotonic, catalogs, kicker,
@@ -224,11 +227,13 @@ def publish_once(
     its agent drains it once every gateway has loaded that version. And when the set of live nodes
     changed since this process's last pass (a node joined or was lost), it kicks a reconcile."""
     kicker = kicker or disabled()
+    began = time.monotonic()
     with store.lock(keys.PUBLISH_LOCK, lock_ttl) as held:
         if not held:
             kicker.mark_dirty(PUBLISH)
             return None
         kicker.started(PUBLISH)
+        version = None
         try:
             loaded = (catalogs or CatalogKeeper()).load(store)
             if loaded is None:
@@ -263,6 +268,7 @@ def publish_once(
             return version
         finally:
             kicker.finished(PUBLISH)
+            store.count_pass("publish", time.monotonic() - began, 1 if version else 0)
 
 
 @dataclass(frozen=True)
