@@ -5,7 +5,7 @@
 
 The sim run: two CPU nodes, one model whose profile autoscales (min 0, max 6, capacity 4, target 0.7,
 scale_up_after 2s, scale_down_after 10s, idle_after 15s), reconcile and publish on their default
-timers (2 s, 1 s; facts kick them sooner). Nothing runs at first; then streamed requests arrive open
+timers (5 s, 1 s; facts kick them sooner). Nothing runs at first; then streamed requests arrive open
 loop at `--rate` per second for `--high` seconds (the first ones start the model from zero); then
 nothing until the profile is back at zero. Printed: time from the first request to the largest
 count, latency p50/p99 during the ramp (until that count was Ready) and after it, errors,
@@ -126,9 +126,10 @@ class Fleet(threading.Thread):
 
 
 def start(engine: str) -> tuple[Cluster, str]:
-    # The control plane on its default timers: cold starts and drains are driven by kicks, not by them.
+    # The control plane on its default timers: cold starts, drains and scale-up windows are driven by
+    # kicks, not by them.
     cluster = Cluster(Path(tempfile.mkdtemp(prefix="llmgw-bench-autoscale-")),
-                      {"LLMGW_RECONCILE_INTERVAL": "2", "LLMGW_PUBLISH_INTERVAL": "1"})
+                      {"LLMGW_RECONCILE_INTERVAL": "5", "LLMGW_PUBLISH_INTERVAL": "1"})
     cluster.start_redis()
     cluster.start_node("a")
     if engine == "sim":

@@ -175,3 +175,11 @@ def test_decide_all_records_a_change_and_the_loads_of_replicas():
     (q,) = calm.profiles
     assert (q.state.count, q.state.since, q.state.reason) == (1, 50.0, state.reason)
     assert q.state.note == "holds 1: load 0.50 per replica, target 0.7"
+
+
+def test_a_pending_scale_up_says_when_its_window_ends():
+    history = [Sample(t, inflight=25) for t in (10.0, 12.0)]
+    d = desired(SPEC, history, 1, 12.0, since=0.0)
+    assert not d.changed and d.recheck_at == 15.0  # above target since 10, scale_up_after 5
+    assert desired(SPEC, [Sample(10.0, inflight=2)], 1, 10.0).recheck_at is None
+    assert desired(SPEC, history, 4, 12.0).recheck_at is None  # at max: nothing to wait for

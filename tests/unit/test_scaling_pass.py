@@ -11,6 +11,7 @@ import pytest
 
 from llmgw.catalog import apply_catalog
 from llmgw.state import events, keys
+from llmgw.state.kicks import Kicker
 from llmgw.state.records import DemandHint, EndpointUse, GatewayReport, ModelDemand
 from llmgw.state.store import Store
 from tests.support.clock import FakeClock
@@ -134,3 +135,17 @@ def test_a_catalog_apply_moves_the_endpoint_list_version_so_gateways_learn_a_mod
     assert first is not None and publish_once(store, lambda: 2.0) is None  # nothing changed
     apply_catalog(store.r, catalog(model("m", auto()), model("n", auto())), source="t", applied_by="t", now=3)
     assert publish_once(store, lambda: 4.0) == first + 1  # no endpoint changed, the catalog did
+
+
+def test_a_pass_that_sees_load_above_target_asks_for_a_pass_when_the_window_ends(store):
+    sent = []
+    kicker = Kicker(store, lambda task, countdown: sent.append((task, round(countdown, 3))))
+    setup(store, auto(min_=1, max_=3))
+    clock = FakeClock()
+    reconcile_once(store, FakeDispatcher(store), clock.time, kicker=kicker)
+    (rid,) = [r.id for r in live(store)]
+    gateway(store, clock, {rid: EndpointUse(20)})
+    clock.advance(0.5)
+    sent.clear()
+    reconcile_once(store, FakeDispatcher(store), clock.time, kicker=kicker)
+    assert ("llmgw.reconcile", 2.0) in sent  # scale_up_after 2 s from this first sample above target

@@ -198,7 +198,9 @@ def _reconcile(store, dispatcher, now, lock_ttl, config, catalog_sync, monotonic
             store.reindex_replica_nodes(snap.replicas)
         except Exception:  # the agents keep scanning every record meanwhile: slower, not wrong
             log.exception("building the per-node replica index failed; retried next pass")
-    snap = autoscale_step(store, catalog, snap, t)
+    snap, recheck_at = autoscale_step(store, catalog, snap, t)
+    if recheck_at is not None:  # a load above target: decide when its window ends, not at the next tick
+        kicker.kick_in(RECONCILE, recheck_at - t)
     actions = plan(catalog, snap, t, config)
     budget = lock_ttl / 2
     result = apply_actions(actions, store, dispatcher, t, lambda: monotonic() - started > budget, kicker)

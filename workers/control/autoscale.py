@@ -96,6 +96,9 @@ class Decision:
     count: int
     reason: str  # in words: "3 -> 4: load 0.92 per replica for 6 s, target 0.7"
     current: int = 0
+    # The load is above target but not yet for `scale_up_after`: when it will have been, if it stays
+    # (the reconcile shell asks for a pass then, instead of waiting for its timer).
+    recheck_at: float | None = None
 
     @property
     def changed(self) -> bool:
@@ -168,6 +171,7 @@ def desired(spec: ScaleSpec, history: Sequence[Sample], current: int, now: float
         n = min(hi, max(current + 1, _needed(level, spec)))
         return Decision(n, f"{current} -> {n}: load {load_per_replica(level, cap, current):.2f} per replica "
                            f"for {_secs(now - up[0].t)}, target {target:g}", current)
+    recheck = up[0].t + spec.scale_up_after if up and current < hi else None
 
     floor = max(lo, 1)  # only idleness takes a profile to zero
     if current > floor:
@@ -179,7 +183,7 @@ def desired(spec: ScaleSpec, history: Sequence[Sample], current: int, now: float
                                    f"replica for {_secs(now - down[0].t)}; {fewer} carry it at "
                                    f"{load_per_replica(peak, cap, fewer):.2f}, target {target:g}", current)
     return Decision(current, f"holds {current}: load {load_per_replica(demand, cap, current):.2f} per replica, "
-                             f"target {target:g}", current)
+                             f"target {target:g}", current, recheck)
 
 
 def observe(
@@ -241,6 +245,12 @@ class ScalePass:
     @property
     def counts(self) -> dict[tuple[str, str], int]:
         return {(p.model, p.profile): p.decision.count for p in self.profiles}
+
+    @property
+    def recheck_at(self) -> float | None:
+        """The earliest moment a pending scale-up window completes (None: nothing pending)."""
+        return min((p.decision.recheck_at for p in self.profiles if p.decision.recheck_at is not None),
+                   default=None)
 
 
 def autoscaled(catalog: Catalog) -> list[tuple[str, str]]:

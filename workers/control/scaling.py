@@ -19,15 +19,16 @@ from workers.control.snapshot import Snapshot
 log = logging.getLogger("llmgw.control.autoscale")
 
 
-def autoscale_step(store: Store, catalog: Catalog, snap: Snapshot, now: float) -> Snapshot:
-    """The snapshot with the autoscaler's counts (`wanted`) and the replicas' loads filled in."""
+def autoscale_step(store: Store, catalog: Catalog, snap: Snapshot, now: float) -> tuple[Snapshot, float | None]:
+    """The snapshot with the autoscaler's counts (`wanted`) and the replicas' loads filled in, and when
+    a pass should look again (a load above target whose `scale_up_after` has not run out yet)."""
     profiles = autoscaled(catalog)
     states = store.scale_states()
     forget = [key for key in states if key not in set(profiles)]
     if not profiles:
         if forget:
             store.write_scaling({}, {}, {}, HISTORY_MAX, forget)
-        return snap
+        return snap, None
     specs = {(m.name, p.name): ScaleSpec.of(p) for m, p in catalog.profiles() if p.autoscale is not None}
     keep_since = {key: now - spec.horizon for key, spec in specs.items()}
     histories = {key: [Sample.from_list(row) for row in rows]
@@ -49,4 +50,4 @@ def autoscale_step(store: Store, catalog: Catalog, snap: Snapshot, now: float) -
         if d.current == 0 and d.count > 0:
             store.emit("model_cold_start", d.reason, source="control", model=p.model, profile=p.profile, ts=now,
                        replicas=d.count)
-    return replace(snap, wanted=result.counts, replica_load=result.replica_load)
+    return replace(snap, wanted=result.counts, replica_load=result.replica_load), result.recheck_at
