@@ -13,7 +13,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Collection
 
 from gateway.routing import Choice, Rejection
 
@@ -75,9 +75,11 @@ class WaitQueue:
             with self.cond:
                 self.cond.notify_all()
 
-    def wait(self, attempt: Callable[[], Choice | Rejection], timeout: float) -> Choice | Rejection | None:
-        """Wait for a turn and an endpoint. Returns the Choice, a non-saturation Rejection (the model
-        went away), or None when the queue is full or the time ran out."""
+    def wait(self, attempt: Callable[[], Choice | Rejection], timeout: float,
+             keep: Collection[str] = ("saturated",)) -> Choice | Rejection | None:
+        """Wait for a turn and an endpoint. Returns the Choice, a Rejection of a kind not in `keep`
+        (the model went away), or None when the queue is full or the time ran out. A cold start keeps
+        waiting while the model has no endpoint at all (gateway.coldstart)."""
         with self.cond:
             if len(self.waiters) >= self.max_len:
                 return None
@@ -88,7 +90,7 @@ class WaitQueue:
                 while True:
                     if self.waiters[0] is ticket:
                         res = attempt()
-                        if isinstance(res, Choice) or res.kind != "saturated":
+                        if isinstance(res, Choice) or res.kind not in keep:
                             return res
                     remaining = deadline - self.monotonic()
                     if remaining <= 0:

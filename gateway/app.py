@@ -30,6 +30,7 @@ from werkzeug.http import HTTP_STATUS_CODES
 from gateway import fleetmetrics
 from gateway.admission import Send, Shed, Wait, WaitQueue, admit
 from gateway.auth import ApiKey, KeyTable, RateLimiter, UsageRecorder
+from gateway.coldstart import DemandSignal, hold, retry_after
 from gateway.config import DEFAULT_MAX_CONNECTIONS, GatewaySettings
 from gateway.errors import ApiError, error_response
 from gateway.fleet import FleetView
@@ -57,6 +58,7 @@ from gateway.ui import console_blueprint
 from llmgw.state.apikeys import ANONYMOUS, PRIORITIES, budget_status, cap_priority, usage_by_model
 from llmgw.state.budget import iso
 from llmgw.state.clock import Clock
+from llmgw.state.kicks import Kicker, broker_app, celery_sender
 from llmgw.state.store import Store, connect
 
 log = logging.getLogger("llmgw.gateway")
@@ -144,6 +146,9 @@ class Gateway:
         self.traffic = TrafficCounter(self.clock.time)
         self.saturation = SaturationSignals()
         self.episodes: dict[str, Episode] = {}
+        self.demand = DemandSignal(
+            self.store, lambda: Kicker(self.store, celery_sender(broker_app(cfg.redis_url)), enabled=cfg.event_driven),
+            self.clock.time, self.clock.monotonic)
 
     # --- background ----------------------------------------------------------------------------
     def refresh(self) -> None:
@@ -441,6 +446,8 @@ class Gateway:
     def _admit(self, req: RouteRequest, first: bool, last_error: ApiError | None) -> Choice:
         q = self.queue(req.model)
         res = self.state.route(RouteRequest(req.model, req.priority, req.affinity, req.exclude, len(q) + 1))
+        if isinstance(res, Rejection) and res.kind == "unknown_model" and req.model in self.state.cold_start:
+            return self._cold_start(req, q, self.state.cold_start[req.model])
         decision = admit(res, req.priority, len(q) if first else 0, self.cfg.queue_max, self.cfg.queue_timeout)
         if isinstance(decision, Wait):
             if isinstance(res, Choice):  # others queued first: give the slot back and line up
@@ -470,6 +477,28 @@ class Gateway:
         if decision.kind == "unknown_model" and req.model not in self.state.known_models:
             raise ApiError("model_not_found", f"model {req.model!r} does not exist")
         raise ApiError("no_replica", f"no Ready endpoint for model {req.model!r}")
+
+    def _cold_start(self, req: RouteRequest, q: WaitQueue, timeout: float) -> Choice:
+        """The model has no endpoint and scales to zero: hold the request in its queue until a replica
+        is published (gateway.coldstart), telling the control plane at once."""
+        decision = hold(timeout, len(q), self.cfg.queue_max)
+        if isinstance(decision, Shed):
+            self.metrics.shed.labels(req.model, "cold_start").inc()
+            raise ApiError("shed", f"model {req.model!r} is starting: {decision.reason}", decision.retry_after)
+        model = self.state.canonical.get(req.model, req.model)
+        if self.demand.demand(model, len(q) + 1):
+            log.info("model %s has no Ready replica: holding its requests up to %gs for a cold start", model, timeout)
+        self.metrics.queue.labels(req.model).inc()
+        try:
+            res = q.wait(lambda: self.state.route(replace(req, queued=1)), decision.timeout,
+                         keep=("saturated", "unknown_model"))
+        finally:
+            self.metrics.queue.labels(req.model).dec()
+        if isinstance(res, Choice):
+            return res
+        self.metrics.shed.labels(req.model, "cold_start_timeout").inc()
+        raise ApiError("no_replica", f"model {req.model!r} is starting (scaling up from zero): no replica was "
+                       f"Ready within {timeout:g}s; retry shortly", retry_after(timeout))
 
     def _respond(self, resp, lease: "Lease", model: str, key: ApiKey | None, rid: str, t0: float,
                  t_send: float) -> RawAnswer:
@@ -538,9 +567,10 @@ class Gateway:
 
     # --- other views -----------------------------------------------------------------------------
     def list_models(self) -> dict:
-        """The published models; for a key with `--models`, only those it may call."""
+        """The published models, and those scaled to zero (a request starts them); for a key with
+        `--models`, only those it may call."""
         key = self.authenticate(request.environ)
-        names = sorted(self.state.models())
+        names = sorted(set(self.state.models()) | set(self.state.cold_start))
         if key is not None:
             self.enforce(key, None)
             names = [m for m in names if allows(key, self.state.names_of(m))]

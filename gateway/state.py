@@ -29,7 +29,7 @@ import redis
 from gateway.config import GatewaySettings
 from gateway.report import Identity, gateway_report
 from gateway.routing import Choice, EndpointStats, Rejection, RouteRequest, choose
-from llmgw.catalog import catalog_model_names
+from llmgw.catalog import catalog_outline
 from llmgw.state.clock import Clock
 from llmgw.state.records import EndpointInfo, GatewayReport, LoadRecord
 from llmgw.state.store import Store
@@ -105,7 +105,10 @@ class GatewayState:
         self.fail_at: dict[str, float] = {}  # ... of the last connection failure or first-byte timeout
         self.model_inflight: dict[str, int] = {}  # by canonical model name
         self.last_request_at: dict[str, float] = {}  # by canonical name (the requested one if unpublished)
-        self.canonical: dict[str, str] = {}  # alias or name -> canonical model name, from the list
+        self.canonical: dict[str, str] = {}  # alias or name -> canonical model name (catalog and list)
+        # Names of models that scale to zero -> how long a request waits for a cold start (the catalog's
+        # `autoscale.cold_start_timeout`; gateway.coldstart).
+        self.cold_start: dict[str, float] = {}
         self.stats: dict[str, EndpointStats] = {}
         # Names in the applied catalog or the published list: 503 (no Ready replica), not 404. A model
         # removed from the catalog becomes unknown again once its endpoints are unpublished.
@@ -142,7 +145,7 @@ class GatewayState:
                 self.health.succeeded()
                 return False
             v, fp, eps = self.store.read_endpoints()
-            catalog_names = catalog_model_names(self.store)
+            outline = catalog_outline(self.store)
             self.health.succeeded()
             self._last_full = now
         except REDIS_ERRORS as e:
@@ -156,13 +159,16 @@ class GatewayState:
             return False
         if self.loaded_once and v == self.version and fp == self.fingerprint:
             with self.lock:
-                self.names = name_table(catalog_names, self.endpoints)
+                self.names = name_table(outline.groups, self.endpoints)
                 self.known_models = set(self.names)
+                self.canonical = {**outline.canonical, **{n: e.model or e.models[0] for e in self.endpoints
+                                                          for n in e.models}}
+                self.cold_start = outline.cold_start
             return False
         with self.lock:
             self.version, self.fingerprint, self.endpoints = v, fp, tuple(eps)
             self.by_id = {e.id: e for e in eps}
-            self.names = name_table(catalog_names, eps)
+            self.names = name_table(outline.groups, eps)
             self.known_models = set(self.names)
             self.loads = {k: v for k, v in self.loads.items() if k in self.by_id}
             self.stats = {k: v for k, v in self.stats.items() if k in self.by_id}
@@ -171,7 +177,8 @@ class GatewayState:
             self.inflight = {k: n for k, n in self.inflight.items() if n > 0 or k in self.by_id}
             self.ok_at = {k: t for k, t in self.ok_at.items() if k in self.inflight}
             self.fail_at = {k: t for k, t in self.fail_at.items() if k in self.inflight}
-            self.canonical = {n: e.model or e.models[0] for e in eps for n in e.models}
+            self.canonical = {**outline.canonical, **{n: e.model or e.models[0] for e in eps for n in e.models}}
+            self.cold_start = outline.cold_start
             self.loaded_once = True
         if self.metrics:
             self.metrics.endpoints_version.set(v)

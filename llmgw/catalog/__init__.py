@@ -38,7 +38,7 @@ _LAZY = {
     "catalog_applied": "store",
     "apply_catalog": "store",
     "catalog_names": "store",
-    "catalog_model_names": "store",
+    "catalog_outline": "store",
     "history": "store",
     "read_applied": "store",
     "read_version": "store",

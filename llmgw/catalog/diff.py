@@ -148,7 +148,9 @@ def format_diff(diff: CatalogDiff, new: Catalog | None = None) -> list[str]:
             if p.kind == "added":
                 prof = new.model(p.model).profile(p.profile) if new and new.model(p.model) else None
                 extra = f" ({prof.engine}, {_hardware(prof)}, priority {prof.priority})" if prof else ""
-                lines.append(f"{label}: {_replicas(p.replicas_after)}{extra}")
+                count = (f"autoscale {prof.autoscale.min}..{prof.autoscale.max}" if prof and prof.autoscale
+                         else _replicas(p.replicas_after))
+                lines.append(f"{label}: {count}{extra}")
             elif p.kind == "removed":
                 lines.append(f"{label}: {_replicas(p.replicas_before)} stop")
             else:
@@ -156,7 +158,11 @@ def format_diff(diff: CatalogDiff, new: Catalog | None = None) -> list[str]:
                 if p.replicas_before != p.replicas_after:
                     parts.append(f"replicas {p.replicas_before} -> {p.replicas_after}")
                 for c in p.changes:
-                    if c.field != "replicas":
+                    if c.field == "autoscale" and isinstance(c.before, dict) and isinstance(c.after, dict):
+                        # One part per changed key: the whole block in JSON twice would hide the edit.
+                        parts += [f"autoscale.{k.field} {_show(k.before)} -> {_show(k.after)}"
+                                  for k in _field_changes(c.before, c.after)]
+                    elif c.field != "replicas":
                         parts.append(f"{c.field} {_show(c.before)} -> {_show(c.after)}")
                 if not parts:
                     parts.append("model source or names changed")

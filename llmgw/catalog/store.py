@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass, field
 
 import redis
 from pydantic import ValidationError
@@ -70,28 +71,46 @@ def applied_version(r: redis.Redis | Store) -> int:
     return int(json.loads(raw)["version"]) if raw else 0
 
 
-def catalog_model_names(r: redis.Redis | Store) -> list[tuple[str, ...]]:
-    """Per model of the applied catalog, its name then its aliases (empty when none), without
-    validating the spec: cheap enough for the gateway to call on each endpoint-list reload."""
+def catalog_names(r: redis.Redis | Store) -> set[str]:
+    """Every model name and alias of the applied catalog (empty when none), without validating the
+    spec: cheap enough for the gateway to call on each endpoint-list reload."""
+    return set(catalog_outline(r).canonical)
+
+
+@dataclass(frozen=True)
+class CatalogOutline:
+    """What the gateway reads of the applied catalog: `canonical` maps every name and alias to its
+    model's name; `groups` holds each model's names (its name, then its aliases), which a key's
+    `--models` may list; `cold_start` maps the names of models that can scale to zero (a profile with
+    `autoscale.min: 0`) to how long a request waits for a cold start (the longest such timeout)."""
+
+    canonical: dict[str, str] = field(default_factory=dict)
+    groups: list[tuple[str, ...]] = field(default_factory=list)
+    cold_start: dict[str, float] = field(default_factory=dict)
+
+
+def catalog_outline(r: redis.Redis | Store) -> CatalogOutline:
+    """The applied catalog's names and cold-start timeouts in one GET, without validating the spec
+    (the stored spec is resolved: every profile carries its full autoscale block)."""
     raw = client_of(r).get(keys.CATALOG)
-    out: list[tuple[str, ...]] = []
+    out = CatalogOutline()
     if not raw:
         return out
     try:
         for m in (json.loads(raw).get("spec") or {}).get("models") or []:
-            if isinstance(m, dict):
-                names = [m.get("name") or ""] + [a for a in (m.get("aliases") or []) if isinstance(a, str)]
-                names = [n for n in names if n and isinstance(n, str)]
-                if names:
-                    out.append(tuple(names))
+            if not isinstance(m, dict) or not isinstance(m.get("name"), str) or not m["name"]:
+                continue
+            names = [m["name"], *(a for a in (m.get("aliases") or []) if isinstance(a, str) and a)]
+            out.groups.append(tuple(names))
+            waits = [float(a.get("cold_start_timeout") or 0) for p in m.get("profiles") or []
+                     if isinstance(p, dict) and isinstance(a := p.get("autoscale"), dict) and a.get("min") == 0]
+            for n in names:
+                out.canonical[n] = m["name"]
+                if waits:
+                    out.cold_start[n] = max(waits)
     except (ValueError, AttributeError, TypeError):
         pass  # a malformed document names nothing; read_applied reports it
     return out
-
-
-def catalog_names(r: redis.Redis | Store) -> set[str]:
-    """Every model name and alias of the applied catalog (empty when none)."""
-    return {n for names in catalog_model_names(r) for n in names}
 
 
 def history(r: redis.Redis | Store, n: int = 10) -> list[dict]:

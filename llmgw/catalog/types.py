@@ -13,7 +13,7 @@ import json
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, field_validator, model_validator
 
 from llmgw.gpus import normalize_gpu_class
 
@@ -45,6 +45,29 @@ _ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # (Strings are never coerced from numbers by pydantic; lists stay lax so Python callers may pass tuples.)
 SInt = Annotated[int, Strict()]
 SFloat = Annotated[float, Strict()]
+
+# A duration: a number of seconds, or a string of units largest first: `5s`, `2m`, `1h30m`, `500ms`.
+_DURATION_RE = re.compile(
+    r"^(?:(?P<h>\d+(?:\.\d+)?)h)?(?:(?P<m>\d+(?:\.\d+)?)m(?!s))?(?:(?P<s>\d+(?:\.\d+)?)s)?"
+    r"(?:(?P<ms>\d+(?:\.\d+)?)ms)?$"
+)
+_UNIT_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from a number or a string such as `90s`, `2m`, `1h30m`; ValueError says what is wrong."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        what = f"the boolean {str(value).lower()}" if isinstance(value, bool) else type(value).__name__
+        raise ValueError(f"must be a duration (seconds, or a string like 5s, 2m, 1h30m), got {what}")
+    if not isinstance(value, str):
+        return float(value)
+    m = _DURATION_RE.match(value.strip())
+    if not value.strip() or m is None or not any(m.groupdict().values()):
+        raise ValueError(f"{value!r} is not a duration: write seconds (30) or units largest first (5s, 2m, 1h30m, 500ms)")
+    return sum(float(n) * _UNIT_SECONDS[u] for u, n in m.groupdict().items() if n)
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
 
 
 class _Strict(BaseModel):
@@ -88,6 +111,32 @@ class MetricMapping(_Strict):
         return not (self.running or self.waiting or self.kv_usage)
 
 
+# Scale to zero: with `autoscale.min: 0`, a profile that got no request this long goes to 0 replicas.
+IDLE_AFTER = 300.0
+
+
+class Autoscale(_Strict):
+    """`autoscale:` of a profile: the replica count follows the load (docs/autoscaling.md). The rules
+    across fields (min <= max, idle_after only with min 0) are checked by `llmgw.catalog.validate`,
+    which can point at the field; the stored (resolved) form only has to be well-typed."""
+
+    min: SInt = Field(default=1, ge=0)  # 0: scale to zero when idle
+    max: SInt = Field(ge=1)  # no default: it bounds what the profile may take of the fleet
+    target: SFloat = Field(default=0.7, gt=0, le=1, allow_inf_nan=False)  # wanted load per replica
+    scale_up_after: Duration = Field(default=5.0, gt=0, allow_inf_nan=False)
+    scale_down_after: Duration = Field(default=120.0, gt=0, allow_inf_nan=False)
+    # Resolved: IDLE_AFTER when min is 0 and it is omitted; None (never idles to zero) when min > 0.
+    idle_after: Duration | None = Field(default=None, gt=0, allow_inf_nan=False)
+    cold_start_timeout: Duration = Field(default=180.0, gt=0, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _resolve_idle_after(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("min", 1) == 0 and data.get("idle_after") is None:
+            data = {**data, "idle_after": IDLE_AFTER}
+        return data
+
+
 class Profile(_Strict):
     """One way to serve a model: engine, replica count, hardware and routing tier."""
 
@@ -98,7 +147,13 @@ class Profile(_Strict):
     tensor_parallel: SInt = Field(default=1, ge=1)
     pipeline_parallel: SInt = Field(default=1, ge=1)
     nodes: SInt = Field(default=1, ge=1)
-    priority: SInt = 0
+    priority: SInt = 0  # the routing tier
+    # GPU sharing: the order placement serves profiles when GPUs are short, and who may preempt whom
+    # (strictly higher only; docs/autoscaling.md). `priority` stays the tie-break.
+    scheduling_priority: SInt = 0
+    # None: a fixed `replicas` count. Set: the count follows the load within [min, max]; `replicas`
+    # then holds `autoscale.min`, the count when nothing is known about the load.
+    autoscale: Autoscale | None = None
     weight: SFloat = Field(default=1.0, gt=0, allow_inf_nan=False)
     pool: str = "default"
     node_selector: dict[str, str] = Field(default_factory=dict)
@@ -106,10 +161,10 @@ class Profile(_Strict):
     env: dict[str, str] = Field(default_factory=dict)
     capacity: SInt | None = Field(default=None, ge=1)  # filled from ENGINE_DEFAULTS when omitted
     metrics: MetricMapping | None = None
-    start_timeout: SFloat = Field(default=120.0, gt=0, allow_inf_nan=False)
+    start_timeout: Duration = Field(default=120.0, gt=0, allow_inf_nan=False)
     # A planned stop (rolling update, scale-down, drain, removal) lets in-flight requests finish for up
     # to this long (seconds) after every gateway stopped sending new ones; 0 = stop at once.
-    drain_timeout: SFloat = Field(default=DRAIN_TIMEOUT, ge=0, allow_inf_nan=False)
+    drain_timeout: Duration = Field(default=DRAIN_TIMEOUT, ge=0, allow_inf_nan=False)
     # Overrides the model's `source` for this profile (a GGUF file for the llama.cpp tier of a model
     # vLLM loads from Hugging Face). None: the model's source. LaunchContext applies it.
     source: str | None = None
@@ -124,6 +179,11 @@ class Profile(_Strict):
         defaults = ENGINE_DEFAULTS.get(engine) if isinstance(engine, str) else None
         if defaults:
             data = {**defaults, **{k: v for k, v in data.items() if not (k == "capacity" and v is None)}}
+        auto = data.get("autoscale")
+        if "replicas" not in data and isinstance(auto, (dict, Autoscale)):
+            floor = auto.get("min", 1) if isinstance(auto, dict) else auto.min
+            if type(floor) is int and floor >= 0:
+                data = {**data, "replicas": floor}
         gpu = data.get("gpu")
         if isinstance(gpu, dict) and "count" not in gpu:
             tp, pp, nodes = (data.get(k, 1) for k in ("tensor_parallel", "pipeline_parallel", "nodes"))
@@ -156,6 +216,12 @@ class Profile(_Strict):
             if not _ENV_RE.match(key):
                 raise ValueError(f"{key!r} is not a valid environment variable name")
         return v
+
+    @property
+    def min_replicas(self) -> int:
+        """The fewest replicas the profile keeps: `autoscale.min`, or a fixed `replicas` count (which
+        preemption therefore never takes from)."""
+        return self.autoscale.min if self.autoscale else self.replicas
 
     @property
     def gpus_per_replica(self) -> int:
@@ -235,7 +301,7 @@ def profile_spec_hash(model: Model, profile: Profile) -> str:
     Covered: engine, source (the profile's own or the model's), gpu, tensor/pipeline parallelism,
     nodes, args, env, capacity (it becomes -np / --max-num-seqs) and the model's name and aliases (they
     become served names). Not covered, because the router, planner or agent read them live: replicas,
-    priority, weight, pool and node_selector (a node that no longer matches is handled as outdated by
+    autoscale, priority, scheduling_priority, weight, pool and node_selector (a node that no longer matches is handled as outdated by
     the planner), metrics, start_timeout and drain_timeout."""
     spec = profile.model_dump(
         mode="json",

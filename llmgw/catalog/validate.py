@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from llmgw.catalog.types import ENGINE_NAMES, Catalog, Model, Profile
+from llmgw.catalog.types import ENGINE_NAMES, Autoscale, Catalog, Model, Profile
 from llmgw.engines import ENGINES
 from llmgw.errors import CatalogInvalid, Problem
 
@@ -57,6 +57,7 @@ _KNOWN_KEYS: dict[str, tuple[str, ...]] = {
     "profile": PROFILE_FIELDS,
     "gpu": ("class", "count"),
     "metrics": ("running", "waiting", "kv_usage"),
+    "autoscale": tuple(Autoscale.model_fields),
 }
 
 
@@ -74,6 +75,11 @@ def _describe(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return "a list"
     return type(value).__name__
+
+
+def _num(v: Any) -> Any:
+    """1.0 reads as 1 in a message (a duration written `0s` arrives as 0.0)."""
+    return f"{v:g}" if isinstance(v, float) else v
 
 
 def _loc_to_path(loc: tuple[Any, ...]) -> str:
@@ -98,7 +104,7 @@ def join_path(prefix: str, rest: str) -> str:
 
 def _known_for(loc: tuple[Any, ...], kind: str) -> tuple[str, ...]:
     parents = [p for p in loc[:-1] if isinstance(p, str)]
-    if parents and parents[-1] in ("gpu", "metrics"):
+    if parents and parents[-1] in ("gpu", "metrics", "autoscale"):
         return _KNOWN_KEYS[parents[-1]]
     if kind == "model" and parents and parents[0] == "profiles":
         return _KNOWN_KEYS["profile"]
@@ -132,9 +138,11 @@ def _reason(err: dict, kind: str) -> str:
     if t in ("list_type", "tuple_type"):
         return f"must be a list, got {_describe(value)}"
     if t == "greater_than_equal":
-        return f"must be at least {ctx.get('ge')}, got {value}"
+        return f"must be at least {_num(ctx.get('ge'))}, got {_num(value)}"
     if t == "greater_than":
-        return f"must be greater than {ctx.get('gt')}, got {value}"
+        return f"must be greater than {_num(ctx.get('gt'))}, got {_num(value)}"
+    if t == "less_than_equal":
+        return f"must be at most {_num(ctx.get('le'))}, got {_num(value)}"
     if t == "string_too_short":
         return "must not be empty"
     if t == "value_error":
@@ -154,7 +162,20 @@ def pydantic_problems(e: ValidationError, prefix: str, kind: str) -> list[Proble
 # --- the rules ---------------------------------------------------------------------------------
 
 
+# A profile has a fixed replica count or autoscales: the one it names itself wins over the other
+# from `defaults:`.
+_COUNT_KEYS = ("replicas", "autoscale")
+BOTH_COUNTS = ("`replicas` and `autoscale` together: a profile has a fixed replica count or autoscales "
+               "within [min, max], not both (remove one)")
+
+
+def _names_count(d: dict, key: str) -> bool:
+    return d.get(key) is not None
+
+
 def _merge_defaults(defaults: dict, profile: dict) -> dict:
+    if any(_names_count(profile, k) for k in _COUNT_KEYS):
+        defaults = {k: v for k, v in defaults.items() if k not in _COUNT_KEYS}
     merged = {**defaults, **profile}
     for key in MERGED_MAPS:
         d, p = defaults.get(key), profile.get(key)
@@ -176,6 +197,9 @@ def _validate_defaults(raw: Any, problems: list[Problem]) -> dict:
         if key in out:
             problems.append(Problem(f"defaults.{key}", why))
             del out[key]
+    if all(_names_count(out, k) for k in _COUNT_KEYS):
+        problems.append(Problem("defaults.autoscale", BOTH_COUNTS))
+        del out["autoscale"]
     probe = {"engine": "sim", **out, "name": "defaults"}
     try:
         Profile.model_validate(probe)
@@ -206,11 +230,26 @@ def _profile_problems(p: Profile, path: str) -> list[Problem]:
     except Exception as e:  # noqa: BLE001 - a broken adapter check is a problem to report, not a crash
         refusals = [Problem("", f"the {p.engine} adapter could not check this profile: {e!r}")]
     problems = [Problem(join_path(path, r.path), r.reason) for r in refusals]
+    problems += _autoscale_problems(p, f"{path}.autoscale")
     problems += _args_problems(p.args, f"{path}.args")
     for key in p.env:
         if key in _RESERVED_ENV:
             problems.append(Problem(f"{path}.env.{key}", f"'{key}' is set by llmgw: {_RESERVED_ENV[key]}"))
     return problems
+
+
+def _autoscale_problems(p: Profile, path: str) -> list[Problem]:
+    """The rules across `autoscale` fields, each at the field it is about."""
+    a = p.autoscale
+    if a is None:
+        return []
+    out = []
+    if a.min > a.max:
+        out.append(Problem(f"{path}.min", f"min {a.min} is above max {a.max}"))
+    if a.idle_after is not None and a.min > 0:
+        out.append(Problem(f"{path}.idle_after", f"only applies with min: 0 (scale to zero); with min {a.min} the "
+                                                 "profile never goes idle to zero: remove it, or set min: 0"))
+    return out
 
 
 # Fields the cross-field rules read: when one of them is itself invalid, those rules are skipped
@@ -328,6 +367,8 @@ def parse_catalog(data: Any, source: str = "<catalog>") -> Catalog:
                     problems.append(Problem(f"{ppath}.name", f"duplicate profile name {pname!r} (also profiles[{seen[pname]}])"))
                 else:
                     seen[pname] = j
+            if all(_names_count(rawp, k) for k in _COUNT_KEYS):
+                problems.append(Problem(f"{ppath}.autoscale", BOTH_COUNTS))
             merged = _merge_defaults(defaults, rawp)
             try:
                 profile = Profile.model_validate(merged)

@@ -245,7 +245,8 @@ def cmd_show(args) -> int:
             hw = "cpu"
         else:
             hw = f"{p.gpu.count}x{p.gpu.gpu_class}" + (f" x{p.nodes} nodes" if p.nodes > 1 else "")
-        rows.append([m.name, p.name, p.engine, str(p.replicas), hw, str(p.priority), f"{p.weight:g}", p.pool,
+        count = f"auto {p.autoscale.min}..{p.autoscale.max}" if p.autoscale else str(p.replicas)
+        rows.append([m.name, p.name, p.engine, count, hw, str(p.priority), f"{p.weight:g}", p.pool,
                      str(p.capacity), ",".join(m.aliases) or "-"])
     for line in _table(rows):
         print(line)

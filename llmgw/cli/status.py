@@ -13,7 +13,7 @@ import redis
 
 from llmgw.catalog import applied_version, read_applied
 from llmgw.cli.common import print_json, settings, store
-from llmgw.state.records import GatewayReport, LoadRecord, NodeAdmin, NodeInfo, ReplicaRecord
+from llmgw.state.records import GatewayReport, LoadRecord, NodeAdmin, NodeInfo, ReplicaRecord, ScaleState
 from llmgw.state.replica_state import State, derive, drain_progress, nodes_alive
 from llmgw.state.store import Store
 
@@ -41,18 +41,21 @@ def gather_status(s: Store, now: float) -> dict:
     admin = s.all_node_admin(sorted(known))
     replicas = s.all_replicas()
     version, _fp, endpoints = s.read_endpoints()
-    catalog_problem = None
+    catalog_problem, cat = None, None
     try:
-        catalog_version, _cat, meta = read_applied(s)
+        catalog_version, cat, meta = read_applied(s)
     except redis.RedisError:
         raise
     except Exception as e:  # noqa: BLE001 - e.g. applied by a newer llmgw: report it, show the rest
         catalog_version = _raw_catalog_version(s)
         catalog_problem = str(e).splitlines()[0] if str(e) else type(e).__name__
     draining = [r.id for r in replicas if r.stop_requested_at is not None]
+    bounds = {} if cat is None else {
+        (m.name, p.name): (p.autoscale.min, p.autoscale.max) for m, p in cat.profiles() if p.autoscale}
     report = build_status(live, known, admin, replicas, version, len(endpoints), catalog_version, now,
                           listed={e.id for e in endpoints}, gateways=s.gateway_reports(),
-                          loads=s.loads(draining), last_seen=s.nodes_last_seen())
+                          loads=s.loads(draining), last_seen=s.nodes_last_seen(),
+                          scaling=s.scale_states(), bounds=bounds)
     if catalog_problem:
         report["catalog"]["problem"] = f"this llmgw cannot read it: {catalog_problem}"
     return report
@@ -99,9 +102,12 @@ def build_status(
     gateways: Iterable[GatewayReport] = (),
     loads: Mapping[str, LoadRecord] | None = None,
     last_seen: Mapping[str, float] | None = None,
+    scaling: Mapping[tuple[str, str], ScaleState] | None = None,
+    bounds: Mapping[tuple[str, str], tuple[int, int]] | None = None,
 ) -> dict:
     """`listed`: ids in the published endpoint list (a Lost replica still in it shows as Ready, its
-    node agent lost); `gateways` and `loads` tell how far a Draining replica's drain has come."""
+    node agent lost); `gateways` and `loads` tell how far a Draining replica's drain has come;
+    `scaling` is the autoscaler's record per profile and `bounds` each autoscaled profile's (min, max)."""
     gateways = list(gateways)
     loads = loads or {}
     last_seen = last_seen or {}
@@ -168,11 +174,22 @@ def build_status(
     counts: dict[str, int] = {}
     for r in rows:
         counts[r["state"]] = counts.get(r["state"], 0) + 1
+    autoscale = []
+    for (model, profile), st in sorted((scaling or {}).items()):
+        lo, hi = (bounds or {}).get((model, profile), (None, None))
+        autoscale.append({
+            "model": model, "profile": profile, "wanted": st.count, "min": lo, "max": hi,
+            "replicas": sum(1 for r in rows if (r["model"], r["profile"]) == (model, profile)
+                            and r["state"] not in (State.STOPPED.value, State.STOPPING.value, State.DRAINING.value)),
+            "last_change": st.reason, "changed_at": st.since, "changed_age": now - st.since,
+            "now": st.note,
+        })
     return {
         "catalog": {"version": catalog_version},
         "nodes": nodes,
         "replicas": rows,
         "replica_states": counts,
+        "autoscale": autoscale,
         "endpoints": {"version": endpoints_version, "count": endpoints_count},
         "time": now,
     }
@@ -222,6 +239,15 @@ def render(report: dict) -> str:
         f"REPLICAS ({states})",
         _table(["ID", "MODEL", "PROFILE", "NODE", "GPUS", "STATE", "RESTARTS", "AGE", "URL", "REASON"], rep_rows)
         if rep_rows else "  none",
+    ]
+    if report.get("autoscale"):
+        scale_rows = [[a["model"], a["profile"], str(a["wanted"]), "-" if a["min"] is None else str(a["min"]),
+                       "-" if a["max"] is None else str(a["max"]), str(a["replicas"]), _age(a["changed_age"]) + " ago",
+                       a["last_change"]] for a in report["autoscale"]]
+        parts += ["", "AUTOSCALING",
+                  _table(["MODEL", "PROFILE", "WANTED", "MIN", "MAX", "REPLICAS", "CHANGED", "LAST DECISION"],
+                         scale_rows)]
+    parts += [
         "",
         f"ENDPOINTS version {ep['version']}, {ep['count']} routable",
     ]

@@ -99,6 +99,27 @@ def gateway_report(gateway_id: str) -> str:
     return f"{PREFIX}:gateway:{gateway_id}"
 
 
+# --- autoscaling (docs/autoscaling.md) --------------------------------------------------------------
+# Hash: "<model>/<profile>" -> JSON ScaleState, the autoscaler's wanted count and why (profile names
+# have no "/", so the last one splits the field). Written by the reconcile pass; read by `llmgw status`.
+AUTOSCALE = f"{PREFIX}:autoscale"
+
+
+def autoscale_field(model: str, profile: str) -> str:
+    return f"{model}/{profile}"
+
+
+def autoscale_history(model: str, profile: str) -> str:
+    """Sorted set of JSON samples scored by time, trimmed by age and count every pass."""
+    return f"{PREFIX}:autoscale:history:{model}/{profile}"
+
+
+def demand_hint(model: str) -> str:
+    """JSON DemandHint, written with a short TTL by a gateway that holds requests for a model with no
+    Ready replica (a cold start)."""
+    return f"{PREFIX}:demand:{model}"
+
+
 # --- events and kicks ------------------------------------------------------------------------------
 # Stream of what happened (catalog applied, replica Ready/failed/stopped, node lost, ...), capped.
 EVENTS = f"{PREFIX}:events"

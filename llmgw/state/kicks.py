@@ -115,6 +115,16 @@ class Kicker:
             log.warning("could not kick %s (%s); the periodic pass will run it", task, e)
             return False
 
+    def kick_in(self, task: str, seconds: float) -> None:
+        """Send `task` to run in `seconds` (a pass that knows when it must look again: the end of an
+        autoscaling window). No marks: passes are idempotent and their lock keeps them apart."""
+        if not self.enabled:
+            return
+        try:
+            self.send(task, max(self.debounce, seconds))
+        except Exception as e:  # noqa: BLE001 - the timer will catch up
+            log.warning("could not schedule %s in %.1fs (%s); the periodic pass will run it", task, seconds, e)
+
     def started(self, task: str) -> None:
         """A pass of `task` starts: facts from now on need another pass."""
         if not self.enabled:

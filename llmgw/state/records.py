@@ -282,3 +282,41 @@ class GatewayReport:
         d["endpoints"] = {k: EndpointUse(*v) for k, v in (d.get("endpoints") or {}).items()}
         d["models"] = {k: ModelDemand(*v) for k, v in (d.get("models") or {}).items()}
         return _from_dict(cls, d)
+
+
+@dataclass(frozen=True)
+class DemandHint:
+    """A gateway holds requests for a model that has no Ready replica (a cold start): written at once,
+    with a short TTL, so the control plane need not wait for the next gateway report."""
+
+    at: float
+    queued: int = 1
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DemandHint":
+        return _from_dict(cls, d)
+
+
+@dataclass(frozen=True)
+class ScaleState:
+    """The autoscaler's record of one profile: the replica count it wants (`count`, since `since`,
+    because `reason`; `previous` before that), the latest pass (`decided_at`, `note`: its reason even
+    when it held the count), and the latest evidence of work (`last_active`, for `idle_after`)."""
+
+    count: int
+    since: float
+    reason: str = ""
+    previous: int | None = None
+    decided_at: float = 0.0
+    last_active: float | None = None
+    note: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ScaleState":
+        return _from_dict(cls, d)

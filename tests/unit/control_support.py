@@ -68,12 +68,15 @@ class Sim:
     history: list[list] = field(default_factory=list)
     last_seen: dict[str, float] = field(default_factory=dict)  # node -> last heartbeat
     credentials: dict[str, int] = field(default_factory=dict)  # model or "*" -> rotations
+    wanted: dict[tuple[str, str], int] = field(default_factory=dict)  # the autoscaler's counts
+    replica_load: dict[str, float] = field(default_factory=dict)
 
     def snapshot(self) -> Snapshot:
         return Snapshot(nodes=dict(self.nodes), replicas=tuple(self.records.values()), admin=dict(self.admin),
                         known=frozenset(self.nodes) | frozenset(self.last_seen), taken_at=self.now,
                         last_seen={**self.last_seen, **{n: self.now for n in self.nodes}},
-                        credentials=dict(self.credentials))
+                        credentials=dict(self.credentials), wanted=dict(self.wanted),
+                        replica_load=dict(self.replica_load))
 
     def lose(self, name: str) -> NodeInfo:
         """The node stops heartbeating now (its last heartbeat is remembered)."""

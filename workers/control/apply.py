@@ -30,6 +30,7 @@ from workers.control.plan import (
     plan,
 )
 from workers.control.publish import endpoints_from, fingerprint, merge_evidence
+from workers.control.scaling import autoscale_step
 from workers.control.snapshot import CatalogKeeper, load_snapshot
 
 log = logging.getLogger("llmgw.control")
@@ -131,7 +132,7 @@ def _apply_one(action: Action, store: Store, dispatcher: Dispatcher, now: float)
         if store.update_replica(action.id, stop_requested_at=now, stop_reason=action.reason,
                                 drain_timeout=action.drain_timeout):
             log.info("stop %s: %s", action.id, action.reason)
-            store.emit("replica_draining", action.reason, source="control", replica=action.id,
+            store.emit(action.event, action.reason, source="control", replica=action.id,
                         model=action.model,
                         node=action.nodes[0] if action.nodes else "", ts=now,
                         drain_timeout=action.drain_timeout)
@@ -205,6 +206,9 @@ def _reconcile(store, dispatcher, now, lock_ttl, config, catalog_sync, monotonic
             store.reindex_replica_nodes(snap.replicas)
         except Exception:  # the agents keep scanning every record meanwhile: slower, not wrong
             log.exception("building the per-node replica index failed; retried next pass")
+    snap, recheck_at = autoscale_step(store, catalog, snap, t)
+    if recheck_at is not None:  # a load above target: decide when its window ends, not at the next tick
+        kicker.kick_in(RECONCILE, recheck_at - t)
     actions = plan(catalog, snap, t, config)
     budget = lock_ttl / 2
     result = apply_actions(actions, store, dispatcher, t, lambda: monotonic() - started > budget, kicker)
@@ -244,14 +248,17 @@ def publish_once(
             loaded = (catalogs or CatalogKeeper()).load(store)
             if loaded is None:
                 return None
-            _version, catalog = loaded
+            catalog_version, catalog = loaded
             t = now()
             replicas = store.all_replicas()
             live = store.live_nodes()
             extra = {} if lost_grace is None else {"lost_grace": lost_grace}
             eps = endpoints_from(catalog, replicas, live, t, last_seen=store.nodes_last_seen(),
                                  evidence=merge_evidence(store.gateway_reports()), **extra)
-            fp = fingerprint(eps)
+            # The catalog version too: gateways re-read the catalog's names (which models exist, which
+            # can cold-start) when the list's version moves, so a model added at zero replicas is
+            # known at once.
+            fp = f"{fingerprint(eps)}@{catalog_version}"
             current, published_fp, _eps = store.read_endpoints()
             version = None
             if fp != published_fp:

@@ -17,8 +17,11 @@ the actions that move the fleet one step closer (docs/control-plane.md has the f
 - Stopped records are deleted; launches and stops still unconfirmed after a while are re-dispatched
   (harmless: the agent is level-based), which repairs a crash between recording and dispatching.
 
-Placement happens last, over all profiles at once, highest `priority` first, so short capacity goes
-to the profiles that matter most; nothing running is ever evicted to make room.
+An autoscaled profile wants the count its autoscaler decided (`snapshot.wanted`), a fixed one its
+`replicas`. Placement happens last, over all profiles at once, highest `scheduling_priority` first
+(then `priority`), so short capacity goes to the profiles that matter most; a GPU replica that still
+cannot be placed may preempt replicas of a strictly lower `scheduling_priority` (workers.control.
+preempt): they drain and stop like any planned stop, and it waits for them.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import json
 import logging
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Union
+from typing import Callable, Iterable, Mapping, Union
 
 from llmgw.catalog import DRAIN_TIMEOUT, Catalog, Model, Profile, profile_spec_hash
 from llmgw.gpus import normalize_gpu_class
@@ -44,6 +47,7 @@ from workers.control.placement import (
     place_and_allocate,
     spread_many,
 )
+from workers.control.preempt import Holder, Preemptor
 from workers.control.publish import LOST_GRACE, lost_since
 from workers.control.snapshot import Snapshot
 
@@ -126,6 +130,7 @@ class StopReplica:
     dispatch: bool = True  # False when its nodes are not live: nobody would consume it now
     drain_timeout: float = 0.0  # the profile's: how long in-flight requests may take to finish
     model: str = ""  # for the event history
+    event: str = "replica_draining"  # "replica_preempted" when it makes room for a higher scheduling_priority
 
 
 @dataclass(frozen=True)
@@ -326,6 +331,9 @@ def _plan(
             except Exception:
                 log.exception("skipping profile %s/%s this pass", model.name, profile.name)
 
+    stopping_now = {a.id for a in actions if isinstance(a, StopReplica)}
+    preemptor = _preemptor(catalog, snap, states, node_lists, stopping_now)
+
     # --- phase 2: placement, highest priority first ---------------------------------------------------
     # GPU requests compete for capacity: highest priority first, and within a priority each profile
     # gets its first replica before any gets its second. CPU replicas take no capacity (they are only
@@ -333,24 +341,61 @@ def _plan(
     gpu = sorted((r for r in requests if r.req.gpu_class), key=lambda r: r.sort_key)
     cpu = sorted(
         (r for r in requests if not r.req.gpu_class),
-        key=lambda r: (r.sort_key[0], r.sort_key[3], r.sort_key[4], r.sort_key[1], r.sort_key[2]),
+        key=lambda r: (r.sort_key[0], r.sort_key[1], r.sort_key[4], r.sort_key[5], r.sort_key[2], r.sort_key[3]),
     )
     failed: dict[tuple, NoPlacement] = {}
     for r in gpu + cpu:
         try:
-            actions.extend(_place(r, view, failed, new_id))
+            actions.extend(_place(r, view, failed, new_id, preemptor))
         except Exception:
             log.exception("skipping a placement of %s/%s this pass", r.model.name, r.profile.name)
     return actions
 
 
-def _stop(rec: ReplicaRecord, reason: str, snap: Snapshot, drain_timeout: float = DRAIN_TIMEOUT) -> Action:
+def _stop(rec: ReplicaRecord, reason: str, snap: Snapshot, drain_timeout: float = DRAIN_TIMEOUT,
+          event: str = "replica_draining") -> Action:
     """Every planned stop: the agent drains it (docs/lifecycle.md) for up to `drain_timeout`."""
     if rec.node is None:  # never placed: nothing runs, nothing to tell an agent
         return DeleteRecord(rec.id, reason)
     nodes = _rec_nodes(rec)
     return StopReplica(rec.id, reason, nodes, dispatch=all(n in snap.nodes for n in nodes),
-                       drain_timeout=drain_timeout, model=rec.model)
+                       drain_timeout=drain_timeout, model=rec.model, event=event)
+
+
+@dataclass
+class _Preemption:
+    """Phase 2's preemption state: the pure `Preemptor` and how to stop each holder it may pick."""
+
+    preemptor: Preemptor
+    records: dict[str, tuple[ReplicaRecord, float]]  # id -> (record, its profile's drain_timeout)
+    snap: Snapshot
+
+
+def _preemptor(catalog: Catalog, snap: Snapshot, states: dict[str, State], node_lists: dict[str, list[str]],
+               stopping_now: set[str]) -> _Preemption:
+    """Every replica holding GPUs on live nodes, and how many each profile can lose (its replicas
+    holding GPUs above its min; a fixed profile's min is its `replicas`)."""
+    profiles = {(m.name, p.name): p for m, p in catalog.profiles()}
+    holders: list[Holder] = []
+    records: dict[str, tuple[ReplicaRecord, float]] = {}
+    held: dict[tuple[str, str], int] = {}
+    for rec in snap.replicas:
+        st = states.get(rec.id)
+        if not rec.gpus or st is None or st in (State.STOPPED, State.LOST):
+            continue
+        nodes = node_lists.get(rec.id) or rec.all_nodes
+        if not all(n in snap.nodes for n in nodes):
+            continue
+        prof = profiles.get((rec.model, rec.profile))
+        stopping = rec.stop_requested_at is not None or rec.id in stopping_now or prof is None
+        holders.append(Holder(rec.id, rec.model, rec.profile, prof.scheduling_priority if prof else 0,
+                              {n: tuple(ix) for n, ix in rec.gpus.items()}, snap.replica_load.get(rec.id, 0.0),
+                              stopping))
+        if not stopping:
+            records[rec.id] = (rec, prof.drain_timeout if prof else DRAIN_TIMEOUT)
+            held[(rec.model, rec.profile)] = held.get((rec.model, rec.profile), 0) + 1
+    budget = {key: max(0, n - profiles[key].min_replicas) for key, n in held.items()}
+    return _Preemption(Preemptor(holders, budget), records, snap)
 
 
 def _stopping_upkeep(rec: ReplicaRecord, st: State, now: float, config: PlanConfig) -> list[Action]:
@@ -393,9 +438,12 @@ def _outdated(
     return None
 
 
-def _order_to_stop(recs: Iterable[ReplicaRecord], states: dict[str, State]) -> list[ReplicaRecord]:
-    """Not yet Ready first (Pending, then broken, then starting), then the newest."""
-    return sorted(recs, key=lambda r: (_STOP_RANK.get(states[r.id], 2), -r.created_at, r.id))
+def _order_to_stop(recs: Iterable[ReplicaRecord], states: dict[str, State],
+                   loads: Mapping[str, float] | None = None) -> list[ReplicaRecord]:
+    """Not yet Ready first (Pending, then broken, then starting), then the least loaded (when loads
+    are known: fewer requests to drain), then the newest."""
+    loads = loads or {}
+    return sorted(recs, key=lambda r: (_STOP_RANK.get(states[r.id], 2), loads.get(r.id, 0.0), -r.created_at, r.id))
 
 
 def _plan_profile(
@@ -420,7 +468,7 @@ def _plan_profile(
             legacy.append(legacy_spec_hash(model, profile))
         return spec_hash == legacy[0]
 
-    desired = profile.replicas
+    desired = snap.wanted.get((model.name, profile.name), profile.replicas)
     generation = snap.credential_generation(model.name)
     cur: list[ReplicaRecord] = []
     old: list[tuple[ReplicaRecord, str]] = []
@@ -442,7 +490,7 @@ def _plan_profile(
 
     # Surplus current replicas.
     if len(cur) > desired:
-        surplus = _order_to_stop(cur, states)[: len(cur) - desired]
+        surplus = _order_to_stop(cur, states, snap.replica_load)[: len(cur) - desired]
         gone = {r.id for r in surplus}
         for r in surplus:
             actions.append(_stop(r, f"scale down to {desired}", snap, profile.drain_timeout))
@@ -482,7 +530,7 @@ def _plan_profile(
     ordinal = 0
 
     def key(kind_order: int) -> tuple:
-        return (-profile.priority, ordinal, kind_order, model.name, profile.name)
+        return (-profile.scheduling_priority, -profile.priority, ordinal, kind_order, model.name, profile.name)
 
     for r in cur:
         st = states[r.id]
@@ -545,8 +593,26 @@ def _freeing_helps(rec: ReplicaRecord, req: PlacementRequest, view: ClusterView)
     return True
 
 
+def _make_room(r: _Request, view: ClusterView, pre: _Preemption | None) -> tuple[list[Action], str] | None:
+    """A GPU replica that found no room: the stops that make room for it (drained like any planned
+    stop) and the Pending reason that says what it waits for; None when nothing would make room."""
+    if pre is None or not r.req.gpu_class:
+        return None
+    room = pre.preemptor.make_room(r.req, r.profile.scheduling_priority, view)
+    if room is None:
+        return None
+    stops: list[Action] = []
+    for h in room.stop:
+        rec, drain_timeout = pre.records[h.id]
+        why = (f"preempted for {r.model.name}/{r.profile.name} (scheduling_priority "
+               f"{r.profile.scheduling_priority} > {h.scheduling_priority})")
+        stops.append(_stop(rec, why, pre.snap, drain_timeout, event="replica_preempted"))
+    return stops, room.reason
+
+
 def _place(
-    r: _Request, view: ClusterView, failed: dict[tuple, NoPlacement], new_id: Callable[[str, str], str]
+    r: _Request, view: ClusterView, failed: dict[tuple, NoPlacement], new_id: Callable[[str, str], str],
+    pre: _Preemption | None = None,
 ) -> list[Action]:
     if r.count > 1:
         placed, missing = spread_many(r.req, view, r.count)
@@ -582,17 +648,22 @@ def _place(
             StopReplica(r.rec.id, f"crash loop on {where}; moved to {result.head} as {rid}",
                         _rec_nodes(r.rec), drain_timeout=r.profile.drain_timeout, model=r.model.name),
         ]
+    stops: list[Action] = []
+    reason = ""
+    if isinstance(result, NoPlacement):
+        room = _make_room(r, view, pre)
+        stops, reason = room if room is not None else ([], result.reason)
     if r.kind == "pending":
         assert r.rec is not None
         if isinstance(result, Placement):
             return [PlaceReplica(r.rec.id, result, r.model.name, r.profile.name)]
-        if (result.reason != r.rec.pending_reason
+        if (reason != r.rec.pending_reason
                 or [x.to_dict() for x in result.refusals] != r.rec.pending_refusals):
-            return [UpdatePending(r.rec.id, result.reason, result.refusals)]
-        return []
+            return [*stops, UpdatePending(r.rec.id, reason, result.refusals)]
+        return stops
     rid = new_id(r.model.name, r.profile.name)
     if isinstance(result, Placement):
         return [CreateReplica(rid, r.model.name, r.profile.name, r.spec_hash, result, why=r.why,
                               credential_generation=r.credential_generation)]
-    return [CreateReplica(rid, r.model.name, r.profile.name, r.spec_hash, None, result.reason, why=r.why,
-                          credential_generation=r.credential_generation, refusals=result.refusals)]
+    return [*stops, CreateReplica(rid, r.model.name, r.profile.name, r.spec_hash, None, reason, why=r.why,
+                                  credential_generation=r.credential_generation, refusals=result.refusals)]

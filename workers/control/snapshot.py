@@ -31,6 +31,12 @@ class Snapshot:
     last_seen: Mapping[str, float] = field(default_factory=dict)  # node -> time of its last heartbeat
     # Model (or keys.ALL_MODELS) -> how often its engine credentials were rotated.
     credentials: Mapping[str, int] = field(default_factory=dict)
+    # Autoscaled profiles: (model, profile) -> the replica count the autoscaler wants (docs/autoscaling.md);
+    # a profile not in it runs its catalog `replicas`.
+    wanted: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    # Requests each replica holds (gateways' in flight, or its engine's running + waiting if more), where
+    # known: a scale-down stops the least loaded first, and preemption takes the least loaded victim.
+    replica_load: Mapping[str, float] = field(default_factory=dict)
 
     def credential_generation(self, model: str) -> int:
         """A replica of `model` made at a lower generation is outdated (rotated for all or for it)."""
