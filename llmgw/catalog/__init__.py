@@ -16,7 +16,9 @@ from llmgw.catalog.types import (
     DRAIN_TIMEOUT,
     ENGINE_DEFAULTS,
     ENGINE_NAMES,
+    EXTERNAL_FIELDS,
     LAUNCH_FIELDS,
+    SERVER_KINDS,
     Catalog,
     GPURequest,
     MetricMapping,
@@ -45,7 +47,7 @@ _LAZY = {
     "sync_from_file": "watch",
 }
 
-__all__ = ["DRAIN_TIMEOUT", "ENGINE_DEFAULTS", "ENGINE_NAMES", "LAUNCH_FIELDS", "Catalog", "GPURequest", "MetricMapping", "Model", "Profile",
+__all__ = ["DRAIN_TIMEOUT", "ENGINE_DEFAULTS", "ENGINE_NAMES", "EXTERNAL_FIELDS", "LAUNCH_FIELDS", "SERVER_KINDS", "Catalog", "GPURequest", "MetricMapping", "Model", "Profile",
            "profile_spec_hash", *_LAZY]
 
 

@@ -40,11 +40,13 @@ def test_engine_defaults_fill_what_a_profile_omits():
         {"name": "a", "source": "org/a", "profiles": [{"name": "g", "engine": "vllm", "gpu": {"class": "h100"}}]},
         {"name": "b", "source": "/b.gguf", "profiles": [{"name": "c", "engine": "llamacpp"}]},
         {"name": "c", "profiles": [{"name": "s", "engine": "sim"}]},
+        {"name": "d", "profiles": [{"name": "x", "engine": "external", "url": "http://10.0.0.1:8000"}]},
     ]})
     got = {p.engine: (p.start_timeout, p.capacity) for _, p in cat.profiles()}
-    assert got == {"vllm": (900.0, 64), "llamacpp": (120.0, 4), "sim": (60.0, 16)}
+    assert got == {"vllm": (900.0, 64), "llamacpp": (120.0, 4), "sim": (60.0, 16), "external": (120.0, 32)}
     for engine, d in ENGINE_DEFAULTS.items():
-        assert got[engine] == (d["start_timeout"], d["capacity"])
+        assert got[engine][1] == d["capacity"] and d.get("start_timeout", 120.0) == got[engine][0]
+    assert cat.model("d").profiles[0].replicas == 0  # llmgw runs no replica of an external server
     p = cat.model("c").profiles[0]
     assert (p.replicas, p.tensor_parallel, p.pipeline_parallel, p.nodes, p.priority, p.weight, p.pool) == (
         1, 1, 1, 1, 0, 1.0, "default")
@@ -187,7 +189,8 @@ def test_docs_describe_every_field_and_engine_default():
         assert f"| `{field}` |" in doc, field
     for engine, d in ENGINE_DEFAULTS.items():
         row = next(line for line in doc.splitlines() if line.startswith(f"| `{engine}` |"))
-        assert f"{d['start_timeout']:g} s" in row and f"| {d['capacity']} " in row, row
+        assert f"| {d['capacity']} " in row, row
+        assert f"{d['start_timeout']:g} s" in row if "start_timeout" in d else "| - |" in row, row
 
 
 def test_the_example_in_the_docs_is_valid():
