@@ -27,7 +27,7 @@ KINDS = (
     "replica_restarted", "replica_crashloop", "replica_adopted", "replica_moved", "replica_draining",
     "replica_stopped", "replica_scaled", "replica_preempted",
     "node_joined", "node_lost", "node_cordoned", "node_uncordoned", "node_drained",
-    "endpoints_published",
+    "endpoints_published", "external_ready", "external_unreachable",
     "model_saturated", "model_recovered", "model_cold_start",
 )
 

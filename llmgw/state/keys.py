@@ -99,6 +99,17 @@ def gateway_report(gateway_id: str) -> str:
     return f"{PREFIX}:gateway:{gateway_id}"
 
 
+# --- external servers (engine: external) ----------------------------------------------------------
+EXTERNALS = f"{PREFIX}:externals"  # set of the endpoint ids of external server urls
+
+
+def external(endpoint_id: str) -> str:
+    """JSON ExternalRecord: the health-check facts of one external url, written by `llmgw.external`."""
+    return f"{PREFIX}:external:{endpoint_id}"
+
+
+EXTERNAL_LOCK = f"{PREFIX}:lock:external"
+
 # --- events and kicks ------------------------------------------------------------------------------
 # Stream of what happened (catalog applied, replica Ready/failed/stopped, node lost, ...), capped.
 EVENTS = f"{PREFIX}:events"

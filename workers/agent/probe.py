@@ -46,6 +46,18 @@ class HttpProber:
         except Exception as e:  # noqa: BLE001 - every failure is a failed probe, described
             return ProbeResult(False, _describe(e))
 
+    def get(self, url: str, timeout: float, limit: int = 1024 * 1024) -> tuple[int, bytes]:
+        """Status and body of a GET, error statuses included (their body is not read); raises OSError
+        (with a short description) when no answer came."""
+        try:
+            with _OPENER.open(url, timeout=timeout) as resp:
+                return resp.status, resp.read(limit)
+        except urllib.error.HTTPError as e:
+            e.close()
+            return e.code, b""
+        except Exception as e:  # noqa: BLE001
+            raise OSError(_describe(e)) from e
+
     def fetch(self, url: str, timeout: float, limit: int = 4 * 1024 * 1024) -> str:
         """The body as text; raises OSError (with a short description) on any failure."""
         try:
