@@ -13,8 +13,8 @@ import redis
 
 from llmgw.catalog import applied_version, read_applied
 from llmgw.cli.common import print_json, settings, store
-from llmgw.state.records import GatewayReport, LoadRecord, NodeAdmin, NodeInfo, ReplicaRecord
-from llmgw.state.replica_state import State, derive, drain_progress, nodes_alive
+from llmgw.state.records import ExternalRecord, GatewayReport, LoadRecord, NodeAdmin, NodeInfo, ReplicaRecord
+from llmgw.state.replica_state import State, derive, derive_external, drain_progress, nodes_alive
 
 
 def register(sub) -> None:
@@ -42,7 +42,7 @@ def cmd_status(args) -> int:
     draining = [r.id for r in replicas if r.stop_requested_at is not None]
     report = build_status(live, known, admin, replicas, version, len(endpoints), catalog_version, now,
                           listed={e.id for e in endpoints}, gateways=s.gateway_reports(),
-                          loads=s.loads(draining), last_seen=s.nodes_last_seen())
+                          loads=s.loads(draining), last_seen=s.nodes_last_seen(), externals=s.external_records())
     if catalog_problem:
         report["catalog"]["problem"] = f"this llmgw cannot read it: {catalog_problem}"
     if args.json:
@@ -93,9 +93,11 @@ def build_status(
     gateways: Iterable[GatewayReport] = (),
     loads: Mapping[str, LoadRecord] | None = None,
     last_seen: Mapping[str, float] | None = None,
+    externals: Iterable[ExternalRecord] = (),
 ) -> dict:
     """`listed`: ids in the published endpoint list (a Lost replica still in it shows as Ready, its
-    node agent lost); `gateways` and `loads` tell how far a Draining replica's drain has come."""
+    node agent lost); `gateways` and `loads` tell how far a Draining replica's drain has come;
+    `externals`: the health-check records of external server urls."""
     gateways = list(gateways)
     loads = loads or {}
     last_seen = last_seen or {}
@@ -155,10 +157,17 @@ def build_status(
     counts: dict[str, int] = {}
     for r in rows:
         counts[r["state"]] = counts.get(r["state"], 0) + 1
+    external_rows = []
+    for x in sorted(externals, key=lambda x: (x.model, x.profile, x.id)):
+        view = derive_external(x)
+        external_rows.append({"id": x.id, "model": x.model, "profile": x.profile, "url": x.url,
+                              "state": view.state.value, "reason": view.reason, "listed": x.id in listed,
+                              "checked_age": now - x.checked_at if x.checked_at else None})
     return {
         "catalog": {"version": catalog_version},
         "nodes": nodes,
         "replicas": rows,
+        "externals": external_rows,
         "replica_states": counts,
         "endpoints": {"version": endpoints_version, "count": endpoints_count},
         "time": now,
@@ -209,6 +218,13 @@ def render(report: dict) -> str:
         f"REPLICAS ({states})",
         _table(["ID", "MODEL", "PROFILE", "NODE", "GPUS", "STATE", "RESTARTS", "AGE", "URL", "REASON"], rep_rows)
         if rep_rows else "  none",
+    ]
+    if report.get("externals"):
+        ext_rows = [[x["id"], x["model"], x["profile"], x["url"], x["state"], _age(x["checked_age"]),
+                     x["reason"] or ""] for x in report["externals"]]
+        parts += ["", f"EXTERNAL SERVERS ({len(ext_rows)})",
+                  _table(["ID", "MODEL", "PROFILE", "URL", "STATE", "CHECKED", "REASON"], ext_rows)]
+    parts += [
         "",
         f"ENDPOINTS version {ep['version']}, {ep['count']} routable",
     ]
