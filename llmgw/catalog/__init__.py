@@ -41,6 +41,7 @@ _LAZY = {
     "apply_catalog": "store",
     "catalog_names": "store",
     "history": "store",
+    "key_variables": "store",
     "read_applied": "store",
     "read_version": "store",
     "SyncResult": "watch",

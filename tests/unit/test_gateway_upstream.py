@@ -126,7 +126,7 @@ def test_content_length_and_close_delimited_bodies(scripted):
     assert not r2.keep_alive
     assert r2.read() == b"until the end"  # the body ends when the engine closes the connection
     r2.release()
-    assert not up.idle.get(up._key(s.url))  # not reusable: closed, not pooled
+    assert not up.idle.get(up._target(s.url).key)  # not reusable: closed, not pooled
 
 
 def test_a_stale_pooled_connection_is_retried_on_a_fresh_one(scripted):
