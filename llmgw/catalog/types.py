@@ -172,6 +172,14 @@ class Profile(_Strict):
                 raise ValueError(f"{key!r} is not a valid environment variable name")
         return v
 
+    @field_validator("url", mode="before")
+    @classmethod
+    def _url_shape(cls, v: Any) -> Any:
+        # One message for both shapes, rather than one per member of the union.
+        if v is None or isinstance(v, str) or (isinstance(v, list) and v and all(isinstance(u, str) for u in v)):
+            return v
+        raise ValueError("must be a url or a non-empty list of urls (strings)")
+
     @field_validator("served_name")
     @classmethod
     def _served(cls, v: str | None) -> str | None:

@@ -203,3 +203,23 @@ def test_the_example_in_the_docs_is_valid():
 @pytest.mark.parametrize("path", sorted(EXAMPLE.parent.glob("*.yaml")), ids=lambda p: p.name)
 def test_every_example_is_valid(path):
     assert load_catalog_file(path).models
+
+
+def test_an_external_profile_inherits_only_the_defaults_that_apply_and_never_echoes_a_key():
+    from llmgw.errors import CatalogInvalid
+
+    cat = parse_catalog({"defaults": {"replicas": 3, "env": {"HF_HOME": "/x"}, "priority": 5, "start_timeout": 60},
+                         "models": [{"name": "q", "profiles": [
+                             {"name": "sim", "engine": "sim"},
+                             {"name": "api", "engine": "external", "url": ["https://api.example", "http://10.0.0.2:80"],
+                              "api_key_env": "HOSTED_KEY"}]}]})
+    sim, api = cat.model("q").profiles
+    assert (sim.replicas, sim.env, sim.priority) == (3, {"HF_HOME": "/x"}, 5)
+    assert (api.replicas, api.env, api.priority, api.start_timeout, api.urls) == (
+        0, {}, 5, 120.0, ["https://api.example", "http://10.0.0.2:80"])
+    assert parse_catalog(cat.canonical()) == cat  # the stored, resolved form validates as is
+    with pytest.raises(CatalogInvalid) as e:
+        parse_catalog({"models": [{"name": "q", "profiles": [
+            {"name": "api", "engine": "external", "url": "https://user:sk-SECRET1@api.example",
+             "api_key_env": "sk-SECRET2"}]}]})
+    assert "SECRET" not in str(e.value) and len(e.value.problems) == 2
