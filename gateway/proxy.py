@@ -289,8 +289,8 @@ class Upstream:
         method = method or ("POST" if body is not None else "GET")
         head = [f"{method} {target.prefix}{path} HTTP/1.1\r\nHost: {target.host}\r\n"]
         head += [f"{k}: {v}\r\n" for k, v in headers.items()]
-        if body is not None:
-            head.append(f"Content-Length: {len(body)}\r\n")
+        if body is not None or method == "POST":  # a bodiless POST (a cancel) says so
+            head.append(f"Content-Length: {len(body or b'')}\r\n")
         head.append("\r\n")
         request = "".join(head).encode("latin-1") + (body or b"")
         conn = self._get(key)
