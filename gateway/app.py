@@ -461,7 +461,8 @@ class Gateway:
 
     def _admit(self, req: RouteRequest, first: bool, last_error: ApiError | None) -> Choice:
         q = self.queue(req.model)
-        res = self.state.route(replace(req, queued=len(q) + 1))
+        res = self.state.route(RouteRequest(req.model, req.priority, req.affinity, req.exclude, len(q) + 1, req.op,
+                                            req.pin))
         decision = admit(res, req.priority, len(q) if first else 0, self.cfg.queue_max, self.cfg.queue_timeout)
         if isinstance(decision, Wait):
             if isinstance(res, Choice):  # others queued first: give the slot back and line up
