@@ -592,6 +592,8 @@ class Gateway:
             "policy": self.cfg.routing.policy,
             "auth": self.keys.mode,
             "keys_loaded": self.keys.loaded,
+            # Variables external servers' keys are read from, missing here (their endpoints are skipped).
+            "missing_key_variables": sorted(set(self.state.missing_keys.values())),
             "ready": self.not_ready() is None,
             "open_requests": self.open,
             "max_open_requests": self.max_open,

@@ -86,6 +86,7 @@ def test_a_missing_key_variable_takes_only_its_endpoint_out(store, upstreams, ca
     assert r.status_code == 503 and r.json["error"]["code"] == "no_ready_replica"
     assert "LEGACY_KEY" in r.json["error"]["message"] and r.headers["Retry-After"] == "1"
     assert a.stats["requests"] == 0
+    assert client.get("/healthz").json["missing_key_variables"] == ["LEGACY_KEY"]
 
 
 def test_an_operation_no_endpoint_serves_is_a_clear_404(store, upstreams):
