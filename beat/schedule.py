@@ -28,4 +28,5 @@ def beat_schedule(settings: ControlSettings) -> dict:
         "reconcile": entry("llmgw.reconcile", settings.reconcile_interval),
         "publish": entry("llmgw.publish", settings.publish_interval),
         "housekeeping": entry("llmgw.housekeeping", HOUSEKEEPING_INTERVAL),
+        "external": entry("llmgw.external", settings.external_interval),
     }

@@ -1,8 +1,10 @@
 """The gateway app factory and its thin views: `gunicorn -c python:gateway.gunicorn_conf 'gateway:create_app()'`.
 
-The request path is: read the body (size-capped), parse just enough JSON for `model`/`stream`/`user`,
-check the key against the in-memory table, pick an endpoint from in-memory tables (gateway.routing),
-forward over a pooled connection and stream back. Everything that needs Redis for routing happens in
+The request path is: match the path (gateway.surface), read the body (size-capped), read just enough
+of it to find the model (a JSON object's `model`/`stream`/`user`, a multipart form's `model` field,
+or the endpoint a response id leads to), check the key against the in-memory table, pick an endpoint
+that serves the operation from in-memory tables (gateway.routing), forward over a pooled connection
+and stream back. Everything that needs Redis for routing happens in
 background loops (gateway.state); only rate-limited keys cost one Redis round trip per request.
 
 gunicorn's gevent worker serves it (gateway.gunicorn_conf): one greenlet per connection, so an open
@@ -22,6 +24,7 @@ import sys
 import threading
 import uuid
 from dataclasses import replace
+from typing import Mapping
 
 from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
@@ -46,24 +49,28 @@ from gateway.proxy import (
     response_headers,
     usage_from_json,
 )
+from gateway.forms import FormError, find_field
 from gateway.report import Identity, report_ttl
+from gateway.responses import IdRewrite, unwrap
 from gateway.retry import Deliver, GiveUp, Outcome, next_attempt
 from gateway.routing import Choice, Rejection, RouteRequest
 from gateway.saturation import Episode, SaturationSignals
 from gateway.saturation import step as saturation_step
 from gateway.state import REDIS_ERRORS, GatewayState
+from gateway.surface import Route, engine_path, flask_rules, match
 from gateway.traffic import KEEP as TRAFFIC_KEEP
 from gateway.traffic import TrafficCounter
 from gateway.ui import console_blueprint
+from llmgw import surface as op
 from llmgw.state.apikeys import ANONYMOUS, PRIORITIES, budget_status, cap_priority, usage_by_model
 from llmgw.state.budget import iso
 from llmgw.state.clock import Clock
 from llmgw.state.kicks import Kicker, broker_app, celery_sender
+from llmgw.state.records import EndpointInfo
 from llmgw.state.store import Store, connect
 
 log = logging.getLogger("llmgw.gateway")
 
-PROXIED = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 USAGE_PATH = "/v1/llmgw/usage"  # a key's own usage and budget (JSON)
 SSE_HEADERS = [("Cache-Control", "no-cache"), ("X-Accel-Buffering", "no")]
 # At most one model_saturated (model_recovered) event per model in this many seconds, fleet-wide.
@@ -109,11 +116,56 @@ class Lease:
             self.state.release(self.choice, service_time, tokens)
 
 
+class Call:
+    """One proxied request as the gateway read it: the model it names, and what to send to whichever
+    endpoint takes it (the body with the endpoint's served name, the engine's path)."""
+
+    __slots__ = ("route", "model", "data", "body", "form_at", "pin", "response_id", "previous", "query")
+
+    def __init__(self, route: Route, model: str, data: bytes | None = None, body: dict | None = None,
+                 form_at: tuple[int, int] | None = None, pin: str | None = None,
+                 response_id: tuple[str, str] | None = None, previous: tuple[str, str] | None = None,
+                 query: str = ""):
+        self.route, self.model, self.data, self.body, self.form_at = route, model, data, body, form_at
+        self.pin = pin  # the endpoint a response id leads to
+        self.response_id = response_id  # (client id, engine id) named by the path
+        self.previous = previous  # (client id, engine id) of a JSON body's previous_response_id
+        self.query = query
+
+    def request_for(self, ep: EndpointInfo) -> tuple[str, bytes | None]:
+        """The engine's path and the body for endpoint `ep`."""
+        path = engine_path(ep.path(self.route.op), self.response_id[1] if self.response_id else None)
+        if self.query:
+            path += "?" + self.query
+        served = ep.served_name or ep.model or self.model
+        if self.body is not None:
+            changes = {}
+            if served != self.model:
+                changes["model"] = served
+            if self.previous is not None:
+                changes["previous_response_id"] = self.previous[1]
+            return path, (json.dumps({**self.body, **changes}).encode() if changes else self.data)
+        if self.form_at is not None and served != self.model:
+            start, end = self.form_at
+            return path, self.data[:start] + served.encode() + self.data[end:]
+        return path, self.data
+
+    def rewrite(self, ep: EndpointInfo) -> IdRewrite | None:
+        """How the endpoint's response ids become the client's, for the Responses operations."""
+        if self.route.op not in RESPONSE_OPS:
+            return None
+        known = {pair[1]: pair[0] for pair in (self.response_id, self.previous) if pair is not None}
+        return IdRewrite(ep.id, known, learn=True)
+
+
+RESPONSE_OPS = frozenset({op.RESPONSES, op.RESPONSES_GET, op.RESPONSES_DELETE, op.RESPONSES_CANCEL})
+
+
 class Gateway:
     """Everything one gateway process holds: config, tables, clients, metrics, queues."""
 
     def __init__(self, cfg: GatewaySettings, store: Store | None = None, clock: Clock | None = None,
-                 request_store: Store | None = None):
+                 request_store: Store | None = None, environ: Mapping[str, str] | None = None):
         self.cfg = cfg
         self.clock = clock or Clock()
         self.metrics = Metrics()
@@ -123,7 +175,7 @@ class Gateway:
             self.store if store is not None
             else Store(connect(cfg.redis_url, socket_timeout=cfg.redis_timeout, socket_connect_timeout=cfg.redis_timeout))
         )
-        self.state = GatewayState(self.store, cfg, self.clock, self.metrics)
+        self.state = GatewayState(self.store, cfg, self.clock, self.metrics, environ=environ)
         self.keys = KeyTable(self.store, self.state.health, cfg.auth)
         self.limiter = RateLimiter(self.rstore, self.state.health, self.clock)
         self.usage = UsageRecorder(self.store, self.state.health, self.clock)
@@ -338,12 +390,20 @@ class Gateway:
             raise ApiError("too_large", f"request body is over the limit of {limit} bytes")
         return data
 
-    def proxy(self, path: str, environ: dict, rid: str) -> RawAnswer:
-        """The proxied POST, on the raw WSGI environ (Flask's request machinery is skipped: it cost
-        ~0.3 ms per request, as much as the rest of the gateway's work)."""
-        mono = self.clock.monotonic
-        t0 = mono()
+    def read_call(self, route: Route, response_id: str | None, environ: dict) -> Call:
+        """Read what routing needs from the request: the body's model (JSON or a form field), or the
+        endpoint a response id leads to. Raises ApiError (400, 404, 413) for what cannot be sent."""
+        if route.body == "none":
+            return self._call_by_id(route, response_id or "", environ.get("QUERY_STRING", ""))
         data = self.read_body(environ)
+        if route.body == "form":
+            try:
+                found = find_field(data, environ.get("CONTENT_TYPE", ""), "model")
+            except FormError as e:
+                raise ApiError("bad_request", str(e)) from None
+            if found is None or not found[0]:
+                raise ApiError("missing_model", "the form field 'model' is required")
+            return Call(route, found[0], data, form_at=found[1:])
         try:
             body = json.loads(data)
         except ValueError as e:
@@ -353,51 +413,101 @@ class Gateway:
         model = body.get("model")
         if not isinstance(model, str) or not model:
             raise ApiError("missing_model", "'model' is required and must be a non-empty string")
-        key = self.authenticate(environ)
-        prio = self.priority(environ.get("HTTP_X_LLMGW_PRIORITY") or None, key)
+        previous = body.get("previous_response_id") if route.op == op.RESPONSES else None
+        if previous is None:
+            return Call(route, model, data, body)
+        if not isinstance(previous, str):
+            raise ApiError("bad_request", "'previous_response_id' must be a string")
+        ep, engine_id = self._response_endpoint(previous, "previous_response_id")
+        if model not in ep.models:
+            raise ApiError("bad_request", f"previous_response_id {previous!r} belongs to model {ep.model!r}, "
+                           f"not {model!r}")
+        return Call(route, model, data, body, pin=ep.id, previous=(previous, engine_id))
+
+    def _call_by_id(self, route: Route, response_id: str, query: str) -> Call:
+        ep, engine_id = self._response_endpoint(response_id, "response")
+        return Call(route, ep.model or ep.models[0], pin=ep.id, response_id=(response_id, engine_id), query=query)
+
+    def _response_endpoint(self, client_id: str, what: str) -> tuple[EndpointInfo, str]:
+        """The endpoint a response id leads to, and the engine's own id; 404 when it leads nowhere."""
+        parsed = unwrap(client_id)
+        if parsed is None:
+            raise ApiError("not_found", f"{what} {client_id!r} is not a response id this gateway issued")
+        ep = self.state.by_ref.get(parsed[0])
+        if ep is None:
+            raise ApiError("not_found", f"{what} {client_id!r} was created by an endpoint that is no longer "
+                           "serving; its stored responses are gone with it")
+        var = self.state.missing_keys.get(ep.id)
+        if var is not None:
+            raise ApiError("no_replica", f"{what} {client_id!r} is held by endpoint {ep.id}, whose API key "
+                           f"variable {var} is not set in this gateway's environment", 1)
+        return ep, parsed[1]
+
+    def proxy(self, route: Route, response_id: str | None, environ: dict, rid: str) -> RawAnswer:
+        """The proxied request, on the raw WSGI environ (Flask's request machinery is skipped: it cost
+        ~0.3 ms per request, as much as the rest of the gateway's work)."""
+        mono = self.clock.monotonic
+        t0 = mono()
+        if route.by_id:  # who asks, before saying whether a response exists
+            key = self.authenticate(environ)
+            if not self.state.loaded_once:
+                raise ApiError("no_replica", self.not_ready() or "the gateway has not loaded the endpoint list yet", 1)
+        call = self.read_call(route, response_id, environ)
+        model = call.model
+        if not route.by_id:
+            key = self.authenticate(environ)
+        # Reading, deleting or cancelling a stored response generates nothing: never queued or shed.
+        prio = "critical" if route.by_id else self.priority(environ.get("HTTP_X_LLMGW_PRIORITY") or None, key)
         if not self.state.loaded_once:
             raise ApiError("no_replica", self.not_ready() or "the gateway has not loaded the endpoint list yet", 1)
         if key is not None:
             self.enforce(key, model)  # expiry, the key's models, its budget: 401 / 404 / 429
-            if key.budget and body.get("stream") is True:
-                body, data = with_stream_usage(body, data)
+            if (key.budget and call.body is not None and call.body.get("stream") is True
+                    and route.op in (op.CHAT, op.COMPLETIONS)):  # the Responses API's stream ends with its usage
+                call.body, call.data = with_stream_usage(call.body, call.data)
         if model not in self.state.known_models:
             # Unknown names get no per-name state and no metric label of their own (cardinality).
             self.metrics.rejected_unknown.inc()
             raise ApiError("model_not_found", f"model {model!r} does not exist")
-        self.state.requested(model)
+        if not route.by_id:
+            self.state.requested(model)
         environ["llmgw.model"] = self.state.canonical.get(model, model)  # known: charts may count it
         if key is not None:
             limited = self.limiter.check(key)
             if limited:
                 self.metrics.shed.labels(model, "rate_limited").inc()
                 raise ApiError("rate_limited", f"rate limit of {limited[0]} reached for key {key.name!r}", limited[1])
-        user = body.get("user")
+        user = call.body.get("user") if call.body is not None else None
         affinity = environ.get("HTTP_X_SESSION_ID") or (user if isinstance(user, str) and user else None)
 
         headers = {h: v for h, var in FORWARD_REQUEST_HEADERS if (v := environ.get(var))}
         headers["x-request-id"] = rid
-        headers.setdefault("content-type", "application/json")
+        if call.data is not None:
+            headers.setdefault("content-type", "application/json")
+        method = environ.get("REQUEST_METHOD", "POST")
         exclude: set[str] = set()
         last_error: ApiError | None = None
         attempt = 0
         while True:
-            req = RouteRequest(model, prio, affinity, frozenset(exclude))
+            req = RouteRequest(model, prio, affinity, frozenset(exclude), op=route.op, pin=call.pin)
             choice = self._admit(req, first=(attempt == 0), last_error=last_error)
             # From here the slot is ours: every path out of this block gives it back exactly once.
             lease = Lease(self.state, choice)
             resp = None
             try:
                 ep = choice.endpoint
-                out = data
-                served = ep.served_name or ep.model or model
-                if served != model:
-                    out = json.dumps({**body, "model": served}).encode()
+                path, out = call.request_for(ep)
+                api_key = self.state.api_keys.get(ep.id)
+                # An external server's own key, for this attempt only (never the client's, never
+                # another endpoint's).
+                sent = headers if api_key is None else {**headers, "authorization": f"Bearer {api_key}"}
                 t_send = mono()
                 try:
-                    # The engine's credential, never the client's key (FORWARD_REQUEST_HEADERS drops it).
-                    sent = {**headers, "authorization": "Bearer " + ep.engine_secret} if ep.engine_secret else headers
-                    resp = self.upstream.send(ep.url, path, out, sent)
+                    # The engine's credential, or an external server's own key (for this attempt only);
+                    # never the client's key (FORWARD_REQUEST_HEADERS drops it), never another endpoint's.
+                    secret = self.state.api_keys.get(ep.id) or ep.engine_secret
+                    sent = {**headers, "authorization": f"Bearer {secret}"} if secret else headers
+                    resp = self.upstream.send(ep.url, path, out, sent, method)
                     self.state.answered(ep.id)
                     outcome = Outcome("answer", resp.status)
                 except UpstreamConnectError as e:
@@ -409,7 +519,7 @@ class Gateway:
                     outcome = Outcome("timeout")
                 step = next_attempt(outcome, attempt, self.cfg.retries)
                 if isinstance(step, Deliver):
-                    answer = self._respond(resp, lease, model, key, rid, t0, t_send)
+                    answer = self._respond(resp, lease, model, key, rid, t0, t_send, route, call.rewrite(ep))
                     lease, resp = None, None  # handed over: the answer releases them when it ends
                     return answer
                 if isinstance(step, GiveUp):
@@ -445,7 +555,8 @@ class Gateway:
 
     def _admit(self, req: RouteRequest, first: bool, last_error: ApiError | None) -> Choice:
         q = self.queue(req.model)
-        res = self.state.route(RouteRequest(req.model, req.priority, req.affinity, req.exclude, len(q) + 1))
+        res = self.state.route(RouteRequest(req.model, req.priority, req.affinity, req.exclude, len(q) + 1, req.op,
+                                            req.pin))
         if isinstance(res, Rejection) and res.kind == "unknown_model" and req.model in self.state.cold_start:
             return self._cold_start(req, q, self.state.cold_start[req.model])
         decision = admit(res, req.priority, len(q) if first else 0, self.cfg.queue_max, self.cfg.queue_timeout)
@@ -476,6 +587,15 @@ class Gateway:
             raise last_error
         if decision.kind == "unknown_model" and req.model not in self.state.known_models:
             raise ApiError("model_not_found", f"model {req.model!r} does not exist")
+        if decision.kind == "unsupported":
+            method, path = op.OPERATIONS[req.op]
+            who = f"endpoint {req.pin}" if req.pin else f"no endpoint of model {req.model!r}"
+            raise ApiError("unsupported", f"{who} serves {method} {path}: {decision.detail}")
+        keyless = sorted({var for eid, var in self.state.missing_keys.items()
+                          if req.model in self.state.by_id[eid].models})
+        if keyless:
+            raise ApiError("no_replica", f"no Ready endpoint for model {req.model!r} this gateway can send to: "
+                           f"the API key variable(s) {', '.join(keyless)} are not set in its environment", 1)
         raise ApiError("no_replica", f"no Ready endpoint for model {req.model!r}")
 
     def _cold_start(self, req: RouteRequest, q: WaitQueue, timeout: float) -> Choice:
@@ -501,9 +621,12 @@ class Gateway:
                        f"Ready within {timeout:g}s; retry shortly", retry_after(timeout))
 
     def _respond(self, resp, lease: "Lease", model: str, key: ApiKey | None, rid: str, t0: float,
-                 t_send: float) -> RawAnswer:
+                 t_send: float, route: Route, rewrite: IdRewrite | None = None) -> RawAnswer:
         """Build the client's answer. On return the answer owns `resp` and `lease` (a stream releases
-        them when it ends or the client leaves); if this raises, the caller still owns both."""
+        them when it ends or the client leaves); if this raises, the caller still owns both.
+
+        Only generating operations teach the router an endpoint's speed; a stored response read
+        again (by id) is not usage again."""
         choice = lease.choice
         ep = choice.endpoint
         mono = self.clock.monotonic
@@ -519,10 +642,13 @@ class Gateway:
         metrics = self.metrics
         traffic, canon = self.traffic, self.state.canonical.get(model, model)
 
+        learns, counts = route.learns, not route.by_id
+
         def finish(completed: bool, usage, charted: bool = True) -> None:
             now = mono()
             ok = completed and status < 400
-            lease.release((now - t_send) if ok else None, usage[1] if usage else None)
+            usage = usage if counts else None
+            lease.release((now - t_send) if ok and learns else None, usage[1] if usage and learns else None)
             child = metrics.child
             child(metrics.requests, model, ep.id, str(status) if completed else "aborted").inc()
             child(metrics.latency, model).observe(now - t0)
@@ -549,7 +675,8 @@ class Gateway:
 
             # Proxies in front (nginx) must not buffer the stream, nor anything cache it.
             headers += SSE_HEADERS
-            body = StreamBody(resp, deadline, first, finish_stream, monotonic=mono)
+            body = StreamBody(resp, deadline, first, finish_stream, monotonic=mono,
+                              rewrite=rewrite.chunk if rewrite is not None else None)
             return RawAnswer(status, headers, body)
         try:
             payload = resp.read()
@@ -559,6 +686,8 @@ class Gateway:
             kind = "upstream_timeout" if "timed out" in str(e).lower() else "upstream_error"
             raise ApiError(kind, f"endpoint {ep.id} failed while answering: {type(e).__name__}") from None
         resp.release()
+        if rewrite is not None and status < 400:
+            payload = rewrite.body(payload)
         metrics.child(metrics.ttft, model).observe(mono() - t0)
         traffic.first_byte(canon, mono() - t0)
         finish(True, usage_from_json(payload) if status < 400 else None)
@@ -567,15 +696,18 @@ class Gateway:
 
     # --- other views -----------------------------------------------------------------------------
     def list_models(self) -> dict:
-        """The published models, and those scaled to zero (a request starts them); for a key with
-        `--models`, only those it may call."""
+        """The models with a routable endpoint, and those scaled to zero (a request starts them);
+        for a key with `--models`, only those it may call."""
         key = self.authenticate(request.environ)
-        names = sorted(set(self.state.models()) | set(self.state.cold_start))
+        cards = self.state.model_cards()
+        listed = {c["id"] for c in cards}
+        cards += [{"id": m, "object": "model", "created": 0, "owned_by": "llmgw", "aliases": [], "engines": [],
+                   "ready_replicas": 0, "context_length": None}
+                  for m in sorted(set(self.state.cold_start) - listed)]
         if key is not None:
             self.enforce(key, None)
-            names = [m for m in names if allows(key, self.state.names_of(m))]
-        data = [{"id": m, "object": "model", "created": 0, "owned_by": "llmgw"} for m in names]
-        return {"object": "list", "data": data}
+            cards = [c for c in cards if allows(key, self.state.names_of(c["id"]))]
+        return {"object": "list", "data": sorted(cards, key=lambda c: c["id"])}
 
     def key_usage(self) -> dict:
         """`GET /v1/llmgw/usage`: the caller's key, its policy, budget and usage per model. An admin key
@@ -625,6 +757,8 @@ class Gateway:
             "policy": self.cfg.routing.policy,
             "auth": self.keys.mode,
             "keys_loaded": self.keys.loaded,
+            # Variables external servers' keys are read from, missing here (their endpoints are skipped).
+            "missing_key_variables": sorted(set(self.state.missing_keys.values())),
             "ready": self.not_ready() is None,
             "open_requests": self.open,
             "max_open_requests": self.max_open,
@@ -644,14 +778,15 @@ def with_stream_usage(body: dict, data: bytes) -> tuple[dict, bytes]:
     return body, json.dumps(body).encode()
 
 
-def create_app(config: GatewaySettings | None = None, *, store: Store | None = None, clock: Clock | None = None) -> Flask:
+def create_app(config: GatewaySettings | None = None, *, store: Store | None = None, clock: Clock | None = None,
+               environ: Mapping[str, str] | None = None) -> Flask:
     """Build the app. With no arguments (gunicorn) the config comes from the environment; tests pass a
     Store on fakeredis. Nothing runs in the background until `Gateway.serve` (gunicorn's
     post_worker_init, in the worker) or `Gateway.start`."""
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cfg = config or GatewaySettings.from_env()
-    gw = Gateway(cfg, store=store, clock=clock)
+    gw = Gateway(cfg, store=store, clock=clock, environ=environ)
     app = Flask("llmgw.gateway")
     app.extensions["llmgw"] = gw
 
@@ -660,8 +795,8 @@ def create_app(config: GatewaySettings | None = None, *, store: Store | None = N
     def not_served_here():  # the WSGI fast path below answers these; Flask keeps them for 405s
         raise ApiError("internal", "proxied route reached Flask")
 
-    for path in PROXIED:
-        app.add_url_rule(path, path, not_served_here, methods=["POST"])
+    for rule, methods in flask_rules():
+        app.add_url_rule(rule, rule, not_served_here, methods=methods)
 
     @app.get("/v1/models")
     def models():
@@ -709,12 +844,12 @@ def create_app(config: GatewaySettings | None = None, *, store: Store | None = N
         return error_response(ApiError("internal", "internal error in the gateway; see its log"))
 
     flask_wsgi = app.wsgi_app
-    proxied = frozenset(PROXIED)
 
     def wsgi(environ, start_response):
-        """Proxied POSTs skip Flask's request machinery; everything else is a Flask view."""
+        """Proxied requests skip Flask's request machinery; everything else is a Flask view."""
         path = environ.get("PATH_INFO", "")
-        if path not in proxied or environ.get("REQUEST_METHOD") != "POST":
+        matched = match(environ.get("REQUEST_METHOD", ""), path)
+        if matched is None:
             return flask_wsgi(environ, start_response)
         rid = environ.get("HTTP_X_REQUEST_ID") or uuid.uuid4().hex
         if gw.open >= gw.max_open:
@@ -726,13 +861,13 @@ def create_app(config: GatewaySettings | None = None, *, store: Store | None = N
         gw.open += 1
         handed_over = False
         try:
-            resp = gw.proxy(path, environ, rid)
+            resp = gw.proxy(matched[0], matched[1], environ, rid)
             handed_over = isinstance(resp.body, StreamBody)  # the stream gives the count back
         except ApiError as e:
             gw.refused(environ, e)
             resp = error_response(e, rid)
         except Exception:  # noqa: BLE001 - never a traceback to the client
-            log.exception("unhandled error on POST %s", path)
+            log.exception("unhandled error on %s %s", environ.get("REQUEST_METHOD"), path)
             resp = error_response(ApiError("internal", "internal error in the gateway; see its log"), rid)
         finally:
             if not handed_over:

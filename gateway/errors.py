@@ -19,6 +19,7 @@ TABLE: dict[str, tuple[int, str, str]] = {
     "forbidden": (403, "permission_error", "admin_key_required"),
     "model_not_found": (404, "invalid_request_error", "model_not_found"),
     "not_found": (404, "invalid_request_error", "not_found"),
+    "unsupported": (404, "invalid_request_error", "unsupported_endpoint"),
     "method_not_allowed": (405, "invalid_request_error", "method_not_allowed"),
     "too_large": (413, "invalid_request_error", "request_too_large"),
     "shed": (429, "rate_limit_error", "overloaded"),

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import ssl
 import threading
 import time
 from typing import Callable, Iterator
@@ -194,27 +195,43 @@ class UpstreamResponse:
             self.conn.close()
 
 
+class Target:
+    """Where an endpoint's url points: the pool key (host, port, TLS), the Host header, and the path
+    prefix its paths go under (an external server's url may have one)."""
+
+    __slots__ = ("key", "host", "prefix")
+
+    def __init__(self, base_url: str):
+        u = urlsplit(base_url)
+        tls = u.scheme == "https"
+        host = u.hostname or "127.0.0.1"
+        port = u.port or (443 if tls else 80)
+        self.key = (host, port, tls)
+        self.host = host if u.port is None else f"{host}:{port}"
+        self.prefix = u.path.rstrip("/")
+
+
 class Upstream:
     def __init__(self, connect_timeout: float, first_byte_timeout: float, pool_size: int = 256):
         self.connect_timeout, self.first_byte_timeout = connect_timeout, first_byte_timeout
         self.pool_size = pool_size
-        self.idle: dict[tuple[str, int], list[Conn]] = {}
+        self.idle: dict[tuple[str, int, bool], list[Conn]] = {}
         self.lock = threading.Lock()
-        self.hosts: dict[str, tuple[str, int]] = {}
+        self.targets: dict[str, Target] = {}
+        self._tls: ssl.SSLContext | None = None  # made on first use: the system's CAs (SSL_CERT_FILE)
 
-    def _key(self, base_url: str) -> tuple[str, int]:
-        key = self.hosts.get(base_url)
-        if key is None:
-            u = urlsplit(base_url)
-            key = self.hosts[base_url] = (u.hostname or "127.0.0.1", u.port or 80)
-        return key
+    def _target(self, base_url: str) -> Target:
+        t = self.targets.get(base_url)
+        if t is None:
+            t = self.targets[base_url] = Target(base_url)
+        return t
 
-    def _get(self, key: tuple[str, int]) -> Conn | None:
+    def _get(self, key: tuple[str, int, bool]) -> Conn | None:
         with self.lock:
             conns = self.idle.get(key)
             return conns.pop() if conns else None
 
-    def _put(self, key: tuple[str, int], conn: Conn) -> None:
+    def _put(self, key: tuple[str, int, bool], conn: Conn) -> None:
         with self.lock:
             conns = self.idle.setdefault(key, [])
             if len(conns) < self.pool_size:
@@ -222,18 +239,27 @@ class Upstream:
                 return
         conn.close()
 
-    def _connect(self, key: tuple[str, int]) -> Conn:
+    def _connect(self, key: tuple[str, int, bool]) -> Conn:
+        host, port, tls = key
         try:
-            sock = socket.create_connection(key, timeout=self.connect_timeout)
+            sock = socket.create_connection((host, port), timeout=self.connect_timeout)
         except socket.timeout as e:
             raise UpstreamConnectError(f"connect timeout after {self.connect_timeout}s") from e
         except OSError as e:
             raise UpstreamConnectError(str(e)) from e
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if tls:  # an external server over https; the handshake counts against the connect timeout
+            if self._tls is None:
+                self._tls = ssl.create_default_context()
+            try:
+                sock = self._tls.wrap_socket(sock, server_hostname=host)
+            except (OSError, ssl.SSLError) as e:
+                sock.close()
+                raise UpstreamConnectError(f"TLS with {host}:{port} failed: {e}") from e
         sock.settimeout(self.first_byte_timeout)
         return Conn(sock)
 
-    def _exchange(self, conn: Conn, key: tuple[str, int], request: bytes, bodiless: bool) -> UpstreamResponse:
+    def _exchange(self, conn: Conn, key: tuple[str, int, bool], request: bytes, bodiless: bool) -> UpstreamResponse:
         """Send the request in one write; read until the response head is complete."""
         sock = conn.sock
         sock.sendall(request)
@@ -254,13 +280,17 @@ class Upstream:
                 raise Stale("the engine closed the connection before answering")
             buf += data
 
-    def send(self, base_url: str, path: str, body: bytes | None, headers: dict[str, str]) -> UpstreamResponse:
-        """POST (GET without a body) and return the response with its body unread."""
-        key = self._key(base_url)
-        head = [f"{'POST' if body is not None else 'GET'} {path} HTTP/1.1\r\nHost: {key[0]}:{key[1]}\r\n"]
+    def send(self, base_url: str, path: str, body: bytes | None, headers: dict[str, str],
+             method: str | None = None) -> UpstreamResponse:
+        """Send the request (POST, or GET without a body, unless `method` says) and return the
+        response with its body unread."""
+        target = self._target(base_url)
+        key = target.key
+        method = method or ("POST" if body is not None else "GET")
+        head = [f"{method} {target.prefix}{path} HTTP/1.1\r\nHost: {target.host}\r\n"]
         head += [f"{k}: {v}\r\n" for k, v in headers.items()]
-        if body is not None:
-            head.append(f"Content-Length: {len(body)}\r\n")
+        if body is not None or method == "POST":  # a bodiless POST (a cancel) says so
+            head.append(f"Content-Length: {len(body or b'')}\r\n")
         head.append("\r\n")
         request = "".join(head).encode("latin-1") + (body or b"")
         conn = self._get(key)
@@ -290,12 +320,16 @@ def response_headers(resp: UpstreamResponse, drop: frozenset[str] | None = None)
 
 
 def usage_from_json(body: bytes) -> tuple[int, int] | None:
-    """(prompt_tokens, completion_tokens) from an OpenAI JSON response, if it reports them."""
+    """(prompt, completion) tokens from an OpenAI JSON answer or stream event, if it reports them: a
+    chat answer's `usage`, or a response's (the Responses API calls them input and output tokens; a
+    stream's last event carries them in its `response`)."""
     if b'"usage"' not in body:
         return None
     try:
-        u = json.loads(body).get("usage") or {}
-        return int(u.get("prompt_tokens") or 0), int(u.get("completion_tokens") or 0)
+        doc = json.loads(body)
+        u = doc.get("usage") or (doc.get("response") or {}).get("usage") or {}
+        return (int(u.get("prompt_tokens") or u.get("input_tokens") or 0),
+                int(u.get("completion_tokens") or u.get("output_tokens") or 0))
     except (ValueError, AttributeError, TypeError):
         return None
 
@@ -320,7 +354,8 @@ class StreamBody:
 
     def __init__(self, resp: UpstreamResponse, deadline: float, on_first: Callable[[], None],
                  on_done: Callable[[bool, tuple[int, int] | None], None],
-                 monotonic: Callable[[], float] = time.monotonic):
+                 monotonic: Callable[[], float] = time.monotonic,
+                 rewrite: Callable[[bytes], bytes] | None = None):
         self.resp = resp
         self.done = False
 
@@ -330,7 +365,7 @@ class StreamBody:
                 on_done(completed, usage)
 
         self.on_done = once
-        self.gen = stream_body(resp, deadline, on_first, once, monotonic)
+        self.gen = stream_body(resp, deadline, on_first, once, monotonic, rewrite)
 
     def __iter__(self) -> Iterator[bytes]:
         return self.gen
@@ -344,16 +379,18 @@ class StreamBody:
 
 def stream_body(resp: UpstreamResponse, deadline: float, on_first: Callable[[], None],
                 on_done: Callable[[bool, tuple[int, int] | None], None],
-                monotonic: Callable[[], float] = time.monotonic) -> Iterator[bytes]:
-    """Yield the engine's bytes as they arrive. `on_done(completed, usage)` runs exactly once, in
-    `finally`, after the upstream is released (stream ended) or closed (client gone, error).
+                monotonic: Callable[[], float] = time.monotonic,
+                rewrite: Callable[[bytes], bytes] | None = None) -> Iterator[bytes]:
+    """Yield the engine's bytes as they arrive (through `rewrite`, when given: a Responses stream's
+    ids). `on_done(completed, usage)` runs exactly once, in `finally`, after the upstream is
+    released (stream ended) or closed (client gone, error).
 
     Per chunk only a read, a write (the yield) and a clock check: usage is looked for once, at the
     end, in the last two chunks (the usage event and `[DONE]` may arrive apart)."""
     completed = False
     prev = last = b""
     try:
-        pieces = resp.chunks()
+        pieces = resp.chunks() if rewrite is None else map(rewrite, resp.chunks())
         for chunk in pieces:
             on_first()
             yield chunk

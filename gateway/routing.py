@@ -21,6 +21,7 @@ from typing import Mapping, Sequence
 
 from gateway.config import RoutingConfig
 from llmgw.state.records import EndpointInfo, LoadRecord
+from llmgw.surface import CHAT
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,8 @@ class RouteRequest:
     affinity: str | None = None  # X-Session-ID or OpenAI `user`
     exclude: frozenset[str] = frozenset()  # endpoints already tried for this request (retries)
     queued: int = 1  # requests of this model waiting in the gateway, this one included
+    op: str = CHAT  # the operation (llmgw.surface): only endpoints that serve it are candidates
+    pin: str | None = None  # the one endpoint it may go to (a response's, by its id)
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,7 @@ class Choice:
 
 @dataclass(frozen=True)
 class Rejection:
-    kind: str  # "unknown_model" | "no_ready" | "saturated"
+    kind: str  # "unknown_model" | "unsupported" | "no_ready" | "saturated"
     model: str
     detail: str = ""
 
@@ -141,16 +144,22 @@ def choose(
     rng: random.Random,
     rr_counter: int = 0,
 ) -> Choice | Rejection:
-    """Pick an endpoint for `request`, or say why none: unknown model, none Ready, all saturated.
+    """Pick an endpoint for `request`, or say why none: unknown model, no endpoint serving the
+    operation, none Ready, all saturated.
 
     `critical` requests are never rejected for saturation: they go to the least-loaded endpoint.
     `now` is the caller's monotonic clock (LoadRecord freshness via `stats[...].load_seen`, learned
     speeds via `last_sample`); `rng` is always the caller's, so a seed reproduces every choice."""
     stats = stats or {}
-    serving = [e for e in endpoints if request.model in e.models]
+    serving = [e for e in endpoints if request.model in e.models
+               and (request.pin is None or e.id == request.pin)]
     if not serving:
         return Rejection("unknown_model", request.model)
-    tried = [e for e in serving if e.id not in request.exclude]
+    able = [e for e in serving if e.serves(request.op)]
+    if not able:
+        engines = ", ".join(sorted({e.engine for e in serving}))
+        return Rejection("unsupported", request.model, f"its endpoints ({engines}) do not serve it")
+    tried = [e for e in able if e.id not in request.exclude]
     if not tried:
         return Rejection("no_ready", request.model, "every endpoint failed for this request")
     # Endpoints that refused a connection a moment ago are passed over while any other can serve

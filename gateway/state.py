@@ -19,17 +19,19 @@ once, shown by /healthz and a metric, and the loops recover by themselves when R
 from __future__ import annotations
 
 import logging
+import os
 import random
 import threading
 from dataclasses import replace
-from typing import Callable
+from typing import Callable, Mapping
 
 import redis
 
 from gateway.config import GatewaySettings
 from gateway.report import Identity, gateway_report
+from gateway.responses import endpoint_ref
 from gateway.routing import Choice, EndpointStats, Rejection, RouteRequest, choose
-from llmgw.catalog import catalog_outline
+from llmgw.catalog import catalog_outline, key_variables
 from llmgw.state.clock import Clock
 from llmgw.state.records import EndpointInfo, GatewayReport, LoadRecord
 from llmgw.state.store import Store
@@ -86,8 +88,10 @@ class GatewayState:
     """Endpoint list, loads, in-flight counts and learned service times, behind one lock."""
 
     def __init__(self, store: Store, cfg: GatewaySettings, clock: Clock | None = None, metrics=None,
-                 rng: random.Random | None = None):
+                 rng: random.Random | None = None, environ: Mapping[str, str] | None = None):
         self.store = store
+        # Where the API keys of external servers are read from (`api_key_env` names a variable here).
+        self.environ = os.environ if environ is None else environ
         self.cfg = cfg
         self.clock = clock or Clock()
         self.metrics = metrics
@@ -97,8 +101,13 @@ class GatewayState:
         self.version = 0
         self.fingerprint = ""
         self._last_full = float("-inf")
-        self.endpoints: tuple[EndpointInfo, ...] = ()
-        self.by_id: dict[str, EndpointInfo] = {}
+        self.endpoints: tuple[EndpointInfo, ...] = ()  # what routing chooses from
+        self.by_id: dict[str, EndpointInfo] = {}  # every listed endpoint, those missing their key too
+        self.by_ref: dict[bytes, EndpointInfo] = {}  # by the digest response ids carry (gateway.responses)
+        self.api_keys: dict[str, str] = {}  # endpoint id -> the key sent to it (its api_key_env's value)
+        # endpoint id -> the variable it needs and this process lacks: not routed to (503 when alone).
+        self.missing_keys: dict[str, str] = {}
+        self._warned: set[tuple[str, str, str]] = set()
         self.loads: dict[str, LoadRecord] = {}
         self.inflight: dict[str, int] = {}  # kept for endpoints that left the list while in flight
         self.ok_at: dict[str, float] = {}  # wall clock of the last response head per endpoint
@@ -146,6 +155,7 @@ class GatewayState:
                 return False
             v, fp, eps = self.store.read_endpoints()
             outline = catalog_outline(self.store)
+            self._warn_missing_keys(key_variables(self.store))
             self.health.succeeded()
             self._last_full = now
         except REDIS_ERRORS as e:
@@ -159,15 +169,19 @@ class GatewayState:
             return False
         if self.loaded_once and v == self.version and fp == self.fingerprint:
             with self.lock:
-                self.names = name_table(outline.groups, self.endpoints)
+                self.names = name_table(outline.groups, self.by_id.values())
                 self.known_models = set(self.names)
                 self.canonical = {**outline.canonical, **{n: e.model or e.models[0] for e in self.endpoints
                                                           for n in e.models}}
                 self.cold_start = outline.cold_start
             return False
+        api_keys, missing = self._keys_of(eps)
         with self.lock:
-            self.version, self.fingerprint, self.endpoints = v, fp, tuple(eps)
+            self.version, self.fingerprint = v, fp
+            self.endpoints = tuple(e for e in eps if e.id not in missing)
             self.by_id = {e.id: e for e in eps}
+            self.by_ref = {endpoint_ref(e.id): e for e in eps}
+            self.api_keys, self.missing_keys = api_keys, missing
             self.names = name_table(outline.groups, eps)
             self.known_models = set(self.names)
             self.loads = {k: v for k, v in self.loads.items() if k in self.by_id}
@@ -187,6 +201,29 @@ class GatewayState:
         self.on_loaded()
         self.on_release()
         return True
+
+    def _keys_of(self, eps: list[EndpointInfo]) -> tuple[dict[str, str], dict[str, str]]:
+        """The key each endpoint gets, and the endpoints whose variable is not set here."""
+        keys_, missing = {}, {}
+        for e in eps:
+            if e.api_key_env:
+                value = self.environ.get(e.api_key_env)
+                if value:
+                    keys_[e.id] = value
+                else:
+                    missing[e.id] = e.api_key_env
+                    self._warn_missing_keys([(e.model, e.profile, e.api_key_env)])
+        return keys_, missing
+
+    def _warn_missing_keys(self, wanted: list[tuple[str, str, str]]) -> None:
+        """Once per process and variable: a profile's key variable is not in this environment (its
+        endpoints get 503s, never another endpoint's key). The value itself is never logged."""
+        for model, profile, var in wanted:
+            if not self.environ.get(var) and (model, profile, var) not in self._warned:
+                self._warned.add((model, profile, var))
+                log.warning("environment variable %s is not set: requests that only external profile %s/%s "
+                            "could serve get 503 from this gateway until it is started with %s set",
+                            var, model, profile, var)
 
     def refresh_loads(self) -> None:
         ids = list(self.by_id)
@@ -346,6 +383,22 @@ class GatewayState:
             for m in e.models:
                 out.setdefault(m, []).append(e)
         return out
+
+    def model_cards(self) -> list[dict]:
+        """`GET /v1/models`: every name with a routable endpoint, OpenAI's fields and llmgw's: the
+        model's other names, its endpoints' engines, how many are Ready, and the context length
+        (the smallest any of them reports: a request must fit wherever it lands)."""
+        cards = []
+        for name, eps in sorted(self.models().items()):
+            lengths = [rec.context_length for e in eps if (rec := self.loads.get(e.id)) and rec.context_length]
+            cards.append({
+                "id": name, "object": "model", "created": 0, "owned_by": "llmgw",
+                "aliases": [n for n in eps[0].models if n != name],
+                "engines": sorted({e.engine for e in eps}),
+                "ready_replicas": len(eps),
+                "context_length": min(lengths) if lengths else None,
+            })
+        return cards
 
     def report(self, who: Identity, queued: dict[str, int], keys_loaded: bool) -> GatewayReport:
         """This process's report now; `queued` by the requested name (aliases have their own queues)."""

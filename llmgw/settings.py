@@ -182,3 +182,13 @@ class ControlSettings(Settings):
                                     meaning="beat schedule of `llmgw.publish`")
     catalog_file: Path | None = env("LLMGW_CATALOG", default=None,
                                     meaning="a catalog file synced at the start of every reconcile pass")
+    external_interval: Seconds = env("LLMGW_EXTERNAL_INTERVAL", default=1.0, gt=0,
+                                     meaning="beat schedule of `llmgw.external`: scrapes the /metrics of external "
+                                             "servers that have a mapping, and checks the urls that are due")
+    external_check_interval: Seconds = env("LLMGW_EXTERNAL_CHECK_INTERVAL", default=5.0, gt=0,
+                                           meaning="seconds between health checks of one external url")
+    external_timeout: Seconds = env("LLMGW_EXTERNAL_TIMEOUT", default=2.0, gt=0,
+                                    meaning="seconds a health check or scrape of an external url may take")
+    external_failures: int = env("LLMGW_EXTERNAL_FAILURES", default=3, ge=1,
+                                 meaning="failed health checks in a row that make a url that answered before "
+                                         "Unreachable (it leaves routing)")

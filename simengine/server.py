@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Iterator
 
+from simengine import pooling
+from simengine import responses as rapi
 from simengine.core import Emit, RequestTooLarge, SimConfig, SimCore
 from simengine.metrics import MetricsState, Snapshot, render_llamacpp, render_vllm
 
@@ -132,6 +134,13 @@ class Engine:
         with self._cond:
             self.stats.success[reason] = self.stats.success.get(reason, 0) + 1
 
+    def pooled(self, prompt_tokens: int) -> None:
+        """A request that reads its prompt and generates nothing (rerank, score, transcription)
+        counts its prompt tokens and one success, as vLLM's pooling requests do."""
+        with self._cond:
+            self.core.prompt_tokens_total += prompt_tokens
+            self.stats.success["stop"] = self.stats.success.get("stop", 0) + 1
+
     def snapshot(self) -> Snapshot:
         with self._cond:
             s, c = self.stats, self.core
@@ -196,6 +205,7 @@ class SimApp:
         self.fingerprint = f"llmgw-sim-{opts.port}"
         # A multi-node head's rendezvous (simengine.multinode.Rendezvous); None on one node.
         self.rendezvous: Any = None
+        self.responses = rapi.Store()  # what GET/DELETE /v1/responses/{id} and previous_response_id read
 
     def loading(self) -> bool:
         return self.loading_reason() is not None
@@ -243,6 +253,17 @@ class SimApp:
         return render_vllm(snap, self.opts.names[0])
 
 
+RESPONSES_PATH = "/v1/responses/"
+TRANSCRIPTIONS_PATH = "/v1/audio/transcriptions"
+# POST path -> the handler method (vLLM's paths, with and without /v1 where vLLM has both).
+POST_ROUTES = {
+    "/v1/chat/completions": "_chat", "/v1/completions": "_completion", "/v1/responses": "_responses",
+    "/v1/rerank": "_rerank", "/rerank": "_rerank", "/v1/score": "_score", "/score": "_score",
+    "/tokenize": "_tokenize", "/detokenize": "_detokenize", TRANSCRIPTIONS_PATH: "_transcribe",
+}
+GENERATING = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses"})  # count for --crash-after
+
+
 def make_handler(app: SimApp) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -275,7 +296,7 @@ def make_handler(app: SimApp) -> type[BaseHTTPRequestHandler]:
         def _error(self, status: int, message: str, type_: str) -> None:
             self._json(status, {"error": {"message": message, "type": type_, "code": status}})
 
-        def _body(self) -> dict:
+        def _raw(self) -> bytes:
             if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
                 self.close_connection = True
                 raise BadRequest(411, "chunked request bodies are not supported; send Content-Length", "BadRequestError")
@@ -283,7 +304,9 @@ def make_handler(app: SimApp) -> type[BaseHTTPRequestHandler]:
                 n = int(self.headers.get("Content-Length") or 0)
             except ValueError:
                 raise BadRequest(400, "bad Content-Length", "BadRequestError") from None
-            raw = self.rfile.read(n) if n else b""
+            return self.rfile.read(n) if n else b""
+
+        def _json_body(self, raw: bytes) -> dict:
             try:
                 data = json.loads(raw or b"null")
             except ValueError:
@@ -329,6 +352,12 @@ def make_handler(app: SimApp) -> type[BaseHTTPRequestHandler]:
                     self._json(200, {"status": "ok"})
             elif path == "/metrics":
                 self._send(200, app.metrics_text().encode(), "text/plain; version=0.0.4; charset=utf-8")
+            elif path.startswith(RESPONSES_PATH):
+                found = app.responses.get(path[len(RESPONSES_PATH):])
+                if found is None:
+                    self._error(404, f"Response with id '{path[len(RESPONSES_PATH):]}' not found.", "NotFoundError")
+                else:
+                    self._json(200, found)
             elif path == "/v1/models":
                 if not self._loading():
                     created = int(time.time())
@@ -339,25 +368,195 @@ def make_handler(app: SimApp) -> type[BaseHTTPRequestHandler]:
             else:
                 self._error(404, f"no route {path}", "NotFoundError")
 
+        def do_DELETE(self) -> None:  # noqa: N802 - stdlib name
+            path = self.path.split("?", 1)[0]
+            if not path.startswith(RESPONSES_PATH):
+                self._error(404, f"no route {path}", "NotFoundError")
+            elif app.responses.delete(path[len(RESPONSES_PATH):]):
+                self._json(200, {"id": path[len(RESPONSES_PATH):], "object": "response", "deleted": True})
+            else:
+                self._error(404, f"Response with id '{path[len(RESPONSES_PATH):]}' not found.", "NotFoundError")
+
         def do_POST(self) -> None:  # noqa: N802 - stdlib name
             path = self.path.split("?", 1)[0]
             if not self._authorized(path):
                 return
-            if path not in ("/v1/chat/completions", "/v1/completions"):
+            handler = POST_ROUTES.get(path)
+            if handler is None:
                 self.close_connection = True  # its body was not read: the connection cannot be reused
                 self._error(404, f"no route {path}", "NotFoundError")
                 return
             try:
-                body = self._body()
+                raw = self._raw()
+                body = self._json_body(raw) if path != TRANSCRIPTIONS_PATH else {}
             except BadRequest as e:
                 self._error(e.status, e.message, e.type)
                 return
             if self._loading():
                 return
+            generates = path in GENERATING
             try:
-                self._complete(path == "/v1/chat/completions", body)
+                if path == TRANSCRIPTIONS_PATH:
+                    self._transcribe(raw)
+                else:
+                    getattr(self, handler)(body)
+            except BadRequest as e:
+                self._error(e.status, e.message, e.type)
             finally:
-                app.answered()
+                if generates:
+                    app.answered()
+
+        def _chat(self, body: dict) -> None:
+            self._complete(True, body)
+
+        def _completion(self, body: dict) -> None:
+            self._complete(False, body)
+
+        def _model(self, body: dict) -> str:
+            model = body.get("model") or app.opts.names[0]
+            if model not in app.opts.names:
+                raise BadRequest(404, f"The model `{model}` does not exist.", "NotFoundError")
+            return model
+
+        def _rerank(self, body: dict) -> None:
+            model = self._model(body)
+            query, docs, top_n = body.get("query"), body.get("documents"), body.get("top_n")
+            if not isinstance(query, str) or not isinstance(docs, list):
+                raise BadRequest(400, "query must be a string and documents a list", "BadRequestError")
+            if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 0):
+                raise BadRequest(400, "top_n must be a non-negative integer", "BadRequestError")
+            answer, tokens = pooling.rerank(model, query, docs, top_n)
+            app.engine.pooled(tokens)
+            self._json(200, answer)
+
+        def _score(self, body: dict) -> None:
+            model = self._model(body)
+            a, b = body.get("text_1"), body.get("text_2")
+            if a is None or b is None:
+                raise BadRequest(400, "text_1 and text_2 are required", "BadRequestError")
+            answer, tokens = pooling.score(model, a, b, int(time.time()))
+            app.engine.pooled(tokens)
+            self._json(200, answer)
+
+        def _tokenize(self, body: dict) -> None:
+            model = self._model(body)
+            if isinstance(body.get("messages"), list):
+                text = " ".join(_content_text(m.get("content")) for m in body["messages"] if isinstance(m, dict))
+            elif isinstance(body.get("prompt"), str):
+                text = body["prompt"]
+            else:
+                raise BadRequest(400, "prompt (a string) or messages is required", "BadRequestError")
+            tokens = pooling.tokenize(text)
+            self._json(200, {"count": len(tokens), "max_model_len": app.opts.core.kv_tokens, "tokens": tokens,
+                             "model": model})
+
+        def _detokenize(self, body: dict) -> None:
+            self._model(body)
+            tokens = body.get("tokens")
+            if not isinstance(tokens, list) or not all(isinstance(t, int) and t > 0 for t in tokens):
+                raise BadRequest(400, "tokens must be a list of positive integers", "BadRequestError")
+            self._json(200, {"prompt": pooling.detokenize(tokens)})
+
+        def _transcribe(self, raw: bytes) -> None:
+            try:
+                fields = pooling.form_fields(self.headers.get("Content-Type", ""), raw)
+            except ValueError as e:
+                raise BadRequest(400, str(e), "BadRequestError") from None
+            self._model({"model": fields.get("model") if isinstance(fields.get("model"), str) else None})
+            audio = fields.get("file")
+            if not isinstance(audio, bytes):
+                raise BadRequest(400, "the form needs a `file` with the audio", "BadRequestError")
+            app.engine.pooled(max(1, len(audio) // 1000))
+            self._json(200, {"text": pooling.TRANSCRIPT})
+
+        def _responses(self, body: dict) -> None:
+            model = self._model(body)
+            text = rapi.input_text(body.get("input"))
+            if text is None:
+                raise BadRequest(400, "input must be a string or a list of messages", "BadRequestError")
+            prompt = estimate_tokens(text)
+            if isinstance(body.get("instructions"), str):
+                prompt += estimate_tokens(body["instructions"])
+            previous = body.get("previous_response_id")
+            if previous is not None:
+                earlier = app.responses.get(previous) if isinstance(previous, str) else None
+                if earlier is None:
+                    raise BadRequest(404, f"Response with id '{previous}' not found.", "NotFoundError")
+                prompt += earlier["usage"]["total_tokens"]  # the conversation so far is part of the prompt
+            mt = body.get("max_output_tokens")
+            explicit = mt is not None
+            mt = app.opts.max_tokens_default if mt is None else mt
+            if isinstance(mt, bool) or not isinstance(mt, int) or mt < 1:
+                raise BadRequest(400, "max_output_tokens must be a positive integer", "BadRequestError")
+            seq, fail = app.next_request()
+            if fail:
+                raise BadRequest(500, "simulated engine error (--error-rate)", "InternalServerError")
+            try:
+                core_id, q = app.engine.submit(prompt, mt)
+            except RequestTooLarge as e:
+                raise BadRequest(400, str(e), "BadRequestError") from None
+            rid, msg_id = rapi.new_ids()
+            created, words = int(time.time()), app.token_words(seq)
+            finish = "length" if explicit else "stop"
+            keep = body.get("store", True) is not False
+
+            def final(out: str) -> dict:
+                return rapi.response(rid, msg_id, model, created, "completed", out, previous,
+                                     rapi.usage(prompt, mt), body.get("max_output_tokens"))
+
+            if not body.get("stream"):
+                out = []
+                while True:
+                    e = q.get()
+                    out.append(next(words))
+                    if e.done:
+                        break
+                app.engine.finished(finish)
+                resp = final("".join(out))
+                if keep:
+                    app.responses.put(resp)
+                self._json(200, resp)
+                return
+            ev = rapi.Events()
+            started = rapi.response(rid, msg_id, model, created, "in_progress", "", previous, None,
+                                    body.get("max_output_tokens"))
+            try:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+                self.send_header("Cache-Control", "no-cache")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                self._write_chunk(ev.frame("response.created", response=started))
+                self._write_chunk(ev.frame("response.in_progress", response=started))
+                self._write_chunk(ev.frame("response.output_item.added", output_index=0,
+                                           item=rapi.message(msg_id, "", "in_progress")))
+                part = {"type": "output_text", "text": "", "annotations": []}
+                self._write_chunk(ev.frame("response.content_part.added", item_id=msg_id, output_index=0,
+                                           content_index=0, part=part))
+                out = []
+                while True:
+                    e = q.get()
+                    w = next(words)
+                    out.append(w)
+                    self._write_chunk(ev.frame("response.output_text.delta", item_id=msg_id, output_index=0,
+                                               content_index=0, delta=w, logprobs=[]))
+                    if e.done:
+                        break
+                app.engine.finished(finish)
+                resp = final("".join(out))
+                if keep:
+                    app.responses.put(resp)
+                done_text = resp["output"][0]["content"][0]
+                self._write_chunk(ev.frame("response.output_text.done", item_id=msg_id, output_index=0,
+                                           content_index=0, text=done_text["text"], logprobs=[]))
+                self._write_chunk(ev.frame("response.content_part.done", item_id=msg_id, output_index=0,
+                                           content_index=0, part=done_text))
+                self._write_chunk(ev.frame("response.output_item.done", output_index=0, item=resp["output"][0]))
+                self._write_chunk(ev.frame("response.completed", response=resp))
+                self._write_chunk(b"")  # end of chunked body
+            except (BrokenPipeError, ConnectionResetError, TimeoutError, OSError):
+                app.engine.cancel(core_id)
+                self.close_connection = True
 
         def _complete(self, chat: bool, body: dict) -> None:
             try:

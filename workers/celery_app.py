@@ -33,6 +33,7 @@ def create_celery_app(settings: ControlSettings) -> LlmgwCelery:
             "llmgw.reconcile": {"queue": CONTROL_QUEUE},
             "llmgw.publish": {"queue": CONTROL_QUEUE},
             "llmgw.housekeeping": {"queue": CONTROL_QUEUE},
+            "llmgw.external": {"queue": CONTROL_QUEUE},
         },
         task_ignore_result=True,
         task_acks_late=False,  # a redelivered control task is harmless, but don't invite it

@@ -16,7 +16,9 @@ from llmgw.catalog.types import (
     DRAIN_TIMEOUT,
     ENGINE_DEFAULTS,
     ENGINE_NAMES,
+    EXTERNAL_FIELDS,
     LAUNCH_FIELDS,
+    SERVER_KINDS,
     Catalog,
     GPURequest,
     MetricMapping,
@@ -40,13 +42,14 @@ _LAZY = {
     "catalog_names": "store",
     "catalog_outline": "store",
     "history": "store",
+    "key_variables": "store",
     "read_applied": "store",
     "read_version": "store",
     "SyncResult": "watch",
     "sync_from_file": "watch",
 }
 
-__all__ = ["DRAIN_TIMEOUT", "ENGINE_DEFAULTS", "ENGINE_NAMES", "LAUNCH_FIELDS", "Catalog", "GPURequest", "MetricMapping", "Model", "Profile",
+__all__ = ["DRAIN_TIMEOUT", "ENGINE_DEFAULTS", "ENGINE_NAMES", "EXTERNAL_FIELDS", "LAUNCH_FIELDS", "SERVER_KINDS", "Catalog", "GPURequest", "MetricMapping", "Model", "Profile",
            "profile_spec_hash", *_LAZY]
 
 

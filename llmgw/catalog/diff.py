@@ -126,6 +126,8 @@ def _replicas(n: int) -> str:
 
 
 def _hardware(p: Profile) -> str:
+    if p.urls:  # engine: external: llmgw runs nothing, it routes to these
+        return f"{len(p.urls)} url" + ("" if len(p.urls) == 1 else "s")
     if p.gpu is None:
         return "cpu"
     hw = f"{p.gpu.count}x{p.gpu.gpu_class}"

@@ -113,6 +113,23 @@ def catalog_outline(r: redis.Redis | Store) -> CatalogOutline:
     return out
 
 
+def key_variables(r: redis.Redis | Store) -> list[tuple[str, str, str]]:
+    """(model, profile, variable) for every external profile of the applied catalog that names an
+    `api_key_env`, without validating the spec (a gateway reads it on endpoint-list reloads, to warn
+    about variables missing from its environment before the server is even reachable)."""
+    raw = client_of(r).get(keys.CATALOG)
+    out = []
+    try:
+        for m in (json.loads(raw).get("spec") or {}).get("models") or [] if raw else []:
+            for p in m.get("profiles") or []:
+                var = p.get("api_key_env")
+                if p.get("engine") == "external" and isinstance(var, str) and var:
+                    out.append((str(m.get("name")), str(p.get("name")), var))
+    except (ValueError, AttributeError, TypeError):
+        pass  # a malformed document names nothing; read_applied reports it
+    return out
+
+
 def history(r: redis.Redis | Store, n: int = 10) -> list[dict]:
     """Metadata of the last `n` applied versions, newest first: version, hash, applied_at/by, source,
     plus `models` and `replicas` counts."""

@@ -17,8 +17,14 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, fiel
 
 from llmgw.gpus import normalize_gpu_class
 
-EngineName = Literal["vllm", "llamacpp", "sim"]
-ENGINE_NAMES: tuple[str, ...] = ("vllm", "llamacpp", "sim")
+EngineName = Literal["vllm", "llamacpp", "sim", "external"]
+ENGINE_NAMES: tuple[str, ...] = ("vllm", "llamacpp", "sim", "external")
+# What the server behind an `external` profile is: a managed engine's kind (its paths, health path and
+# metric names apply), or `openai` (None: any OpenAI-compatible API).
+ServerKind = Literal["openai", "vllm", "llamacpp", "sim"]
+SERVER_KINDS: tuple[str, ...] = ("openai", "vllm", "llamacpp", "sim")
+# Profile fields only `engine: external` takes (llmgw.engines.external states its rules).
+EXTERNAL_FIELDS = ("url", "served_name", "api_key_env", "server")
 
 # Default `drain_timeout` (seconds): long enough for a long answer to finish streaming.
 DRAIN_TIMEOUT = 120.0
@@ -31,6 +37,8 @@ ENGINE_DEFAULTS: dict[str, dict[str, Any]] = {
     "vllm": {"start_timeout": 900.0, "capacity": 64},
     "llamacpp": {"start_timeout": 120.0, "capacity": 4},
     "sim": {"start_timeout": 60.0, "capacity": 16},
+    # llmgw runs no replica of an external server: one endpoint per url instead.
+    "external": {"replicas": 0, "capacity": 32},
 }
 
 # Profile fields whose `defaults:` value is merged key by key with the profile's (profile wins per key).
@@ -168,6 +176,13 @@ class Profile(_Strict):
     # Overrides the model's `source` for this profile (a GGUF file for the llama.cpp tier of a model
     # vLLM loads from Hugging Face). None: the model's source. LaunchContext applies it.
     source: str | None = None
+    # engine: external only (llmgw.engines.external): where the server is, the name it serves the
+    # model under (default: the model's name), the NAME of the gateway's environment variable that
+    # holds its API key (never the key), and what kind of server it is.
+    url: str | list[str] | None = None
+    served_name: str | None = None
+    api_key_env: str | None = None
+    server: ServerKind | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -216,6 +231,26 @@ class Profile(_Strict):
             if not _ENV_RE.match(key):
                 raise ValueError(f"{key!r} is not a valid environment variable name")
         return v
+
+    @field_validator("url", mode="before")
+    @classmethod
+    def _url_shape(cls, v: Any) -> Any:
+        # One message for both shapes, rather than one per member of the union.
+        if v is None or isinstance(v, str) or (isinstance(v, list) and v and all(isinstance(u, str) for u in v)):
+            return v
+        raise ValueError("must be a url or a non-empty list of urls (strings)")
+
+    @field_validator("served_name")
+    @classmethod
+    def _served(cls, v: str | None) -> str | None:
+        return v if v is None else _check_served_name(v)
+
+    @property
+    def urls(self) -> list[str]:
+        """An external profile's urls, as a list (one or several may be written)."""
+        if self.url is None:
+            return []
+        return [self.url] if isinstance(self.url, str) else list(self.url)
 
     @property
     def min_replicas(self) -> int:

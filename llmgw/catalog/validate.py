@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from llmgw.catalog.types import ENGINE_NAMES, Autoscale, Catalog, Model, Profile
+from llmgw.catalog.types import ENGINE_DEFAULTS, ENGINE_NAMES, SERVER_KINDS, Autoscale, Catalog, Model, Profile
 from llmgw.engines import ENGINES
 from llmgw.errors import CatalogInvalid, Problem
 
@@ -111,18 +111,28 @@ def _known_for(loc: tuple[Any, ...], kind: str) -> tuple[str, ...]:
     return _KNOWN_KEYS.get(kind, ())
 
 
+# Unknown keys that would hold a credential: the catalog is stored in Redis and shown by the CLI.
+_KEY_LIKE = frozenset({"api_key", "apikey", "api-key", "key", "token", "api_token", "secret", "password",
+                       "authorization", "bearer"})
+
+
 def _reason(err: dict, kind: str) -> str:
     """One line a person can act on, from one pydantic error (never its wording or its URL)."""
     t, value, ctx = err["type"], err.get("input"), err.get("ctx") or {}
     loc = err["loc"]
     if t == "extra_forbidden":
         key = str(loc[-1])
+        if key.lower() in _KEY_LIKE:
+            return (f"unknown field '{key}': a key is never written in the catalog (it is stored in Redis); put it "
+                    "in an environment variable of the gateway and name that variable in `api_key_env`")
         known = _known_for(loc, kind)
         close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
         hint = f" (did you mean '{close[0]}'?)" if close else (f" (known: {', '.join(known)})" if known else "")
         return f"unknown field '{key}'{hint}"
     if t == "missing":
         return "required field is missing"
+    if t == "literal_error" and loc and loc[-1] == "server":
+        return f"unknown server {value!r} (expected one of: {', '.join(SERVER_KINDS)})"
     if t == "literal_error":
         return f"unknown engine {value!r} (expected one of: {', '.join(ENGINE_NAMES)})"
     if t in ("int_type", "int_parsing", "int_from_float"):
@@ -193,7 +203,9 @@ def _validate_defaults(raw: Any, problems: list[Problem]) -> dict:
         return {}
     out = dict(raw)
     for key, why in (("name", "a profile's name cannot have a default"),
-                     ("source", "a source belongs to a model (or one profile), it cannot have a default")):
+                     ("source", "a source belongs to a model (or one profile), it cannot have a default"),
+                     ("url", "a url belongs to one external profile, it cannot have a default"),
+                     ("served_name", "a served name belongs to one external profile, it cannot have a default")):
         if key in out:
             problems.append(Problem(f"defaults.{key}", why))
             del out[key]
@@ -219,6 +231,40 @@ def _args_problems(args: list[str], path: str) -> list[Problem]:
         if flag in _RESERVED_ARGS:
             out.append(Problem(f"{path}[{i}]", f"'{flag}' is set by llmgw: {_RESERVED_ARGS[flag]}"))
     return out
+
+
+def _field_problems(rawp: dict, engine: str, path: str) -> tuple[list[Problem], set[str]]:
+    """The fields a profile writes that its engine refuses (its adapter says why), and their names;
+    they are left out of the profile so no further problem is reported about them. A field written
+    with the value the profile would have anyway is no problem: a resolved catalog (every default
+    spelled out, as stored) validates as it is."""
+    adapter = ENGINES[engine]
+    problems, refused = [], set()
+    for key, value in rawp.items():
+        # Unknown keys are pydantic's to report (with a hint when they look like a credential).
+        if key not in PROFILE_FIELDS or value == _neutral(engine, key):
+            continue
+        why = adapter.field_refusal(key)
+        if why:
+            problems.append(Problem(f"{path}.{key}", why))
+            refused.add(key)
+    return problems, refused
+
+
+def _neutral(engine: str, key: str) -> Any:
+    """What a profile of `engine` has in `key` when it does not say."""
+    if key in ENGINE_DEFAULTS.get(engine, {}):
+        return ENGINE_DEFAULTS[engine][key]
+    return Profile.model_fields[key].get_default(call_default_factory=True)
+
+
+def _applicable(defaults: dict, engine: Any) -> dict:
+    """The `defaults:` an engine's profiles take: those its adapter does not refuse (an external
+    profile does not inherit `replicas`, `gpu` or `env` meant for the engines llmgw runs)."""
+    if not isinstance(engine, str) or engine not in ENGINE_NAMES:
+        return defaults
+    adapter = ENGINES[engine]
+    return {k: v for k, v in defaults.items() if not adapter.field_refusal(k)}
 
 
 def _profile_problems(p: Profile, path: str) -> list[Problem]:
@@ -369,7 +415,12 @@ def parse_catalog(data: Any, source: str = "<catalog>") -> Catalog:
                     seen[pname] = j
             if all(_names_count(rawp, k) for k in _COUNT_KEYS):
                 problems.append(Problem(f"{ppath}.autoscale", BOTH_COUNTS))
-            merged = _merge_defaults(defaults, rawp)
+            engine = rawp.get("engine", defaults.get("engine"))
+            merged = _merge_defaults(_applicable(defaults, engine), rawp)
+            if isinstance(engine, str) and engine in ENGINE_NAMES:
+                refusals, refused = _field_problems(rawp, engine, ppath)
+                problems += refusals
+                merged = {k: v for k, v in merged.items() if k not in refused}
             try:
                 profile = Profile.model_validate(merged)
                 problems += _profile_problems(profile, ppath)
@@ -377,7 +428,6 @@ def parse_catalog(data: Any, source: str = "<catalog>") -> Catalog:
             except ValidationError as e:
                 problems += pydantic_problems(e, ppath, "profile")
                 problems += _rules_despite(e, merged, ppath)
-            engine = merged.get("engine")
             if isinstance(engine, str) and engine in ENGINE_NAMES:
                 if merged.get("source") is not None:
                     problems += _source_problems(merged["source"], engine, f"{ppath}.source")

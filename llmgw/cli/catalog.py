@@ -241,7 +241,9 @@ def cmd_show(args) -> int:
     )
     rows = [["MODEL", "PROFILE", "ENGINE", "REPLICAS", "HARDWARE", "PRIORITY", "WEIGHT", "POOL", "CAPACITY", "ALIASES"]]
     for m, p in cat.profiles():
-        if p.gpu is None:
+        if p.urls:  # engine: external
+            hw = ", ".join(p.urls)
+        elif p.gpu is None:
             hw = "cpu"
         else:
             hw = f"{p.gpu.count}x{p.gpu.gpu_class}" + (f" x{p.nodes} nodes" if p.nodes > 1 else "")

@@ -13,8 +13,16 @@ import redis
 
 from llmgw.catalog import applied_version, read_applied
 from llmgw.cli.common import print_json, settings, store
-from llmgw.state.records import GatewayReport, LoadRecord, NodeAdmin, NodeInfo, ReplicaRecord, ScaleState
-from llmgw.state.replica_state import State, derive, drain_progress, nodes_alive
+from llmgw.state.records import (
+    ExternalRecord,
+    GatewayReport,
+    LoadRecord,
+    NodeAdmin,
+    NodeInfo,
+    ReplicaRecord,
+    ScaleState,
+)
+from llmgw.state.replica_state import State, derive, derive_external, drain_progress, nodes_alive
 from llmgw.state.store import Store
 
 
@@ -55,7 +63,7 @@ def gather_status(s: Store, now: float) -> dict:
     report = build_status(live, known, admin, replicas, version, len(endpoints), catalog_version, now,
                           listed={e.id for e in endpoints}, gateways=s.gateway_reports(),
                           loads=s.loads(draining), last_seen=s.nodes_last_seen(),
-                          scaling=s.scale_states(), bounds=bounds)
+                          scaling=s.scale_states(), bounds=bounds, externals=s.external_records())
     if catalog_problem:
         report["catalog"]["problem"] = f"this llmgw cannot read it: {catalog_problem}"
     return report
@@ -104,10 +112,12 @@ def build_status(
     last_seen: Mapping[str, float] | None = None,
     scaling: Mapping[tuple[str, str], ScaleState] | None = None,
     bounds: Mapping[tuple[str, str], tuple[int, int]] | None = None,
+    externals: Iterable[ExternalRecord] = (),
 ) -> dict:
     """`listed`: ids in the published endpoint list (a Lost replica still in it shows as Ready, its
     node agent lost); `gateways` and `loads` tell how far a Draining replica's drain has come;
-    `scaling` is the autoscaler's record per profile and `bounds` each autoscaled profile's (min, max)."""
+    `scaling` is the autoscaler's record per profile and `bounds` each autoscaled profile's (min, max);
+    `externals`: the health-check records of external server urls."""
     gateways = list(gateways)
     loads = loads or {}
     last_seen = last_seen or {}
@@ -184,10 +194,17 @@ def build_status(
             "last_change": st.reason, "changed_at": st.since, "changed_age": now - st.since,
             "now": st.note,
         })
+    external_rows = []
+    for x in sorted(externals, key=lambda x: (x.model, x.profile, x.id)):
+        view = derive_external(x)
+        external_rows.append({"id": x.id, "model": x.model, "profile": x.profile, "url": x.url,
+                              "state": view.state.value, "reason": view.reason, "listed": x.id in listed,
+                              "checked_age": now - x.checked_at if x.checked_at else None})
     return {
         "catalog": {"version": catalog_version},
         "nodes": nodes,
         "replicas": rows,
+        "externals": external_rows,
         "replica_states": counts,
         "autoscale": autoscale,
         "endpoints": {"version": endpoints_version, "count": endpoints_count},
@@ -247,6 +264,11 @@ def render(report: dict) -> str:
         parts += ["", "AUTOSCALING",
                   _table(["MODEL", "PROFILE", "WANTED", "MIN", "MAX", "REPLICAS", "CHANGED", "LAST DECISION"],
                          scale_rows)]
+    if report.get("externals"):
+        ext_rows = [[x["id"], x["model"], x["profile"], x["url"], x["state"], _age(x["checked_age"]),
+                     x["reason"] or ""] for x in report["externals"]]
+        parts += ["", f"EXTERNAL SERVERS ({len(ext_rows)})",
+                  _table(["ID", "MODEL", "PROFILE", "URL", "STATE", "CHECKED", "REASON"], ext_rows)]
     parts += [
         "",
         f"ENDPOINTS version {ep['version']}, {ep['count']} routable",

@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import ClassVar, Mapping
 
-from llmgw.catalog.types import MetricMapping, Model, Profile
+from llmgw.catalog.types import EXTERNAL_FIELDS, MetricMapping, Model, Profile
 from llmgw.errors import EngineRefused, Problem
 
 # A model file shipped inside an installed Python package (a wheel): `pkg:<package>/<file>`.
@@ -75,6 +75,19 @@ class EngineAdapter(ABC):
     # profile may therefore not set.
     credential_env: ClassVar[str]
     credential_flags: ClassVar[tuple[str, ...]] = ("--api-key",)
+
+    def field_refusal(self, field: str) -> str | None:
+        """Why a profile of this engine may not set `field` (None: it may). Asked for each field the
+        profile itself writes; `defaults:` values this refuses are not applied to its profiles."""
+        if field in EXTERNAL_FIELDS:
+            return f"'{field}' is for engine: external (a server llmgw does not run); {self.name} replicas are started by llmgw"
+        return None
+
+    @abstractmethod
+    def paths(self, profile: Profile) -> dict[str, str]:
+        """The operations (`llmgw.surface`) this profile's engine serves, each with the path
+        it serves it at; published with every endpoint, so the gateway sends each request only
+        where it is served."""
 
     def refusals(self, profile: Profile) -> list[Problem]:
         """What this engine refuses in a profile (GPUs, parallelism); paths are relative to the profile."""

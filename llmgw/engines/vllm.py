@@ -12,6 +12,7 @@ import os
 from collections.abc import Mapping
 
 from llmgw.catalog.types import MetricMapping, Profile
+from llmgw import surface as op
 from llmgw.engines.base import PKG_SOURCE, EngineAdapter, LaunchContext, LaunchSpec
 from llmgw.errors import Problem
 
@@ -22,6 +23,13 @@ VLLM_METRICS = MetricMapping(
 )
 # Before 0.9.2 the KV gauge was vllm:gpu_cache_usage_perc (removed in 0.12).
 VLLM_KV_FALLBACKS = ("vllm:gpu_cache_usage_perc",)
+# vLLM's OpenAI server: everything but deleting a stored response; (de)tokenizing has no /v1 prefix.
+VLLM_PATHS = {
+    **op.same_paths(op.CHAT, op.COMPLETIONS, op.EMBEDDINGS, op.RESPONSES, op.RESPONSES_GET, op.RESPONSES_CANCEL,
+                    op.RERANK, op.SCORE, op.TRANSCRIPTIONS),
+    op.TOKENIZE: "/tokenize",
+    op.DETOKENIZE: "/detokenize",
+}
 
 
 class VllmAdapter(EngineAdapter):
@@ -59,6 +67,9 @@ class VllmAdapter(EngineAdapter):
                     f"{total // profile.nodes} (got {profile.gpu.count})",
                 ))
         return problems
+
+    def paths(self, profile: Profile) -> dict[str, str]:
+        return dict(VLLM_PATHS)
 
     def source_refusal(self, source: str, who: str) -> str | None:
         # An empty source is fine: vLLM loads the model's name from Hugging Face.

@@ -28,7 +28,7 @@ KINDS = (
     "replica_stopped", "replica_scaled", "replica_preempted",
     "node_joined", "node_lost", "node_cordoned", "node_uncordoned", "node_drained",
     "credentials_rotated",
-    "endpoints_published",
+    "endpoints_published", "external_ready", "external_unreachable",
     "model_saturated", "model_recovered", "model_cold_start",
 )
 

@@ -119,6 +119,16 @@ def demand_hint(model: str) -> str:
     Ready replica (a cold start)."""
     return f"{PREFIX}:demand:{model}"
 
+# --- external servers (engine: external) ----------------------------------------------------------
+EXTERNALS = f"{PREFIX}:externals"  # set of the endpoint ids of external server urls
+
+
+def external(endpoint_id: str) -> str:
+    """JSON ExternalRecord: the health-check facts of one external url, written by `llmgw.external`."""
+    return f"{PREFIX}:external:{endpoint_id}"
+
+
+EXTERNAL_LOCK = f"{PREFIX}:lock:external"
 
 # --- events and kicks ------------------------------------------------------------------------------
 # Stream of what happened (catalog applied, replica Ready/failed/stopped, node lost, ...), capped.

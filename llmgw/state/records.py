@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, TypeVar
 
 from llmgw.state.keys import REPLICA_STOPPED_ON_PREFIX
+from llmgw.surface import LEGACY_OPERATIONS, OPERATIONS
 
 T = TypeVar("T")
 
@@ -191,6 +192,9 @@ class LoadRecord:
     kv_usage: float | None = None  # 0..1
     prompt_tokens_total: float | None = None
     generation_tokens_total: float | None = None
+    # The longest sequence (prompt + output) the engine takes, as its GET /v1/models says; None when
+    # it does not say (or was not asked yet).
+    context_length: int | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -219,6 +223,19 @@ class EndpointInfo:
     # What the gateway sends upstream as `Authorization: Bearer` (the replica's engine_secret; empty
     # for an engine started without one). The list lives in Redis, which only llmgw's parts read.
     engine_secret: str = field(default="", repr=False)
+    # Operation (llmgw.surface) -> the engine's path for it. None: published by an llmgw that
+    # had no map, whose endpoints served chat, completions and embeddings at the OpenAI paths.
+    paths: dict[str, str] | None = field(default=None, hash=False)
+    # The NAME of the gateway's environment variable holding this endpoint's API key (external
+    # servers); the gateway sends its value to this endpoint only. Never the key itself.
+    api_key_env: str | None = None
+
+    def serves(self, op: str) -> bool:
+        return op in self.paths if self.paths is not None else op in LEGACY_OPERATIONS
+
+    def path(self, op: str) -> str:
+        """The engine's path for `op` (which it serves)."""
+        return self.paths[op] if self.paths is not None else OPERATIONS[op][1]
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -229,6 +246,35 @@ class EndpointInfo:
     def from_dict(cls, d: dict) -> "EndpointInfo":
         d = dict(d)
         d["models"] = tuple(d.get("models") or ())
+        return _from_dict(cls, d)
+
+
+@dataclass(frozen=True)
+class ExternalRecord:
+    """The health-check facts of one external server url (`engine: external`), written by the
+    control plane's `llmgw.external` pass; `llmgw.state.replica_state.derive_external` says whether it
+    is Ready or Unreachable. `id` is the endpoint id it is published under."""
+
+    id: str
+    model: str
+    profile: str
+    url: str
+    checked_at: float | None = None  # the last check
+    ok: bool | None = None  # its result
+    error: str | None = None  # why the last failed check failed
+    failures: int = 0  # failed checks in a row
+    last_ok_at: float | None = None
+    changed_at: float | None = None  # when it last turned Ready or Unreachable
+    # Failed checks in a row that make it Unreachable (LLMGW_EXTERNAL_FAILURES when written), so every
+    # reader derives the same state.
+    unreachable_after: int = 3
+    context_length: int | None = None  # as its GET /v1/models last said
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ExternalRecord":
         return _from_dict(cls, d)
 
 

@@ -1,7 +1,8 @@
-"""Derive the state a user sees from the facts stored in a replica record.
+"""Derive the state a user sees from the facts stored in a replica record (and, for the servers
+llmgw does not run, in an external url's record).
 
-One pure function, table-tested (tests/unit/test_replica_state.py). Nothing stores a state: the
-control plane, the publisher, `llmgw status` and the agent all call `derive`.
+One pure function each, table-tested (tests/unit/test_replica_state.py). Nothing stores a state: the
+control plane, the publisher, `llmgw status` and the agent all call `derive` / `derive_external`.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 from typing import Container, Iterable
 
 from llmgw.proc.exitstatus import describe_exit
-from llmgw.state.records import GatewayReport, LoadRecord, ReplicaRecord
+from llmgw.state.records import ExternalRecord, GatewayReport, LoadRecord, ReplicaRecord
 
 
 class State(str, enum.Enum):
@@ -26,6 +27,8 @@ class State(str, enum.Enum):
     STOPPING = "Stopping"  # drained (or no drain): terminating, process not yet confirmed gone
     STOPPED = "Stopped"  # stop requested and the process is gone: the record may be deleted
     LOST = "Lost"  # its node's heartbeat expired
+    CHECKING = "Checking"  # an external url not health-checked yet
+    UNREACHABLE = "Unreachable"  # an external url whose checks fail
 
 
 @dataclass(frozen=True)
@@ -180,3 +183,17 @@ def nodes_alive(rec: ReplicaRecord, live: "Container[str]") -> bool:
 
 def is_routable(view: StateView) -> bool:
     return view.state is State.READY
+
+
+def derive_external(rec: ExternalRecord | None) -> StateView:
+    """An external url is Ready once a health check passed, until `unreachable_after` checks in a
+    row failed (one failure does not take a server that answered out of routing); a url that never
+    answered is Unreachable from its first failed check."""
+    if rec is None or rec.checked_at is None:
+        return StateView(State.CHECKING, "not health-checked yet")
+    if rec.failures == 0:
+        return StateView(State.READY, "")
+    streak = f"{rec.failures} check{'s' if rec.failures != 1 else ''} in a row failed: {rec.error or 'unknown error'}"
+    if rec.last_ok_at is not None and rec.failures < rec.unreachable_after:
+        return StateView(State.READY, streak)
+    return StateView(State.UNREACHABLE, streak if rec.last_ok_at is not None else f"never answered: {rec.error}")

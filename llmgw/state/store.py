@@ -16,6 +16,7 @@ from llmgw.state import events, keys
 from llmgw.state.records import (
     DemandHint,
     EndpointInfo,
+    ExternalRecord,
     GatewayReport,
     LoadRecord,
     NodeAdmin,
@@ -290,6 +291,36 @@ class Store:
             return {}
         raw = self.r.mget([keys.load(i) for i in ids])
         return {i: LoadRecord.from_dict(json.loads(v)) for i, v in zip(ids, raw) if v}
+
+    # --- external servers ------------------------------------------------------------------------
+    def write_externals(self, records: Iterable[ExternalRecord]) -> None:
+        pipe = self.r.pipeline(transaction=False)
+        for rec in records:
+            pipe.set(keys.external(rec.id), json.dumps(rec.to_dict()))
+            pipe.sadd(keys.EXTERNALS, rec.id)
+        pipe.execute()
+
+    def external_records(self) -> list[ExternalRecord]:
+        ids = sorted(self.r.smembers(keys.EXTERNALS))
+        if not ids:
+            return []
+        out = []
+        for raw in self.r.mget([keys.external(i) for i in ids]):
+            if raw:
+                try:
+                    out.append(ExternalRecord.from_dict(json.loads(raw)))
+                except (ValueError, TypeError):
+                    continue  # a record from a newer or broken writer: checked afresh, never fatal
+        return out
+
+    def delete_externals(self, ids: Iterable[str]) -> None:
+        """Forget external urls that left the catalog: their records and load samples."""
+        ids = list(ids)
+        if ids:
+            pipe = self.r.pipeline(transaction=False)
+            pipe.delete(*[keys.external(i) for i in ids], *[keys.load(i) for i in ids])
+            pipe.srem(keys.EXTERNALS, *ids)
+            pipe.execute()
 
     # --- endpoints -------------------------------------------------------------------------------
     def endpoints_version(self) -> int:

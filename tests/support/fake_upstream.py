@@ -1,7 +1,7 @@
 """A minimal OpenAI-compatible fake engine for gateway tests and benchmarks.
 
     python -m tests.support.fake_upstream --port P [--speed 1] [--max-seqs 4] [--base 0.05]
-                                          [--fail-status 503] [--name NAME] [--gate]
+                                          [--fail-status 503] [--name NAME] [--gate] [--require-key K]
 
 Each request holds one of `max-seqs` slots for `base / speed` seconds (requests beyond the slots
 queue), like a batch engine: latency is flat until the slots are full, then grows. Streams send
@@ -10,7 +10,9 @@ set, then `[DONE]`. GET /stats tells what it saw (requests, open streams, stream
 Authorization headers it got,
 `open`/`max_open`: requests received and not yet answered, now and at most at once). With `--gate`
 every request, once in its slot, is held until `POST /gate` opens the gate (tests that need a
-request to stay busy for as long as they look at it, however slow the machine).
+request to stay busy for as long as they look at it, however slow the machine). `/stats` also lists the
+`Authorization` header of the last requests (`authorization`, None when absent); with `--require-key`
+requests and `GET /v1/models` without `Bearer <that key>` get 401 (a hosted API).
 Also usable in-process: `FakeUpstream(...).start()` / `.stop()`; `stop()` interrupts held and
 sleeping requests, closes open connections and joins every thread.
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -40,13 +43,15 @@ class _Server(ThreadingHTTPServer):
 class FakeUpstream:
     def __init__(self, host: str = "127.0.0.1", port: int = 0, speed: float = 1.0, max_seqs: int = 4,
                  base: float = 0.05, tokens: int = 8, fail_status: int = 0, name: str = "fake",
-                 gate: bool = False):
+                 gate: bool = False, require_key: str | None = None):
         self.speed, self.base, self.tokens = speed, base, tokens
+        self.require_key = require_key
         self.fail_status, self.name = fail_status, name
         self.slots = threading.BoundedSemaphore(max_seqs)
         self.lock = threading.Lock()
         self.stats = {"requests": 0, "active": 0, "waiting": 0, "cancelled": 0, "completed": 0,
-                      "open": 0, "max_open": 0, "models_seen": [], "request_ids": [], "auth_seen": []}
+                      "open": 0, "max_open": 0, "models_seen": [], "request_ids": [],
+                      "authorization": []}
         # Every wait (simulated work, the gate) is on `stopping`, so stop() ends it at once.
         self.stopping = threading.Event()
         self.gate = threading.Event()
@@ -134,7 +139,17 @@ class FakeUpstream:
                 self.end_headers()
                 self.wfile.write(data)
 
+            def _refused(self) -> bool:
+                if fake.require_key and self.headers.get("Authorization") != f"Bearer {fake.require_key}":
+                    self._json(401, {"error": {"message": "missing or wrong API key"}})
+                    return True
+                return False
+
             def do_GET(self):
+                if self.path == "/v1/models":
+                    if not self._refused():
+                        self._json(200, {"object": "list", "data": [{"id": fake.name, "max_model_len": 4096}]})
+                    return
                 if self.path == "/health":
                     return self._json(200, {"ok": True})
                 if self.path == "/stats":
@@ -153,7 +168,9 @@ class FakeUpstream:
 
             def do_POST(self):
                 n = int(self.headers.get("Content-Length") or 0)
-                body = json.loads(self.rfile.read(n) or b"{}")
+                raw = self.rfile.read(n) or b"{}"
+                form = re.search(rb'name="model"\r\n\r\n([^\r]*)', raw)  # a multipart form's model field
+                body = {"model": form.group(1).decode()} if form else json.loads(raw)
                 if self.path == "/gate":  # a control call, not a request
                     fake.open_gate()
                     return self._json(200, {"gate": "open"})
@@ -163,11 +180,18 @@ class FakeUpstream:
                     fake.stats["max_open"] = max(fake.stats["max_open"], fake.stats["open"])
                     fake.stats["models_seen"].append(body.get("model"))
                     fake.stats["request_ids"].append(self.headers.get("X-Request-Id"))
-                    fake.stats["auth_seen"].append(self.headers.get("Authorization"))
-                    del fake.stats["models_seen"][:-50], fake.stats["request_ids"][:-50], fake.stats["auth_seen"][:-50]
+                    fake.stats["authorization"].append(self.headers.get("Authorization"))
+                    del fake.stats["models_seen"][:-50], fake.stats["request_ids"][:-50]
+                    del fake.stats["authorization"][:-50]
+                if self._refused():
+                    fake._answered()
+                    return
                 if fake.fail_status:
                     fake._answered()
                     return self._json(fake.fail_status, {"error": {"message": "failing on purpose"}})
+                if self.path.endswith("/transcriptions"):
+                    fake._answered()
+                    return self._json(200, {"text": f"heard by {fake.name}"})
                 if self.path.endswith("/embeddings"):
                     fake._answered()
                     return self._json(200, {"object": "list", "data": [{"embedding": [0.0, 1.0], "index": 0}],
@@ -249,8 +273,10 @@ def main() -> None:
     ap.add_argument("--fail-status", type=int, default=0)
     ap.add_argument("--name", default="fake")
     ap.add_argument("--gate", action="store_true", help="hold every request until POST /gate")
+    ap.add_argument("--require-key", default=None, help="answer 401 without Authorization: Bearer <this>")
     a = ap.parse_args()
-    f = FakeUpstream(a.host, a.port, a.speed, a.max_seqs, a.base, a.tokens, a.fail_status, a.name, a.gate)
+    f = FakeUpstream(a.host, a.port, a.speed, a.max_seqs, a.base, a.tokens, a.fail_status, a.name, a.gate,
+                     a.require_key)
     try:
         f.server.serve_forever()
     except KeyboardInterrupt:

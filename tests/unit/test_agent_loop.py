@@ -326,6 +326,23 @@ def test_scraper_writes_load_records(env):
     [bad] = scraper.once()
     assert not bad.ok and bad.error == "timed out" and not store.loads(["r1"])["r1"].ok
 
+    class Reporting:  # an engine whose /v1/models says its context length
+        asked: list = []
+
+        def fetch(self, url, timeout):
+            self.asked.append(url.rsplit("/", 2)[-1])
+            return '{"data": [{"id": "m", "max_model_len": 4096}]}' if url.endswith("/v1/models") else \
+                "vllm:num_requests_running 1\n"
+
+    scraper.prober = Reporting()
+    [load] = scraper.once()
+    assert load.context_length is None  # the engine did not say before: asked again only later
+    clock.advance(30)
+    scraper.once()
+    [load] = scraper.once()
+    assert load.ok and load.context_length == 4096 and store.loads(["r1"])["r1"].context_length == 4096
+    assert Reporting.asked.count("models") == 1  # once known, never asked again
+
 
 
 def record_engine_commands(monkeypatch) -> list:

@@ -40,11 +40,13 @@ def test_engine_defaults_fill_what_a_profile_omits():
         {"name": "a", "source": "org/a", "profiles": [{"name": "g", "engine": "vllm", "gpu": {"class": "h100"}}]},
         {"name": "b", "source": "/b.gguf", "profiles": [{"name": "c", "engine": "llamacpp"}]},
         {"name": "c", "profiles": [{"name": "s", "engine": "sim"}]},
+        {"name": "d", "profiles": [{"name": "x", "engine": "external", "url": "http://10.0.0.1:8000"}]},
     ]})
     got = {p.engine: (p.start_timeout, p.capacity) for _, p in cat.profiles()}
-    assert got == {"vllm": (900.0, 64), "llamacpp": (120.0, 4), "sim": (60.0, 16)}
+    assert got == {"vllm": (900.0, 64), "llamacpp": (120.0, 4), "sim": (60.0, 16), "external": (120.0, 32)}
     for engine, d in ENGINE_DEFAULTS.items():
-        assert got[engine] == (d["start_timeout"], d["capacity"])
+        assert got[engine][1] == d["capacity"] and d.get("start_timeout", 120.0) == got[engine][0]
+    assert cat.model("d").profiles[0].replicas == 0  # llmgw runs no replica of an external server
     p = cat.model("c").profiles[0]
     assert (p.replicas, p.tensor_parallel, p.pipeline_parallel, p.nodes, p.priority, p.weight, p.pool) == (
         1, 1, 1, 1, 0, 1.0, "default")
@@ -187,7 +189,8 @@ def test_docs_describe_every_field_and_engine_default():
         assert f"| `{field}` |" in doc, field
     for engine, d in ENGINE_DEFAULTS.items():
         row = next(line for line in doc.splitlines() if line.startswith(f"| `{engine}` |"))
-        assert f"{d['start_timeout']:g} s" in row and f"| {d['capacity']} " in row, row
+        assert f"| {d['capacity']} " in row, row
+        assert f"{d['start_timeout']:g} s" in row if "start_timeout" in d else "| - |" in row, row
 
 
 def test_the_example_in_the_docs_is_valid():
@@ -200,3 +203,23 @@ def test_the_example_in_the_docs_is_valid():
 @pytest.mark.parametrize("path", sorted(EXAMPLE.parent.glob("*.yaml")), ids=lambda p: p.name)
 def test_every_example_is_valid(path):
     assert load_catalog_file(path).models
+
+
+def test_an_external_profile_inherits_only_the_defaults_that_apply_and_never_echoes_a_key():
+    from llmgw.errors import CatalogInvalid
+
+    cat = parse_catalog({"defaults": {"replicas": 3, "env": {"HF_HOME": "/x"}, "priority": 5, "start_timeout": 60},
+                         "models": [{"name": "q", "profiles": [
+                             {"name": "sim", "engine": "sim"},
+                             {"name": "api", "engine": "external", "url": ["https://api.example", "http://10.0.0.2:80"],
+                              "api_key_env": "HOSTED_KEY"}]}]})
+    sim, api = cat.model("q").profiles
+    assert (sim.replicas, sim.env, sim.priority) == (3, {"HF_HOME": "/x"}, 5)
+    assert (api.replicas, api.env, api.priority, api.start_timeout, api.urls) == (
+        0, {}, 5, 120.0, ["https://api.example", "http://10.0.0.2:80"])
+    assert parse_catalog(cat.canonical()) == cat  # the stored, resolved form validates as is
+    with pytest.raises(CatalogInvalid) as e:
+        parse_catalog({"models": [{"name": "q", "profiles": [
+            {"name": "api", "engine": "external", "url": "https://user:sk-SECRET1@api.example",
+             "api_key_env": "sk-SECRET2"}]}]})
+    assert "SECRET" not in str(e.value) and len(e.value.problems) == 2

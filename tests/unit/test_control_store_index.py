@@ -159,7 +159,7 @@ def test_every_beat_entry_expires_before_its_next_run():
     from beat.schedule import beat_schedule
 
     sched = beat_schedule(ControlSettings())
-    assert set(sched) == {"reconcile", "publish", "housekeeping"}
+    assert set(sched) == {"reconcile", "publish", "housekeeping", "external"}
     for entry in sched.values():
         assert 0 < entry["options"]["expires"] < entry["schedule"]
         assert entry["options"]["queue"] == "control"

@@ -142,9 +142,9 @@ def test_the_gateway_sends_the_engine_secret_never_the_client_key(server, store,
     gw.keys.refresh()
     auth = {"Authorization": f"Bearer {key}"}
     assert c.post(CHAT, json={"model": "m"}, headers=auth).status_code == 200
-    assert up.stats["auth_seen"] == [f"Bearer {SECRET}"]
+    assert up.stats["authorization"] == [f"Bearer {SECRET}"]
     # an engine started before credentials existed gets no Authorization at all, still not the client's
     store.write_endpoints([endpoint("e2", up.url)], "fp2", time.time())
     gw.refresh()
     assert c.post(CHAT, json={"model": "m"}, headers=auth).status_code == 200
-    assert up.stats["auth_seen"] == [f"Bearer {SECRET}", None]
+    assert up.stats["authorization"] == [f"Bearer {SECRET}", None]

@@ -4,7 +4,10 @@ stale pooled connection, and malformed answers."""
 
 from __future__ import annotations
 
+import shutil
 import socket
+import ssl
+import subprocess
 import threading
 
 import pytest
@@ -17,14 +20,16 @@ class Scripted:
     byte strings sent one by one (so a test decides how the answer is split), then the connection is
     closed if the list ends with None; an entry None closes the connection without answering."""
 
-    def __init__(self, scripts: list):
+    def __init__(self, scripts: list, tls: ssl.SSLContext | None = None):
         self.scripts = list(scripts)
         self.requests: list[bytes] = []
         self.connections = 0
+        self.tls = tls
         self.srv = socket.socket()
         self.srv.bind(("127.0.0.1", 0))
         self.srv.listen(8)
-        self.url = f"http://127.0.0.1:{self.srv.getsockname()[1]}"
+        port = self.srv.getsockname()[1]
+        self.url = f"https://localhost:{port}" if tls else f"http://127.0.0.1:{port}"
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
 
@@ -35,6 +40,12 @@ class Scripted:
             except OSError:
                 return
             self.connections += 1
+            if self.tls is not None:
+                try:
+                    conn = self.tls.wrap_socket(conn, server_side=True)
+                except (OSError, ssl.SSLError):
+                    conn.close()
+                    continue
             with conn:
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 while self.scripts:
@@ -126,7 +137,7 @@ def test_content_length_and_close_delimited_bodies(scripted):
     assert not r2.keep_alive
     assert r2.read() == b"until the end"  # the body ends when the engine closes the connection
     r2.release()
-    assert not up.idle.get(up._key(s.url))  # not reusable: closed, not pooled
+    assert not up.idle.get(up._target(s.url).key)  # not reusable: closed, not pooled
 
 
 def test_a_stale_pooled_connection_is_retried_on_a_fresh_one(scripted):
@@ -170,3 +181,31 @@ def test_malformed_chunk_size_breaks_the_stream(scripted):
         list(resp.chunks())
     resp.release()  # not complete: closed, never pooled
     assert resp.done and not Upstream(1, 5).idle
+
+
+def test_https_with_a_path_prefix(tmp_path):
+    """An external server over TLS whose url has a path: the handshake checks its certificate, and
+    every path goes under the prefix."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("needs the openssl command to make a certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost"],
+                   check=True, capture_output=True, timeout=60)
+    server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_ctx.load_cert_chain(cert, key)
+    ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+    s = Scripted([[ok], [ok]], tls=server_ctx)
+    try:
+        up = Upstream(2, 5)
+        up._tls = ssl.create_default_context(cafile=str(cert))  # trust this test's certificate
+        r = up.send(s.url + "/openai", "/v1/responses/resp_1", None, {}, "DELETE")
+        assert r.status == 200 and r.read() == b"ok"
+        port = s.url.rsplit(":", 1)[1]
+        assert s.requests[0].startswith(f"DELETE /openai/v1/responses/resp_1 HTTP/1.1\r\nHost: localhost:{port}\r\n"
+                                        .encode())
+        with pytest.raises(UpstreamConnectError, match="TLS"):
+            Upstream(2, 5).send(s.url, "/v1/models", None, {})  # the system's CAs do not know it
+    finally:
+        s.close()

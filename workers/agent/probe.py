@@ -46,6 +46,19 @@ class HttpProber:
         except Exception as e:  # noqa: BLE001 - every failure is a failed probe, described
             return ProbeResult(False, _describe(e))
 
+    def get(self, url: str, timeout: float, limit: int = 1024 * 1024, secret: str | None = None) -> tuple[int, bytes]:
+        """Status and body of a GET, error statuses included (their body is not read); raises OSError
+        (with a short description) when no answer came. `secret`: sent as a bearer token."""
+        req = urllib.request.Request(url, headers={"Authorization": f"Bearer {secret}"} if secret else {})
+        try:
+            with _OPENER.open(req, timeout=timeout) as resp:
+                return resp.status, resp.read(limit)
+        except urllib.error.HTTPError as e:
+            e.close()
+            return e.code, b""
+        except Exception as e:  # noqa: BLE001
+            raise OSError(_describe(e)) from e
+
     def fetch(self, url: str, timeout: float, limit: int = 4 * 1024 * 1024, secret: str | None = None) -> str:
         """The body as text; raises OSError (with a short description) on any failure. `secret`: the
         engine's credential, sent as a bearer token (llama-server guards /metrics with it)."""

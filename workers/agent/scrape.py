@@ -2,7 +2,9 @@
 
 Runs in its own thread with a small pool and short timeouts, so a hung engine delays only its own
 sample, never supervision. A failed scrape is written too (`ok=False` with the error): the router
-then treats that replica's load as stale instead of trusting an old number.
+then treats that replica's load as stale instead of trusting an old number. Each record also
+carries the context length the engine's `GET /v1/models` reports (asked once per replica and url,
+again every 30 s while it does not say), for the gateway's `/v1/models`.
 """
 
 from __future__ import annotations
@@ -16,11 +18,14 @@ from typing import Callable, Mapping
 from llmgw.catalog import Profile
 from llmgw.engines import get_engine
 from llmgw.engines.metrics import read_load
+from llmgw.engines.modelcard import context_length
 from llmgw.state.records import LoadRecord, ReplicaRecord
 from workers.agent.launch import Launch
 from workers.agent.supervisor import ready_this_attempt
 
 log = logging.getLogger("llmgw.agent")
+
+CONTEXT_RETRY = 30.0  # seconds before asking an engine that did not say its context length again
 
 
 @dataclass(frozen=True)
@@ -31,6 +36,7 @@ class ScrapeTarget:
     profile: Profile | None
     # The engine's credential: llama-server guards /metrics with it (vLLM and the sim do not).
     secret: str | None = field(default=None, repr=False)
+    models_url: str = ""  # the engine's GET /v1/models
 
 
 def scrape_targets(heads: list[ReplicaRecord], launches: Mapping[str, Launch | None]) -> list[ScrapeTarget]:
@@ -44,7 +50,8 @@ def scrape_targets(heads: list[ReplicaRecord], launches: Mapping[str, Launch | N
             launch = launches[rec.id]
             path = launch.spec.metrics_path if launch else "/metrics"
             targets.append(ScrapeTarget(rec.id, rec.url.rstrip("/") + path, launch.engine if launch else "",
-                                        launch.profile if launch else None, rec.engine_secret))
+                                        launch.profile if launch else None, rec.engine_secret,
+                                        rec.url.rstrip("/") + "/v1/models"))
     return targets
 
 
@@ -59,14 +66,16 @@ def map_load(text: str, engine: str, profile) -> dict:
     return out
 
 
-def scrape_one(target, fetch: Callable[..., str], timeout: float, now: float) -> LoadRecord:
+def scrape_one(target, fetch: Callable[..., str], timeout: float, now: float,
+               context: int | None = None) -> LoadRecord:
     try:
         text = fetch(target.url, timeout, secret=target.secret)
         values = map_load(text, target.engine, target.profile)
     except Exception as e:  # noqa: BLE001 - any failure is a stale sample, described
-        return LoadRecord(replica_id=target.replica_id, ts=now, ok=False, error=str(e) or type(e).__name__)
+        return LoadRecord(replica_id=target.replica_id, ts=now, ok=False, error=str(e) or type(e).__name__,
+                          context_length=context)
     known = ("running", "waiting", "kv_usage", "prompt_tokens_total", "generation_tokens_total")
-    return LoadRecord(replica_id=target.replica_id, ts=now, ok=True,
+    return LoadRecord(replica_id=target.replica_id, ts=now, ok=True, context_length=context,
                       **{k: (float(v) if v is not None else None) for k, v in values.items() if k in known})
 
 
@@ -74,14 +83,30 @@ class Scraper:
     def __init__(self, store, prober, targets: Callable[[], list], settings, clock):
         self.store, self.prober, self.targets, self.settings, self.clock = store, prober, targets, settings, clock
         self.pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="llmgw-scrape")
+        # (replica id, models url) -> its context length, or None with when to ask again
+        self.contexts: dict[tuple[str, str], tuple[int | None, float]] = {}
+
+    def context(self, target: ScrapeTarget) -> int | None:
+        """The engine's context length, asked of its /v1/models once (again later while unknown)."""
+        key = (target.replica_id, target.models_url)
+        value, retry_at = self.contexts.get(key, (None, float("-inf")))
+        if value is None and target.models_url and self.clock.monotonic() >= retry_at:
+            try:
+                value = context_length(self.prober.fetch(target.models_url, self.settings.scrape_timeout, secret=target.secret))
+            except OSError:
+                value = None
+            self.contexts[key] = (value, self.clock.monotonic() + CONTEXT_RETRY)
+        return value
 
     def once(self) -> list[LoadRecord]:
         targets = list(self.targets())
+        live = {(t.replica_id, t.models_url) for t in targets}
+        self.contexts = {k: v for k, v in self.contexts.items() if k in live}
         if not targets:
             return []
         now = self.clock.time()
         records = list(self.pool.map(
-            lambda t: scrape_one(t, self.prober.fetch, self.settings.scrape_timeout, now), targets))
+            lambda t: scrape_one(t, self.prober.fetch, self.settings.scrape_timeout, now, self.context(t)), targets))
         ttl = max(10.0, 10 * self.settings.scrape_interval)
         for rec in records:
             self.store.write_load(rec, ttl=ttl)

@@ -29,6 +29,7 @@ from workers.control.plan import (
     UpdatePending,
     plan,
 )
+from workers.control.external import external_endpoints
 from workers.control.publish import endpoints_from, fingerprint, merge_evidence
 from workers.control.scaling import autoscale_step
 from workers.control.snapshot import CatalogKeeper, load_snapshot
@@ -255,6 +256,7 @@ def publish_once(
             extra = {} if lost_grace is None else {"lost_grace": lost_grace}
             eps = endpoints_from(catalog, replicas, live, t, last_seen=store.nodes_last_seen(),
                                  evidence=merge_evidence(store.gateway_reports()), **extra)
+            eps = sorted(eps + external_endpoints(catalog, store.external_records()), key=lambda e: e.id)
             # The catalog version too: gateways re-read the catalog's names (which models exist, which
             # can cold-start) when the list's version moves, so a model added at zero replicas is
             # known at once.
@@ -331,11 +333,11 @@ def note_nodes(store: Store, first_missing: Mapping[str, float], back: AbstractS
 
 
 def housekeeping_once(store: Store, now: float, forget_after: float = 600.0) -> dict[str, int]:
-    """Tidy what nobody else removes: load samples of deleted replicas, nodes gone for `forget_after`
+    """Tidy what nobody else removes: load samples of deleted replicas (external urls keep theirs), nodes gone for `forget_after`
     seconds that nothing refers to any more (no replica record, no operator flag), and the per-node
     replica index (rebuilt from the records, which also indexes records written before it existed)."""
     replicas = store.all_replicas()
-    stale_loads = store.delete_loads_except(r.id for r in replicas)
+    stale_loads = store.delete_loads_except([*(r.id for r in replicas), *(x.id for x in store.external_records())])
     store.reindex_replica_nodes(replicas)
     known = store.known_nodes()
     live = store.live_nodes()

@@ -34,7 +34,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping, Union
 
-from llmgw.catalog import DRAIN_TIMEOUT, Catalog, Model, Profile, profile_spec_hash
+from llmgw.catalog import DRAIN_TIMEOUT, EXTERNAL_FIELDS, Catalog, Model, Profile, profile_spec_hash
 from llmgw.gpus import normalize_gpu_class
 from llmgw.state.records import ReplicaRecord
 from llmgw.state.replica_state import CrashPolicy, State, derive
@@ -191,13 +191,15 @@ def legacy_spec_hash(model: Model, profile: Profile) -> str:
     """The spec hash of records written before `profile_spec_hash` left out routing-only fields
     (metrics, start_timeout, pool, node_selector). Such a record is current while its profile is
     unchanged, so upgrading llmgw does not restart the fleet."""
-    spec = profile.model_dump(mode="json", by_alias=True, exclude={"replicas", "priority", "weight"})
+    # Fields added since (an external profile's) were not in that hash: leaving them out keeps it.
+    spec = profile.model_dump(mode="json", by_alias=True, exclude={"replicas", "priority", "weight", *EXTERNAL_FIELDS})
     spec["_model"] = {"name": model.name, "aliases": model.aliases, "source": model.source_for(profile)}
     blob = json.dumps(spec, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-def _slug(text: str) -> str:
+def slug(text: str) -> str:
+    """`text` as a piece of an id: letters, digits, `_`, `.`, `-`, at most 40."""
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")[:40] or "x"
 
 
@@ -210,7 +212,7 @@ def default_id_factory(now: float, taken: set[str]) -> Callable[[str, str], str]
     def new_id(model: str, profile: str) -> str:
         prefix = prefixes.get((model, profile))
         if prefix is None:
-            prefix = prefixes[(model, profile)] = f"{_slug(model)}-{_slug(profile)}-{stem}"
+            prefix = prefixes[(model, profile)] = f"{slug(model)}-{slug(profile)}-{stem}"
         while True:
             counter[0] += 1
             rid = f"{prefix}{counter[0]:02x}"

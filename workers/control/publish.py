@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 from llmgw.catalog import Catalog
+from llmgw.engines import ENGINES
 from llmgw.state.records import EndpointInfo, GatewayReport, NodeInfo, ReplicaRecord
 from llmgw.state.replica_state import CrashPolicy, State, derive, nodes_alive, served_this_attempt
 
@@ -97,6 +98,7 @@ def endpoints_from(
 ) -> list[EndpointInfo]:
     out: list[EndpointInfo] = []
     models = {m.name: m for m in catalog.models}
+    paths: dict[tuple[str, str], dict[str, str]] = {}  # what each profile's engine serves, asked once
     last_seen = last_seen or {}
     evidence = evidence or {}
     for rec in replicas:
@@ -111,6 +113,9 @@ def endpoints_from(
         ok, _why = routable(rec, alive, lost_at, evidence.get(rec.id), now, policy, lost_grace)
         if not ok:
             continue
+        served = paths.get((model.name, profile.name))
+        if served is None:
+            served = paths[(model.name, profile.name)] = ENGINES[profile.engine].paths(profile)
         out.append(
             EndpointInfo(
                 id=rec.id,
@@ -126,6 +131,7 @@ def endpoints_from(
                 profile=profile.name,
                 node=rec.node or "",
                 engine_secret=rec.engine_secret or "",
+                paths=served,
             )
         )
     out.sort(key=lambda e: e.id)

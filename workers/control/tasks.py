@@ -22,6 +22,8 @@ from workers.control.apply import (
     publish_once,
     reconcile_once,
 )
+from workers.agent.probe import HttpProber
+from workers.control.external import ExternalConfig, external_once
 from workers.control.snapshot import CatalogKeeper
 from workers.store_cache import STORES
 
@@ -86,3 +88,13 @@ def publish(self) -> int | None:
 @shared_task(name="llmgw.housekeeping", bind=True)
 def housekeeping(self) -> dict:
     return housekeeping_once(STORES.get(self.app.settings.redis_url), time.time())
+
+
+@shared_task(name="llmgw.external", bind=True, base=ControlTask)
+def external(self) -> dict | None:
+    settings = self.app.settings
+    config = ExternalConfig(settings.external_check_interval, settings.external_timeout, settings.external_failures)
+    store = STORES.get(settings.redis_url)
+    return external_once(store, HttpProber(), time.time, config, lock_ttl=max(10.0, 4 * settings.external_timeout),
+                         catalogs=self.catalogs, kicker=self.kicker(store),
+                         load_ttl=max(10.0, 10 * settings.external_interval))
