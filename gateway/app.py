@@ -20,7 +20,7 @@ from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
 from werkzeug.http import HTTP_STATUS_CODES
 
-from gateway.admission import Send, Shed, Wait, WaitQueue, admit
+from gateway.admission import Send, Shed, Wait, WaitQueue, admit, drain_time
 from gateway.auth import ANONYMOUS, ApiKey, KeyTable, RateLimiter, UsageRecorder
 from gateway.config import PRIORITIES, GatewayConfig
 from gateway.errors import ApiError, error_response
@@ -71,10 +71,11 @@ class Lease:
     def __init__(self, state: GatewayState, choice: Choice):
         self.state, self.choice, self.done = state, choice, False
 
-    def release(self, service_time: float | None = None, tokens: int | None = None) -> None:
+    def release(self, service_time: float | None = None, tokens: int | None = None,
+                ttfb: float | None = None) -> None:
         if not self.done:
             self.done = True
-            self.state.release(self.choice, service_time, tokens)
+            self.state.release(self.choice, service_time, tokens, ttfb)
 
 
 class Gateway:
@@ -290,14 +291,19 @@ class Gateway:
     def _admit(self, req: RouteRequest, first: bool, last_error: ApiError | None) -> Choice:
         q = self.queue(req.model)
         res = self.state.route(RouteRequest(req.model, req.priority, req.affinity, req.exclude, len(q) + 1))
-        decision = admit(res, req.priority, len(q) if first else 0, self.cfg.queue_max, self.cfg.queue_timeout)
+        # How long the queue would take to reach this request; only worth computing when it may wait.
+        drain = (drain_time(len(q) + 1, self.state.completion_rate(req.model))
+                 if isinstance(res, Rejection) and res.kind == "saturated" else None)
+        decision = admit(res, req.priority, len(q) if first else 0, self.cfg.queue_max, self.cfg.queue_timeout, drain)
         if isinstance(decision, Wait):
             if isinstance(res, Choice):  # others queued first: give the slot back and line up
                 self.state.release(res, None)
             self.metrics.queue.labels(req.model).inc()
+            entered = self.clock.monotonic()
             try:
                 # Only the head of the queue routes: it is first in line, whatever waits behind it.
-                res = q.wait(lambda: self.state.route(replace(req, queued=1)), self.cfg.queue_timeout)
+                res = q.wait(lambda: self.state.route(replace(req, queued=1, waited=self.clock.monotonic() - entered)),
+                             self.cfg.queue_timeout)
             finally:
                 self.metrics.queue.labels(req.model).dec()
             if res is None:
@@ -333,10 +339,13 @@ class Gateway:
         limited = bool(key and key.tpm)
         metrics = self.metrics
 
+        first_at: list[float] = []  # when the stream's first bytes came (once per request, not per chunk)
+
         def finish(completed: bool, usage) -> None:
             now = mono()
             ok = completed and status < 400
-            lease.release((now - t_send) if ok else None, usage[1] if usage else None)
+            lease.release((now - t_send) if ok else None, usage[1] if usage else None,
+                          (first_at[0] - t_send) if ok and first_at else None)
             child = metrics.child
             child(metrics.requests, model, ep.id, str(status) if completed else "aborted").inc()
             child(metrics.latency, model).observe(now - t0)
@@ -349,7 +358,10 @@ class Gateway:
         ctype = resp.headers.get("content-type", "")
         if ctype.startswith("text/event-stream"):
             deadline = t0 + self.cfg.total_timeout
-            first = lambda: metrics.child(metrics.ttft, model).observe(mono() - t0)  # noqa: E731
+            def first() -> None:
+                first_at.append(mono())
+                metrics.child(metrics.ttft, model).observe(first_at[0] - t0)
+
             # Proxies in front (nginx) must not buffer the stream, nor anything cache it.
             headers = [h for h in headers if h[0].lower() not in ("cache-control", "x-accel-buffering")]
             headers += SSE_HEADERS

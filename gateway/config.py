@@ -35,15 +35,20 @@ class RoutingConfig:
     # this factor times the mean load of its tier (plus one request).
     affinity_load_factor: float = 1.5
     # A standard request waits in the gateway for a full but faster endpoint only when the expected
-    # delay of waiting times this margin still beats the best open endpoint (the wait estimate is
-    # optimistic: slots do not free evenly). Measured in bench/routing.py: 1.5 keeps p50 at least-
-    # in-flight's while halving its p99.
-    wait_margin: float = 1.5
+    # completion by waiting, times this margin, still beats the best open endpoint (holding a request
+    # costs its time to first token for certain; the gain is an estimate).
+    wait_margin: float = 2.0
+    # How much of the slowdown a request adds to the sequences already running on an endpoint counts
+    # against sending it there (0: each request only minds its own completion; 1: the whole cost).
+    imposed_weight: float = 1.0
     # How much KV-cache pressure stretches an endpoint's expected delay (delay * (1 + w * kv)).
     kv_weight: float = 0.5
-    # A learned service time relaxes toward the fleet's best with this half-life (seconds) when the
-    # endpoint gets no traffic, so an endpoint that was slow once is tried again.
+    # A learned speed relaxes toward the fleet's best with this half-life (seconds) when the
+    # endpoint gets no samples, so an endpoint that was slow once is tried again.
     forget_half_life: float = 60.0
+    # The weight of a speed sample (scrape or answer) halves every this many seconds: how fast the
+    # learned speed follows an engine that changes, against how much noise it averages out.
+    learn_half_life: float = 10.0
     # An endpoint that refused a connection is passed over for this long (seconds) while its peers
     # can serve, instead of costing a retry on every request until the publisher drops it.
     eject_for: float = 5.0
@@ -62,9 +67,11 @@ class GatewayConfig:
     # LLMGW_GATEWAY_RETRIES: further endpoints tried after a connect error / 5xx / 429 before any byte.
     retries: int = 2
     # LLMGW_GATEWAY_QUEUE_MAX / _QUEUE_TIMEOUT: the per-model queue standard requests wait in when
-    # every endpoint is saturated.
-    queue_max: int = 64
-    queue_timeout: float = 5.0
+    # every endpoint is saturated. An LLM answer takes seconds, so a burst is absorbed by tens of
+    # seconds of waiting (under a client's usual 60 s timeout), not refused; each waiting request
+    # holds only its body. Requests the queue cannot serve within the bound are refused at once.
+    queue_max: int = 1000
+    queue_timeout: float = 30.0
     # LLMGW_GATEWAY_DEFAULT_PRIORITY: for requests without X-LLMGW-Priority and without a key default.
     default_priority: str = "standard"
     # LLMGW_GATEWAY_POLL_INTERVAL / _LOAD_INTERVAL / _KEYS_INTERVAL (seconds): background refreshes.
@@ -145,7 +152,9 @@ class GatewayConfig:
             ("AFFINITY_LOAD_FACTOR", "affinity_load_factor", 1, None),
             ("KV_WEIGHT", "kv_weight", 0, None),
             ("WAIT_MARGIN", "wait_margin", 1, None),
+            ("IMPOSED_WEIGHT", "imposed_weight", 0, None),
             ("FORGET_HALF_LIFE", "forget_half_life", 0.01, None),
+            ("LEARN_HALF_LIFE", "learn_half_life", 0.01, None),
             ("EJECT_FOR", "eject_for", 0, None),
         ):
             v = num(name, float, lo, hi)

@@ -3,7 +3,10 @@
 - endpoints: reloaded when `Store.endpoints_version()` changes (polled every ~0.5 s, woken early by
   the pub/sub hint);
 - loads: one MGET of the endpoints' LoadRecords every ~0.5 s;
-- in-flight counts and learned service times: updated by the request path itself.
+- in-flight counts: updated by the request path itself;
+- each endpoint's speed (gateway.speed): per-token times from two consecutive LoadRecords' token
+  counters, and, once per finished request, its decode time (elapsed minus time to first byte) and
+  tokens per second when the answer reported usage. Nothing is measured per chunk.
 
 When Redis cannot be reached the last tables stay in use (static stability): the outage is logged
 once, shown by /healthz and a metric, and the loops recover by themselves when Redis answers again.
@@ -20,7 +23,18 @@ from typing import Callable
 import redis
 
 from gateway.config import GatewayConfig
-from gateway.routing import Choice, EndpointStats, Rejection, RouteRequest, choose
+from gateway.routing import (
+    Choice,
+    EndpointStats,
+    Rejection,
+    RouteRequest,
+    ahead_of,
+    choose,
+    fleet_rate,
+    fresh_load,
+    slots_of,
+)
+from gateway.speed import Fit, Speed, shrink
 from llmgw import keys
 from llmgw.catalog_store import catalog_names as read_catalog_names
 from llmgw.records import EndpointInfo, LoadRecord
@@ -29,7 +43,8 @@ from llmgw.store import Clock, Store
 log = logging.getLogger("llmgw.gateway")
 
 REDIS_ERRORS = (redis.exceptions.RedisError, OSError)
-EWMA_ALPHA = 0.25
+EWMA_ALPHA = 0.25  # time to first byte, per endpoint
+TOKENS_ALPHA = 0.05  # tokens per answer, fleet-wide
 FULL_RELOAD_EVERY = 30.0  # seconds
 
 
@@ -64,8 +79,22 @@ class RedisHealth:
                 self.on_change(True)
 
 
+class Learned:
+    """The samples behind one endpoint's Speed (gateway.speed). Changed in place under the state's
+    lock by the request path (one sample per finished request) and the load refresh (one per scrape);
+    the Speed the router reads is derived from them on each load refresh, not per request."""
+
+    __slots__ = ("per_token", "per_request", "ttfb", "last")
+
+    def __init__(self) -> None:
+        self.per_token = Fit()  # seconds per token per stream vs concurrency (scrapes; answers with usage)
+        self.per_request = Fit()  # decode seconds per answer vs concurrency (every answer)
+        self.ttfb: float | None = None  # smoothed time to first byte of requests that found a free slot
+        self.last = 0.0  # when the last sample came (the state's monotonic clock)
+
+
 class GatewayState:
-    """Endpoint list, loads, in-flight counts and learned service times, behind one lock."""
+    """Endpoint list, loads, in-flight counts and learned speeds, behind one lock."""
 
     def __init__(self, store: Store, cfg: GatewayConfig, clock: Clock | None = None, metrics=None,
                  rng: random.Random | None = None):
@@ -84,12 +113,15 @@ class GatewayState:
         self.loads: dict[str, LoadRecord] = {}
         self.inflight: dict[str, int] = {}
         self.stats: dict[str, EndpointStats] = {}
+        self.learned: dict[str, Learned] = {}
         # Names in the applied catalog or the published list: 503 (no Ready replica), not 404. A model
         # removed from the catalog becomes unknown again once its endpoints are unpublished.
         self.known_models: set[str] = set()
         self.loaded_once = False
         self.rr_counter = 0
-        self.tokens_per_request: float | None = None  # completion tokens per answer, smoothed
+        self.tokens_per_request: float | None = None  # completion tokens per answer (usage), smoothed
+        # ... and, while no answer reports usage, as implied by decode times and per-token speeds.
+        self.tokens_estimate: float | None = None
         self.wake = threading.Event()
         self.stopping = threading.Event()
         self.on_release: Callable[[], None] = lambda: None  # wakes the wait queues
@@ -137,6 +169,7 @@ class GatewayState:
             self.known_models = catalog_names | {n for e in eps for n in e.models}
             self.loads = {k: v for k, v in self.loads.items() if k in self.by_id}
             self.stats = {k: v for k, v in self.stats.items() if k in self.by_id}
+            self.learned = {k: v for k, v in self.learned.items() if k in self.by_id}
             self.loaded_once = True
         if self.metrics:
             self.metrics.endpoints_version.set(v)
@@ -166,25 +199,69 @@ class GatewayState:
                     # Remember our own in-flight count at this sample, so the router can tell the
                     # scrape's other-gateway traffic from ours (which it counts exactly); and when we
                     # first saw it, so freshness never compares the agent's clock with ours.
-                    st = self.stats.get(i, EndpointStats())
-                    self.stats[i] = replace(st, scrape_inflight=self.inflight.get(i, 0), load_seen=seen,
-                                            scrape_unit=self._scrape_unit(old, rec, st.scrape_unit))
+                    st = replace(self.stats.get(i, EndpointStats()), scrape_inflight=self.inflight.get(i, 0),
+                                 load_seen=seen, slots=self._slots(old, rec, self.stats.get(i)))
+                    self.stats[i] = st
+                    self._learn_scrape(i, old, rec, seen)
             self.loads = loads
+            self._derive_speeds()
         self.on_release()
 
-    def _scrape_unit(self, old: LoadRecord | None, rec: LoadRecord, prev: float | None) -> float | None:
-        """Per-request service time implied by two scrapes: seconds per generated token per running
-        sequence, times the tokens a request of this fleet generates (as the answers' usage says)."""
-        if (old is None or not (old.ok and rec.ok) or self.tokens_per_request is None
-                or old.generation_tokens_total is None or rec.generation_tokens_total is None):
-            return prev
+    @staticmethod
+    def _slots(old: LoadRecord | None, rec: LoadRecord, st: EndpointStats | None) -> int | None:
+        """The engine's batch limit: the running count while requests waited in it, in two scrapes in a
+        row (a single scrape may catch a request between its arrival and the next engine step)."""
+        prev = st.slots if st is not None else None
+        if (old is not None and old.ok and rec.ok and (old.waiting or 0) > 0 and (rec.waiting or 0) > 0
+                and old.running and rec.running):
+            return max(prev or 0, int(min(old.running, rec.running)))
+        return prev
+
+    def _learn_scrape(self, i: str, old: LoadRecord | None, rec: LoadRecord, now: float) -> None:
+        """Seconds per token per running sequence between two scrapes, at the mean running count."""
+        if (old is None or not (old.ok and rec.ok) or old.generation_tokens_total is None
+                or rec.generation_tokens_total is None):
+            return
         dt = rec.ts - old.ts
         dgen = rec.generation_tokens_total - old.generation_tokens_total
-        running = ((old.running or 0) + (rec.running or 0)) / 2
-        if dt <= 0 or dgen <= 0 or running <= 0:
-            return prev
-        sample = self.tokens_per_request * dt * running / dgen
-        return sample if prev is None else prev + EWMA_ALPHA * (sample - prev)
+        # Only an engine busy at both ends, with more than one sequence, was likely busy all along:
+        # otherwise the mean running count says nothing about how long it worked for its tokens
+        # (one request ending and the next arriving later looks like a slow engine).
+        if dt <= 0 or dgen <= 0 or (old.running or 0) < 2 or (rec.running or 0) < 2:
+            return
+        running = (old.running + rec.running) / 2
+        lr = self.learned.setdefault(i, Learned())
+        lr.per_token = lr.per_token.add(running, running * dt / dgen, now, self.cfg.routing.learn_half_life)
+        lr.last = now
+
+    def _derive_speeds(self) -> None:
+        """Every endpoint's Speed from its samples (the fleet's tokens per answer may have moved too),
+        the endpoints of each model pulled together as far as their samples cannot tell them apart."""
+        raw = {i: est for i, lr in self.learned.items() if (est := self._speed(lr)) is not None}
+        groups: dict[str, list[str]] = {}
+        for i in raw:
+            ep = self.by_id.get(i)
+            groups.setdefault(ep.model or ep.models[0] if ep is not None else i, []).append(i)
+        for ids in groups.values():
+            for i, speed in zip(ids, shrink([raw[i] for i in ids])):
+                st, lr = self.stats.get(i, EndpointStats()), self.learned[i]
+                if speed != st.speed or lr.last != st.last_sample:
+                    self.stats[i] = replace(st, speed=speed, last_sample=lr.last)
+
+    def _speed(self, lr: Learned) -> tuple[Speed, float] | None:
+        """A typical answer's speed, and its relative error: per-token times x tokens per answer, and
+        the answers' own decode times, averaged by how precise each is."""
+        tokens = self.tokens_per_request or self.tokens_estimate
+        lines = []  # (precision, decode1, slowdown)
+        if tokens and (line := lr.per_token.line()) is not None:
+            lines.append((max(lr.per_token.error(), 1e-3) ** -2, tokens * line[0], line[1]))
+        if (line := lr.per_request.line()) is not None:
+            lines.append((max(lr.per_request.error(), 1e-3) ** -2, line[0], line[1]))
+        if not lines:
+            return None
+        w = sum(x[0] for x in lines)
+        speed = Speed(sum(x[0] * x[1] for x in lines) / w, sum(x[0] * x[2] for x in lines) / w, lr.ttfb or 0.0)
+        return speed, w ** -0.5
 
     def run_pollers(self) -> list[threading.Thread]:
         """Start the background threads (daemon): endpoint poller, pub/sub listener, load refresher."""
@@ -258,23 +335,52 @@ class GatewayState:
             st = self.stats.get(endpoint_id, EndpointStats())
             self.stats[endpoint_id] = replace(st, down_until=self.clock.monotonic() + self.cfg.routing.eject_for)
 
-    def release(self, choice: Choice, service_time: float | None, tokens: int | None = None) -> None:
-        """The request left the endpoint; learn its service time if it completed normally."""
+    def release(self, choice: Choice, service_time: float | None, tokens: int | None = None,
+                ttfb: float | None = None) -> None:
+        """The request left the endpoint. If it completed normally, learn from it once: its decode
+        time (elapsed after the first byte) at the concurrency it ran in, its tokens per second when
+        the answer reported usage, and the time to first byte when it found a free slot."""
         eid = choice.endpoint.id
         with self.lock:
-            if tokens:
-                t = self.tokens_per_request
-                self.tokens_per_request = tokens if t is None else t + 0.05 * (tokens - t)
-            self.inflight[eid] = max(0, self.inflight.get(eid, 0) - 1)
+            ours = self.inflight.get(eid, 0)
+            self.inflight[eid] = max(0, ours - 1)
             if service_time is not None and service_time > 0:
-                slots = max(1, choice.endpoint.capacity or 1)
-                sample = service_time / max(1.0, (choice.ahead + 1) / slots)
-                st = self.stats.get(eid, EndpointStats())
-                unit = sample if st.unit is None else st.unit + EWMA_ALPHA * (sample - st.unit)
-                self.stats[eid] = replace(st, unit=unit, last_sample=self.clock.monotonic())
+                self._learn_answer(choice, ours, service_time, tokens, ttfb)
         if self.metrics:
             self.metrics.child(self.metrics.inflight, eid).dec()
         self.on_release()
+
+    def _learn_answer(self, choice: Choice, ours: int, elapsed: float, tokens: int | None,
+                      ttfb: float | None) -> None:
+        ep = choice.endpoint
+        now = self.clock.monotonic()
+        st = self.stats.get(ep.id)
+        lr = self.learned.get(ep.id)
+        if lr is None:
+            lr = self.learned[ep.id] = Learned()
+        slots = slots_of(ep, st)
+        # The concurrency it ran in: what the endpoint held when it was sent and when it ended.
+        load = fresh_load(self.loads.get(ep.id), now, self.cfg.routing, st.load_seen if st is not None else None)
+        conc = min(slots, max(1.0, (choice.ahead + 1 + ahead_of(ep, load, ours, st)) / 2))
+        decode = elapsed - ttfb if ttfb is not None and 0 <= ttfb < elapsed else elapsed
+        half_life = self.cfg.routing.learn_half_life
+        if tokens:
+            t = self.tokens_per_request
+            self.tokens_per_request = tokens if t is None else t + TOKENS_ALPHA * (tokens - t)
+            lr.per_token = lr.per_token.add(conc, decode / max(1, tokens - 1), now, half_life)
+        elif (line := lr.per_token.line()) is not None:
+            implied = 1 + decode / (line[0] * (1 + line[1] * (conc - 1)))
+            t = self.tokens_estimate
+            self.tokens_estimate = implied if t is None else t + TOKENS_ALPHA * (implied - t)
+        lr.per_request = lr.per_request.add(conc, decode, now, half_life)
+        if ttfb is not None and choice.ahead + 1 <= slots:
+            lr.ttfb = ttfb if lr.ttfb is None else lr.ttfb + EWMA_ALPHA * (ttfb - lr.ttfb)
+        lr.last = now
+
+    def completion_rate(self, model: str) -> float | None:
+        """Requests per second the model's endpoints complete when full (None: not known yet)."""
+        with self.lock:
+            return fleet_rate(self.endpoints, self.stats, model)
 
     def models(self) -> dict[str, list[EndpointInfo]]:
         out: dict[str, list[EndpointInfo]] = {}
