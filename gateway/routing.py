@@ -53,7 +53,7 @@ class EndpointStats:
     speed: Speed | None = None  # learned from scrapes and answers (gateway.state); None: not yet
     last_sample: float = 0.0  # when `speed` last got a sample (the caller's monotonic clock)
     slots: int | None = None  # the engine's batch limit, as seen in a scrape while requests waited
-    scrape_inflight: int | None = None  # our in-flight count when the current LoadRecord was read
+    scrape_inflight: int | None = None  # the most we held while the current LoadRecord may have been scraped
     # When this gateway first saw the current LoadRecord's `ts` (its own monotonic clock): staleness
     # is judged by it, never by comparing the agent's clock with ours.
     load_seen: float | None = None

@@ -112,6 +112,9 @@ class GatewayState:
         self.by_id: dict[str, EndpointInfo] = {}
         self.loads: dict[str, LoadRecord] = {}
         self.inflight: dict[str, int] = {}
+        # The most we held per endpoint since the last load refresh, and in the interval before it.
+        self.peak: dict[str, int] = {}
+        self.peak_before: dict[str, int] = {}
         self.stats: dict[str, EndpointStats] = {}
         self.learned: dict[str, Learned] = {}
         # Names in the applied catalog or the published list: 503 (no Ready replica), not 404. A model
@@ -198,12 +201,17 @@ class GatewayState:
                 if old is None or old.ts != rec.ts:
                     # Remember our own in-flight count at this sample, so the router can tell the
                     # scrape's other-gateway traffic from ours (which it counts exactly); and when we
-                    # first saw it, so freshness never compares the agent's clock with ours.
-                    st = replace(self.stats.get(i, EndpointStats()), scrape_inflight=self.inflight.get(i, 0),
+                    # first saw it, so freshness never compares the agent's clock with ours. The sample
+                    # was taken some time in the last two refresh intervals, when we may have held more
+                    # than now: the most we held then is subtracted, or our own requests that ended
+                    # since would count as another gateway's and fill the endpoint with phantoms.
+                    ours = max(self.peak.get(i, 0), self.peak_before.get(i, 0), self.inflight.get(i, 0))
+                    st = replace(self.stats.get(i, EndpointStats()), scrape_inflight=ours,
                                  load_seen=seen, slots=self._slots(old, rec, self.stats.get(i)))
                     self.stats[i] = st
                     self._learn_scrape(i, old, rec, seen)
             self.loads = loads
+            self.peak_before, self.peak = self.peak, dict(self.inflight)
             self._derive_speeds()
         self.on_release()
 
@@ -324,7 +332,10 @@ class GatewayState:
                          cfg=self.cfg.routing, rng=self.rng, rr_counter=self.rr_counter)
             if isinstance(res, Choice):
                 self.rr_counter += 1
-                self.inflight[res.endpoint.id] = self.inflight.get(res.endpoint.id, 0) + 1
+                eid = res.endpoint.id
+                n = self.inflight[eid] = self.inflight.get(eid, 0) + 1
+                if n > self.peak.get(eid, 0):
+                    self.peak[eid] = n
         if isinstance(res, Choice) and self.metrics:
             self.metrics.child(self.metrics.inflight, res.endpoint.id).inc()
         return res

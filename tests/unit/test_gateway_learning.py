@@ -140,3 +140,30 @@ def st_req():
     from gateway.routing import RouteRequest
 
     return RouteRequest("m", affinity="one-session")  # always the same endpoint
+
+
+def test_our_own_requests_that_ended_since_the_scrape_are_not_taken_for_another_gateways():
+    """The engine was scraped while it ran our 3 requests; 2 ended before the gateway read the record.
+    Counting only what we hold at read time (1) would leave 2 phantom requests "from others" on the
+    endpoint for a whole scrape interval, enough to fill it and hold requests in the queue."""
+    from gateway.routing import RouteRequest, ahead_of, fresh_load
+
+    st, store, clock = setup(ep("a"))
+    held = [st.route(RouteRequest("m")) for _ in range(3)]
+    clock.t += 0.3
+    store.records["a"] = LoadRecord("a", clock.t, True, running=3, waiting=0)  # the agent's scrape
+    st.release(held[0], 1.0)
+    st.release(held[1], 1.0)
+    st.refresh_loads()  # read a little later
+    s = st.stats["a"]
+    assert s.scrape_inflight == 3
+    assert ahead_of(ep("a"), fresh_load(st.loads["a"], clock.t, st.cfg.routing, s.load_seen), 1, s) == 1
+    # another gateway's requests still count: the next scrape shows 5 running while we hold 1
+    clock.t += 1.0
+    store.records["a"] = LoadRecord("a", clock.t, True, running=5, waiting=0)
+    st.refresh_loads()
+    clock.t += 0.5
+    store.records["a"] = LoadRecord("a", clock.t, True, running=5, waiting=0)
+    st.refresh_loads()
+    s = st.stats["a"]
+    assert ahead_of(ep("a"), fresh_load(st.loads["a"], clock.t, st.cfg.routing, s.load_seen), 1, s) == 5
