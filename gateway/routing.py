@@ -53,7 +53,8 @@ class EndpointStats:
     speed: Speed | None = None  # learned from scrapes and answers (gateway.state); None: not yet
     last_sample: float = 0.0  # when `speed` last got a sample (the caller's monotonic clock)
     slots: int | None = None  # the engine's batch limit, as seen in a scrape while requests waited
-    scrape_inflight: int | None = None  # the most we held while the current LoadRecord may have been scraped
+    scrape_inflight: int | None = None  # what we held when the current LoadRecord was scraped
+    others_ratio: float = 0.0  # other gateways' requests per one of ours, over the model's endpoints
     # When this gateway first saw the current LoadRecord's `ts` (its own monotonic clock): staleness
     # is judged by it, never by comparing the agent's clock with ours.
     load_seen: float | None = None
@@ -98,12 +99,17 @@ def fresh_load(rec: LoadRecord | None, now: float, cfg: RoutingConfig, seen: flo
 
 
 def ahead_of(ep: EndpointInfo, load: LoadRecord | None, inflight: int, st: EndpointStats | None) -> int:
-    """Requests the endpoint holds: ours exactly, plus others' seen in the scrape."""
+    """Requests the endpoint holds: ours exactly, plus others' seen in the scrape. Other gateways (and
+    gunicorn workers) route like this one on the same kind of traffic, so when we sent the endpoint
+    more since it was scraped, they are taken to have done so too, in proportion to their share of
+    the traffic: else each of them fills a fast endpoint past its capacity in the second before the
+    next scrape shows what the others sent it meanwhile."""
     if load is None or (load.running is None and load.waiting is None):
         return inflight
     scraped = (load.running or 0) + (load.waiting or 0)
     if st is not None and st.scrape_inflight is not None:
-        others = max(0.0, scraped - st.scrape_inflight)  # what other gateways (or clients) sent
+        ours = st.scrape_inflight
+        others = max(0.0, scraped - ours) + st.others_ratio * max(0, inflight - ours)
         return inflight + int(round(others))
     return max(inflight, int(round(scraped)))
 

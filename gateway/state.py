@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+from collections import deque
 from dataclasses import replace
 from typing import Callable
 
@@ -45,6 +46,9 @@ log = logging.getLogger("llmgw.gateway")
 REDIS_ERRORS = (redis.exceptions.RedisError, OSError)
 EWMA_ALPHA = 0.25  # time to first byte, per endpoint
 TOKENS_ALPHA = 0.05  # tokens per answer, fleet-wide
+CHANGES_KEPT = 512  # changes of our in-flight count kept per endpoint (seconds of traffic)
+STALE_SCRAPE = 10.0  # a LoadRecord scraped longer ago than this (by its ts) is not matched to our count
+CLOCK_SLACK = 1.0  # tolerated lead of the agent's clock over ours (NTP keeps them within milliseconds)
 FULL_RELOAD_EVERY = 30.0  # seconds
 
 
@@ -112,9 +116,9 @@ class GatewayState:
         self.by_id: dict[str, EndpointInfo] = {}
         self.loads: dict[str, LoadRecord] = {}
         self.inflight: dict[str, int] = {}
-        # The most we held per endpoint since the last load refresh, and in the interval before it.
-        self.peak: dict[str, int] = {}
-        self.peak_before: dict[str, int] = {}
+        # Per endpoint, the last changes of our in-flight count: (wall clock, count before, after),
+        # so a LoadRecord is compared with what we held when it was scraped (its `ts`).
+        self.changes: dict[str, deque[tuple[float, int, int]]] = {}
         self.stats: dict[str, EndpointStats] = {}
         self.learned: dict[str, Learned] = {}
         # Names in the applied catalog or the published list: 503 (no Ready replica), not 404. A model
@@ -194,7 +198,7 @@ class GatewayState:
         except (ValueError, TypeError) as e:
             log.error("cannot read loads: %s", e)
             return
-        seen = self.clock.monotonic()
+        seen, wall = self.clock.monotonic(), self.clock.time()
         with self.lock:
             for i, rec in loads.items():
                 old = self.loads.get(i)
@@ -205,15 +209,55 @@ class GatewayState:
                     # was taken some time in the last two refresh intervals, when we may have held more
                     # than now: the most we held then is subtracted, or our own requests that ended
                     # since would count as another gateway's and fill the endpoint with phantoms.
-                    ours = max(self.peak.get(i, 0), self.peak_before.get(i, 0), self.inflight.get(i, 0))
+                    ours = self._held_at(i, rec.ts, wall)
                     st = replace(self.stats.get(i, EndpointStats()), scrape_inflight=ours,
                                  load_seen=seen, slots=self._slots(old, rec, self.stats.get(i)))
                     self.stats[i] = st
                     self._learn_scrape(i, old, rec, seen)
             self.loads = loads
-            self.peak_before, self.peak = self.peak, dict(self.inflight)
+            self._others_ratio(loads)
             self._derive_speeds()
         self.on_release()
+
+    def _others_ratio(self, loads: dict[str, LoadRecord]) -> None:
+        """Per model, how many requests the other gateways had on its endpoints per one of ours at
+        the last scrapes (routing.ahead_of extrapolates their growth since with it)."""
+        held: dict[str, list[float]] = {}  # model -> [ours, others]
+        for i, rec in loads.items():
+            st, ep = self.stats.get(i), self.by_id.get(i)
+            if st is None or ep is None or st.scrape_inflight is None or not rec.ok:
+                continue
+            acc = held.setdefault(ep.model or ep.models[0], [0.0, 0.0])
+            acc[0] += st.scrape_inflight
+            acc[1] += max(0.0, (rec.running or 0) + (rec.waiting or 0) - st.scrape_inflight)
+        for i, st in self.stats.items():
+            ep = self.by_id.get(i)
+            acc = held.get(ep.model or ep.models[0]) if ep is not None else None
+            ratio = acc[1] / acc[0] if acc and acc[0] > 0 else 0.0
+            if ratio != st.others_ratio:
+                self.stats[i] = replace(st, others_ratio=ratio)
+
+    def _changed(self, eid: str, before: int, after: int) -> None:
+        q = self.changes.get(eid)
+        if q is None:
+            q = self.changes[eid] = deque(maxlen=CHANGES_KEPT)
+        q.append((self.clock.time(), before, after))
+
+    def _held_at(self, eid: str, ts: float, wall: float) -> int:
+        """What we held on the endpoint at wall-clock time `ts`. When the agent's clock does not
+        agree with ours, or the changes kept do not reach back that far, the most we held in what
+        is kept (so our own ended requests are never taken for another gateway's)."""
+        now = self.inflight.get(eid, 0)
+        q = self.changes.get(eid)
+        if not q:
+            return now
+        if wall - STALE_SCRAPE <= ts <= wall + CLOCK_SLACK:
+            for t, before, after in reversed(q):
+                if t <= ts:
+                    return after
+            if len(q) < CHANGES_KEPT:
+                return q[0][1]  # every change since we started is kept: before the first one
+        return max(now, max(after for _, _, after in q))
 
     @staticmethod
     def _slots(old: LoadRecord | None, rec: LoadRecord, st: EndpointStats | None) -> int | None:
@@ -334,8 +378,7 @@ class GatewayState:
                 self.rr_counter += 1
                 eid = res.endpoint.id
                 n = self.inflight[eid] = self.inflight.get(eid, 0) + 1
-                if n > self.peak.get(eid, 0):
-                    self.peak[eid] = n
+                self._changed(eid, n - 1, n)
         if isinstance(res, Choice) and self.metrics:
             self.metrics.child(self.metrics.inflight, res.endpoint.id).inc()
         return res
@@ -355,6 +398,7 @@ class GatewayState:
         with self.lock:
             ours = self.inflight.get(eid, 0)
             self.inflight[eid] = max(0, ours - 1)
+            self._changed(eid, ours, self.inflight[eid])
             if service_time is not None and service_time > 0:
                 self._learn_answer(choice, ours, service_time, tokens, ttfb)
         if self.metrics:

@@ -53,11 +53,13 @@ def test_a_failing_engine_costs_retries_not_answers():
     assert any(r.attempt > 0 for r in res.requests)  # it was tried, refused, and the request retried
 
 
-@pytest.mark.parametrize("name", ["two-uneven", "eight-mixed", "heavy-tail", "two-gateways", "no-capacity"])
+@pytest.mark.parametrize("name", ["two-uneven", "eight-mixed", "flat-batching", "two-gateways", "no-capacity"])
 def test_llmgw_is_not_behind_least_inflight_on_fleets_it_was_not_designed_on(name):
     """The regression harness: on held-out fleets (2 and 8 engines, other speed ratios and slot counts,
-    heavy-tailed outputs, two gateways that see each other only in scrapes, no capacity in the
-    catalog) the policy's p99 is no worse than least in-flight's, and nothing is refused."""
+    no batching penalty, two gateways that see each other only in scrapes, no capacity in the
+    catalog) the policy's p99 is no worse than least in-flight's, and nothing is refused. (Heavy-tailed
+    outputs are left to bench/fleetsim.py: their p99 is the longest answers', whatever the routing,
+    so a short run says nothing.)"""
     fleet, load = HELD_OUT[name], replace(LOADS["0.8"], seconds=SHORT)
     mine, peer = run(fleet, load, "llmgw"), run(fleet, load, "least_inflight")
     assert mine.errors() == 0

@@ -142,9 +142,9 @@ def st_req():
     return RouteRequest("m", affinity="one-session")  # always the same endpoint
 
 
-def test_our_own_requests_that_ended_since_the_scrape_are_not_taken_for_another_gateways():
+def test_a_scrape_is_compared_with_what_we_held_when_it_was_taken():
     """The engine was scraped while it ran our 3 requests; 2 ended before the gateway read the record.
-    Counting only what we hold at read time (1) would leave 2 phantom requests "from others" on the
+    Counting what we hold at read time (1) would leave 2 phantom requests "from others" on the
     endpoint for a whole scrape interval, enough to fill it and hold requests in the queue."""
     from gateway.routing import RouteRequest, ahead_of, fresh_load
 
@@ -152,18 +152,33 @@ def test_our_own_requests_that_ended_since_the_scrape_are_not_taken_for_another_
     held = [st.route(RouteRequest("m")) for _ in range(3)]
     clock.t += 0.3
     store.records["a"] = LoadRecord("a", clock.t, True, running=3, waiting=0)  # the agent's scrape
+    clock.t += 0.2
     st.release(held[0], 1.0)
     st.release(held[1], 1.0)
     st.refresh_loads()  # read a little later
     s = st.stats["a"]
-    assert s.scrape_inflight == 3
-    assert ahead_of(ep("a"), fresh_load(st.loads["a"], clock.t, st.cfg.routing, s.load_seen), 1, s) == 1
-    # another gateway's requests still count: the next scrape shows 5 running while we hold 1
+    assert s.scrape_inflight == 3 and s.others_ratio == 0
+
+    def ahead(n):
+        s = st.stats["a"]
+        return ahead_of(ep("a"), fresh_load(st.loads["a"], clock.t, st.cfg.routing, s.load_seen), n, s)
+
+    assert ahead(1) == 1
+    # another gateway's requests count: the next scrape shows 5 running while we hold 1
     clock.t += 1.0
     store.records["a"] = LoadRecord("a", clock.t, True, running=5, waiting=0)
     st.refresh_loads()
-    clock.t += 0.5
-    store.records["a"] = LoadRecord("a", clock.t, True, running=5, waiting=0)
+    assert ahead(1) == 5 and st.stats["a"].others_ratio == 4
+    # if we send it two more before the next scrape, the others (4 per one of ours) likely did too
+    assert ahead(3) == 3 + 4 + 4 * 2
+
+
+def test_an_agent_clock_that_disagrees_falls_back_to_the_most_we_held():
+    from gateway.routing import RouteRequest
+
+    st, store, clock = setup(ep("a"))
+    held = [st.route(RouteRequest("m")) for _ in range(3)]
+    st.release(held[0], 1.0)
+    store.records["a"] = LoadRecord("a", clock.t - 3600, True, running=3, waiting=0)  # an hour behind
     st.refresh_loads()
-    s = st.stats["a"]
-    assert ahead_of(ep("a"), fresh_load(st.loads["a"], clock.t, st.cfg.routing, s.load_seen), 1, s) == 5
+    assert st.stats["a"].scrape_inflight == 3  # not 2: our own ended request is no other gateway's
