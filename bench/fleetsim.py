@@ -3,7 +3,7 @@
     python bench/fleetsim.py [--fleets fleet-a,...] [--loads 0.5,0.8,0.95,burst] [--seeds 3]
                              [--policies llmgw,least_inflight,round_robin,power_of_two] [--held-out]
 
-Engines are the sim engine's own batching model (`llmgw.simengine.core.SimCore`: continuous batching,
+Engines are the sim engine's own batching model (`simengine.core.SimCore`: continuous batching,
 FIFO wait, decode step `step_ms * (1 + batch_alpha * (running - 1)) / speed`, prefill per prompt
 token, one event per token). Every `scrape` seconds each engine's running/waiting/KV/token counters
 are written as a LoadRecord (as the agent does), which each gateway reads every `load_interval`
@@ -34,13 +34,13 @@ if __name__ == "__main__":
     sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, ROOT / "bench")]
 
 from gateway.admission import Send, Shed, Wait, admit, drain_time  # noqa: E402
-from gateway.config import GatewayConfig, RoutingConfig  # noqa: E402
+from gateway.config import GatewaySettings  # noqa: E402
 from gateway.retry import Deliver, GiveUp, Outcome, next_attempt  # noqa: E402
 from gateway.routing import Choice, Rejection, RouteRequest  # noqa: E402
 from gateway.state import GatewayState  # noqa: E402
-from llmgw.records import EndpointInfo, LoadRecord  # noqa: E402
-from llmgw.simengine.core import SimConfig, SimCore  # noqa: E402
-from llmgw.store import Clock  # noqa: E402
+from llmgw.state.clock import Clock  # noqa: E402
+from llmgw.state.records import EndpointInfo, LoadRecord  # noqa: E402
+from simengine.core import SimConfig, SimCore  # noqa: E402
 from tests.support.loadgen import poisson_times  # noqa: E402
 
 PEERS = ("power_of_two", "speed_weighted")  # modelled here; the others are llmgw's own policies (LLMGW_GATEWAY_POLICY)
@@ -448,11 +448,12 @@ class _Engine:
 
 
 class Simulation:
-    def __init__(self, fleet: Fleet, load: Load, policy: str, seed: int, cfg: GatewayConfig | None = None,
+    def __init__(self, fleet: Fleet, load: Load, policy: str, seed: int, cfg: GatewaySettings | None = None,
                  scrape: float = 1.0, load_interval: float = 0.5):
         self.fleet, self.load, self.policy, self.seed = fleet, load, policy, seed
-        base = cfg or GatewayConfig()
-        self.cfg = replace(base, seed=seed, routing=replace(base.routing, policy=policy if policy not in PEERS else "llmgw"))
+        base = cfg or GatewaySettings()
+        routing = base.routing.model_copy(update={"policy": policy if policy not in PEERS else "llmgw"})
+        self.cfg = base.model_copy(update={"seed": seed, "routing": routing})
         self.scrape, self.load_interval = scrape, load_interval
         self.rng = random.Random(seed)
         self.now = 0.0
@@ -465,7 +466,7 @@ class Simulation:
         self.clock = SimClock()
         self.gateways = []
         for g in range(fleet.gateways):
-            st = GatewayState(self.store, replace(self.cfg, seed=seed * 100 + g), self.clock)
+            st = GatewayState(self.store, self.cfg.model_copy(update={"seed": seed * 100 + g}), self.clock)
             st.refresh_endpoints()
             self.gateways.append(_Gateway(self, g, st))
         self.result = Result(fleet.name, load.name, policy, seed)
@@ -532,7 +533,7 @@ class Simulation:
         return self.result
 
 
-def run(fleet: Fleet, load: Load, policy: str, seed: int = 1, cfg: GatewayConfig | None = None) -> Result:
+def run(fleet: Fleet, load: Load, policy: str, seed: int = 1, cfg: GatewaySettings | None = None) -> Result:
     """The requests that arrived after the load's warm-up."""
     return Simulation(fleet, load, policy, seed, cfg).run().measured(load.warmup)
 
@@ -583,15 +584,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--seconds", type=float, default=0.0, help="override each load's length")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                    help="a GatewayConfig or RoutingConfig field for llmgw (repeatable)")
+                    help="a GatewaySettings or RoutingConfig field for llmgw (repeatable)")
     a = ap.parse_args(argv)
-    cfg = GatewayConfig()
+    cfg = GatewaySettings()
     for item in a.set:
         k, v = item.split("=", 1)
-        if hasattr(cfg.routing, k):
-            cfg = replace(cfg, routing=replace(cfg.routing, **{k: type(getattr(cfg.routing, k))(v)}))
+        if k in type(cfg.routing).model_fields:
+            cfg = cfg.model_copy(update={"routing": cfg.routing.model_copy(update={k: float(v)})})
         else:
-            cfg = replace(cfg, **{k: type(getattr(cfg, k))(v)})
+            cfg = cfg.model_copy(update={k: float(v)})
     pool = {**FLEETS, **HELD_OUT}
     verdicts: list[Verdict] = []
     names = a.fleets.split(",") if a.fleets else list(HELD_OUT if a.held_out else FLEETS)

@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 
-from llmgw.records import EndpointInfo  # noqa: E402
+from llmgw.state.records import EndpointInfo  # noqa: E402
 from tests.support.cluster import Cluster  # noqa: E402
 from tests.support.fake_upstream import start_process  # noqa: E402
 from tests.support.procs import bin_path, free_port, wait_until  # noqa: E402

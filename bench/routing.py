@@ -4,7 +4,7 @@
                             [--routers llmgw,least_inflight,...] [--seconds 8] [--plot docs/routing-p99.png]
 
 Fleets are bench/fleetsim.py's (the simulator and this benchmark share their definitions): simulated
-engines (`python -m llmgw.simengine`) with continuous batching, a decode step that slows with the
+engines (`python -m simengine`) with continuous batching, a decode step that slows with the
 batch, and speeds; one of them drops to 30 % of its speed in the middle of each run of the `slowing`
 fleet. Routers, each in front of the same engines in turn:
 - llmgw's gateway under gunicorn (gateway/gunicorn_conf.py), endpoints published with the engines'
@@ -39,8 +39,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, ROOT / "bench")]
 
 from bench.fleetsim import FLEETS, LOADS, Engine, Fleet, Load  # noqa: E402
-from llmgw.records import EndpointInfo  # noqa: E402
-from llmgw.store import Clock  # noqa: E402
+from llmgw.state.records import EndpointInfo  # noqa: E402
+from llmgw.state.clock import Clock  # noqa: E402
 from tests.support.cluster import Cluster  # noqa: E402
 from tests.support.loadgen import StreamResult, open_loop_streams, poisson_times  # noqa: E402
 from tests.support.procs import bin_path, free_port, python, wait_until  # noqa: E402
@@ -63,7 +63,7 @@ def nginx_binary() -> str | None:
 # --- the fleet --------------------------------------------------------------------------------------
 def engine_argv(e: Engine, port: int) -> list[str]:
     c = e.sim
-    argv = [python(), "-m", "llmgw.simengine", "--port", str(port), "--served-model-name", "m",
+    argv = [python(), "-m", "simengine", "--port", str(port), "--served-model-name", "m",
             "--max-seqs", str(c.max_seqs), "--kv-tokens", str(c.kv_tokens), "--step-ms", str(c.step_ms),
             "--batch-alpha", str(c.batch_alpha), "--prefill-ms-per-token", str(c.prefill_ms_per_token),
             "--speed", str(c.speed), "--seed", "1"]
@@ -95,9 +95,8 @@ class RunningFleet:
 
     def _scrape(self) -> None:
         """The node agent's scraper (workers/agent/scrape.py), every second, as on a real node."""
-        from workers.agent.loop import ScrapeTarget
         from workers.agent.probe import HttpProber
-        from workers.agent.scrape import Scraper
+        from workers.agent.scrape import Scraper, ScrapeTarget
 
         targets = [ScrapeTarget(n, u + "/metrics", "sim", None) for n, u in self.urls.items()]
         cfg = types.SimpleNamespace(scrape_interval=1.0, scrape_timeout=1.0)

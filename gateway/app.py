@@ -21,24 +21,25 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.http import HTTP_STATUS_CODES
 
 from gateway.admission import Send, Shed, Wait, WaitQueue, admit, drain_time
-from gateway.auth import ANONYMOUS, ApiKey, KeyTable, RateLimiter, UsageRecorder
-from gateway.config import PRIORITIES, GatewayConfig
+from gateway.auth import ApiKey, KeyTable, RateLimiter, UsageRecorder
+from gateway.config import GatewaySettings
 from gateway.errors import ApiError, error_response
 from gateway.metrics import Metrics
 from gateway.proxy import (
     FORWARD_REQUEST_HEADERS,
+    StreamBody,
     Upstream,
     UpstreamConnectError,
     UpstreamTimeout,
-    StreamBody,
     response_headers,
     usage_from_json,
 )
 from gateway.retry import Deliver, GiveUp, Outcome, next_attempt
 from gateway.routing import Choice, Rejection, RouteRequest
 from gateway.state import GatewayState
-from llmgw.apikeys import cap_priority
-from llmgw.store import Clock, Store, connect
+from llmgw.state.apikeys import ANONYMOUS, PRIORITIES, cap_priority
+from llmgw.state.clock import Clock
+from llmgw.state.store import Store, connect
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -81,7 +82,7 @@ class Lease:
 class Gateway:
     """Everything one gateway process holds: config, tables, clients, metrics, queues."""
 
-    def __init__(self, cfg: GatewayConfig, store: Store | None = None, clock: Clock | None = None,
+    def __init__(self, cfg: GatewaySettings, store: Store | None = None, clock: Clock | None = None,
                  request_store: Store | None = None):
         self.cfg = cfg
         self.clock = clock or Clock()
@@ -93,9 +94,9 @@ class Gateway:
             else Store(connect(cfg.redis_url, socket_timeout=cfg.redis_timeout, socket_connect_timeout=cfg.redis_timeout))
         )
         self.state = GatewayState(self.store, cfg, self.clock, self.metrics)
-        self.keys = KeyTable(self.store.r, self.state.health, cfg.auth)
-        self.limiter = RateLimiter(self.rstore.r, self.state.health, self.clock)
-        self.usage = UsageRecorder(self.store.r, self.state.health, self.clock)
+        self.keys = KeyTable(self.store, self.state.health, cfg.auth)
+        self.limiter = RateLimiter(self.rstore, self.state.health, self.clock)
+        self.usage = UsageRecorder(self.store, self.state.health, self.clock)
         self.upstream = Upstream(cfg.connect_timeout, cfg.first_byte_timeout, cfg.upstream_pool)
         self.queues: dict[str, WaitQueue] = {}
         self.queues_lock = threading.Lock()
@@ -406,13 +407,13 @@ class Gateway:
         }
 
 
-def create_app(config: GatewayConfig | None = None, *, store: Store | None = None, clock: Clock | None = None,
+def create_app(config: GatewaySettings | None = None, *, store: Store | None = None, clock: Clock | None = None,
                start: bool = True) -> Flask:
     """Build the app. With no arguments (gunicorn) the config comes from the environment and the
     background refreshers start; tests pass a Store on fakeredis and `start=False`."""
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    cfg = config or GatewayConfig.from_env()
+    cfg = config or GatewaySettings.from_env()
     gw = Gateway(cfg, store=store, clock=clock)
     app = Flask("llmgw.gateway")
     app.extensions["llmgw"] = gw

@@ -18,19 +18,15 @@ import logging
 import threading
 from collections import defaultdict
 
+from gateway.config import AUTH_MODES
 from gateway.state import REDIS_ERRORS, RedisHealth
-from llmgw import keys
-from llmgw.apikeys import ApiKeyRecord, hash_key, parse_table
-from llmgw.store import Clock
+from llmgw.state.apikeys import ApiKeyRecord, hash_key, parse_table
+from llmgw.state.clock import Clock
+from llmgw.state.store import Store
 
 log = logging.getLogger("llmgw.gateway")
 
-ANONYMOUS = "anonymous"
-
-
 ApiKey = ApiKeyRecord  # the gateway's name for the shared record type
-
-AUTH_MODES = ("auto", "required", "off")
 
 
 class KeyTable:
@@ -40,10 +36,10 @@ class KeyTable:
     the table later reads empty: an empty hash after Redis restarted without its data must not open
     the gateway (revoking the last key therefore leaves it closed; set `off` to open it)."""
 
-    def __init__(self, r, health: RedisHealth, mode: str = "auto"):
+    def __init__(self, store: Store, health: RedisHealth, mode: str = "auto"):
         if mode not in AUTH_MODES:
             raise ValueError(f"auth mode must be one of {AUTH_MODES}, got {mode!r}")
-        self.r = r
+        self.store = store
         self.health = health
         self.mode = mode
         self.by_hash: dict[str, ApiKey] = {}
@@ -63,7 +59,7 @@ class KeyTable:
     def refresh(self) -> None:
         """Re-read the table; on a Redis error keep the cached one (static stability)."""
         try:
-            raw = self.r.hgetall(keys.API_KEYS)
+            raw = self.store.api_key_table()
         except REDIS_ERRORS as e:
             self.health.failed(e)
             return
@@ -86,8 +82,8 @@ class KeyTable:
 class RateLimiter:
     """Fixed per-minute windows in Redis. `check` returns seconds to wait, or None to go ahead."""
 
-    def __init__(self, r, health: RedisHealth, clock: Clock):
-        self.r, self.health, self.clock = r, health, clock
+    def __init__(self, store: Store, health: RedisHealth, clock: Clock):
+        self.store, self.health, self.clock = store, health, clock
 
     def check(self, key: ApiKey) -> tuple[str, int] | None:
         if not (key.rpm or key.tpm) or not self.health.ok:
@@ -96,19 +92,13 @@ class RateLimiter:
         minute = int(now // 60)
         retry = max(1, int(60 - now % 60))
         try:
-            pipe = self.r.pipeline(transaction=False)
-            if key.rpm:
-                pipe.incr(keys.rate_window(key.id, "rpm", minute))
-                pipe.expire(keys.rate_window(key.id, "rpm", minute), 120)
-            if key.tpm:
-                pipe.get(keys.rate_window(key.id, "tpm", minute))
-            out = pipe.execute()
+            requests, tokens = self.store.count_request(key.id, minute, bool(key.rpm), bool(key.tpm))
         except REDIS_ERRORS as e:
             self.health.failed(e)
             return None
-        if key.rpm and int(out[0]) > key.rpm:
+        if key.rpm and requests > key.rpm:
             return f"{key.rpm} requests per minute", retry
-        if key.tpm and int(out[-1] or 0) >= key.tpm:
+        if key.tpm and tokens >= key.tpm:
             return f"{key.tpm} tokens per minute", retry
         return None
 
@@ -118,8 +108,8 @@ class UsageRecorder:
 
     MAX_PENDING = 100_000
 
-    def __init__(self, r, health: RedisHealth, clock: Clock):
-        self.r, self.health, self.clock = r, health, clock
+    def __init__(self, store: Store, health: RedisHealth, clock: Clock):
+        self.store, self.health, self.clock = store, health, clock
         self.lock = threading.Lock()
         self.usage: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0])
         self.tpm: dict[tuple[str, int], int] = defaultdict(int)
@@ -142,16 +132,7 @@ class UsageRecorder:
                 return
             self.usage, self.tpm = defaultdict(lambda: [0, 0, 0]), defaultdict(int)
         try:
-            pipe = self.r.pipeline(transaction=False)
-            for (kid, model), (p, c, n) in usage.items():
-                h = keys.usage(kid)
-                pipe.hincrby(h, f"{model}:prompt", p)
-                pipe.hincrby(h, f"{model}:completion", c)
-                pipe.hincrby(h, f"{model}:requests", n)
-            for (kid, minute), n in tpm.items():
-                pipe.incrby(keys.rate_window(kid, "tpm", minute), n)
-                pipe.expire(keys.rate_window(kid, "tpm", minute), 120)
-            pipe.execute()
+            self.store.add_usage(usage, tpm)
             self.health.succeeded()
         except REDIS_ERRORS as e:
             self.health.failed(e)

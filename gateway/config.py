@@ -1,167 +1,137 @@
-"""The gateway's knobs, read once from the environment (LLMGW_GATEWAY_*); see docs/gateway.md.
+"""The gateway's settings (`LLMGW_GATEWAY_*`), read once at start-up; see docs/gateway.md.
 
-Redis comes from the shared `llmgw.config.Settings` (LLMGW_REDIS_URL / REDIS_URL). Bad values raise
+`GatewaySettings` is what a gateway process reads (Redis from the shared `llmgw.settings.Settings`),
+with the router's knobs grouped in `RoutingConfig` (what `choose` and `admit` need; unit tests build
+their own). `GunicornSettings` is what `gateway/gunicorn_conf.py` reads. Bad values raise
 `ConfigError(variable, reason)` at start-up, never later on the request path.
 """
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, fields
-from typing import Mapping
+import typing
+from typing import ClassVar, Literal
 
-from llmgw.config import Settings
-from llmgw.errors import ConfigError
+from pydantic import Field
 
-POLICIES = ("llmgw", "round_robin", "least_inflight")
-PRIORITIES = ("critical", "standard", "sheddable")
-AUTH_MODES = ("auto", "required", "off")
+from llmgw.settings import EnvSettings, Seconds, Settings, env
+from llmgw.state.apikeys import Priority
+
+Policy = Literal["llmgw", "round_robin", "least_inflight"]
+AuthMode = Literal["auto", "required", "off"]
+AUTH_MODES: tuple[str, ...] = typing.get_args(AuthMode)
 
 
-@dataclass(frozen=True)
-class RoutingConfig:
-    """What `choose` and `admit` need; pure data so the unit tests build their own."""
+class RoutingConfig(EnvSettings):
+    """What `choose` and `admit` need."""
 
-    policy: str = "llmgw"
+    docs: ClassVar[str] = "docs/gateway.md"
+
+    policy: Policy = env("LLMGW_GATEWAY_POLICY", default="llmgw",
+                         meaning="`llmgw`, or the benchmark baselines `round_robin`, `least_inflight`")
     # An endpoint is saturated when its engine reports this many waiting requests ...
-    max_waiting: float = 5
+    max_waiting: float = env("LLMGW_GATEWAY_MAX_WAITING", default=5, ge=0,
+                             meaning="engine-reported waiting requests that make an endpoint saturated")
     # ... or this KV-cache usage (0..1), or when the gateway's in-flight count reaches its capacity.
-    max_kv: float = 0.8
+    max_kv: float = env("LLMGW_GATEWAY_MAX_KV", default=0.8, ge=0, le=1,
+                        meaning="engine-reported KV-cache usage (0..1) that makes an endpoint saturated")
     # LoadRecords older than this (seconds), or with ok=False, are ignored.
-    stale_after: float = 3.0
+    stale_after: Seconds = env("LLMGW_GATEWAY_STALE_AFTER", default=3.0, ge=0.01,
+                               meaning="seconds (gateway clock) without a new LoadRecord `ts` after which it is ignored")
     # Scores within this fraction of the best are near-ties, picked at random (spreads gateways).
-    tie_tolerance: float = 0.05
+    tie_tolerance: float = env("LLMGW_GATEWAY_TIE_TOLERANCE", default=0.05, ge=0, le=10,
+                               meaning="near-tie band for the random pick")
     # Bounded-load affinity: a session sticks to its endpoint while that endpoint's load is at most
     # this factor times the mean load of its tier (plus one request).
-    affinity_load_factor: float = 1.5
+    affinity_load_factor: float = env("LLMGW_GATEWAY_AFFINITY_LOAD_FACTOR", default=1.5, ge=1,
+                                      meaning="bounded load for session affinity")
     # A standard request waits in the gateway for a full but faster endpoint only when the expected
     # completion by waiting, times this margin, still beats the best open endpoint (holding a request
     # costs its time to first token for certain; the gain is an estimate).
-    wait_margin: float = 2.0
+    wait_margin: float = env("LLMGW_GATEWAY_WAIT_MARGIN", default=2.0, ge=1,
+                             meaning="how many times better waiting for a full, faster endpoint must be than "
+                                     "sending to an open one")
     # How much of the slowdown a request adds to the sequences already running on an endpoint counts
     # against sending it there (0: each request only minds its own completion; 1: the whole cost).
-    imposed_weight: float = 1.0
-    # How much KV-cache pressure stretches an endpoint's expected delay (delay * (1 + w * kv)).
-    kv_weight: float = 0.5
+    imposed_weight: float = env("LLMGW_GATEWAY_IMPOSED_WEIGHT", default=1.0, ge=0,
+                                meaning="how much the slowdown a request adds to the sequences already running "
+                                        "counts in the score (0: none)")
+    # How much KV-cache pressure stretches an endpoint's score (score * (1 + w * kv)).
+    kv_weight: float = env("LLMGW_GATEWAY_KV_WEIGHT", default=0.5, ge=0, meaning="score x (1 + w x KV usage)")
     # A learned speed relaxes toward the fleet's best with this half-life (seconds) when the
     # endpoint gets no samples, so an endpoint that was slow once is tried again.
-    forget_half_life: float = 60.0
+    forget_half_life: Seconds = env("LLMGW_GATEWAY_FORGET_HALF_LIFE", default=60.0, ge=0.01,
+                                    meaning="seconds for a slow estimate to relax toward the best while the "
+                                            "endpoint gets no samples")
     # The weight of a speed sample (scrape or answer) halves every this many seconds: how fast the
     # learned speed follows an engine that changes, against how much noise it averages out.
-    learn_half_life: float = 10.0
+    learn_half_life: Seconds = env("LLMGW_GATEWAY_LEARN_HALF_LIFE", default=10.0, ge=0.01,
+                                   meaning="seconds after which a speed sample weighs half: how fast the learned "
+                                           "speed follows a changing engine")
     # An endpoint that refused a connection is passed over for this long (seconds) while its peers
     # can serve, instead of costing a retry on every request until the publisher drops it.
-    eject_for: float = 5.0
+    eject_for: Seconds = env("LLMGW_GATEWAY_EJECT_FOR", default=5.0, ge=0,
+                             meaning="seconds an endpoint that refused a connection is passed over while its peers can serve (0: never)")
 
 
-@dataclass(frozen=True)
-class GatewayConfig:
-    redis_url: str = "redis://127.0.0.1:6379/0"
-    routing: RoutingConfig = RoutingConfig()
-    # LLMGW_GATEWAY_MAX_BODY_BYTES: larger request bodies get 413.
-    max_body_bytes: int = 10 * 1024 * 1024
-    # LLMGW_GATEWAY_CONNECT_TIMEOUT / _FIRST_BYTE_TIMEOUT / _TOTAL_TIMEOUT (seconds).
-    connect_timeout: float = 2.0
-    first_byte_timeout: float = 120.0
-    total_timeout: float = 600.0
-    # LLMGW_GATEWAY_RETRIES: further endpoints tried after a connect error / 5xx / 429 before any byte.
-    retries: int = 2
-    # LLMGW_GATEWAY_QUEUE_MAX / _QUEUE_TIMEOUT: the per-model queue standard requests wait in when
-    # every endpoint is saturated. An LLM answer takes seconds, so a burst is absorbed by tens of
-    # seconds of waiting (under a client's usual 60 s timeout), not refused; each waiting request
-    # holds only its body. Requests the queue cannot serve within the bound are refused at once.
-    queue_max: int = 1000
-    queue_timeout: float = 30.0
-    # LLMGW_GATEWAY_DEFAULT_PRIORITY: for requests without X-LLMGW-Priority and without a key default.
-    default_priority: str = "standard"
-    # LLMGW_GATEWAY_POLL_INTERVAL / _LOAD_INTERVAL / _KEYS_INTERVAL (seconds): background refreshes.
-    poll_interval: float = 0.5
-    load_interval: float = 0.5
-    keys_interval: float = 2.0
-    # LLMGW_GATEWAY_USAGE_FLUSH (seconds): usage counters are batched in memory and flushed this often.
-    usage_flush: float = 0.5
-    # LLMGW_GATEWAY_REDIS_TIMEOUT (seconds): socket timeout of the request-path Redis client.
-    redis_timeout: float = 0.25
-    # LLMGW_GATEWAY_SEED: seeds the router's randomness (benchmarks and tests); unset = random.
-    seed: int | None = None
-    # LLMGW_GATEWAY_UPSTREAM_POOL: keep-alive connections kept per endpoint.
-    upstream_pool: int = 256
-    # LLMGW_GATEWAY_AUTH: auto (a key is required once any key exists), required, off. Except with
-    # off, nothing is served until the key table has been read from Redis once.
-    auth: str = "auto"
+class GatewaySettings(Settings):
+    """Everything one gateway process reads."""
 
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "GatewayConfig":
-        env = os.environ if env is None else env
-        kw: dict = {"redis_url": Settings.from_env(env).redis_url}
-        p = "LLMGW_GATEWAY_"
+    docs: ClassVar[str] = "docs/gateway.md"
 
-        def num(name: str, conv, lo=None, hi=None):
-            raw = env.get(p + name)
-            if raw is None or raw == "":
-                return None
-            try:
-                v = conv(raw)
-            except ValueError:
-                raise ConfigError(p + name, f"expected a {conv.__name__}, got {raw!r}") from None
-            if (lo is not None and v < lo) or (hi is not None and v > hi):
-                raise ConfigError(p + name, f"must be within [{lo}, {hi}], got {raw!r}")
-            return v
+    routing: RoutingConfig = Field(default_factory=RoutingConfig)
+    max_body_bytes: int = env("LLMGW_GATEWAY_MAX_BODY_BYTES", default=10 * 1024 * 1024, ge=1,
+                              meaning="larger request bodies get 413")
+    connect_timeout: Seconds = env("LLMGW_GATEWAY_CONNECT_TIMEOUT", default=2.0, ge=0.001,
+                                   meaning="seconds to connect to an engine")
+    first_byte_timeout: Seconds = env("LLMGW_GATEWAY_FIRST_BYTE_TIMEOUT", default=120.0, ge=0.001,
+                                      meaning="seconds to an engine's first byte; also the longest silence between stream chunks")
+    total_timeout: Seconds = env("LLMGW_GATEWAY_TOTAL_TIMEOUT", default=600.0, ge=0.001,
+                                 meaning="seconds a whole answer may take (checked between chunks)")
+    retries: int = env("LLMGW_GATEWAY_RETRIES", default=2, ge=0, le=10,
+                       meaning="further endpoints tried after a connect error / 5xx / 429 before any byte")
+    # The per-model queue standard requests wait in when every endpoint is saturated. An LLM answer
+    # takes seconds, so a burst is absorbed by tens of seconds of waiting (under a client's usual 60 s
+    # timeout), not refused; each waiting request holds only its body. Requests the queue cannot
+    # serve within the bound are refused at once (gateway.admission).
+    queue_max: int = env("LLMGW_GATEWAY_QUEUE_MAX", default=1000, ge=0,
+                         meaning="per-model queue of standard requests while every endpoint is saturated")
+    queue_timeout: Seconds = env("LLMGW_GATEWAY_QUEUE_TIMEOUT", default=30.0, ge=0,
+                                 meaning="the longest a standard request waits in that queue (seconds); refused "
+                                         "at once when its estimated wait exceeds it")
+    default_priority: Priority = env("LLMGW_GATEWAY_DEFAULT_PRIORITY", default="standard",
+                                     meaning="for requests without X-LLMGW-Priority and without a key default")
+    poll_interval: Seconds = env("LLMGW_GATEWAY_POLL_INTERVAL", default=0.5, ge=0.01,
+                                 meaning="seconds between reads of the endpoint list's version")
+    load_interval: Seconds = env("LLMGW_GATEWAY_LOAD_INTERVAL", default=0.5, ge=0.01,
+                                 meaning="seconds between reads of the endpoints' load")
+    keys_interval: Seconds = env("LLMGW_GATEWAY_KEYS_INTERVAL", default=2.0, ge=0.01,
+                                 meaning="seconds between reads of the API key table")
+    usage_flush: Seconds = env("LLMGW_GATEWAY_USAGE_FLUSH", default=0.5, ge=0.01,
+                               meaning="usage counters are batched in memory and flushed this often (seconds)")
+    redis_timeout: Seconds = env("LLMGW_GATEWAY_REDIS_TIMEOUT", default=0.25, ge=0.001,
+                                 meaning="socket timeout of the request-path Redis client (rate limits)")
+    seed: int | None = env("LLMGW_GATEWAY_SEED", default=None,
+                           meaning="seeds the router's randomness (benchmarks and tests); unset = random")
+    upstream_pool: int = env("LLMGW_GATEWAY_UPSTREAM_POOL", default=256, ge=1,
+                             meaning="idle keep-alive connections kept per endpoint")
+    auth: AuthMode = env("LLMGW_GATEWAY_AUTH", default="auto",
+                         meaning="`auto` (a key is required once any key exists), `required`, `off`; except with "
+                                 "`off`, nothing is served until the key table was read once")
 
-        for name, conv, attr, lo, hi in (
-            ("MAX_BODY_BYTES", int, "max_body_bytes", 1, None),
-            ("CONNECT_TIMEOUT", float, "connect_timeout", 0.001, None),
-            ("FIRST_BYTE_TIMEOUT", float, "first_byte_timeout", 0.001, None),
-            ("TOTAL_TIMEOUT", float, "total_timeout", 0.001, None),
-            ("RETRIES", int, "retries", 0, 10),
-            ("QUEUE_MAX", int, "queue_max", 0, None),
-            ("QUEUE_TIMEOUT", float, "queue_timeout", 0, None),
-            ("POLL_INTERVAL", float, "poll_interval", 0.01, None),
-            ("LOAD_INTERVAL", float, "load_interval", 0.01, None),
-            ("KEYS_INTERVAL", float, "keys_interval", 0.01, None),
-            ("USAGE_FLUSH", float, "usage_flush", 0.01, None),
-            ("REDIS_TIMEOUT", float, "redis_timeout", 0.001, None),
-            ("SEED", int, "seed", None, None),
-            ("UPSTREAM_POOL", int, "upstream_pool", 1, None),
-        ):
-            v = num(name, conv, lo, hi)
-            if v is not None:
-                kw[attr] = v
-        auth = env.get(p + "AUTH")
-        if auth:
-            if auth not in AUTH_MODES:
-                raise ConfigError(p + "AUTH", f"expected one of {', '.join(AUTH_MODES)}, got {auth!r}")
-            kw["auth"] = auth
-        prio = env.get(p + "DEFAULT_PRIORITY")
-        if prio:
-            if prio not in PRIORITIES:
-                raise ConfigError(p + "DEFAULT_PRIORITY", f"expected one of {', '.join(PRIORITIES)}, got {prio!r}")
-            kw["default_priority"] = prio
 
-        rkw: dict = {}
-        policy = env.get(p + "POLICY")
-        if policy:
-            if policy not in POLICIES:
-                raise ConfigError(p + "POLICY", f"expected one of {', '.join(POLICIES)}, got {policy!r}")
-            rkw["policy"] = policy
-        for name, attr, lo, hi in (
-            ("MAX_WAITING", "max_waiting", 0, None),
-            ("MAX_KV", "max_kv", 0, 1),
-            ("STALE_AFTER", "stale_after", 0.01, None),
-            ("TIE_TOLERANCE", "tie_tolerance", 0, 10),
-            ("AFFINITY_LOAD_FACTOR", "affinity_load_factor", 1, None),
-            ("KV_WEIGHT", "kv_weight", 0, None),
-            ("WAIT_MARGIN", "wait_margin", 1, None),
-            ("IMPOSED_WEIGHT", "imposed_weight", 0, None),
-            ("FORGET_HALF_LIFE", "forget_half_life", 0.01, None),
-            ("LEARN_HALF_LIFE", "learn_half_life", 0.01, None),
-            ("EJECT_FOR", "eject_for", 0, None),
-        ):
-            v = num(name, float, lo, hi)
-            if v is not None:
-                rkw[attr] = v
-        kw["routing"] = RoutingConfig(**rkw)
-        return cls(**kw)
+class GunicornSettings(EnvSettings):
+    """What gateway/gunicorn_conf.py reads (command-line flags still override it)."""
 
-    def as_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+    docs: ClassVar[str] = "docs/gateway.md"
+
+    workers: int = env("LLMGW_GATEWAY_WORKERS", default=2, ge=1,
+                       meaning="gunicorn worker processes (gthread)")
+    threads: int = env("LLMGW_GATEWAY_THREADS", default=64, ge=1,
+                       meaning="threads per worker; each open stream holds one")
+    bind: str | None = env("LLMGW_GATEWAY_BIND", default=None,
+                           meaning="listen address; unset: `127.0.0.1:$PORT`; compose sets `0.0.0.0:8080`")
+    port: int = env("PORT", default=8080, ge=0, le=65535, meaning="the port of the default listen address")
+
+    @property
+    def address(self) -> str:
+        return self.bind or f"127.0.0.1:{self.port}"

@@ -2,11 +2,10 @@
 
     gunicorn -c python:gateway.gunicorn_conf 'gateway:create_app()'
 
-- LLMGW_GATEWAY_WORKERS (2): processes. Capacity and routing count every worker's traffic (through
-  the scraped load), so more workers do not multiply a replica's capacity.
-- LLMGW_GATEWAY_THREADS (64): threads per worker; each open stream holds one.
-- LLMGW_GATEWAY_BIND (127.0.0.1:$PORT, PORT defaulting to 8080): where to listen; compose sets
-  0.0.0.0:8080.
+- LLMGW_GATEWAY_WORKERS, LLMGW_GATEWAY_THREADS, LLMGW_GATEWAY_BIND, PORT: read through
+  `gateway.config.GunicornSettings` (defaults and meanings there and in docs/gateway.md). Capacity
+  and routing count every worker's traffic (through the scraped load), so more workers do not
+  multiply a replica's capacity.
 - PROMETHEUS_MULTIPROC_DIR: with more than one worker /metrics needs it; when unset a fresh temporary
   directory is made here (before the workers fork, so they all inherit it). Stale files of a previous
   run are removed at start, and a dead worker's live gauges when it exits.
@@ -18,24 +17,13 @@ import os
 import shutil
 import tempfile
 
-from llmgw.errors import ConfigError
+from gateway.config import GunicornSettings
 
-
-def _int(name: str, default: int, lo: int = 1) -> int:
-    raw = os.environ.get(name) or str(default)
-    try:
-        v = int(raw)
-    except ValueError:
-        raise ConfigError(name, f"expected an integer, got {raw!r}") from None
-    if v < lo:
-        raise ConfigError(name, f"must be at least {lo}, got {v}")
-    return v
-
-
+_settings = GunicornSettings.from_env()
 worker_class = "gthread"
-workers = _int("LLMGW_GATEWAY_WORKERS", 2)
-threads = _int("LLMGW_GATEWAY_THREADS", 64)  # each open stream holds a thread
-bind = os.environ.get("LLMGW_GATEWAY_BIND") or f"127.0.0.1:{os.environ.get('PORT') or 8080}"
+workers = _settings.workers
+threads = _settings.threads  # each open stream holds a thread
+bind = _settings.address
 timeout = 0  # gthread heartbeats from the main thread; a long stream is not a hung worker
 graceful_timeout = 30
 keepalive = 75

@@ -29,7 +29,7 @@ from typing import Mapping, NamedTuple, Sequence
 
 from gateway.config import RoutingConfig
 from gateway.speed import PRIOR_SLOWDOWN, Speed
-from llmgw.records import EndpointInfo, LoadRecord
+from llmgw.state.records import EndpointInfo, LoadRecord
 
 
 _DECODE1 = operator.attrgetter("decode1")

@@ -23,7 +23,7 @@ from typing import Callable
 
 import redis
 
-from gateway.config import GatewayConfig
+from gateway.config import GatewaySettings
 from gateway.routing import (
     Choice,
     EndpointStats,
@@ -36,10 +36,10 @@ from gateway.routing import (
     slots_of,
 )
 from gateway.speed import Fit, Speed, shrink
-from llmgw import keys
-from llmgw.catalog_store import catalog_names as read_catalog_names
-from llmgw.records import EndpointInfo, LoadRecord
-from llmgw.store import Clock, Store
+from llmgw.catalog import catalog_names as read_catalog_names
+from llmgw.state.clock import Clock
+from llmgw.state.records import EndpointInfo, LoadRecord
+from llmgw.state.store import Store
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -100,7 +100,7 @@ class Learned:
 class GatewayState:
     """Endpoint list, loads, in-flight counts and learned speeds, behind one lock."""
 
-    def __init__(self, store: Store, cfg: GatewayConfig, clock: Clock | None = None, metrics=None,
+    def __init__(self, store: Store, cfg: GatewaySettings, clock: Clock | None = None, metrics=None,
                  rng: random.Random | None = None):
         self.store = store
         self.cfg = cfg
@@ -154,7 +154,7 @@ class GatewayState:
                 self.health.succeeded()
                 return False
             v, fp, eps = self.store.read_endpoints()
-            catalog_names = read_catalog_names(self.store.r)
+            catalog_names = read_catalog_names(self.store)
             self.health.succeeded()
             self._last_full = now
         except REDIS_ERRORS as e:
@@ -350,8 +350,7 @@ class GatewayState:
         while not self.stopping.is_set():
             ps = None
             try:
-                ps = self.store.r.pubsub(ignore_subscribe_messages=True)
-                ps.subscribe(keys.ENDPOINTS_CHANNEL)
+                ps = self.store.subscribe_endpoints()
                 while not self.stopping.is_set():
                     if ps.get_message(timeout=1.0):
                         self.wake.set()

@@ -49,12 +49,6 @@ class CatalogConflict(LlmgwError):
         )
 
 
-class Unschedulable(LlmgwError):
-    def __init__(self, model: str, profile: str, reason: str):
-        self.model, self.profile, self.reason = model, profile, reason
-        super().__init__(f"{model}/{profile}: {reason}")
-
-
 class EngineRefused(LlmgwError):
     """An engine adapter refuses a profile (e.g. llama.cpp with tensor parallelism)."""
 

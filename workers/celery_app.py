@@ -10,22 +10,17 @@ from __future__ import annotations
 from celery import Celery
 
 from beat.schedule import beat_schedule
-from llmgw.config import Settings
-
-CONTROL_QUEUE = "control"
-
-
-def node_queue(node: str) -> str:
-    return f"node-{node}"
-
+from llmgw.settings import ControlSettings
+from llmgw.state.keys import CONTROL_QUEUE
 
 class LlmgwCelery(Celery):
-    """A Celery app that carries llmgw's Settings, read once from the environment."""
+    """A Celery app that carries the control plane's settings, read once from the environment (a node
+    worker's agent reads its own, `AgentSettings`, when it starts)."""
 
-    settings: Settings
+    settings: ControlSettings
 
 
-def create_celery_app(settings: Settings) -> LlmgwCelery:
+def create_celery_app(settings: ControlSettings) -> LlmgwCelery:
     app = LlmgwCelery(
         "llmgw",
         broker=settings.redis_url,

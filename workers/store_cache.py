@@ -14,7 +14,7 @@ from typing import Callable
 import redis
 from celery.signals import worker_process_shutdown, worker_shutdown
 
-from llmgw.store import Store, connect
+from llmgw.state.store import Store, connect
 
 log = logging.getLogger("llmgw.workers")
 
@@ -45,7 +45,7 @@ class StoreCache:
             stores, self._stores = list(self._stores.values()), {}
         for store in stores:
             try:
-                store.r.close()
+                store.close()
             except Exception:  # noqa: BLE001 - shutting down: nothing more to do about it
                 log.debug("closing a Redis client failed", exc_info=True)
 

@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"llmgw: {e}", file=sys.stderr)
         return getattr(e, "exit_code", 1)
     except redis.RedisError as e:  # any command: a dead Redis is one line, never a traceback
-        from llmgw.config import Settings
+        from llmgw.settings import Settings
 
         print(f"llmgw: {RedisUnreachable(Settings.from_env().redis_url, e)}", file=sys.stderr)
         return 1

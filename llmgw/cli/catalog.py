@@ -15,12 +15,19 @@ from datetime import datetime, timezone
 
 import redis
 
-from llmgw.catalog import Catalog, load_catalog_file
-from llmgw.catalog_diff import diff_catalogs, format_diff
-from llmgw.catalog_store import apply_catalog, history, read_applied, read_version
+from llmgw.catalog import (
+    Catalog,
+    apply_catalog,
+    diff_catalogs,
+    format_diff,
+    history,
+    load_catalog_file,
+    read_applied,
+    read_version,
+)
 from llmgw.cli.common import print_json, settings
 from llmgw.errors import CatalogConflict, CatalogInvalid, RedisUnreachable
-from llmgw.store import connect
+from llmgw.state.store import connect
 
 EXIT_CONFLICT = 1
 EXIT_INVALID = 2

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import sys
 
-from llmgw.config import Settings
-from llmgw.store import Store, connect
+from llmgw.settings import Settings
+from llmgw.state.store import Store, connect
 
 
 def settings() -> Settings:

@@ -1,4 +1,4 @@
-"""`llmgw keys create|list|revoke`: API keys for the gateway (a thin shell over `llmgw.apikeys`).
+"""`llmgw keys create|list|revoke`: API keys for the gateway (a thin shell over `llmgw.state.apikeys`).
 
 A key is printed once, at creation; Redis keeps only its SHA-256 (`llmgw:apikeys` holds the records).
 Whether the gateway requires a key is `LLMGW_GATEWAY_AUTH` (see docs/gateway.md).
@@ -9,11 +9,9 @@ from __future__ import annotations
 import sys
 import time
 
-from llmgw.apikeys import PRIORITIES, ApiKeyInvalid, create_key, hash_key, list_keys, revoke_key  # noqa: F401
 from llmgw.cli import common
-from llmgw.errors import RedisUnreachable  # noqa: F401 - re-exported for callers
-
-KeyError_ = ApiKeyInvalid  # the old name, kept for callers
+from llmgw.errors import RedisUnreachable
+from llmgw.state.apikeys import PRIORITIES, create_key, hash_key, list_keys, revoke_key  # noqa: F401 - hash_key: tests
 
 
 def redis_client():

@@ -1,7 +1,7 @@
 """`llmgw status [--json]`: nodes, replicas and the published endpoints, as the control plane sees them.
 
 `build_status(...)` is pure (facts in, a JSON-able report out, every replica state derived with
-`llmgw.replica_state.derive`); `render(...)` turns the report into the tables a human reads.
+`llmgw.state.replica_state.derive`); `render(...)` turns the report into the tables a human reads.
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from typing import Iterable, Mapping
 
 import redis
 
-from llmgw.catalog_store import applied_version, read_applied
+from llmgw.catalog import applied_version, read_applied
 from llmgw.cli.common import print_json, settings, store
-from llmgw.records import NodeAdmin, NodeInfo, ReplicaRecord
-from llmgw.replica_state import State, derive, nodes_alive
+from llmgw.state.records import NodeAdmin, NodeInfo, ReplicaRecord
+from llmgw.state.replica_state import State, derive, nodes_alive
 
 
 def register(sub) -> None:
@@ -33,7 +33,7 @@ def cmd_status(args) -> int:
     version, _fp, endpoints = s.read_endpoints()
     catalog_problem = None
     try:
-        catalog_version, _cat, meta = read_applied(s.r)
+        catalog_version, _cat, meta = read_applied(s)
     except redis.RedisError:
         raise
     except Exception as e:  # noqa: BLE001 - e.g. applied by a newer llmgw: report it, show the rest
@@ -51,7 +51,7 @@ def cmd_status(args) -> int:
 
 def _raw_catalog_version(s) -> int | None:
     try:
-        return applied_version(s.r)
+        return applied_version(s)
     except (ValueError, KeyError, TypeError):
         return None
 

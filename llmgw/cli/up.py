@@ -20,14 +20,14 @@ from pathlib import Path
 
 import requests
 
-from llmgw.catalog import Catalog, load_catalog_file, parse_catalog
-from llmgw.catalog_store import apply_catalog
-from llmgw.config import Settings
-from llmgw.embedded_redis import redis_server_argv
+from llmgw.catalog import Catalog, apply_catalog, load_catalog_file, parse_catalog
 from llmgw.errors import CatalogInvalid, LlmgwError
-from llmgw.localstack import LocalStack, celery_argv, free_port, port_is_free, python_module, wait_for
-from llmgw.replica_state import derive, nodes_alive
-from llmgw.store import Store, connect
+from llmgw.local.embedded_redis import redis_server_argv
+from llmgw.local.localstack import LocalStack, celery_argv, free_port, port_is_free, python_module, wait_for
+from llmgw.settings import Settings
+from llmgw.state.replica_state import derive, nodes_alive
+from llmgw.state.keys import CONTROL_QUEUE, node_queue
+from llmgw.state.store import Store, connect
 
 
 def register(sub) -> None:
@@ -87,7 +87,7 @@ def cmd_up(args) -> int:
 
 
 def _run(args, settings, catalog, state_dir, node, stack: LocalStack, stopping) -> int:
-    if settings.redis_url and _redis_url_given():
+    if "redis_url" in settings.model_fields_set:  # REDIS_URL or LLMGW_REDIS_URL was given
         redis_url = settings.redis_url
         _say(f"using Redis at {redis_url}")
     else:
@@ -107,9 +107,10 @@ def _run(args, settings, catalog, state_dir, node, stack: LocalStack, stopping) 
         "LLMGW_NODE": node,
     })
     common = ["--without-gossip", "--without-mingle", "-l", "info"]
-    stack.start("control", celery_argv("worker", "-Q", "control", "-n", "control@%h", "-P", "threads", "-c", "4", *common))
+    stack.start("control", celery_argv("worker", "-Q", CONTROL_QUEUE, "-n", "control@%h", "-P", "threads", "-c", "4",
+                                       *common))
     stack.start("beat", celery_argv("beat", "-l", "info", "-s", str(state_dir / "beat-schedule")))
-    stack.start("node", celery_argv("worker", "-Q", f"node-{node}", "-n", f"{node}@%h", "-P", "threads", "-c", "2", *common))
+    stack.start("node", celery_argv("worker", "-Q", node_queue(node), "-n", f"{node}@%h", "-P", "threads", "-c", "2", *common))
     # The gateway's one gunicorn config (gateway/gunicorn_conf.py); flags override its bind and threads.
     stack.start("gateway", python_module(
         "gunicorn", "-c", "python:gateway.gunicorn_conf", "--threads", str(args.gateway_threads),
@@ -140,12 +141,6 @@ def _run(args, settings, catalog, state_dir, node, stack: LocalStack, stopping) 
             _say(f"{dead.name} exited with code {dead.popen.returncode}; last log lines:\n{dead.log_tail()}")
             return 1
     return 0
-
-
-def _redis_url_given() -> bool:
-    import os
-
-    return bool(os.environ.get("LLMGW_REDIS_URL") or os.environ.get("REDIS_URL"))
 
 
 def _wait_first_ready(url, names: list[str], store: Store, stack: LocalStack, stopping, timeout: float) -> str | None:

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from llmgw import keys
-from llmgw.apikeys import names_by_id
 from llmgw.cli import common
-
-ANONYMOUS = "anonymous"  # requests served while no key was required
+from llmgw.state import keys
+from llmgw.state.apikeys import ANONYMOUS, names_by_id
 
 
 def read_usage(r) -> list[dict]:

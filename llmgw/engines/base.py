@@ -1,18 +1,23 @@
 """The engine adapter interface: one module per engine (vllm.py, llamacpp.py, sim.py).
 
 An adapter turns (replica, profile, port, GPU indexes, node) into a command line and environment,
-declares whether it can serve without a GPU, says what it refuses, and names its default metric
-mapping. Adapters are pure: they build data, the node agent runs it.
+declares whether it can serve without a GPU, states its own rules (the parallelism it supports, the
+model sources it loads: the catalog's validation asks `refusals` and `source_problems`), and names
+its default metric mapping. Adapters are pure: they build data, the node agent runs it.
 """
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from llmgw.catalog import MetricMapping, Model, Profile
+from llmgw.catalog.types import MetricMapping, Model, Profile
 from llmgw.errors import EngineRefused, Problem
+
+# A model file shipped inside an installed Python package (a wheel): `pkg:<package>/<file>`.
+PKG_SOURCE = re.compile(r"^pkg:([A-Za-z0-9][A-Za-z0-9._-]*)/(.+)$")
 
 
 class EngineUnavailable(EngineRefused):
@@ -65,7 +70,7 @@ class EngineAdapter(ABC):
     generation_tokens_metric: ClassVar[str | None] = None
 
     def refusals(self, profile: Profile) -> list[Problem]:
-        """What this engine refuses in a profile; paths are relative to the profile."""
+        """What this engine refuses in a profile (GPUs, parallelism); paths are relative to the profile."""
         problems = []
         if self.needs_gpu and profile.gpu is None:
             problems.append(Problem("gpu", f"{self.name} needs a GPU class"))
@@ -73,7 +78,23 @@ class EngineAdapter(ABC):
             problems.append(Problem("tensor_parallel", f"{self.name} does not support tensor parallelism"))
         if not self.supports_multi_node and profile.nodes > 1:
             problems.append(Problem("nodes", f"{self.name} does not support multi-node replicas"))
+        elif profile.nodes > 1 and profile.gpu is None and not self.needs_gpu:
+            # (An engine that needs a GPU was refused above already.)
+            problems.append(Problem("nodes", "a multi-node replica needs a gpu (nodes > 1 splits a model across GPUs)"))
         return problems
+
+    def source_problems(self, source: str, path: str, profile: str = "") -> list[Problem]:
+        """Whether this engine can load `source`, named at `path` of the catalog; `profile` is set when
+        the source is its model's, to say which profile needs it."""
+        if source.startswith("pkg:") and not PKG_SOURCE.match(source):
+            return [Problem(path, f"{source!r} must be written pkg:<package>/<file>")]
+        reason = self.source_refusal(source, f"{self.name} (profile {profile})" if profile else self.name)
+        return [Problem(path, reason)] if reason else []
+
+    def source_refusal(self, source: str, who: str) -> str | None:
+        """Why this engine cannot load a well-formed `source` (a path, an id, `pkg:`, or empty: the
+        model's name), or None. `who` names the engine (and profile) in the reason."""
+        return None
 
     def effective_metrics(self, profile: Profile) -> MetricMapping:
         """The seed's rule: empty mapping = this engine's defaults; one naming its own Running metric

@@ -17,7 +17,7 @@ import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from llmgw.catalog import MetricMapping
+from llmgw.catalog.types import MetricMapping
 from llmgw.engines.base import EngineAdapter, EngineUnavailable, LaunchContext, LaunchSpec
 
 # kv_cache_usage_ratio is absent from current builds (removed upstream in 2025): mapped anyway,
@@ -82,6 +82,13 @@ class LlamaCppAdapter(EngineAdapter):
         self._environ = os.environ if environ is None else environ
         self._package_dir, self._which, self._exists = package_dir, which, exists
         self._finish_install = finish_install
+
+    def source_refusal(self, source: str, who: str) -> str | None:
+        if not source:
+            return f"{who} needs a source: a .gguf file path or pkg:<package>/<file>"
+        if not source.lower().endswith(".gguf"):
+            return f"{who} loads a GGUF file: {source!r} must end in .gguf (a profile may set its own `source`)"
+        return None
 
     # --- locating things on this node ---------------------------------------------------------
     def binary(self) -> str:

@@ -1,22 +1,23 @@
-"""Adapter for engine `sim`: the simulated engine (`python -m llmgw.simengine`), no GPU needed.
+"""Adapter for engine `sim`: the simulated engine (`python -m simengine`), no GPU needed.
 
 It reports vLLM's metric names by default; a profile with `--metrics-style llamacpp` in its args
 reports llama.cpp's, and then its default mapping follows (see `effective_metrics`).
 
 Multi-node replicas work as vLLM's do: every node runs the sim with `--nnodes/--node-rank/--master-addr/
 --master-port`; the head (rank 0) serves HTTP and is healthy once all members joined its rendezvous,
-the others are `--headless` (see llmgw/simengine/multinode.py).
+the others are `--headless` (see simengine/multinode.py).
 """
 
 from __future__ import annotations
 
 import sys
 
-from llmgw.catalog import MetricMapping, Profile
+from llmgw.catalog.types import MetricMapping, Profile
 from llmgw.engines.base import EngineAdapter, LaunchContext, LaunchSpec
-from llmgw.errors import Problem
 from llmgw.engines.llamacpp import LLAMACPP_METRICS, LlamaCppAdapter
 from llmgw.engines.vllm import VLLM_KV_FALLBACKS, VLLM_METRICS, VllmAdapter
+from llmgw.errors import Problem
+from simengine.cli import check_args
 
 
 def _metrics_style(args: list[str]) -> str:
@@ -45,8 +46,6 @@ class SimAdapter(EngineAdapter):
     generation_tokens_metric = VllmAdapter.generation_tokens_metric
 
     def refusals(self, profile: Profile) -> list[Problem]:
-        from llmgw.simengine.cli import check_args  # light, but only needed when validating
-
         problems = super().refusals(profile) + [Problem("args", reason) for reason in check_args(profile.args)]
         for flag in _MULTI_NODE_FLAGS:
             if any(a == flag or a.startswith(flag + "=") for a in profile.args):
@@ -65,7 +64,7 @@ class SimAdapter(EngineAdapter):
 
     def command(self, ctx: LaunchContext) -> LaunchSpec:
         p = ctx.profile
-        argv = [sys.executable, "-m", "llmgw.simengine", "--host", ctx.host, "--port", str(ctx.port),
+        argv = [sys.executable, "-m", "simengine", "--host", ctx.host, "--port", str(ctx.port),
                 "--served-model-name", *ctx.model.names]
         # capacity means "sequences at once", which is --max-seqs here (explicit args win).
         if p.capacity is not None and not any(a == "--max-seqs" or a.startswith("--max-seqs=") for a in p.args):

@@ -11,8 +11,9 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from llmgw.catalog import MetricMapping
-from llmgw.engines.base import EngineAdapter, LaunchContext, LaunchSpec
+from llmgw.catalog.types import MetricMapping, Profile
+from llmgw.engines.base import PKG_SOURCE, EngineAdapter, LaunchContext, LaunchSpec
+from llmgw.errors import Problem
 
 VLLM_METRICS = MetricMapping(
     running="vllm:num_requests_running",
@@ -36,6 +37,32 @@ class VllmAdapter(EngineAdapter):
     def __init__(self, environ: Mapping[str, str] | None = None):
         # LLMGW_VLLM names the executable (e.g. a venv's bin/vllm); default `vllm` from PATH.
         self._environ = os.environ if environ is None else environ
+
+    def refusals(self, profile: Profile) -> list[Problem]:
+        """Besides the base rules: tensor x pipeline parallelism spans `nodes` nodes evenly, and
+        `gpu.count` is the GPUs of one node."""
+        problems = super().refusals(profile)
+        if profile.gpu is not None:
+            total = profile.tensor_parallel * profile.pipeline_parallel
+            if total % profile.nodes:
+                problems.append(Problem(
+                    "nodes",
+                    f"tensor_parallel x pipeline_parallel = {total} GPUs cannot be split evenly over {profile.nodes} nodes",
+                ))
+            elif profile.gpu.count != total // profile.nodes:
+                problems.append(Problem(
+                    "gpu.count",
+                    f"gpu.count is GPUs per node and must equal tensor_parallel x pipeline_parallel / nodes = "
+                    f"{profile.tensor_parallel} x {profile.pipeline_parallel} / {profile.nodes} = "
+                    f"{total // profile.nodes} (got {profile.gpu.count})",
+                ))
+        return problems
+
+    def source_refusal(self, source: str, who: str) -> str | None:
+        # An empty source is fine: vLLM loads the model's name from Hugging Face.
+        if PKG_SOURCE.match(source):
+            return f"{who} loads a Hugging Face id or a directory, not pkg:<package>/<file>"
+        return None
 
     def command(self, ctx: LaunchContext) -> LaunchSpec:
         p = ctx.profile

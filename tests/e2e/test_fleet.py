@@ -13,7 +13,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from llmgw.replica_state import State, derive
+from llmgw.state.replica_state import State, derive
 from tests.support.cluster import FAST_ENV
 from tests.support.procs import wait_until
 

@@ -12,7 +12,7 @@ import time
 import openai
 import pytest
 
-from llmgw.replica_state import State, derive
+from llmgw.state.replica_state import State, derive
 from tests.support.procs import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.llamacpp]

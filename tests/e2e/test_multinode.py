@@ -17,7 +17,7 @@ import openai
 import pytest
 import requests
 
-from llmgw.replica_state import State, derive
+from llmgw.state.replica_state import State, derive
 from tests.support.procs import TOKEN_VAR, processes_with_token, wait_until
 
 pytestmark = pytest.mark.slow
@@ -54,7 +54,7 @@ def sim_parts(headless: bool) -> list[int]:
     """Pids of this test's sim engine processes (not their shims): head parts or headless members."""
     token = os.environ[TOKEN_VAR]
     return [p for p in processes_with_token(token)
-            if cmdline(p)[1:3] == ["-m", "llmgw.simengine"] and ("--headless" in cmdline(p)) == headless]
+            if cmdline(p)[1:3] == ["-m", "simengine"] and ("--headless" in cmdline(p)) == headless]
 
 
 def pid_alive(pid: int) -> bool:
@@ -226,7 +226,7 @@ def test_sim_head_is_healthy_only_with_its_member_and_member_follows_head(tmp_pa
 
     procs = ProcessSet(tmp_path / "logs")
     port, master = free_port(), free_port()
-    sim = [python(), "-m", "llmgw.simengine", "--host", "127.0.0.1", "--served-model-name", "big"]
+    sim = [python(), "-m", "simengine", "--host", "127.0.0.1", "--served-model-name", "big"]
     multi = ["--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", str(master)]
     url = f"http://127.0.0.1:{port}/health"
 

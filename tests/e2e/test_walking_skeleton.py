@@ -43,8 +43,9 @@ def listed_models(url: str) -> set[str]:
 
 
 def ready_replicas(cluster, model: str):
-    from llmgw.replica_state import State, derive
     import time
+
+    from llmgw.state.replica_state import State, derive
 
     store = cluster.store()
     live = store.live_nodes()

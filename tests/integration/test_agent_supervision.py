@@ -14,10 +14,11 @@ import time
 import pytest
 import requests
 
-from llmgw.records import ReplicaRecord
-from llmgw.replica_state import State, derive
+from llmgw.proc.proctable import is_same_process, read_proc
+from llmgw.state.keys import node_queue
+from llmgw.state.records import ReplicaRecord
+from llmgw.state.replica_state import State, derive
 from tests.support.procs import wait_until
-from llmgw.proctable import is_same_process, read_proc
 
 CATALOG = """
 models:
@@ -45,12 +46,12 @@ FAST_AGENT = {
 
 
 def _send(cluster, task: str, rid: str, node: str = "a") -> None:
+    from llmgw.settings import ControlSettings
     from workers.celery_app import create_celery_app
-    from llmgw.config import Settings
 
-    app = create_celery_app(Settings(redis_url=cluster.redis_url))
+    app = create_celery_app(ControlSettings(redis_url=cluster.redis_url))
     try:
-        app.send_task(task, args=[rid], queue=f"node-{node}")
+        app.send_task(task, args=[rid], queue=node_queue(node))
     finally:
         app.close()
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from llmgw import keys
-from llmgw.store import connect
+from llmgw.state import keys
+from llmgw.state.store import connect
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "catalog.yaml"
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import threading
 
-from llmgw.catalog import parse_catalog_text
-from llmgw.catalog_store import apply_catalog, history, read_applied
+from llmgw.catalog import apply_catalog, history, parse_catalog_text, read_applied
 from llmgw.errors import CatalogConflict
-from llmgw.store import connect
+from llmgw.state.store import connect
 
 
 def cat(name: str, replicas: int):

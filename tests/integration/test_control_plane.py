@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from llmgw.replica_state import State, derive, nodes_alive
+from llmgw.state.replica_state import State, derive, nodes_alive
 from tests.support.procs import wait_until
 
 CATALOG = """

@@ -10,9 +10,9 @@ import openai
 import pytest
 import requests
 
-from llmgw import keys
-from llmgw.apikeys import names_by_id
-from llmgw.records import EndpointInfo
+from llmgw.state import keys
+from llmgw.state.apikeys import names_by_id
+from llmgw.state.records import EndpointInfo
 from tests.support.fake_upstream import start_process
 from tests.support.procs import wait_until
 
@@ -129,12 +129,12 @@ def test_serves_through_a_redis_outage_and_recovers(cluster):
 
 
 def test_streams_from_the_simulated_engine(cluster):
-    """The real sim engine (`python -m llmgw.simengine`) behind the gateway, through the openai SDK."""
+    """The real sim engine (`python -m simengine`) behind the gateway, through the openai SDK."""
     from tests.support.procs import free_port, python
 
     cluster.start_redis()
     port = free_port()
-    cluster.procs.start("sim", [python(), "-m", "llmgw.simengine", "--port", str(port),
+    cluster.procs.start("sim", [python(), "-m", "simengine", "--port", str(port),
                                 "--served-model-name", "served-m", "--max-seqs", "4", "--speed", "4"],
                         env=cluster.env())
     url = f"http://127.0.0.1:{port}"

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import requests
 
-from llmgw.records import EndpointInfo
+from llmgw.state.records import EndpointInfo
 from tests.support.fake_upstream import start_process
 from tests.support.loadgen import paced
 from tests.support.procs import free_port, wait_until

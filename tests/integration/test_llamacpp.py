@@ -11,7 +11,7 @@ import requests
 from llmgw.catalog import Model, Profile
 from llmgw.engines import get_engine
 from llmgw.engines.base import EngineUnavailable, LaunchContext
-from llmgw.loadmetrics import read_load
+from llmgw.engines.metrics import read_load
 from tests.support.procs import ProcessSet, free_port, wait_until
 
 pytestmark = [pytest.mark.llamacpp, pytest.mark.slow]

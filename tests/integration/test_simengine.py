@@ -14,7 +14,7 @@ import requests
 
 from llmgw.catalog import Profile
 from llmgw.engines import get_engine
-from llmgw.loadmetrics import read_load
+from llmgw.engines.metrics import read_load
 from tests.support.procs import ProcessSet, free_port, python, wait_until
 
 SIM = get_engine("sim")
@@ -29,7 +29,7 @@ def procs(tmp_path):
 
 def start(procs, *args, name="sim", ready=True):
     port = free_port()
-    p = procs.start(name, [python(), "-m", "llmgw.simengine", "--host", "127.0.0.1", "--port", str(port),
+    p = procs.start(name, [python(), "-m", "simengine", "--host", "127.0.0.1", "--port", str(port),
                            "--served-model-name", "sim-model", "sim-alias", *args])
     url = f"http://127.0.0.1:{port}"
     if ready:
@@ -258,7 +258,7 @@ def test_port_in_use_exits_1_with_a_clear_line(procs):
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        p = procs.start("sim", [python(), "-m", "llmgw.simengine", "--port", str(port)])
+        p = procs.start("sim", [python(), "-m", "simengine", "--port", str(port)])
         assert p.popen.wait(10) == 1
     assert "cannot listen" in p.log()
 

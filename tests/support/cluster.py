@@ -21,7 +21,8 @@ from pathlib import Path
 
 import redis
 
-from llmgw.store import Store, connect
+from llmgw.state.keys import CONTROL_QUEUE, node_queue
+from llmgw.state.store import Store, connect
 from tests.support.procs import (
     ProcessSet,
     bin_path,
@@ -112,7 +113,7 @@ class Cluster:
         return self.procs.start(
             name,
             self.celery(
-                "worker", "-Q", "control", "-n", f"{name}@%h", "-P", "threads", "-c", "4",
+                "worker", "-Q", CONTROL_QUEUE, "-n", f"{name}@%h", "-P", "threads", "-c", "4",
                 "--without-gossip", "--without-mingle", "-l", "info",
             ),
             env=self.env(**env),
@@ -142,7 +143,7 @@ class Cluster:
         return self.procs.start(
             f"node-{name}",
             self.celery(
-                "worker", "-Q", f"node-{name}", "-n", f"{name}@%h", "-P", "threads", "-c", "2",
+                "worker", "-Q", node_queue(name), "-n", f"{name}@%h", "-P", "threads", "-c", "2",
                 "--without-gossip", "--without-mingle", "-l", "info",
             ),
             env=self.env(**node_env),

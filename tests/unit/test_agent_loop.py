@@ -11,14 +11,13 @@ import fakeredis
 import pytest
 import yaml
 
-from llmgw.catalog import parse_catalog
-from llmgw.catalog_store import apply_catalog
-from llmgw.config import Settings
-from llmgw.records import ReplicaRecord
-from llmgw.replica_state import State, derive
-from llmgw.store import Store
+from llmgw.catalog import apply_catalog, parse_catalog
+from llmgw.state.records import ReplicaRecord
+from llmgw.state.replica_state import State, derive
+from llmgw.state.store import Store
+from tests.support.clock import FakeClock
 from workers.agent import supervisor as sv
-from workers.agent.config import AgentConfig
+from workers.agent.config import AgentSettings
 from workers.agent.loop import Agent
 from workers.agent.probe import ProbeResult
 from workers.agent.runner import Found, Seen
@@ -31,20 +30,6 @@ models:
         engine: sim
         start_timeout: 30
 """
-
-
-class FakeClock:
-    def __init__(self, t: float = 1000.0):
-        self.t = t
-
-    def time(self) -> float:
-        return self.t
-
-    def monotonic(self) -> float:
-        return self.t
-
-    def advance(self, s: float) -> None:
-        self.t += s
 
 
 @dataclass
@@ -130,18 +115,24 @@ class FakeProber:
         return "vllm:num_requests_running 1\n"
 
 
+def agent_settings(**kw) -> AgentSettings:
+    """Agent settings for these tests: probe on every pass (`probe_interval=0`, which the environment
+    may not set, so built without validation) and restart backoff 1, 2, 4 ... capped at 60 s."""
+    return AgentSettings.model_construct(**{"backoff_base": 1, "backoff_cap": 60, "stop_grace": 10,
+                                            "probe_interval": 0, **kw})
+
+
 @pytest.fixture
 def env():
     r = fakeredis.FakeRedis(decode_responses=True)
     apply_catalog(r, parse_catalog(yaml.safe_load(CATALOG)), source="test", applied_by="test")
     clock = FakeClock()
     runner = FakeRunner(clock)
-    settings = Settings(node_name="a", port_range=(30000, 30009))
-    config = AgentConfig(backoff_base=1, backoff_cap=60, stop_grace=10, probe_interval=0)
+    settings = agent_settings(node_name="a", port_range=(30000, 30009))
     store = Store(r)
 
     def make_agent(bindable=lambda port: True):
-        return Agent(settings, config, store, runner, FakeProber(runner), clock, bindable=bindable)
+        return Agent(settings, store, runner, FakeProber(runner), clock, bindable=bindable)
 
     return store, runner, clock, make_agent
 
@@ -231,7 +222,9 @@ def test_a_new_agent_adopts_instead_of_restarting(env):
     clock.advance(300)  # the old agent is gone for a while; the engine keeps running
     second = make_agent()
     actions = second.tick()
-    assert actions == [sv.Adopt("r1", pid, pid * 10, pid + 1)]
+    # (beside its own first probe of the engine, `Probed`)
+    assert [a for a in actions if not isinstance(a, sv.Probed)] == [
+        sv.Adopt("r1", pid, pid * 10, pid + 1, fields={"adopted_at": clock.t})]
     rec = store.get_replica("r1")
     assert rec.adopted_at == clock.t and rec.pid == pid and rec.attempt == 1 and rec.restarts == 0
     second.tick()
@@ -316,7 +309,7 @@ def test_scraper_writes_load_records(env):
     agent.tick()
     runner.set_ready("r1")
     agent.tick()
-    scraper = Scraper(store, agent.prober, lambda: agent.targets, agent.config, clock)
+    scraper = Scraper(store, agent.prober, lambda: agent.targets, agent.settings, clock)
     [load] = scraper.once()
     assert load.ok and load.replica_id == "r1"
     assert store.loads(["r1"])["r1"].ok
@@ -343,13 +336,13 @@ def record_engine_commands(monkeypatch) -> list:
             contexts.append(ctx)
             return LaunchSpec(argv=("engine", "--port", str(ctx.port)), serves_http=ctx.node_rank == 0)
 
-    monkeypatch.setattr("workers.agent.loop.get_engine", lambda name: Recording())
+    monkeypatch.setattr("workers.agent.launch.get_engine", lambda name: Recording())
     return contexts
 
 
 def test_multi_node_member_part_starts_with_rank_and_master_addr(env, monkeypatch):
     """Node b runs rank 1 of a two-node replica headed by a; only the head writes agent fields."""
-    from llmgw.records import NodeInfo
+    from llmgw.state.records import NodeInfo
 
     store, runner, clock, make_agent = env
     contexts = record_engine_commands(monkeypatch)
@@ -358,7 +351,7 @@ def test_multi_node_member_part_starts_with_rank_and_master_addr(env, monkeypatc
     store.create_replica(ReplicaRecord(id="mn", model="m", profile="p", node="a", nodes=["a", "b"],
                                        gpus={"a": [0, 1], "b": [2, 3]}, attempt=1, started_at=clock.t,
                                        pid=1, port=30000, master_port=30009))
-    member = Agent(Settings(node_name="b", port_range=(30100, 30109)), AgentConfig(probe_interval=0),
+    member = Agent(agent_settings(node_name="b", port_range=(30100, 30109)),
                    store, runner, FakeProber(runner), clock, bindable=lambda p: True)
     member.tick()
     [ctx] = contexts
@@ -380,7 +373,7 @@ def test_multi_node_member_part_starts_with_rank_and_master_addr(env, monkeypatc
 
 
 def test_a_wiped_redis_does_not_stop_every_engine(env):
-    from llmgw import keys
+    from llmgw.state import keys
 
     store, runner, clock, make_agent = env
     agent = make_agent()
@@ -390,7 +383,6 @@ def test_a_wiped_redis_does_not_stop_every_engine(env):
     agent.tick()
     assert runner.procs["r1"].alive and runner.procs["r1"].signals == []
     apply_catalog(store.r, parse_catalog(yaml.safe_load(CATALOG)), source="t", applied_by="t")
-    agent.catalog.fetched = -1e18  # skip the cache's 2 s
     agent.tick()
     assert not runner.procs["r1"].alive and keys.CATALOG
 
@@ -440,7 +432,7 @@ def test_engines_on_a_gpu_node_see_only_their_gpus(env):
 
     store, runner, clock, make_agent = env
     agent = make_agent()
-    agent.gpus = parse_gpu_spec("l4:4")
+    agent.gpus = agent.launcher.gpus = parse_gpu_spec("l4:4")
     store.create_replica(ReplicaRecord(id="g", model="m", profile="p", node="a", nodes=["a"], gpus={"a": [2, 3]}))
     create(store, "cpu")
     agent.tick()
@@ -450,7 +442,7 @@ def test_engines_on_a_gpu_node_see_only_their_gpus(env):
 
 def two_node_env(env, monkeypatch):
     """A head agent on a and a member agent on b, each with its own runner, sharing one Redis."""
-    from llmgw.records import NodeInfo
+    from llmgw.state.records import NodeInfo
 
     store, _runner, clock, _make = env
     contexts = record_engine_commands(monkeypatch)
@@ -458,10 +450,9 @@ def two_node_env(env, monkeypatch):
     store.create_replica(ReplicaRecord(id="mn", model="m", profile="p", node="a", nodes=["a", "b"],
                                        gpus={"a": [0], "b": [0]}))
     head_runner, member_runner = FakeRunner(clock), FakeRunner(clock)
-    config = AgentConfig(backoff_base=1, backoff_cap=60, stop_grace=10, probe_interval=0)
-    head = Agent(Settings(node_name="a", node_address="10.0.0.1", port_range=(30000, 30009)), config, store,
+    head = Agent(agent_settings(node_name="a", node_address="10.0.0.1", port_range=(30000, 30009)), store,
                  head_runner, FakeProber(head_runner), clock, bindable=lambda p: True)
-    member = Agent(Settings(node_name="b", port_range=(30100, 30109)), config, store, member_runner,
+    member = Agent(agent_settings(node_name="b", port_range=(30100, 30109)), store, member_runner,
                    FakeProber(member_runner), clock, bindable=lambda p: True)
     return store, clock, head, head_runner, member, member_runner, contexts
 
@@ -488,7 +479,7 @@ def test_multi_node_stop_is_stopped_only_when_every_node_confirmed(env, monkeypa
     assert rec.stopped_nodes == ["a", "b"] and not member_runner.procs["mn"].alive
     assert derive(rec, True, clock.t).state is State.STOPPED
     # A member agent restarted now finds its confirmation in the record: nothing left to do.
-    again = Agent(Settings(node_name="b", port_range=(30100, 30109)), AgentConfig(), store, member_runner,
+    again = Agent(AgentSettings(node_name="b", port_range=(30100, 30109)), store, member_runner,
                   FakeProber(member_runner), clock, bindable=lambda p: True)
     assert again.tick() == []
 
@@ -556,7 +547,7 @@ def test_shutdown_waits_on_the_injected_clock(env, monkeypatch):
     def real_sleep(s):
         raise AssertionError(f"stop_engines slept {s}s of real time")
 
-    agent = Agent(Settings(node_name="a", port_range=(30000, 30009)), AgentConfig(stop_grace=10),
+    agent = Agent(AgentSettings(node_name="a", port_range=(30000, 30009), stop_grace=10),
                   store, runner, FakeProber(runner), clock, bindable=lambda p: True, sleep=sleep)
     create(store)
     agent.tick()

@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from llmgw.ports import can_bind
+from llmgw.proc.ports import can_bind
 from workers.agent.ports import NoFreePort, choose_port
 
 

@@ -9,10 +9,10 @@ import subprocess
 import sys
 import time
 
+from llmgw.proc import proctable
 from tests.support.procs import wait_until
-from llmgw import proctable
-from workers.agent.shim import EXIT_FILE, SHIM_FILE, RotatingLog, decode_status, read_json
 from workers.agent.runner import SHIM_PATH
+from workers.agent.shim import EXIT_FILE, SHIM_FILE, RotatingLog, decode_status, read_json
 
 
 def run_shim(tmp_path, rid, attempt, code: str, **kw) -> subprocess.Popen:

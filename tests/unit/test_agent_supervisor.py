@@ -7,8 +7,8 @@ import signal
 
 import pytest
 
-from llmgw.records import ReplicaRecord
-from llmgw.replica_state import State, derive
+from llmgw.state.records import ReplicaRecord
+from llmgw.state.replica_state import State, derive
 from workers.agent import supervisor as sv
 
 P = sv.Policy(backoff_base=1, backoff_cap=60, backoff_reset=120, stop_grace=10, liveness_timeout=30)
@@ -96,19 +96,20 @@ def test_stop_requested_terms_then_kills_after_grace_then_marks_stopped():
     [k] = one(r, sv.Observed(alive=True, known=True, pid=5, pid_start=77, term_sent_at=100), now=110)
     assert k.sig == signal.SIGKILL
     exit = sv.ExitFacts(-9, 9, 110.5)
-    assert one(r, sv.Observed(alive=False, exit=exit), now=111) == [sv.MarkStopped("r1", exit, 111)]
+    assert one(r, sv.Observed(alive=False, exit=exit), now=111) == [sv.MarkStopped(
+        "r1", exit, 111, fields={"stopped_at": 111, "exit_code": -9, "exit_signal": 9, "exited_at": 110.5}, tail="")]
     assert one(dataclasses.replace(r, stopped_at=111), now=112) == []
 
 
 def test_stop_of_a_never_started_replica_is_immediate():
     r = rec(stop_requested_at=5)
-    assert one(r, now=6) == [sv.MarkStopped("r1", None, 6)]
+    assert one(r, now=6) == [sv.MarkStopped("r1", None, 6, fields={"stopped_at": 6})]
 
 
 def test_an_unknown_running_attempt_is_adopted_not_restarted():
     r = rec(attempt=3, started_at=50, pid=5, pid_start=77, first_ready_at=51)
     acts = one(r, sv.Observed(alive=True, known=False, pid=5, pid_start=77, engine_pid=6, last_ok_at=None), now=100)
-    assert acts == [sv.Adopt("r1", 5, 77, 6)]
+    assert acts == [sv.Adopt("r1", 5, 77, 6, fields={"adopted_at": 100, "engine_pid": 6})]
 
 
 def test_not_healthy_within_start_timeout_is_terminated():
@@ -178,8 +179,10 @@ def test_probed(desc, facts, before, ok, error, now, failures, fields, ready):
 @pytest.mark.parametrize("failure_times,restarts,expected_backoff", [([], 0, 1), ([95], 1, 2), ([90, 95], 2, 4)])
 def test_launch_failed_shares_the_crash_streak_and_backoff(failure_times, restarts, expected_backoff):
     out = sv.launch_failed(rec(failure_times=failure_times, restarts=restarts), 3, 100.0, "no port", P)
-    assert out == sv.LaunchFailed("r1", 3, 100.0, tuple(failure_times) + (100.0,), 100.0 + expected_backoff,
-                                  restarts + 1, "no port")
+    failures, next_at = tuple(failure_times) + (100.0,), 100.0 + expected_backoff
+    assert out == sv.LaunchFailed("r1", 3, 100.0, failures, next_at, restarts + 1, "no port", fields=dict(
+        attempt=3, started_at=100.0, exited_at=100.0, exit_code=None, exit_signal=None, failure_times=list(failures),
+        next_restart_at=next_at, restarts=restarts + 1, log_tail="[llmgw-agent] no port"))
 
 
 # --- multi-node member parts follow the head's attempt ---------------------------------------------
@@ -200,13 +203,154 @@ MEMBER_RUNNING = dict(attempt=1, started_at=90, pid=5, first_ready_at=90)
      [sv.Signal("r1", 5, None, signal.SIGTERM, "its head's attempt ended")]),
     ("stale part ended: rejoin, no failure", MEMBER_RUNNING,
      sv.Observed(exit=sv.ExitFacts(-15, 15, 99), head_attempt=3, joined_attempt=2, known=True),
-     [sv.Rejoin("r1", sv.ExitFacts(-15, 15, 99))]),
+     [sv.Rejoin("r1", sv.ExitFacts(-15, 15, 99),
+                fields={"exit_code": -15, "exit_signal": 15, "exited_at": 99, "next_restart_at": None})]),
     ("part ended a moment ago, head still looks up: wait for the head's agent", MEMBER_RUNNING,
      sv.Observed(exit=sv.ExitFacts(1, None, 99), head_attempt=2, joined_attempt=2, known=True), []),
     ("part crashed under the same head attempt, head still up after the settle time: a failure",
      MEMBER_RUNNING,
      sv.Observed(exit=sv.ExitFacts(1, None, 95), head_attempt=2, joined_attempt=2, known=True),
-     [sv.RecordExit("r1", sv.ExitFacts(1, None, 95), (95,), 96.0, 1, "")]),
+     [sv.RecordExit("r1", sv.ExitFacts(1, None, 95), (95,), 96.0, 1, "", tail="", fields={
+         "exit_code": 1, "exit_signal": None, "exited_at": 95, "failure_times": [95], "next_restart_at": 96.0,
+         "restarts": 1})]),
 ])
 def test_member_parts_follow_the_head(desc, facts, obs, expected):
     assert one(rec(node="h", nodes=["h", "a"], **facts), obs) == expected
+
+
+# --- stop escalation: one rule for stop requests, timeouts, orphans and the agent's shutdown --------
+@pytest.mark.parametrize("desc,pid,term_sent_at,now,expected", [
+    ("nothing to signal without a pid", None, None, 100, []),
+    ("first: SIGTERM", 5, None, 100, [sv.Signal("r1", 5, 77, signal.SIGTERM, "why")]),
+    ("SIGTERM sent, grace not over: wait", 5, 95, 104.9, []),
+    ("grace over: SIGKILL", 5, 95, 105, [sv.Signal("r1", 5, 77, signal.SIGKILL, "why (grace period over)")]),
+    ("and again every pass until it is gone", 5, 95, 130,
+     [sv.Signal("r1", 5, 77, signal.SIGKILL, "why (grace period over)")]),
+])
+def test_stop_signals(desc, pid, term_sent_at, now, expected):
+    assert sv.stop_signals("r1", pid, 77, term_sent_at, now, P, "why") == expected
+
+
+# --- the facts each action records --------------------------------------------------------------
+def test_an_exit_stamped_before_its_start_reads_as_ended_and_the_reason_goes_into_the_log():
+    r = rec(attempt=1, started_at=100.5, pid=5)  # the shim's clock is a little behind the agent's
+    [a] = one(r, sv.Observed(exit=sv.ExitFacts(1, None, 100.0), term_reason="not healthy"), now=101)
+    assert a.fields["exited_at"] == 100.5 and a.reason == "not healthy"
+    assert a.tail == "\n[llmgw-agent] terminated: not healthy\n"
+
+
+def test_a_known_attempt_records_its_engine_pid_once_the_shim_reports_it():
+    r = rec(attempt=1, started_at=90, pid=5, first_ready_at=91)
+    running = dict(alive=True, known=True, pid=5, last_ok_at=99)
+    assert one(r, sv.Observed(**running, engine_pid=6)) == [sv.Learned("r1", fields={"engine_pid": 6})]
+    assert one(dataclasses.replace(r, engine_pid=6), sv.Observed(**running, engine_pid=6)) == []
+    member = rec(node="h", nodes=["h", "a"], **MEMBER_RUNNING)  # only the head writes agent fields
+    assert one(member, sv.Observed(**running, engine_pid=6, head_attempt=2, joined_attempt=2, has_health=False)) == []
+
+
+def test_an_adopted_attempt_whose_pid_never_reached_redis_records_it():
+    r = rec(attempt=1, started_at=90, first_ready_at=91)
+    [a] = one(r, sv.Observed(alive=True, pid=5, pid_start=77, engine_pid=6))
+    assert a.fields == {"adopted_at": 100, "pid": 5, "pid_start": 77, "engine_pid": 6}
+
+
+def test_each_node_confirms_its_own_part_of_a_multi_node_stop():
+    r = rec(node="h", nodes=["h", "a"], stop_requested_at=99, attempt=1, started_at=90)
+    [a] = sv.decide([r], {}, [], 100, P, node="a")
+    assert a.confirm == {"stopped_on:a": 100} and a.fields == {"stopped_at": 100, "exited_at": 100}
+
+
+@pytest.mark.parametrize("desc,facts,start,serves_http,extra", [
+    ("a single-node replica", dict(), sv.Start("r1", 1, restart=False), True, {}),
+    ("a headless part is ready while it runs", dict(), sv.Start("r1", 1, restart=False), False,
+     {"first_ready_at": 100}),
+    ("a multi-node head records its rendezvous port", dict(nodes=["a", "b"]), sv.Start("r1", 1, restart=False), True,
+     {"master_port": 21001}),
+    ("a member part remembers the head attempt it joins, and keeps the head's url",
+     dict(node="h", nodes=["h", "a"], url="http://h:1"), sv.Start("r1", 1, restart=False, head_attempt=4), False,
+     {"first_ready_at": 100, "joined_attempt": 4, "url": "http://h:1"}),
+])
+def test_starting_records_the_intent_before_the_spawn(desc, facts, start, serves_http, extra):
+    r = rec(attempt=0, pid=9, exit_code=1, next_restart_at=99, last_probe_ok=False, **facts)
+    master_port = 21001 if "master_port" in extra else None
+    fields = sv.starting(r, start, 100, 21000, "http://a:21000", master_port, serves_http)
+    assert fields == {"attempt": 1, "started_at": 100, "port": 21000, "url": "http://a:21000", "pid": None,
+                      "pid_start": None, "engine_pid": None, "exit_code": None, "exit_signal": None,
+                      "next_restart_at": None, "last_probe_ok": None, "probe_error": None, "adopted_at": None,
+                      **extra}
+
+
+def test_shutdown_records_the_exit_but_no_failure():
+    r = rec(attempt=1, started_at=90, pid=5, next_restart_at=None)
+    assert sv.shutdown_exit(r, sv.ExitFacts(-9, 9, 100.0), 101) == sv.Facts(
+        fields={"exit_code": -9, "exit_signal": 9, "exited_at": 100.0, "next_restart_at": None}, tail="")
+    assert sv.shutdown_exit(r, None, 101).fields == {"exit_code": None, "exit_signal": None, "exited_at": 101,
+                                                     "next_restart_at": None}
+
+
+# --- this agent's memory of an attempt ----------------------------------------------------------
+@pytest.mark.parametrize("desc,before,action,after", [
+    ("adopted: known, and healthy as of now", None, sv.Adopt("r1", 5, 77, None),
+     sv.Attempt(known=True, last_ok_at=100)),
+    ("a SIGTERM is remembered with its reason", sv.Attempt(attempt=1, known=True),
+     sv.Signal("r1", 5, 77, signal.SIGTERM, "why"),
+     sv.Attempt(attempt=1, known=True, term_sent_at=100, term_reason="why")),
+    ("a SIGKILL changes nothing", sv.Attempt(attempt=1, term_sent_at=90),
+     sv.Signal("r1", 5, 77, signal.SIGKILL, "why"), sv.Attempt(attempt=1, term_sent_at=90)),
+    ("a failed probe counts", sv.Attempt(attempt=1, last_ok_at=90), sv.Probed("r1", False, 2),
+     sv.Attempt(attempt=1, last_ok_at=90, last_probe_at=100, probe_failures=2)),
+    ("a good probe resets", sv.Attempt(attempt=1, probe_failures=2), sv.Probed("r1", True, 0),
+     sv.Attempt(attempt=1, last_ok_at=100, last_probe_at=100)),
+    ("an ended attempt is forgotten", sv.Attempt(attempt=1, known=True),
+     sv.RecordExit("r1", sv.ExitFacts(1, None, 99), (99,), 100, 1), None),
+    ("so is a stopped one", sv.Attempt(attempt=1, known=True), sv.MarkStopped("r1", None, 100), None),
+])
+def test_remember(desc, before, action, after):
+    assert sv.remember(before, action, 100) == after
+
+
+# --- adoption of a member part: its facts are this agent's, from the state dir -------------------
+MN = dict(id="mn", model="m", profile="p", node="h", nodes=["h", "a"], attempt=3, started_at=50, pid=1, port=9,
+          first_ready_at=51, last_probe_ok=True)
+
+
+@pytest.mark.parametrize("desc,record,facts,found,view_facts,remembered", [
+    ("the head sees the record itself", dict(MN, node="a", nodes=["a", "h"]), {}, None,
+     dict(attempt=3, started_at=50, pid=1, port=9), {}),
+    ("a member sees its own facts, not the head's", MN, {"attempt": 1, "pid": 7, "joined_attempt": 3}, None,
+     dict(attempt=1, pid=7, started_at=None, port=None, last_probe_ok=None),
+     {"attempt": 1, "pid": 7, "joined_attempt": 3}),
+    ("a part found running is adopted into the head's current attempt", MN, {},
+     sv.Found("mn", 2, 8, 80, None, alive=True),
+     dict(attempt=2, pid=8, pid_start=80, started_at=100, first_ready_at=100),
+     {"attempt": 2, "pid": 8, "pid_start": 80, "started_at": 100, "first_ready_at": 100, "joined_attempt": 3}),
+    ("a part found dead is not adopted", MN, {}, sv.Found("mn", 2, 8, 80, None, alive=False),
+     dict(attempt=0, pid=None, started_at=None), {}),
+    ("a part this node confirmed stopped before a restart stays stopped",
+     dict(MN, stop_requested_at=90, stopped_nodes=["a"]), {}, None, dict(stopped_at=90), {"stopped_at": 90}),
+])
+def test_part_view(desc, record, facts, found, view_facts, remembered):
+    view, kept = sv.part_view(ReplicaRecord(**record), facts, found, "a", 100)
+    assert {k: getattr(view, k) for k in view_facts} == view_facts and kept == remembered
+    assert (view.node, view.url) == (record["node"], record.get("url"))  # control fields stay the record's
+
+
+# --- what is left of deleted replicas ------------------------------------------------------------
+def found(rid, alive=True):
+    return sv.Found(rid, 1, 40, 400, None, alive)
+
+
+@pytest.mark.parametrize("desc,found_,ids,catalog,dirs,expected", [
+    ("a live attempt without a record is an orphan (its SIGTERM remembered)", {"x": found("x")}, set(), True, {},
+     sv.Leftovers(orphans=(sv.Orphan("x", 40, 400, term_sent_at=95),))),
+    ("a live attempt with a record is not", {"r1": found("r1")}, {"r1"}, True, {}, sv.Leftovers()),
+    ("a dead one is not", {"x": found("x", alive=False)}, set(), True, {}, sv.Leftovers()),
+    ("no catalog at all: a wiped or wrong Redis, leave them alone", {"x": found("x"), "y": found("y")}, set(), False,
+     {}, sv.Leftovers(left_alone=2)),
+    ("files of a deleted replica go after the retention", {}, set(), True, {"old": 100 - 3601, "new": 100 - 60},
+     sv.Leftovers(remove=("old",))),
+    ("never while its attempt still runs or it has a record", {"x": found("x")}, {"r1"}, True,
+     {"x": 0, "r1": 0}, sv.Leftovers(orphans=(sv.Orphan("x", 40, 400, term_sent_at=95),))),
+])
+def test_leftovers(desc, found_, ids, catalog, dirs, expected):
+    assert sv.leftovers(found_, ids, {"x": 95}, catalog, dirs, 100, 3600) == expected

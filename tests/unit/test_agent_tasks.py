@@ -6,10 +6,10 @@ import fakeredis
 import pytest
 from celery.signals import worker_process_shutdown, worker_shutdown
 
-from llmgw.config import Settings
-from llmgw.records import ReplicaRecord
-from workers.agent import tasks
+from llmgw.settings import ControlSettings
+from llmgw.state.records import ReplicaRecord
 from workers import store_cache
+from workers.agent import tasks
 from workers.store_cache import STORES, StoreCache
 
 
@@ -36,7 +36,7 @@ class Clients:
 def app(monkeypatch):
     from workers.celery_app import create_celery_app
 
-    app = create_celery_app(Settings(node_name="a", redis_url="redis://127.0.0.1:1/0"))
+    app = create_celery_app(ControlSettings(node_name="a", redis_url="redis://127.0.0.1:1/0"))
     app.set_current()
     return app
 

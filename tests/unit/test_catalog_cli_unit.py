@@ -5,11 +5,10 @@ from __future__ import annotations
 import fakeredis
 import pytest
 
-from llmgw import keys
-from llmgw.catalog import parse_catalog_text
-from llmgw.catalog_store import apply_catalog, read_applied
+from llmgw.catalog import apply_catalog, parse_catalog_text, read_applied
 from llmgw.cli import catalog as cli_catalog
 from llmgw.cli import main
+from llmgw.state import keys
 
 TEXT = "models:\n  - {name: m, profiles: [{name: s, engine: sim, replicas: %d}]}\n"
 

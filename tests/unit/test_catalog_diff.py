@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from llmgw.catalog import parse_catalog_text
-from llmgw.catalog_diff import diff_catalogs, format_diff
+from llmgw.catalog import diff_catalogs, format_diff, parse_catalog_text
 
 OLD = """
 models:

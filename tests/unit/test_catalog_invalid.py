@@ -8,13 +8,11 @@ import textwrap
 import fakeredis
 import pytest
 
-from llmgw import keys
-from llmgw.catalog import load_catalog_file, parse_catalog_text
-from llmgw.catalog_store import apply_catalog
-from llmgw.catalog_watch import sync_from_file
+from llmgw.catalog import apply_catalog, load_catalog_file, parse_catalog_text, sync_from_file
 from llmgw.cli import catalog as cli_catalog
 from llmgw.cli import main
 from llmgw.errors import CatalogInvalid
+from llmgw.state import keys
 
 SIM = "{name: s, engine: sim}"
 GPU = "{class: h100}"

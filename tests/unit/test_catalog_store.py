@@ -7,10 +7,17 @@ import json
 import fakeredis
 import pytest
 
-from llmgw import keys
-from llmgw.catalog import parse_catalog_text
-from llmgw.catalog_store import HISTORY_LIMIT, apply_catalog, applied_version, history, read_applied, read_version
+from llmgw.catalog import (
+    HISTORY_LIMIT,
+    applied_version,
+    apply_catalog,
+    history,
+    parse_catalog_text,
+    read_applied,
+    read_version,
+)
 from llmgw.errors import CatalogConflict
+from llmgw.state import keys
 
 
 def cat(replicas: int = 1, name: str = "m"):

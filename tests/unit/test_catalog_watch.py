@@ -9,9 +9,8 @@ import os
 import fakeredis
 import pytest
 
-from llmgw import catalog_watch
-from llmgw.catalog_store import read_applied
-from llmgw.catalog_watch import sync_from_file
+from llmgw.catalog import read_applied, sync_from_file
+from llmgw.catalog import watch as catalog_watch
 
 GOOD = "models:\n  - {name: m, profiles: [{name: s, engine: sim, replicas: %d}]}\n"
 BAD = "models:\n  - {name: m, profiles: [{name: s, engine: sim, replicas: -1}]}\n"
@@ -92,8 +91,7 @@ def test_missing_file_keeps_the_catalog_and_logs_once(r, tmp_path, caplog):
 
 
 def test_content_already_applied_by_hand_is_not_a_new_version(r, tmp_path):
-    from llmgw.catalog import parse_catalog_text
-    from llmgw.catalog_store import apply_catalog
+    from llmgw.catalog import apply_catalog, parse_catalog_text
 
     apply_catalog(r, parse_catalog_text(GOOD % 4), source="cli", applied_by="ops")
     f = tmp_path / "catalog.yaml"

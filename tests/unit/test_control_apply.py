@@ -9,21 +9,14 @@ import json
 import fakeredis
 import pytest
 
-from llmgw import keys
-from llmgw.catalog_store import apply_catalog
-from llmgw.records import LoadRecord
-from llmgw.store import Store
+from llmgw.catalog import apply_catalog
+from llmgw.state import keys
+from llmgw.state.records import LoadRecord
+from llmgw.state.store import Store
+from tests.support.clock import FakeClock
 from tests.unit.control_support import catalog, cpu_profile, gpu_profile, model, node
 from workers.control.apply import housekeeping_once, reconcile_once
 from workers.control.plan import PlanConfig
-
-
-class Clock:
-    def __init__(self, t: float = 1000.0):
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 class FakeDispatcher:
@@ -63,7 +56,7 @@ def setup(store: Store, cat, *nodes, ttl=60.0):
 def test_records_are_created_before_launches_are_dispatched(store):
     setup(store, catalog(model("m", gpu_profile(count=2, nodes=2))), node("a", "h100:2"), node("b", "h100:2"))
     d = FakeDispatcher(store)
-    result = reconcile_once(store, d, Clock())
+    result = reconcile_once(store, d, FakeClock().time)
     assert result.applied == 1 and result.failed == 0
     (rec,) = store.all_replicas()
     assert rec.nodes == ["a", "b"] and rec.gpus == {"a": [0, 1], "b": [0, 1]}
@@ -76,16 +69,16 @@ def test_records_are_created_before_launches_are_dispatched(store):
 
 def test_a_crash_between_record_and_dispatch_is_repaired_by_a_later_pass(store):
     setup(store, catalog(model("m", cpu_profile())), node("a"))
-    clock = Clock()
+    clock = FakeClock()
     d = FakeDispatcher(store, fail_next=1)
-    result = reconcile_once(store, d, clock)
+    result = reconcile_once(store, d, clock.time)
     assert result.failed == 1 and d.sent == []
     (rec,) = store.all_replicas()  # the intent survived the failed dispatch
     clock.t += 2
-    reconcile_once(store, d, clock)
+    reconcile_once(store, d, clock.time)
     assert d.sent == []  # not yet: the agent may simply be slow
     clock.t += 4
-    reconcile_once(store, d, clock)
+    reconcile_once(store, d, clock.time)
     assert d.sent == [("launch", rec.id, "a")]
     assert store.get_replica(rec.id).launch_dispatched_at == clock.t
     assert len(store.all_replicas()) == 1  # repaired, not duplicated
@@ -93,19 +86,19 @@ def test_a_crash_between_record_and_dispatch_is_repaired_by_a_later_pass(store):
 
 def test_stop_is_recorded_before_it_is_dispatched_and_stopped_records_are_deleted(store):
     setup(store, catalog(model("m", cpu_profile())), node("a"))
-    clock = Clock()
+    clock = FakeClock()
     d = FakeDispatcher(store)
-    reconcile_once(store, d, clock)
+    reconcile_once(store, d, clock.time)
     (rec,) = store.all_replicas()
     apply_catalog(store.r, catalog(model("other", cpu_profile(replicas=0))), source="t", applied_by="t")
     clock.t += 1
-    reconcile_once(store, d, clock)
+    reconcile_once(store, d, clock.time)
     assert d.sent[-1] == ("stop", rec.id, "a")
     got = store.get_replica(rec.id)
     assert got.stop_requested_at == clock.t and got.stop_reason == 'model "m" left the catalog'
     store.update_replica(rec.id, stopped_at=clock.t + 1)  # what the agent reports
     clock.t += 2
-    reconcile_once(store, d, clock)
+    reconcile_once(store, d, clock.time)
     assert store.all_replicas() == []
 
 
@@ -114,9 +107,9 @@ def test_the_lock_prevents_overlapping_passes(store):
     d = FakeDispatcher(store)
     with store.lock(keys.RECONCILE_LOCK, 30) as held:
         assert held
-        assert reconcile_once(store, d, Clock()) is None
+        assert reconcile_once(store, d, FakeClock().time) is None
         assert store.all_replicas() == [] and d.sent == []
-    assert reconcile_once(store, d, Clock()) is not None
+    assert reconcile_once(store, d, FakeClock().time) is not None
     assert len(store.all_replicas()) == 1
     assert store.r.get(keys.RECONCILE_LOCK) is None  # released after the pass
 
@@ -129,7 +122,7 @@ def test_catalog_sync_runs_first_and_its_failure_does_not_stop_the_pass(store):
         calls.append(1)
         raise OSError("catalog file unreadable")
 
-    result = reconcile_once(store, FakeDispatcher(store), Clock(), catalog_sync=sync)
+    result = reconcile_once(store, FakeDispatcher(store), FakeClock().time, catalog_sync=sync)
     assert calls == [1] and result.applied == 1
 
 
@@ -139,39 +132,39 @@ def test_catalog_sync_applies_before_planning(store):
     def sync():
         apply_catalog(store.r, catalog(model("m", cpu_profile(replicas=3))), source="file", applied_by="t")
 
-    reconcile_once(store, FakeDispatcher(store), Clock(), catalog_sync=sync)
+    reconcile_once(store, FakeDispatcher(store), FakeClock().time, catalog_sync=sync)
     assert len(store.all_replicas()) == 3
 
 
 def test_lost_node_replica_is_replaced_then_stopped_without_a_dispatch(store):
     setup(store, catalog(model("m", cpu_profile())), node("a"), node("b"))
-    clock = Clock()
+    clock = FakeClock()
     d = FakeDispatcher(store)
-    reconcile_once(store, d, clock)
+    reconcile_once(store, d, clock.time)
     (rec,) = store.all_replicas()
     store.r.delete(keys.node_heartbeat(rec.node))  # its heartbeat expired
     clock.t += 1
-    reconcile_once(store, d, clock)
+    reconcile_once(store, d, clock.time)
     recs = {r.id: r for r in store.all_replicas()}
     assert recs[rec.id].stop_requested_at is None  # kept while its replacement starts
     (new,) = [r for r in recs.values() if r.id != rec.id]
     assert new.node != rec.node
     store.update_replica(new.id, started_at=clock.t, first_ready_at=clock.t, last_probe_ok=True, url="http://x:1")
     clock.t += 1
-    reconcile_once(store, d, clock)
+    reconcile_once(store, d, clock.time)
     assert store.get_replica(rec.id).stop_requested_at == clock.t
     assert ("stop", rec.id, rec.node) not in d.sent  # nobody consumes a dead node's queue
 
 
 def test_reconcile_with_no_catalog_ever_applied_does_nothing(store):
     store.write_heartbeat(node("a"), ttl=60)
-    assert reconcile_once(store, FakeDispatcher(store), Clock()).applied == 0
+    assert reconcile_once(store, FakeDispatcher(store), FakeClock().time).applied == 0
 
 
 def test_housekeeping_removes_stale_loads_and_forgets_nodes_long_gone(store):
     setup(store, catalog(model("m", cpu_profile())), node("a"), node("b"), node("gone"), node("flagged"),
           node("back"))
-    reconcile_once(store, FakeDispatcher(store), Clock(), config=PlanConfig())
+    reconcile_once(store, FakeDispatcher(store), FakeClock().time, config=PlanConfig())
     (rec,) = store.all_replicas()
     store.write_load(LoadRecord(replica_id=rec.id, ts=1.0, ok=True))
     store.write_load(LoadRecord(replica_id="deleted-replica", ts=1.0, ok=True))
@@ -196,28 +189,28 @@ def test_a_pass_that_runs_out_of_time_defers_the_rest_to_the_next(store):
     setup(store, catalog(model("m", cpu_profile(replicas=10))), node("a"), node("b"))
     ticks = iter(range(100))
     mono = lambda: float(next(ticks))  # noqa: E731 - each call is one second later
-    clock = Clock()
-    result = reconcile_once(store, FakeDispatcher(store), clock, lock_ttl=10.0, monotonic=mono)
+    clock = FakeClock()
+    result = reconcile_once(store, FakeDispatcher(store), clock.time, lock_ttl=10.0, monotonic=mono)
     # started at 0; actions are applied while less than 5 s (half the lock TTL) have passed
     assert 0 < result.applied < 10 and result.applied + result.deferred == 10
     assert len(store.all_replicas()) == result.applied
     clock.t += 1
-    reconcile_once(store, FakeDispatcher(store), clock)
+    reconcile_once(store, FakeDispatcher(store), clock.time)
     recs = store.all_replicas()
     assert len(recs) == 10 and sorted(r.node for r in recs) == ["a"] * 5 + ["b"] * 5
 
 
 def test_the_task_binds_the_catalog_file_sync_only_when_a_file_is_configured(store, tmp_path):
-    from llmgw.catalog_store import read_applied
-    from llmgw.config import Settings
+    from llmgw.catalog import read_applied
+    from llmgw.settings import ControlSettings
     from workers.control.tasks import _catalog_sync
 
-    assert _catalog_sync(store, Settings()) is None
+    assert _catalog_sync(store, ControlSettings()) is None
     path = tmp_path / "catalog.yaml"
     path.write_text("models:\n  - name: m\n    profiles:\n      - {name: cpu, engine: sim, replicas: 1}\n")
-    sync = _catalog_sync(store, Settings(catalog_file=path))
+    sync = _catalog_sync(store, ControlSettings(catalog_file=path))
     setup(store, catalog(), node("a"))
-    reconcile_once(store, FakeDispatcher(store), Clock(), catalog_sync=sync)
+    reconcile_once(store, FakeDispatcher(store), FakeClock().time, catalog_sync=sync)
     version, cat, _meta = read_applied(store.r)
     assert cat.model("m") is not None and version == 2
     assert [r.model for r in store.all_replicas()] == ["m"]  # planned against the file's catalog

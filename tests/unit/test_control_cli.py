@@ -8,9 +8,9 @@ import fakeredis
 import pytest
 
 from llmgw import cli
-from llmgw.catalog_store import apply_catalog
-from llmgw.records import NodeAdmin
-from llmgw.store import Store
+from llmgw.catalog import apply_catalog
+from llmgw.state.records import NodeAdmin
+from llmgw.state.store import Store
 from tests.unit.control_support import catalog, cpu_profile, gpu_profile, model, node
 from workers.control.apply import publish_once, reconcile_once
 
@@ -97,7 +97,7 @@ def test_unreachable_redis_is_one_line_not_a_traceback(monkeypatch, capsys, argv
 
 
 def test_status_with_a_catalog_this_version_cannot_read_still_reports(store, capsys):
-    from llmgw import keys
+    from llmgw.state import keys
 
     apply_catalog(store.r, catalog(model("m", cpu_profile())), source="t", applied_by="t", now=0)
     doc = json.loads(store.r.get(keys.CATALOG))

@@ -9,11 +9,11 @@ import logging
 import fakeredis
 import pytest
 
-from llmgw import keys
-from llmgw.catalog_store import apply_catalog
-from llmgw.config import Settings
-from llmgw.records import ReplicaRecord
-from llmgw.store import Store
+from llmgw.catalog import apply_catalog
+from llmgw.settings import ControlSettings
+from llmgw.state import keys
+from llmgw.state.records import ReplicaRecord
+from llmgw.state.store import Store
 from tests.unit.control_support import catalog, cpu_profile, model, node
 from workers.control.apply import Forget, forget, housekeeping_once, publish_once, reconcile_once
 from workers.control.snapshot import CatalogKeeper
@@ -158,7 +158,7 @@ def test_a_worker_that_never_read_a_good_catalog_does_nothing(store):
 def test_every_beat_entry_expires_before_its_next_run():
     from beat.schedule import beat_schedule
 
-    sched = beat_schedule(Settings())
+    sched = beat_schedule(ControlSettings())
     assert set(sched) == {"reconcile", "publish", "housekeeping"}
     for entry in sched.values():
         assert 0 < entry["options"]["expires"] < entry["schedule"]
@@ -168,7 +168,7 @@ def test_every_beat_entry_expires_before_its_next_run():
 def test_each_control_task_keeps_one_catalog_keeper_for_the_process():
     from workers.celery_app import create_celery_app
 
-    app = create_celery_app(Settings())
+    app = create_celery_app(ControlSettings())
     import workers.control.tasks  # noqa: F401 - registers the tasks
 
     reconcile, publish = app.tasks["llmgw.reconcile"], app.tasks["llmgw.publish"]

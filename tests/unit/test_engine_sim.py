@@ -16,7 +16,7 @@ def ctx(**profile_kw) -> LaunchContext:
 
 def test_command_line():
     spec = get_engine("sim").command(ctx(capacity=3, args=["--speed", "4"], env={"X": "1"}))
-    assert spec.argv == (sys.executable, "-m", "llmgw.simengine", "--host", "127.0.0.1", "--port", "9100",
+    assert spec.argv == (sys.executable, "-m", "simengine", "--host", "127.0.0.1", "--port", "9100",
                          "--served-model-name", "m", "m-alias", "--max-seqs", "3", "--speed", "4")
     assert spec.env == {"X": "1"} and spec.serves_http and spec.health_path == "/health"
 
@@ -91,7 +91,7 @@ def test_multi_node_without_head_address_is_refused_at_launch():
 
 
 def test_multi_node_profile_rules():
-    from llmgw.catalog import _profile_problems
+    from llmgw.catalog.validate import _profile_problems
 
     a = get_engine("sim")
     two = Profile(name="s", engine="sim", nodes=2, gpu={"class": "h100", "count": 1})
@@ -104,7 +104,7 @@ def test_multi_node_profile_rules():
 
 
 def test_simengine_multinode_flag_rules():
-    from llmgw.simengine.cli import check_args, multinode_problems
+    from simengine.cli import check_args, multinode_problems
 
     assert check_args(["--join-timeout", "5"]) == []
     assert "must be at least 1" in check_args(["--nnodes", "0"])[0]
@@ -117,7 +117,7 @@ def test_simengine_multinode_flag_rules():
 def test_rendezvous_ready_only_when_every_member_joined_and_member_exits_when_head_goes():
     import threading
 
-    from llmgw.simengine.multinode import Rendezvous, join
+    from simengine.multinode import Rendezvous, join
 
     lines: list[str] = []
     rv = Rendezvous("127.0.0.1", 0, 3, lines.append)
@@ -156,7 +156,7 @@ def test_member_exits_1_when_it_cannot_join_in_time_and_bad_ranks_are_refused():
     import socket
     import threading
 
-    from llmgw.simengine.multinode import Rendezvous, join
+    from simengine.multinode import Rendezvous, join
 
     lines: list[str] = []
     with socket.socket() as s:  # a port nobody listens on

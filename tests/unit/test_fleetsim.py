@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 
 from bench.fleetsim import FLEETS, HELD_OUT, LOADS, Dist, Engine, Fleet, Load, Simulation, run
-from llmgw.simengine.core import SimConfig
+from simengine.core import SimConfig
 
 SHORT = 30.0  # simulated seconds per run (the default warm-up of 5 s is left out of the figures)
 
@@ -21,7 +21,7 @@ def test_the_same_seed_gives_the_same_run_and_every_request_ends():
 
 
 def test_the_simulated_engines_are_the_sim_engine_model():
-    """One request alone on an engine takes exactly what llmgw.simengine.core says: the first token
+    """One request alone on an engine takes exactly what simengine.core says: the first token
     after prefill plus one step, then one step per token."""
     cfg = SimConfig(max_seqs=4, step_ms=10.0, batch_alpha=0.1, prefill_ms_per_token=0.5)
     fleet = Fleet("one", (Engine("e", cfg, capacity=4),), prompt=Dist("const", 20), output=Dist("const", 5))

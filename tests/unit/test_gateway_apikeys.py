@@ -1,14 +1,23 @@
-"""llmgw.apikeys: the typed key record shared by the CLI and the gateway."""
+"""llmgw.state.apikeys: the typed key record shared by the CLI and the gateway."""
 
 import json
 
 import fakeredis
 import pytest
 
-from llmgw import keys
-from llmgw.apikeys import (ApiKeyInvalid, ApiKeyRecord, cap_priority, create_key, hash_key, list_keys, new_key,
-                           parse_table, revoke_key)
 from llmgw.errors import NotFound
+from llmgw.state import keys
+from llmgw.state.apikeys import (
+    ApiKeyInvalid,
+    ApiKeyRecord,
+    cap_priority,
+    create_key,
+    hash_key,
+    list_keys,
+    new_key,
+    parse_table,
+    revoke_key,
+)
 
 
 def test_new_key_is_pure_given_its_randomness():

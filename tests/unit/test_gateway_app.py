@@ -9,12 +9,13 @@ import fakeredis
 import pytest
 
 from gateway.app import create_app
-from gateway.config import GatewayConfig, RoutingConfig
-from llmgw import keys
-from llmgw.apikeys import create_key, revoke_key
+from gateway.config import GatewaySettings, RoutingConfig
 from llmgw.errors import ConfigError
-from llmgw.records import EndpointInfo, LoadRecord
-from llmgw.store import Store
+from llmgw.state import keys
+from llmgw.state.apikeys import create_key, revoke_key
+from llmgw.state.records import EndpointInfo, LoadRecord
+from llmgw.state.store import Store
+from tests.support.clock import FakeClock
 from tests.support.fake_upstream import FakeUpstream
 
 CHAT = "/v1/chat/completions"
@@ -49,18 +50,10 @@ def endpoint(i, url, models=("m", "m-alias"), **kw):
                         model=models[0], **{"capacity": 4, **kw})
 
 
-class WallClock:
-    """Wall time stands still until the test moves it; monotonic time is real. Rate-limit windows are
-    wall-clock minutes (a real minute could turn mid-test), while queue timeouts need time to pass."""
-
-    def __init__(self, wall: float = 2_000_000_000.0):  # 20 s into a minute
-        self.wall = wall
-
-    def time(self) -> float:
-        return self.wall
-
-    def monotonic(self) -> float:
-        return time.monotonic()
+def wall_clock() -> FakeClock:
+    """Rate-limit windows are wall-clock minutes (a real minute could turn mid-test), while queue
+    timeouts need time to pass: the wall clock stands 20 s into a minute, monotonic time is real."""
+    return FakeClock(2_000_000_000.0, real_monotonic=True)
 
 
 # LoadRecords injected by a test must not go stale (3 s by default) while a slow machine runs it.
@@ -70,7 +63,7 @@ NEVER_STALE = RoutingConfig(stale_after=3600)
 def make_app(store, eps, clock=None, **cfg):
     routing = cfg.pop("routing", RoutingConfig())
     store.write_endpoints(eps, "fp", time.time())
-    app = create_app(GatewayConfig(routing=routing, **cfg), store=store, clock=clock, start=False)
+    app = create_app(GatewaySettings(routing=routing, **cfg), store=store, clock=clock, start=False)
     app.extensions["llmgw"].refresh()
     return app, app.extensions["llmgw"], app.test_client()
 
@@ -216,7 +209,7 @@ def test_shedding_by_priority(store, upstreams):
 
 def test_keys_required_once_one_exists_and_rpm_limit(store, upstreams):
     up = upstreams()
-    clock = WallClock()
+    clock = wall_clock()
     _, gw, c = make_app(store, [endpoint("e1", up.url)], clock=clock)
     assert c.post(CHAT, json={"model": "m"}).status_code == 200  # no keys yet: open
     _, key = create_key(store.r, "team-a", rpm=3, priority="sheddable")
@@ -227,7 +220,7 @@ def test_keys_required_once_one_exists_and_rpm_limit(store, upstreams):
     assert [c.post(CHAT, json={"model": "m"}, headers=auth).status_code for _ in range(4)] == [200, 200, 200, 429]
     r = c.post(CHAT, json={"model": "m"}, headers=auth)
     assert r.json["error"]["code"] == "rate_limit_exceeded" and int(r.headers["Retry-After"]) == 40  # to :00
-    clock.wall += 40  # the next minute: a fresh window
+    clock.t += 40  # the next minute: a fresh window
     assert c.post(CHAT, json={"model": "m"}, headers=auth).status_code == 200
     assert c.get("/v1/models").status_code == 401 and c.get("/v1/models", headers=auth).status_code == 200
     # only the hash is stored
@@ -241,7 +234,7 @@ def test_keys_required_once_one_exists_and_rpm_limit(store, upstreams):
 
 def test_tpm_limit_counts_reported_tokens(store, upstreams):
     up = upstreams()  # 13 tokens per request
-    clock = WallClock()
+    clock = wall_clock()
     _, gw, c = make_app(store, [endpoint("e1", up.url)], clock=clock)
     _, key = create_key(store.r, "t", tpm=20)
     gw.keys.refresh()
@@ -251,7 +244,7 @@ def test_tpm_limit_counts_reported_tokens(store, upstreams):
     assert c.post(CHAT, json={"model": "m"}, headers=auth).status_code == 200
     gw.usage.flush()
     assert c.post(CHAT, json={"model": "m"}, headers=auth).status_code == 429
-    clock.wall += 60  # the tokens counted against the last minute only
+    clock.t += 60  # the tokens counted against the last minute only
     assert c.post(CHAT, json={"model": "m"}, headers=auth).status_code == 200
 
 
@@ -277,16 +270,16 @@ def test_keeps_serving_while_redis_is_down(store, server, upstreams):
 
 
 def test_config_from_env_validates():
-    cfg = GatewayConfig.from_env({"LLMGW_GATEWAY_POLICY": "round_robin", "LLMGW_GATEWAY_MAX_WAITING": "3",
+    cfg = GatewaySettings.from_env({"LLMGW_GATEWAY_POLICY": "round_robin", "LLMGW_GATEWAY_MAX_WAITING": "3",
                                   "LLMGW_GATEWAY_RETRIES": "1", "REDIS_URL": "redis://x:1/0"})
     assert cfg.routing.policy == "round_robin" and cfg.routing.max_waiting == 3 and cfg.retries == 1
     assert cfg.redis_url == "redis://x:1/0"
     with pytest.raises(ConfigError, match="LLMGW_GATEWAY_POLICY"):
-        GatewayConfig.from_env({"LLMGW_GATEWAY_POLICY": "fastest"})
+        GatewaySettings.from_env({"LLMGW_GATEWAY_POLICY": "fastest"})
     with pytest.raises(ConfigError, match="LLMGW_GATEWAY_MAX_KV"):
-        GatewayConfig.from_env({"LLMGW_GATEWAY_MAX_KV": "2"})
+        GatewaySettings.from_env({"LLMGW_GATEWAY_MAX_KV": "2"})
     with pytest.raises(ConfigError, match="LLMGW_GATEWAY_QUEUE_TIMEOUT"):
-        GatewayConfig.from_env({"LLMGW_GATEWAY_QUEUE_TIMEOUT": "soon"})
+        GatewaySettings.from_env({"LLMGW_GATEWAY_QUEUE_TIMEOUT": "soon"})
 
 
 def test_metrics_work_in_multiprocess_mode(tmp_path):

@@ -5,9 +5,9 @@ import json
 import fakeredis
 import pytest
 
-from llmgw import keys
-from llmgw.cli import main
 from llmgw.cli import keys as keys_cli
+from llmgw.cli import main
+from llmgw.state import keys
 
 
 @pytest.fixture

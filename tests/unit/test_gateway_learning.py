@@ -3,21 +3,11 @@ finished request (decode time, tokens), and the speeds it derives on each load r
 
 import pytest
 
-from gateway.config import GatewayConfig
+from gateway.config import GatewaySettings
 from gateway.routing import Choice
 from gateway.state import GatewayState
-from llmgw.records import EndpointInfo, LoadRecord
-
-
-class Clock:
-    def __init__(self):
-        self.t = 1000.0
-
-    def time(self):
-        return self.t
-
-    def monotonic(self):
-        return self.t
+from llmgw.state.records import EndpointInfo, LoadRecord
+from tests.support.clock import FakeClock
 
 
 class Store:
@@ -44,15 +34,15 @@ def ep(i, model="m", capacity=8):
 
 
 def setup(*eps):
-    clock = Clock()
+    clock = FakeClock()
     store = Store(list(eps))
-    st = GatewayState(store, GatewayConfig(seed=1), clock)
+    st = GatewayState(store, GatewaySettings(seed=1), clock)
     st.refresh_endpoints()
     return st, store, clock
 
 
 def scrape(st, store, clock, i, running, waiting, gen):
-    clock.t += 1.0
+    clock.advance(1.0)
     store.records[i] = LoadRecord(i, clock.t, True, running=running, waiting=waiting, generation_tokens_total=gen)
     st.refresh_loads()
 
@@ -150,9 +140,9 @@ def test_a_scrape_is_compared_with_what_we_held_when_it_was_taken():
 
     st, store, clock = setup(ep("a"))
     held = [st.route(RouteRequest("m")) for _ in range(3)]
-    clock.t += 0.3
+    clock.advance(0.3)
     store.records["a"] = LoadRecord("a", clock.t, True, running=3, waiting=0)  # the agent's scrape
-    clock.t += 0.2
+    clock.advance(0.2)
     st.release(held[0], 1.0)
     st.release(held[1], 1.0)
     st.refresh_loads()  # read a little later
@@ -165,7 +155,7 @@ def test_a_scrape_is_compared_with_what_we_held_when_it_was_taken():
 
     assert ahead(1) == 1
     # another gateway's requests count: the next scrape shows 5 running while we hold 1
-    clock.t += 1.0
+    clock.advance(1.0)
     store.records["a"] = LoadRecord("a", clock.t, True, running=5, waiting=0)
     st.refresh_loads()
     assert ahead(1) == 5 and st.stats["a"].others_ratio == 4

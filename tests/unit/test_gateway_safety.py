@@ -11,20 +11,21 @@ from pathlib import Path
 import pytest
 
 from gateway.app import create_app
-from gateway.config import GatewayConfig, RoutingConfig
-from gateway.state import GatewayState
+from gateway.config import GatewaySettings, RoutingConfig
 from gateway.routing import RouteRequest
-from llmgw.apikeys import create_key
-from llmgw.records import LoadRecord
+from gateway.state import GatewayState
+from llmgw.state.apikeys import create_key
+from llmgw.state.records import LoadRecord
+from tests.support.clock import FakeClock
 from tests.unit.test_gateway_app import (  # noqa: F401
     CHAT,
     NEVER_STALE,
-    WallClock,
     endpoint,
     make_app,
     server,
     store,
     upstreams,
+    wall_clock,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def bare_app(store, eps, **cfg):
     """An app whose background state has not been loaded yet (as at start-up)."""
     store.write_endpoints(eps, "fp", time.time())
-    app = create_app(GatewayConfig(**cfg), store=store, start=False)
+    app = create_app(GatewaySettings(**cfg), store=store, start=False)
     return app, app.extensions["llmgw"], app.test_client()
 
 
@@ -84,16 +85,16 @@ def test_redis_restarted_without_data_does_not_open_the_gateway(store, upstreams
 def test_auth_mode_is_validated():
     from llmgw.errors import ConfigError
 
-    assert GatewayConfig.from_env({"LLMGW_GATEWAY_AUTH": "required"}).auth == "required"
+    assert GatewaySettings.from_env({"LLMGW_GATEWAY_AUTH": "required"}).auth == "required"
     with pytest.raises(ConfigError, match="LLMGW_GATEWAY_AUTH"):
-        GatewayConfig.from_env({"LLMGW_GATEWAY_AUTH": "maybe"})
+        GatewaySettings.from_env({"LLMGW_GATEWAY_AUTH": "maybe"})
 
 
 # --- 2. unknown names ------------------------------------------------------------------------------
 def test_unknown_models_create_no_state_and_no_labels(store, upstreams):
     up = upstreams()
     # one wall-clock minute throughout, so a request spent on junk would surely count against the last one
-    _, gw, c = make_app(store, [endpoint("e1", up.url)], clock=WallClock())
+    _, gw, c = make_app(store, [endpoint("e1", up.url)], clock=wall_clock())
     _, key = create_key(store.r, "k", rpm=1)
     gw.keys.refresh()
     auth = {"Authorization": f"Bearer {key}"}
@@ -175,21 +176,10 @@ def test_critical_key_may_send_critical(store, upstreams):
 
 
 # --- 4/5. our own clock ------------------------------------------------------------------------------
-class FakeClock:
-    def __init__(self):
-        self.mono, self.wall = 500.0, 2_000_000_000.0
-
-    def time(self):
-        return self.wall
-
-    def monotonic(self):
-        return self.mono
-
-
 def test_load_freshness_uses_when_we_first_saw_the_record(store):
-    clock = FakeClock()
+    clock = FakeClock(2_000_000_000.0, mono=500.0)
     store.write_endpoints([endpoint("e1", "http://127.0.0.1:9")], "fp", 0)
-    st = GatewayState(store, GatewayConfig(routing=RoutingConfig(stale_after=3)), clock)
+    st = GatewayState(store, GatewaySettings(routing=RoutingConfig(stale_after=3)), clock)
     st.refresh_endpoints()
     store.write_load(LoadRecord("e1", 12.0, True, running=4, waiting=9))  # the agent's clock is way off
     st.refresh_loads()
@@ -270,8 +260,8 @@ def test_catalog_names_helper():
 
     import fakeredis
 
-    from llmgw import keys
-    from llmgw.catalog_store import catalog_names
+    from llmgw.catalog import catalog_names
+    from llmgw.state import keys
 
     r = fakeredis.FakeRedis(decode_responses=True)
     assert catalog_names(r) == set()

@@ -6,7 +6,7 @@ import pytest
 
 from llmgw.errors import ConfigError
 from llmgw.gpus import normalize_gpu_class, parse_class_map, parse_gpu_spec, parse_nvidia_smi
-from llmgw.records import GPUDevice
+from llmgw.state.records import GPUDevice
 
 
 @pytest.mark.parametrize("name,cls", [

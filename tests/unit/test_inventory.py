@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from llmgw.config import Settings
-from llmgw.records import GPUDevice
+from llmgw.state.records import GPUDevice
+from workers.agent.config import AgentSettings
 from workers.agent.inventory import discover_gpus, memory_mb, node_info
 
 
@@ -27,7 +27,7 @@ def test_memory(tmp_path):
 
 
 def test_node_info():
-    s = Settings(node_name="gpu01", node_address="10.0.0.5", node_pool="p", node_labels={"zone": "z1"})
+    s = AgentSettings(node_name="gpu01", node_address="10.0.0.5", node_pool="p", node_labels={"zone": "z1"})
     info = node_info(s, (GPUDevice(0, "h100"),), started_at=5.0, now=7.0)
     assert (info.name, info.address, info.pool, info.labels) == ("gpu01", "10.0.0.5", "p", {"zone": "z1"})
     assert info.heartbeat_at == 7.0 and info.agent_started_at == 5.0 and info.agent_pid > 0

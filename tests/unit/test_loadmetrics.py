@@ -6,7 +6,7 @@ import pytest
 
 from llmgw.catalog import MetricMapping, Profile
 from llmgw.engines import get_engine
-from llmgw.loadmetrics import MappedLoad, MetricsMalformed, read_load
+from llmgw.engines.metrics import MappedLoad, MetricsMalformed, read_load
 
 FIX = Path(__file__).parents[1] / "fixtures" / "metrics"
 VLLM = Profile(name="gpu", engine="vllm", gpu={"class": "a100"})

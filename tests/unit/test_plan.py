@@ -6,8 +6,8 @@ import dataclasses
 import logging
 
 from llmgw.catalog import profile_spec_hash
-from llmgw.records import NodeAdmin
-from llmgw.replica_state import State
+from llmgw.state.records import NodeAdmin
+from llmgw.state.replica_state import State
 from tests.unit.control_support import (
     Sim,
     catalog,

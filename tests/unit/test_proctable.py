@@ -11,7 +11,8 @@ import sys
 import uuid
 from pathlib import Path
 
-from llmgw import localstack, ports, proctable
+from llmgw.local import localstack
+from llmgw.proc import ports, proctable
 from tests.support import procs
 from tests.support.procs import wait_until
 

@@ -7,8 +7,8 @@ import dataclasses
 import fakeredis
 import pytest
 
-from llmgw.catalog_store import apply_catalog
-from llmgw.store import Store
+from llmgw.catalog import apply_catalog
+from llmgw.state.store import Store
 from tests.unit.control_support import Sim, catalog, cpu_profile, gpu_profile, model, node, ready_record
 from workers.control.apply import publish_once
 from workers.control.publish import endpoints_from, fingerprint
@@ -93,7 +93,7 @@ def test_publish_pass_writes_only_when_the_list_changes():
 
 
 def test_publish_pass_skips_while_another_holds_the_lock():
-    from llmgw import keys
+    from llmgw.state import keys
 
     r = fakeredis.FakeRedis(decode_responses=True)
     store = Store(r)

@@ -2,8 +2,8 @@
 
 import pytest
 
-from llmgw.records import ReplicaRecord
-from llmgw.replica_state import CrashPolicy, State, derive
+from llmgw.state.records import ReplicaRecord
+from llmgw.state.replica_state import CrashPolicy, State, derive
 
 NOW = 1_000.0
 POLICY = CrashPolicy(max_failures=3, window=60.0)
@@ -69,14 +69,14 @@ def test_derive(desc, facts, alive, state, reason):
 
 
 def test_only_ready_is_routable():
-    from llmgw.replica_state import is_routable
+    from llmgw.state.replica_state import is_routable
 
     routable = {s for _, f, alive, s, _ in CASES if is_routable(derive(rec(**f), alive, NOW, POLICY))}
     assert routable == {State.READY}
 
 
 def test_stopped_nodes_are_loaded_from_per_node_fields_and_never_stored_under_that_name():
-    from llmgw import keys
+    from llmgw.state import keys
 
     stored = rec(nodes=["a", "b"]).to_dict()
     assert "stopped_nodes" not in stored

@@ -9,7 +9,7 @@ import pytest
 from gateway.config import RoutingConfig
 from gateway.routing import Choice, EndpointStats, Rejection, RouteRequest, choose, score
 from gateway.speed import Speed
-from llmgw.records import EndpointInfo, LoadRecord
+from llmgw.state.records import EndpointInfo, LoadRecord
 
 NOW = 1000.0
 CFG = RoutingConfig()

@@ -2,7 +2,7 @@
 
 import pytest
 
-from llmgw.simengine.core import RequestTooLarge, SimConfig, SimCore, simulate
+from simengine.core import RequestTooLarge, SimConfig, SimCore, simulate
 
 CFG = SimConfig(max_seqs=8, kv_tokens=100_000, step_ms=10.0, batch_alpha=0.1, prefill_ms_per_token=1.0)
 

@@ -2,8 +2,8 @@
 
 from llmgw.catalog import Profile
 from llmgw.engines import get_engine
-from llmgw.loadmetrics import read_load
-from llmgw.simengine.metrics import E2E_BUCKETS, TTFT_BUCKETS, Histogram, Snapshot, render_llamacpp, render_vllm
+from llmgw.engines.metrics import read_load
+from simengine.metrics import E2E_BUCKETS, TTFT_BUCKETS, Histogram, Snapshot, render_llamacpp, render_vllm
 
 
 def snap(**kw) -> Snapshot:

@@ -1,33 +1,100 @@
-"""The node agent's own knobs (LLMGW_AGENT_*), read once at start-up. See docs/agent.md."""
+"""The node agent's settings: this node's identity and resources, engine ports, heartbeats and the
+`LLMGW_AGENT_*` supervision knobs, read once at start-up. See docs/agent.md."""
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
-from typing import Mapping
+from typing import Annotated, ClassVar
+
+from pydantic import BeforeValidator, model_validator
+from pydantic_settings import NoDecode
 
 from llmgw.errors import ConfigError
+from llmgw.settings import Seconds, Settings, env
 from workers.agent.supervisor import Policy
 
 
-@dataclass(frozen=True)
-class AgentConfig:
-    # The supervision knobs take their defaults from `supervisor.Policy`: one source for both.
-    tick: float = 0.5  # LLMGW_AGENT_TICK: longest wait between passes (a wake-up ends it early)
-    keep_engines: bool = False  # LLMGW_AGENT_KEEP_ENGINES=1: leave engines running on shutdown
-    backoff_base: float = Policy.backoff_base  # LLMGW_AGENT_BACKOFF_BASE
-    backoff_cap: float = Policy.backoff_cap  # LLMGW_AGENT_BACKOFF_CAP
-    backoff_reset: float = Policy.backoff_reset  # LLMGW_AGENT_BACKOFF_RESET
-    stop_grace: float = Policy.stop_grace  # LLMGW_AGENT_STOP_GRACE
-    liveness_timeout: float = Policy.liveness_timeout  # LLMGW_AGENT_LIVENESS_TIMEOUT (0 = never restart a once-ready engine)
-    probe_interval: float = 1.0  # LLMGW_AGENT_PROBE_INTERVAL
-    probe_timeout: float = 1.0  # LLMGW_AGENT_PROBE_TIMEOUT
-    probe_failures: int = Policy.probe_failures  # LLMGW_AGENT_PROBE_FAILURES: failed probes in a row before a Ready one is Unhealthy
-    scrape_interval: float = 1.0  # LLMGW_AGENT_SCRAPE_INTERVAL
-    scrape_timeout: float = 1.0  # LLMGW_AGENT_SCRAPE_TIMEOUT
-    log_max_bytes: int = 10 * 1024 * 1024  # LLMGW_AGENT_LOG_MAX_BYTES: rotate engine.log past this
-    log_keep: int = 3  # LLMGW_AGENT_LOG_KEEP: rotated files kept
-    dir_retention: float = 3600.0  # LLMGW_AGENT_DIR_RETENTION: keep a deleted replica's files this long
+def _labels(value: object) -> object:
+    """`k=v,k2=v2` -> {"k": "v", "k2": "v2"}."""
+    if not isinstance(value, str):
+        return value
+    labels: dict[str, str] = {}
+    for item in filter(None, (p.strip() for p in value.split(","))):
+        key, sep, val = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"expected key=value, got {item!r}")
+        labels[key.strip()] = val.strip()
+    return labels
+
+
+def _port_range(value: object) -> object:
+    """`21000-21999` -> (21000, 21999)."""
+    if not isinstance(value, str):
+        return value
+    lo, sep, hi = value.partition("-")
+    try:
+        start, end = int(lo), int(hi)
+    except ValueError:
+        raise ValueError(f"expected START-END, got {value!r}") from None
+    if not sep or not (0 < start <= end < 65536):
+        raise ValueError(f"expected START-END within 1..65535, got {value!r}")
+    return start, end
+
+
+class AgentSettings(Settings):
+    """Everything a node agent reads (besides the shared `Settings`)."""
+
+    docs: ClassVar[str] = "docs/agent.md"
+
+    # --- this node -------------------------------------------------------------------------------
+    node_pool: str = env("LLMGW_NODE_POOL", default="default", meaning="the node's pool (profiles' `pool` selects it)")
+    node_labels: Annotated[dict[str, str], NoDecode, BeforeValidator(_labels)] = env(
+        "LLMGW_NODE_LABELS", default_factory=dict, meaning="`k=v,k2=v2`, matched by profiles' `node_selector`")
+    node_gpus: str | None = env(
+        "LLMGW_NODE_GPUS", default=None, empty_is_value=True,
+        meaning="overrides GPU discovery (`nvidia-smi`), e.g. `h100:8` or `a10g:1,l4:2`; empty = none")
+    node_address: str = env("LLMGW_NODE_ADDRESS", default="127.0.0.1",
+                            meaning="the address other machines (the gateway) use to reach this node's engines")
+    engine_host: str = env("LLMGW_ENGINE_HOST", default="127.0.0.1",
+                           meaning="the address engines bind to (`0.0.0.0` when the gateway is elsewhere)")
+    port_range: Annotated[tuple[int, int], NoDecode, BeforeValidator(_port_range)] = env(
+        "LLMGW_PORT_RANGE", default=(21000, 21999), meaning="ports handed to engines on this node, `START-END`")
+    heartbeat_interval: Seconds = env("LLMGW_HEARTBEAT_INTERVAL", default=2.0, gt=0,
+                                      meaning="how often the node writes its heartbeat")
+    heartbeat_ttl: Seconds = env("LLMGW_HEARTBEAT_TTL", default=6.0, gt=0,
+                                 meaning="the heartbeat's lifetime: this long after the last one the node is Lost")
+    # --- supervision (defaults from `supervisor.Policy`: one source for both) ----------------------
+    tick: Seconds = env("LLMGW_AGENT_TICK", default=0.5, gt=0,
+                        meaning="longest wait between passes (a wake-up ends it)")
+    keep_engines: bool = env("LLMGW_AGENT_KEEP_ENGINES", default=False,
+                             meaning="1: leave engines running when the worker stops")
+    backoff_base: Seconds = env("LLMGW_AGENT_BACKOFF_BASE", default=Policy.backoff_base, gt=0,
+                                meaning="first restart delay")
+    backoff_cap: Seconds = env("LLMGW_AGENT_BACKOFF_CAP", default=Policy.backoff_cap, gt=0,
+                               meaning="longest restart delay")
+    backoff_reset: Seconds = env("LLMGW_AGENT_BACKOFF_RESET", default=Policy.backoff_reset, ge=0,
+                                 meaning="healthy this long = the next failure starts a new streak")
+    stop_grace: Seconds = env("LLMGW_AGENT_STOP_GRACE", default=Policy.stop_grace, ge=0,
+                              meaning="SIGTERM -> SIGKILL")
+    liveness_timeout: Seconds = env("LLMGW_AGENT_LIVENESS_TIMEOUT", default=Policy.liveness_timeout, ge=0,
+                                    meaning="restart a once-ready engine failing probes this long (0: never)")
+    probe_interval: Seconds = env("LLMGW_AGENT_PROBE_INTERVAL", default=1.0, gt=0,
+                                  meaning="`/health` probe period per replica")
+    probe_timeout: Seconds = env("LLMGW_AGENT_PROBE_TIMEOUT", default=1.0, gt=0, meaning="`/health` timeout")
+    probe_failures: int = env("LLMGW_AGENT_PROBE_FAILURES", default=Policy.probe_failures, ge=1,
+                              meaning="failed probes in a row before a Ready replica is reported unhealthy")
+    scrape_interval: Seconds = env("LLMGW_AGENT_SCRAPE_INTERVAL", default=1.0, gt=0, meaning="`/metrics` period")
+    scrape_timeout: Seconds = env("LLMGW_AGENT_SCRAPE_TIMEOUT", default=1.0, gt=0, meaning="`/metrics` timeout")
+    log_max_bytes: int = env("LLMGW_AGENT_LOG_MAX_BYTES", default=10 * 1024 * 1024, ge=0,
+                             meaning="rotate `engine.log` past this many bytes")
+    log_keep: int = env("LLMGW_AGENT_LOG_KEEP", default=3, ge=0, meaning="rotated log files kept")
+    dir_retention: Seconds = env("LLMGW_AGENT_DIR_RETENTION", default=3600.0, ge=0,
+                                 meaning="keep a deleted replica's files this long")
+
+    @model_validator(mode="after")
+    def _cap_above_base(self) -> AgentSettings:
+        if self.backoff_cap < self.backoff_base:
+            raise ConfigError("LLMGW_AGENT_BACKOFF_CAP", "must be at least LLMGW_AGENT_BACKOFF_BASE")
+        return self
 
     @property
     def policy(self) -> Policy:
@@ -40,49 +107,3 @@ class AgentConfig:
             probe_failures=self.probe_failures,
             probe_refresh=5 * self.probe_interval,  # an unchanged probe result is rewritten this often
         )
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "AgentConfig":
-        env = os.environ if env is None else env
-        kw: dict = {}
-        floats = {
-            "tick": ("LLMGW_AGENT_TICK", False),
-            "backoff_base": ("LLMGW_AGENT_BACKOFF_BASE", False),
-            "backoff_cap": ("LLMGW_AGENT_BACKOFF_CAP", False),
-            "backoff_reset": ("LLMGW_AGENT_BACKOFF_RESET", True),
-            "stop_grace": ("LLMGW_AGENT_STOP_GRACE", True),
-            "liveness_timeout": ("LLMGW_AGENT_LIVENESS_TIMEOUT", True),
-            "probe_interval": ("LLMGW_AGENT_PROBE_INTERVAL", False),
-            "probe_timeout": ("LLMGW_AGENT_PROBE_TIMEOUT", False),
-            "scrape_interval": ("LLMGW_AGENT_SCRAPE_INTERVAL", False),
-            "scrape_timeout": ("LLMGW_AGENT_SCRAPE_TIMEOUT", False),
-            "dir_retention": ("LLMGW_AGENT_DIR_RETENTION", True),
-        }
-        for name, (var, zero_ok) in floats.items():
-            if env.get(var):
-                try:
-                    value = float(env[var])
-                except ValueError:
-                    raise ConfigError(var, f"expected seconds, got {env[var]!r}") from None
-                if value < 0 or (value == 0 and not zero_ok):
-                    raise ConfigError(var, "must be positive" if not zero_ok else "must not be negative")
-                kw[name] = value
-        for name, var in (("log_max_bytes", "LLMGW_AGENT_LOG_MAX_BYTES"), ("log_keep", "LLMGW_AGENT_LOG_KEEP"),
-                          ("probe_failures", "LLMGW_AGENT_PROBE_FAILURES")):
-            if env.get(var):
-                try:
-                    kw[name] = int(env[var])
-                except ValueError:
-                    raise ConfigError(var, f"expected an integer, got {env[var]!r}") from None
-                if kw[name] < 0:
-                    raise ConfigError(var, "must not be negative")
-        keep = env.get("LLMGW_AGENT_KEEP_ENGINES", "").strip().lower()
-        if keep not in ("", "0", "1", "true", "false", "yes", "no"):
-            raise ConfigError("LLMGW_AGENT_KEEP_ENGINES", f"expected 1 or 0, got {keep!r}")
-        kw["keep_engines"] = keep in ("1", "true", "yes")
-        if kw.get("probe_failures") == 0:
-            raise ConfigError("LLMGW_AGENT_PROBE_FAILURES", "must be at least 1")
-        cfg = cls(**kw)
-        if cfg.backoff_cap < cfg.backoff_base:
-            raise ConfigError("LLMGW_AGENT_BACKOFF_CAP", "must be at least LLMGW_AGENT_BACKOFF_BASE")
-        return cfg

@@ -14,9 +14,9 @@ import subprocess
 from pathlib import Path
 from typing import Callable
 
-from llmgw.config import Settings
 from llmgw.gpus import parse_gpu_spec, parse_nvidia_smi
-from llmgw.records import GPUDevice, NodeInfo
+from llmgw.state.records import GPUDevice, NodeInfo
+from workers.agent.config import AgentSettings
 
 log = logging.getLogger("llmgw.agent")
 
@@ -63,7 +63,7 @@ def memory_mb(meminfo: Path = Path("/proc/meminfo")) -> int:
     return 0
 
 
-def node_info(settings: Settings, gpus: tuple[GPUDevice, ...], started_at: float, now: float) -> NodeInfo:
+def node_info(settings: AgentSettings, gpus: tuple[GPUDevice, ...], started_at: float, now: float) -> NodeInfo:
     return NodeInfo(
         name=settings.node_name,
         address=settings.node_address,

@@ -1,7 +1,7 @@
 """The process seam: start an attempt through the shim, observe it, signal it, find leftovers.
 
 `ShimRunner` is the real one (Linux, /proc); tests of the agent loop pass a fake with the same
-methods. Identity is never a pid alone: see `llmgw.proctable`.
+methods. Identity is never a pid alone: see `llmgw.proc.proctable`.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmgw.engines.base import LaunchSpec
-from llmgw import proctable
+from llmgw.proc import proctable
 from workers.agent.logfiles import replica_dir, tail_text
 from workers.agent.shim import EXIT_FILE, SHIM_FILE, read_json
-from workers.agent.supervisor import ExitFacts
+from workers.agent.supervisor import ExitFacts, Found
 
 log = logging.getLogger("llmgw.agent")
 
@@ -36,18 +36,6 @@ class Seen:
     pid: int | None = None
     pid_start: int | None = None
     engine_pid: int | None = None
-
-
-@dataclass(frozen=True)
-class Found:
-    """An attempt found in the state dir (for orphans and for pids that never reached Redis)."""
-
-    replica_id: str
-    attempt: int
-    pid: int
-    pid_start: int | None
-    engine_pid: int | None
-    alive: bool
 
 
 class ShimRunner:

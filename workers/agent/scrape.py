@@ -10,22 +10,46 @@ from __future__ import annotations
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, Mapping
 
-from llmgw.records import LoadRecord
+from llmgw.catalog import Profile
+from llmgw.engines import get_engine
+from llmgw.engines.metrics import read_load
+from llmgw.state.records import LoadRecord, ReplicaRecord
+from workers.agent.launch import Launch
+from workers.agent.supervisor import ready_this_attempt
 
 log = logging.getLogger("llmgw.agent")
 
 
-def map_load(text: str, engine: str, profile) -> dict:
-    """The five numbers from a /metrics body, through llmgw.loadmetrics (the engines' mapping)."""
-    from llmgw import loadmetrics
-    from llmgw.catalog import Profile
-    from llmgw.engines import get_engine
+@dataclass(frozen=True)
+class ScrapeTarget:
+    replica_id: str
+    url: str
+    engine: str
+    profile: Profile | None
 
+
+def scrape_targets(heads: list[ReplicaRecord], launches: Mapping[str, Launch | None]) -> list[ScrapeTarget]:
+    """The replicas to scrape: Ready attempts this agent runs (its `launches`), not being stopped."""
+    targets = []
+    for rec in heads:
+        if rec.id not in launches or rec.stop_requested_at is not None or not rec.url:
+            continue
+        if rec.running and ready_this_attempt(rec) and rec.last_probe_ok:
+            launch = launches[rec.id]
+            path = launch.spec.metrics_path if launch else "/metrics"
+            targets.append(ScrapeTarget(rec.id, rec.url.rstrip("/") + path, launch.engine if launch else "",
+                                        launch.profile if launch else None))
+    return targets
+
+
+def map_load(text: str, engine: str, profile) -> dict:
+    """The five numbers from a /metrics body, through llmgw.engines.metrics (the engines' mapping)."""
     if profile is None:  # the model left the catalog: the engine's default mapping still applies
         profile = Profile(name="-", engine=engine)
-    out = loadmetrics.read_load(text, get_engine(engine), profile)
+    out = read_load(text, get_engine(engine), profile)
     if not isinstance(out, dict):
         out = {k: getattr(out, k, None) for k in
                ("running", "waiting", "kv_usage", "prompt_tokens_total", "generation_tokens_total")}
@@ -44,8 +68,8 @@ def scrape_one(target, fetch: Callable[[str, float], str], timeout: float, now: 
 
 
 class Scraper:
-    def __init__(self, store, prober, targets: Callable[[], list], config, clock):
-        self.store, self.prober, self.targets, self.config, self.clock = store, prober, targets, config, clock
+    def __init__(self, store, prober, targets: Callable[[], list], settings, clock):
+        self.store, self.prober, self.targets, self.settings, self.clock = store, prober, targets, settings, clock
         self.pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="llmgw-scrape")
 
     def once(self) -> list[LoadRecord]:
@@ -54,8 +78,8 @@ class Scraper:
             return []
         now = self.clock.time()
         records = list(self.pool.map(
-            lambda t: scrape_one(t, self.prober.fetch, self.config.scrape_timeout, now), targets))
-        ttl = max(10.0, 10 * self.config.scrape_interval)
+            lambda t: scrape_one(t, self.prober.fetch, self.settings.scrape_timeout, now), targets))
+        ttl = max(10.0, 10 * self.settings.scrape_interval)
         for rec in records:
             self.store.write_load(rec, ttl=ttl)
         return records
@@ -67,5 +91,5 @@ class Scraper:
                 self.once()
             except Exception:  # noqa: BLE001
                 log.exception("load scrape failed")
-            stop.wait(max(0.05, self.config.scrape_interval - (self.clock.monotonic() - started)))
+            stop.wait(max(0.05, self.settings.scrape_interval - (self.clock.monotonic() - started)))
         self.pool.shutdown(wait=False)

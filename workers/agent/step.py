@@ -12,16 +12,15 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import threading
 from pathlib import Path
 
 from celery import bootsteps
 
 from llmgw.errors import ConfigError
+from llmgw.state.keys import NODE_QUEUE_PREFIX, node_queue
 
 log = logging.getLogger("llmgw.agent")
-
-NODE_QUEUE_PREFIX = "node-"
-
 
 def consumed_queues(app) -> list[str]:
     return sorted(app.amqp.queues.consume_from.keys())
@@ -32,7 +31,7 @@ def agent_queue(queues: list[str], node_name: str) -> str | None:
     node_queues = [q for q in queues if q.startswith(NODE_QUEUE_PREFIX)]
     if not node_queues:
         return None
-    expected = NODE_QUEUE_PREFIX + node_name
+    expected = node_queue(node_name)
     wrong = [q for q in node_queues if q != expected]
     if wrong:
         raise ConfigError(
@@ -72,37 +71,103 @@ def acquire_node_lock(state_dir, node: str):
 
 
 class _AgentService:
-    """What the step starts and stops: the agent's threads in this process."""
+    """What the step starts and stops: the agent's threads in this process. Beside the loop, the
+    heartbeat and the `/metrics` scraper run in their own threads, so neither a slow Redis write nor a
+    hung engine can stall supervision."""
 
     def __init__(self, app):
+        # Imported here, not at the top: every Celery process (beat, control workers) loads this module
+        # for the step, and only node workers run an agent.
         from llmgw.gpus import parse_class_map
-        from workers.agent.config import AgentConfig
+        from workers.agent.config import AgentSettings
         from workers.agent.inventory import discover_gpus
         from workers.agent.loop import Agent
         from workers.agent.probe import HttpProber
         from workers.agent.runner import ShimRunner
         from workers.store_cache import STORES
 
-        settings = app.settings
-        config = AgentConfig.from_env()
+        # The node agent's own settings; the app carries only the shared and control ones.
+        settings = AgentSettings.from_env()
         parse_class_map(os.environ.get("LLMGW_GPU_CLASS_MAP", ""))  # a typo stops the agent here
         self.lock_file = acquire_node_lock(settings.state_dir, settings.node_name)
         self.agent = Agent(
             # The worker process's one Redis client, shared with the launch/stop tasks and closed at
             # worker shutdown (after this service has stopped).
-            settings, config, STORES.get(settings.redis_url),
-            ShimRunner(settings.state_dir, config.log_max_bytes, config.log_keep),
+            settings, STORES.get(settings.redis_url),
+            ShimRunner(settings.state_dir, settings.log_max_bytes, settings.log_keep),
             HttpProber(), gpus=discover_gpus(settings.node_gpus),
         )
+        self.threads: list[threading.Thread] = []
 
     def start(self) -> None:
-        self.agent.start()
+        from workers.agent.scrape import Scraper  # (node workers only, as above)
+
+        a = self.agent
+        scraper = Scraper(a.store, a.prober, lambda: a.targets, a.settings, a.clock)
+        for name, target in (("llmgw-agent-loop", self._run_loop), ("llmgw-agent-heartbeat", self._run_heartbeat),
+                             ("llmgw-agent-scrape", lambda: scraper.run(a.stopping))):
+            t = threading.Thread(target=target, name=name, daemon=True)
+            t.start()
+            self.threads.append(t)
+        log.info("node agent for %s started (port range %s, state dir %s)", a.node, a.settings.port_range,
+                 a.settings.state_dir)
+
+    def _run_loop(self) -> None:
+        a = self.agent
+        failing_since: float | None = None
+        while not a.stopping.is_set():
+            try:
+                a.tick()
+                if failing_since is not None:
+                    log.info("agent passes succeed again after %.1fs", a.clock.monotonic() - failing_since)
+                    failing_since = None
+            except Exception as e:  # noqa: BLE001 - e.g. Redis down: log, wait, try again
+                # Engines keep running while Redis is away; say so once, then every 30 s, not every tick.
+                if failing_since is None:
+                    failing_since = a.clock.monotonic()
+                    log.exception("agent pass failed; engines are left as they are until it succeeds")
+                else:
+                    a.warn("*", f"agent passes still failing: {e}", interval=30)
+                a.stopping.wait(a.settings.tick)
+                continue
+            try:
+                a.store.wait_for_wake(a.node, a.settings.tick)  # a launch/stop task ends the wait early
+            except Exception:  # noqa: BLE001
+                a.stopping.wait(a.settings.tick)
+
+    def _run_heartbeat(self) -> None:
+        a = self.agent
+        failing = False
+        while not a.stopping.is_set():
+            try:
+                a.heartbeat()
+                failing = False
+            except Exception as e:  # noqa: BLE001
+                if not failing:
+                    log.exception("heartbeat failed")
+                else:
+                    a.warn("*", f"heartbeats still failing: {e}", interval=30)
+                failing = True
+            a.stopping.wait(a.settings.heartbeat_interval)
 
     def stop(self) -> None:
-        self.agent.stop()
+        """Stop the threads; unless LLMGW_AGENT_KEEP_ENGINES, stop this node's engines (SIGTERM, then
+        SIGKILL)."""
+        a = self.agent
+        if a.stopping.is_set():
+            return
+        a.stopping.set()
+        if not self.threads:
+            return  # never started: the engines on this node are not ours to stop
+        for t in self.threads:
+            t.join(a.settings.tick + a.settings.heartbeat_interval + 2)
+        a.close()
+        if a.settings.keep_engines:
+            log.info("agent stopping; engines keep running (LLMGW_AGENT_KEEP_ENGINES)")
+            return
+        a.stop_engines()
 
-    def terminate(self) -> None:
-        self.agent.stop()
+    terminate = stop
 
 
 class AgentStep(bootsteps.StartStopStep):

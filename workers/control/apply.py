@@ -13,8 +13,8 @@ import time
 from dataclasses import dataclass, field
 from typing import AbstractSet, Callable, Mapping, Protocol
 
-from llmgw import keys
-from llmgw.store import Store
+from llmgw.state import keys
+from llmgw.state.store import Store
 from workers.control.plan import (
     Action,
     CreateReplica,
@@ -42,16 +42,16 @@ class Dispatcher(Protocol):
 
 
 class CeleryDispatcher:
-    """Sends `llmgw.launch` / `llmgw.stop` to the node's own queue, `node-<name>`."""
+    """Sends `llmgw.launch` / `llmgw.stop` to the node's own queue (`keys.node_queue`)."""
 
     def __init__(self, app):
         self.app = app
 
     def launch(self, replica_id: str, node: str) -> None:
-        self.app.send_task("llmgw.launch", args=[replica_id], queue=f"node-{node}")
+        self.app.send_task("llmgw.launch", args=[replica_id], queue=keys.node_queue(node))
 
     def stop(self, replica_id: str, node: str) -> None:
-        self.app.send_task("llmgw.stop", args=[replica_id], queue=f"node-{node}")
+        self.app.send_task("llmgw.stop", args=[replica_id], queue=keys.node_queue(node))
 
 
 @dataclass
@@ -238,31 +238,16 @@ def housekeeping_once(store: Store, now: float, forget_after: float = 600.0) -> 
     seconds that nothing refers to any more (no replica record, no operator flag), and the per-node
     replica index (rebuilt from the records, which also indexes records written before it existed)."""
     replicas = store.all_replicas()
-    ids = {r.id for r in replicas}
-    prefix = keys.load("")
-    stale_loads = [k for k in store.r.scan_iter(match=prefix + "*", count=500) if k[len(prefix):] not in ids]
-    if stale_loads:
-        store.r.delete(*stale_loads)
+    stale_loads = store.delete_loads_except(r.id for r in replicas)
     store.reindex_replica_nodes(replicas)
     known = store.known_nodes()
     live = store.live_nodes()
     admin = store.all_node_admin(sorted(known))
     referenced = {n for r in replicas for n in r.all_nodes}
     referenced |= {n for n, a in admin.items() if a.cordoned or a.draining}
-    missing: dict[str, float] = {}
-    for name, raw in store.r.hgetall(keys.NODES_MISSING_SINCE).items():
-        try:
-            missing[name] = float(raw)
-        except ValueError:
-            pass  # unreadable: its clock starts again
-    decision = forget({n: n in live for n in known}, missing, referenced, now, forget_after)
+    decision = forget({n: n in live for n in known}, store.nodes_missing_since(), referenced, now, forget_after)
     store.forget_nodes(decision.gone)
-    pipe = store.r.pipeline(transaction=False)
-    if decision.back:
-        pipe.hdel(keys.NODES_MISSING_SINCE, *decision.back)
-    if decision.first_missing:
-        pipe.hset(keys.NODES_MISSING_SINCE, mapping={n: repr(t) for n, t in decision.first_missing.items()})
-    pipe.execute()
+    store.note_missing_nodes(decision.first_missing, decision.back)
     if stale_loads or decision.gone:
-        log.info("housekeeping: %d stale load keys, forgot nodes %s", len(stale_loads), list(decision.gone))
-    return {"loads": len(stale_loads), "nodes": len(decision.gone)}
+        log.info("housekeeping: %d stale load keys, forgot nodes %s", stale_loads, list(decision.gone))
+    return {"loads": stale_loads, "nodes": len(decision.gone)}

@@ -15,14 +15,14 @@ distinct nodes of the pool, each with the full GPU request, head first.
 from __future__ import annotations
 
 import heapq
-from collections import Counter
 from bisect import bisect_left, insort
+from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Iterable, Mapping
 
 from llmgw.gpus import normalize_gpu_class
-from llmgw.records import NodeAdmin, NodeInfo
+from llmgw.state.records import NodeAdmin, NodeInfo
 
 # How many nodes a reason lists before it says "and N more": enough to diagnose, short enough to read.
 _REASON_NODES = 8

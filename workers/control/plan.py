@@ -32,8 +32,8 @@ from typing import Callable, Iterable, Union
 
 from llmgw.catalog import Catalog, Model, Profile, profile_spec_hash
 from llmgw.gpus import normalize_gpu_class
-from llmgw.records import ReplicaRecord
-from llmgw.replica_state import CrashPolicy, State, derive
+from llmgw.state.records import ReplicaRecord
+from llmgw.state.replica_state import CrashPolicy, State, derive
 from workers.control.placement import (
     ClusterView,
     NoPlacement,
@@ -245,7 +245,7 @@ def _plan(
         counted = False
         try:
             nodes = node_lists[rec.id] = rec.all_nodes
-            # `llmgw.replica_state.nodes_alive`, inlined: this loop runs once per replica of the
+            # `llmgw.state.replica_state.nodes_alive`, inlined: this loop runs once per replica of the
             # fleet every pass, and the call costs 15 ms per 10,000 replicas (bench/scheduler.py).
             alive = True
             for n in nodes:

@@ -12,8 +12,8 @@ import json
 from typing import Iterable, Mapping
 
 from llmgw.catalog import Catalog
-from llmgw.records import EndpointInfo, NodeInfo, ReplicaRecord
-from llmgw.replica_state import CrashPolicy, State, derive, nodes_alive
+from llmgw.state.records import EndpointInfo, NodeInfo, ReplicaRecord
+from llmgw.state.replica_state import CrashPolicy, State, derive, nodes_alive
 
 
 def endpoints_from(

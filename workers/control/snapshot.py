@@ -7,18 +7,15 @@ reads the applied catalog and keeps the last good one for the worker process.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 from typing import Mapping
 
 import redis
 
-from llmgw import keys
-from llmgw.catalog import Catalog
-from llmgw.catalog_store import read_applied
-from llmgw.records import NodeAdmin, NodeInfo, ReplicaRecord
-from llmgw.store import Store
+from llmgw.catalog import Catalog, applied_stamp, read_applied
+from llmgw.state.records import NodeAdmin, NodeInfo, ReplicaRecord
+from llmgw.state.store import Store
 
 log = logging.getLogger("llmgw.control")
 
@@ -47,13 +44,6 @@ def load_snapshot(store: Store, now: float) -> Snapshot:
     )
 
 
-def load_catalog(store: Store) -> tuple[int, Catalog]:
-    """The applied catalog; an empty one (version 0) when nothing was ever applied. Raises when the
-    applied document cannot be read (see CatalogKeeper for the forgiving variant)."""
-    version, catalog, _meta = read_applied(store.r)
-    return version, catalog if catalog is not None else Catalog()
-
-
 class CatalogKeeper:
     """The applied catalog as this process last read it successfully.
 
@@ -70,15 +60,14 @@ class CatalogKeeper:
     def load(self, store: Store) -> tuple[int, Catalog] | None:
         key: tuple = ("unreadable",)
         try:
-            raw = store.r.get(keys.CATALOG)
-            if not raw:
+            stamp = applied_stamp(store)
+            if stamp is None:
                 self.good, self._good_key = (0, Catalog()), None
                 return self.good
-            doc = json.loads(raw)
-            key = (doc.get("version"), doc.get("hash"))
+            key = stamp
             if key == self._good_key and self.good is not None:
                 return self.good
-            version, catalog, meta = read_applied(store.r)
+            version, catalog, meta = read_applied(store)
             self.good = (version, catalog if catalog is not None else Catalog())
             self._good_key = (meta.get("version"), meta.get("hash"))
             self._bad_key = None

@@ -12,8 +12,8 @@ import time
 
 from celery import Task, shared_task
 
-from llmgw.catalog_watch import sync_from_file
-from llmgw.store import Store
+from llmgw.catalog import sync_from_file
+from llmgw.state.store import Store
 from workers.control.apply import CeleryDispatcher, housekeeping_once, publish_once, reconcile_once
 from workers.control.snapshot import CatalogKeeper
 from workers.store_cache import STORES
@@ -22,11 +22,11 @@ log = logging.getLogger("llmgw.control")
 
 
 def _catalog_sync(store: Store, settings):
-    """`llmgw.catalog_watch.sync_from_file` bound to this pass, or None when there is no file."""
+    """`llmgw.catalog.watch.sync_from_file` bound to this pass, or None when there is no file."""
     if settings.catalog_file is None:
         return None
     applied_by = f"control@{socket.gethostname()}"
-    return lambda: sync_from_file(store.r, settings.catalog_file, applied_by)
+    return lambda: sync_from_file(store, settings.catalog_file, applied_by)
 
 
 class ControlTask(Task):

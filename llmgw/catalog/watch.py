@@ -16,11 +16,11 @@ from pathlib import Path
 
 import redis
 
-from llmgw import keys
 from llmgw.catalog import parse_catalog_text
-from llmgw.catalog_store import applied_version, apply_catalog
+from llmgw.catalog.store import applied_version, apply_catalog, client_of
 from llmgw.errors import CatalogInvalid
-from llmgw.store import Store
+from llmgw.state import keys
+from llmgw.state.store import Store
 
 log = logging.getLogger("llmgw.catalog")
 
@@ -45,9 +45,9 @@ def _cached(state: dict) -> SyncResult:
     return SyncResult(False, int(state.get("version") or 0), json.loads(state.get("problems") or "[]"))
 
 
-def sync_from_file(r: redis.Redis, path: Path, applied_by: str) -> SyncResult:
+def sync_from_file(r: redis.Redis | Store, path: Path, applied_by: str) -> SyncResult:
     """Apply `path` if it changed since the last call (by any control worker); see the module doc."""
-    path = Path(path)
+    r, path = client_of(r), Path(path)
     state = r.hgetall(keys.CATALOG_FILE_STATE)
     same_file = state.get("path") == str(path)
     try:

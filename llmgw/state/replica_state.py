@@ -10,7 +10,7 @@ import enum
 from dataclasses import dataclass
 from typing import Container
 
-from llmgw.records import ReplicaRecord
+from llmgw.state.records import ReplicaRecord
 
 
 class State(str, enum.Enum):

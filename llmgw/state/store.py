@@ -1,21 +1,19 @@
 """Thin access to llmgw's state in Redis: nodes, replicas, loads, endpoints, locks.
 
-No decisions here: these functions read and write the records of `llmgw.records` under the keys of
-`llmgw.keys`. The catalog's own storage (versioned, compare-and-set) lives in `llmgw.catalog_store`.
+No decisions here: these functions read and write the records of `llmgw.state.records` under the keys of
+`llmgw.state.keys`. The catalog's own storage (versioned, compare-and-set) lives in `llmgw.catalog.store`.
 """
 
 from __future__ import annotations
 
 import json
-import secrets
-import time
 from contextlib import contextmanager
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator, Mapping
 
 import redis
 
-from llmgw import keys
-from llmgw.records import EndpointInfo, LoadRecord, NodeAdmin, NodeInfo, ReplicaRecord
+from llmgw.state import keys
+from llmgw.state.records import EndpointInfo, LoadRecord, NodeAdmin, NodeInfo, ReplicaRecord
 
 
 def connect(url: str, **kw) -> redis.Redis:
@@ -35,15 +33,6 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
 end
 return 0
 """
-
-# Release a lock only if we still own it.
-_COMPARE_AND_DELETE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-"""
-
 
 class Store:
     def __init__(self, r: redis.Redis):
@@ -79,6 +68,27 @@ class Store:
         pipe.hdel(keys.NODES_LAST_SEEN, *names)
         for name in names:
             pipe.delete(keys.agent_wake(name), keys.node_replicas(name), keys.node_admin(name))
+        pipe.execute()
+
+    def nodes_missing_since(self) -> dict[str, float]:
+        """Node -> when housekeeping first saw it without a heartbeat (unreadable entries are skipped:
+        their clock starts again)."""
+        out = {}
+        for name, raw in self.r.hgetall(keys.NODES_MISSING_SINCE).items():
+            try:
+                out[name] = float(raw)
+            except ValueError:
+                pass
+        return out
+
+    def note_missing_nodes(self, first_missing: Mapping[str, float], back: Iterable[str]) -> None:
+        """Start the missing clock of nodes just seen without a heartbeat; stop it for those back."""
+        back = list(back)
+        pipe = self.r.pipeline(transaction=False)
+        if back:
+            pipe.hdel(keys.NODES_MISSING_SINCE, *back)
+        if first_missing:
+            pipe.hset(keys.NODES_MISSING_SINCE, mapping={n: repr(t) for n, t in first_missing.items()})
         pipe.execute()
 
     def known_nodes(self) -> set[str]:
@@ -124,10 +134,19 @@ class Store:
             return True
         if "node" in fields or "nodes" in fields:
             return self._update_replica_nodes(replica_id, fields)
-        argv: list[str] = []
-        for k, v in fields.items():
-            argv += [k, json.dumps(v)]
-        return bool(self.r.eval(_HSET_IF_EXISTS, 1, keys.replica(replica_id), *argv))
+        return bool(self.r.eval(_HSET_IF_EXISTS, 1, keys.replica(replica_id), *_hset_args(fields)))
+
+    def update_replicas(self, updates: Mapping[str, Mapping[str, Any]]) -> set[str]:
+        """`update_replica` of several records in one round trip (the agent's one write per pass);
+        returns the ids whose record still exists. Not for node fields (the control plane's)."""
+        ids = [rid for rid, fields in updates.items() if fields]
+        if not ids:
+            return set()
+        pipe = self.r.pipeline(transaction=False)
+        for rid in ids:
+            assert not {"node", "nodes"} & set(updates[rid]), "node fields move the index: use update_replica"
+            pipe.eval(_HSET_IF_EXISTS, 1, keys.replica(rid), *_hset_args(updates[rid]))
+        return {rid for rid, existed in zip(ids, pipe.execute()) if existed}
 
     def _update_replica_nodes(self, replica_id: str, fields: dict) -> bool:
         """`update_replica` of a record's node(s): the per-node index moves in the same MULTI."""
@@ -242,6 +261,14 @@ class Store:
     def write_load(self, rec: LoadRecord, ttl: float = 30.0) -> None:
         self.r.set(keys.load(rec.replica_id), json.dumps(rec.to_dict()), px=int(ttl * 1000))
 
+    def delete_loads_except(self, replica_ids: Iterable[str]) -> int:
+        """Drop the load samples of replicas not in `replica_ids` (deleted ones); returns how many."""
+        keep, prefix = set(replica_ids), keys.load("")
+        stale = [k for k in self.r.scan_iter(match=prefix + "*", count=500) if k[len(prefix):] not in keep]
+        if stale:
+            self.r.delete(*stale)
+        return len(stale)
+
     def loads(self, replica_ids: Iterable[str]) -> dict[str, LoadRecord]:
         ids = list(replica_ids)
         if not ids:
@@ -285,6 +312,45 @@ class Store:
         self.r.publish(keys.ENDPOINTS_CHANNEL, str(version))
         return version
 
+    def subscribe_endpoints(self) -> redis.client.PubSub:
+        """A subscription to the hint that a new endpoint list was published (close it when done)."""
+        ps = self.r.pubsub(ignore_subscribe_messages=True)
+        ps.subscribe(keys.ENDPOINTS_CHANNEL)
+        return ps
+
+    # --- API keys, rate limits, usage (the gateway's) ---------------------------------------------
+    def api_key_table(self) -> dict[str, str]:
+        """The raw key table, key id -> JSON record (`llmgw.state.apikeys.parse_table` reads it)."""
+        return self.r.hgetall(keys.API_KEYS)
+
+    def count_request(self, key_id: str, minute: int, rpm: bool, tpm: bool) -> tuple[int | None, int]:
+        """One round trip for a key's limits in this minute's windows: count this request against its
+        requests-per-minute window (when `rpm`) and read its tokens so far (when `tpm`). Returns
+        (requests including this one or None, tokens so far)."""
+        pipe = self.r.pipeline(transaction=False)
+        if rpm:
+            pipe.incr(keys.rate_window(key_id, "rpm", minute))
+            pipe.expire(keys.rate_window(key_id, "rpm", minute), 120)
+        if tpm:
+            pipe.get(keys.rate_window(key_id, "tpm", minute))
+        out = pipe.execute()
+        return (int(out[0]) if rpm else None), (int(out[-1] or 0) if tpm else 0)
+
+    def add_usage(self, usage: Mapping[tuple[str, str], tuple[int, int, int]],
+                  tokens: Mapping[tuple[str, int], int]) -> None:
+        """Add counted usage in one pipeline: (key id, model) -> (prompt, completion, requests), and
+        (key id, minute) -> tokens for the tokens-per-minute windows."""
+        pipe = self.r.pipeline(transaction=False)
+        for (kid, model), (p, c, n) in usage.items():
+            h = keys.usage(kid)
+            pipe.hincrby(h, f"{model}:prompt", p)
+            pipe.hincrby(h, f"{model}:completion", c)
+            pipe.hincrby(h, f"{model}:requests", n)
+        for (kid, minute), n in tokens.items():
+            pipe.incrby(keys.rate_window(kid, "tpm", minute), n)
+            pipe.expire(keys.rate_window(kid, "tpm", minute), 120)
+        pipe.execute()
+
     # --- agent wake-ups ----------------------------------------------------------------------------
     def wake_agent(self, node: str, replica_id: str) -> None:
         pipe = self.r.pipeline(transaction=False)
@@ -292,17 +358,40 @@ class Store:
         pipe.ltrim(keys.agent_wake(node), -1000, -1)
         pipe.execute()
 
+    def wait_for_wake(self, node: str, timeout: float) -> bool:
+        """Block until a launch/stop task wakes `node`'s agent, or `timeout` seconds; every pending
+        wake-up is taken at once, since one pass handles them all."""
+        if self.r.blpop([keys.agent_wake(node)], timeout=timeout):
+            self.r.delete(keys.agent_wake(node))
+            return True
+        return False
+
+    def close(self) -> None:
+        self.r.close()
+
     # --- locks -----------------------------------------------------------------------------------
     @contextmanager
     def lock(self, name: str, ttl: float) -> Iterator[bool]:
-        """`with store.lock(key, ttl) as held:` -- held is False if another holder has it."""
-        token = secrets.token_hex(8)
-        held = bool(self.r.set(name, token, nx=True, px=int(ttl * 1000)))
+        """`with store.lock(key, ttl) as held:` -- one try, never waiting: held is False if another
+        holder has it. redis-py's Lock: a token under `name` that expires after `ttl` seconds and is
+        released only by its owner."""
+        lock = self.r.lock(name, timeout=ttl, blocking=False)
+        held = lock.acquire()
         try:
             yield held
         finally:
             if held:
-                self.r.eval(_COMPARE_AND_DELETE, 1, name, token)
+                try:
+                    lock.release()
+                except redis.exceptions.LockError:
+                    pass  # it expired (and may be another's now): nothing of ours left to release
+
+
+def _hset_args(fields: Mapping[str, Any]) -> list[str]:
+    argv: list[str] = []
+    for k, v in fields.items():
+        argv += [k, json.dumps(v)]
+    return argv
 
 
 def _decode_replica(h: dict[str, str]) -> ReplicaRecord:
@@ -317,13 +406,3 @@ def _nodes_of(node_raw: str | None, nodes_raw: str | None) -> list[str]:
     except ValueError:
         return []
     return [n for n in (list(nodes or []) or ([node] if node else [])) if isinstance(n, str)]
-
-
-class Clock:
-    """The real clock; tests pass a fake with the same two methods."""
-
-    def time(self) -> float:
-        return time.time()
-
-    def monotonic(self) -> float:
-        return time.monotonic()

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from llmgw.ports import can_bind, free_port  # noqa: F401 - free_port is part of this module's API
-from llmgw.proctable import pids_with_env
+from llmgw.proc.ports import can_bind, free_port  # noqa: F401 - free_port is part of this module's API
+from llmgw.proc.proctable import pids_with_env
 
 TOKEN_VAR = "LLMGW_UP_TOKEN"
 

@@ -12,17 +12,21 @@ import hashlib
 import json
 import logging
 import secrets
+import typing
 from dataclasses import asdict, dataclass
-from typing import Callable
+from typing import Callable, Literal
 
-from llmgw import keys
 from llmgw.errors import LlmgwError, NotFound
+from llmgw.state import keys
 
-log = logging.getLogger("llmgw.apikeys")
+log = logging.getLogger("llmgw.state.apikeys")
 
-PRIORITIES = ("critical", "standard", "sheddable")
+Priority = Literal["critical", "standard", "sheddable"]
+PRIORITIES: tuple[str, ...] = typing.get_args(Priority)
 PRIORITY_RANK = {"sheddable": 0, "standard": 1, "critical": 2}
 KEY_PREFIX = "sk-llmgw-"
+# The key id under which gateways count usage of requests served while no key was required.
+ANONYMOUS = "anonymous"
 
 
 class ApiKeyInvalid(LlmgwError):

@@ -39,12 +39,12 @@ def redis_server_argv(port: int, data_dir: Path, persistent: bool = True) -> lis
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m llmgw.embedded_redis [--port 6379] [--dir .llmgw/redis]`: exec the embedded server
+    """`python -m llmgw.local.embedded_redis [--port 6379] [--dir .llmgw/redis]`: exec the embedded server
     (used by the Procfile, so `honcho start` needs no system Redis)."""
     import argparse
     import os
 
-    parser = argparse.ArgumentParser(prog="python -m llmgw.embedded_redis")
+    parser = argparse.ArgumentParser(prog="python -m llmgw.local.embedded_redis")
     parser.add_argument("--port", type=int, default=6379)
     parser.add_argument("--dir", default=".llmgw/redis")
     args = parser.parse_args(argv)

@@ -2,15 +2,15 @@
 
 They are plain dataclasses with `to_dict`/`from_dict`; unknown keys from a newer writer are ignored
 so a mixed-version fleet keeps working. Records hold facts only; the state a user sees is derived
-from them by `llmgw.replica_state.derive`.
+from them by `llmgw.state.replica_state.derive`.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Iterable, TypeVar
+from typing import Any, TypeVar
 
-from llmgw.keys import REPLICA_STOPPED_ON_PREFIX
+from llmgw.state.keys import REPLICA_STOPPED_ON_PREFIX
 
 T = TypeVar("T")
 
@@ -78,7 +78,7 @@ AGENT_FIELDS = (
     "restarts", "failure_times", "next_restart_at", "log_tail", "stopped_at", "adopted_at",
     "master_port",
 )
-# Plus one field per node, `stopped_on:<node>` (llmgw.keys.replica_stopped_on), written by each node's
+# Plus one field per node, `stopped_on:<node>` (llmgw.state.keys.replica_stopped_on), written by each node's
 # agent of a multi-node replica; read back as `ReplicaRecord.stopped_nodes`.
 
 
@@ -205,6 +205,3 @@ class EndpointInfo:
         d["models"] = tuple(d.get("models") or ())
         return _from_dict(cls, d)
 
-
-def index_by_id(items: Iterable[T]) -> dict[str, T]:
-    return {getattr(i, "id"): i for i in items}

@@ -63,7 +63,7 @@ def _positive(text: str) -> float:
 
 
 def parser(exit_on_error: bool = True) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m llmgw.simengine", exit_on_error=exit_on_error,
+    p = argparse.ArgumentParser(prog="python -m simengine", exit_on_error=exit_on_error,
                                 description="A simulated OpenAI-compatible LLM engine (vLLM-like metrics).")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
@@ -100,7 +100,7 @@ def parser(exit_on_error: bool = True) -> argparse.ArgumentParser:
     f.add_argument("--error-rate", type=_fraction, default=0.0,
                    help="this fraction of completion requests answers 500 (seeded)")
     f.add_argument("--log-requests", action="store_true")
-    m = p.add_argument_group("multi-node (like vLLM's; see llmgw/simengine/multinode.py)")
+    m = p.add_argument_group("multi-node (like vLLM's; see simengine/multinode.py)")
     m.add_argument("--nnodes", type=_positive_int, default=1, help="nodes this replica spans")
     m.add_argument("--node-rank", type=_non_negative_int, default=0, help="0 = the head (serves HTTP)")
     m.add_argument("--master-addr", default="127.0.0.1", help="the head's address, which members join")

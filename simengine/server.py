@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Iterator
 
-from llmgw.simengine.core import Emit, RequestTooLarge, SimConfig, SimCore
-from llmgw.simengine.metrics import MetricsState, Snapshot, render_llamacpp, render_vllm
+from simengine.core import Emit, RequestTooLarge, SimConfig, SimCore
+from simengine.metrics import MetricsState, Snapshot, render_llamacpp, render_vllm
 
 WORDS = ("the", "model", "answers", "with", "simulated", "tokens", "at", "a", "steady", "rate", "and",
          "every", "word", "is", "one", "token", "so", "counts", "stay", "exact", "for", "tests")
@@ -180,7 +180,7 @@ class SimApp:
         self._answered = 0
         # Which replica answered, in a field every OpenAI client and proxy passes through.
         self.fingerprint = f"llmgw-sim-{opts.port}"
-        # A multi-node head's rendezvous (llmgw.simengine.multinode.Rendezvous); None on one node.
+        # A multi-node head's rendezvous (simengine.multinode.Rendezvous); None on one node.
         self.rendezvous: Any = None
 
     def loading(self) -> bool:

@@ -89,6 +89,18 @@ ENDPOINTS_VERSION = f"{PREFIX}:endpoints:version"
 # Pub/sub channel: a hint that ENDPOINTS changed (at-most-once; readers also poll the version).
 ENDPOINTS_CHANNEL = f"{PREFIX}:endpoints:changed"
 
+# --- Celery queues (the broker is this Redis: each queue is a list of that name) ------------------
+# The control plane's tasks (reconcile, publish, housekeeping), consumed by the control workers.
+CONTROL_QUEUE = "control"
+NODE_QUEUE_PREFIX = "node-"
+
+
+def node_queue(node: str) -> str:
+    """The queue of `node`'s agent (`celery -A workers worker -Q node-<name>`): launch and stop tasks
+    for the replicas placed there. The one spelling, for the control plane, the agent, `llmgw up`."""
+    return NODE_QUEUE_PREFIX + node
+
+
 # --- locks ---------------------------------------------------------------------------------------
 RECONCILE_LOCK = f"{PREFIX}:lock:reconcile"
 PUBLISH_LOCK = f"{PREFIX}:lock:publish"

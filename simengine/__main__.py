@@ -7,10 +7,10 @@ import sys
 import threading
 import time
 
-from llmgw.simengine import multinode
-from llmgw.simengine.cli import multinode_problems, parser
-from llmgw.simengine.core import SimConfig
-from llmgw.simengine.server import ServerOptions, build_server, log
+from simengine import multinode
+from simengine.cli import multinode_problems, parser
+from simengine.core import SimConfig
+from simengine.server import ServerOptions, build_server, log
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from llmgw.catalog import Profile
+from llmgw.catalog.types import Profile
 from llmgw.engines.base import EngineAdapter
 from llmgw.errors import LlmgwError
 

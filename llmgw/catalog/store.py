@@ -13,9 +13,11 @@ import time
 import redis
 from pydantic import ValidationError
 
-from llmgw import keys
-from llmgw.catalog import Catalog, _pydantic_problems
+from llmgw.catalog.types import Catalog
+from llmgw.catalog.validate import pydantic_problems
 from llmgw.errors import CatalogConflict, CatalogInvalid
+from llmgw.state import keys
+from llmgw.state.store import Store
 
 HISTORY_LIMIT = 50
 
@@ -26,32 +28,52 @@ def _catalog_from_doc(doc: dict, where: str) -> Catalog:
     try:
         return Catalog.model_validate(doc["spec"])
     except ValidationError as e:
-        raise CatalogInvalid(where, _pydantic_problems(e, "", "catalog")) from e
+        raise CatalogInvalid(where, pydantic_problems(e, "", "catalog")) from e
 
 
 def _meta(doc: dict) -> dict:
     return {k: v for k, v in doc.items() if k != "spec"}
 
 
-def read_applied(r: redis.Redis) -> tuple[int, Catalog | None, dict]:
+def client_of(r: redis.Redis | Store) -> redis.Redis:
+    """The catalog's functions take a `Store` (how the parts reach Redis) or a bare client (the CLI's)."""
+    return r.r if isinstance(r, Store) else r
+
+
+def catalog_applied(r: redis.Redis | Store) -> bool:
+    """Whether any catalog was ever applied to this Redis (one EXISTS)."""
+    return bool(client_of(r).exists(keys.CATALOG))
+
+
+def read_applied(r: redis.Redis | Store) -> tuple[int, Catalog | None, dict]:
     """(version, catalog, metadata); version 0 and None when nothing was ever applied."""
-    raw = r.get(keys.CATALOG)
+    raw = client_of(r).get(keys.CATALOG)
     if not raw:
         return 0, None, {}
     doc = json.loads(raw)
     return int(doc["version"]), _catalog_from_doc(doc, "redis:" + keys.CATALOG), _meta(doc)
 
 
-def applied_version(r: redis.Redis) -> int:
+def applied_stamp(r: redis.Redis | Store) -> tuple[int, str] | None:
+    """(version, hash) of the applied document without validating its spec; None when none was ever
+    applied. Raises ValueError when the document is not JSON."""
+    raw = client_of(r).get(keys.CATALOG)
+    if not raw:
+        return None
+    doc = json.loads(raw)
+    return doc.get("version"), doc.get("hash")
+
+
+def applied_version(r: redis.Redis | Store) -> int:
     """The applied version (0 when none), without validating the spec."""
-    raw = r.get(keys.CATALOG)
+    raw = client_of(r).get(keys.CATALOG)
     return int(json.loads(raw)["version"]) if raw else 0
 
 
-def catalog_names(r: redis.Redis) -> set[str]:
+def catalog_names(r: redis.Redis | Store) -> set[str]:
     """Every model name and alias of the applied catalog (empty when none), without validating the
     spec: cheap enough for the gateway to call on each endpoint-list reload."""
-    raw = r.get(keys.CATALOG)
+    raw = client_of(r).get(keys.CATALOG)
     names: set[str] = set()
     if not raw:
         return names
@@ -66,11 +88,11 @@ def catalog_names(r: redis.Redis) -> set[str]:
     return names
 
 
-def history(r: redis.Redis, n: int = 10) -> list[dict]:
+def history(r: redis.Redis | Store, n: int = 10) -> list[dict]:
     """Metadata of the last `n` applied versions, newest first: version, hash, applied_at/by, source,
     plus `models` and `replicas` counts."""
     out = []
-    for raw in r.lrange(keys.CATALOG_HISTORY, 0, max(0, n - 1)) if n > 0 else []:
+    for raw in client_of(r).lrange(keys.CATALOG_HISTORY, 0, max(0, n - 1)) if n > 0 else []:
         doc = json.loads(raw)
         spec = doc.get("spec") or {}
         models = spec.get("models", [])
@@ -81,9 +103,9 @@ def history(r: redis.Redis, n: int = 10) -> list[dict]:
     return out
 
 
-def read_version(r: redis.Redis, version: int) -> tuple[Catalog, dict] | None:
+def read_version(r: redis.Redis | Store, version: int) -> tuple[Catalog, dict] | None:
     """A past version still kept in the history (the last HISTORY_LIMIT), or None."""
-    for raw in r.lrange(keys.CATALOG_HISTORY, 0, -1):
+    for raw in client_of(r).lrange(keys.CATALOG_HISTORY, 0, -1):
         doc = json.loads(raw)
         if int(doc["version"]) == version:
             return _catalog_from_doc(doc, f"redis:{keys.CATALOG_HISTORY}[v{version}]"), _meta(doc)
@@ -91,7 +113,7 @@ def read_version(r: redis.Redis, version: int) -> tuple[Catalog, dict] | None:
 
 
 def apply_catalog(
-    r: redis.Redis,
+    r: redis.Redis | Store,
     catalog: Catalog,
     *,
     source: str,
@@ -134,4 +156,4 @@ def apply_catalog(
         pipe.ltrim(keys.CATALOG_HISTORY, 0, HISTORY_LIMIT - 1)
         return version, True
 
-    return r.transaction(txn, keys.CATALOG, value_from_callable=True)
+    return client_of(r).transaction(txn, keys.CATALOG, value_from_callable=True)

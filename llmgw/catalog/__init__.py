@@ -1,0 +1,55 @@
+"""The catalog: its types, validation, YAML loading, diff, storage in Redis and the file watch.
+
+Other packages import the public names from here (`from llmgw.catalog import Catalog, apply_catalog`).
+The types are imported at once; every other name on first use (PEP 562). That is not a cycle between
+modules but how Python imports packages: the engine adapters import `llmgw.catalog.types`, which runs
+this file first, and validation imports the adapters, so importing `validate` here eagerly would import
+the adapters in the middle of their own import. The layering (types < engines < validate < load, diff,
+store < watch) is declared in pyproject.toml and checked by import-linter.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from llmgw.catalog.types import (
+    ENGINE_DEFAULTS,
+    ENGINE_NAMES,
+    LAUNCH_FIELDS,
+    Catalog,
+    GPURequest,
+    MetricMapping,
+    Model,
+    Profile,
+    profile_spec_hash,
+)
+
+_LAZY = {
+    "parse_catalog": "validate",
+    "parse_catalog_text": "load",
+    "load_catalog_file": "load",
+    "CatalogDiff": "diff",
+    "diff_catalogs": "diff",
+    "format_diff": "diff",
+    "HISTORY_LIMIT": "store",
+    "applied_stamp": "store",
+    "applied_version": "store",
+    "catalog_applied": "store",
+    "apply_catalog": "store",
+    "catalog_names": "store",
+    "history": "store",
+    "read_applied": "store",
+    "read_version": "store",
+    "SyncResult": "watch",
+    "sync_from_file": "watch",
+}
+
+__all__ = ["ENGINE_DEFAULTS", "ENGINE_NAMES", "LAUNCH_FIELDS", "Catalog", "GPURequest", "MetricMapping", "Model", "Profile",
+           "profile_spec_hash", *_LAZY]
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'llmgw.catalog' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"llmgw.catalog.{module}"), name)

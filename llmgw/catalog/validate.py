@@ -1,0 +1,351 @@
+"""Catalog validation: a catalog document (as loaded from YAML) checked and resolved into `Catalog`.
+
+`parse_catalog(data, source)` returns a `Catalog` or raises `CatalogInvalid` listing every problem at
+once, each with its field path, so a catalog that would fail later (a vLLM profile without a GPU, a
+GPU count that cannot hold the parallelism, a typo in a key) is refused before it is applied. The
+returned catalog is fully resolved: top-level `defaults:` and the per-engine defaults are folded into
+every profile, so readers never apply defaults themselves. What an engine can run (its parallelism,
+the model sources it loads) is asked of its adapter (`llmgw.engines`): no engine is named here.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+from pydantic import ValidationError
+
+from llmgw.catalog.types import ENGINE_NAMES, Catalog, Model, Profile
+from llmgw.engines import ENGINES
+from llmgw.errors import CatalogInvalid, Problem
+
+MERGED_MAPS = ("env", "node_selector", "gpu")
+
+
+# Flags llmgw sets itself on every engine command line; passing them in `args` would fight the
+# adapter (two --port flags, a served name the router does not know, parallelism the GPU
+# allocation does not match).
+_RESERVED_ARGS: dict[str, str] = {
+    "--host": "llmgw binds each replica itself (LLMGW_ENGINE_HOST)",
+    "--port": "llmgw gives each replica its own port",
+    "--served-model-name": "llmgw serves the model under its name and aliases",
+    "-a": "llmgw serves the model under its name and aliases",
+    "--alias": "llmgw serves the model under its name and aliases",
+    "-m": "the model file comes from the model's `source`",
+    "--model": "the model comes from the model's `source`",
+    "-tp": "use the profile's `tensor_parallel`",
+    "--tensor-parallel-size": "use the profile's `tensor_parallel`",
+    "-pp": "use the profile's `pipeline_parallel`",
+    "--pipeline-parallel-size": "use the profile's `pipeline_parallel`",
+    "--nnodes": "use the profile's `nodes`",
+    "-np": "set the profile's `capacity` instead (llmgw passes it to llama-server as -np)",
+    "--parallel": "set the profile's `capacity` instead (llmgw passes it to llama-server as -np)",
+    "--node-rank": "llmgw assigns node ranks to multi-node replicas",
+    "--master-addr": "llmgw sets the head address of multi-node replicas",
+    "--api-key": "the gateway authenticates clients; an engine key would refuse the gateway's own requests",
+}
+_RESERVED_ENV: dict[str, str] = {
+    "CUDA_VISIBLE_DEVICES": "llmgw pins each replica to the GPUs it allocated",
+}
+
+# --- turning pydantic's errors into one clear line each ------------------------------------------
+
+PROFILE_FIELDS: tuple[str, ...] = tuple(Profile.model_fields)
+_KNOWN_KEYS: dict[str, tuple[str, ...]] = {
+    "catalog": ("models", "defaults"),
+    "model": ("name", "aliases", "source", "profiles"),
+    "profile": PROFILE_FIELDS,
+    "gpu": ("class", "count"),
+    "metrics": ("running", "waiting", "kv_usage"),
+}
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "nothing (null)"
+    if isinstance(value, bool):
+        return f"the boolean {str(value).lower()}"
+    if isinstance(value, (int, float)):
+        return f"the number {value}"
+    if isinstance(value, str):
+        return f"the string {value!r}"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    return type(value).__name__
+
+
+def _loc_to_path(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if part == "[key]":
+            continue
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def join_path(prefix: str, rest: str) -> str:
+    if not rest:
+        return prefix
+    if not prefix:
+        return rest
+    return prefix + ("" if rest.startswith("[") else ".") + rest
+
+
+def _known_for(loc: tuple[Any, ...], kind: str) -> tuple[str, ...]:
+    parents = [p for p in loc[:-1] if isinstance(p, str)]
+    if parents and parents[-1] in ("gpu", "metrics"):
+        return _KNOWN_KEYS[parents[-1]]
+    if kind == "model" and parents and parents[0] == "profiles":
+        return _KNOWN_KEYS["profile"]
+    return _KNOWN_KEYS.get(kind, ())
+
+
+def _reason(err: dict, kind: str) -> str:
+    """One line a person can act on, from one pydantic error (never its wording or its URL)."""
+    t, value, ctx = err["type"], err.get("input"), err.get("ctx") or {}
+    loc = err["loc"]
+    if t == "extra_forbidden":
+        key = str(loc[-1])
+        known = _known_for(loc, kind)
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+        hint = f" (did you mean '{close[0]}'?)" if close else (f" (known: {', '.join(known)})" if known else "")
+        return f"unknown field '{key}'{hint}"
+    if t == "missing":
+        return "required field is missing"
+    if t == "literal_error":
+        return f"unknown engine {value!r} (expected one of: {', '.join(ENGINE_NAMES)})"
+    if t in ("int_type", "int_parsing", "int_from_float"):
+        return f"must be a whole number, got {_describe(value)}"
+    if t in ("float_type", "float_parsing"):
+        return f"must be a number, got {_describe(value)}"
+    if t == "string_type":
+        where = "a key" if loc and loc[-1] == "[key]" else "a string"
+        hint = " (quote it in YAML)" if isinstance(value, (int, float)) else ""
+        return f"must be {where}, got {_describe(value)}{hint}"
+    if t in ("dict_type", "model_type", "model_attributes_type", "mapping_type"):
+        return f"must be a mapping, got {_describe(value)}"
+    if t in ("list_type", "tuple_type"):
+        return f"must be a list, got {_describe(value)}"
+    if t == "greater_than_equal":
+        return f"must be at least {ctx.get('ge')}, got {value}"
+    if t == "greater_than":
+        return f"must be greater than {ctx.get('gt')}, got {value}"
+    if t == "string_too_short":
+        return "must not be empty"
+    if t == "value_error":
+        return str(ctx.get("error", err["msg"]))
+    if t in ("finite_number",):
+        return f"must be a finite number, got {value}"
+    return str(err["msg"]).rstrip(".")
+
+
+def pydantic_problems(e: ValidationError, prefix: str, kind: str) -> list[Problem]:
+    return [
+        Problem(join_path(prefix, _loc_to_path(err["loc"])), _reason(err, kind))
+        for err in e.errors(include_url=False)
+    ]
+
+
+# --- the rules ---------------------------------------------------------------------------------
+
+
+def _merge_defaults(defaults: dict, profile: dict) -> dict:
+    merged = {**defaults, **profile}
+    for key in MERGED_MAPS:
+        d, p = defaults.get(key), profile.get(key)
+        if isinstance(d, dict) and isinstance(p, dict):
+            merged[key] = {**d, **p}
+    return merged
+
+
+def _validate_defaults(raw: Any, problems: list[Problem]) -> dict:
+    """The valid part of `defaults:`; each invalid key is reported once, here, and not merged."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        problems.append(Problem("defaults", f"must be a mapping of profile fields, got {_describe(raw)}"))
+        return {}
+    out = dict(raw)
+    for key, why in (("name", "a profile's name cannot have a default"),
+                     ("source", "a source belongs to a model (or one profile), it cannot have a default")):
+        if key in out:
+            problems.append(Problem(f"defaults.{key}", why))
+            del out[key]
+    probe = {"engine": "sim", **out, "name": "defaults"}
+    try:
+        Profile.model_validate(probe)
+    except ValidationError as e:
+        bad = set()
+        for p, err in zip(pydantic_problems(e, "defaults", "profile"), e.errors(include_url=False)):
+            problems.append(p)
+            bad.add(err["loc"][0])
+        out = {k: v for k, v in out.items() if k not in bad}
+    return out
+
+
+def _args_problems(args: list[str], path: str) -> list[Problem]:
+    out = []
+    for i, arg in enumerate(args):
+        flag = arg.split("=", 1)[0]
+        if flag in _RESERVED_ARGS:
+            out.append(Problem(f"{path}[{i}]", f"'{flag}' is set by llmgw: {_RESERVED_ARGS[flag]}"))
+    return out
+
+
+def _profile_problems(p: Profile, path: str) -> list[Problem]:
+    """Rules across fields of one profile: the engine's own (parallelism, GPUs) come from its adapter,
+    then llmgw's reserved flags and variables."""
+    adapter = ENGINES[p.engine]
+    try:
+        refusals = list(adapter.refusals(p))
+    except Exception as e:  # noqa: BLE001 - a broken adapter check is a problem to report, not a crash
+        refusals = [Problem("", f"the {p.engine} adapter could not check this profile: {e!r}")]
+    problems = [Problem(join_path(path, r.path), r.reason) for r in refusals]
+    problems += _args_problems(p.args, f"{path}.args")
+    for key in p.env:
+        if key in _RESERVED_ENV:
+            problems.append(Problem(f"{path}.env.{key}", f"'{key}' is set by llmgw: {_RESERVED_ENV[key]}"))
+    return problems
+
+
+# Fields the cross-field rules read: when one of them is itself invalid, those rules are skipped
+# rather than reporting consequences of the first error.
+_RULE_FIELDS = frozenset({"engine", "gpu", "tensor_parallel", "pipeline_parallel", "nodes"})
+
+
+def _rules_despite(e: ValidationError, merged: dict, path: str) -> list[Problem]:
+    """Cross-field problems of a profile that also has type errors, so all are reported at once."""
+    bad = {err["loc"][0] for err in e.errors(include_url=False) if err["loc"]}
+    if bad & _RULE_FIELDS:
+        return []
+    try:
+        profile = Profile.model_validate({k: v for k, v in merged.items() if k not in bad})
+    except ValidationError:
+        return []
+    out = []
+    for p in _profile_problems(profile, path):
+        field = p.path[len(path) + 1:].split(".")[0].split("[")[0]
+        if field not in bad:
+            out.append(p)
+    return out
+
+
+def _source_problems(source: Any, engine: str, path: str, profile_name: str = "") -> list[Problem]:
+    """Whether `engine` can load `source` (its adapter says); `profile_name` is set when the source is
+    the model's."""
+    if not isinstance(source, str):
+        return []  # already reported as a type error
+    return ENGINES[engine].source_problems(source, path, profile_name)
+
+
+def _name_problems(models: list[Any]) -> list[Problem]:
+    """Model names unique; aliases unique across every name and alias of the catalog."""
+    problems: list[Problem] = []
+    owner: dict[str, str] = {}  # name -> path of the model it names
+    for i, m in enumerate(models):
+        name = m.get("name") if isinstance(m, dict) else None
+        if isinstance(name, str) and name:
+            if name in owner:
+                problems.append(Problem(f"models[{i}].name", f"duplicate model name {name!r} (also {owner[name]})"))
+            else:
+                owner[name] = f"models[{i}]"
+    alias_owner: dict[str, str] = {}
+    for i, m in enumerate(models):
+        if not isinstance(m, dict) or not isinstance(m.get("aliases"), list):
+            continue
+        own = m.get("name")
+        for k, alias in enumerate(m["aliases"]):
+            if not isinstance(alias, str) or not alias:
+                continue
+            path = f"models[{i}].aliases[{k}]"
+            if alias == own:
+                problems.append(Problem(path, f"alias {alias!r} is the model's own name"))
+            elif alias in owner:
+                problems.append(Problem(path, f"alias {alias!r} is the name of {owner[alias]}"))
+            elif alias in alias_owner:
+                other = alias_owner[alias]
+                where = "listed twice" if other.startswith(f"models[{i}].") else f"also an alias at {other}"
+                problems.append(Problem(path, f"alias {alias!r} is {where}"))
+            else:
+                alias_owner[alias] = path
+    return problems
+
+
+def parse_catalog(data: Any, source: str = "<catalog>") -> Catalog:
+    """Validate a catalog document (as loaded from YAML) and resolve its defaults.
+
+    Raises CatalogInvalid with every problem found, each with its field path."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise CatalogInvalid(source, [Problem("", f"the catalog must be a mapping with a `models` list, got {_describe(data)}")])
+    problems: list[Problem] = []
+    for key in data:
+        if key not in _KNOWN_KEYS["catalog"]:
+            close = difflib.get_close_matches(str(key), _KNOWN_KEYS["catalog"], n=1, cutoff=0.6)
+            hint = f" (did you mean '{close[0]}'?)" if close else " (known: models, defaults)"
+            problems.append(Problem(str(key), f"unknown field '{key}'{hint}"))
+    defaults = _validate_defaults(data.get("defaults"), problems)
+    raw_models = data.get("models", [])
+    if raw_models is None:
+        raw_models = []
+    if not isinstance(raw_models, list):
+        problems.append(Problem("models", f"must be a list, got {_describe(raw_models)}"))
+        raw_models = []
+
+    models: list[Model] = []
+    for i, raw in enumerate(raw_models):
+        mpath = f"models[{i}]"
+        if not isinstance(raw, dict):
+            problems.append(Problem(mpath, f"must be a mapping (name, source, profiles), got {_describe(raw)}"))
+            continue
+        header = None
+        try:
+            header = Model.model_validate({k: v for k, v in raw.items() if k != "profiles"})
+        except ValidationError as e:
+            problems += pydantic_problems(e, mpath, "model")
+        raw_profiles = raw.get("profiles", [])
+        if not isinstance(raw_profiles, list):
+            problems.append(Problem(f"{mpath}.profiles", f"must be a list, got {_describe(raw_profiles)}"))
+            raw_profiles = []
+        if not raw_profiles:
+            problems.append(Problem(f"{mpath}.profiles", "a model needs at least one profile (use replicas: 0 to keep it idle)"))
+        profiles: list[Profile] = []
+        seen: dict[str, int] = {}
+        for j, rawp in enumerate(raw_profiles):
+            ppath = f"{mpath}.profiles[{j}]"
+            if not isinstance(rawp, dict):
+                problems.append(Problem(ppath, f"must be a mapping of profile fields, got {_describe(rawp)}"))
+                continue
+            pname = rawp.get("name")
+            if isinstance(pname, str) and pname:
+                if pname in seen:
+                    problems.append(Problem(f"{ppath}.name", f"duplicate profile name {pname!r} (also profiles[{seen[pname]}])"))
+                else:
+                    seen[pname] = j
+            merged = _merge_defaults(defaults, rawp)
+            try:
+                profile = Profile.model_validate(merged)
+                problems += _profile_problems(profile, ppath)
+                profiles.append(profile)
+            except ValidationError as e:
+                problems += pydantic_problems(e, ppath, "profile")
+                problems += _rules_despite(e, merged, ppath)
+            engine = merged.get("engine")
+            if isinstance(engine, str) and engine in ENGINE_NAMES:
+                if merged.get("source") is not None:
+                    problems += _source_problems(merged["source"], engine, f"{ppath}.source")
+                else:
+                    pname = rawp.get("name") if isinstance(rawp.get("name"), str) else f"#{j}"
+                    problems += _source_problems(raw.get("source", ""), engine, f"{mpath}.source", pname)
+        if header is not None and len(profiles) == len(raw_profiles):
+            models.append(header.model_copy(update={"profiles": profiles}))
+    problems += _name_problems(raw_models)
+    if problems:
+        raise CatalogInvalid(source, problems)
+    return Catalog(models=models)

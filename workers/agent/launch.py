@@ -1,0 +1,111 @@
+"""Turning a replica record into the process to spawn for this node's part of it: the catalog entry,
+a port from LLMGW_PORT_RANGE (and a multi-node head's rendezvous port), and the engine adapter's
+command with this node's GPUs. Reads the catalog (cached) and checks ports on the machine; decides
+nothing about *whether* to start (that is `supervisor.decide`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable
+
+from llmgw.catalog import Catalog, Model, Profile, read_applied
+from llmgw.engines import get_engine
+from llmgw.engines.base import LaunchContext, LaunchSpec
+from llmgw.state.clock import Clock
+from llmgw.state.records import GPUDevice, ReplicaRecord
+from llmgw.state.store import Store
+from workers.agent.config import AgentSettings
+from workers.agent.ports import choose_port
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One attempt's process as this agent knows it: what it runs and where it listens."""
+
+    spec: LaunchSpec
+    engine: str
+    profile: Profile
+    port: int | None = None
+    url: str = ""
+    master_port: int | None = None  # a multi-node head's rendezvous port, chosen with `port`
+
+
+class CatalogCache:
+    """The applied catalog, re-read at most every `ttl` seconds (a pass may need it many times)."""
+
+    def __init__(self, store: Store, clock: Clock, ttl: float = 2.0):
+        self.store, self.clock, self.ttl = store, clock, ttl
+        self.version, self.catalog, self.fetched = 0, None, -1e18
+
+    def get(self) -> Catalog | None:
+        now = self.clock.monotonic()
+        if now - self.fetched >= self.ttl:
+            self.version, self.catalog, _ = read_applied(self.store)
+            self.fetched = now
+        return self.catalog
+
+    def lookup(self, rec: ReplicaRecord) -> tuple[Model, Profile] | None:
+        cat = self.get()
+        model = cat.model(rec.model) if cat else None
+        profile = model.profile(rec.profile) if model else None
+        return (model, profile) if model and profile else None
+
+
+class Launcher:
+    def __init__(self, settings: AgentSettings, store: Store, catalog: CatalogCache, gpus: tuple[GPUDevice, ...],
+                 bindable: Callable[[int], bool]):
+        self.settings, self.store, self.catalog = settings, store, catalog
+        self.gpus, self.bindable = gpus, bindable
+        self.node = settings.node_name
+
+    def prepare(self, rec: ReplicaRecord, reserved: set[int]) -> Launch | None:
+        """The next attempt of this node's part: ports chosen (never one in `reserved`, held by other
+        records on this node) and its command built. None when the replica's model or profile is not
+        in the applied catalog; raises (NoFreePort, EngineUnavailable, ...) when it cannot be built."""
+        found = self.catalog.lookup(rec)
+        if found is None:
+            return None
+        model, profile = found
+        port = choose_port(self.settings.port_range, reserved - {rec.port}, self.bindable, prefer=rec.port)
+        master_port = None
+        if rec.node == self.node and len(rec.all_nodes) > 1:
+            # The rendezvous port the members join, from this node's range like the HTTP port.
+            master_port = choose_port(self.settings.port_range, (reserved - {rec.master_port}) | {port},
+                                      self.bindable, prefer=rec.master_port)
+        spec = self.command(rec, model, profile, port, master_port)
+        return Launch(spec, profile.engine, profile, port, f"http://{self.settings.node_address}:{port}", master_port)
+
+    def rebuild(self, rec: ReplicaRecord) -> Launch | None:
+        """The launch of an attempt this agent did not start (adopted), for its probe paths and start
+        timeout; None without the catalog entry (the defaults apply then)."""
+        found = self.catalog.lookup(rec)
+        if found is None or not rec.port:
+            return None
+        model, profile = found
+        return Launch(self.command(rec, model, profile, rec.port), profile.engine, profile, rec.port, rec.url or "")
+
+    def command(self, rec: ReplicaRecord, model: Model, profile: Profile, port: int,
+                master_port: int | None = None) -> LaunchSpec:
+        """The engine command for this node's part. `master_port`: the head's rendezvous port (the head
+        passes the one it just chose; a member part uses the one the head recorded)."""
+        nodes = rec.all_nodes
+        rank = nodes.index(self.node) if self.node in nodes else 0
+        master = None
+        if len(nodes) > 1:
+            if rec.node == self.node:
+                master = self.settings.node_address
+            else:
+                head = self.store.live_nodes().get(nodes[0])
+                master = head.address if head else None
+        ctx = LaunchContext(
+            replica_id=rec.id, model=model, profile=profile, host=self.settings.engine_host, port=port,
+            gpus=tuple(rec.gpus.get(self.node, [])), node=self.node, node_rank=rank, nnodes=len(nodes),
+            master_addr=master, master_port=master_port if master_port is not None else rec.master_port,
+        )
+        spec = get_engine(profile.engine).command(ctx)
+        if self.gpus and "CUDA_VISIBLE_DEVICES" not in spec.env:
+            # On a GPU node, an engine sees only the GPUs placement gave it (none for a CPU replica), so
+            # a CUDA build of llama.cpp cannot wander onto another replica's card.
+            spec = dataclasses.replace(spec, env={**spec.env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, ctx.gpus))})
+        return spec
