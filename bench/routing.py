@@ -16,8 +16,9 @@ The load is open loop (asyncio, tests/support/loadgen.py): Poisson arrivals at 5
 fleet's capacity, and `burst`: 80 %, then 10 s at 150 %, then 80 % again; streamed chat requests
 of ~100-token prompts (random words, so no prefix cache helps) and the fleet's output lengths.
 Each router gets a short unmeasured warm-up. Figures per cell: p50/p90/p99 latency, TTFT p50/p99,
-errors (non-200 or broken streams), and the share each engine served (from the answers'
-`system_fingerprint`). Starts everything itself on loopback and stops it all.
+errors (non-200, broken streams, or no answer within 60 s, a client's usual timeout), and the share
+each engine served (from the answers' `system_fingerprint`). Starts everything itself on loopback
+and stops it all. The full matrix takes about 25 minutes on 2 cores, `--quick` about 3.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from tests.support.procs import bin_path, free_port, python, wait_until  # noqa:
 
 ROUTERS = ("llmgw", "least_inflight", "round_robin", "nginx", "vllm-p2", "vllm-cache")
 CHAT = "/v1/chat/completions"
+CLIENT_TIMEOUT = 60.0  # seconds, as many HTTP clients: an answer later than that counts as an error
 WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet",
          "kilo", "lima", "mike", "november", "oscar", "papa", "quebec", "romeo", "sierra", "tango")
 
@@ -214,7 +216,7 @@ def bodies(fleet: Fleet, n: int, seed: int) -> list[bytes]:
 def drive(url: str, fleet: Fleet, load: Load, seed: int) -> list[StreamResult]:
     cap = fleet.capacity()
     times = poisson_times(load.rate_at(cap), load.peak(cap), load.seconds, seed)
-    return open_loop_streams(url, CHAT, bodies(fleet, len(times), seed), times, timeout=300)
+    return open_loop_streams(url, CHAT, bodies(fleet, len(times), seed), times, timeout=CLIENT_TIMEOUT)
 
 
 def run_fleet(cluster: Cluster, fleet: Fleet, loads: list[Load], routers: list[str], workdir: Path, warmup: float,
@@ -282,7 +284,11 @@ def verdict(cells: list[Cell]) -> list[str]:
 
 
 def plot(cells: list[Cell], path: Path) -> None:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        print("matplotlib not found (pip install -e '.[bench]'): no plot")
+        return
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -313,29 +319,33 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fleets", default=",".join(FLEETS), help=f"subset of {', '.join(FLEETS)}")
     ap.add_argument("--loads", default="0.5,0.8,0.95,burst", help="subset of 0.5, 0.8, 0.95, burst")
     ap.add_argument("--routers", default=",".join(ROUTERS), help=f"subset of {', '.join(ROUTERS)}")
-    ap.add_argument("--seconds", type=float, default=8.0, help="length of each Poisson load (the burst: 4+10+4 s)")
-    ap.add_argument("--warmup", type=float, default=3.0, help="unmeasured traffic before each router's first load")
-    ap.add_argument("--quick", action="store_true", help="fleet-a at 80 %% and a short burst, 3 s loads (~3 min)")
+    ap.add_argument("--seconds", type=float, default=None,
+                    help="length of each Poisson load (default 6, --quick 3; the burst is 3+10+3 s, --quick 2+4+2)")
+    ap.add_argument("--warmup", type=float, default=2.0, help="unmeasured traffic before each router's first load")
+    ap.add_argument("--quick", action="store_true",
+                    help="by default only fleet-a at 80 %% and a short burst, with 3 s loads (~3 min)")
     ap.add_argument("--gateway-workers", default=None, help="LLMGW_GATEWAY_WORKERS (default: the gunicorn config's)")
     ap.add_argument("--plot", default=str(ROOT / "docs" / "routing-p99.png"), help="PNG of p99 vs load ('' for none)")
     a = ap.parse_args(argv)
+    if a.quick:
+        a.fleets = "fleet-a" if a.fleets == ",".join(FLEETS) else a.fleets
+        a.loads = "0.8,burst" if a.loads == "0.5,0.8,0.95,burst" else a.loads
+    for what, names, known in (("fleet", a.fleets, FLEETS), ("load", a.loads, LOADS), ("router", a.routers, ROUTERS)):
+        unknown = [n for n in names.split(",") if n not in known]
+        if unknown:
+            ap.error(f"unknown {what}(s) {', '.join(unknown)}; choose from {', '.join(known)}")
+    seconds = a.seconds or (3.0 if a.quick else 6.0)
     fleets = [FLEETS[n] for n in a.fleets.split(",")]
     loads = []
     for name in a.loads.split(","):
         ld = LOADS[name]
         if name == "burst":
-            quiet, burst = (2.0, 4.0) if a.quick else (4.0, 10.0)
+            quiet, burst = (2.0, 4.0) if a.quick else (3.0, 10.0)
             ld = replace(ld, seconds=2 * quiet + burst, burst_at=quiet, burst_seconds=burst, warmup=0)
         else:
-            ld = replace(ld, seconds=3.0 if a.quick else a.seconds, warmup=0)
+            ld = replace(ld, seconds=seconds, warmup=0)
         loads.append(ld)
-    if a.quick:
-        fleets = [FLEETS["fleet-a"]] if a.fleets == ",".join(FLEETS) else fleets
-        loads = [ld for ld in loads if ld.name in ("80%", "burst")] if a.loads == "0.5,0.8,0.95,burst" else loads
-    routers = [r for r in a.routers.split(",") if r]
-    missing = [r for r in routers if r not in ROUTERS]
-    if missing:
-        ap.error(f"unknown router(s) {', '.join(missing)}; choose from {', '.join(ROUTERS)}")
+    routers = a.routers.split(",")
     if "nginx" in routers and not nginx_binary():
         print("nginx not found: its column is left out")
         routers.remove("nginx")
