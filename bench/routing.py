@@ -5,8 +5,8 @@
 
 Fleets are bench/fleetsim.py's (the simulator and this benchmark share their definitions): simulated
 engines (`python -m simengine`) with continuous batching, a decode step that slows with the
-batch, and speeds; one of them drops to 30 % of its speed in the middle of each run of the `slowing`
-fleet. Routers, each in front of the same engines in turn:
+batch, and speeds; one of them drops to 30 % of its speed in the middle of each measured run of the
+`slowing` fleet. Routers, each in front of the same engines in turn:
 - llmgw's gateway under gunicorn (gateway/gunicorn_conf.py), endpoints published with the engines'
   batch size as `capacity`, loads scraped every second by the agent's own scraper; with its policy
   (`llmgw`) and its two baselines (`least_inflight`, `round_robin`, LLMGW_GATEWAY_POLICY);
@@ -18,7 +18,7 @@ of ~100-token prompts (random words, so no prefix cache helps) and the fleet's o
 Each router gets a short unmeasured warm-up. Figures per cell: p50/p90/p99 latency, TTFT p50/p99,
 errors (non-200, broken streams, or no answer within 60 s, a client's usual timeout), and the share
 each engine served (from the answers' `system_fingerprint`). Starts everything itself on loopback
-and stops it all. The full matrix takes about 25 minutes on 2 cores, `--quick` about 3.
+and stops it all. The full matrix took 35 minutes on 2 busy shared cores, `--quick` about 3.
 """
 
 from __future__ import annotations
@@ -238,7 +238,13 @@ def run_fleet(cluster: Cluster, fleet: Fleet, loads: list[Load], routers: list[s
                         if rf is None or restart:
                             if rf is not None:
                                 rf.stop()
-                            rf = RunningFleet(cluster, fleet, f"{fleet.name}-{kind}-{i}")
+                            # The slowdown counts from an engine's first request (the warm-up's): put it in
+                            # the middle of the measured run, however long the run is.
+                            mid = {"slow_after": warmup + load.seconds / 2} if restart else {}
+                            run_fleet_ = replace(fleet, engines=tuple(
+                                replace(e, sim=replace(e.sim, **mid)) if e.sim.slow_to < 1 else e
+                                for e in fleet.engines))
+                            rf = RunningFleet(cluster, run_fleet_, f"{fleet.name}-{kind}-{i}")
                         router = Router(kind, cluster, rf, workdir, gateway_workers)
                         drive(router.url, fleet, replace(load, name="warm-up", seconds=warmup, burst_seconds=0,
                                                          fraction=min(load.fraction, 0.8)), seed=99)
@@ -283,7 +289,8 @@ def verdict(cells: list[Cell]) -> list[str]:
     return out
 
 
-def plot(cells: list[Cell], path: Path) -> None:
+def plot(points: list[tuple[str, str, str, float]], path: Path) -> None:
+    """`points`: (fleet, load, router, p99 seconds); one panel per fleet, one line per router."""
     try:
         import matplotlib
     except ImportError:
@@ -293,14 +300,13 @@ def plot(cells: list[Cell], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fleets = list(dict.fromkeys(c.fleet for c in cells))
+    fleets = list(dict.fromkeys(p[0] for p in points))
     fig, axes = plt.subplots(1, len(fleets), figsize=(4.2 * len(fleets), 3.6), squeeze=False)
     for ax, fleet in zip(axes[0], fleets):
-        mine = [c for c in cells if c.fleet == fleet]
-        loads = list(dict.fromkeys(c.load for c in mine))
-        for router in dict.fromkeys(c.router for c in mine):
-            ys = [next((c.figures()["p99"] for c in mine if c.router == router and c.load == ld), float("nan"))
-                  for ld in loads]
+        mine = [p for p in points if p[0] == fleet]
+        loads = list(dict.fromkeys(p[1] for p in mine))
+        for router in dict.fromkeys(p[2] for p in mine):
+            ys = [next((p[3] for p in mine if p[2] == router and p[1] == ld), float("nan")) for ld in loads]
             ax.plot(loads, ys, marker="o", label=router, linewidth=2.5 if router == "llmgw" else 1.2)
         ax.set_yscale("log")
         ax.set_title(fleet)
@@ -370,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{len(cells)} cells in {time.monotonic() - started:.0f} s "
               f"({os.cpu_count()} cores shared by load generator, routers and engines)")
         if a.plot and cells:
-            plot(cells, Path(a.plot))
+            plot([(c.fleet, c.load, c.router, c.figures()["p99"]) for c in cells], Path(a.plot))
     finally:
         cluster.stop()
         shutil.rmtree(workdir, ignore_errors=True)
