@@ -1,38 +1,56 @@
-"""Routing on a heterogeneous fleet: p50/p99 latency and time to first token of streamed requests at
-80 % of the fleet's capacity, for llmgw's router against round robin and least in-flight.
+"""Routing on real processes: llmgw against its peers on several fleets and loads, side by side.
 
-    python bench/routing.py [--seconds 15] [--load 0.8]
+    python bench/routing.py [--quick] [--fleets fleet-a,...] [--loads 0.5,0.8,0.95,burst]
+                            [--routers llmgw,least_inflight,...] [--seconds 8] [--plot docs/routing-p99.png]
 
-Four simulated engines (`python -m simengine`, speeds 1, 1, 0.5 and 0.25, 4 sequences each)
-behind one gateway per policy (LLMGW_GATEWAY_POLICY). Arrivals are open-loop (evenly paced, so a slow
-answer does not slow the arrivals, as with real users). Each policy gets a short warm-up that is not
-measured. Starts redis, engines and gateways itself and stops them all.
+Fleets are bench/fleetsim.py's (the simulator and this benchmark share their definitions): simulated
+engines (`python -m simengine`) with continuous batching, a decode step that slows with the
+batch, and speeds; one of them drops to 30 % of its speed in the middle of each measured run of the
+`slowing` fleet. Routers, each in front of the same engines in turn:
+- llmgw's gateway under gunicorn (gateway/gunicorn_conf.py), endpoints published with the engines'
+  batch size as `capacity`, loads scraped every second by the agent's own scraper; with its policy
+  (`llmgw`) and its two baselines (`least_inflight`, `round_robin`, LLMGW_GATEWAY_POLICY);
+- nginx `least_conn` (when /usr/sbin/nginx or nginx on PATH exists), its own config in a temp dir;
+- vLLM's router (`vllm-router`, pip extra `bench`) with `power_of_two` and `cache_aware`.
+The load is open loop (asyncio, tests/support/loadgen.py): Poisson arrivals at 50/80/95 % of the
+fleet's capacity, and `burst`: 80 %, then 10 s at 150 %, then 80 % again; streamed chat requests
+of ~100-token prompts (random words, so no prefix cache helps) and the fleet's output lengths.
+Each router gets a short unmeasured warm-up. Figures per cell: p50/p90/p99 latency, TTFT p50/p99,
+errors (non-200, broken streams, or no answer within 60 s, a client's usual timeout), and the share
+each engine served (from the answers' `system_fingerprint`). Starts everything itself on loopback
+and stops it all. The full matrix took 35 minutes on 2 busy shared cores, `--quick` about 3.
 """
 
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
+import os
+import random
+import shutil
 import sys
 import tempfile
 import threading
 import time
+import types
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
+sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, ROOT / "bench")]
 
+from bench.fleetsim import FLEETS, LOADS, Engine, Fleet, Load  # noqa: E402
 from llmgw.state.records import EndpointInfo  # noqa: E402
+from llmgw.state.clock import Clock  # noqa: E402
 from tests.support.cluster import Cluster  # noqa: E402
-from tests.support.loadgen import paced  # noqa: E402
-from tests.support.procs import free_port, python, wait_until  # noqa: E402
+from tests.support.loadgen import StreamResult, open_loop_streams, poisson_times  # noqa: E402
+from tests.support.procs import bin_path, free_port, python, wait_until  # noqa: E402
 
-SPEEDS = {"fast-1": 1.0, "fast-2": 1.0, "half": 0.5, "quarter": 0.25}
-MAX_SEQS = 4
-MAX_TOKENS = 16
-BODY = json.dumps({"model": "m", "stream": True, "max_tokens": MAX_TOKENS,
-                   "messages": [{"role": "user", "content": "tell me something"}]}).encode()
+ROUTERS = ("llmgw", "least_inflight", "round_robin", "nginx", "vllm-p2", "vllm-cache")
+CHAT = "/v1/chat/completions"
+CLIENT_TIMEOUT = 60.0  # seconds, as many HTTP clients: an answer later than that counts as an error
+WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet",
+         "kilo", "lima", "mike", "november", "oscar", "papa", "quebec", "romeo", "sierra", "tango")
 
 
 def pct(xs: list[float], p: float) -> float:
@@ -40,99 +58,330 @@ def pct(xs: list[float], p: float) -> float:
     return xs[min(len(xs) - 1, int(p * len(xs)))] if xs else float("nan")
 
 
-def start_engine(cluster: Cluster, name: str, speed: float) -> str:
-    port = free_port()
-    cluster.procs.start(f"engine-{name}", [
-        python(), "-m", "simengine", "--port", str(port), "--served-model-name", "m",
-        "--max-seqs", str(MAX_SEQS), "--speed", str(speed), "--seed", "1"], env=cluster.env())
-    url = f"http://127.0.0.1:{port}"
-    import requests
-
-    wait_until(lambda: requests.get(url + "/health", timeout=1).ok, 30, what=f"engine {name}")
-    return url
+def nginx_binary() -> str | None:
+    return shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
 
 
-def measure_service_time(url: str) -> float:
-    """One request alone on an idle engine: its service time at batch one."""
-    host, port = url.split("//")[1].split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=60)
-    t = time.perf_counter()
-    conn.request("POST", "/v1/chat/completions", BODY, {"Content-Type": "application/json"})
-    conn.getresponse().read()
-    return time.perf_counter() - t
+# --- the fleet --------------------------------------------------------------------------------------
+def engine_argv(e: Engine, port: int) -> list[str]:
+    c = e.sim
+    argv = [python(), "-m", "simengine", "--port", str(port), "--served-model-name", "m",
+            "--max-seqs", str(c.max_seqs), "--kv-tokens", str(c.kv_tokens), "--step-ms", str(c.step_ms),
+            "--batch-alpha", str(c.batch_alpha), "--prefill-ms-per-token", str(c.prefill_ms_per_token),
+            "--speed", str(c.speed), "--seed", "1"]
+    if c.slow_to < 1:
+        argv += ["--slow-to", str(c.slow_to), "--slow-after", str(c.slow_after)]
+    return argv
 
 
-def open_loop(url: str, rate: float, seconds: float) -> tuple[list[float], list[float], int]:
-    host, port = url.split("//")[1].split(":")
-    lat, ttft, errors = [], [], [0]
-    lock = threading.Lock()
-    local = threading.local()
+class RunningFleet:
+    """The fleet's engines, published to Redis for llmgw, and the agent's scraper writing their loads."""
 
-    def one():
-        conn = getattr(local, "conn", None)
-        if conn is None:
-            conn = local.conn = http.client.HTTPConnection(host, int(port), timeout=120)
-        t = time.perf_counter()
-        try:
-            conn.request("POST", "/v1/chat/completions", BODY, {"Content-Type": "application/json"})
-            r = conn.getresponse()
-            first = None
-            while True:
-                chunk = r.read1(65536)
-                if not chunk:
-                    break
-                if first is None and b'"content": "' in chunk.replace(b'"content": ""', b""):
-                    first = time.perf_counter() - t
-            ok = r.status == 200
-        except (OSError, http.client.HTTPException):
-            local.conn = None
-            ok = False
-        with lock:
-            if ok:
-                lat.append(time.perf_counter() - t)
-                ttft.append(first if first is not None else lat[-1])
-            else:
-                errors[0] += 1
+    def __init__(self, cluster: Cluster, fleet: Fleet, tag: str):
+        self.cluster, self.fleet = cluster, fleet
+        self.ports = {e.name: free_port() for e in fleet.engines}
+        self.names = [e.name for e in fleet.engines]
+        for e in fleet.engines:
+            cluster.procs.start(f"engine-{e.name}-{tag}", engine_argv(e, self.ports[e.name]), env=cluster.env())
+        self.urls = {n: f"http://127.0.0.1:{p}" for n, p in self.ports.items()}
+        import requests
 
-    paced(one, rate, seconds, max_workers=120)
-    return lat, ttft, errors[0]
+        for n, u in self.urls.items():
+            wait_until(lambda u=u: requests.get(u + "/health", timeout=1).ok, 30, what=f"engine {n}")
+        cluster.store().write_endpoints(
+            [EndpointInfo(id=e.name, url=self.urls[e.name], models=("m",), engine="sim", model="m", served_name="m",
+                          capacity=e.capacity) for e in fleet.engines], f"bench-{tag}", time.time())
+        self.stop_scrape = threading.Event()
+        self.scraper = threading.Thread(target=self._scrape, name="bench-scrape", daemon=True)
+        self.scraper.start()
+
+    def _scrape(self) -> None:
+        """The node agent's scraper (workers/agent/scrape.py), every second, as on a real node."""
+        from workers.agent.probe import HttpProber
+        from workers.agent.scrape import Scraper, ScrapeTarget
+
+        targets = [ScrapeTarget(n, u + "/metrics", "sim", None) for n, u in self.urls.items()]
+        cfg = types.SimpleNamespace(scrape_interval=1.0, scrape_timeout=1.0)
+        Scraper(self.cluster.store(), HttpProber(), lambda: targets, cfg, Clock()).run(self.stop_scrape)
+
+    def engine_of(self, fingerprint: str) -> str:
+        port = fingerprint.rsplit("-", 1)[-1]
+        return next((n for n, p in self.ports.items() if str(p) == port), "?")
+
+    def stop(self) -> None:
+        self.stop_scrape.set()
+        self.scraper.join(5)
+        for p in self.cluster.procs.procs:
+            if p.name.startswith("engine-") and p.alive():
+                p.stop()
 
 
-def main() -> None:
+# --- the routers ------------------------------------------------------------------------------------
+class Router:
+    def __init__(self, kind: str, cluster: Cluster, fleet: RunningFleet, workdir: Path, gateway_workers: str | None):
+        self.kind, self.cluster = kind, cluster
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.name = f"router-{kind}-{self.port}"
+        urls = list(fleet.urls.values())
+        import requests
+
+        if kind in ("llmgw", "least_inflight", "round_robin"):
+            env = cluster.env(LLMGW_GATEWAY_POLICY=kind, LLMGW_GATEWAY_SEED="1", LLMGW_GATEWAY_BIND=f"127.0.0.1:{self.port}",
+                              LLMGW_GATEWAY_THREADS="1024")  # a burst holds hundreds of requests at once
+            if gateway_workers:
+                env["LLMGW_GATEWAY_WORKERS"] = gateway_workers
+            cluster.procs.start(self.name, [bin_path("gunicorn"), "-c", "python:gateway.gunicorn_conf",
+                                            "--log-level", "warning", "gateway:create_app()"], env=env, cwd=str(ROOT))
+            wait_until(lambda: requests.get(self.url + "/healthz", timeout=1).json()["endpoints"] == len(urls), 30,
+                       what=f"{kind} gateway")
+        elif kind == "nginx":
+            conf = workdir / f"nginx-{self.port}.conf"
+            servers = "\n".join(f"    server {u[len('http://'):]} max_fails=0;" for u in urls)
+            conf.write_text(f"""daemon off;
+worker_processes 1;
+pid {workdir}/nginx-{self.port}.pid;
+error_log {workdir}/nginx-{self.port}.err warn;
+events {{ worker_connections 16384; }}
+http {{
+  access_log off;
+  client_body_temp_path {workdir}/nginx-body;
+  proxy_temp_path {workdir}/nginx-proxy;
+  upstream fleet {{
+    least_conn;
+{servers}
+    keepalive 256;
+  }}
+  server {{
+    listen 127.0.0.1:{self.port};
+    location / {{
+      proxy_pass http://fleet;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+      proxy_read_timeout 600s;
+    }}
+  }}
+}}
+""")
+            cluster.procs.start(self.name, [nginx_binary(), "-p", str(workdir), "-c", str(conf)])
+            wait_until(lambda: requests.get(self.url + "/health", timeout=1).status_code == 200, 15, what="nginx")
+        else:
+            policy = {"vllm-p2": "power_of_two", "vllm-cache": "cache_aware"}[kind]
+            cluster.procs.start(self.name, [bin_path("vllm-router"), "--host", "127.0.0.1", "--port", str(self.port),
+                                            "--worker-urls", *urls, "--policy", policy, "--log-level", "warning"])
+            wait_until(lambda: requests.get(self.url + "/v1/models", timeout=1).status_code == 200, 60,
+                       what=f"vllm-router {policy}")
+
+    def stop(self) -> None:
+        self.cluster.procs.get(self.name).stop()
+
+
+# --- one cell ---------------------------------------------------------------------------------------
+@dataclass
+class Cell:
+    fleet: str
+    load: str
+    router: str
+    results: list[StreamResult]
+    shares: dict[str, int]
+
+    def ok(self) -> list[StreamResult]:
+        return [r for r in self.results if r.status == 200]
+
+    def figures(self) -> dict:
+        ok = self.ok()
+        lat, ttft = [r.latency for r in ok], [r.ttft for r in ok if r.ttft is not None]
+        return {"p50": pct(lat, .5), "p90": pct(lat, .9), "p99": pct(lat, .99), "ttft50": pct(ttft, .5),
+                "ttft99": pct(ttft, .99), "errors": len(self.results) - len(ok), "n": len(self.results)}
+
+
+def bodies(fleet: Fleet, n: int, seed: int) -> list[bytes]:
+    """Chat requests with prompts of the fleet's length (about 4 characters per token) made of random
+    words, and its output lengths as max_tokens."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        prompt_tokens, max_tokens = fleet.prompt.sample(rng), fleet.output.sample(rng)
+        words, chars = [], 0
+        while chars < 4 * max(1, prompt_tokens - 6):
+            w = rng.choice(WORDS)
+            words.append(w)
+            chars += len(w) + 1
+        out.append(json.dumps({"model": "m", "stream": True, "max_tokens": max_tokens,
+                               "messages": [{"role": "user", "content": " ".join(words)}]}).encode())
+    return out
+
+
+def drive(url: str, fleet: Fleet, load: Load, seed: int) -> list[StreamResult]:
+    cap = fleet.capacity()
+    times = poisson_times(load.rate_at(cap), load.peak(cap), load.seconds, seed)
+    return open_loop_streams(url, CHAT, bodies(fleet, len(times), seed), times, timeout=CLIENT_TIMEOUT)
+
+
+def run_fleet(cluster: Cluster, fleet: Fleet, loads: list[Load], routers: list[str], workdir: Path, warmup: float,
+              gateway_workers: str | None) -> list[Cell]:
+    """Every router in front of the fleet for every load, one router at a time. The engines are
+    started once, or once per run when one of them slows mid-run (so each run sees the slowdown at
+    the same point); each router gets an unmeasured warm-up when it starts."""
+    cells: list[Cell] = []
+    restart = any(e.sim.slow_to < 1 for e in fleet.engines)
+    rf = None
+    try:
+        for kind in routers:
+            router = None
+            try:
+                for i, load in enumerate(loads):
+                    if router is None or restart:
+                        if router is not None:
+                            router.stop()
+                        if rf is None or restart:
+                            if rf is not None:
+                                rf.stop()
+                            # The slowdown counts from an engine's first request (the warm-up's): put it in
+                            # the middle of the measured run, however long the run is.
+                            mid = {"slow_after": warmup + load.seconds / 2} if restart else {}
+                            run_fleet_ = replace(fleet, engines=tuple(
+                                replace(e, sim=replace(e.sim, **mid)) if e.sim.slow_to < 1 else e
+                                for e in fleet.engines))
+                            rf = RunningFleet(cluster, run_fleet_, f"{fleet.name}-{kind}-{i}")
+                        router = Router(kind, cluster, rf, workdir, gateway_workers)
+                        drive(router.url, fleet, replace(load, name="warm-up", seconds=warmup, burst_seconds=0,
+                                                         fraction=min(load.fraction, 0.8)), seed=99)
+                    results = drive(router.url, fleet, load, seed=1)
+                    shares = {n: 0 for n in rf.names}
+                    for r in results:
+                        if r.status == 200:
+                            n = rf.engine_of(r.server)
+                            shares[n] = shares.get(n, 0) + 1
+                    cells.append(Cell(fleet.name, load.name, kind, results, shares))
+                    print(row(cells[-1]), flush=True)
+            finally:
+                if router is not None:
+                    router.stop()
+    finally:
+        if rf is not None:
+            rf.stop()
+    return cells
+
+
+def row(c: Cell) -> str:
+    f = c.figures()
+    share = "/".join(str(v) for v in c.shares.values())
+    return (f"  {c.load:6} {c.router:15} {f['p50']:7.2f} {f['p90']:7.2f} {f['p99']:7.2f} {f['ttft50']:7.3f} "
+            f"{f['ttft99']:7.3f} {f['errors']:5}/{f['n']:<5} {share}")
+
+
+def verdict(cells: list[Cell]) -> list[str]:
+    """Per fleet and load: llmgw's p99 and TTFT p99 over the best peer's (llmgw's baselines included)."""
+    out = []
+    keys = sorted({(c.fleet, c.load) for c in cells}, key=lambda k: [c.fleet for c in cells].index(k[0]))
+    for fleet, load in keys:
+        group = {c.router: c.figures() for c in cells if (c.fleet, c.load) == (fleet, load)}
+        if "llmgw" not in group or len(group) < 2:
+            continue
+        mine = group.pop("llmgw")
+        best99 = min(g["p99"] for g in group.values())
+        bestt = min(g["ttft99"] for g in group.values())
+        p, t = mine["p99"] / best99, mine["ttft99"] / bestt
+        flag = "" if p <= 1 and t <= 1 and mine["errors"] <= min(g["errors"] for g in group.values()) else "  <-- behind"
+        out.append(f"  {fleet:12} {load:6} {p:5.2f} {t:5.2f} {mine['errors']:4}{flag}")
+    return out
+
+
+def plot(points: list[tuple[str, str, str, float]], path: Path) -> None:
+    """`points`: (fleet, load, router, p99 seconds); one panel per fleet, one line per router."""
+    try:
+        import matplotlib
+    except ImportError:
+        print("matplotlib not found (pip install -e '.[bench]'): no plot")
+        return
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fleets = list(dict.fromkeys(p[0] for p in points))
+    fig, axes = plt.subplots(1, len(fleets), figsize=(4.2 * len(fleets), 3.6), squeeze=False)
+    for ax, fleet in zip(axes[0], fleets):
+        mine = [p for p in points if p[0] == fleet]
+        loads = list(dict.fromkeys(p[1] for p in mine))
+        for router in dict.fromkeys(p[2] for p in mine):
+            ys = [next((p[3] for p in mine if p[2] == router and p[1] == ld), float("nan")) for ld in loads]
+            ax.plot(loads, ys, marker="o", label=router, linewidth=2.5 if router == "llmgw" else 1.2)
+        ax.set_yscale("log")
+        ax.set_title(fleet)
+        ax.set_xlabel("load")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].set_ylabel("p99 latency (s)")
+    axes[0][-1].legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    print(f"plot: {path}")
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seconds", type=float, default=15.0)
-    ap.add_argument("--load", type=float, default=0.8, help="offered load as a fraction of capacity")
-    ap.add_argument("--policies", default="llmgw,least_inflight,round_robin")
-    a = ap.parse_args()
-    cluster = Cluster(Path(tempfile.mkdtemp(prefix="llmgw-bench-routing-")))
+    ap.add_argument("--fleets", default=",".join(FLEETS), help=f"subset of {', '.join(FLEETS)}")
+    ap.add_argument("--loads", default="0.5,0.8,0.95,burst", help="subset of 0.5, 0.8, 0.95, burst")
+    ap.add_argument("--routers", default=",".join(ROUTERS), help=f"subset of {', '.join(ROUTERS)}")
+    ap.add_argument("--seconds", type=float, default=None,
+                    help="length of each Poisson load (default 6, --quick 3; the burst is 3+10+3 s, --quick 2+4+2)")
+    ap.add_argument("--warmup", type=float, default=2.0, help="unmeasured traffic before each router's first load")
+    ap.add_argument("--quick", action="store_true",
+                    help="by default only fleet-a at 80 %% and a short burst, with 3 s loads (~3 min)")
+    ap.add_argument("--gateway-workers", default=None, help="LLMGW_GATEWAY_WORKERS (default: the gunicorn config's)")
+    ap.add_argument("--plot", default=str(ROOT / "docs" / "routing-p99.png"), help="PNG of p99 vs load ('' for none)")
+    a = ap.parse_args(argv)
+    if a.quick:
+        a.fleets = "fleet-a" if a.fleets == ",".join(FLEETS) else a.fleets
+        a.loads = "0.8,burst" if a.loads == "0.5,0.8,0.95,burst" else a.loads
+    for what, names, known in (("fleet", a.fleets, FLEETS), ("load", a.loads, LOADS), ("router", a.routers, ROUTERS)):
+        unknown = [n for n in names.split(",") if n not in known]
+        if unknown:
+            ap.error(f"unknown {what}(s) {', '.join(unknown)}; choose from {', '.join(known)}")
+    seconds = a.seconds or (3.0 if a.quick else 6.0)
+    fleets = [FLEETS[n] for n in a.fleets.split(",")]
+    loads = []
+    for name in a.loads.split(","):
+        ld = LOADS[name]
+        if name == "burst":
+            quiet, burst = (2.0, 4.0) if a.quick else (3.0, 10.0)
+            ld = replace(ld, seconds=2 * quiet + burst, burst_at=quiet, burst_seconds=burst, warmup=0)
+        else:
+            ld = replace(ld, seconds=seconds, warmup=0)
+        loads.append(ld)
+    routers = a.routers.split(",")
+    if "nginx" in routers and not nginx_binary():
+        print("nginx not found: its column is left out")
+        routers.remove("nginx")
+    if any(r.startswith("vllm") for r in routers) and not shutil.which(bin_path("vllm-router")):
+        print("vllm-router not found (pip install -e '.[bench]'): its columns are left out")
+        routers = [r for r in routers if not r.startswith("vllm")]
+
+    workdir = Path(tempfile.mkdtemp(prefix="llmgw-bench-routing-"))
+    cluster = Cluster(workdir)
+    cells: list[Cell] = []
+    started = time.monotonic()
     try:
         cluster.start_redis()
-        urls = {n: start_engine(cluster, n, s) for n, s in SPEEDS.items()}
-        # Capacity: each engine finishes MAX_SEQS requests per (batched) service time.
-        base = measure_service_time(urls["fast-1"])
-        batched = base * (1 + 0.08 * (MAX_SEQS - 1))  # the sim's default batch slowdown
-        capacity = sum(MAX_SEQS * s / batched for s in SPEEDS.values())
-        rate = a.load * capacity
-        cluster.store().write_endpoints(
-            [EndpointInfo(id=n, url=u, models=("m",), engine="sim", model="m", served_name="m", capacity=MAX_SEQS)
-             for n, u in urls.items()], "bench", time.time())
-        print(f"fleet: speeds {list(SPEEDS.values())}, {MAX_SEQS} seqs each, service {base * 1000:.0f} ms alone; "
-              f"capacity ~{capacity:.1f} req/s; offering {rate:.1f} req/s ({a.load:.0%}) for {a.seconds:.0f}s")
-        print(f"{'policy':16} {'p50':>8} {'p99':>8} {'TTFT p50':>9} {'TTFT p99':>9} {'requests':>9} {'errors':>7}")
-        for policy in a.policies.split(","):
-            gw = cluster.start_gateway(port=free_port(), LLMGW_GATEWAY_POLICY=policy, LLMGW_GATEWAY_SEED="1",
-                                       LLMGW_GATEWAY_QUEUE_TIMEOUT="30")
-            import requests
-
-            wait_until(lambda: requests.get(gw + "/healthz").json()["endpoints"] == len(urls), 10, what="endpoints")
-            open_loop(gw, rate / 2, 2.0)  # warm-up: the router learns the speeds
-            lat, ttft, errors = open_loop(gw, rate, a.seconds)
-            print(f"{policy:16} {pct(lat, .5):>7.2f}s {pct(lat, .99):>7.2f}s {pct(ttft, .5):>8.2f}s "
-                  f"{pct(ttft, .99):>8.2f}s {len(lat):>9} {errors:>7}", flush=True)
-            cluster.procs.get("gateway").stop()
+        for fleet in fleets:
+            print(f"\n{fleet.name}: {len(fleet.engines)} engines, speeds {[e.sim.speed for e in fleet.engines]}, "
+                  f"capacity ~{fleet.capacity():.1f} req/s{(' (' + fleet.note + ')') if fleet.note else ''}")
+            print(f"  {'load':6} {'router':15} {'p50':>7} {'p90':>7} {'p99':>7} {'ttft50':>7} {'ttft99':>7} "
+                  f"{'err/n':>11} served ({'/'.join(e.name for e in fleet.engines)})", flush=True)
+            cells += run_fleet(cluster, fleet, loads, routers, workdir, a.warmup, a.gateway_workers)
+        print("\nllmgw / best peer: p99 ratio, TTFT p99 ratio (<= 1 is the target), llmgw errors")
+        print("\n".join(verdict(cells)))
+        print(f"\n{len(cells)} cells in {time.monotonic() - started:.0f} s "
+              f"({os.cpu_count()} cores shared by load generator, routers and engines)")
+        if a.plot and cells:
+            plot([(c.fleet, c.load, c.router, c.figures()["p99"]) for c in cells], Path(a.plot))
     finally:
         cluster.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

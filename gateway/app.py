@@ -31,7 +31,7 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.http import HTTP_STATUS_CODES
 
 from gateway import fleetmetrics
-from gateway.admission import Send, Shed, Wait, WaitQueue, admit
+from gateway.admission import Send, Shed, Wait, WaitQueue, admit, drain_time
 from gateway.auth import ApiKey, KeyTable, RateLimiter, UsageRecorder
 from gateway.coldstart import DemandSignal, hold, retry_after
 from gateway.config import DEFAULT_MAX_CONNECTIONS, GatewaySettings
@@ -110,10 +110,11 @@ class Lease:
     def __init__(self, state: GatewayState, choice: Choice):
         self.state, self.choice, self.done = state, choice, False
 
-    def release(self, service_time: float | None = None, tokens: int | None = None) -> None:
+    def release(self, service_time: float | None = None, tokens: int | None = None,
+                ttfb: float | None = None) -> None:
         if not self.done:
             self.done = True
-            self.state.release(self.choice, service_time, tokens)
+            self.state.release(self.choice, service_time, tokens, ttfb)
 
 
 class Call:
@@ -555,19 +556,24 @@ class Gateway:
 
     def _admit(self, req: RouteRequest, first: bool, last_error: ApiError | None) -> Choice:
         q = self.queue(req.model)
-        res = self.state.route(RouteRequest(req.model, req.priority, req.affinity, req.exclude, len(q) + 1, req.op,
-                                            req.pin))
+        res = self.state.route(RouteRequest(req.model, req.priority, req.affinity, req.exclude, len(q) + 1,
+                                            op=req.op, pin=req.pin))
         if isinstance(res, Rejection) and res.kind == "unknown_model" and req.model in self.state.cold_start:
             return self._cold_start(req, q, self.state.cold_start[req.model])
-        decision = admit(res, req.priority, len(q) if first else 0, self.cfg.queue_max, self.cfg.queue_timeout)
+        # How long the queue would take to reach this request; only worth computing when it may wait.
+        drain = (drain_time(len(q) + 1, self.state.completion_rate(req.model))
+                 if isinstance(res, Rejection) and res.kind == "saturated" else None)
+        decision = admit(res, req.priority, len(q) if first else 0, self.cfg.queue_max, self.cfg.queue_timeout, drain)
         if isinstance(decision, Wait):
             if isinstance(res, Choice):  # others queued first: give the slot back and line up
                 self.state.release(res, None)
             self.saturation.queued(self.state.canonical.get(req.model, req.model))
             self.metrics.queue.labels(req.model).inc()
+            entered = self.clock.monotonic()
             try:
                 # Only the head of the queue routes: it is first in line, whatever waits behind it.
-                res = q.wait(lambda: self.state.route(replace(req, queued=1)), self.cfg.queue_timeout)
+                res = q.wait(lambda: self.state.route(replace(req, queued=1, waited=self.clock.monotonic() - entered)),
+                             self.cfg.queue_timeout)
             finally:
                 self.metrics.queue.labels(req.model).dec()
             if res is None:
@@ -643,12 +649,14 @@ class Gateway:
         traffic, canon = self.traffic, self.state.canonical.get(model, model)
 
         learns, counts = route.learns, not route.by_id
+        first_at: list[float] = []  # when the stream's first bytes came (once per request, not per chunk)
 
         def finish(completed: bool, usage, charted: bool = True) -> None:
             now = mono()
             ok = completed and status < 400
             usage = usage if counts else None
-            lease.release((now - t_send) if ok and learns else None, usage[1] if usage and learns else None)
+            lease.release((now - t_send) if ok and learns else None, usage[1] if usage and learns else None,
+                          (first_at[0] - t_send) if ok and learns and first_at else None)
             child = metrics.child
             child(metrics.requests, model, ep.id, str(status) if completed else "aborted").inc()
             child(metrics.latency, model).observe(now - t0)
@@ -665,7 +673,8 @@ class Gateway:
             deadline = t0 + self.cfg.total_timeout
 
             def first() -> None:
-                waited = mono() - t0
+                first_at.append(mono())
+                waited = first_at[0] - t0
                 metrics.child(metrics.ttft, model).observe(waited)
                 traffic.first_byte(canon, waited)
 

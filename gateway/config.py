@@ -48,17 +48,28 @@ class RoutingConfig(EnvSettings):
     affinity_load_factor: float = env("LLMGW_GATEWAY_AFFINITY_LOAD_FACTOR", default=1.5, ge=1,
                                       meaning="bounded load for session affinity")
     # A standard request waits in the gateway for a full but faster endpoint only when the expected
-    # delay of waiting times this margin still beats the best open endpoint (the wait estimate is
-    # optimistic: slots do not free evenly). Measured in bench/routing.py: 1.5 keeps p50 at least-
-    # in-flight's while halving its p99.
-    wait_margin: float = env("LLMGW_GATEWAY_WAIT_MARGIN", default=1.5, ge=1,
-                             meaning="how much better waiting for a faster endpoint must be")
-    # How much KV-cache pressure stretches an endpoint's expected delay (delay * (1 + w * kv)).
-    kv_weight: float = env("LLMGW_GATEWAY_KV_WEIGHT", default=0.5, ge=0, meaning="delay x (1 + w x KV usage)")
-    # A learned service time relaxes toward the fleet's best with this half-life (seconds) when the
-    # endpoint gets no traffic, so an endpoint that was slow once is tried again.
+    # completion by waiting, times this margin, still beats the best open endpoint (holding a request
+    # costs its time to first token for certain; the gain is an estimate).
+    wait_margin: float = env("LLMGW_GATEWAY_WAIT_MARGIN", default=2.0, ge=1,
+                             meaning="how many times better waiting for a full, faster endpoint must be than "
+                                     "sending to an open one")
+    # How much of the slowdown a request adds to the sequences already running on an endpoint counts
+    # against sending it there (0: each request only minds its own completion; 1: the whole cost).
+    imposed_weight: float = env("LLMGW_GATEWAY_IMPOSED_WEIGHT", default=1.0, ge=0,
+                                meaning="how much the slowdown a request adds to the sequences already running "
+                                        "counts in the score (0: none)")
+    # How much KV-cache pressure stretches an endpoint's score (score * (1 + w * kv)).
+    kv_weight: float = env("LLMGW_GATEWAY_KV_WEIGHT", default=0.5, ge=0, meaning="score x (1 + w x KV usage)")
+    # A learned speed relaxes toward the fleet's best with this half-life (seconds) when the
+    # endpoint gets no samples, so an endpoint that was slow once is tried again.
     forget_half_life: Seconds = env("LLMGW_GATEWAY_FORGET_HALF_LIFE", default=60.0, ge=0.01,
-                                    meaning="seconds for a slow estimate to relax toward the best")
+                                    meaning="seconds for a slow estimate to relax toward the best while the "
+                                            "endpoint gets no samples")
+    # The weight of a speed sample (scrape or answer) halves every this many seconds: how fast the
+    # learned speed follows an engine that changes, against how much noise it averages out.
+    learn_half_life: Seconds = env("LLMGW_GATEWAY_LEARN_HALF_LIFE", default=10.0, ge=0.01,
+                                   meaning="seconds after which a speed sample weighs half: how fast the learned "
+                                           "speed follows a changing engine")
     # An endpoint that refused a connection is passed over for this long (seconds) while its peers
     # can serve, instead of costing a retry on every request until the publisher drops it.
     eject_for: Seconds = env("LLMGW_GATEWAY_EJECT_FOR", default=5.0, ge=0,
@@ -81,10 +92,15 @@ class GatewaySettings(Settings):
                                  meaning="seconds a whole answer may take (checked between chunks)")
     retries: int = env("LLMGW_GATEWAY_RETRIES", default=2, ge=0, le=10,
                        meaning="further endpoints tried after a connect error / 5xx / 429 before any byte")
-    queue_max: int = env("LLMGW_GATEWAY_QUEUE_MAX", default=64, ge=0,
+    # The per-model queue standard requests wait in when every endpoint is saturated. An LLM answer
+    # takes seconds, so a burst is absorbed by tens of seconds of waiting (under a client's usual 60 s
+    # timeout), not refused; each waiting request holds only its body. Requests the queue cannot
+    # serve within the bound are refused at once (gateway.admission).
+    queue_max: int = env("LLMGW_GATEWAY_QUEUE_MAX", default=1000, ge=0,
                          meaning="per-model queue of standard requests while every endpoint is saturated")
-    queue_timeout: Seconds = env("LLMGW_GATEWAY_QUEUE_TIMEOUT", default=5.0, ge=0,
-                                 meaning="seconds a standard request waits in that queue")
+    queue_timeout: Seconds = env("LLMGW_GATEWAY_QUEUE_TIMEOUT", default=30.0, ge=0,
+                                 meaning="the longest a standard request waits in that queue (seconds); refused "
+                                         "at once when its estimated wait exceeds it")
     default_priority: Priority = env("LLMGW_GATEWAY_DEFAULT_PRIORITY", default="standard",
                                      meaning="for requests without X-LLMGW-Priority and without a key default")
     poll_interval: Seconds = env("LLMGW_GATEWAY_POLL_INTERVAL", default=0.5, ge=0.01,

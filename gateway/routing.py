@@ -1,27 +1,40 @@
 """Where a request goes: a pure `choose(endpoints, loads, inflight, request, now) -> Choice | Rejection`.
 
-The load-aware policy (`llmgw`) is shortest expected delay over a multi-slot queue: an endpoint with
-`slots` concurrent sequences and a learned per-request service time `unit` finishes a request sent
-now after about `unit * max(1, (ahead + 1) / slots)`, where `ahead` is what it already holds (the
-gateway's own in-flight count, exact and immediate, plus what other gateways sent as seen in the last
-scrape). Below its slots a batch engine's latency stays flat, so a fast endpoint with free slots beats
-an idle slow one, and a slow one only takes overflow once the fast ones queue deeply. Scores within
-`tie_tolerance` of the best are picked at random, so many gateways do not herd onto one endpoint.
+The load-aware policy (`llmgw`) sends a request where it is expected to complete soonest, counting
+what it costs the others: for each endpoint, with `held` requests already on it (the gateway's own
+in-flight count, exact and immediate, plus what other gateways sent as seen in the last scrape),
+`completion + imposed` from its learned `Speed` (gateway.speed): time to first byte, the wait for a
+slot once its batch is full, and the decode time at the batch size it will run in, which grows with
+every extra sequence; plus the slowdown it adds to the sequences already running there. So a fast
+endpoint is filled while its growing batch still beats a slower one, a slow endpoint with free
+slots takes requests as soon as it is the quicker way out, and nothing waits in the gateway while
+an endpoint could serve it sooner than the queue would. Scores within `tie_tolerance` of the best
+are picked at random, so many gateways do not herd onto one endpoint.
 
-Priority tiers: the highest tier that has an unsaturated endpoint takes the request. A request with
-an affinity key (session) goes to its rendezvous-hash endpoint while that one is not overloaded.
+The request waits in the gateway only when every endpoint is saturated (its `capacity`, or the
+engine's own queue or KV cache), or when a saturated endpoint frees a slot so soon that waiting for
+it beats every open one by `wait_margin`. Priority tiers: the highest tier that has an unsaturated
+endpoint takes the request. A request with an affinity key (session) goes to its rendezvous-hash
+endpoint while that one is not overloaded.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
+import operator
 import random
-from dataclasses import dataclass
-from typing import Mapping, Sequence
+from dataclasses import KW_ONLY, dataclass
+from typing import Mapping, NamedTuple, Sequence
 
 from gateway.config import RoutingConfig
+from gateway.speed import PRIOR_SLOWDOWN, Speed
 from llmgw.state.records import EndpointInfo, LoadRecord
 from llmgw.surface import CHAT
+
+
+_DECODE1 = operator.attrgetter("decode1")
+NOTHING_KNOWN = Speed(1.0, PRIOR_SLOWDOWN)  # before any speed is learned: all alike, so the emptiest wins
 
 
 @dataclass(frozen=True)
@@ -31,18 +44,21 @@ class RouteRequest:
     affinity: str | None = None  # X-Session-ID or OpenAI `user`
     exclude: frozenset[str] = frozenset()  # endpoints already tried for this request (retries)
     queued: int = 1  # requests of this model waiting in the gateway, this one included
+    _: KW_ONLY  # the later fields were added by separate features: named, so none lands in another's place
     op: str = CHAT  # the operation (llmgw.surface): only endpoints that serve it are candidates
     pin: str | None = None  # the one endpoint it may go to (a response's, by its id)
+    waited: float = 0.0  # seconds this request has already waited in the gateway's queue
 
 
 @dataclass(frozen=True)
 class EndpointStats:
     """What the gateway learned about one endpoint (kept by gateway.state, passed in as a snapshot)."""
 
-    unit: float | None = None  # smoothed service time of one request at or below its slots (s)
-    last_sample: float = 0.0  # when `unit` was last updated (the caller's monotonic clock)
-    scrape_inflight: int | None = None  # our in-flight count when the current LoadRecord was read
-    scrape_unit: float | None = None  # service time implied by the engine's token throughput (scrapes)
+    speed: Speed | None = None  # learned from scrapes and answers (gateway.state); None: not yet
+    last_sample: float = 0.0  # when `speed` last got a sample (the caller's monotonic clock)
+    slots: int | None = None  # the engine's batch limit, as seen in a scrape while requests waited
+    scrape_inflight: int | None = None  # what we held when the current LoadRecord was scraped
+    others_ratio: float = 0.0  # other gateways' requests per one of ours, over the model's endpoints
     # When this gateway first saw the current LoadRecord's `ts` (its own monotonic clock): staleness
     # is judged by it, never by comparing the agent's clock with ours.
     load_seen: float | None = None
@@ -66,14 +82,14 @@ class Rejection:
     detail: str = ""
 
 
-@dataclass(frozen=True)
-class _Cand:
+class _Cand(NamedTuple):  # a tuple: built for every endpoint on every request
     ep: EndpointInfo
     ahead: int
     saturated: bool
     score: float
-    soft: bool = False  # saturated only by what it holds reaching capacity (not by the engine)
-    unit: float = 1.0
+    soft: bool  # saturated only by what it holds reaching capacity (not by the engine)
+    speed: Speed
+    slots: float
 
 
 def fresh_load(rec: LoadRecord | None, now: float, cfg: RoutingConfig, seen: float | None = None) -> LoadRecord | None:
@@ -86,13 +102,18 @@ def fresh_load(rec: LoadRecord | None, now: float, cfg: RoutingConfig, seen: flo
     return rec
 
 
-def _ahead(ep: EndpointInfo, load: LoadRecord | None, inflight: int, st: EndpointStats | None) -> int:
-    """Requests the endpoint holds: ours exactly, plus others' seen in the scrape."""
+def ahead_of(ep: EndpointInfo, load: LoadRecord | None, inflight: int, st: EndpointStats | None) -> int:
+    """Requests the endpoint holds: ours exactly, plus others' seen in the scrape. Other gateways (and
+    gunicorn workers) route like this one on the same kind of traffic, so when we sent the endpoint
+    more since it was scraped, they are taken to have done so too, in proportion to their share of
+    the traffic: else each of them fills a fast endpoint past its capacity in the second before the
+    next scrape shows what the others sent it meanwhile."""
     if load is None or (load.running is None and load.waiting is None):
         return inflight
     scraped = (load.running or 0) + (load.waiting or 0)
     if st is not None and st.scrape_inflight is not None:
-        others = max(0.0, scraped - st.scrape_inflight)  # what other gateways (or clients) sent
+        ours = st.scrape_inflight
+        others = max(0.0, scraped - ours) + st.others_ratio * max(0, inflight - ours)
         return inflight + int(round(others))
     return max(inflight, int(round(scraped)))
 
@@ -106,26 +127,34 @@ def engine_saturated(load: LoadRecord | None, cfg: RoutingConfig) -> bool:
     return load.kv_usage is not None and load.kv_usage >= cfg.max_kv
 
 
-def effective_unit(st: EndpointStats | None, best: float | None, now: float, cfg: RoutingConfig) -> float | None:
-    """The learned service time, relaxed toward the fleet's best while the endpoint gets no samples."""
-    if st is None or st.unit is None:
-        if st is not None and st.scrape_unit is not None:
-            return st.scrape_unit  # never served by us, but its engine's throughput tells its speed
-        return best  # unknown endpoints are assumed as good as the best: they get explored
-    if best is None or st.unit <= best:
-        return st.unit
-    age = max(0.0, now - st.last_sample)
-    return best + (st.unit - best) * 0.5 ** (age / cfg.forget_half_life)
+def slots_of(ep: EndpointInfo, st: EndpointStats | None) -> float:
+    """Sequences the endpoint runs at once: its capacity, or the batch limit its engine showed
+    (whichever is lower); unbounded when neither is known."""
+    cap, seen = ep.capacity, st.slots if st is not None else None
+    if cap and seen:
+        return float(min(cap, seen))
+    return float(cap or seen or math.inf)
 
 
-def expected_delay(unit: float, ahead: float, slots: int, weight: float, kv: float | None, cfg: RoutingConfig) -> float:
-    """Seconds until a request sent now completes; the small linear term prefers the emptier of two
-    endpoints that both still have free slots."""
-    depth = (ahead + 1) / max(1, slots)
-    delay = unit * (max(1.0, depth) + 0.1 * depth)
+def effective_speed(st: EndpointStats | None, best: Speed | None, now: float, cfg: RoutingConfig) -> Speed | None:
+    """The learned speed, relaxed toward the fleet's best while the endpoint gets no samples (an
+    endpoint that was slow once is tried again). Unknown endpoints are assumed as good as the best:
+    they get explored."""
+    if st is None or st.speed is None:
+        return best
+    age = now - st.last_sample
+    if best is None or st.speed.decode1 <= best.decode1 or age < 0.01 * cfg.forget_half_life:
+        return st.speed
+    return st.speed.relaxed_toward(best, 0.5 ** (age / cfg.forget_half_life))
+
+
+def score(speed: Speed, held: float, slots: float, weight: float, kv: float | None, cfg: RoutingConfig) -> float:
+    """Seconds until a request sent now completes, plus `imposed_weight` times what it adds to the
+    others' completions; stretched by KV-cache pressure and divided by the catalog weight."""
+    cost = speed.completion(held, slots) + cfg.imposed_weight * speed.imposed(held, slots)
     if kv:
-        delay *= 1.0 + cfg.kv_weight * kv
-    return delay / max(weight, 1e-6)
+        cost *= 1.0 + cfg.kv_weight * kv
+    return cost / max(weight, 1e-6)
 
 
 def _rendezvous(key: str, ep_id: str) -> int:
@@ -167,24 +196,25 @@ def choose(
     up = [e for e in tried if (s := stats.get(e.id)) is None or s.down_until <= now]
     tried = up or tried
 
-    known = [s.unit for e in tried if (s := stats.get(e.id)) is not None and s.unit is not None]
-    best = min(known) if known else None
+    known = [s.speed for e in tried if (s := stats.get(e.id)) is not None and s.speed is not None]
+    best = min(known, key=_DECODE1) if known else None
     cands: list[_Cand] = []
     for e in tried:
         n = inflight.get(e.id, 0)
         st = stats.get(e.id)
         load = fresh_load(loads.get(e.id), now, cfg, st.load_seen if st is not None else None)
-        ahead = _ahead(e, load, n, st)
+        ahead = ahead_of(e, load, n, st)
         hard = engine_saturated(load, cfg)
         # Capacity counts what the endpoint holds from everyone (other gateways and gunicorn workers
         # as seen in the scrape, ours exactly), not just this process's in-flight requests.
         soft = bool(e.capacity and ahead >= e.capacity)
-        if best is not None and (st is None or (st.unit is None and st.scrape_unit is None)) and n >= 1:
+        if best is not None and (st is None or st.speed is None) and n >= 1:
             soft = True  # unknown speed while others are known: one probe at a time until it is learned
-        unit = effective_unit(st, best, now, cfg) or 1.0
+        speed = effective_speed(st, best, now, cfg) or NOTHING_KNOWN
+        slots = slots_of(e, st)
         kv = load.kv_usage if load is not None else None
-        score = expected_delay(unit, ahead, e.capacity or 1, e.weight, kv, cfg)
-        cands.append(_Cand(e, ahead, hard or soft, score, soft and not hard, unit))
+        cands.append(_Cand(e, ahead, hard or soft, score(speed, ahead, slots, e.weight, kv, cfg),
+                           soft and not hard, speed, slots))
 
     # The benchmark baselines behave like the peers' routers: no saturation, no admission.
     if cfg.policy == "round_robin":
@@ -212,16 +242,36 @@ def choose(
 
 
 def _better_to_wait(tier: list[_Cand], open_: list[_Cand], request: RouteRequest, cfg: RoutingConfig) -> bool:
-    """Waiting in the gateway's queue for a full (by capacity) but fast endpoint beats sending to the
-    best open one: count the queued requests as extra load on the full endpoints, so a growing queue
-    overflows to the slower endpoints instead of waiting on the fast ones forever."""
-    full = [c for c in tier if c.soft]
+    """Whether waiting in the gateway's queue for a full (by capacity) endpoint beats the best open
+    one by `wait_margin`. The request at queue position `queued` gets a slot once that many requests
+    have finished on the full endpoints that would serve it better (each completes `slots` per full
+    batch), then runs in a full batch there."""
+    full = [c for c in tier if c.soft and not math.isinf(c.slots)]
     if not full:
         return False
-    share = max(1, request.queued) / len(full)
-    wait = min(expected_delay(c.unit, c.ahead + share, c.ep.capacity or 1, c.ep.weight, None, cfg)
-               for c in full)
-    return wait * cfg.wait_margin < min(c.score for c in open_)
+    best_open = min(c.score for c in open_)
+    better = [c for c in full if c.speed.ttfb + c.speed.decode(c.slots) < best_open]
+    if not better:
+        return False
+    rate = sum(c.speed.rate(c.slots) for c in better)
+    serve = sum(c.speed.rate(c.slots) * (c.speed.ttfb + c.speed.decode(c.slots)) for c in better) / rate
+    waited = request.waited
+    return (waited + max(1, request.queued) / rate + serve) * cfg.wait_margin < waited + best_open
+
+
+def fleet_rate(endpoints: Sequence[EndpointInfo], stats: Mapping[str, EndpointStats], model: str) -> float | None:
+    """Requests per second the model's endpoints complete with full batches, by what was learned;
+    None when an endpoint's speed or batch limit is unknown (the rate cannot be bounded)."""
+    total = 0.0
+    for e in endpoints:
+        if model not in e.models:
+            continue
+        st = stats.get(e.id)
+        slots = slots_of(e, st)
+        if st is None or st.speed is None or math.isinf(slots):
+            return None
+        total += st.speed.rate(slots)
+    return total or None
 
 
 def _pick(tier: list[_Cand], request: RouteRequest, rng: random.Random, cfg: RoutingConfig, why: str) -> Choice:

@@ -3,7 +3,10 @@
 - endpoints: reloaded when `Store.endpoints_version()` changes (polled every ~0.5 s, woken early by
   the pub/sub hint);
 - loads: one MGET of the endpoints' LoadRecords every ~0.5 s;
-- in-flight counts and learned service times: updated by the request path itself;
+- in-flight counts: updated by the request path itself;
+- each endpoint's speed (gateway.speed): per-token times from two consecutive LoadRecords' token
+  counters, and, once per finished request, its decode time (elapsed minus time to first byte) and
+  tokens per second when the answer reported usage. Nothing is measured per chunk.
 - what the gateway report tells the control plane (gateway.report): in flight per endpoint and per
   model, the last request per model, and per endpoint the wall clock of the last response head and
   of the last failure to reach it. Counts change under the lock the request path already takes to
@@ -22,6 +25,7 @@ import logging
 import os
 import random
 import threading
+from collections import deque
 from dataclasses import replace
 from typing import Callable, Mapping
 
@@ -30,7 +34,18 @@ import redis
 from gateway.config import GatewaySettings
 from gateway.report import Identity, gateway_report
 from gateway.responses import endpoint_ref
-from gateway.routing import Choice, EndpointStats, Rejection, RouteRequest, choose
+from gateway.routing import (
+    Choice,
+    EndpointStats,
+    Rejection,
+    RouteRequest,
+    ahead_of,
+    choose,
+    fleet_rate,
+    fresh_load,
+    slots_of,
+)
+from gateway.speed import Fit, Speed, shrink
 from llmgw.catalog import catalog_outline, key_variables
 from llmgw.state.clock import Clock
 from llmgw.state.records import EndpointInfo, GatewayReport, LoadRecord
@@ -39,7 +54,11 @@ from llmgw.state.store import Store
 log = logging.getLogger("llmgw.gateway")
 
 REDIS_ERRORS = (redis.exceptions.RedisError, OSError)
-EWMA_ALPHA = 0.25
+EWMA_ALPHA = 0.25  # time to first byte, per endpoint
+TOKENS_ALPHA = 0.05  # tokens per answer, fleet-wide
+CHANGES_KEPT = 512  # changes of our in-flight count kept per endpoint (seconds of traffic)
+STALE_SCRAPE = 10.0  # a LoadRecord scraped longer ago than this (by its ts) is not matched to our count
+CLOCK_SLACK = 1.0  # tolerated lead of the agent's clock over ours (NTP keeps them within milliseconds)
 FULL_RELOAD_EVERY = 30.0  # seconds
 
 
@@ -84,8 +103,22 @@ class RedisHealth:
                 self.on_change(True)
 
 
+class Learned:
+    """The samples behind one endpoint's Speed (gateway.speed). Changed in place under the state's
+    lock by the request path (one sample per finished request) and the load refresh (one per scrape);
+    the Speed the router reads is derived from them on each load refresh, not per request."""
+
+    __slots__ = ("per_token", "per_request", "ttfb", "last")
+
+    def __init__(self) -> None:
+        self.per_token = Fit()  # seconds per token per stream vs concurrency (scrapes; answers with usage)
+        self.per_request = Fit()  # decode seconds per answer vs concurrency (every answer)
+        self.ttfb: float | None = None  # smoothed time to first byte of requests that found a free slot
+        self.last = 0.0  # when the last sample came (the state's monotonic clock)
+
+
 class GatewayState:
-    """Endpoint list, loads, in-flight counts and learned service times, behind one lock."""
+    """Endpoint list, loads, in-flight counts and learned speeds, behind one lock."""
 
     def __init__(self, store: Store, cfg: GatewaySettings, clock: Clock | None = None, metrics=None,
                  rng: random.Random | None = None, environ: Mapping[str, str] | None = None):
@@ -118,7 +151,11 @@ class GatewayState:
         # Names of models that scale to zero -> how long a request waits for a cold start (the catalog's
         # `autoscale.cold_start_timeout`; gateway.coldstart).
         self.cold_start: dict[str, float] = {}
+        # Per endpoint, the last changes of our in-flight count: (wall clock, count before, after),
+        # so a LoadRecord is compared with what we held when it was scraped (its `ts`).
+        self.changes: dict[str, deque[tuple[float, int, int]]] = {}
         self.stats: dict[str, EndpointStats] = {}
+        self.learned: dict[str, Learned] = {}
         # Names in the applied catalog or the published list: 503 (no Ready replica), not 404. A model
         # removed from the catalog becomes unknown again once its endpoints are unpublished.
         self.known_models: set[str] = set()
@@ -127,7 +164,9 @@ class GatewayState:
         self.names: dict[str, frozenset[str]] = {}
         self.loaded_once = False
         self.rr_counter = 0
-        self.tokens_per_request: float | None = None  # completion tokens per answer, smoothed
+        self.tokens_per_request: float | None = None  # completion tokens per answer (usage), smoothed
+        # ... and, while no answer reports usage, as implied by decode times and per-token speeds.
+        self.tokens_estimate: float | None = None
         self.wake = threading.Event()
         self.stopping = threading.Event()
         self.on_release: Callable[[], None] = lambda: None  # wakes the wait queues
@@ -193,6 +232,8 @@ class GatewayState:
             self.fail_at = {k: t for k, t in self.fail_at.items() if k in self.inflight}
             self.canonical = {**outline.canonical, **{n: e.model or e.models[0] for e in eps for n in e.models}}
             self.cold_start = outline.cold_start
+            self.learned = {k: v for k, v in self.learned.items() if k in self.by_id}
+            self.changes = {k: v for k, v in self.changes.items() if k in self.inflight}
             self.loaded_once = True
         if self.metrics:
             self.metrics.endpoints_version.set(v)
@@ -238,33 +279,122 @@ class GatewayState:
         except (ValueError, TypeError) as e:
             log.error("cannot read loads: %s", e)
             return
-        seen = self.clock.monotonic()
+        seen, wall = self.clock.monotonic(), self.clock.time()
         with self.lock:
             for i, rec in loads.items():
                 old = self.loads.get(i)
                 if old is None or old.ts != rec.ts:
                     # Remember our own in-flight count at this sample, so the router can tell the
                     # scrape's other-gateway traffic from ours (which it counts exactly); and when we
-                    # first saw it, so freshness never compares the agent's clock with ours.
-                    st = self.stats.get(i, EndpointStats())
-                    self.stats[i] = replace(st, scrape_inflight=self.inflight.get(i, 0), load_seen=seen,
-                                            scrape_unit=self._scrape_unit(old, rec, st.scrape_unit))
+                    # first saw it, so freshness never compares the agent's clock with ours. The sample
+                    # was taken some time in the last two refresh intervals, when we may have held more
+                    # than now: the most we held then is subtracted, or our own requests that ended
+                    # since would count as another gateway's and fill the endpoint with phantoms.
+                    ours = self._held_at(i, rec.ts, wall)
+                    st = replace(self.stats.get(i, EndpointStats()), scrape_inflight=ours,
+                                 load_seen=seen, slots=self._slots(old, rec, self.stats.get(i)))
+                    self.stats[i] = st
+                    self._learn_scrape(i, old, rec, seen)
             self.loads = loads
+            self._others_ratio(loads)
+            self._derive_speeds()
         self.on_release()
 
-    def _scrape_unit(self, old: LoadRecord | None, rec: LoadRecord, prev: float | None) -> float | None:
-        """Per-request service time implied by two scrapes: seconds per generated token per running
-        sequence, times the tokens a request of this fleet generates (as the answers' usage says)."""
-        if (old is None or not (old.ok and rec.ok) or self.tokens_per_request is None
-                or old.generation_tokens_total is None or rec.generation_tokens_total is None):
-            return prev
+    def _others_ratio(self, loads: dict[str, LoadRecord]) -> None:
+        """Per model, how many requests the other gateways had on its endpoints per one of ours at
+        the last scrapes (routing.ahead_of extrapolates their growth since with it)."""
+        held: dict[str, list[float]] = {}  # model -> [ours, others]
+        for i, rec in loads.items():
+            st, ep = self.stats.get(i), self.by_id.get(i)
+            if st is None or ep is None or st.scrape_inflight is None or not rec.ok:
+                continue
+            acc = held.setdefault(ep.model or ep.models[0], [0.0, 0.0])
+            acc[0] += st.scrape_inflight
+            acc[1] += max(0.0, (rec.running or 0) + (rec.waiting or 0) - st.scrape_inflight)
+        for i, st in self.stats.items():
+            ep = self.by_id.get(i)
+            acc = held.get(ep.model or ep.models[0]) if ep is not None else None
+            ratio = acc[1] / acc[0] if acc and acc[0] > 0 else 0.0
+            if ratio != st.others_ratio:
+                self.stats[i] = replace(st, others_ratio=ratio)
+
+    def _changed(self, eid: str, before: int, after: int) -> None:
+        q = self.changes.get(eid)
+        if q is None:
+            q = self.changes[eid] = deque(maxlen=CHANGES_KEPT)
+        q.append((self.clock.time(), before, after))
+
+    def _held_at(self, eid: str, ts: float, wall: float) -> int:
+        """What we held on the endpoint at wall-clock time `ts`. When the agent's clock does not
+        agree with ours, or the changes kept do not reach back that far, the most we held in what
+        is kept (so our own ended requests are never taken for another gateway's)."""
+        now = self.inflight.get(eid, 0)
+        q = self.changes.get(eid)
+        if not q:
+            return now
+        if wall - STALE_SCRAPE <= ts <= wall + CLOCK_SLACK:
+            for t, before, after in reversed(q):
+                if t <= ts:
+                    return after
+            if len(q) < CHANGES_KEPT:
+                return q[0][1]  # every change since we started is kept: before the first one
+        return max(now, max(after for _, _, after in q))
+
+    @staticmethod
+    def _slots(old: LoadRecord | None, rec: LoadRecord, st: EndpointStats | None) -> int | None:
+        """The engine's batch limit: the running count while requests waited in it, in two scrapes in a
+        row (a single scrape may catch a request between its arrival and the next engine step)."""
+        prev = st.slots if st is not None else None
+        if (old is not None and old.ok and rec.ok and (old.waiting or 0) > 0 and (rec.waiting or 0) > 0
+                and old.running and rec.running):
+            return max(prev or 0, int(min(old.running, rec.running)))
+        return prev
+
+    def _learn_scrape(self, i: str, old: LoadRecord | None, rec: LoadRecord, now: float) -> None:
+        """Seconds per token per running sequence between two scrapes, at the mean running count."""
+        if (old is None or not (old.ok and rec.ok) or old.generation_tokens_total is None
+                or rec.generation_tokens_total is None):
+            return
         dt = rec.ts - old.ts
         dgen = rec.generation_tokens_total - old.generation_tokens_total
-        running = ((old.running or 0) + (rec.running or 0)) / 2
-        if dt <= 0 or dgen <= 0 or running <= 0:
-            return prev
-        sample = self.tokens_per_request * dt * running / dgen
-        return sample if prev is None else prev + EWMA_ALPHA * (sample - prev)
+        # Only an engine busy at both ends, with more than one sequence, was likely busy all along:
+        # otherwise the mean running count says nothing about how long it worked for its tokens
+        # (one request ending and the next arriving later looks like a slow engine).
+        if dt <= 0 or dgen <= 0 or (old.running or 0) < 2 or (rec.running or 0) < 2:
+            return
+        running = (old.running + rec.running) / 2
+        lr = self.learned.setdefault(i, Learned())
+        lr.per_token = lr.per_token.add(running, running * dt / dgen, now, self.cfg.routing.learn_half_life)
+        lr.last = now
+
+    def _derive_speeds(self) -> None:
+        """Every endpoint's Speed from its samples (the fleet's tokens per answer may have moved too),
+        the endpoints of each model pulled together as far as their samples cannot tell them apart."""
+        raw = {i: est for i, lr in self.learned.items() if (est := self._speed(lr)) is not None}
+        groups: dict[str, list[str]] = {}
+        for i in raw:
+            ep = self.by_id.get(i)
+            groups.setdefault(ep.model or ep.models[0] if ep is not None else i, []).append(i)
+        for ids in groups.values():
+            for i, speed in zip(ids, shrink([raw[i] for i in ids])):
+                st, lr = self.stats.get(i, EndpointStats()), self.learned[i]
+                if speed != st.speed or lr.last != st.last_sample:
+                    self.stats[i] = replace(st, speed=speed, last_sample=lr.last)
+
+    def _speed(self, lr: Learned) -> tuple[Speed, float] | None:
+        """A typical answer's speed, and its relative error: per-token times x tokens per answer, and
+        the answers' own decode times, averaged by how precise each is."""
+        tokens = self.tokens_per_request or self.tokens_estimate
+        lines = []  # (precision, decode1, slowdown)
+        if tokens and (line := lr.per_token.line()) is not None:
+            lines.append((max(lr.per_token.error(), 1e-3) ** -2, tokens * line[0], line[1]))
+        if (line := lr.per_request.line()) is not None:
+            lines.append((max(lr.per_request.error(), 1e-3) ** -2, line[0], line[1]))
+        if not lines:
+            return None
+        w = sum(x[0] for x in lines)
+        speed = Speed(sum(x[0] * x[1] for x in lines) / w, sum(x[0] * x[2] for x in lines) / w, lr.ttfb or 0.0)
+        return speed, w ** -0.5
 
     def run_pollers(self) -> list[threading.Thread]:
         """Start the background threads (daemon): endpoint poller, pub/sub listener, load refresher."""
@@ -327,7 +457,8 @@ class GatewayState:
             if isinstance(res, Choice):
                 self.rr_counter += 1
                 ep = res.endpoint
-                self.inflight[ep.id] = self.inflight.get(ep.id, 0) + 1
+                n = self.inflight[ep.id] = self.inflight.get(ep.id, 0) + 1
+                self._changed(ep.id, n - 1, n)
                 m = ep.model or ep.models[0]
                 self.model_inflight[m] = self.model_inflight.get(m, 0) + 1
         if isinstance(res, Choice) and self.metrics:
@@ -353,22 +484,20 @@ class GatewayState:
         """A request for a known model arrived (demand, even when nothing can serve it yet)."""
         self.last_request_at[self.canonical.get(model, model)] = self.clock.time()
 
-    def release(self, choice: Choice, service_time: float | None, tokens: int | None = None) -> None:
-        """The request left the endpoint; learn its service time if it completed normally."""
+    def release(self, choice: Choice, service_time: float | None, tokens: int | None = None,
+                ttfb: float | None = None) -> None:
+        """The request left the endpoint. If it completed normally, learn from it once: its decode
+        time (elapsed after the first byte) at the concurrency it ran in, its tokens per second when
+        the answer reported usage, and the time to first byte when it found a free slot."""
         ep = choice.endpoint
         eid, m = ep.id, ep.model or ep.models[0]
         with self.lock:
             self.model_inflight[m] = max(0, self.model_inflight.get(m, 0) - 1)
-            if tokens:
-                t = self.tokens_per_request
-                self.tokens_per_request = tokens if t is None else t + 0.05 * (tokens - t)
-            self.inflight[eid] = max(0, self.inflight.get(eid, 0) - 1)
+            ours = self.inflight.get(eid, 0)
+            self.inflight[eid] = max(0, ours - 1)
+            self._changed(eid, ours, self.inflight[eid])
             if service_time is not None and service_time > 0:
-                slots = max(1, choice.endpoint.capacity or 1)
-                sample = service_time / max(1.0, (choice.ahead + 1) / slots)
-                st = self.stats.get(eid, EndpointStats())
-                unit = sample if st.unit is None else st.unit + EWMA_ALPHA * (sample - st.unit)
-                self.stats[eid] = replace(st, unit=unit, last_sample=self.clock.monotonic())
+                self._learn_answer(choice, ours, service_time, tokens, ttfb)
         if self.metrics:
             self.metrics.child(self.metrics.inflight, eid).dec()
         self.on_release()
@@ -376,6 +505,37 @@ class GatewayState:
     def names_of(self, model: str) -> frozenset[str]:
         """Every name of the model called `model` (just that name when it is unknown)."""
         return self.names.get(model) or frozenset((model,))
+    def _learn_answer(self, choice: Choice, ours: int, elapsed: float, tokens: int | None,
+                      ttfb: float | None) -> None:
+        ep = choice.endpoint
+        now = self.clock.monotonic()
+        st = self.stats.get(ep.id)
+        lr = self.learned.get(ep.id)
+        if lr is None:
+            lr = self.learned[ep.id] = Learned()
+        slots = slots_of(ep, st)
+        # The concurrency it ran in: what the endpoint held when it was sent and when it ended.
+        load = fresh_load(self.loads.get(ep.id), now, self.cfg.routing, st.load_seen if st is not None else None)
+        conc = min(slots, max(1.0, (choice.ahead + 1 + ahead_of(ep, load, ours, st)) / 2))
+        decode = elapsed - ttfb if ttfb is not None and 0 <= ttfb < elapsed else elapsed
+        half_life = self.cfg.routing.learn_half_life
+        if tokens:
+            t = self.tokens_per_request
+            self.tokens_per_request = tokens if t is None else t + TOKENS_ALPHA * (tokens - t)
+            lr.per_token = lr.per_token.add(conc, decode / max(1, tokens - 1), now, half_life)
+        elif (line := lr.per_token.line()) is not None:
+            implied = 1 + decode / (line[0] * (1 + line[1] * (conc - 1)))
+            t = self.tokens_estimate
+            self.tokens_estimate = implied if t is None else t + TOKENS_ALPHA * (implied - t)
+        lr.per_request = lr.per_request.add(conc, decode, now, half_life)
+        if ttfb is not None and choice.ahead + 1 <= slots:
+            lr.ttfb = ttfb if lr.ttfb is None else lr.ttfb + EWMA_ALPHA * (ttfb - lr.ttfb)
+        lr.last = now
+
+    def completion_rate(self, model: str) -> float | None:
+        """Requests per second the model's endpoints complete when full (None: not known yet)."""
+        with self.lock:
+            return fleet_rate(self.endpoints, self.stats, model)
 
     def models(self) -> dict[str, list[EndpointInfo]]:
         out: dict[str, list[EndpointInfo]] = {}

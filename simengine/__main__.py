@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
         host=args.host, port=args.port, names=names,
         core=SimConfig(max_seqs=args.max_seqs, kv_tokens=args.kv_tokens, step_ms=args.step_ms,
                        batch_alpha=args.batch_alpha, prefill_ms_per_token=args.prefill_ms_per_token,
-                       speed=args.speed),
+                       speed=args.speed, slow_to=args.slow_to, slow_after=args.slow_after),
         max_tokens_default=args.max_tokens_default, metrics_style=args.metrics_style, seed=args.seed,
         crash_after=args.crash_after, hang_after=args.hang_after, slow_start=args.slow_start, error_rate=args.error_rate,
         log_requests=args.log_requests, api_key=args.api_key, log_headers=args.log_headers,

@@ -21,6 +21,13 @@ def _fraction(text: str) -> float:
     return v
 
 
+def _slow_fraction(text: str) -> float:
+    v = _number(text)
+    if not 0.0 < v <= 1.0:
+        raise argparse.ArgumentTypeError("must be above 0 and at most 1")
+    return v
+
+
 def _positive_int(text: str) -> int:
     v = _number(text, int)
     if v < 1:
@@ -75,6 +82,10 @@ def parser(exit_on_error: bool = True) -> argparse.ArgumentParser:
                    help="each extra running sequence makes a step this fraction slower")
     g.add_argument("--prefill-ms-per-token", type=_non_negative, default=0.25)
     g.add_argument("--speed", type=_positive, default=1.0, help="divides every duration (2 = twice as fast)")
+    g.add_argument("--slow-to", type=_slow_fraction, default=1.0,
+                   help="after --slow-after seconds, run at this fraction of --speed (0.3 = 30 %%)")
+    g.add_argument("--slow-after", type=_non_negative, default=0.0,
+                   help="seconds after the first completion request arrived when --slow-to takes effect")
     g.add_argument("--max-tokens-default", type=_positive_int, default=16,
                    help="output length when a request sets no max_tokens")
     g.add_argument("--metrics-style", choices=("vllm", "llamacpp"), default="vllm")

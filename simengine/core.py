@@ -22,6 +22,10 @@ class SimConfig:
     batch_alpha: float = 0.08  # each extra sequence in the batch adds this fraction to a step
     prefill_ms_per_token: float = 0.25
     speed: float = 1.0  # >1 is faster: every duration is divided by it
+    # A degrading engine (thermal throttling, a noisy neighbour): `slow_after` seconds after its first
+    # request arrived, every duration is divided by `slow_to` as well (0.3 = 30 % of its speed).
+    slow_to: float = 1.0
+    slow_after: float = 0.0
 
     def __post_init__(self) -> None:
         if self.max_seqs < 1:
@@ -30,6 +34,8 @@ class SimConfig:
             raise ValueError("kv_tokens must be at least 1")
         if self.speed <= 0:
             raise ValueError("speed must be positive")
+        if not 0 < self.slow_to <= 1 or self.slow_after < 0:
+            raise ValueError("slow_to must be within (0, 1] and slow_after must not be negative")
         if self.step_ms < 0 or self.batch_alpha < 0 or self.prefill_ms_per_token < 0:
             raise ValueError("step_ms, batch_alpha and prefill_ms_per_token must not be negative")
 
@@ -71,6 +77,7 @@ class Step:
     duration: float
     batch: tuple[str, ...]
     prefill: tuple[str, ...]  # sequences whose prompt is processed in this step
+    decode: float = 0.0  # the decode share of `duration` (the rest is prefill)
 
 
 @dataclass(frozen=True)
@@ -93,6 +100,7 @@ class SimCore:
     generation_tokens_total: int = 0
     requests_finished: int = 0
     max_seq_tokens: int = 0  # longest prompt + output seen (llama.cpp's n_tokens_max)
+    first_arrival: float | None = None  # when the first request arrived (the slowdown counts from it)
 
     # --- intake -----------------------------------------------------------------------------
     def submit(self, rid: str, prompt_tokens: int, max_tokens: int, now: float) -> None:
@@ -105,6 +113,8 @@ class SimCore:
                 f"this request needs {need} tokens of KV cache (prompt {prompt_tokens} + max_tokens "
                 f"{max_tokens}) but the engine holds at most {self.config.kv_tokens}"
             )
+        if self.first_arrival is None:
+            self.first_arrival = now
         self.waiting.append(_Seq(rid, max(1, prompt_tokens), max_tokens, now))
 
     def cancel(self, rid: str) -> None:
@@ -115,9 +125,15 @@ class SimCore:
                 self.waiting.remove(s)
 
     # --- the engine loop ----------------------------------------------------------------------
-    def plan_step(self) -> Step | None:
-        """Admit waiting requests (FIFO, while a slot and KV are free) and plan the next step.
-        None when nothing is running."""
+    def slowed(self, now: float | None) -> bool:
+        """Whether the configured slowdown is in effect at `now` (never when the caller has no clock)."""
+        c = self.config
+        return (c.slow_to < 1 and now is not None and self.first_arrival is not None
+                and now - self.first_arrival >= c.slow_after)
+
+    def plan_step(self, now: float | None = None) -> Step | None:
+        """Admit waiting requests (FIFO, while a slot and KV are free) and plan the next step, which
+        starts at `now` (only the slowdown needs it). None when nothing is running."""
         reserved = sum(s.reserved for s in self.running.values())
         while self.waiting and len(self.running) < self.config.max_seqs:
             head = self.waiting[0]
@@ -129,10 +145,10 @@ class SimCore:
         if not self.running:
             return None
         prefill = tuple(s.rid for s in self.running.values() if not s.prefilled)
-        duration = self.config.decode_seconds(len(self.running)) + sum(
-            self.config.prefill_seconds(self.running[r].prompt_tokens) for r in prefill
-        )
-        return Step(duration=duration, batch=tuple(self.running), prefill=prefill)
+        stretch = 1.0 / self.config.slow_to if self.slowed(now) else 1.0
+        decode = self.config.decode_seconds(len(self.running)) * stretch
+        duration = decode + stretch * sum(self.config.prefill_seconds(self.running[r].prompt_tokens) for r in prefill)
+        return Step(duration=duration, batch=tuple(self.running), prefill=prefill, decode=decode)
 
     def finish_step(self, step: Step, now: float) -> list[Emit]:
         """Apply a planned step at time `now`: one token for each sequence still running."""
@@ -192,7 +208,7 @@ def simulate(config: SimConfig, arrivals: list[tuple[float, str, int, int]]) -> 
         while pending and pending[0][0] <= now:
             t, rid, p, m = pending.pop(0)
             core.submit(rid, p, m, t)
-        step = core.plan_step()
+        step = core.plan_step(now)
         if step is None:
             now = max(now, pending[0][0])  # idle until the next arrival
             continue

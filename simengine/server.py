@@ -159,7 +159,7 @@ class Engine:
                 step = None
                 while not self._stopping:
                     if not self._frozen:
-                        step = self.core.plan_step()
+                        step = self.core.plan_step(self._clock())
                         if step is not None:
                             break
                     self._cond.wait()
@@ -173,9 +173,8 @@ class Engine:
                 self._sleep(delay)
             with self._cond:
                 emits = self.core.finish_step(step, self._clock())
-                decode = self.core.config.decode_seconds(len(step.batch))
-                self.stats.busy_decode += decode
-                self.stats.busy_prompt += max(0.0, step.duration - decode)  # the step's prefill share
+                self.stats.busy_decode += step.decode
+                self.stats.busy_prompt += max(0.0, step.duration - step.decode)  # the step's prefill share
                 self.stats.n_decode += 1
                 deliveries = []
                 for e in emits:

@@ -20,6 +20,9 @@ from tests.support.procs import TOKEN_VAR, describe, kill_pids, processes_with_t
 def no_leaked_processes(monkeypatch, request):
     token = uuid.uuid4().hex
     monkeypatch.setenv(TOKEN_VAR, token)
+    # With setproctitle installed (vLLM's router, in the `bench` extra, brings it), celery and
+    # gunicorn rewrite their title over the environment, and the token could no longer be found.
+    monkeypatch.setenv("SPT_NOENV", "1")
     yield token
     # Processes stopped a moment ago may still be exiting; give them a short, bounded while.
     try:

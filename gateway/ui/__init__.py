@@ -64,7 +64,9 @@ def console_blueprint(gw, fleet: FleetView) -> Blueprint:
     def models_api():
         f = fleet.get()
         loads = gw.store.loads(r["id"] for r in f.report["replicas"])
-        units = {eid: st.unit for eid, st in list(gw.state.stats.items()) if st.unit is not None}
+        # The learned time of a typical request alone on each endpoint (gateway.speed).
+        units = {eid: st.speed.ttfb + st.speed.decode(1) for eid, st in list(gw.state.stats.items())
+                 if st.speed is not None}
         last = slot_of(f.now) - 1  # the last complete slot
         traffic = series(gw.store.traffic(range(last - SLOTS + 1, last + 1)), last)
         thresholds = {"max_waiting": gw.cfg.routing.max_waiting, "max_kv": gw.cfg.routing.max_kv}

@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from gateway.admission import Send, Shed, Wait, WaitQueue, admit
+from gateway.admission import Send, Shed, Wait, WaitQueue, admit, drain_time
 from gateway.routing import Choice, Rejection
 from llmgw.state.records import EndpointInfo
 from tests.support.clock import FakeClock
@@ -24,7 +24,7 @@ SAT = Rejection("saturated", "m")
         (SAT, "standard", 0, Wait()),
         (SAT, "standard", 64, Shed),  # queue full
         (OK, "standard", 3, Send(OK)),  # the router already weighed the queue
-        (OK, "sheddable", 3, Send(OK)),
+        (OK, "sheddable", 3, Shed),  # standard requests wait: sheddable ones go first
         (OK, "critical", 3, Send(OK)),  # critical never waits
         (Rejection("unknown_model", "x"), "standard", 0, Rejection("unknown_model", "x")),
     ],
@@ -39,6 +39,21 @@ def test_admit_table(result, prio, qlen, expect):
 
 def test_no_queue_configured_sheds_standard():
     assert isinstance(admit(SAT, "standard", 0, queue_max=64, queue_timeout=0), Shed)
+
+
+def test_standard_is_refused_at_once_only_when_the_queue_cannot_drain_in_time():
+    # 20 waiting ahead, the fleet completes 2 requests/s: this one would get an endpoint in 10.5 s.
+    drain = drain_time(21, 2.0)
+    assert drain == pytest.approx(10.5)
+    assert admit(SAT, "standard", 20, queue_max=64, queue_timeout=30, drain=drain) == Wait()
+    got = admit(SAT, "standard", 20, queue_max=64, queue_timeout=8, drain=drain)
+    assert isinstance(got, Shed) and got.retry_after == 3 and "10s" in got.reason and "8s" in got.reason
+    # an unknown rate (nothing learned yet) never refuses: the wait bound still holds
+    assert drain_time(21, None) is None
+    assert admit(SAT, "standard", 20, queue_max=64, queue_timeout=8, drain=None) == Wait()
+    # critical is never shed for saturation, sheddable always is
+    assert isinstance(admit(OK, "critical", 20, queue_max=64, queue_timeout=8, drain=drain), Send)
+    assert isinstance(admit(SAT, "sheddable", 0, queue_max=64, queue_timeout=8, drain=0.1), Shed)
 
 
 def test_queue_times_out_and_is_bounded():

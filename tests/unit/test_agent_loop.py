@@ -329,7 +329,7 @@ def test_scraper_writes_load_records(env):
     class Reporting:  # an engine whose /v1/models says its context length
         asked: list = []
 
-        def fetch(self, url, timeout):
+        def fetch(self, url, timeout, secret=None):
             self.asked.append(url.rsplit("/", 2)[-1])
             return '{"data": [{"id": "m", "max_model_len": 4096}]}' if url.endswith("/v1/models") else \
                 "vllm:num_requests_running 1\n"

@@ -7,7 +7,8 @@ from collections import Counter
 import pytest
 
 from gateway.config import RoutingConfig
-from gateway.routing import Choice, EndpointStats, Rejection, RouteRequest, choose, expected_delay
+from gateway.routing import Choice, EndpointStats, Rejection, RouteRequest, choose, score
+from gateway.speed import Speed
 from llmgw.state.records import EndpointInfo, LoadRecord
 
 NOW = 1000.0
@@ -21,6 +22,11 @@ def ep(i, models=("m",), priority=0, weight=1.0, capacity=4):
 
 def load(i, running=0, waiting=0, kv=None, ts=NOW, ok=True):
     return LoadRecord(replica_id=i, ts=ts, ok=ok, running=running, waiting=waiting, kv_usage=kv)
+
+
+def known(seconds, at=NOW, **kw):
+    """An endpoint whose requests take `seconds` at any concurrency below its slots (no slowdown)."""
+    return EndpointStats(speed=Speed(seconds, 0.0), last_sample=at, **kw)
 
 
 def pick(eps, loads=(), inflight=None, req=None, stats=None, seed=0, cfg=CFG, **kw):
@@ -68,7 +74,7 @@ def test_capacity_saturates_by_inflight():
 
 def test_standard_waits_for_a_full_fast_endpoint_rather_than_a_slow_one():
     eps = [ep("fast", capacity=4), ep("slow", capacity=4)]
-    stats = {"fast": EndpointStats(unit=0.1, last_sample=NOW), "slow": EndpointStats(unit=0.8, last_sample=NOW)}
+    stats = {"fast": known(0.1), "slow": known(0.8)}
     r = pick(eps, inflight={"fast": 4}, stats=stats)
     assert r == Rejection("saturated", "m", "deferred: a faster endpoint frees sooner")
     # sheddable traffic is better served slowly than shed; critical takes the open endpoint too
@@ -77,7 +83,7 @@ def test_standard_waits_for_a_full_fast_endpoint_rather_than_a_slow_one():
     r = pick(eps, inflight={"fast": 4}, stats=stats, req=RouteRequest("m", queued=40))
     assert r.endpoint.id == "slow"
     # a similar-speed open endpoint is used at once
-    stats["slow"] = EndpointStats(unit=0.12, last_sample=NOW)
+    stats["slow"] = known(0.12)
     assert pick(eps, inflight={"fast": 4}, stats=stats).endpoint.id == "slow"
 
 
@@ -100,8 +106,8 @@ def test_learned_speed_beats_queue_length():
     """A fast endpoint with free slots wins over an idle slow one, even when it holds more requests;
     once what it holds (from every gateway) reaches its capacity, the slow one takes the overflow."""
     eps = [ep("fast", capacity=16), ep("slow", capacity=16)]
-    stats = {"fast": EndpointStats(unit=0.1, last_sample=NOW, scrape_inflight=0),
-             "slow": EndpointStats(unit=0.4, last_sample=NOW, scrape_inflight=0)}
+    stats = {"fast": known(0.1, scrape_inflight=0),
+             "slow": known(0.4, scrape_inflight=0)}
     assert pick(eps, inflight={"fast": 3}, stats=stats).endpoint.id == "fast"
     # 8 held for other gateways: least-inflight would pick slow; expected delay still prefers fast
     busy = [load("fast", running=8, waiting=0)]
@@ -109,7 +115,7 @@ def test_learned_speed_beats_queue_length():
     assert pick(eps, busy, inflight={"fast": 3}, stats=stats).endpoint.id == "fast"  # 11 ahead
     full = [load("fast", running=16, waiting=0)]
     assert pick(eps, full, inflight={"fast": 1},
-                stats={**stats, "slow": EndpointStats(unit=0.15, last_sample=NOW)}).endpoint.id == "slow"
+                stats={**stats, "slow": known(0.15)}).endpoint.id == "slow"
 
 
 def test_weight_scales_the_score():
@@ -121,12 +127,12 @@ def test_weight_scales_the_score():
 
 def test_unknown_speed_is_explored_and_old_slowness_forgotten():
     eps = [ep("known", capacity=1), ep("new", capacity=1)]
-    stats = {"known": EndpointStats(unit=0.1, last_sample=NOW)}
+    stats = {"known": known(0.1)}
     assert pick(eps, inflight={"known": 1}, stats=stats).endpoint.id == "new"  # assumed as fast as the best
     # ... but only one probe at a time until its speed is learned
     assert pick(eps, inflight={"known": 1, "new": 1}, stats=stats, req=RouteRequest("m", "critical")).saturated
     cfg = RoutingConfig(forget_half_life=10)
-    old = {"known": EndpointStats(unit=0.1, last_sample=NOW), "slow": EndpointStats(unit=1.0, last_sample=NOW - 100)}
+    old = {"known": known(0.1), "slow": known(1.0, at=NOW - 100)}
     eps = [ep("known", capacity=1), ep("slow", capacity=1)]
     # ten half-lives later the slow estimate is nearly the best again: it gets a try when known is busy
     assert pick(eps, inflight={"known": 1}, stats=old, cfg=cfg).endpoint.id == "slow"
@@ -135,8 +141,8 @@ def test_unknown_speed_is_explored_and_old_slowness_forgotten():
 def test_other_gateways_traffic_from_scrape():
     """Scraped 6 running while we had 1 in flight at scrape time: 5 belong to others."""
     eps = [ep("a"), ep("b")]
-    stats = {"a": EndpointStats(unit=0.1, last_sample=NOW, scrape_inflight=1),
-             "b": EndpointStats(unit=0.1, last_sample=NOW, scrape_inflight=0)}
+    stats = {"a": known(0.1, scrape_inflight=1),
+             "b": known(0.1, scrape_inflight=0)}
     r = pick(eps, [load("a", running=6), load("b", running=0)], {"a": 0, "b": 3}, stats=stats)
     assert r.endpoint.id == "b" and r.ahead == 3
 
@@ -182,17 +188,22 @@ def test_round_robin_and_least_inflight_policies():
     assert pick(eps, inflight={"a": 2, "b": 0, "c": 1}, cfg=li).endpoint.id == "b"
 
 
-def test_expected_delay_flat_below_slots_then_linear():
-    d = [expected_delay(1.0, n, 4, 1.0, None, CFG) for n in range(12)]
-    assert d[3] < 1.2 and d[7] == pytest.approx(2.2) and d[11] == pytest.approx(3.3)
-    assert expected_delay(1.0, 0, 4, 1.0, 0.8, CFG) > expected_delay(1.0, 0, 4, 1.0, None, CFG)
+def test_score_grows_with_the_batch_then_with_the_queue():
+    """Below its slots a batching endpoint is not flat: each extra sequence slows every step (and the
+    request slows the ones already running); past its slots it also waits for a slot."""
+    sp = Speed(1.0, 0.1)
+    d = [score(sp, n, 4, 1.0, None, CFG) for n in range(8)]
+    assert d == sorted(d) and d[1] - d[0] == pytest.approx(0.1 + 0.05)  # own decode + imposed on one
+    assert d[4] == pytest.approx(1.3 + 1.3 / 4)  # full batch of 4, and one of them must finish first
+    assert score(sp, 0, 4, 1.0, 0.8, CFG) > score(sp, 0, 4, 1.0, None, CFG)  # KV pressure stretches it
+    assert score(sp, 2, 4, 2.0, None, CFG) == pytest.approx(score(sp, 2, 4, 1.0, None, CFG) / 2)  # weight
 
 
 def test_scrape_derived_speed_for_endpoints_we_never_served():
     """Another gateway's traffic shows in the token counters: a slow endpoint is known to be slow
     before this gateway ever sends it anything."""
     eps = [ep("fast", capacity=4), ep("slow", capacity=4)]
-    stats = {"fast": EndpointStats(unit=0.1, last_sample=NOW), "slow": EndpointStats(scrape_unit=0.8)}
+    stats = {"fast": known(0.1), "slow": known(0.8)}  # slow: from scrapes only (gateway.state)
     assert pick(eps, inflight={"fast": 3}, stats=stats).endpoint.id == "fast"
     assert pick(eps, inflight={"fast": 4}, stats=stats) == Rejection("saturated", "m", "deferred: a faster endpoint frees sooner")
 
@@ -201,7 +212,7 @@ def test_capacity_counts_other_processes_traffic():
     """Two gunicorn workers (or gateways) share a replica: the scrape shows the other's requests, and
     together they must not exceed its capacity."""
     eps = [ep("a", capacity=4)]
-    stats = {"a": EndpointStats(unit=0.1, last_sample=NOW, scrape_inflight=1)}
+    stats = {"a": known(0.1, scrape_inflight=1)}
     # we hold 1; the engine runs 4 (3 of them another worker's): full, though our own count is 1
     r = pick(eps, [load("a", running=4)], inflight={"a": 1}, stats=stats)
     assert isinstance(r, Rejection) and r.kind == "saturated"

@@ -94,3 +94,23 @@ def test_bad_config_and_requests_are_refused():
         SimConfig(speed=0)
     with pytest.raises(ValueError):
         SimCore(CFG).submit("x", 10, 0, 0.0)
+
+
+def test_slowdown_divides_durations_from_slow_after_seconds_past_the_first_arrival():
+    cfg = SimConfig(max_seqs=4, step_ms=10.0, batch_alpha=0.0, prefill_ms_per_token=1.0, slow_to=0.25, slow_after=1.0)
+    core = SimCore(cfg)
+    core.submit("a", 10, 3, now=5.0)  # the clock starts here, not at 0
+    before = core.plan_step(now=5.5)
+    assert before.duration == pytest.approx(0.010 + 0.010) and before.decode == pytest.approx(0.010)
+    after = core.plan_step(now=6.0)  # one second after the first arrival: four times slower
+    assert after.duration == pytest.approx(4 * 0.020) and after.decode == pytest.approx(0.040)
+    assert core.plan_step().duration == pytest.approx(0.020)  # no clock given: no slowdown
+    # on the virtual clock: requests that start after the slowdown take four times as long
+    t = simulate(cfg, [(0.0, "early", 10, 5), (2.0, "late", 10, 5)])
+    assert t["late"].e2e == pytest.approx(4 * t["early"].e2e)
+
+
+def test_slowdown_settings_are_checked():
+    for bad in ({"slow_to": 0.0}, {"slow_to": 1.5}, {"slow_after": -1.0}):
+        with pytest.raises(ValueError):
+            SimConfig(**bad)

@@ -92,7 +92,8 @@ class Scraper:
         value, retry_at = self.contexts.get(key, (None, float("-inf")))
         if value is None and target.models_url and self.clock.monotonic() >= retry_at:
             try:
-                value = context_length(self.prober.fetch(target.models_url, self.settings.scrape_timeout, secret=target.secret))
+                value = context_length(self.prober.fetch(target.models_url, self.settings.scrape_timeout,
+                                                         secret=target.secret))
             except OSError:
                 value = None
             self.contexts[key] = (value, self.clock.monotonic() + CONTEXT_RETRY)

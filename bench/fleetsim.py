@@ -1,0 +1,630 @@
+"""A deterministic fleet simulator for routing: seeded, on a virtual clock, no processes, no sockets.
+
+    python bench/fleetsim.py [--fleets fleet-a,...] [--loads 0.5,0.8,0.95,burst] [--seeds 3]
+                             [--policies llmgw,least_inflight,round_robin,power_of_two] [--held-out]
+
+Engines are the sim engine's own batching model (`simengine.core.SimCore`: continuous batching,
+FIFO wait, decode step `step_ms * (1 + batch_alpha * (running - 1)) / speed`, prefill per prompt
+token, one event per token). Every `scrape` seconds each engine's running/waiting/KV/token counters
+are written as a LoadRecord (as the agent does), which each gateway reads every `load_interval`
+seconds. The gateway is the real code: `GatewayState` (route, release, what it learns) on a fake
+clock, `choose()`, `admit()` and the wait-queue rules of `gateway.app` (only the queue's head routes;
+it tries again when a request ends or new loads arrive). So a policy can be tried on a dozen fleets
+in seconds, without the CPU noise of real processes, and the same seed gives the same figures.
+
+Peers that are not llmgw code are modelled here: `power_of_two` (vLLM router's: two random engines,
+the one with fewer requests in flight from this router).
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import math
+import random
+import sys
+from collections import deque
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Iterable
+
+ROOT = Path(__file__).resolve().parent.parent
+if __name__ == "__main__":
+    # Run as a script, bench/ is first on the path and bench/gateway.py would shadow the gateway package.
+    sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, ROOT / "bench")]
+
+from gateway.admission import Send, Shed, Wait, admit, drain_time  # noqa: E402
+from gateway.config import GatewaySettings  # noqa: E402
+from gateway.retry import Deliver, GiveUp, Outcome, next_attempt  # noqa: E402
+from gateway.routing import Choice, Rejection, RouteRequest  # noqa: E402
+from gateway.state import GatewayState  # noqa: E402
+from llmgw.state.clock import Clock  # noqa: E402
+from llmgw.state.records import EndpointInfo, LoadRecord  # noqa: E402
+from simengine.core import SimConfig, SimCore  # noqa: E402
+from tests.support.loadgen import poisson_times  # noqa: E402
+
+PEERS = ("power_of_two", "speed_weighted")  # modelled here; the others are llmgw's own policies (LLMGW_GATEWAY_POLICY)
+
+
+# --- what is simulated -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Dist:
+    """A distribution of token counts: const (a), uniform [a, b], lognormal (median a, sigma b),
+    pareto (minimum a, shape b); `cap` bounds every draw."""
+
+    kind: str
+    a: float
+    b: float = 0.0
+    cap: int = 1_000_000
+
+    def sample(self, rng: random.Random) -> int:
+        if self.kind == "const":
+            v = self.a
+        elif self.kind == "uniform":
+            v = rng.uniform(self.a, self.b)
+        elif self.kind == "lognormal":
+            v = rng.lognormvariate(math.log(self.a), self.b)
+        elif self.kind == "pareto":
+            v = self.a * rng.paretovariate(self.b)
+        else:
+            raise ValueError(f"unknown distribution {self.kind!r}")
+        return max(1, min(self.cap, int(round(v))))
+
+    def mean(self) -> float:
+        rng = random.Random(12345)
+        return sum(self.sample(rng) for _ in range(20000)) / 20000
+
+
+@dataclass(frozen=True)
+class Engine:
+    name: str
+    sim: SimConfig
+    capacity: int | None = None  # what the catalog tells llmgw (None: not set)
+    fail_at: float | None = None  # from then on it refuses connections and drops its streams
+    priority: int = 0
+
+
+@dataclass(frozen=True)
+class Fleet:
+    name: str
+    engines: tuple[Engine, ...]
+    prompt: Dist = Dist("const", 100)
+    output: Dist = Dist("const", 64)
+    gateways: int = 1  # gateway processes sharing the traffic (each sees the others only in scrapes)
+    usage: bool = False  # whether answers report their usage (stream_options.include_usage)
+    note: str = ""
+
+    def capacity(self) -> float:
+        """Requests per second the fleet completes with every batch full, at nominal speeds: a full
+        engine turns over `max_seqs` requests per (their prefills, which stall the whole batch, plus
+        one request's decode steps at a full batch)."""
+        p, o = self.prompt.mean(), self.output.mean()
+        total = 0.0
+        for e in self.engines:
+            c = e.sim
+            total += c.max_seqs / (c.max_seqs * c.prefill_seconds(int(p)) + o * c.decode_seconds(c.max_seqs))
+        return total
+
+
+@dataclass(frozen=True)
+class Load:
+    """Poisson arrivals at `fraction` of capacity for `seconds`; optionally a burst to
+    `burst_fraction` for `burst_seconds` starting at `burst_at`."""
+
+    name: str
+    fraction: float
+    seconds: float = 40.0
+    burst_at: float = 0.0
+    burst_seconds: float = 0.0
+    burst_fraction: float = 0.0
+    sheddable: float = 0.0  # share of requests sent as sheddable
+    critical: float = 0.0
+    warmup: float = 5.0  # requests arriving before this are served but not counted (routers learn)
+
+    def rate_at(self, capacity: float) -> Callable[[float], float]:
+        def rate(t: float) -> float:
+            burst = self.burst_seconds and self.burst_at <= t < self.burst_at + self.burst_seconds
+            return capacity * (self.burst_fraction if burst else self.fraction)
+        return rate
+
+    def peak(self, capacity: float) -> float:
+        return capacity * max(self.fraction, self.burst_fraction)
+
+
+LOADS = {
+    "0.5": Load("50%", 0.5), "0.8": Load("80%", 0.8), "0.95": Load("95%", 0.95),
+    "burst": Load("burst", 0.8, seconds=40.0, burst_at=15.0, burst_seconds=10.0, burst_fraction=1.5),
+}
+
+
+def fleet_a_engine(name: str, speed: float, max_seqs: int = 8, **kw) -> SimConfig:
+    """The issue's batching model: 10 ms steps, +10 % per extra running sequence, 0.02 ms prefill/token."""
+    return SimConfig(max_seqs=max_seqs, step_ms=10.0, batch_alpha=0.1, prefill_ms_per_token=0.02, speed=speed, **kw)
+
+
+def _fleet(name: str, speeds: Iterable[float], *, max_seqs=8, capacity=True, note="", **kw) -> Fleet:
+    engines = tuple(Engine(f"e{i}-{s:g}", fleet_a_engine(f"e{i}", s, max_seqs), capacity=max_seqs if capacity else None)
+                    for i, s in enumerate(speeds))
+    return Fleet(name, engines, note=note, **kw)
+
+
+# The five fleets of bench/routing.py, as the simulator sees them (the policy was designed on these).
+FLEETS = {
+    "today": Fleet("today", tuple(
+        Engine(n, SimConfig(max_seqs=4, speed=s), capacity=4)
+        for n, s in (("fast-1", 1.0), ("fast-2", 1.0), ("half", 0.5), ("quarter", 0.25))),
+        output=Dist("const", 16), prompt=Dist("const", 10), note="bench/routing.py's first fleet"),
+    "fleet-a": _fleet("fleet-a", (1, 1, 0.5, 0.25), note="the issue's fleet A"),
+    "homogeneous": _fleet("homogeneous", (1, 1, 1, 1)),
+    "gpu-cpu": Fleet("gpu-cpu", (
+        Engine("gpu-1", fleet_a_engine("g1", 1.0, 16), capacity=16),
+        Engine("gpu-2", fleet_a_engine("g2", 1.0, 16), capacity=16),
+        Engine("cpu-1", fleet_a_engine("c1", 0.25, 4), capacity=4),
+        Engine("cpu-2", fleet_a_engine("c2", 0.25, 4), capacity=4),
+        Engine("cpu-3", fleet_a_engine("c3", 0.25, 4), capacity=4),
+        Engine("cpu-4", fleet_a_engine("c4", 0.25, 4), capacity=4)), note="GPU tier + 4x slower CPU tier"),
+    "slowing": Fleet("slowing", tuple(
+        Engine(f"e{i}", fleet_a_engine(f"e{i}", 1.0, 8, **({"slow_to": 0.3, "slow_after": 15.0} if i == 0 else {})),
+               capacity=8) for i in range(4)), note="e0 drops to 30 % of its speed after 15 s"),
+}
+
+
+def _mixed(name: str, specs, **kw) -> Fleet:
+    """specs: (speed, max_seqs, batch_alpha, step_ms, prefill_ms_per_token, capacity)."""
+    engines = tuple(Engine(f"e{i}", SimConfig(max_seqs=m, step_ms=st, batch_alpha=a, prefill_ms_per_token=pf, speed=s),
+                           capacity=cap) for i, (s, m, a, st, pf, cap) in enumerate(specs))
+    return Fleet(name, engines, **kw)
+
+
+# Fleets the policy was NOT designed on: other speed ratios, slot counts, penalties, length
+# distributions, failures, 2 and 8 engines, several gateways, capacities missing or wrong.
+HELD_OUT = {
+    "two-uneven": _mixed("two-uneven", [(1.0, 6, 0.15, 12, 0.05, 6), (0.35, 6, 0.15, 12, 0.05, 6)],
+                         prompt=Dist("uniform", 50, 2000), output=Dist("uniform", 16, 256)),
+    "eight-mixed": _mixed("eight-mixed", [(1.0, 16, 0.05, 15, 0.02, 16), (1.0, 16, 0.05, 15, 0.02, 16),
+                                          (0.8, 8, 0.05, 15, 0.02, 8), (0.6, 8, 0.05, 15, 0.02, 8),
+                                          (0.5, 8, 0.05, 15, 0.02, 8), (0.3, 4, 0.05, 15, 0.02, 4),
+                                          (0.3, 4, 0.05, 15, 0.02, 4), (0.15, 2, 0.05, 15, 0.02, 2)],
+                          prompt=Dist("lognormal", 300, 0.8, 4000), output=Dist("lognormal", 80, 0.7, 1000)),
+    "heavy-tail": _fleet("heavy-tail", (1, 1, 0.5, 0.5), output=Dist("pareto", 30, 1.6, 2000),
+                         note="Pareto output lengths"),
+    "flat-batching": _mixed("flat-batching", [(1.0, 8, 0.0, 20, 0.1, 8), (0.5, 8, 0.0, 20, 0.1, 8),
+                                              (0.5, 8, 0.0, 20, 0.1, 8), (0.25, 8, 0.0, 20, 0.1, 8)],
+                            output=Dist("uniform", 20, 60)),
+    "steep-penalty": _mixed("steep-penalty", [(1.0, 16, 0.3, 8, 0.02, 16), (1.0, 16, 0.3, 8, 0.02, 16),
+                                              (0.25, 16, 0.3, 8, 0.02, 16)], output=Dist("const", 128)),
+    "prefill-heavy": _mixed("prefill-heavy", [(1.0, 8, 0.1, 10, 0.1, 8), (0.5, 8, 0.1, 10, 0.1, 8),
+                                              (0.5, 8, 0.1, 10, 0.1, 8)],
+                            prompt=Dist("uniform", 2000, 8000), output=Dist("const", 32)),
+    "failing": Fleet("failing", tuple(
+        Engine(f"e{i}", fleet_a_engine(f"e{i}", s, 8), capacity=8, fail_at=20.0 if i == 1 else None)
+        for i, s in enumerate((1, 1, 0.5, 0.5)))),
+    "two-gateways": _fleet("two-gateways", (1, 1, 0.5, 0.25), gateways=2),
+    "no-capacity": _fleet("no-capacity", (1, 0.7, 0.4, 0.2), capacity=False, output=Dist("uniform", 32, 96)),
+    "capacity-too-high": Fleet("capacity-too-high", tuple(
+        Engine(f"e{i}", fleet_a_engine(f"e{i}", s, 8), capacity=16) for i, s in enumerate((1, 1, 0.5, 0.25)))),
+    "usage-reported": _fleet("usage-reported", (1, 0.6, 0.6, 0.3), usage=True, output=Dist("lognormal", 64, 0.9, 800)),
+}
+
+
+# --- the simulation ----------------------------------------------------------------------------------
+class SimClock(Clock):
+    def __init__(self):
+        self.now = 0.0
+
+    def time(self) -> float:
+        return self.now
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+class _Store:
+    """What GatewayState reads from Redis: one endpoint list, the latest LoadRecords, no catalog."""
+
+    def __init__(self, endpoints: list[EndpointInfo]):
+        self.eps = endpoints
+        self.records: dict[str, LoadRecord] = {}
+        self.r = self
+
+    def get(self, key):  # the catalog document (catalog_names): none
+        return None
+
+    def endpoints_version(self) -> int:
+        return 1
+
+    def read_endpoints(self):
+        return 1, "fleetsim", list(self.eps)
+
+    def loads(self, ids):
+        return {i: self.records[i] for i in ids if i in self.records}
+
+
+@dataclass
+class Req:
+    rid: int
+    arrival: float
+    prompt: int
+    output: int
+    priority: str
+    gateway: int
+    attempt: int = 0
+    exclude: frozenset = frozenset()
+    choice: Choice | None = None
+    sent: float = 0.0
+    first: float | None = None  # first token (client side)
+    done: float | None = None
+    status: str = ""  # ok | shed | error
+    endpoint: str = ""
+    deadline: float = math.inf  # end of its wait in the gateway's queue
+
+
+@dataclass
+class Result:
+    fleet: str
+    load: str
+    policy: str
+    seed: int
+    requests: list[Req] = field(default_factory=list)
+
+    def ok(self) -> list[Req]:
+        return [r for r in self.requests if r.status == "ok"]
+
+    def measured(self, warmup: float) -> "Result":
+        return Result(self.fleet, self.load, self.policy, self.seed, [r for r in self.requests if r.arrival >= warmup])
+
+    def pct(self, what: str, p: float) -> float:
+        key = {"lat": lambda r: r.done - r.arrival, "ttft": lambda r: r.first - r.arrival,
+               "held": lambda r: r.sent - r.arrival}[what]
+        xs = sorted(key(r) for r in self.ok())
+        return xs[min(len(xs) - 1, int(p * len(xs)))] if xs else float("nan")
+
+    def errors(self) -> int:
+        return sum(r.status != "ok" for r in self.requests)
+
+    def shares(self, names: list[str]) -> list[int]:
+        return [sum(r.endpoint == n and r.status == "ok" for r in self.requests) for n in names]
+
+
+class _Gateway:
+    """One gateway process: the real GatewayState and admission, and the shell of gateway.app."""
+
+    def __init__(self, sim: "Simulation", idx: int, state: GatewayState):
+        self.sim, self.idx, self.state = sim, idx, state
+        self.queue: deque[Req] = deque()
+        self.p2c_inflight: dict[str, int] = {}
+
+    # gateway.app.Gateway._admit, on the simulator's clock
+    def admit(self, req: Req) -> None:
+        cfg = self.sim.cfg
+        st = self.state
+        if self.sim.policy == "power_of_two":
+            self._send(req, self._power_of_two(req))
+            return
+        if self.sim.policy == "speed_weighted":
+            self._send(req, self._speed_weighted(req))
+            return
+        res = st.route(RouteRequest("m", req.priority, None, req.exclude, len(self.queue) + 1))
+        decision = admit(res, req.priority, len(self.queue) if req.attempt == 0 else 0, cfg.queue_max,
+                         cfg.queue_timeout, drain_time(len(self.queue) + 1, st.completion_rate("m")))
+        if isinstance(decision, Wait):
+            if isinstance(res, Choice):
+                st.release(res, None)
+            req.deadline = self.sim.now + cfg.queue_timeout
+            self.queue.append(req)
+            self.sim.at(req.deadline, "timeout", (self, req))
+            return
+        if isinstance(decision, Send):
+            self._send(req, decision.choice)
+            return
+        if isinstance(decision, Shed):
+            if isinstance(res, Choice):
+                st.release(res, None)
+        self.sim.finish(req, "shed" if isinstance(decision, Shed) else "error")
+
+    def drain(self) -> None:
+        """The queue's head routes while endpoints free (WaitQueue.wait's loop)."""
+        while self.queue:
+            head = self.queue[0]
+            res = self.state.route(RouteRequest("m", head.priority, None, head.exclude, 1,
+                                                 waited=self.sim.now - head.arrival))
+            if isinstance(res, Rejection) and res.kind == "saturated":
+                return
+            self.queue.popleft()
+            if isinstance(res, Choice):
+                self._send(head, res)
+            else:
+                self.sim.finish(head, "error")
+
+    def timeout(self, req: Req) -> None:
+        if req in self.queue and self.sim.now >= req.deadline:
+            self.queue.remove(req)
+            self.sim.finish(req, "shed")
+
+    def _power_of_two(self, req: Req) -> Choice:
+        eps = [e for e in self.state.endpoints if e.id not in req.exclude] or list(self.state.endpoints)
+        a, b = self.sim.rng.sample(eps, 2) if len(eps) > 1 else (eps[0], eps[0])
+        ia, ib = self.p2c_inflight.get(a.id, 0), self.p2c_inflight.get(b.id, 0)
+        e = a if ia <= ib else b
+        self.p2c_inflight[e.id] = self.p2c_inflight.get(e.id, 0) + 1
+        return Choice(e, 0.0, 0, reason="power_of_two")
+
+    def _speed_weighted(self, req: Req) -> Choice:
+        """The issue's client-side reference: least outstanding weighted by each engine's nominal
+        speed (it is told the speeds; no capacity, no learning)."""
+        eps = [e for e in self.state.endpoints if e.id not in req.exclude] or list(self.state.endpoints)
+        speed = {e.name: e.sim.speed for e in self.sim.fleet.engines}
+        e = min(eps, key=lambda e: ((self.p2c_inflight.get(e.id, 0) + 1) / speed[e.id], self.sim.rng.random()))
+        self.p2c_inflight[e.id] = self.p2c_inflight.get(e.id, 0) + 1
+        return Choice(e, 0.0, 0, reason="speed_weighted")
+
+    def _send(self, req: Req, choice: Choice) -> None:
+        req.choice, req.sent, req.endpoint = choice, self.sim.now, choice.endpoint.id
+        eng = self.sim.engines[choice.endpoint.id]
+        if eng.dead(self.sim.now):
+            self.release(req, ok=False)
+            if self.sim.policy not in PEERS:
+                self.state.mark_unreachable(choice.endpoint.id)
+            step = next_attempt(Outcome("connect_error"), req.attempt, self.sim.cfg.retries)
+            if isinstance(step, GiveUp):
+                self.sim.finish(req, "error")
+                return
+            req.attempt += 1
+            req.exclude = req.exclude | {choice.endpoint.id}
+            self.admit(req)
+            return
+        assert isinstance(next_attempt(Outcome("answer", 200), req.attempt, self.sim.cfg.retries), Deliver)
+        eng.submit(req, self.sim.now)
+
+    def release(self, req: Req, ok: bool) -> None:
+        if self.sim.policy in PEERS:
+            eid = req.choice.endpoint.id
+            self.p2c_inflight[eid] -= 1
+            return
+        now = self.sim.now
+        tokens = req.output if (ok and self.sim.fleet.usage) else None
+        ttfb = (req.first - req.sent) if (ok and req.first is not None) else None
+        self.state.release(req.choice, (now - req.sent) if ok else None, tokens, ttfb)
+        self.drain()
+
+
+class _Engine:
+    def __init__(self, sim: "Simulation", spec: Engine):
+        self.sim, self.spec = sim, spec
+        self.core = SimCore(spec.sim)
+        self.reqs: dict[str, Req] = {}
+        self.busy = False
+        self.gen = 0  # step generation: a failure invalidates the step in progress
+
+    def dead(self, now: float) -> bool:
+        return self.spec.fail_at is not None and now >= self.spec.fail_at
+
+    def submit(self, req: Req, now: float) -> None:
+        rid = str(req.rid)
+        self.core.submit(rid, req.prompt, req.output, now)
+        self.reqs[rid] = req
+        if not self.busy:
+            self._plan(now)
+
+    def _plan(self, now: float) -> None:
+        step = self.core.plan_step(now)
+        self.busy = step is not None
+        if step is not None:
+            self.sim.at(now + step.duration, "step", (self, step, self.gen))
+
+    def step_done(self, step, gen: int) -> None:
+        if gen != self.gen:
+            return
+        now = self.sim.now
+        for e in self.core.finish_step(step, now):
+            req = self.reqs.get(e.rid)
+            if req is None:
+                continue
+            if e.index == 0:
+                req.first = now
+            if e.done:
+                del self.reqs[e.rid]
+                req.done = now
+                self.sim.finish(req, "ok")
+                self.sim.gateways[req.gateway].release(req, ok=True)
+        self._plan(now)
+
+    def fail(self) -> None:
+        self.gen += 1
+        self.busy = False
+        for rid, req in list(self.reqs.items()):
+            self.core.cancel(rid)
+            self.sim.finish(req, "error")
+            self.sim.gateways[req.gateway].release(req, ok=False)
+        self.reqs.clear()
+
+    def record(self, now: float) -> LoadRecord:
+        if self.dead(now):
+            return LoadRecord(replica_id=self.spec.name, ts=now, ok=False, error="connection refused")
+        c = self.core
+        return LoadRecord(replica_id=self.spec.name, ts=now, ok=True, running=float(c.num_running),
+                          waiting=float(c.num_waiting), kv_usage=c.kv_usage,
+                          prompt_tokens_total=float(c.prompt_tokens_total),
+                          generation_tokens_total=float(c.generation_tokens_total))
+
+
+class Simulation:
+    def __init__(self, fleet: Fleet, load: Load, policy: str, seed: int, cfg: GatewaySettings | None = None,
+                 scrape: float = 1.0, load_interval: float = 0.5):
+        self.fleet, self.load, self.policy, self.seed = fleet, load, policy, seed
+        base = cfg or GatewaySettings()
+        routing = base.routing.model_copy(update={"policy": policy if policy not in PEERS else "llmgw"})
+        self.cfg = base.model_copy(update={"seed": seed, "routing": routing})
+        self.scrape, self.load_interval = scrape, load_interval
+        self.rng = random.Random(seed)
+        self.now = 0.0
+        self.events: list = []
+        self._seq = 0
+        self.engines = {e.name: _Engine(self, e) for e in fleet.engines}
+        eps = [EndpointInfo(id=e.name, url=f"sim://{e.name}", models=("m",), engine="sim", model="m", served_name="m",
+                            capacity=e.capacity, priority=e.priority) for e in fleet.engines]
+        self.store = _Store(eps)
+        self.clock = SimClock()
+        self.gateways = []
+        for g in range(fleet.gateways):
+            st = GatewayState(self.store, self.cfg.model_copy(update={"seed": seed * 100 + g}), self.clock)
+            st.refresh_endpoints()
+            self.gateways.append(_Gateway(self, g, st))
+        self.result = Result(fleet.name, load.name, policy, seed)
+
+    def at(self, t: float, kind: str, payload) -> None:
+        self._seq += 1
+        heapq.heappush(self.events, (t, self._seq, kind, payload))
+
+    def finish(self, req: Req, status: str) -> None:
+        if req.status:
+            return
+        req.status = status
+        self.pending -= 1
+        if status != "ok":
+            req.done = self.now
+
+    def _arrivals(self) -> list[Req]:
+        """The load's Poisson arrivals (tests.support.loadgen, as bench/routing.py sends them), each
+        with its prompt and output length drawn from the fleet's distributions."""
+        rng = random.Random(self.seed * 7919 + 1)
+        times = poisson_times(self.load.rate_at(self.fleet.capacity()), self.load.peak(self.fleet.capacity()),
+                              self.load.seconds, self.seed)
+        out = []
+        for t in times:
+            prompt, output, u = self.fleet.prompt.sample(rng), self.fleet.output.sample(rng), rng.random()
+            prio = "sheddable" if u < self.load.sheddable else "critical" if u > 1 - self.load.critical else "standard"
+            out.append(Req(len(out), t, prompt, output, prio, len(out) % self.fleet.gateways))
+        return out
+
+    def run(self) -> Result:
+        reqs = self._arrivals()
+        self.result.requests = reqs
+        for r in reqs:
+            self.at(r.arrival, "arrival", r)
+        for i, e in enumerate(self.engines.values()):
+            self.at(self.rng.uniform(0, self.scrape), "scrape", e)
+            if e.spec.fail_at is not None:
+                self.at(e.spec.fail_at, "fail", e)
+        for g in self.gateways:
+            self.at(self.rng.uniform(0, self.load_interval), "poll", g)
+        end = self.load.seconds + 600.0
+        self.pending = len(reqs)
+        while self.events and self.pending:
+            t, _, kind, payload = heapq.heappop(self.events)
+            self.now = self.clock.now = t
+            if t > end:
+                break
+            if kind == "arrival":
+                self.gateways[payload.gateway].admit(payload)
+            elif kind == "step":
+                payload[0].step_done(payload[1], payload[2])
+            elif kind == "scrape":
+                self.store.records[payload.spec.name] = payload.record(t)
+                self.at(t + self.scrape, "scrape", payload)
+            elif kind == "poll":
+                if self.policy not in PEERS:
+                    payload.state.refresh_loads()
+                    payload.drain()
+                self.at(t + self.load_interval, "poll", payload)
+            elif kind == "timeout":
+                payload[0].timeout(payload[1])
+            elif kind == "fail":
+                payload.fail()
+        return self.result
+
+
+def run(fleet: Fleet, load: Load, policy: str, seed: int = 1, cfg: GatewaySettings | None = None) -> Result:
+    """The requests that arrived after the load's warm-up."""
+    return Simulation(fleet, load, policy, seed, cfg).run().measured(load.warmup)
+
+
+# --- command line ------------------------------------------------------------------------------------
+def table(results: list[Result], fleet: Fleet) -> list[str]:
+    names = [e.name for e in fleet.engines]
+    lines = []
+    for r in results:
+        n = len(r.requests)
+        share = "/".join(str(x) for x in r.shares(names))
+        lines.append(f"  {r.load:6} {r.policy:15} {r.pct('lat', .5):7.2f} {r.pct('lat', .9):7.2f} {r.pct('lat', .99):7.2f} "
+                     f"{r.pct('ttft', .5):7.3f} {r.pct('ttft', .99):7.3f} {r.pct('held', .99):7.3f} {r.errors():5}/{n:<5} {share}")
+    return lines
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """llmgw against the best peer of one cell: ratios of p99 and TTFT p99 (below 1 is better)."""
+
+    fleet: str
+    load: str
+    p99: float
+    ttft99: float
+    p99_ratio: float
+    ttft99_ratio: float
+    errors: int
+    peer_errors: int
+
+
+def compare(results: dict[str, Result]) -> Verdict:
+    """`results` by policy, one of them "llmgw"; the others are its peers."""
+    mine = results["llmgw"]
+    peers = [r for p, r in results.items() if p != "llmgw"]
+    best_p99 = min(r.pct("lat", .99) for r in peers)
+    best_ttft = min(r.pct("ttft", .99) for r in peers)
+    return Verdict(mine.fleet, mine.load, mine.pct("lat", .99), mine.pct("ttft", .99),
+                   mine.pct("lat", .99) / best_p99, mine.pct("ttft", .99) / best_ttft, mine.errors(),
+                   min(r.errors() for r in peers))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--fleets", default="", help="comma-separated names (default: the benchmark's five)")
+    ap.add_argument("--held-out", action="store_true", help="the fleets the policy was not designed on")
+    ap.add_argument("--loads", default="0.5,0.8,0.95,burst")
+    ap.add_argument("--policies", default="llmgw,least_inflight,round_robin,power_of_two")
+    ap.add_argument("--seeds", type=int, default=2)
+    ap.add_argument("--seconds", type=float, default=0.0, help="override each load's length")
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                    help="a GatewaySettings or RoutingConfig field for llmgw (repeatable)")
+    a = ap.parse_args(argv)
+    cfg = GatewaySettings()
+    for item in a.set:
+        k, v = item.split("=", 1)
+        if k in type(cfg.routing).model_fields:
+            cfg = cfg.model_copy(update={"routing": cfg.routing.model_copy(update={k: float(v)})})
+        else:
+            cfg = cfg.model_copy(update={k: float(v)})
+    pool = {**FLEETS, **HELD_OUT}
+    verdicts: list[Verdict] = []
+    names = a.fleets.split(",") if a.fleets else list(HELD_OUT if a.held_out else FLEETS)
+    for fname in names:
+        fleet = pool[fname]
+        print(f"{fname}: capacity {fleet.capacity():.1f} req/s{(' (' + fleet.note + ')') if fleet.note else ''}")
+        print(f"  {'load':6} {'policy':15} {'p50':>7} {'p90':>7} {'p99':>7} {'ttft50':>7} {'ttft99':>7} {'held99':>7} {'err/n':>11} served")
+        for lname in a.loads.split(","):
+            load = LOADS[lname]
+            if a.seconds:
+                load = replace(load, seconds=a.seconds)
+            cell = {}
+            for policy in a.policies.split(","):
+                merged = None
+                for seed in range(1, a.seeds + 1):
+                    r = run(fleet, load, policy, seed, cfg)
+                    if merged is None:
+                        merged = r
+                    else:
+                        merged.requests = merged.requests + r.requests
+                cell[policy] = merged
+                print("\n".join(table([merged], fleet)), flush=True)
+            if "llmgw" in cell and len(cell) > 1:
+                verdicts.append(compare(cell))
+    if verdicts:
+        print("\nllmgw / best peer:  p99 ratio, TTFT p99 ratio (<= 1 is the target), errors")
+        for v in verdicts:
+            flag = "" if v.p99_ratio <= 1.0 and v.ttft99_ratio <= 1.0 and v.errors <= v.peer_errors else "  <-- behind"
+            print(f"  {v.fleet:18} {v.load:6} {v.p99_ratio:5.2f} {v.ttft99_ratio:5.2f} {v.errors:4}{flag}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""How fast an endpoint serves as a function of how many requests it holds: pure, learned from samples.
+
+A batching engine does not have one service time. Each decode step serves every running sequence
+and gets slower as the batch grows, so a stream's time per token at concurrency `c` is about
+`t1 * (1 + a * (c - 1))`; past its batch limit (`slots`) requests wait in the engine's FIFO. `Fit` is
+that line, fitted by exponentially forgetting least squares over (concurrency, seconds) samples:
+  - per-token times from the engine's own counters (two scrapes: running x seconds / tokens), and
+    from our answers when they report usage (decode time / completion tokens);
+  - per-request decode times from our answers (elapsed minus time to first byte), used when the
+    token route is not available (no usage and no token counters).
+`Speed` is what the router reads: a typical request's decode time at concurrency one, the slowdown
+per extra sequence, the time to first byte and the batch limit, with the arithmetic of expected
+completion. Nothing here reads a clock; the caller passes ages.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+PRIOR_SLOWDOWN = 0.05  # per extra sequence, assumed until samples at several concurrencies say otherwise
+PRIOR_STRENGTH = 2.0  # how many (concurrency^2-weighted) samples that assumption is worth
+PRIOR_NOISE = 0.3  # relative scatter of one sample, assumed until the samples show theirs
+
+
+class Fit(NamedTuple):  # a tuple: one is made for every finished request
+    """Least-squares sums of samples y (seconds) at x (concurrency), whose weight halves every
+    `half_life` seconds: memory in time, however often samples come."""
+
+    w: float = 0.0
+    sx: float = 0.0
+    sy: float = 0.0
+    sxx: float = 0.0
+    sxy: float = 0.0
+    syy: float = 0.0
+    at: float = 0.0  # when the last sample was added (the caller's clock)
+
+    def add(self, x: float, y: float, now: float, half_life: float) -> "Fit":
+        f = 0.5 ** (max(0.0, now - self.at) / half_life) if self.w else 0.0
+        return Fit(self.w * f + 1, self.sx * f + x, self.sy * f + y, self.sxx * f + x * x, self.sxy * f + x * y,
+                   self.syy * f + y * y, now)
+
+    def error(self) -> float:
+        """Relative standard error of the fitted level: the samples' scatter around the line over
+        the square root of their weight. The scatter starts from a prior of PRIOR_NOISE per sample
+        worth two samples, so a few samples that happen to agree are not taken for certainty."""
+        if self.w <= 0 or self.sy <= 0:
+            return 1.0
+        mx, my = self.sx / self.w, self.sy / self.w
+        sxx = max(0.0, self.sxx - self.sx * mx)
+        sxy = self.sxy - self.sx * my
+        resid = max(0.0, self.syy - self.sy * my - (sxy * sxy / sxx if sxx > 0 else 0.0))
+        scatter = (resid + 2 * (PRIOR_NOISE * my) ** 2) / (self.w + 1)
+        return math.sqrt(scatter / self.w) / my
+
+    def line(self) -> tuple[float, float] | None:
+        """(y at concurrency one, fractional slowdown per extra sequence), or None without samples.
+
+        The slope is shrunk toward PRIOR_SLOWDOWN (ridge): samples that all sit at one concurrency
+        say nothing about the slope, and then the level is read as if that slowdown held."""
+        if self.w <= 0:
+            return None
+        mx, my = self.sx / self.w, self.sy / self.w
+        if my <= 0:
+            return None
+        prior = PRIOR_SLOWDOWN * my / (1 + PRIOR_SLOWDOWN * max(0.0, mx - 1))  # slope of the prior line
+        sxx = max(0.0, self.sxx - self.sx * mx)
+        sxy = self.sxy - self.sx * my
+        slope = (sxy + PRIOR_STRENGTH * prior) / (sxx + PRIOR_STRENGTH)
+        y1 = my - slope * (mx - 1)
+        if slope < 0 or y1 <= 0.1 * my:  # noise: keep the level, take the prior's shape
+            slope = prior
+            y1 = my - slope * (mx - 1)
+        return y1, slope / y1
+
+
+def shrink(estimates: "list[tuple[Speed, float]]") -> "list[Speed]":
+    """Endpoints of one model, each with the relative error of its estimate, pulled toward their
+    common speed as far as the data cannot tell them apart (empirical Bayes on log decode times).
+    Identical engines then look identical instead of differing by their sampling noise, which would
+    steer traffic by chance; engines that truly differ keep their own speeds."""
+    if len(estimates) < 2:
+        return [sp for sp, _ in estimates]
+    xs = [math.log(sp.decode1) for sp, _ in estimates]
+    vs = [max(err, 1e-3) ** 2 for _, err in estimates]
+    ws = [1 / v for v in vs]
+    mean = sum(w * x for w, x in zip(ws, xs)) / sum(ws)
+    slow = sum(w * sp.slowdown for w, (sp, _) in zip(ws, estimates)) / sum(ws)
+    spread = sum((x - mean) ** 2 for x in xs) / (len(xs) - 1) - sum(vs) / len(vs)  # true differences
+    out = []
+    for (sp, _), x, v in zip(estimates, xs, vs):
+        keep = max(0.0, spread) / (max(0.0, spread) + v)  # 0: all noise, 1: all signal
+        out.append(Speed(math.exp(mean + keep * (x - mean)), slow + keep * (sp.slowdown - slow), sp.ttfb))
+    return out
+
+
+@dataclass(frozen=True)
+class Speed:
+    """An endpoint's learned speed, in seconds for a typical request (see the module docstring)."""
+
+    decode1: float  # decode time of a typical request alone on the endpoint
+    slowdown: float  # fractional increase of that time per extra running sequence
+    ttfb: float = 0.0  # time to first byte when a slot is free (network, prefill, first step)
+
+    def decode(self, c: float) -> float:
+        return self.decode1 * (1.0 + self.slowdown * max(0.0, c - 1.0))
+
+    def completion(self, held: float, slots: float) -> float:
+        """Seconds until a request sent now completes, when the endpoint already holds `held`: it
+        runs in a batch of min(held + 1, slots), after waiting for held + 1 - slots of the requests
+        ahead to finish (a full endpoint finishes `slots` requests per full-batch decode time)."""
+        d1, a = self.decode1, self.slowdown
+        if held + 1.0 <= slots:
+            return self.ttfb + d1 * (1.0 + a * held)  # decode(held + 1), inline: once per endpoint per request
+        full = d1 * (1.0 + a * (slots - 1.0))
+        return self.ttfb + (held + 1.0 - slots) * full / slots + full
+
+    def imposed(self, held: float, slots: float) -> float:
+        """Seconds the request adds to the others' completions: joining a batch of `held` running
+        slows each of them by one step's increment for about half of what they have left. Joining
+        the engine's queue delays nobody ahead of it."""
+        if held + 1.0 > slots:
+            return 0.0
+        return held * self.decode1 * self.slowdown * 0.5
+
+    def rate(self, slots: float) -> float:
+        """Requests per second the endpoint completes with a full batch."""
+        if math.isinf(slots):
+            return math.inf
+        return slots / self.decode(slots)
+
+    def relaxed_toward(self, best: "Speed", keep: float) -> "Speed":
+        """This speed moved toward `best` by 1 - keep (an old slow estimate is given another chance)."""
+        if self.decode1 <= best.decode1:
+            return self
+        return Speed(best.decode1 + (self.decode1 - best.decode1) * keep, self.slowdown, self.ttfb)

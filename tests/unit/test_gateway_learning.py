@@ -1,0 +1,174 @@
+"""What GatewayState learns per endpoint: from two scrapes (per-token time, batch limit) and once per
+finished request (decode time, tokens), and the speeds it derives on each load refresh."""
+
+import pytest
+
+from gateway.config import GatewaySettings
+from gateway.routing import Choice
+from gateway.state import GatewayState
+from llmgw.state.records import EndpointInfo, LoadRecord
+from tests.support.clock import FakeClock
+
+
+class Store:
+    """The two reads GatewayState makes: the endpoint list and the loads."""
+
+    def __init__(self, eps):
+        self.eps, self.records, self.r = eps, {}, self
+
+    def get(self, key):  # no catalog
+        return None
+
+    def endpoints_version(self):
+        return 1
+
+    def read_endpoints(self):
+        return 1, "fp", list(self.eps)
+
+    def loads(self, ids):
+        return {i: self.records[i] for i in ids if i in self.records}
+
+
+def ep(i, model="m", capacity=8):
+    return EndpointInfo(id=i, url=f"http://{i}", models=(model,), engine="sim", model=model, capacity=capacity)
+
+
+def setup(*eps):
+    clock = FakeClock()
+    store = Store(list(eps))
+    st = GatewayState(store, GatewaySettings(seed=1), clock)
+    st.refresh_endpoints()
+    return st, store, clock
+
+
+def scrape(st, store, clock, i, running, waiting, gen):
+    clock.advance(1.0)
+    store.records[i] = LoadRecord(i, clock.t, True, running=running, waiting=waiting, generation_tokens_total=gen)
+    st.refresh_loads()
+
+
+def test_per_token_time_from_an_engine_busy_between_two_scrapes():
+    st, store, clock = setup(ep("a"))
+    scrape(st, store, clock, "a", 4, 0, 1000)
+    scrape(st, store, clock, "a", 4, 0, 1200)  # 200 tokens in 1 s over 4 sequences: 20 ms per token
+    f = st.learned["a"].per_token
+    assert f.w == 1 and f.sx == 4 and f.sy == pytest.approx(0.020)
+
+
+def test_an_engine_idle_at_either_end_teaches_nothing():
+    """One request ending and the next arriving later looks like a slow engine: 5 tokens in 1 s with
+    one running at both ends may be 20 ms of work. Such intervals are skipped (this once stuck a
+    half-speed engine at three times its real decode time, so it got no traffic)."""
+    st, store, clock = setup(ep("a"))
+    for running, gen in ((1, 0), (1, 5), (0, 64), (3, 70), (1, 80)):
+        scrape(st, store, clock, "a", running, 0, gen)
+    assert "a" not in st.learned
+
+
+def test_batch_limit_seen_while_requests_wait_in_two_scrapes_in_a_row():
+    st, store, clock = setup(ep("a", capacity=None))
+    scrape(st, store, clock, "a", 3, 1, 0)  # a request between arrival and the next step: not a limit
+    scrape(st, store, clock, "a", 5, 0, 100)
+    assert st.stats["a"].slots is None
+    scrape(st, store, clock, "a", 6, 2, 200)
+    scrape(st, store, clock, "a", 6, 3, 300)
+    assert st.stats["a"].slots == 6
+
+
+def test_each_answer_is_learned_once_at_its_end():
+    st, store, clock = setup(ep("a"), ep("b"))
+    for _ in range(4):
+        c = st.route(st_req())
+        # 1.1 s in all, the first byte after 0.1 s: 1.0 s of decoding; 51 tokens: 20 ms per token
+        st.release(c, 1.1, 51, 0.1)
+    lr = st.learned[c.endpoint.id]
+    assert lr.per_request.sy / lr.per_request.w == pytest.approx(1.0)
+    assert lr.per_token.sy / lr.per_token.w == pytest.approx(0.020)
+    assert lr.ttfb == pytest.approx(0.1) and st.tokens_per_request == pytest.approx(51)
+    assert st.inflight == {c.endpoint.id: 0}
+    # a failed request (no service time) frees its slot and teaches nothing
+    c = st.route(st_req())
+    st.release(c, None)
+    assert st.inflight[c.endpoint.id] == 0
+
+
+def test_tokens_per_answer_are_inferred_when_answers_do_not_report_usage():
+    st, store, clock = setup(ep("a"))
+    for i in range(4):  # the engine's counters: 20 ms per token at 4 running
+        scrape(st, store, clock, "a", 4, 0, 200 * i)
+    c = st.route(st_req())
+    st.release(c, 1.3, None, 0.02)  # no usage: 1.28 s of decoding at ~20 ms per token
+    assert st.tokens_per_request is None and 50 < st.tokens_estimate < 75
+
+
+def test_speeds_are_derived_on_refresh_and_models_are_not_mixed():
+    st, store, clock = setup(ep("a"), ep("b"), ep("big", model="large"))
+    for c, seconds in ((ep("a"), 1.0), (ep("b"), 1.02), (ep("big", model="large"), 6.0)):
+        for _ in range(6):
+            st.release(Choice(c, 0.0, 0), seconds)
+    assert st.stats.get("a") is None or st.stats["a"].speed is None  # not per request: on refresh
+    scrape(st, store, clock, "a", 0, 0, 0)
+    a, b, big = (st.stats[i].speed.decode1 for i in ("a", "b", "big"))
+    assert a == pytest.approx(b, rel=0.02)  # the same speed, told apart only by noise
+    assert big == pytest.approx(6.0, rel=0.01)  # another model: not pulled toward a and b
+
+
+def test_completion_rate_needs_every_endpoint_known():
+    st, store, clock = setup(ep("a", capacity=4), ep("b", capacity=4))
+    for _ in range(3):
+        st.release(Choice(ep("a", capacity=4), 0.0, 0), 1.0)
+    scrape(st, store, clock, "a", 0, 0, 0)
+    assert st.completion_rate("m") is None  # b's speed is unknown: the drain time cannot be bounded
+    for _ in range(3):
+        st.release(Choice(ep("b", capacity=4), 0.0, 0), 1.0)
+    scrape(st, store, clock, "a", 0, 0, 0)
+    rate = st.completion_rate("m")
+    assert 4 < rate < 8  # two endpoints of 4 slots, about 1 s each (a little slower when full)
+
+
+def st_req():
+    from gateway.routing import RouteRequest
+
+    return RouteRequest("m", affinity="one-session")  # always the same endpoint
+
+
+def test_a_scrape_is_compared_with_what_we_held_when_it_was_taken():
+    """The engine was scraped while it ran our 3 requests; 2 ended before the gateway read the record.
+    Counting what we hold at read time (1) would leave 2 phantom requests "from others" on the
+    endpoint for a whole scrape interval, enough to fill it and hold requests in the queue."""
+    from gateway.routing import RouteRequest, ahead_of, fresh_load
+
+    st, store, clock = setup(ep("a"))
+    held = [st.route(RouteRequest("m")) for _ in range(3)]
+    clock.advance(0.3)
+    store.records["a"] = LoadRecord("a", clock.t, True, running=3, waiting=0)  # the agent's scrape
+    clock.advance(0.2)
+    st.release(held[0], 1.0)
+    st.release(held[1], 1.0)
+    st.refresh_loads()  # read a little later
+    s = st.stats["a"]
+    assert s.scrape_inflight == 3 and s.others_ratio == 0
+
+    def ahead(n):
+        s = st.stats["a"]
+        return ahead_of(ep("a"), fresh_load(st.loads["a"], clock.t, st.cfg.routing, s.load_seen), n, s)
+
+    assert ahead(1) == 1
+    # another gateway's requests count: the next scrape shows 5 running while we hold 1
+    clock.advance(1.0)
+    store.records["a"] = LoadRecord("a", clock.t, True, running=5, waiting=0)
+    st.refresh_loads()
+    assert ahead(1) == 5 and st.stats["a"].others_ratio == 4
+    # if we send it two more before the next scrape, the others (4 per one of ours) likely did too
+    assert ahead(3) == 3 + 4 + 4 * 2
+
+
+def test_an_agent_clock_that_disagrees_falls_back_to_the_most_we_held():
+    from gateway.routing import RouteRequest
+
+    st, store, clock = setup(ep("a"))
+    held = [st.route(RouteRequest("m")) for _ in range(3)]
+    st.release(held[0], 1.0)
+    store.records["a"] = LoadRecord("a", clock.t - 3600, True, running=3, waiting=0)  # an hour behind
+    st.refresh_loads()
+    assert st.stats["a"].scrape_inflight == 3  # not 2: our own ended request is no other gateway's
