@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import requests
 
@@ -25,6 +26,7 @@ class ClientLoop(threading.Thread):
         self.session = requests.Session()
         self.halt = threading.Event()
         self.ok = 0
+        self.done_at: list[float] = []  # time.time() of each success (what was served before a fault)
         self.errors: list[str] = []
 
     def one(self) -> str | None:
@@ -50,6 +52,7 @@ class ClientLoop(threading.Thread):
             problem = self.one()
             if problem is None:
                 self.ok += 1
+                self.done_at.append(time.time())
             else:
                 self.errors.append(problem)
 
