@@ -51,12 +51,12 @@ def expected(gpu: int = 2, cpu: int = 1) -> dict[tuple[str, str], int]:
 
 
 def start_fleet(cluster, nodes=("a", "b"), gpus: str = "h100:2", gateways: int = 1, redis: dict | None = None,
-                control: dict | None = None, **catalog_kw) -> list[str]:
+                control: dict | None = None, node_env: dict | None = None, **catalog_kw) -> list[str]:
     """Redis, the nodes, a control worker, beat and the gateway(s); the catalog applied and Ready.
     Returns the gateway URLs."""
     cluster.start_redis(**(redis or {}))
     for n in nodes:
-        cluster.start_node(n, gpus=gpus, **AGENT)
+        cluster.start_node(n, gpus=gpus, **AGENT, **(node_env or {}))
     cluster.start_control(**(control or {}))
     cluster.start_beat()
     urls = [cluster.start_gateway(name="gateway" if i == 0 else f"gateway{i + 1}") for i in range(gateways)]
