@@ -27,6 +27,7 @@ class ClientLoop(threading.Thread):
         self.halt = threading.Event()
         self.ok = 0
         self.done_at: list[float] = []  # time.time() of each success (what was served before a fault)
+        self.longest = 0.0  # seconds, the slowest success
         self.errors: list[str] = []
 
     def one(self) -> str | None:
@@ -49,10 +50,12 @@ class ClientLoop(threading.Thread):
 
     def run(self) -> None:
         while not self.halt.is_set():
+            began = time.time()
             problem = self.one()
             if problem is None:
                 self.ok += 1
                 self.done_at.append(time.time())
+                self.longest = max(self.longest, self.done_at[-1] - began)
             else:
                 self.errors.append(problem)
 
