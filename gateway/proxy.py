@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import select
 import socket
 import threading
 import time
@@ -65,6 +66,14 @@ class Conn:
 
     def close(self) -> None:
         self.sock.close()
+
+    def closed_by_peer(self) -> bool:
+        """An idle keep-alive connection is readable only when the engine closed it (or sent bytes no
+        request asked for): either way it is of no more use. Never blocks."""
+        try:
+            return bool(select.select([self.sock], [], [], 0)[0])
+        except (OSError, ValueError):
+            return True
 
 
 def parse_head(head: bytes) -> tuple[int, list[tuple[str, str]]]:
@@ -222,6 +231,28 @@ class Upstream:
                 return
         conn.close()
 
+    def _sweep(self, key: tuple[str, int]) -> None:
+        """A pooled connection to `key` turned out closed by its engine (it restarted, or went away):
+        close every idle one it closed too, not only those requests happen to take. A LIFO pool would
+        otherwise keep the ones at its bottom half-closed (CLOSE_WAIT), holding descriptors, for good."""
+        with self.lock:
+            conns = self.idle.get(key, [])
+            dead = [c for c in conns if c.closed_by_peer()]
+            if dead:
+                self.idle[key] = [c for c in conns if c not in dead]
+        for c in dead:
+            c.close()
+
+    def retain(self, base_urls) -> None:
+        """Close the idle connections to engines no longer in the endpoint list (stopped or moved)."""
+        keep = {self._key(u) for u in base_urls}
+        with self.lock:
+            gone = [k for k in self.idle if k not in keep]
+            dropped = [c for k in gone for c in self.idle.pop(k)]
+            self.hosts = {u: k for u, k in self.hosts.items() if k in keep}
+        for c in dropped:
+            c.close()
+
     def _connect(self, key: tuple[str, int]) -> Conn:
         try:
             sock = socket.create_connection(key, timeout=self.connect_timeout)
@@ -278,6 +309,7 @@ class Upstream:
                 conn = None
                 if not reused:
                     raise UpstreamConnectError(f"engine closed the connection: {e!r}") from e
+                self._sweep(key)
             except OSError as e:
                 conn.close()
                 raise UpstreamConnectError(f"{type(e).__name__}: {e}") from e
