@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+from collections import deque
 from dataclasses import replace
 from typing import Callable
 
@@ -39,6 +40,18 @@ log = logging.getLogger("llmgw.gateway")
 REDIS_ERRORS = (redis.exceptions.RedisError, OSError)
 EWMA_ALPHA = 0.25
 FULL_RELOAD_EVERY = 30.0  # seconds
+
+
+def inflight_at(changes: deque[tuple[float, int]], at: float) -> int:
+    """What this gateway had in flight on an endpoint at `at` (its monotonic clock), from the log of
+    every change as (time, count after it), oldest first; 0 before the first change (the log keeps
+    the change in force at its horizon). Pure."""
+    count = 0
+    for t, n in changes:
+        if t > at:
+            break
+        count = n
+    return count
 
 
 class RedisHealth:
@@ -91,6 +104,9 @@ class GatewayState:
         self.by_id: dict[str, EndpointInfo] = {}
         self.loads: dict[str, LoadRecord] = {}
         self.inflight: dict[str, int] = {}  # kept for endpoints that left the list while in flight
+        # Per endpoint, the recent changes of `inflight` as (monotonic time, count after): what we had
+        # in flight when the engine was scraped, to tell our requests in a scrape from the others'.
+        self.changes: dict[str, deque[tuple[float, int]]] = {}
         self.ok_at: dict[str, float] = {}  # wall clock of the last response head per endpoint
         self.fail_at: dict[str, float] = {}  # ... of the last connection failure or first-byte timeout
         self.model_inflight: dict[str, int] = {}  # by canonical model name
@@ -154,6 +170,7 @@ class GatewayState:
             # An endpoint that left the list stays while requests are in flight on it (the report
             # must show them: the control plane waits for them before stopping its replica).
             self.inflight = {k: n for k, n in self.inflight.items() if n > 0 or k in self.by_id}
+            self.changes = {k: c for k, c in self.changes.items() if k in self.inflight}
             self.ok_at = {k: t for k, t in self.ok_at.items() if k in self.inflight}
             self.fail_at = {k: t for k, t in self.fail_at.items() if k in self.inflight}
             self.canonical = {n: e.model or e.models[0] for e in eps for n in e.models}
@@ -179,16 +196,21 @@ class GatewayState:
         except (ValueError, TypeError) as e:
             log.error("cannot read loads: %s", e)
             return
-        seen = self.clock.monotonic()
+        seen, wall = self.clock.monotonic(), self.clock.time()
         with self.lock:
             for i, rec in loads.items():
                 old = self.loads.get(i)
                 if old is None or old.ts != rec.ts:
-                    # Remember our own in-flight count at this sample, so the router can tell the
-                    # scrape's other-gateway traffic from ours (which it counts exactly); and when we
-                    # first saw it, so freshness never compares the agent's clock with ours.
+                    # Remember our own in-flight count when the engine was scraped (up to a scrape
+                    # interval plus our refresh ago: the agent stamps the scrape, clocks are kept in
+                    # sync, and the age is bounded either way), so the router can tell the scrape's
+                    # other-gateway traffic from ours, which it counts exactly. Our count now would
+                    # see phantom others whenever our requests turned over since the scrape. And when
+                    # we first saw it, so freshness is judged on our clock alone.
+                    age = min(max(0.0, wall - rec.ts), self.cfg.routing.stale_after)
+                    ours = inflight_at(self.changes.get(i, deque()), seen - age)
                     st = self.stats.get(i, EndpointStats())
-                    self.stats[i] = replace(st, scrape_inflight=self.inflight.get(i, 0), load_seen=seen,
+                    self.stats[i] = replace(st, scrape_inflight=ours, load_seen=seen,
                                             scrape_unit=self._scrape_unit(old, rec, st.scrape_unit))
             self.loads = loads
         self.on_release()
@@ -269,11 +291,22 @@ class GatewayState:
                 self.rr_counter += 1
                 ep = res.endpoint
                 self.inflight[ep.id] = self.inflight.get(ep.id, 0) + 1
+                self._changed(ep.id, now)
                 m = ep.model or ep.models[0]
                 self.model_inflight[m] = self.model_inflight.get(m, 0) + 1
         if isinstance(res, Choice) and self.metrics:
             self.metrics.child(self.metrics.inflight, res.endpoint.id).inc()
         return res
+
+    def _changed(self, endpoint_id: str, now: float) -> None:
+        """Log the new in-flight count (under the lock); forget what no fresh scrape can predate."""
+        changes = self.changes.get(endpoint_id)
+        if changes is None:
+            changes = self.changes[endpoint_id] = deque()
+        changes.append((now, self.inflight[endpoint_id]))
+        horizon = now - self.cfg.routing.stale_after
+        while len(changes) > 1 and changes[1][0] <= horizon:  # keep the count in force at the horizon
+            changes.popleft()
 
     def mark_unreachable(self, endpoint_id: str) -> None:
         """The endpoint refused a connection: pass it over for `eject_for` seconds (routing.choose)."""
@@ -304,6 +337,7 @@ class GatewayState:
                 t = self.tokens_per_request
                 self.tokens_per_request = tokens if t is None else t + 0.05 * (tokens - t)
             self.inflight[eid] = max(0, self.inflight.get(eid, 0) - 1)
+            self._changed(eid, self.clock.monotonic())
             if service_time is not None and service_time > 0:
                 slots = max(1, choice.endpoint.capacity or 1)
                 sample = service_time / max(1.0, (choice.ahead + 1) / slots)
