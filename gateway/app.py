@@ -194,7 +194,6 @@ class Gateway:
         host = socket.gethostname()
         self.identity = Identity(f"{host}:{os.getpid()}", host, os.getpid(), self.clock.time())
         self.report_due = threading.Event()
-        self.state.on_loaded = self.report_due.set  # acknowledge a new endpoint list at once
         # The console's charts and the saturation events (gateway.traffic, gateway.saturation).
         self.traffic = TrafficCounter(self.clock.time)
         self.saturation = SaturationSignals()
@@ -202,8 +201,15 @@ class Gateway:
         self.demand = DemandSignal(
             self.store, lambda: Kicker(self.store, celery_sender(broker_app(cfg.redis_url)), enabled=cfg.event_driven),
             self.clock.time, self.clock.monotonic)
+        self.state.on_loaded = self._list_loaded
 
     # --- background ----------------------------------------------------------------------------
+    def _list_loaded(self) -> None:
+        """A new endpoint list is in use: acknowledge it at once (the gateway report), and close the
+        pooled connections to engines that left it."""
+        self.report_due.set()
+        self.upstream.retain([e.url for e in self.state.endpoints])
+
     def refresh(self) -> None:
         """One synchronous pass of every background refresh (tests)."""
         self.state.refresh_endpoints()

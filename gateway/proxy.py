@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import select
 import socket
 import ssl
 import threading
@@ -66,6 +67,14 @@ class Conn:
 
     def close(self) -> None:
         self.sock.close()
+
+    def closed_by_peer(self) -> bool:
+        """An idle keep-alive connection is readable only when the engine closed it (or sent bytes no
+        request asked for): either way it is of no more use. Never blocks."""
+        try:
+            return bool(select.select([self.sock], [], [], 0)[0])
+        except (OSError, ValueError):
+            return True
 
 
 def parse_head(head: bytes) -> tuple[int, list[tuple[str, str]]]:
@@ -239,6 +248,28 @@ class Upstream:
                 return
         conn.close()
 
+    def _sweep(self, key: tuple[str, int, bool]) -> None:
+        """A pooled connection to `key` turned out closed by its engine (it restarted, or went away):
+        close every idle one it closed too, not only those requests happen to take. A LIFO pool would
+        otherwise keep the ones at its bottom half-closed (CLOSE_WAIT), holding descriptors, for good."""
+        with self.lock:
+            conns = self.idle.get(key, [])
+            dead = [c for c in conns if c.closed_by_peer()]
+            if dead:
+                self.idle[key] = [c for c in conns if c not in dead]
+        for c in dead:
+            c.close()
+
+    def retain(self, base_urls) -> None:
+        """Close the idle connections to engines no longer in the endpoint list (stopped or moved)."""
+        keep = {self._target(u).key for u in base_urls}
+        with self.lock:
+            gone = [k for k in self.idle if k not in keep]
+            dropped = [c for k in gone for c in self.idle.pop(k)]
+            self.targets = {u: t for u, t in self.targets.items() if t.key in keep}
+        for c in dropped:
+            c.close()
+
     def _connect(self, key: tuple[str, int, bool]) -> Conn:
         host, port, tls = key
         try:
@@ -308,6 +339,7 @@ class Upstream:
                 conn = None
                 if not reused:
                     raise UpstreamConnectError(f"engine closed the connection: {e!r}") from e
+                self._sweep(key)
             except OSError as e:
                 conn.close()
                 raise UpstreamConnectError(f"{type(e).__name__}: {e}") from e

@@ -59,6 +59,7 @@ def pytest_runtest_makereport(item, call):
 
 
 def pytest_collection_modifyitems(config, items):
-    # Keep the fast tests first: a broken unit shows up before minutes of end-to-end runs.
-    items.sort(key=lambda it: ("tests/e2e" in str(it.fspath), "tests/integration" in str(it.fspath)))
+    # Keep the fast tests first: a broken unit shows up before minutes of end-to-end and fault runs.
+    items.sort(key=lambda it: ("tests/faults" in str(it.fspath), "tests/e2e" in str(it.fspath),
+                               "tests/integration" in str(it.fspath)))
     os.environ.setdefault("LLMGW_TESTING", "1")

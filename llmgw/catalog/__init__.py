@@ -30,6 +30,8 @@ from llmgw.catalog.types import (
 _LAZY = {
     "parse_catalog": "validate",
     "parse_catalog_text": "load",
+    "parse_catalog_bytes": "load",
+    "check_catalog_size": "load",
     "load_catalog_file": "load",
     "CatalogDiff": "diff",
     "diff_catalogs": "diff",

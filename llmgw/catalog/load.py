@@ -1,4 +1,8 @@
-"""Reading a catalog from YAML text or a file: problems point at their line, duplicate keys are errors."""
+"""Reading a catalog from YAML text or a file: problems point at their line, duplicate keys are errors.
+
+Hostile input is refused before it costs much: a file over MAX_CATALOG_BYTES is not read, bytes that
+are not UTF-8 are named by offset and line, and YAML whose aliases expand to more than
+MAX_CATALOG_NODES nodes (a "billion laughs" bomb) is refused before anything walks the expansion."""
 
 from __future__ import annotations
 
@@ -9,6 +13,10 @@ import yaml
 from llmgw.catalog.types import Catalog
 from llmgw.catalog.validate import join_path, parse_catalog
 from llmgw.errors import CatalogInvalid, Problem
+
+# Far above any fleet's catalog (a model with a few profiles is about a hundred nodes and a few KB).
+MAX_CATALOG_BYTES = 8 * 1024 * 1024
+MAX_CATALOG_NODES = 200_000
 
 # libyaml's parser when PyYAML was built with it (about 10x faster), the pure-Python one otherwise;
 # both keep node marks, which give each problem its line. Duplicate keys are found on the node tree.
@@ -49,12 +57,50 @@ def _line_of(path: str, lines: dict[str, int]) -> int | None:
     return None
 
 
+def _too_big(size: int, source: str) -> CatalogInvalid:
+    return CatalogInvalid(source, [Problem("", f"is {size:,} bytes; a catalog may be at most "
+                                               f"{MAX_CATALOG_BYTES:,} bytes ({MAX_CATALOG_BYTES // 2**20} MiB)")])
+
+
+def _expanded_size(node: yaml.Node, limit: int) -> int:
+    """How many nodes the document has once its aliases are expanded, counting each distinct node's
+    expansion once (linear in the text); stops counting past `limit`."""
+    sizes: dict[int, int] = {}
+
+    def size(n: yaml.Node) -> int:
+        known = sizes.get(id(n))
+        if known is not None:
+            return known
+        sizes[id(n)] = 1  # an alias back into itself counts once
+        total = 1
+        if isinstance(n, yaml.MappingNode):
+            for k, v in n.value:
+                total += size(k) + size(v)
+                if total > limit:
+                    break
+        elif isinstance(n, yaml.SequenceNode):
+            for v in n.value:
+                total += size(v)
+                if total > limit:
+                    break
+        sizes[id(n)] = total
+        return total
+
+    return size(node)
+
+
 def parse_catalog_text(text: str, source: str = "<catalog>") -> Catalog:
     """Parse YAML text; problems carry the line they point at, and duplicate keys are errors."""
+    if len(text) > MAX_CATALOG_BYTES:
+        raise _too_big(len(text.encode("utf-8", errors="replace")), source)
     try:
         loader = _LineLoader(text)
         try:
             node = loader.get_single_node()
+            if node is not None and _expanded_size(node, MAX_CATALOG_NODES) > MAX_CATALOG_NODES:
+                raise CatalogInvalid(source, [Problem("", (
+                    f"expands to more than {MAX_CATALOG_NODES:,} YAML nodes through its aliases (*name): a YAML "
+                    "bomb, or far more than any catalog needs; write repeated parts out or use fewer aliases"))])
             data = loader.construct_document(node) if node is not None else None
         finally:
             loader.dispose()
@@ -79,11 +125,31 @@ def parse_catalog_text(text: str, source: str = "<catalog>") -> Catalog:
     return catalog
 
 
+def parse_catalog_bytes(data: bytes, source: str = "<catalog>") -> Catalog:
+    """`parse_catalog_text` of a file's bytes, which must be UTF-8 (a bad byte is named, never replaced)."""
+    if len(data) > MAX_CATALOG_BYTES:
+        raise _too_big(len(data), source)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise CatalogInvalid(source, [Problem("", f"is not UTF-8 text: byte 0x{data[e.start]:02x} at offset "
+                                                  f"{e.start} (line {line})")]) from None
+    return parse_catalog_text(text, source)
+
+
+def check_catalog_size(path: Path) -> None:
+    """Refuse a file too big to be a catalog before reading it (CatalogInvalid; OSError if missing)."""
+    size = path.stat().st_size
+    if size > MAX_CATALOG_BYTES:
+        raise _too_big(size, str(path))
+
+
 def load_catalog_file(path: str | Path) -> Catalog:
     path = Path(path)
     try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        reason = getattr(e, "strerror", None) or str(e)
-        raise CatalogInvalid(str(path), [Problem("", f"cannot read: {reason}")]) from e
-    return parse_catalog_text(text, str(path))
+        check_catalog_size(path)
+        data = path.read_bytes()
+    except OSError as e:
+        raise CatalogInvalid(str(path), [Problem("", f"cannot read: {e.strerror or e}")]) from e
+    return parse_catalog_bytes(data, str(path))

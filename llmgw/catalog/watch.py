@@ -16,7 +16,7 @@ from pathlib import Path
 
 import redis
 
-from llmgw.catalog import parse_catalog_text
+from llmgw.catalog import check_catalog_size, parse_catalog_bytes
 from llmgw.catalog.store import applied_version, apply_catalog, client_of
 from llmgw.errors import CatalogInvalid
 from llmgw.state import keys
@@ -54,7 +54,10 @@ def sync_from_file(r: redis.Redis | Store, path: Path, applied_by: str) -> SyncR
         stamp = _stamp(path)
         if same_file and state.get("stamp") == stamp:
             return _cached(state)
+        check_catalog_size(path)
         data = path.read_bytes()
+    except CatalogInvalid as e:  # too big to read
+        return _refused(r, path, stamp, "", e)
     except OSError as e:
         stamp = f"unreadable:{e.errno}"
         if same_file and state.get("stamp") == stamp:
@@ -72,16 +75,9 @@ def sync_from_file(r: redis.Redis | Store, path: Path, applied_by: str) -> SyncR
         return _cached(state)
 
     try:
-        catalog = parse_catalog_text(data.decode("utf-8", errors="replace"), str(path))
+        catalog = parse_catalog_bytes(data, str(path))
     except CatalogInvalid as e:
-        problems = [f"{e.source}: {p}" for p in e.problems]
-        version = applied_version(r)
-        log.warning(
-            "catalog file %s changed but is invalid; keeping catalog version %d:\n  %s",
-            path, version, "\n  ".join(problems),
-        )
-        _remember(r, path, stamp, sha, version, problems)
-        return SyncResult(False, version, problems)
+        return _refused(r, path, stamp, sha, e)
 
     with Store(r).lock(keys.CATALOG_FILE_LOCK, LOCK_TTL) as held:
         if not held:
@@ -92,6 +88,15 @@ def sync_from_file(r: redis.Redis | Store, path: Path, applied_by: str) -> SyncR
     if changed:
         log.info("catalog file %s applied as version %d (hash %s)", path, version, catalog.hash())
     return SyncResult(changed, version, [])
+
+
+def _refused(r: redis.Redis, path: Path, stamp: str, sha: str, e: CatalogInvalid) -> SyncResult:
+    problems = [f"{e.source}: {p}" for p in e.problems]
+    version = applied_version(r)
+    log.warning("catalog file %s changed but is invalid; keeping catalog version %d:\n  %s",
+                path, version, "\n  ".join(problems))
+    _remember(r, path, stamp, sha, version, problems)
+    return SyncResult(False, version, problems)
 
 
 def _remember(r: redis.Redis, path: Path, stamp: str, sha: str, version: int, problems: list[str]) -> None:

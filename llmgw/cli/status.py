@@ -239,7 +239,14 @@ def render(report: dict) -> str:
     states = ", ".join(f"{v} {k}" for k, v in sorted(report["replica_states"].items())) or "none"
     ep = report["endpoints"]
     catalog = f"catalog version {report['catalog']['version']}"
-    if report["catalog"].get("problem"):
+    if report["catalog"]["version"] == 0:
+        catalog = ("no catalog: the control plane places, stops and publishes nothing until one is applied "
+                   "(`llmgw catalog apply FILE`)")
+        if report["replicas"]:
+            catalog += (f"\nwarning: Redis lost its data? {len(report['replicas'])} replica(s) run without a catalog "
+                        "(their node agents registered them again) and the gateways route by their last list: "
+                        "re-apply the catalog with `llmgw catalog apply FILE`")
+    elif report["catalog"].get("problem"):
         catalog += f" ({report['catalog']['problem']}; the control plane keeps the last one it could read)"
     parts = [catalog]
     ahead = [n for n in report["nodes"] if n["live"] and n["heartbeat_age"] is not None

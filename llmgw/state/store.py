@@ -136,13 +136,25 @@ class Store:
 
     # --- replicas --------------------------------------------------------------------------------
     def create_replica(self, rec: ReplicaRecord) -> None:
-        data = {k: json.dumps(v) for k, v in rec.to_dict().items()}
         pipe = self.r.pipeline(transaction=True)
-        pipe.hset(keys.replica(rec.id), mapping=data)
-        pipe.sadd(keys.REPLICAS, rec.id)
-        for n in rec.all_nodes:
-            pipe.sadd(keys.node_replicas(n), rec.id)
+        _queue_create(pipe, rec)
         pipe.execute()
+
+    def restore_replica(self, rec: ReplicaRecord) -> bool:
+        """`create_replica`, only if no record with this id exists (WATCH/MULTI): a node agent registering
+        its running engine again after Redis lost the record never overwrites one written meanwhile.
+        True if it wrote the record."""
+        key = keys.replica(rec.id)
+
+        def txn(pipe: redis.client.Pipeline) -> bool:
+            if pipe.exists(key):
+                pipe.multi()
+                return False
+            pipe.multi()
+            _queue_create(pipe, rec)
+            return True
+
+        return bool(self.r.transaction(txn, key, value_from_callable=True))
 
     def update_replica(self, replica_id: str, **fields) -> bool:
         """Set some fields of an existing record; False (and no write) if it no longer exists."""
@@ -606,6 +618,14 @@ class Store:
                     lock.release()
                 except redis.exceptions.LockError:
                     pass  # it expired (and may be another's now): nothing of ours left to release
+
+
+def _queue_create(pipe: redis.client.Pipeline, rec: ReplicaRecord) -> None:
+    """The writes of a new record: its hash, the set of ids, the per-node index."""
+    pipe.hset(keys.replica(rec.id), mapping={k: json.dumps(v) for k, v in rec.to_dict().items()})
+    pipe.sadd(keys.REPLICAS, rec.id)
+    for n in rec.all_nodes:
+        pipe.sadd(keys.node_replicas(n), rec.id)
 
 
 def _hset_args(fields: Mapping[str, Any]) -> list[str]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import requests
 
@@ -25,6 +26,8 @@ class ClientLoop(threading.Thread):
         self.session = requests.Session()
         self.halt = threading.Event()
         self.ok = 0
+        self.done_at: list[float] = []  # time.time() of each success (what was served before a fault)
+        self.longest = 0.0  # seconds, the slowest success
         self.errors: list[str] = []
 
     def one(self) -> str | None:
@@ -47,9 +50,12 @@ class ClientLoop(threading.Thread):
 
     def run(self) -> None:
         while not self.halt.is_set():
+            began = time.time()
             problem = self.one()
             if problem is None:
                 self.ok += 1
+                self.done_at.append(time.time())
+                self.longest = max(self.longest, self.done_at[-1] - began)
             else:
                 self.errors.append(problem)
 

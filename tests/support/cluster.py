@@ -16,11 +16,15 @@ returns their tails for assertion messages.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 import redis
 
+from llmgw.local.embedded_redis import redis_server_argv
 from llmgw.state.keys import CONTROL_QUEUE, node_queue
 from llmgw.state.store import Store, connect
 from tests.support.procs import (
@@ -29,7 +33,6 @@ from tests.support.procs import (
     free_port,
     free_port_range,
     python,
-    redis_server_binary,
     wait_until,
 )
 
@@ -45,19 +48,34 @@ FAST_ENV = {
 }
 
 
+@dataclass(frozen=True)
+class RedisTLS:
+    """Certificate files for a TLS redis-server: a CA, and a server certificate it signed for 127.0.0.1."""
+
+    ca: Path
+    cert: Path
+    key: Path
+
+
 class Cluster:
     def __init__(self, tmp_path: Path, extra_env: dict[str, str] | None = None):
         self.root = Path(tmp_path)
         self.procs = ProcessSet(self.root / "logs")
         self.extra_env = dict(extra_env or {})
         self.redis_port: int | None = None
+        self._redis: dict = {"persistent": False, "password": None, "tls": None, "binary": None,
+                             "bind": ("127.0.0.1",)}
         self.gateway_url: str | None = None
 
     # --- environment -------------------------------------------------------------------------------
     @property
     def redis_url(self) -> str:
         assert self.redis_port, "start_redis() first"
-        return f"redis://127.0.0.1:{self.redis_port}/0"
+        opts = self._redis
+        auth = f":{quote(opts['password'], safe='')}@" if opts["password"] else ""
+        if opts["tls"]:
+            return f"rediss://{auth}127.0.0.1:{self.redis_port}/0?ssl_cert_reqs=required&ssl_ca_certs={opts['tls'].ca}"
+        return f"redis://{auth}127.0.0.1:{self.redis_port}/0"
 
     def env(self, **extra: str) -> dict[str, str]:
         env = {
@@ -76,60 +94,76 @@ class Cluster:
         return Store(self.redis())
 
     # --- processes -------------------------------------------------------------------------------
-    def start_redis(self) -> str:
+    def start_redis(self, persistent: bool = False, password: str | None = None, tls: "RedisTLS | None" = None,
+                    binary: str | None = None, bind: tuple[str, ...] = ("127.0.0.1",)) -> str:
+        """A redis-server on a free loopback port. `persistent`: an append-only file fsynced every second,
+        as `llmgw up`, the Procfile and compose run it (llmgw.local.embedded_redis); otherwise nothing is
+        kept. `password` and `tls` (a RedisTLS: certificates made by the test) change `redis_url` to match;
+        `bind` adds addresses (another network namespace's way in) to loopback."""
         self.redis_port = free_port()
-        data = self.root / "redis"
-        data.mkdir(parents=True, exist_ok=True)
-        self.procs.start(
-            "redis",
-            [
-                redis_server_binary(),
-                "--port", str(self.redis_port),
-                "--bind", "127.0.0.1",
-                "--save", "",
-                "--appendonly", "no",
-                "--dir", str(data),
-            ],
-        )
+        self._redis = {"persistent": persistent, "password": password, "tls": tls, "binary": binary, "bind": bind}
+        self._start_redis_process()
         wait_until(lambda: self.redis().ping(), 15, what="redis-server to answer PING")
         return self.redis_url
+
+    def _start_redis_process(self) -> None:
+        data = self.root / "redis"
+        data.mkdir(parents=True, exist_ok=True)
+        opts = self._redis
+        argv = redis_server_argv(self.redis_port, data, persistent=opts["persistent"])
+        if opts["binary"]:
+            argv[0] = opts["binary"]
+        at = argv.index("--bind") + 1
+        argv[at:at + 1] = list(opts["bind"])
+        if opts["password"]:
+            argv += ["--requirepass", opts["password"]]
+        if opts["tls"]:
+            t = opts["tls"]
+            # TLS only: the plain port is closed, so a client that forgets TLS fails instead of passing.
+            argv[argv.index("--port") + 1] = "0"
+            argv += ["--tls-port", str(self.redis_port), "--tls-cert-file", str(t.cert), "--tls-key-file", str(t.key),
+                     "--tls-ca-cert-file", str(t.ca), "--tls-auth-clients", "no"]
+        self.procs.start("redis", argv)
 
     def stop_redis(self) -> None:
         self.procs.get("redis").stop()
 
-    def restart_redis(self) -> None:
-        """Start redis again on the same port (data is not kept: tests use it for outages)."""
-        port = self.redis_port
-        data = self.root / "redis"
-        self.procs.start(
-            "redis",
-            [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(data)],
-        )
+    def kill_redis(self) -> None:
+        """kill -9 the server: nothing is flushed (the append-only file holds what was fsynced)."""
+        self.procs.get("redis").kill9()
+
+    def restart_redis(self, wipe: bool = False) -> None:
+        """Start redis again on the same port with the same options. Without persistence it comes back
+        empty (tests use that for outages); `wipe` deletes its data first (a lost volume)."""
+        if wipe:
+            shutil.rmtree(self.root / "redis", ignore_errors=True)
+        self._start_redis_process()
         wait_until(lambda: self.redis().ping(), 15, what="redis-server to answer PING again")
 
     def celery(self, *args: str) -> list[str]:
         return [bin_path("celery"), "-A", "workers", *args]
 
-    def start_control(self, name: str = "control", **env: str):
+    def start_control(self, name: str = "control", concurrency: int = 4, **env: str):
         return self.procs.start(
             name,
             self.celery(
-                "worker", "-Q", CONTROL_QUEUE, "-n", f"{name}@%h", "-P", "threads", "-c", "4",
+                "worker", "-Q", CONTROL_QUEUE, "-n", f"{name}@%h", "-P", "threads", "-c", str(concurrency),
                 "--without-gossip", "--without-mingle", "-l", "info",
             ),
             env=self.env(**env),
         )
 
-    def start_beat(self, **env: str):
+    def start_beat(self, name: str = "beat", **env: str):
         return self.procs.start(
-            "beat",
-            self.celery("beat", "-l", "info", "-s", str(self.root / "beat-schedule")),
+            name,
+            self.celery("beat", "-l", "info", "-s", str(self.root / f"{name}-schedule")),
             env=self.env(**env),
         )
 
-    def start_node(self, name: str, gpus: str = "", pool: str = "", labels: str = "", **env: str):
-        """A node agent: a Celery worker consuming node-<name>, with its own state dir and ports."""
+    def start_node(self, name: str, gpus: str = "", pool: str = "", labels: str = "",
+                   prefix: list[str] | None = None, **env: str):
+        """A node agent: a Celery worker consuming node-<name>, with its own state dir and ports.
+        `prefix` runs it under another command, e.g. `["ip", "netns", "exec", "h1"]`: another host."""
         lo, hi = free_port_range(40)
         node_env = {
             "LLMGW_NODE": name,
@@ -144,12 +178,17 @@ class Cluster:
         node_env.update(env)
         return self.procs.start(
             f"node-{name}",
-            self.celery(
+            [*(prefix or []), *self.celery(
                 "worker", "-Q", node_queue(name), "-n", f"{name}@%h", "-P", "threads", "-c", "2",
                 "--without-gossip", "--without-mingle", "-l", "info",
-            ),
+            )],
             env=self.env(**node_env),
         )
+
+    def start_flower(self, port: int, **env: str):
+        """Flower (`celery -A workers flower`) on loopback, as the Procfile runs it."""
+        return self.procs.start(
+            "flower", self.celery("flower", "--address=127.0.0.1", f"--port={port}"), env=self.env(**env))
 
     def start_gateway(self, port: int | None = None, name: str = "gateway", **env: str) -> str:
         """A gateway under gunicorn; several may run (give each its own `name`). Returns its URL; the

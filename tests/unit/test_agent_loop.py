@@ -51,6 +51,7 @@ class FakeRunner:
         self.next_pid = 100
         self.spawned: list[tuple[str, int, tuple[str, ...]]] = []
         self.specs = {}
+        self.saved: dict[str, dict] = {}
         self.exit_on_term = True
 
     # --- test controls ---
@@ -91,6 +92,12 @@ class FakeRunner:
 
     def known_dirs(self):
         return list(self.procs)
+
+    def save_record(self, rid, record):
+        self.saved[rid] = record
+
+    def saved_record(self, rid):
+        return self.saved.get(rid)
 
     def last_activity(self, rid):
         return self.clock.time()
@@ -393,19 +400,48 @@ def test_multi_node_member_part_starts_with_rank_and_master_addr(env, monkeypatc
     assert rec.stopped_nodes == ["b"]  # the member confirms its part
 
 
-def test_a_wiped_redis_does_not_stop_every_engine(env):
-    from llmgw.state import keys
+def test_a_wiped_redis_does_not_stop_every_engine_and_gets_its_records_back(env):
+    store, runner, clock, make_agent = env
+    agent = make_agent()
+    create(store, gpus={"a": [1]}, spec_hash="h1")
+    agent.tick()
+    runner.set_ready("r1")
+    clock.advance(1)
+    agent.tick()
+    before = store.get_replica("r1")
+    assert before.first_ready_at and before.engine_pid
+    store.r.flushall()  # records and catalog gone: a wiped or wrong Redis, not a deletion
+    agent.tick()
+    assert runner.procs["r1"].alive and runner.procs["r1"].signals == []
+    # The record is back, as the attempt was started (placement, GPUs, spec), with its live process.
+    back = store.get_replica("r1")
+    assert (back.model, back.profile, back.node, back.gpus, back.spec_hash) == ("m", "p", "a", {"a": [1]}, "h1")
+    assert (back.attempt, back.pid, back.port, back.url) == (before.attempt, before.pid, before.port, before.url)
+    assert back.first_ready_at is None and back.adopted_at is None
+    assert "r1" in {r.id for r in store.replicas_on("a")}
+    # The next pass adopts it (no restart) and reports it Ready again once it answers.
+    clock.advance(1)
+    agent.tick()
+    clock.advance(1)
+    agent.tick()
+    again = store.get_replica("r1")
+    assert again.adopted_at and again.first_ready_at and again.attempt == before.attempt
+    assert len(runner.spawned) == 1
+    # With a catalog applied again, the record stands: the engine is not an orphan.
+    apply_catalog(store.r, parse_catalog(yaml.safe_load(CATALOG)), source="t", applied_by="t")
+    agent.tick()
+    assert runner.procs["r1"].alive and runner.procs["r1"].signals == []
 
+
+def test_an_engine_without_a_saved_record_is_left_alone_when_redis_has_no_catalog(env):
     store, runner, clock, make_agent = env
     agent = make_agent()
     create(store)
     agent.tick()
-    store.r.flushall()  # records and catalog gone: a wiped or wrong Redis, not a deletion
+    runner.saved.clear()  # started by an agent that kept no copy
+    store.r.flushall()
     agent.tick()
-    assert runner.procs["r1"].alive and runner.procs["r1"].signals == []
-    apply_catalog(store.r, parse_catalog(yaml.safe_load(CATALOG)), source="t", applied_by="t")
-    agent.tick()
-    assert not runner.procs["r1"].alive and keys.CATALOG
+    assert runner.procs["r1"].alive and store.get_replica("r1") is None
 
 
 def test_one_replica_that_cannot_be_observed_does_not_stop_the_pass(env):

@@ -356,6 +356,26 @@ def test_leftovers(desc, found_, ids, catalog, dirs, expected):
     assert sv.leftovers(found_, ids, {"x": 95}, catalog, dirs, 100, 3600) == expected
 
 
+def test_with_no_catalog_the_attempts_this_node_heads_are_registered_again():
+    saved = {
+        # as started: attempt 1's intent, an exit and a readiness of the attempt before it
+        "x": ReplicaRecord(id="x", model="m", profile="p", node="a", nodes=["a"], gpus={"a": [0]}, spec_hash="h",
+                           attempt=1, started_at=50, port=9, url="http://a:9", exit_code=1, exited_at=40,
+                           first_ready_at=30, restarts=1, failure_times=[40]),
+        "y": ReplicaRecord(id="y", model="m", profile="p", node="b", nodes=["b", "a"]),  # a member part here
+    }
+    live = {"x": sv.Found("x", 1, 40, 400, 41, True), "y": found("y"), "z": found("z")}
+    rest = sv.leftovers(live, set(), {}, False, {}, 100, 3600, saved, "a")
+    assert rest.orphans == () and rest.left_alone == 2  # y follows its head's record; z has no copy
+    [rec] = rest.restore
+    assert (rec.id, rec.node, rec.gpus, rec.spec_hash, rec.url, rec.restarts) == ("x", "a", {"a": [0]}, "h",
+                                                                                  "http://a:9", 1)
+    assert (rec.attempt, rec.pid, rec.pid_start, rec.engine_pid) == (1, 40, 400, 41)
+    assert rec.exit_code is None and rec.exited_at is None and rec.first_ready_at is None
+    # With a catalog, a missing record means deleted: the engine is stopped, never registered again.
+    assert sv.leftovers(live, set(), {}, True, {}, 100, 3600, saved, "a").restore == ()
+
+
 # --- planned stops drain first (docs/lifecycle.md) -----------------------------------------------------
 from llmgw.state.kicks import PUBLISH, RECONCILE  # noqa: E402
 from llmgw.state.replica_state import DrainProgress  # noqa: E402

@@ -36,7 +36,7 @@ def test_applies_then_is_cheap_when_unchanged(r, tmp_path, monkeypatch):
     assert read_applied(r)[1].model("m").profiles[0].replicas == 1
 
     calls = []
-    monkeypatch.setattr(catalog_watch, "parse_catalog_text", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr(catalog_watch, "parse_catalog_bytes", lambda *a, **k: calls.append(a))
     real_read = type(f).read_bytes
     monkeypatch.setattr(type(f), "read_bytes", lambda self: calls.append(self) if self == f else real_read(self))
     for _ in range(3):

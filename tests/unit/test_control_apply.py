@@ -5,18 +5,20 @@ overlapping passes, and housekeeping tidies what nobody else removes."""
 from __future__ import annotations
 
 import json
+import logging
 
 import fakeredis
 import pytest
 
 from llmgw.catalog import apply_catalog
 from llmgw.state import keys
-from llmgw.state.records import LoadRecord
+from llmgw.state.records import LoadRecord, ReplicaRecord
 from llmgw.state.store import Store
 from tests.support.clock import FakeClock
 from tests.unit.control_support import catalog, cpu_profile, gpu_profile, model, node
-from workers.control.apply import housekeeping_once, reconcile_once
+from workers.control.apply import housekeeping_once, publish_once, reconcile_once
 from workers.control.plan import PlanConfig
+from workers.control.snapshot import CatalogKeeper
 
 
 class FakeDispatcher:
@@ -156,9 +158,20 @@ def test_lost_node_replica_is_replaced_then_stopped_without_a_dispatch(store):
     assert ("stop", rec.id, rec.node) not in d.sent  # nobody consumes a dead node's queue
 
 
-def test_reconcile_with_no_catalog_ever_applied_does_nothing(store):
+def test_with_no_catalog_the_passes_do_nothing_and_say_why_once(store, caplog):
+    # No catalog is not an empty one: Redis lost its data while engines run (their agents register
+    # them again). Neither stop them nor publish an empty list over what the gateways route by.
     store.write_heartbeat(node("a"), ttl=60)
-    assert reconcile_once(store, FakeDispatcher(store), FakeClock().time).applied == 0
+    store.create_replica(ReplicaRecord(id="r1", model="m", profile="p", node="a", nodes=["a"]))
+    d, keeper = FakeDispatcher(store), CatalogKeeper()
+    with caplog.at_level(logging.WARNING, logger="llmgw.control"):
+        for t in (1.0, 2.0):
+            assert reconcile_once(store, d, lambda: t, catalogs=keeper) is None
+            assert publish_once(store, lambda: t, catalogs=keeper) is None
+    assert store.get_replica("r1").stop_requested_at is None and not d.sent
+    assert store.read_endpoints() == (0, "", [])
+    said = [r.getMessage() for r in caplog.records if "no catalog" in r.getMessage()]
+    assert len(said) == 1 and "llmgw catalog apply" in said[0]
 
 
 def test_housekeeping_removes_stale_loads_and_forgets_nodes_long_gone(store):

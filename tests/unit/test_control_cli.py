@@ -113,6 +113,21 @@ def test_status_with_a_catalog_this_version_cannot_read_still_reports(store, cap
     assert out.startswith("catalog version 9 (this llmgw cannot read it:") and "NODES (1)" in out
 
 
+def test_status_without_a_catalog_says_to_apply_one_and_why_replicas_run(store, capsys):
+    from llmgw.state.records import ReplicaRecord
+
+    store.write_heartbeat(node("a"), ttl=60)
+    assert cli.main(["status"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("no catalog:") and "llmgw catalog apply" in out and "Redis lost" not in out
+    # Redis lost its data: the agents registered their running engines again.
+    store.create_replica(ReplicaRecord(id="r1", model="m", profile="p", node="a", nodes=["a"]))
+    assert cli.main(["status"]) == 0
+    out = capsys.readouterr().out
+    assert "warning: Redis lost its data? 1 replica(s) run without a catalog" in out
+    assert "re-apply the catalog with `llmgw catalog apply FILE`" in out
+
+
 def test_status_warns_when_a_nodes_clock_runs_ahead(store, capsys):
     import dataclasses
     import time

@@ -192,6 +192,28 @@ def test_load_freshness_uses_when_we_first_saw_the_record(store):
     assert st.route(RouteRequest("m")).endpoint.id == "e1"  # no new sample for 3.1 s: stale, ignored
 
 
+def test_our_own_requests_in_a_scrape_are_not_taken_for_other_gateways(store):
+    clock = FakeClock(2_000_000_000.0, mono=500.0)
+    store.write_endpoints([endpoint("e1", "http://127.0.0.1:9")], "fp", 0)  # capacity 4
+    st = GatewayState(store, GatewaySettings(routing=RoutingConfig(stale_after=3)), clock)
+    st.refresh_endpoints()
+    mine = [st.route(RouteRequest("m")) for _ in range(4)]
+    clock.advance(0.3)
+    store.write_load(LoadRecord("e1", clock.t, True, running=4, waiting=0))  # the agent scrapes: our 4
+    clock.advance(0.6)
+    for choice in mine:  # they finish before this gateway reads that scrape
+        st.release(choice, 0.8)
+    st.refresh_loads()
+    # The 4 in the scrape were ours and are done: the engine is free, not full of others' requests.
+    assert st.route(RouteRequest("m")).endpoint.id == "e1"
+    # Requests in a scrape that were not ours are others', and count against the capacity.
+    clock.advance(0.4)
+    store.write_load(LoadRecord("e1", clock.t, True, running=4, waiting=0))  # ours: 1 of them
+    clock.advance(0.2)
+    st.refresh_loads()
+    assert [st.route(RouteRequest("m")).kind] == ["saturated"]  # 1 + 3 others = 4
+
+
 def test_core_and_view_take_the_injected_clock_and_rng():
     app_src = (ROOT / "gateway" / "app.py").read_text()
     assert "time.monotonic" not in app_src and "time.time" not in app_src

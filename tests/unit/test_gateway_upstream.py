@@ -13,6 +13,7 @@ import threading
 import pytest
 
 from gateway.proxy import Malformed, Upstream, UpstreamConnectError, UpstreamTimeout, parse_head
+from tests.support.procs import wait_until
 
 
 class Scripted:
@@ -209,3 +210,81 @@ def test_https_with_a_path_prefix(tmp_path):
             Upstream(2, 5).send(s.url, "/v1/models", None, {})  # the system's CAs do not know it
     finally:
         s.close()
+class KeepAlive:
+    """An engine that answers every request on every connection until `die()` closes them all (its
+    process ended: every pooled connection to it is now closed by the peer)."""
+
+    ANSWER = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+
+    def __init__(self):
+        self.srv = socket.socket()
+        self.srv.bind(("127.0.0.1", 0))
+        self.srv.listen(16)
+        self.url = f"http://127.0.0.1:{self.srv.getsockname()[1]}"
+        self.conns: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.srv.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn):
+        try:
+            while conn.recv(65536):
+                conn.sendall(self.ANSWER)
+        except OSError:
+            pass
+
+    def die(self):
+        for c in self.conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)  # the FIN, and the serving thread's recv returns
+            except OSError:
+                pass
+            c.close()
+        self.conns.clear()
+
+    def close(self):
+        self.die()
+        self.srv.close()
+
+
+def test_connections_an_engine_closed_are_all_dropped_not_only_the_one_taken():
+    engine = KeepAlive()
+    up = Upstream(1, 2)
+    key = up._target(engine.url).key
+    try:
+        held = [up.send(engine.url, "/x", b"{}", {}) for _ in range(3)]  # three at once: three connections
+        for r in held:
+            assert r.read() == b"ok"
+            r.release()
+        assert len(up.idle[key]) == 3
+        engine.die()  # an engine restarted on the same port: every pooled connection is half-closed now
+        wait_until(lambda: all(c.closed_by_peer() for c in up.idle[key]), 5, what="the FINs to arrive")
+        r = up.send(engine.url, "/x", b"{}", {})  # a stale one, then a fresh one
+        assert r.read() == b"ok"
+        r.release()
+        assert len(up.idle[key]) == 1 and not up.idle[key][0].closed_by_peer()
+    finally:
+        engine.close()
+
+
+def test_connections_to_engines_that_left_the_list_are_closed():
+    a, b = KeepAlive(), KeepAlive()
+    up = Upstream(1, 2)
+    try:
+        for engine in (a, b):
+            r = up.send(engine.url, "/x", b"{}", {})
+            r.read()
+            r.release()
+        gone = up.idle[up._target(b.url).key][0]
+        up.retain([a.url])
+        assert list(up.idle) == [up._target(a.url).key] and gone.sock.fileno() == -1
+    finally:
+        a.close()
+        b.close()

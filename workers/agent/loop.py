@@ -94,6 +94,7 @@ class Agent:
         for rid in rest.remove:
             log.info("replica %s: removing the files of a deleted replica", rid)
             self.runner.remove(rid)
+        self._restore(rest.restore)
         return actions
 
     # --- observe ---------------------------------------------------------------------------------
@@ -180,11 +181,41 @@ class Agent:
     def _leftovers(self, ids: set[str], found: dict, now: float) -> sv.Leftovers:
         self.orphan_terms = {rid: t for rid, t in self.orphan_terms.items() if rid in found and found[rid].alive}
         dirs = {rid: self.runner.last_activity(rid) for rid in self.runner.known_dirs() if rid not in ids}
-        rest = sv.leftovers(found, ids, self.orphan_terms, catalog_applied(self.store), dirs, now,
-                            self.settings.dir_retention)
+        applied = catalog_applied(self.store)
+        saved = {} if applied else self._saved([rid for rid, f in found.items() if f.alive and rid not in ids])
+        rest = sv.leftovers(found, ids, self.orphan_terms, applied, dirs, now, self.settings.dir_retention,
+                            saved, self.node)
         if rest.left_alone:
             self.warn("*", f"no catalog in Redis: leaving {rest.left_alone} engine(s) without a record alone")
         return rest
+
+    def _saved(self, rids: list[str]) -> dict[str, ReplicaRecord]:
+        """The records these attempts were started with (`runner.save_record`), where readable."""
+        out = {}
+        for rid in rids:
+            data = self.runner.saved_record(rid)
+            try:
+                if data:
+                    out[rid] = ReplicaRecord.from_dict(data)
+            except (TypeError, ValueError) as e:
+                self.warn(rid, f"its saved record is unreadable ({e}); it cannot be registered again")
+        return out
+
+    def _restore(self, records: tuple[ReplicaRecord, ...]) -> None:
+        """Register running engines again after Redis lost their records (and the catalog)."""
+        for rec in records:
+            try:
+                if not self.store.restore_replica(rec):
+                    continue  # a record with this id appeared meanwhile: it is the truth
+            except Exception:  # noqa: BLE001 - the next pass tries again
+                log.exception("replica %s: registering the running engine again failed", rec.id)
+                continue
+            log.warning("replica %s: Redis holds neither its record nor a catalog (it lost its data?): "
+                        "registered the running engine (attempt %d, pid %s) again from its state dir; "
+                        "re-apply the catalog with `llmgw catalog apply FILE`", rec.id, rec.attempt, rec.pid)
+            self.store.emit("replica_adopted", "registered again by its node agent after Redis lost its record",
+                            source=f"agent:{self.node}", model=rec.model, profile=rec.profile, node=self.node,
+                            replica=rec.id)
 
     # --- act -------------------------------------------------------------------------------------
     def _act(self, views: list[ReplicaRecord], records: list[ReplicaRecord], actions: list[sv.Action],
@@ -215,7 +246,7 @@ class Agent:
         for rec, start, launch in launches:
             if rec.node == self.node and rec.id not in existing:
                 continue  # the record was deleted meanwhile
-            self._spawn(rec, start, launch, now, spawned)
+            self._spawn(rec, start, launch, now, spawned, writes.get(rec.id, {}))
         self.store.update_replicas(spawned)
         self._announce(actions, by_id)
 
@@ -301,9 +332,12 @@ class Agent:
         return out
 
     def _spawn(self, rec: ReplicaRecord, start: sv.Start, launch: Launch, now: float,
-               writes: dict[str, dict[str, Any]]) -> None:
+               writes: dict[str, dict[str, Any]], intent: dict[str, Any]) -> None:
         self.local[rec.id] = Local(sv.Attempt(attempt=start.attempt, known=True), launch)
         try:
+            if rec.node == self.node:  # the record it starts with, kept beside it (supervisor.restored)
+                started = dataclasses.replace(rec, **{k: v for k, v in intent.items() if k in _RECORD_FIELDS})
+                self.runner.save_record(rec.id, started.to_dict())
             pid, pid_start = self.runner.spawn(rec.id, start.attempt, launch.spec)
         except Exception as e:  # noqa: BLE001
             self.local.pop(rec.id, None)

@@ -6,6 +6,7 @@ methods. Identity is never a pid alone: see `llmgw.proc.proctable`.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -25,6 +26,9 @@ from workers.agent.supervisor import ExitFacts, Found
 log = logging.getLogger("llmgw.agent")
 
 SHIM_PATH = Path(__file__).with_name("shim.py")
+# The replica record an attempt was started with (this node heads it): what the agent registers again
+# if Redis loses its data while the engine runs (supervisor.restored).
+RECORD_FILE = "record.json"
 
 
 @dataclass(frozen=True)
@@ -159,6 +163,17 @@ class ShimRunner:
             out[rid] = Found(rid, int(info.get("attempt") or 0), pid, start, info.get("engine_pid"),
                              proctable.is_same_process(pid, start, rid))
         return out
+
+    def save_record(self, replica_id: str, record: dict) -> None:
+        """Keep the record an attempt starts with beside it, written atomically (before the spawn)."""
+        d = self.dir(replica_id)
+        d.mkdir(parents=True, exist_ok=True)
+        tmp = d / (RECORD_FILE + ".tmp")
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, d / RECORD_FILE)
+
+    def saved_record(self, replica_id: str) -> dict | None:
+        return read_json(self.dir(replica_id) / RECORD_FILE)
 
     def known_dirs(self) -> list[str]:
         try:

@@ -28,7 +28,8 @@ Rules, per replica record on this node:
   runs, and is stopped and started again (not counted as a failure) when the head's attempt changes,
   since its old rendezvous is gone.
 And for each live attempt found in the state dir whose replica record no longer exists: stop it
-(`leftovers`), unless Redis holds no catalog at all; a deleted replica's files go after
+(`leftovers`), unless Redis holds no catalog at all (it lost its data): then the record is registered
+again from the copy saved when the attempt started (`restored`); a deleted replica's files go after
 `dir_retention`.
 
 Also here: `probed` (what one `/health` result means), `launch_failed` (an attempt that could not be
@@ -610,19 +611,40 @@ class Leftovers:
     orphans: tuple[Orphan, ...] = ()  # live attempts to stop
     left_alone: int = 0  # live attempts not stopped, because Redis holds no catalog at all
     remove: tuple[str, ...] = ()  # replica dirs to delete
+    # Records to register again (Redis holds no catalog: it lost its data), from the copy this node's
+    # agent saved when it started the attempt, with the attempt's live facts.
+    restore: tuple[ReplicaRecord, ...] = ()
 
 
 def leftovers(found: Mapping[str, Found], record_ids: set[str], terms: Mapping[str, float],
-              catalog_applied: bool, dirs: Mapping[str, float], now: float, retention: float) -> Leftovers:
+              catalog_applied: bool, dirs: Mapping[str, float], now: float, retention: float,
+              saved: Mapping[str, ReplicaRecord] | None = None, node: str = "") -> Leftovers:
     """What to do about attempts and files of replicas whose record is gone. `terms`: when this agent
-    sent SIGTERM to an orphan; `dirs`: replica dir -> last activity (mtime) for dirs without a record."""
+    sent SIGTERM to an orphan; `dirs`: replica dir -> last activity (mtime) for dirs without a record;
+    `saved`: the record each attempt was started with (saved in its dir), where there is one."""
     orphans = tuple(Orphan(rid, f.pid, f.pid_start, terms.get(rid)) for rid, f in sorted(found.items())
                     if rid not in record_ids and f.alive)
-    left_alone = 0
+    left_alone, restore = 0, ()
     if orphans and not catalog_applied:
         # No catalog at all: this Redis was wiped or is the wrong one (a mistyped REDIS_URL). Don't
-        # read that as "every replica was deleted" and stop every engine on the node.
-        orphans, left_alone = (), len(orphans)
+        # read that as "every replica was deleted" and stop every engine on the node. Register again
+        # the attempts this node heads, so that when the operator re-applies the catalog the control
+        # plane counts them instead of starting a second set (member parts follow their head's record).
+        saved = saved or {}
+        restore = tuple(restored(saved[o.replica_id], found[o.replica_id]) for o in orphans
+                        if o.replica_id in saved and saved[o.replica_id].node == node)
+        orphans, left_alone = (), len(orphans) - len(restore)
     remove = tuple(rid for rid, last in sorted(dirs.items())
                    if rid not in record_ids and not (rid in found and found[rid].alive) and now - last > retention)
-    return Leftovers(orphans, left_alone, remove)
+    return Leftovers(orphans, left_alone, remove, restore)
+
+
+def restored(saved: ReplicaRecord, found: Found) -> ReplicaRecord:
+    """The record of a running attempt, registered again after Redis lost it: the placement and launch
+    facts saved when the attempt started, its live process facts, and nothing that says it ended or
+    was ever probed (the agent adopts it, probes it and reports it Ready like any adopted engine)."""
+    return dataclasses.replace(
+        saved, attempt=found.attempt, pid=found.pid, pid_start=found.pid_start, engine_pid=found.engine_pid,
+        exit_code=None, exit_signal=None, exited_at=None, stopped_at=None, adopted_at=None, first_ready_at=None,
+        last_probe_at=None, last_probe_ok=None, probe_error=None, next_restart_at=None, drained_at=None,
+        drain_note=None, stopped_nodes=[])

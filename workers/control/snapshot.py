@@ -58,26 +58,41 @@ def load_snapshot(store: Store, now: float) -> Snapshot:
     )
 
 
+# What the control plane says when Redis holds no catalog (the passes then do nothing).
+NO_CATALOG = ("Redis holds no catalog (none was applied yet, or Redis lost its data): the control plane "
+              "places, stops and publishes nothing until one is applied; running engines keep serving, "
+              "their node agents register them again, and the gateways keep their last endpoint list. "
+              "Apply the catalog: `llmgw catalog apply FILE`")
+
+
 class CatalogKeeper:
     """The applied catalog as this process last read it successfully.
 
     A catalog this version cannot parse (written by a newer CLI, or damaged) must not stop the fleet:
     `load` then returns the last good catalog (or None when this process never read one, so the pass
     does nothing rather than act on an empty catalog) and logs the problem once per stored version.
-    An unchanged document (same version and hash) is not validated again."""
+    An unchanged document (same version and hash) is not validated again.
+
+    No catalog at all is not an empty one either: Redis restarted without its data loses the catalog
+    while the engines run on. `load` returns None then (the passes do nothing: no second set of
+    engines, no empty endpoint list) and says so once, until a catalog is applied again."""
 
     def __init__(self) -> None:
         self.good: tuple[int, Catalog] | None = None
         self._good_key: tuple | None = None
         self._bad_key: tuple | None = None
+        self._missing = False
 
     def load(self, store: Store) -> tuple[int, Catalog] | None:
         key: tuple = ("unreadable",)
         try:
             stamp = applied_stamp(store)
             if stamp is None:
-                self.good, self._good_key = (0, Catalog()), None
-                return self.good
+                if not self._missing:
+                    log.warning("%s", NO_CATALOG)
+                self.good, self._good_key, self._missing = None, None, True
+                return None
+            self._missing = False
             key = stamp
             if key == self._good_key and self.good is not None:
                 return self.good
