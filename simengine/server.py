@@ -81,6 +81,16 @@ def chat_prompt_tokens(messages: list[Any]) -> int:
     return 2 + sum(4 + estimate_tokens(_content_text(m.get("content"))) for m in messages if isinstance(m, dict))
 
 
+def whole_answer(q, words) -> str:
+    """A non-streamed answer: one word per token event from the batching core, until the last."""
+    out = []
+    while True:
+        e = q.get()
+        out.append(next(words))
+        if e.done:
+            return "".join(out)
+
+
 class BadRequest(Exception):
     def __init__(self, status: int, message: str, type_: str):
         self.status, self.message, self.type = status, message, type_
@@ -504,14 +514,9 @@ def make_handler(app: SimApp) -> type[BaseHTTPRequestHandler]:
                                      rapi.usage(prompt, mt), body.get("max_output_tokens"))
 
             if not body.get("stream"):
-                out = []
-                while True:
-                    e = q.get()
-                    out.append(next(words))
-                    if e.done:
-                        break
+                text = whole_answer(q, words)
                 app.engine.finished(finish)
-                resp = final("".join(out))
+                resp = final(text)
                 if keep:
                     app.responses.put(resp)
                 self._json(200, resp)
@@ -583,14 +588,8 @@ def make_handler(app: SimApp) -> type[BaseHTTPRequestHandler]:
                 include_usage = bool(isinstance(opts, dict) and opts.get("include_usage"))
                 self._stream(chat, rid, q, words, ident, created, model, reason, usage, include_usage)
                 return
-            text = []
-            while True:
-                e = q.get()
-                text.append(next(words))
-                if e.done:
-                    break
+            content = whole_answer(q, words)
             app.engine.finished(reason)
-            content = "".join(text)
             if chat:
                 choice = {"index": 0, "message": {"role": "assistant", "content": content, "tool_calls": []},
                           "logprobs": None, "finish_reason": reason}
