@@ -14,7 +14,7 @@ kick the passes) and `--repeats` times:
 
 Prints p50/p99 of each, per mode, with the machine it ran on. Not a test: nothing is asserted.
 
-    python bench/control.py [--repeats 20] [--modes timers,events] [--reconcile 5 --publish 1]
+    python bench/control.py [--repeats 20] [--modes timers,events] [--reconcile 5 --publish 1] [--replicas 20]
 """
 
 from __future__ import annotations
@@ -117,8 +117,9 @@ def spin(pred, timeout: float, what: str, interval: float = 0.005):
     return wait_until(pred, timeout, interval=interval, what=what)
 
 
-def run_mode(mode: str, repeats: int, reconcile: float, publish: float) -> dict[str, list[float]]:
-    out: dict[str, list[float]] = {k: [] for k in ("apply_first", "apply_all", "ready_to_gateways",
+def run_mode(mode: str, repeats: int, reconcile: float, publish: float, replicas: int = REPLICAS) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {k: [] for k in ("apply_first", "apply_all", "ready_to_published",
+                                                    "published_to_gateways", "ready_to_gateways",
                                                     "kill_to_gateways", "burst_passes")}
     with tempfile.TemporaryDirectory(prefix="llmgw-bench-control-") as tmp:
         env = {"LLMGW_EVENT_DRIVEN": "1" if mode == "events" else "0",
@@ -141,7 +142,7 @@ def run_mode(mode: str, repeats: int, reconcile: float, publish: float) -> dict[
             watch.start()
             for i in range(repeats):
                 name = f"m{i}"
-                cat = parse_catalog_text(CATALOG.format(n=i, replicas=REPLICAS))
+                cat = parse_catalog_text(CATALOG.format(n=i, replicas=replicas))
                 t0 = time.time()
                 apply_catalog(store, cat, source="bench", applied_by="bench/control.py")
                 kicker.kick(RECONCILE)  # what `llmgw catalog apply` does after applying
@@ -151,7 +152,7 @@ def run_mode(mode: str, repeats: int, reconcile: float, publish: float) -> dict[
 
                 spin(lambda: routable() >= 1, 120, "the first routable replica")
                 out["apply_first"].append(time.time() - t0)
-                spin(lambda: routable() >= REPLICAS, 300, "every replica routable")
+                spin(lambda: routable() >= replicas, 300, "every replica routable")
                 out["apply_all"].append(time.time() - t0)
                 # Ready (the agent's first_ready_at) -> in every gateway's table.
                 recs = [r for r in store.all_replicas() if r.model == name]
@@ -160,6 +161,9 @@ def run_mode(mode: str, repeats: int, reconcile: float, publish: float) -> dict[
                     if v is None or rec.first_ready_at is None:
                         continue
                     at = spin(lambda v=v: watch.all_gateways_at(v), 30, "the gateways to load the list")
+                    published = watch.published[v][0]
+                    out["ready_to_published"].append(max(0.0, published - rec.first_ready_at))
+                    out["published_to_gateways"].append(max(0.0, at - published))
                     out["ready_to_gateways"].append(max(0.0, at - rec.first_ready_at))
                 # Kill one engine: out of every gateway's table.
                 victim = recs[0]
@@ -201,11 +205,13 @@ def main() -> int:
     ap.add_argument("--reconcile", type=float, default=None,
                     help="LLMGW_RECONCILE_INTERVAL for every mode (default: each mode's default)")
     ap.add_argument("--publish", type=float, default=None)
+    ap.add_argument("--replicas", type=int, default=REPLICAS,
+                    help="sim replicas per apply (20; 1 shows the path without 20 engines booting at once)")
     args = ap.parse_args()
     from llmgw.settings import ControlSettings
 
     defaults = ControlSettings()
-    print(f"bench/control.py on {machine()}; {len(NODES)} nodes, {REPLICAS} sim replicas per apply, "
+    print(f"bench/control.py on {machine()}; {len(NODES)} nodes, {args.replicas} sim replicas per apply, "
           f"{args.repeats} repeats", flush=True)
     results = {}
     for mode in args.modes.split(","):
@@ -213,13 +219,15 @@ def main() -> int:
         reconcile = args.reconcile or (2.0 if mode == "timers" else defaults.reconcile_interval)
         publish = args.publish or (1.0 if mode == "timers" else defaults.publish_interval)
         print(f"mode {mode}: reconcile every {reconcile:g}s, publish every {publish:g}s", flush=True)
-        results[mode] = run_mode(mode, args.repeats, reconcile, publish)
+        results[mode] = run_mode(mode, args.repeats, reconcile, publish, args.replicas)
     print()
     print(f"| figure | {' | '.join(f'{m} p50 / p99' for m in results)} |")
     print(f"|---|{'---|' * len(results)}")
     labels = {
         "apply_first": "apply -> first routable replica (s)",
-        "apply_all": f"apply -> all {REPLICAS} routable (s)",
+        "apply_all": f"apply -> all {args.replicas} routable (s)",
+        "ready_to_published": "replica Ready -> in the published list (ms)",
+        "published_to_gateways": "list published -> every gateway routes by it (ms)",
         "ready_to_gateways": "replica Ready -> in every gateway's table (ms)",
         "kill_to_gateways": "engine killed -> out of every gateway's table (s)",
         "burst_passes": "reconcile passes in the 1.5 s around a burst of 100 state changes (timer ticks included)",
@@ -228,7 +236,7 @@ def main() -> int:
         cells = []
         for m, r in results.items():
             xs = r[key]
-            scale = 1000 if key == "ready_to_gateways" else 1
+            scale = 1000 if key.endswith(("_gateways", "_published")) and key != "kill_to_gateways" else 1
             fmt = "{:.0f}" if scale == 1000 or key == "burst_passes" else "{:.2f}"
             cells.append(f"{fmt.format(pct(xs, 50) * scale)} / {fmt.format(pct(xs, 99) * scale)}")
         print(f"| {label} | {' | '.join(cells)} |")
