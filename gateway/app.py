@@ -413,8 +413,10 @@ class Gateway:
             return Call(route, found[0], data, form_at=found[1:])
         try:
             body = json.loads(data)
-        except ValueError as e:
+        except ValueError as e:  # UnicodeDecodeError included: not UTF-8
             raise ApiError("bad_request", f"request body is not valid JSON: {e}") from None
+        except RecursionError:  # valid or not, nested deeper than the parser's stack allows
+            raise ApiError("bad_request", "request body is not valid JSON: nested too deeply") from None
         if not isinstance(body, dict):
             raise ApiError("bad_request", "request body must be a JSON object")
         model = body.get("model")

@@ -114,6 +114,9 @@ def test_streaming_is_passed_through(store, upstreams):
         ({"json": {"model": "nope"}}, 404, "model_not_found"),
         ({"json": {"model": "m"}, "headers": {"X-LLMGW-Priority": "urgent"}}, 400, "invalid_request"),
         ({"data": "x" * 5000}, 413, "request_too_large"),
+        ({"data": b'{"model": "m\xff"}'}, 400, "invalid_request"),  # not UTF-8
+        # Deeper than the JSON parser's stack: found by tests/faults/test_requests.py (it was a 500).
+        ({"data": '{"model": "m", "x": ' + "[" * 2000 + "]" * 2000 + "}"}, 400, "invalid_request"),
     ],
 )
 def test_error_table(store, upstreams, kwargs, status, code):
