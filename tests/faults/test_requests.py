@@ -6,9 +6,8 @@ Whatever arrives, the gateway answers, within a deadline, with an HTTP status be
 - a body (or a declared Content-Length) over LLMGW_GATEWAY_MAX_BODY_BYTES: 413;
 - huge or odd header values: 400/431 from gunicorn's parser, or served; never a 500, never a hang.
 
-Raw sockets, because an HTTP library refuses to send most of this. Each request says `Connection: close`
-and the answer is read to the end of the connection: a gateway that never answers, or never ends its
-answer, fails the deadline instead of hanging the test. The examples are derandomized (the same ones
+Raw sockets (tests.faults.rawhttp), because an HTTP library refuses to send most of this: a gateway
+that never answers, or never ends its answer, fails a deadline instead of hanging the test. The examples are derandomized (the same ones
 every run, so a failure reproduces; hypothesis prints the falsifying example) and bounded to keep the
 whole module near a minute on two cores.
 """
@@ -16,21 +15,18 @@ whole module near a minute on two cores.
 from __future__ import annotations
 
 import json
-import socket
-import time
-from collections import Counter
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.faults.fleet import AGENT, routed
+from tests.faults.rawhttp import RawGateway
 from tests.support.procs import wait_until
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
 LIMIT = 64 * 1024  # LLMGW_GATEWAY_MAX_BODY_BYTES for this gateway: oversized bodies stay cheap to send
-DEADLINE = 20.0  # seconds for a whole answer (a sim engine answers in well under one)
 CATALOG = """
 models:
   - name: chat
@@ -42,59 +38,6 @@ FUZZ = settings(max_examples=250, deadline=None, derandomize=True, database=None
                 suppress_health_check=list(HealthCheck))
 
 
-class Gateway:
-    def __init__(self, port: int):
-        self.port = port
-        self.statuses: Counter[int] = Counter()  # what the fuzzing got, printed for the record
-
-    def exchange(self, raw: bytes) -> tuple[int, dict[str, str], bytes]:
-        """Send `raw` as it is; the status, headers and body of the answer, read to the end of the
-        connection. Fails when no complete answer came within DEADLINE."""
-        end = time.monotonic() + DEADLINE
-        chunks: list[bytes] = []
-        with socket.create_connection(("127.0.0.1", self.port), timeout=DEADLINE) as s:
-            try:
-                s.sendall(raw)
-                s.shutdown(socket.SHUT_WR)  # nothing more is coming: a server waiting for more must answer
-            except OSError:  # reset, broken pipe, not connected
-                pass  # it answered (and closed) before reading everything: read that answer
-            while True:
-                left = end - time.monotonic()
-                if left <= 0:
-                    raise AssertionError(f"no complete answer within {DEADLINE}s to {raw[:200]!r}")
-                s.settimeout(left)
-                try:
-                    b = s.recv(65536)
-                except socket.timeout:
-                    raise AssertionError(f"no complete answer within {DEADLINE}s to {raw[:200]!r}; "
-                                         f"got {b''.join(chunks)[:300]!r}") from None
-                except ConnectionResetError:
-                    break
-                if not b:
-                    break
-                chunks.append(b)
-        data = b"".join(chunks)
-        head, _, body = data.partition(b"\r\n\r\n")
-        lines = head.split(b"\r\n")
-        assert lines[0].startswith(b"HTTP/1."), f"no HTTP answer to {raw[:200]!r}: {data[:300]!r}"
-        status = int(lines[0].split()[1])
-        self.statuses[status] += 1
-        headers = {}
-        for line in lines[1:]:
-            k, _, v = line.decode("latin-1").partition(":")
-            headers[k.strip().lower()] = v.strip()
-        return status, headers, body
-
-    def post(self, path: str, body: bytes, headers: list[tuple[bytes, bytes]] = (),
-             length: int | None = None) -> tuple[int, dict[str, str], bytes]:
-        head = [b"POST " + path.encode() + b" HTTP/1.1", b"Host: 127.0.0.1", b"Connection: close"]
-        if not any(k.lower() == b"content-type" for k, _ in headers):
-            head.append(b"Content-Type: application/json")
-        head += [k + b": " + v for k, v in headers]
-        head.append(b"Content-Length: %d" % (len(body) if length is None else length))
-        return self.exchange(b"\r\n".join(head) + b"\r\n\r\n" + body)
-
-
 def served(status: int, raw: object, transfer_coding: bool = False) -> None:
     """Answered without a server error. The one 5xx allowed is gunicorn's 501 for a Transfer-Encoding
     it does not implement, which is what HTTP asks of a server (RFC 9112, section 6.1)."""
@@ -102,7 +45,7 @@ def served(status: int, raw: object, transfer_coding: bool = False) -> None:
 
 
 @pytest.fixture
-def gateway(cluster) -> Gateway:
+def gateway(cluster) -> RawGateway:
     cluster.start_redis()
     cluster.start_node("a", **AGENT)
     cluster.start_control()
@@ -110,7 +53,7 @@ def gateway(cluster) -> Gateway:
     url = cluster.start_gateway(LLMGW_GATEWAY_MAX_BODY_BYTES=str(LIMIT))
     cluster.apply_catalog(CATALOG)
     wait_until(lambda: routed(cluster, url) == 1, 90, what="the gateway to route to the engine")
-    gw = Gateway(int(url.rsplit(":", 1)[1]))
+    gw = RawGateway(url)
     status, _h, body = gw.post("/v1/chat/completions", json.dumps(
         {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}).encode())
     assert status == 200, body  # the fuzzing below is against a gateway that serves
