@@ -133,15 +133,21 @@ def test_fuzzed_requests_never_get_a_500_or_hang(gateway):
         assert status == 400, (raw, status, answer)
 
     @FUZZ
-    @given(extra=st.integers(1, 4 * LIMIT), declared_only=st.booleans())
-    def oversized(extra, declared_only):
+    @given(extra=st.integers(1, 4 * LIMIT), how=st.sampled_from(["declared", "sent", "chunked"]))
+    def oversized(extra, how):
         size = LIMIT + extra
-        if declared_only:  # a Content-Length over the limit, and no body behind it: answered at once
+        raw = b'{"model": "chat", "prompt": "' + b"x" * size + b'"}'
+        if how == "declared":  # a Content-Length over the limit, and no body behind it: answered at once
             status, _h, answer = gw.post("/v1/chat/completions", b"", length=size)
-        else:
-            status, _h, answer = gw.post("/v1/chat/completions", b'{"model": "chat", "prompt": "'
-                                         + b"x" * size + b'"}')
-        assert status == 413, (size, declared_only, status, answer)
+        elif how == "sent":
+            status, _h, answer = gw.post("/v1/chat/completions", raw)
+        else:  # no length said beforehand: the gateway reads one byte past the limit, no more
+            chunked = b"".join(b"%x\r\n%s\r\n" % (len(raw[i:i + 8192]), raw[i:i + 8192])
+                               for i in range(0, len(raw), 8192)) + b"0\r\n\r\n"
+            status, _h, answer = gw.exchange(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                                             b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+                                             + chunked)
+        assert status == 413, (size, how, status, answer)
 
     @FUZZ
     @given(depth=st.integers(1, 200_000), kind=st.sampled_from([(b"[", b"]"), (b'{"a":', b"}")]))
