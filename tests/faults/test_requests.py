@@ -3,13 +3,13 @@ paths sent over raw sockets to the real gateway under gunicorn, with sim engines
 
 Whatever arrives, the gateway answers, within a deadline, with an HTTP status below 500:
 - a body that is not UTF-8, not JSON or not a JSON object: 400;
-- a body (or a declared Content-Length) over LLMGW_GATEWAY_MAX_BODY_BYTES: 413;
+- a body over LLMGW_GATEWAY_MAX_BODY_BYTES (sent with a length, chunked, or only declared): 413;
 - huge or odd header values: 400/431 from gunicorn's parser, or served; never a 500, never a hang.
 
 Raw sockets (tests.faults.rawhttp), because an HTTP library refuses to send most of this: a gateway
-that never answers, or never ends its answer, fails a deadline instead of hanging the test. The examples are derandomized (the same ones
-every run, so a failure reproduces; hypothesis prints the falsifying example) and bounded to keep the
-whole module near a minute on two cores.
+that never answers, or never ends its answer, fails a deadline instead of hanging the test. The
+examples are derandomized (the same ones every run, so a failure reproduces; hypothesis prints the
+falsifying example) and bounded to keep the whole module near a minute on two cores.
 """
 
 from __future__ import annotations
