@@ -395,6 +395,9 @@ class Gateway:
         data = stream.read(length) if length >= 0 else stream.read(limit + 1)
         if len(data) > limit:
             raise ApiError("too_large", f"request body is over the limit of {limit} bytes")
+        if len(data) < length:  # the client stopped sending: never forward what may be half a request
+            raise ApiError("bad_request", f"request body ended after {len(data)} of the {length} bytes "
+                                          "its Content-Length says")
         return data
 
     def read_call(self, route: Route, response_id: str | None, environ: dict) -> Call:
