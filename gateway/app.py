@@ -395,6 +395,9 @@ class Gateway:
         data = stream.read(length) if length >= 0 else stream.read(limit + 1)
         if len(data) > limit:
             raise ApiError("too_large", f"request body is over the limit of {limit} bytes")
+        if len(data) < length:  # the client stopped sending: never forward what may be half a request
+            raise ApiError("bad_request", f"request body ended after {len(data)} of the {length} bytes "
+                                          "its Content-Length says")
         return data
 
     def read_call(self, route: Route, response_id: str | None, environ: dict) -> Call:
@@ -413,8 +416,10 @@ class Gateway:
             return Call(route, found[0], data, form_at=found[1:])
         try:
             body = json.loads(data)
-        except ValueError as e:
+        except ValueError as e:  # UnicodeDecodeError included: not UTF-8
             raise ApiError("bad_request", f"request body is not valid JSON: {e}") from None
+        except RecursionError:  # valid or not, nested deeper than the parser's stack allows
+            raise ApiError("bad_request", "request body is not valid JSON: nested too deeply") from None
         if not isinstance(body, dict):
             raise ApiError("bad_request", "request body must be a JSON object")
         model = body.get("model")

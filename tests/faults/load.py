@@ -241,11 +241,18 @@ def run(cluster, requests: int, clients: int, warmup: int | None = None) -> Figu
     killed: dict = {}
 
     def kill() -> None:
-        """The engine holding the most requests now (the router may favour one of two equal engines)."""
+        """The engine holding the most requests now (the router may favour one of two equal engines).
+        Frozen first: no request gets a first byte from it after that, so the gateway's next report
+        counts every request it can cut (a report read before the kill may be a step behind)."""
         [report] = store.gateway_reports()
         busiest = max(eps, key=lambda e: report.endpoints[e.id].inflight if e.id in report.endpoints else 0)
         victim = store.get_replica(busiest.id)
-        killed.update(id=victim.id, pid=victim.engine_pid, inflight=report.endpoints[busiest.id].inflight)
+        os.kill(victim.engine_pid, signal.SIGSTOP)
+        frozen = time.time()
+        [report] = wait_until(lambda: [r for r in store.gateway_reports() if r.at > frozen], 10,
+                              what="a gateway report after the engine froze")
+        use = report.endpoints.get(busiest.id)
+        killed.update(id=victim.id, pid=victim.engine_pid, inflight=use.inflight if use else 0)
         os.kill(victim.engine_pid, signal.SIGKILL)
 
     began = time.monotonic()

@@ -114,6 +114,9 @@ def test_streaming_is_passed_through(store, upstreams):
         ({"json": {"model": "nope"}}, 404, "model_not_found"),
         ({"json": {"model": "m"}, "headers": {"X-LLMGW-Priority": "urgent"}}, 400, "invalid_request"),
         ({"data": "x" * 5000}, 413, "request_too_large"),
+        ({"data": b'{"model": "m\xff"}'}, 400, "invalid_request"),  # not UTF-8
+        # Deeper than the JSON parser's stack: found by tests/faults/test_requests.py (it was a 500).
+        ({"data": '{"model": "m", "x": ' + "[" * 2000 + "]" * 2000 + "}"}, 400, "invalid_request"),
     ],
 )
 def test_error_table(store, upstreams, kwargs, status, code):
@@ -122,6 +125,19 @@ def test_error_table(store, upstreams, kwargs, status, code):
     r = c.post(CHAT, **kwargs)
     assert r.status_code == status
     assert r.json["error"]["code"] == code and r.json["error"]["message"] and r.json["error"]["type"]
+
+
+def test_a_body_shorter_than_its_content_length_is_a_400_and_not_forwarded(store, upstreams):
+    # Found by tests/faults/test_requests.py: a client that half-closed after 66 of 67 declared bytes
+    # had what arrived forwarded as if it were the whole request.
+    up = upstreams()
+    _, _, c = make_app(store, [endpoint("e1", up.url)])
+    body = b'{"model": "m", "messages": []}'
+    r = c.post(CHAT, data=body, content_type="application/json",
+               environ_overrides={"CONTENT_LENGTH": str(len(body) + 1)})
+    assert r.status_code == 400 and r.json["error"]["code"] == "invalid_request"
+    assert f"ended after {len(body)} of the {len(body) + 1} bytes" in r.json["error"]["message"]
+    assert c.post(CHAT, data=body, content_type="application/json").status_code == 200
 
 
 def test_405_and_404_paths_are_openai_shaped(store):
