@@ -362,7 +362,7 @@ def usage_from_json(body: bytes) -> tuple[int, int] | None:
         u = doc.get("usage") or (doc.get("response") or {}).get("usage") or {}
         return (int(u.get("prompt_tokens") or u.get("input_tokens") or 0),
                 int(u.get("completion_tokens") or u.get("output_tokens") or 0))
-    except (ValueError, AttributeError, TypeError):
+    except (ValueError, AttributeError, TypeError, RecursionError):  # an engine's answer is input too
         return None
 
 

@@ -80,7 +80,7 @@ class IdRewrite:
         if self.learning:
             try:
                 doc = json.loads(payload)
-            except ValueError:
+            except (ValueError, RecursionError):  # an engine's answer is input too: never a 500
                 doc = None
             if isinstance(doc, dict):
                 self._learn(doc.get("id"))
@@ -93,7 +93,7 @@ class IdRewrite:
                 if line.startswith(b"data:"):
                     try:
                         event = json.loads(line[5:])
-                    except ValueError:
+                    except (ValueError, RecursionError):
                         continue
                     response = event.get("response") if isinstance(event, dict) else None
                     if isinstance(response, dict):

@@ -84,6 +84,8 @@ def test_usage_from_json():
     assert usage_from_json(b'{"usage": {"prompt_tokens": 2, "completion_tokens": 4}}') == (2, 4)
     assert usage_from_json(b'{"x": 1}') is None
     assert usage_from_json(b'not json "usage"') is None
+    # An engine's answer nested deeper than the parser recurses: no usage, not a 500.
+    assert usage_from_json(b'{"usage": ' + b"[" * 100_000 + b"]" * 100_000 + b"}") is None
 
 
 def test_hop_by_hop_set():

@@ -101,6 +101,10 @@ def test_id_rewrite_learns_a_new_response_and_keeps_everything_else():
     assert wrap("e2", "resp_s").encode() in stream.chunk(first)
     later = b'data: {"type":"response.completed","response":{"id":"resp_s","usage":{}}}\n\n'
     assert stream.chunk(later).count(wrap("e2", "resp_s").encode()) == 1
+    deep = b'{"id": "resp_d", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    assert IdRewrite("e3", learn=True).body(deep).endswith(b"]}")  # too deep to parse: passed on, not a 500
+    deep_event = b'data: {"response": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n\n"
+    assert IdRewrite("e3", learn=True).chunk(deep_event) == deep_event
 
 
 def test_responses_usage_counts_like_chat_usage():
