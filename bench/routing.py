@@ -11,7 +11,10 @@ batch, and speeds; one of them drops to 30 % of its speed in the middle of each 
   batch size as `capacity`, loads scraped every second by the agent's own scraper; with its policy
   (`llmgw`) and its two baselines (`least_inflight`, `round_robin`, LLMGW_GATEWAY_POLICY);
 - nginx `least_conn` (when /usr/sbin/nginx or nginx on PATH exists), its own config in a temp dir;
-- vLLM's router (`vllm-router`, pip extra `bench`) with `power_of_two` and `cache_aware`.
+- vLLM's router (`vllm-router`, pip extra `bench`) with `power_of_two` and `cache_aware`;
+- LiteLLM's proxy (`litellm`, bench/litellm_peer.py: its own virtualenv, made on first use) with
+  `least-busy`, one deployment per engine with the engine's batch size as `max_parallel_requests`
+  (llmgw is told the same as `capacity`), as many workers as llmgw's gateway.
 The load is open loop (asyncio, tests/support/loadgen.py): Poisson arrivals at 50/80/95 % of the
 fleet's capacity, and `burst`: 80 %, then 10 s at 150 %, then 80 % again; streamed chat requests
 of ~100-token prompts (random words, so no prefix cache helps) and the fleet's output lengths.
@@ -39,6 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, ROOT / "bench")]
 
+from bench import litellm_peer  # noqa: E402
 from bench.fleetsim import FLEETS, LOADS, Engine, Fleet, Load  # noqa: E402
 from llmgw.state.records import EndpointInfo  # noqa: E402
 from llmgw.state.clock import Clock  # noqa: E402
@@ -46,7 +50,7 @@ from tests.support.cluster import Cluster  # noqa: E402
 from tests.support.loadgen import StreamResult, open_loop_streams, poisson_times  # noqa: E402
 from tests.support.procs import bin_path, free_port, python, wait_until  # noqa: E402
 
-ROUTERS = ("llmgw", "least_inflight", "round_robin", "nginx", "vllm-p2", "vllm-cache")
+ROUTERS = ("llmgw", "least_inflight", "round_robin", "nginx", "vllm-p2", "vllm-cache", "litellm")
 CHAT = "/v1/chat/completions"
 CLIENT_TIMEOUT = 60.0  # seconds, as many HTTP clients: an answer later than that counts as an error
 WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet",
@@ -166,6 +170,10 @@ http {{
 """)
             cluster.procs.start(self.name, [nginx_binary(), "-p", str(workdir), "-c", str(conf)])
             wait_until(lambda: requests.get(self.url + "/health", timeout=1).status_code == 200, 15, what="nginx")
+        elif kind == "litellm":
+            cfg = litellm_peer.config(urls, "m", [e.capacity for e in fleet.fleet.engines])
+            litellm_peer.start(cluster.procs, self.name, workdir, litellm_peer.python(), cfg, self.port,
+                               int(gateway_workers or os.cpu_count() or 1))  # llmgw's gateway: one per core
         else:
             policy = {"vllm-p2": "power_of_two", "vllm-cache": "cache_aware"}[kind]
             cluster.procs.start(self.name, [bin_path("vllm-router"), "--host", "127.0.0.1", "--port", str(self.port),
@@ -358,6 +366,8 @@ def main(argv: list[str] | None = None) -> int:
     if any(r.startswith("vllm") for r in routers) and not shutil.which(bin_path("vllm-router")):
         print("vllm-router not found (pip install -e '.[bench]'): its columns are left out")
         routers = [r for r in routers if not r.startswith("vllm")]
+    if "litellm" in routers and not litellm_peer.python():
+        routers.remove("litellm")
 
     workdir = Path(tempfile.mkdtemp(prefix="llmgw-bench-routing-"))
     cluster = Cluster(workdir)
