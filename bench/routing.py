@@ -21,7 +21,7 @@ of ~100-token prompts (random words, so no prefix cache helps) and the fleet's o
 Each router gets a short unmeasured warm-up. Figures per cell: p50/p90/p99 latency, TTFT p50/p99,
 errors (non-200, broken streams, or no answer within 60 s, a client's usual timeout), and the share
 each engine served (from the answers' `system_fingerprint`). Starts everything itself on loopback
-and stops it all. The full matrix took 35 minutes on 2 busy shared cores, `--quick` about 3.
+and stops it all. The full matrix took 35 minutes on 2 busy shared cores (before LiteLLM joined), `--quick` about 4 with every peer.
 """
 
 from __future__ import annotations
@@ -276,8 +276,12 @@ def run_fleet(cluster: Cluster, fleet: Fleet, loads: list[Load], routers: list[s
 def row(c: Cell) -> str:
     f = c.figures()
     share = "/".join(str(v) for v in c.shares.values())
+    failed: dict[int, int] = {}  # what the errors were: HTTP status, 0 for no answer or a broken stream
+    for r in c.results:
+        if r.status != 200:
+            failed[r.status] = failed.get(r.status, 0) + 1
     return (f"  {c.load:6} {c.router:15} {f['p50']:7.2f} {f['p90']:7.2f} {f['p99']:7.2f} {f['ttft50']:7.3f} "
-            f"{f['ttft99']:7.3f} {f['errors']:5}/{f['n']:<5} {share}")
+            f"{f['ttft99']:7.3f} {f['errors']:5}/{f['n']:<5} {share}" + (f"  (statuses {failed})" if failed else ""))
 
 
 def verdict(cells: list[Cell]) -> list[str]:
