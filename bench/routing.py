@@ -21,7 +21,8 @@ of ~100-token prompts (random words, so no prefix cache helps) and the fleet's o
 Each router gets a short unmeasured warm-up. Figures per cell: p50/p90/p99 latency, TTFT p50/p99,
 errors (non-200, broken streams, or no answer within 60 s, a client's usual timeout), and the share
 each engine served (from the answers' `system_fingerprint`). Starts everything itself on loopback
-and stops it all. The full matrix took 35 minutes on 2 busy shared cores (before LiteLLM joined), `--quick` about 4 with every peer.
+and stops it all. The full matrix took 35 minutes on 2 busy shared cores (before LiteLLM joined),
+`--quick` about 4 with every peer.
 """
 
 from __future__ import annotations

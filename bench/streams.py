@@ -337,8 +337,9 @@ def main() -> None:
             else:
                 # No max_parallel_requests: llmgw is not told a capacity here either (every stream has a slot).
                 port = free_port()
-                lt = litellm_peer.start(cluster.procs, "litellm", workdir, py, litellm_peer.config(engines, "m", [None] * 2),
-                                        port, a.workers or os.cpu_count() or 1)  # as many workers as the gateway
+                cfg = litellm_peer.config(engines, "m", [None] * len(engines))
+                lt = litellm_peer.start(cluster.procs, "litellm", workdir, py, cfg, port,
+                                        a.workers or os.cpu_count() or 1)  # as many workers as the gateway
                 urls["litellm"] = ([f"http://127.0.0.1:{port}"], lambda: tree(lt.pid))
         print(f"streams: {os.cpu_count()} cores ({_cpu_model()}) shared by client, proxies and 2 fake engines; "
               f"{EVENTS} SSE events over {a.answer}s per answer; closed loop, {a.seconds:.0f}s measured per cell")
