@@ -11,14 +11,18 @@ batch, and speeds; one of them drops to 30 % of its speed in the middle of each 
   batch size as `capacity`, loads scraped every second by the agent's own scraper; with its policy
   (`llmgw`) and its two baselines (`least_inflight`, `round_robin`, LLMGW_GATEWAY_POLICY);
 - nginx `least_conn` (when /usr/sbin/nginx or nginx on PATH exists), its own config in a temp dir;
-- vLLM's router (`vllm-router`, pip extra `bench`) with `power_of_two` and `cache_aware`.
+- vLLM's router (`vllm-router`, pip extra `bench`) with `power_of_two` and `cache_aware`;
+- LiteLLM's proxy (`litellm`, bench/litellm_peer.py: its own virtualenv, made on first use) with
+  `least-busy`, one deployment per engine with the engine's batch size as `max_parallel_requests`
+  (llmgw is told the same as `capacity`), as many workers as llmgw's gateway.
 The load is open loop (asyncio, tests/support/loadgen.py): Poisson arrivals at 50/80/95 % of the
 fleet's capacity, and `burst`: 80 %, then 10 s at 150 %, then 80 % again; streamed chat requests
 of ~100-token prompts (random words, so no prefix cache helps) and the fleet's output lengths.
 Each router gets a short unmeasured warm-up. Figures per cell: p50/p90/p99 latency, TTFT p50/p99,
 errors (non-200, broken streams, or no answer within 60 s, a client's usual timeout), and the share
 each engine served (from the answers' `system_fingerprint`). Starts everything itself on loopback
-and stops it all. The full matrix took 35 minutes on 2 busy shared cores, `--quick` about 3.
+and stops it all. The full matrix took 35 minutes on 2 busy shared cores (before LiteLLM joined),
+`--quick` about 4 with every peer.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, ROOT / "bench")]
 
+from bench import litellm_peer  # noqa: E402
 from bench.fleetsim import FLEETS, LOADS, Engine, Fleet, Load  # noqa: E402
 from llmgw.state.records import EndpointInfo  # noqa: E402
 from llmgw.state.clock import Clock  # noqa: E402
@@ -46,7 +51,7 @@ from tests.support.cluster import Cluster  # noqa: E402
 from tests.support.loadgen import StreamResult, open_loop_streams, poisson_times  # noqa: E402
 from tests.support.procs import bin_path, free_port, python, wait_until  # noqa: E402
 
-ROUTERS = ("llmgw", "least_inflight", "round_robin", "nginx", "vllm-p2", "vllm-cache")
+ROUTERS = ("llmgw", "least_inflight", "round_robin", "nginx", "vllm-p2", "vllm-cache", "litellm")
 CHAT = "/v1/chat/completions"
 CLIENT_TIMEOUT = 60.0  # seconds, as many HTTP clients: an answer later than that counts as an error
 WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet",
@@ -166,6 +171,10 @@ http {{
 """)
             cluster.procs.start(self.name, [nginx_binary(), "-p", str(workdir), "-c", str(conf)])
             wait_until(lambda: requests.get(self.url + "/health", timeout=1).status_code == 200, 15, what="nginx")
+        elif kind == "litellm":
+            cfg = litellm_peer.config(urls, "m", [e.capacity for e in fleet.fleet.engines])
+            litellm_peer.start(cluster.procs, self.name, workdir, litellm_peer.python(), cfg, self.port,
+                               int(gateway_workers or os.cpu_count() or 1))  # llmgw's gateway: one per core
         else:
             policy = {"vllm-p2": "power_of_two", "vllm-cache": "cache_aware"}[kind]
             cluster.procs.start(self.name, [bin_path("vllm-router"), "--host", "127.0.0.1", "--port", str(self.port),
@@ -268,8 +277,12 @@ def run_fleet(cluster: Cluster, fleet: Fleet, loads: list[Load], routers: list[s
 def row(c: Cell) -> str:
     f = c.figures()
     share = "/".join(str(v) for v in c.shares.values())
+    failed: dict[int, int] = {}  # what the errors were: HTTP status, 0 for no answer or a broken stream
+    for r in c.results:
+        if r.status != 200:
+            failed[r.status] = failed.get(r.status, 0) + 1
     return (f"  {c.load:6} {c.router:15} {f['p50']:7.2f} {f['p90']:7.2f} {f['p99']:7.2f} {f['ttft50']:7.3f} "
-            f"{f['ttft99']:7.3f} {f['errors']:5}/{f['n']:<5} {share}")
+            f"{f['ttft99']:7.3f} {f['errors']:5}/{f['n']:<5} {share}" + (f"  (statuses {failed})" if failed else ""))
 
 
 def verdict(cells: list[Cell]) -> list[str]:
@@ -358,6 +371,8 @@ def main(argv: list[str] | None = None) -> int:
     if any(r.startswith("vllm") for r in routers) and not shutil.which(bin_path("vllm-router")):
         print("vllm-router not found (pip install -e '.[bench]'): its columns are left out")
         routers = [r for r in routers if not r.startswith("vllm")]
+    if "litellm" in routers and not litellm_peer.python():
+        routers.remove("litellm")
 
     workdir = Path(tempfile.mkdtemp(prefix="llmgw-bench-routing-"))
     cluster = Cluster(workdir)

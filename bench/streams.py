@@ -1,7 +1,9 @@
 """How many concurrent streams the gateway holds: closed loop at 64, 256, 1,024 and 4,096 concurrent
-streams, side by side with the engines called directly and with nginx `least_conn` in front of them.
+streams, side by side with the engines called directly, with nginx `least_conn` and (when asked for)
+LiteLLM's proxy `least-busy` (bench/litellm_peer.py) in front of them.
 
-    python bench/streams.py [--levels 64,256,1024,4096] [--seconds 8] [--quick] [--targets direct,nginx,llmgw]
+    python bench/streams.py [--levels 64,256,1024,4096] [--seconds 8] [--quick]
+                            [--targets direct,nginx,llmgw,litellm]
 
 Two fake engines (tests/support/fake_upstream.py) with a slot for every stream answer each request
 with 8 SSE events over ~1.6 s (64 tokens, one event per 8 tokens). Each level runs every target in
@@ -9,7 +11,8 @@ turn; the load generator is an asyncio client on raw keep-alive sockets in its o
 simulated user sending its next request as soon as the last one ended. Printed per level and target:
 requests/s, time to first token and latency (p50/p99), errors, and for the proxies their CPU time
 per request (user + system of all their processes, from /proc/<pid>/stat) and their RSS (the most
-seen while the level ran). The `direct` column shows what the client and the engines manage on
+seen while the level ran). A target that fails requests gets its statuses and last error printed on
+its row, and the run goes on. The `direct` column shows what the client and the engines manage on
 their own on this machine: a proxy cannot beat it. Starts everything itself and stops it all.
 """
 
@@ -274,7 +277,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--levels", default="64,256,1024,4096", help="concurrent streams, comma-separated")
     ap.add_argument("--seconds", type=float, default=8.0, help="measured seconds per level and target")
-    ap.add_argument("--targets", default="direct,nginx,llmgw")
+    ap.add_argument("--targets", default="direct,nginx,llmgw",
+                    help="of direct, nginx, llmgw, litellm (LiteLLM's proxy, its own virtualenv made on first use)")
     ap.add_argument("--workers", type=int, default=0, help="gateway workers (default: the conf's, one per core)")
     ap.add_argument("--answer", type=float, default=ANSWER_S, help="seconds per answer")
     ap.add_argument("--quick", action="store_true", help="64 and 256 streams, 4 s each")
@@ -286,6 +290,9 @@ def main() -> None:
         a.levels, a.seconds = "64,256", 4.0
     levels = [int(x) for x in a.levels.split(",")]
     targets = a.targets.split(",")
+    unknown = [t for t in targets if t not in ("direct", "nginx", "llmgw", "litellm")]
+    if unknown:
+        ap.error(f"unknown target(s) {', '.join(unknown)}; choose from direct, nginx, llmgw, litellm")
 
     from llmgw.state.records import EndpointInfo
     from tests.support.cluster import Cluster
@@ -321,6 +328,19 @@ def main() -> None:
             wait_until(lambda: __import__("requests").get(gw + "/readyz", timeout=1).ok, 20, what="gateway ready")
             gproc = cluster.procs.get("gateway")
             urls["llmgw"] = ([gw], lambda: tree(gproc.pid))
+        if "litellm" in targets:
+            from bench import litellm_peer
+
+            py = litellm_peer.python()
+            if py is None:
+                targets.remove("litellm")
+            else:
+                # No max_parallel_requests: llmgw is not told a capacity here either (every stream has a slot).
+                port = free_port()
+                cfg = litellm_peer.config(engines, "m", [None] * len(engines))
+                lt = litellm_peer.start(cluster.procs, "litellm", workdir, py, cfg, port,
+                                        a.workers or os.cpu_count() or 1)  # as many workers as the gateway
+                urls["litellm"] = ([f"http://127.0.0.1:{port}"], lambda: tree(lt.pid))
         print(f"streams: {os.cpu_count()} cores ({_cpu_model()}) shared by client, proxies and 2 fake engines; "
               f"{EVENTS} SSE events over {a.answer}s per answer; closed loop, {a.seconds:.0f}s measured per cell")
         print(f"{'streams':>7} {'target':8} {'req/s':>7} {'ttft50':>7} {'ttft99':>7} {'lat50':>7} {'lat99':>7} "
