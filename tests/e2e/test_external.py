@@ -71,8 +71,10 @@ models:
 """)
     wait_until(lambda: ready(gw, "tiny") == 2 and ready(gw, "hosted") == 2, 60,
                what="the managed replica and three external urls routable")
-    tiny = cards(gw)["tiny"]
-    assert tiny["engines"] == ["external", "sim"] and tiny["context_length"] == 65536  # both sims report it
+    # Both sims report their context length; it reaches the gateway with the next scrapes (the agent's
+    # and the external pass's), which may come a little after the endpoints are routable.
+    wait_until(lambda: cards(gw)["tiny"]["context_length"] == 65536, 30, what="the context length in /v1/models")
+    assert cards(gw)["tiny"]["engines"] == ["external", "sim"]
 
     served = set()
     for _ in range(6):
