@@ -13,6 +13,7 @@ import uuid
 import pytest
 
 from tests.support.cluster import Cluster
+from tests.support.fake_upstream import FakeUpstream
 from tests.support.procs import TOKEN_VAR, describe, kill_pids, processes_with_token, wait_until
 
 
@@ -43,6 +44,22 @@ def cluster(tmp_path, request):
     rep = getattr(request.node, "rep_call", None)
     if rep is not None and rep.failed:
         print(c.logs())
+
+
+@pytest.fixture
+def upstreams():
+    """Make in-process fake engines (tests/support/fake_upstream.py: `upstreams(speed=2, ...)`); all are
+    stopped, their threads joined, when the test ends."""
+    ups = []
+
+    def make(**kw):
+        u = FakeUpstream(**{"base": 0.005, **kw}).start()
+        ups.append(u)
+        return u
+
+    yield make
+    for u in ups:
+        u.stop()
 
 
 @pytest.fixture

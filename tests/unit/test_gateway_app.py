@@ -16,7 +16,6 @@ from llmgw.state.apikeys import create_key, revoke_key
 from llmgw.state.records import EndpointInfo, LoadRecord
 from llmgw.state.store import Store
 from tests.support.clock import FakeClock
-from tests.support.fake_upstream import FakeUpstream
 
 CHAT = "/v1/chat/completions"
 
@@ -29,20 +28,6 @@ def server():
 @pytest.fixture
 def store(server):
     return Store(fakeredis.FakeRedis(server=server, decode_responses=True))
-
-
-@pytest.fixture
-def upstreams():
-    ups = []
-
-    def make(**kw):
-        u = FakeUpstream(**{"base": 0.005, **kw}).start()
-        ups.append(u)
-        return u
-
-    yield make
-    for u in ups:
-        u.stop()
 
 
 def endpoint(i, url, models=("m", "m-alias"), **kw):

@@ -18,7 +18,6 @@ from llmgw import surface as op
 from llmgw.state.apikeys import create_key
 from llmgw.state.records import EndpointInfo, LoadRecord
 from llmgw.state.store import Store
-from tests.support.fake_upstream import FakeUpstream
 
 CHAT = "/v1/chat/completions"
 SIM_LIKE = op.same_paths(op.CHAT, op.COMPLETIONS, op.TRANSCRIPTIONS)
@@ -27,20 +26,6 @@ SIM_LIKE = op.same_paths(op.CHAT, op.COMPLETIONS, op.TRANSCRIPTIONS)
 @pytest.fixture
 def store():
     return Store(fakeredis.FakeRedis(server=fakeredis.FakeServer(), decode_responses=True))
-
-
-@pytest.fixture
-def upstreams():
-    ups = []
-
-    def make(**kw):
-        u = FakeUpstream(**{"base": 0.005, **kw}).start()
-        ups.append(u)
-        return u
-
-    yield make
-    for u in ups:
-        u.stop()
 
 
 def endpoint(i, url, model="m", **kw):
