@@ -14,7 +14,7 @@ from llmgw.state.store import Store
 from tests.unit.control_support import Sim, catalog, cpu_profile, gpu_profile, model, node, ready_record
 from workers.agent.scrape import scrape_targets
 from workers.control.plan import CreateReplica, StopReplica
-from tests.unit.test_gateway_app import server, store, upstreams  # noqa: F401 - fixtures
+from tests.unit.test_gateway_app import server, store  # noqa: F401 - fixtures
 from workers.control.publish import endpoints_from
 
 SECRET = "s3cret-value"

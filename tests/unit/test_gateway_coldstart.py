@@ -15,7 +15,7 @@ from gateway.admission import Shed
 from llmgw.catalog import apply_catalog, parse_catalog
 from llmgw.state import keys
 from tests.support.procs import wait_until
-from tests.unit.test_gateway_app import CHAT, endpoint, make_app, server, store, upstreams, wall_clock  # noqa: F401
+from tests.unit.test_gateway_app import CHAT, endpoint, make_app, server, store, wall_clock  # noqa: F401
 
 CATALOG = parse_catalog({"models": [
     {"name": "m", "aliases": ["m-alias"], "profiles": [

@@ -11,7 +11,7 @@ from gateway.config import GatewaySettings
 from gateway.report import EVIDENCE_WINDOW, Identity, gateway_report, report_ttl
 from gateway.worker import FD_RESERVE, HEADROOM, connection_cap
 from llmgw.state.records import EndpointUse, ModelDemand
-from tests.unit.test_gateway_app import CHAT, dead_url, endpoint, make_app, server, store, upstreams, wall_clock  # noqa: F401
+from tests.unit.test_gateway_app import CHAT, dead_url, endpoint, make_app, server, store, wall_clock  # noqa: F401
 from tests.unit.test_gateway_safety import bare_app
 
 WHO = Identity("host:1", "host", 1, 100.0)

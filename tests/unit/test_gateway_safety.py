@@ -24,7 +24,6 @@ from tests.unit.test_gateway_app import (  # noqa: F401
     make_app,
     server,
     store,
-    upstreams,
     wall_clock,
 )
 

@@ -12,7 +12,7 @@ from gateway.traffic import BOUNDS, SLOT, SLOTS, TrafficCounter, bucket, series,
 from llmgw.state import events, keys
 from llmgw.state.records import LoadRecord
 from tests.support.clock import FakeClock
-from tests.unit.test_gateway_app import CHAT, NEVER_STALE, endpoint, make_app, server, store, upstreams  # noqa: F401
+from tests.unit.test_gateway_app import CHAT, NEVER_STALE, endpoint, make_app, server, store  # noqa: F401
 
 
 def test_buckets_bound_each_value_within_a_quarter():
