@@ -50,6 +50,7 @@ from gateway.proxy import (
     usage_from_json,
 )
 from gateway.forms import FormError, find_field
+from gateway.relay import relay, relay_target
 from gateway.report import Identity, report_ttl
 from gateway.responses import IdRewrite, unwrap
 from gateway.retry import Deliver, GiveUp, Outcome, next_attempt
@@ -88,7 +89,7 @@ class RawAnswer:
     def __init__(self, status: int, headers: list[tuple[str, str]], body):
         self.status, self.headers, self.body = status, headers, body
 
-    def __call__(self, environ, start_response):
+    def start(self, start_response) -> None:
         try:
             start_response(f"{self.status} {HTTP_STATUS_CODES.get(self.status, 'UNKNOWN')}", self.headers)
         except BaseException:
@@ -98,6 +99,9 @@ class RawAnswer:
             if close is not None:
                 close()
             raise
+
+    def __call__(self, environ, start_response):
+        self.start(start_response)
         return self.body
 
 
@@ -892,6 +896,10 @@ def create_app(config: GatewaySettings | None = None, *, store: Store | None = N
         finally:
             if not handed_over:
                 gw.open -= 1
+        if handed_over:
+            gresp = relay_target(environ, start_response)
+            if gresp is not None:  # gunicorn's gevent worker: the stream goes straight to the socket
+                return relay(resp, gresp, start_response)
         return resp(environ, start_response)
 
     app.wsgi_app = wsgi

@@ -390,10 +390,11 @@ class StreamBody:
                  rewrite: Callable[[bytes], bytes] | None = None):
         self.resp = resp
         self.done = False
+        self.completed = False  # the engine's whole answer was passed on
 
         def once(completed: bool, usage) -> None:
             if not self.done:
-                self.done = True
+                self.done, self.completed = True, completed
                 on_done(completed, usage)
 
         self.on_done = once

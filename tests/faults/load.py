@@ -61,7 +61,10 @@ class Outcome:
     done: int = 0
 
 
-async def _read_response(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
+async def _read_response(reader: asyncio.StreamReader, seen: dict) -> tuple[int, dict[str, str], bytes]:
+    """The answer's status, headers and body; `seen` holds the status and headers as soon as they
+    came, so an answer that breaks off later (the gateway closes a stream its engine cut short) is
+    still known by its head."""
     head = await reader.readuntil(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
     status = int(lines[0][9:12])
@@ -70,6 +73,7 @@ async def _read_response(reader: asyncio.StreamReader) -> tuple[int, dict[str, s
         if ":" in line:
             k, v = line.split(":", 1)
             headers[k.strip().lower()] = v.strip()
+    seen.update(status=status, headers=headers)
     if headers.get("transfer-encoding", "").lower().endswith("chunked"):
         body = b""
         while True:
@@ -107,14 +111,15 @@ async def _user(i: int, host: str, port: int, total: int, out: Outcome, killed: 
                            "messages": [{"role": "user", "content": f"request from user {i}"}]}).encode()
         request = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n"
                    b"Content-Length: %d\r\n\r\n%s" % (host.encode(), port, len(body), body))
-        status, headers, answer, problem = 0, {}, b"", None
+        status, headers, answer, problem, seen = 0, {}, b"", None, {}
         try:
             if writer is None:
                 reader, writer = await asyncio.open_connection(host, port, limit=1 << 20)
             writer.write(request)
-            status, headers, answer = await asyncio.wait_for(_read_response(reader), 60)
+            status, headers, answer = await asyncio.wait_for(_read_response(reader, seen), 60)
             problem = _judge(stream, status, headers, answer)
         except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError, ValueError) as e:
+            status, headers = seen.get("status", 0), seen.get("headers", {})
             problem = f"{'stream' if stream else 'request'} broke: {e!r} after {answer[:100]!r}"
             if writer is not None:
                 writer.close()

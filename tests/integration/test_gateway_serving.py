@@ -110,3 +110,70 @@ def _refused(gw: str) -> bool:
         return False
     except requests.ConnectionError:
         return True
+
+
+def _read_answer(sock, deadline: float) -> tuple[bytes, list[bytes], bool]:
+    """One chunked answer from a raw keep-alive socket: its head, its chunks' payloads, and whether
+    it ended with the last chunk (False: the gateway closed the connection before it)."""
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        data = sock.recv(65536)
+        assert data, f"connection closed before the head: {buf!r}"
+        buf += data
+    head, _, buf = buf.partition(b"\r\n\r\n")
+    pieces = []
+    while time.monotonic() < deadline:
+        nl = buf.find(b"\r\n")
+        if nl >= 0:
+            size = int(buf[:nl], 16)
+            if size == 0 and len(buf) >= nl + 4:
+                return head, pieces, True
+            if size and len(buf) >= nl + 2 + size + 2:
+                pieces.append(buf[nl + 2:nl + 2 + size])
+                buf = buf[nl + 2 + size + 2:]
+                continue
+        data = sock.recv(65536)
+        if not data:
+            return head, pieces, False
+        buf += data
+    raise AssertionError(f"no end of the answer in time; read {pieces!r}")
+
+
+def test_streams_keep_their_connection_and_one_cut_short_is_not_passed_off_as_complete(cluster):
+    """Streams are written to the client's socket by the gateway itself (gateway.relay): answers on
+    one keep-alive connection follow each other, each with one X-Request-Id; a stream whose engine
+    dies under it ends with the connection closed, not with the chunk that says the answer is whole."""
+    import socket
+
+    cluster.start_redis()
+    engine = start_process(cluster.procs, "engine", base=0.3, tokens=4, max_seqs=8)
+    publish(cluster, {"e1": engine})
+    gw = cluster.start_gateway()
+    host, port = gw.split("//")[1].split(":")
+    body = b'{"model": "m", "stream": true}'
+    request = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+               b"X-Request-Id: r1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    with socket.create_connection((host, int(port)), timeout=20) as sock:
+        for _ in range(3):
+            head, pieces, whole = _read_answer(sock, sock.sendall(request) or time.monotonic() + 20)
+            assert whole and head.startswith(b"HTTP/1.1 200") and b"Connection: keep-alive" in head
+            assert head.lower().count(b"x-request-id: r1") == 1
+            assert b"".join(pieces).endswith(b"data: [DONE]\n\n")
+
+    slow = start_process(cluster.procs, "slow-engine", base=30.0, tokens=30, max_seqs=8)
+    publish(cluster, {"e2": slow})
+    store = cluster.store()
+    wait_until(lambda: all(r.version == store.endpoints_version() for r in store.gateway_reports()), 10,
+               what="the gateway to load the list with only the slow engine")
+    with socket.create_connection((host, int(port)), timeout=20) as sock:
+        sock.sendall(request)
+        buf = b""
+        while b"data:" not in buf:  # the first event is through: the gateway is relaying
+            data = sock.recv(65536)
+            assert data, buf
+            buf += data
+        cluster.procs.get("slow-engine").kill9()
+        rest = b""
+        while data := sock.recv(65536):  # the gateway closes the connection (a timeout fails the test)
+            rest += data
+    assert not (buf + rest).endswith(b"0\r\n\r\n"), "a cut stream must not end like a complete one"
