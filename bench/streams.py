@@ -278,7 +278,8 @@ def main() -> None:
     ap.add_argument("--levels", default="64,256,1024,4096", help="concurrent streams, comma-separated")
     ap.add_argument("--seconds", type=float, default=8.0, help="measured seconds per level and target")
     ap.add_argument("--targets", default="direct,nginx,llmgw",
-                    help="of direct, nginx, llmgw, litellm (LiteLLM's proxy, its own virtualenv made on first use)")
+                    help="of direct, nginx, llmgw, litellm (LiteLLM's proxy, its own virtualenv made on first use), "
+                    "floor-gunicorn, floor-gevent (a stream with no proxying: bench/stream_floor.py)")
     ap.add_argument("--workers", type=int, default=0, help="gateway workers (default: the conf's, one per core)")
     ap.add_argument("--answer", type=float, default=ANSWER_S, help="seconds per answer")
     ap.add_argument("--quick", action="store_true", help="64 and 256 streams, 4 s each")
@@ -290,9 +291,10 @@ def main() -> None:
         a.levels, a.seconds = "64,256", 4.0
     levels = [int(x) for x in a.levels.split(",")]
     targets = a.targets.split(",")
-    unknown = [t for t in targets if t not in ("direct", "nginx", "llmgw", "litellm")]
+    known = ("direct", "nginx", "llmgw", "litellm", "floor-gunicorn", "floor-gevent")
+    unknown = [t for t in targets if t not in known]
     if unknown:
-        ap.error(f"unknown target(s) {', '.join(unknown)}; choose from direct, nginx, llmgw, litellm")
+        ap.error(f"unknown target(s) {', '.join(unknown)}; choose from {', '.join(known)}")
 
     from llmgw.state.records import EndpointInfo
     from tests.support.cluster import Cluster
@@ -328,6 +330,19 @@ def main() -> None:
             wait_until(lambda: __import__("requests").get(gw + "/readyz", timeout=1).ok, 20, what="gateway ready")
             gproc = cluster.procs.get("gateway")
             urls["llmgw"] = ([gw], lambda: tree(gproc.pid))
+        for floor in [t for t in targets if t.startswith("floor-")]:  # bench/stream_floor.py
+            port = free_port()
+            env = {"FLOOR_ANSWER_S": str(a.answer), "FLOOR_EVENTS": str(EVENTS), "PYTHONPATH": str(ROOT)}
+            if floor == "floor-gunicorn":
+                argv = [str(Path(sys.executable).parent / "gunicorn"), "-c", "python:gateway.gunicorn_conf",
+                        "-b", f"127.0.0.1:{port}", "--worker-connections", str(2 * max(levels)),
+                        "-w", str(a.workers or os.cpu_count() or 1), "bench.stream_floor:app"]
+            else:
+                argv = [sys.executable, str(ROOT / "bench" / "stream_floor.py"), str(port)]
+            fp = cluster.procs.start(floor, argv, env=env, cwd=ROOT)
+            furl = f"http://127.0.0.1:{port}"
+            wait_until(lambda: _answers(furl), 20, what=floor)
+            urls[floor] = ([furl], lambda fp=fp: tree(fp.pid))
         if "litellm" in targets:
             from bench import litellm_peer
 
@@ -354,6 +369,15 @@ def main() -> None:
     finally:
         cluster.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _answers(url: str) -> bool:
+    import requests
+
+    try:
+        return requests.post(url + "/v1/chat/completions", data=BODY, timeout=10).ok
+    except requests.RequestException:
+        return False
 
 
 def _cpu_model() -> str:
