@@ -358,13 +358,13 @@ def main() -> None:
                 urls["litellm"] = ([f"http://127.0.0.1:{port}"], lambda: tree(lt.pid))
         print(f"streams: {os.cpu_count()} cores ({_cpu_model()}) shared by client, proxies and 2 fake engines; "
               f"{EVENTS} SSE events over {a.answer}s per answer; closed loop, {a.seconds:.0f}s measured per cell")
-        print(f"{'streams':>7} {'target':8} {'req/s':>7} {'ttft50':>7} {'ttft99':>7} {'lat50':>7} {'lat99':>7} "
+        print(f"{'streams':>7} {'target':14} {'req/s':>7} {'ttft50':>7} {'ttft99':>7} {'lat50':>7} {'lat99':>7} "
               f"{'errors':>6} {'cpu ms':>7} {'rss MB':>7}")
         for n in levels:
             for t in targets:
                 target_urls, pids_of = urls[t]
                 r = run_level(target_urls, n, a.seconds, a.answer, pids_of)
-                print(f"{n:>7} {t:8} {fmt(r)}" + (f"  ({r['statuses']} {r['last_error']})" if r["errors"] else ""),
+                print(f"{n:>7} {t:14} {fmt(r)}" + (f"  ({r['statuses']} {r['last_error']})" if r["errors"] else ""),
                       flush=True)
     finally:
         cluster.stop()
