@@ -3,6 +3,9 @@ JSON and streaming, and requests per second of tiny requests.
 
     python bench/gateway.py [--seconds 6] [--workers 1]
 
+`gw cpu/req` is the gateway's CPU time (user + system of gunicorn's master and workers, from /proc)
+over its run of a case, per request.
+
 Starts its own redis-server, an instant fake engine and the gateway (its one gunicorn config: the
 gevent worker), prints the figures and stops everything. Clients use raw keep-alive http.client connections so the client's own
 cost stays small and is the same for the direct and the proxied calls.
@@ -23,6 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 
+from bench.streams import cpu_seconds, tree  # noqa: E402
 from llmgw.state.records import EndpointInfo  # noqa: E402
 from tests.support.cluster import Cluster  # noqa: E402
 from tests.support.fake_upstream import start_process  # noqa: E402
@@ -87,16 +91,19 @@ def main() -> None:
         run(gw, BODY, 4, 1.0)  # warm the pools
         print(f"gateway overhead ({os.cpu_count()} cores shared by client, gateway and engine; "
               f"{a.workers} gunicorn gevent worker(s))")
+        pids = tree(cluster.procs.get("gateway").pid)  # gunicorn's master and workers
         print(f"{'case':28} {'direct p50':>11} {'gw p50':>9} {'added p50':>10} {'direct p99':>11} "
-              f"{'gw p99':>9} {'added p99':>10} {'direct rps':>11} {'gw rps':>8}")
+              f"{'gw p99':>9} {'added p99':>10} {'direct rps':>11} {'gw rps':>8} {'gw cpu/req':>10}")
         for name, body, conc in (("json, concurrency 1", BODY, 1), ("stream, concurrency 1", SBODY, 1),
                                  ("json, concurrency 32", BODY, 32), ("stream, concurrency 32", SBODY, 32)):
             d, drps = run(engine, body, conc, a.seconds / 2)
+            cpu0 = cpu_seconds(pids)
             g, grps = run(gw, body, conc, a.seconds / 2)
+            cpu = (cpu_seconds(pids) - cpu0) / max(1, len(g))  # the gateway's CPU only: clients are threads here
             ms = lambda x: f"{x * 1000:.2f}ms"  # noqa: E731
             print(f"{name:28} {ms(pct(d, .5)):>11} {ms(pct(g, .5)):>9} {ms(pct(g, .5) - pct(d, .5)):>10} "
                   f"{ms(pct(d, .99)):>11} {ms(pct(g, .99)):>9} {ms(pct(g, .99) - pct(d, .99)):>10} "
-                  f"{drps:>11.0f} {grps:>8.0f}")
+                  f"{drps:>11.0f} {grps:>8.0f} {ms(cpu):>10}")
     finally:
         cluster.stop()
 
