@@ -62,8 +62,11 @@ def handle(sock, _addr) -> None:
                 return
             buf += data
         head, _, buf = buf.partition(b"\r\n\r\n")
-        at = head.lower().find(b"content-length:")
-        length = int(head[at + 15:head.find(b"\r\n", at) if head.find(b"\r\n", at) > 0 else len(head)]) if at >= 0 else 0
+        length = 0
+        for line in head.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
         while len(buf) < length:
             data = sock.recv(65536)
             if not data:

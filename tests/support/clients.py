@@ -1,7 +1,8 @@
 """Client loops for end-to-end tests: threads that call the gateway until stopped and keep every
 failure, with streams checked for their end (a final chunk with a finish_reason, then `[DONE]`): a
-stream cut by an engine that was stopped under it ends without them and no error status, which is
-exactly what most clients do not notice."""
+stream cut by an engine that was stopped under it ends without them and with no error status, which
+most clients do not notice (the gateway now also closes such a connection without the last chunk,
+gateway/relay.py, which `requests` reports as an error; over TLS it still ends cleanly)."""
 
 from __future__ import annotations
 
