@@ -3,7 +3,8 @@
 - endpoints: reloaded when `Store.endpoints_version()` changes (polled every ~0.5 s, woken early by
   the pub/sub hint);
 - loads: one MGET of the endpoints' LoadRecords every ~0.5 s;
-- in-flight counts: updated by the request path itself;
+- in-flight counts: updated by the request path itself, and shared with the other gunicorn workers
+  of this gateway (gateway.siblings), so routing counts what the whole gateway holds;
 - each endpoint's speed (gateway.speed): per-token times from two consecutive LoadRecords' token
   counters, and, once per finished request, its decode time (elapsed minus time to first byte) and
   tokens per second when the answer reported usage. Nothing is measured per chunk.
@@ -34,6 +35,7 @@ import redis
 from gateway.config import GatewaySettings
 from gateway.report import Identity, gateway_report
 from gateway.responses import endpoint_ref
+from gateway import siblings
 from gateway.routing import (
     Choice,
     EndpointStats,
@@ -121,8 +123,11 @@ class GatewayState:
     """Endpoint list, loads, in-flight counts and learned speeds, behind one lock."""
 
     def __init__(self, store: Store, cfg: GatewaySettings, clock: Clock | None = None, metrics=None,
-                 rng: random.Random | None = None, environ: Mapping[str, str] | None = None):
+                 rng: random.Random | None = None, environ: Mapping[str, str] | None = None,
+                 shared: siblings.SharedCounts | None = None):
         self.store = store
+        # The sibling workers' counts (None: this process routes alone); see gateway.siblings.
+        self.shared = shared if shared is not None else siblings.table
         # Where the API keys of external servers are read from (`api_key_env` names a variable here).
         self.environ = os.environ if environ is None else environ
         self.cfg = cfg
@@ -142,7 +147,7 @@ class GatewayState:
         self.missing_keys: dict[str, str] = {}
         self._warned: set[tuple[str, str, str]] = set()
         self.loads: dict[str, LoadRecord] = {}
-        self.inflight: dict[str, int] = {}  # kept for endpoints that left the list while in flight
+        self.inflight: dict[str, int] = {}  # this process's own; kept for endpoints that left the list while in flight
         self.ok_at: dict[str, float] = {}  # wall clock of the last response head per endpoint
         self.fail_at: dict[str, float] = {}  # ... of the last connection failure or first-byte timeout
         self.model_inflight: dict[str, int] = {}  # by canonical model name
@@ -280,6 +285,8 @@ class GatewayState:
             log.error("cannot read loads: %s", e)
             return
         seen, wall = self.clock.monotonic(), self.clock.time()
+        # The siblings' part of what this gateway held at the scrapes: the most each held lately.
+        sib = self.shared.others(list(loads), seen, recent=True) if self.shared is not None else {}
         with self.lock:
             for i, rec in loads.items():
                 old = self.loads.get(i)
@@ -290,7 +297,7 @@ class GatewayState:
                     # was taken some time in the last two refresh intervals, when we may have held more
                     # than now: the most we held then is subtracted, or our own requests that ended
                     # since would count as another gateway's and fill the endpoint with phantoms.
-                    ours = self._held_at(i, rec.ts, wall)
+                    ours = self._held_at(i, rec.ts, wall) + sib.get(i, 0)
                     st = replace(self.stats.get(i, EndpointStats()), scrape_inflight=ours,
                                  load_seen=seen, slots=self._slots(old, rec, self.stats.get(i)))
                     self.stats[i] = st
@@ -323,6 +330,17 @@ class GatewayState:
         if q is None:
             q = self.changes[eid] = deque(maxlen=CHANGES_KEPT)
         q.append((self.clock.time(), before, after))
+        if self.shared is not None:
+            self.shared.publish(eid, before, after, self.clock.monotonic())
+
+    def held(self, now: float) -> Mapping[str, int]:
+        """What this gateway holds per endpoint: our own requests plus the sibling workers'."""
+        if self.shared is None:
+            return self.inflight
+        both = dict(self.inflight)
+        for eid, n in self.shared.others([e.id for e in self.endpoints], now).items():
+            both[eid] = both.get(eid, 0) + n
+        return both
 
     def _held_at(self, eid: str, ts: float, wall: float) -> int:
         """What we held on the endpoint at wall-clock time `ts`. When the agent's clock does not
@@ -452,7 +470,7 @@ class GatewayState:
         """Choose and reserve (in-flight + 1) atomically, so concurrent requests see each other."""
         now = self.clock.monotonic()
         with self.lock:
-            res = choose(self.endpoints, self.loads, self.inflight, req, now, stats=self.stats,
+            res = choose(self.endpoints, self.loads, self.held(now), req, now, stats=self.stats,
                          cfg=self.cfg.routing, rng=self.rng, rr_counter=self.rr_counter)
             if isinstance(res, Choice):
                 self.rr_counter += 1
@@ -516,6 +534,8 @@ class GatewayState:
         slots = slots_of(ep, st)
         # The concurrency it ran in: what the endpoint held when it was sent and when it ended.
         load = fresh_load(self.loads.get(ep.id), now, self.cfg.routing, st.load_seen if st is not None else None)
+        if self.shared is not None:  # what the whole gateway held, as choice.ahead counted it
+            ours += self.shared.others((ep.id,), now).get(ep.id, 0)
         conc = min(slots, max(1.0, (choice.ahead + 1 + ahead_of(ep, load, ours, st)) / 2))
         decode = elapsed - ttfb if ttfb is not None and 0 <= ttfb < elapsed else elapsed
         half_life = self.cfg.routing.learn_half_life

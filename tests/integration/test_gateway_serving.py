@@ -178,3 +178,36 @@ def test_streams_keep_their_connection_and_one_cut_short_is_not_passed_off_as_co
         while data := sock.recv(65536):  # the gateway closes the connection (a timeout fails the test)
             rest += data
     assert not (buf + rest).endswith(b"0\r\n\r\n"), "a cut stream must not end like a complete one"
+
+
+def test_workers_count_each_others_requests_against_capacity(cluster):
+    """Two workers, one endpoint with capacity 2, no scrapes at all: the workers see each other's
+    requests through the shared table (gateway.siblings), so the engine never holds more than two
+    while the rest wait in the gateway's queues, and every request is answered once slots free."""
+    from tests.integration.test_gateway_routing import metric
+
+    cluster.start_redis()
+    engine = start_process(cluster.procs, "engine", base=0.05, tokens=2, max_seqs=16, gate=True)
+    publish(cluster, {"e1": engine}, capacity=2)
+    gw = cluster.start_gateway(LLMGW_GATEWAY_WORKERS="2")
+    store = cluster.store()
+    wait_until(lambda: len(store.gateway_reports()) == 2, 10, what="a report from each worker")
+    n = 8
+    pool = ThreadPoolExecutor(n)
+    try:
+        futs = [pool.submit(requests.post, gw + CHAT, json={"model": "m", "stream": True},
+                            headers={"Connection": "close"}, timeout=60) for _ in range(n)]
+        text = lambda: requests.get(gw + "/metrics", timeout=5).text  # noqa: E731
+        wait_until(lambda: metric(text(), 'llmgw_gateway_queue_length{model="m"}') == n - 2, 20,
+                   what=f"{n - 2} requests queued in the gateway")
+        assert requests.get(engine + "/stats", timeout=5).json()["open"] == 2
+        requests.post(engine + "/gate", timeout=5)
+        assert [f.result().status_code for f in futs] == [200] * n
+        # Both workers took requests (else this would not test them together), and yet at most two
+        # were at the engine at once.
+        wait_until(lambda: [bool("m" in r.models and r.models["m"].last_request_at) for r in store.gateway_reports()]
+                   == [True, True], 15, what="both workers to report a request")
+        assert requests.get(engine + "/stats", timeout=5).json()["max_open"] == 2
+    finally:
+        requests.post(engine + "/gate", timeout=5)  # a failed test must not leave streams held
+        pool.shutdown(wait=True)

@@ -1,0 +1,184 @@
+"""In-flight counts shared by the gunicorn workers of one gateway, so they route as one router.
+
+Each worker counts its own requests per endpoint exactly; without this it would see its siblings'
+requests only in the engines' scrapes, a second late. Two workers then each hold requests for a
+fast endpoint the other has just filled, or both send to it past its capacity (measured on the
+issue's fleet A: two workers' time to first token p99 was twice one worker's, docs/benchmarks.md).
+
+The table is an anonymous shared memory map the gunicorn master makes before it forks (so every
+worker inherits the same pages): one row per worker, each written by its worker alone, so no lock
+is needed; a reader sums the other rows. A row holds, per endpoint (keyed by a 63-bit hash of its
+id, open addressing), the count now and the highest count since `peak_at`: a scrape taken a moment
+ago is compared with what the siblings held then, not after their requests ended (gateway.state).
+Aligned 8-byte stores on x86-64 and arm64 are not torn; a reader that races a writer sees the count
+before or after that one change, which the next decision corrects.
+
+The master assigns rows (`claim_row` in pre_fork, `free_row` when a worker exits, which also drops
+its counts: its streams died with it). Without gunicorn, or with one worker, there is no table and
+the gateway counts alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+import os
+import struct
+
+ENDPOINTS = 256  # endpoints one row can count (a gateway's whole fleet); past that, counted alone
+PEAK_WINDOW = 3.0  # seconds a peak is remembered: a scrape is at most ~2 load intervals old when read
+
+_HEAD = 2  # int64s before a row's entries: owner pid (0 free, -1 claimed), spare
+_ENTRY = 4  # int64s per entry: key (0 empty), count, peak, peak_at (microseconds, monotonic)
+_ROW = _HEAD + ENDPOINTS * _ENTRY
+_Q = struct.Struct("q")
+
+
+def key_of(endpoint_id: str) -> int:
+    """A nonzero 63-bit key for an endpoint id (collisions: 1 in 2^63 per pair)."""
+    return (int.from_bytes(hashlib.blake2b(endpoint_id.encode(), digest_size=8).digest(), "big") >> 1) or 1
+
+
+class SharedCounts:
+    """A view of the table from one worker (`row`), or from the master (`row` None: assigns rows)."""
+
+    def __init__(self, buf, rows: int, row: int | None = None):
+        self.raw = buf  # the shared bytes (an mmap); `buf` reads them as int64s
+        self.buf = memoryview(buf).cast("q")
+        self.rows = rows
+        self.row = row
+        self._slots: dict[str, int] = {}  # endpoint id -> entry index in our row (where we write)
+
+    @classmethod
+    def create(cls, rows: int) -> "SharedCounts":
+        """A new table in shared anonymous memory (MAP_SHARED: forked children see the same pages)."""
+        return cls(mmap.mmap(-1, rows * _ROW * 8), rows)
+
+    def for_row(self, row: int) -> "SharedCounts":
+        return SharedCounts(self.raw, self.rows, row)
+
+    # --- the master ---------------------------------------------------------------------------------
+    def claim_row(self) -> int | None:
+        """A free row for the worker about to fork, marked taken; None when every row is taken."""
+        for r in range(self.rows):
+            if self.buf[r * _ROW] == 0:
+                self._clear(r)
+                self.buf[r * _ROW] = -1
+                return r
+        return None
+
+    def free_row(self, row: int) -> None:
+        """Its worker exited: its requests are gone, and the row is free for the next one."""
+        self._clear(row)
+        self.buf[row * _ROW] = 0
+
+    def _clear(self, row: int) -> None:
+        base = row * _ROW
+        self.buf[base + 1:base + _ROW] = memoryview(bytes((_ROW - 1) * 8)).cast("q")
+
+    # --- a worker -----------------------------------------------------------------------------------
+    def adopt(self, pid: int) -> None:
+        self.buf[self.row * _ROW] = pid
+
+    def _find(self, row: int, key: int) -> int | None:
+        """Entry index of `key` in `row`, or None."""
+        base = row * _ROW + _HEAD
+        i = key % ENDPOINTS
+        for _ in range(ENDPOINTS):
+            k = self.buf[base + i * _ENTRY]
+            if k == key:
+                return i
+            if k == 0:
+                return None
+            i = (i + 1) % ENDPOINTS
+        return None
+
+    def _slot(self, endpoint_id: str, now: float) -> int | None:
+        """Where our row counts `endpoint_id`: its entry, else a new one (the first on its probe path
+        that is empty, or of an endpoint we hold nothing on and have not for PEAK_WINDOW, so readers'
+        probe chains never break); None when the row is full."""
+        i = self._slots.get(endpoint_id)
+        if i is not None:
+            return i
+        key = key_of(endpoint_id)
+        base = self.row * _ROW + _HEAD
+        found = free = None
+        j = key % ENDPOINTS
+        for _ in range(ENDPOINTS):
+            at = base + j * _ENTRY
+            k = self.buf[at]
+            if k == key:
+                found = j
+                break
+            if free is None and (k == 0 or (self.buf[at + 1] == 0 and now * 1e6 - self.buf[at + 3] > PEAK_WINDOW * 1e6)):
+                free = j
+            if k == 0:
+                break
+            j = (j + 1) % ENDPOINTS
+        if found is None:
+            if free is None:
+                return None
+            found, at = free, base + free * _ENTRY
+            self.buf[at + 1] = self.buf[at + 2] = self.buf[at + 3] = 0
+            self.buf[at] = key
+            # The entry may have been another endpoint's: forget the id that pointed to it.
+            self._slots = {e: n for e, n in self._slots.items() if n != found}
+        self._slots[endpoint_id] = found
+        return found
+
+    def publish(self, endpoint_id: str, before: int, after: int, now: float) -> None:
+        """Our count on the endpoint changed from `before` to `after` at `now` (monotonic seconds)."""
+        i = self._slot(endpoint_id, now)
+        if i is None:
+            return
+        at = self.row * _ROW + _HEAD + i * _ENTRY
+        us = int(now * 1e6)
+        if us - self.buf[at + 3] > PEAK_WINDOW * 1e6:
+            self.buf[at + 2] = max(before, after)
+            self.buf[at + 3] = us
+        elif after > self.buf[at + 2]:
+            self.buf[at + 2] = after
+        self.buf[at + 1] = after
+
+    def others(self, endpoint_ids, now: float, *, recent: bool = False) -> dict[str, int]:
+        """What the sibling workers hold on each endpoint now, or with `recent`, the most each held in
+        the last PEAK_WINDOW seconds (what they may have held when a scrape was taken)."""
+        out: dict[str, int] = {}
+        keys = [(e, key_of(e)) for e in endpoint_ids]
+        us = now * 1e6
+        for r in range(self.rows):
+            if r == self.row or self.buf[r * _ROW] == 0:
+                continue
+            base = r * _ROW + _HEAD
+            for e, key in keys:
+                i = self._find(r, key)
+                if i is None:
+                    continue
+                at = base + i * _ENTRY
+                n = self.buf[at + 1]
+                if recent and us - self.buf[at + 3] <= PEAK_WINDOW * 1e6:
+                    n = max(n, self.buf[at + 2])
+                if n > 0:
+                    out[e] = out.get(e, 0) + n
+        return out
+
+
+# The table of this process: made by the gunicorn master (gateway.gunicorn_conf) when it runs more
+# than one worker; in a worker, the view of its own row after `attach`.
+table: SharedCounts | None = None
+
+
+def setup(rows: int) -> None:
+    """In the gunicorn master, before the workers fork: a table of `rows` rows (0: none)."""
+    global table
+    table = SharedCounts.create(rows) if rows > 0 else None
+
+
+def attach(row: int | None) -> None:
+    """In a worker right after the fork: write through its own row (no row: count alone)."""
+    global table
+    if table is not None and row is not None:
+        table = table.for_row(row)
+        table.adopt(os.getpid())
+    else:
+        table = None

@@ -1,0 +1,167 @@
+"""The in-flight table the gunicorn workers of one gateway share (gateway.siblings), and routing on
+it: a worker counts what its siblings hold as exactly as its own."""
+
+import os
+
+import pytest
+
+from gateway import siblings
+from gateway.config import GatewaySettings
+from gateway.routing import Choice, Rejection, RouteRequest
+from gateway.siblings import PEAK_WINDOW, SharedCounts
+from gateway.state import GatewayState
+from llmgw.state.records import LoadRecord
+from tests.support.clock import FakeClock
+from tests.unit.test_gateway_learning import Store, ep
+
+
+def workers(n, rows=None):
+    master = SharedCounts.create(rows or n)
+    return master, [master.for_row(master.claim_row()) for _ in range(n)]
+
+
+def test_a_worker_sees_its_siblings_counts_not_its_own():
+    master, (a, b, c) = workers(3)
+    for w in (a, b, c):
+        w.adopt(100 + w.row)
+    a.publish("ep-1", 0, 1, 10.0)
+    a.publish("ep-1", 1, 2, 10.0)
+    b.publish("ep-1", 0, 1, 10.0)
+    b.publish("ep-2", 0, 1, 10.0)
+    assert c.others(["ep-1", "ep-2", "ep-3"], 10.0) == {"ep-1": 3, "ep-2": 1}
+    assert a.others(["ep-1", "ep-2"], 10.0) == {"ep-1": 1, "ep-2": 1}
+
+
+def test_recent_reads_the_most_held_lately_for_a_scrape_taken_then():
+    master, (a, b) = workers(2)
+    a.adopt(1), b.adopt(2)
+    for n in range(4):
+        a.publish("e", n, n + 1, 10.0)
+    for n in range(4, 1, -1):
+        a.publish("e", n, n - 1, 10.5)
+    assert b.others(["e"], 11.0) == {"e": 1}
+    assert b.others(["e"], 11.0, recent=True) == {"e": 4}
+    assert b.others(["e"], 10.0 + PEAK_WINDOW + 0.1, recent=True) == {"e": 1}
+
+
+def test_a_freed_row_drops_its_counts_and_is_claimed_again():
+    master, (a, b) = workers(2)
+    a.adopt(1), b.adopt(2)
+    a.publish("e", 0, 5, 1.0)
+    assert master.claim_row() is None  # every row taken: the next worker counts alone
+    master.free_row(a.row)
+    assert b.others(["e"], 1.0) == {}
+    again = master.claim_row()
+    assert again == a.row
+    fresh = master.for_row(again)
+    fresh.adopt(3)
+    assert b.others(["e"], 1.0) == {}  # the new worker starts from nothing
+
+
+def test_entries_of_idle_endpoints_are_reused_without_losing_the_others():
+    """Endpoints come and go with replicas: a row keeps counting the current ones however many have
+    passed through it, and a reused entry never hides an endpoint further along its probe path."""
+    master, (a, b) = workers(2)
+    a.adopt(1), b.adopt(2)
+    now = 100.0
+    for i in range(siblings.ENDPOINTS):  # fill the row, then let every one drop to 0
+        a.publish(f"old-{i}", 0, 1, now)
+        a.publish(f"old-{i}", 1, 0, now)
+    a.publish("old-7", 0, 2, now)  # still held: its entry must survive
+    now += PEAK_WINDOW + 1
+    for i in range(50):
+        a.publish(f"new-{i}", 0, 1, now)
+    seen = b.others([f"new-{i}" for i in range(50)] + ["old-7"], now)
+    assert seen == {**{f"new-{i}": 1 for i in range(50)}, "old-7": 2}
+
+
+def test_a_full_row_counts_alone_rather_than_overwrite():
+    master, (a, b) = workers(2)
+    a.adopt(1), b.adopt(2)
+    for i in range(siblings.ENDPOINTS):
+        a.publish(f"e{i}", 0, 1, 1.0)
+    a.publish("one-too-many", 0, 1, 1.0)
+    seen = b.others([f"e{i}" for i in range(siblings.ENDPOINTS)] + ["one-too-many"], 1.0)
+    assert len(seen) == siblings.ENDPOINTS and "one-too-many" not in seen
+
+
+def test_the_table_is_shared_with_forked_children():
+    """The master makes it before forking: a child's writes are what the parent reads."""
+    master = SharedCounts.create(2)
+    row = master.claim_row()
+    parent = master.for_row(master.claim_row())
+    pid = os.fork()
+    if pid == 0:  # the child: publish, then leave without running the parent's cleanups
+        child = master.for_row(row)
+        child.adopt(os.getpid())
+        child.publish("e", 0, 3, 1.0)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert parent.others(["e"], 1.0) == {"e": 3}
+
+
+def gateway_pair(capacity=2):
+    """Two workers of one gateway: GatewayStates over one store, one table."""
+    master, (a, b) = workers(2)
+    a.adopt(1), b.adopt(2)
+    clock = FakeClock()
+    store = Store([ep("x", capacity=capacity)])
+    states = []
+    for view in (a, b):
+        st = GatewayState(store, GatewaySettings(seed=1), clock, shared=view)
+        st.refresh_endpoints()
+        states.append(st)
+    return states, store, clock
+
+
+def test_capacity_counts_the_sibling_workers_requests_at_once():
+    (one, two), _, _ = gateway_pair(capacity=2)
+    req = RouteRequest("m")
+    assert isinstance(one.route(req), Choice)
+    assert isinstance(two.route(req), Choice)
+    # Both slots are taken, one by each worker; neither knows it from a scrape.
+    full = one.route(req)
+    assert isinstance(full, Rejection) and full.kind == "saturated"
+    assert isinstance(two.route(req), Rejection)
+
+
+def test_a_siblings_release_frees_the_slot_for_this_worker():
+    (one, two), _, _ = gateway_pair(capacity=1)
+    held = one.route(RouteRequest("m"))
+    assert isinstance(two.route(RouteRequest("m")), Rejection)
+    one.release(held, None)
+    assert isinstance(two.route(RouteRequest("m")), Choice)
+
+
+def test_a_scrape_counts_the_siblings_requests_as_this_gateways():
+    """A scrape showing three requests, all from the sibling, is not another gateway's traffic:
+    without the table it would be counted twice (once as the sibling's, once as others')."""
+    (one, two), store, clock = gateway_pair(capacity=8)
+    for _ in range(3):
+        assert isinstance(one.route(RouteRequest("m")), Choice)
+    clock.advance(1.0)
+    store.records["x"] = LoadRecord("x", clock.t, True, running=3, waiting=0)
+    two.refresh_loads()
+    assert two.stats["x"].scrape_inflight == 3
+    assert two.stats["x"].others_ratio == 0.0
+    assert two.held(clock.monotonic()) == {"x": 3}
+
+
+def test_without_a_table_each_worker_counts_alone():
+    clock = FakeClock()
+    store = Store([ep("x", capacity=1)])
+    one, two = (GatewayState(store, GatewaySettings(seed=1), clock, shared=None) for _ in range(2))
+    for st in (one, two):
+        st.refresh_endpoints()
+    assert siblings.table is None  # no gunicorn master in this process
+    assert isinstance(one.route(RouteRequest("m")), Choice)
+    assert isinstance(two.route(RouteRequest("m")), Choice)
+
+
+@pytest.mark.parametrize("rows", [0])
+def test_setup_without_rows_makes_no_table(rows):
+    siblings.setup(rows)
+    assert siblings.table is None
+    siblings.attach(0)
+    assert siblings.table is None
