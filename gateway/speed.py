@@ -22,6 +22,17 @@ from typing import NamedTuple
 PRIOR_SLOWDOWN = 0.05  # per extra sequence, assumed until samples at several concurrencies say otherwise
 PRIOR_STRENGTH = 2.0  # how many (concurrency^2-weighted) samples that assumption is worth
 PRIOR_NOISE = 0.3  # relative scatter of one sample, assumed until the samples show theirs
+# A change of speed: CHANGE_RUN samples in a row, on the same side of the line, each off it by more than
+# CHANGE_SIGMAS of the samples' scatter and by more than CHANGE_RATIO, once the fit has CHANGE_MIN_WEIGHT
+# samples; the fit then restarts from those samples, the history keeping CHANGE_KEEP of its weight.
+# Two in a row: one stray sample (a pause, an odd request) is not a change, and weighs STRAY_WEIGHT;
+# an engine slowed to 30 % is seen two scrapes after it slowed.
+CHANGE_RUN = 2
+CHANGE_SIGMAS = 4.0
+CHANGE_RATIO = 1.5
+CHANGE_MIN_WEIGHT = 4.0
+CHANGE_KEEP = 0.02
+STRAY_WEIGHT = 0.1  # the weight of a sample far off the line, until the next one says whether it was a change
 
 
 class Fit(NamedTuple):  # a tuple: one is made for every finished request
@@ -35,11 +46,49 @@ class Fit(NamedTuple):  # a tuple: one is made for every finished request
     sxy: float = 0.0
     syy: float = 0.0
     at: float = 0.0  # when the last sample was added (the caller's clock)
+    # Samples in a row far off the line on the same side (+ above, - below), and the last of them:
+    # two in a row say the engine changed.
+    surprises: int = 0
+    px: float = 0.0
+    py: float = 0.0
 
     def add(self, x: float, y: float, now: float, half_life: float) -> "Fit":
         f = 0.5 ** (max(0.0, now - self.at) / half_life) if self.w else 0.0
-        return Fit(self.w * f + 1, self.sx * f + x, self.sy * f + y, self.sxx * f + x * x, self.sxy * f + x * y,
-                   self.syy * f + y * y, now)
+        run = self._surprise(x, y)
+        k = 1.0
+        if abs(run) >= CHANGE_RUN:
+            # An engine that slowed down (throttling, a noisy neighbour) or recovered: what was
+            # learned before describes another engine. Start again from the samples that showed
+            # the change, keeping a trace of the old ones.
+            f *= CHANGE_KEEP
+            old = Fit(self.w * f, self.sx * f, self.sy * f, self.sxx * f, self.sxy * f, self.syy * f, now)
+            return old._plus(self.px, self.py, 1.0)._plus(x, y, 1.0)
+        if run:
+            k = STRAY_WEIGHT  # maybe the first sign of a change, maybe a stray: it weighs little for now
+        return Fit(self.w * f + k, self.sx * f + k * x, self.sy * f + k * y, self.sxx * f + k * x * x,
+                   self.sxy * f + k * x * y, self.syy * f + k * y * y, now, run, x, y)
+
+    def _plus(self, x: float, y: float, k: float) -> "Fit":
+        return Fit(self.w + k, self.sx + k * x, self.sy + k * y, self.sxx + k * x * x, self.sxy + k * x * y,
+                   self.syy + k * y * y, self.at)
+
+    def _surprise(self, x: float, y: float) -> int:
+        """The run of surprises with this sample: it is one when it is more than CHANGE_SIGMAS of the
+        samples' own scatter (and CHANGE_RATIO) away from the fitted line, after enough samples."""
+        if self.w < CHANGE_MIN_WEIGHT or (line := self.line()) is None:
+            return 0
+        y1, a = line
+        pred = y1 * (1.0 + a * max(0.0, x - 1.0))
+        mx, my = self.sx / self.w, self.sy / self.w
+        sxx = max(0.0, self.sxx - self.sx * mx)
+        sxy = self.sxy - self.sx * my
+        resid = max(0.0, self.syy - self.sy * my - (sxy * sxy / sxx if sxx > 0 else 0.0))
+        sd = math.sqrt(resid / self.w)
+        off = y - pred
+        if abs(off) <= max(CHANGE_SIGMAS * sd, (CHANGE_RATIO - 1.0) * pred):
+            return 0
+        side = 1 if off > 0 else -1
+        return self.surprises + side if self.surprises * side > 0 else side
 
     def error(self) -> float:
         """Relative standard error of the fitted level: the samples' scatter around the line over

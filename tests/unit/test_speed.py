@@ -70,3 +70,36 @@ def test_a_slow_estimate_is_relaxed_toward_the_best():
     best, slow = Speed(1.0, 0.1), Speed(3.0, 0.2)
     assert slow.relaxed_toward(best, 0.5).decode1 == pytest.approx(2.0)
     assert best.relaxed_toward(slow, 0.5) is best
+
+
+def level(f, x=4):
+    y1, a = f.line()
+    return y1 * (1 + a * (x - 1))
+
+
+def test_an_engine_that_slows_down_is_seen_two_samples_later():
+    """A scrape a second: 20 s of a steady engine, then it runs at 30 % of its speed. With only the
+    half-life (10 s) the estimate would be about 0.018 two samples later, less than half the new time."""
+    steady = fit([(4, 0.013 * (1 + 0.02 * (i % 3 - 1))) for i in range(20)], dt=1.0)
+    f = steady.add(4, 0.013 / 0.3, 20.0, HL)
+    assert level(f) < 0.02  # one stray sample moves it little
+    f = f.add(4, 0.013 / 0.3, 21.0, HL)
+    assert level(f) == pytest.approx(0.013 / 0.3, rel=0.25)
+
+
+def test_one_stray_sample_or_ordinary_scatter_is_not_a_change():
+    import random
+
+    rng = random.Random(3)
+    f = Fit()
+    for i in range(300):  # 30 % scatter (answers of different lengths), and one pause in a while
+        y = 1.0 * rng.lognormvariate(0, 0.3) * (4 if i % 50 == 49 else 1)
+        f = f.add(4, y, i * 0.5, HL)
+        assert f.surprises in (0, 1)
+    assert level(f) == pytest.approx(1.0 * math.exp(0.045), rel=0.25)
+
+
+def test_a_recovered_engine_is_seen_as_fast_again():
+    f = fit([(4, 0.04)] * 20, dt=1.0)
+    f = f.add(4, 0.013, 20.0, HL).add(4, 0.013, 21.0, HL)
+    assert level(f) == pytest.approx(0.013, rel=0.25)
