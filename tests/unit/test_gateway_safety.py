@@ -264,6 +264,38 @@ def test_gunicorn_conf_knobs_and_multiproc_dir(tmp_path):
     assert list(tmp.iterdir()) == []  # a directory is made only when none was given
 
 
+def test_the_master_gives_each_worker_a_row_and_frees_it_when_it_exits(tmp_path):
+    """gunicorn's hooks as the master calls them (on_starting, pre_fork, child_exit) and post_fork as
+    a worker does: rows are handed out, a dead worker's counts are dropped, its row is reused."""
+    code = (
+        "import json, types, gateway.gunicorn_conf as c\n"
+        "from gateway import siblings\n"
+        "server = types.SimpleNamespace(cfg=types.SimpleNamespace(workers=2))\n"
+        "c.on_starting(server)\n"
+        "w = [types.SimpleNamespace(pid=10 + i) for i in range(3)]\n"
+        "c.pre_fork(server, w[0]); c.pre_fork(server, w[1])\n"
+        "master = siblings.table\n"
+        "a, b = master.for_row(w[0].llmgw_row), master.for_row(w[1].llmgw_row)\n"
+        "a.adopt(10); b.adopt(11); a.publish('e', 0, 2, 1.0)\n"
+        "seen = b.others(['e'], 1.0)\n"
+        "c.child_exit(server, w[0])\n"
+        "after = b.others(['e'], 1.0)\n"
+        "c.pre_fork(server, w[2])\n"
+        "c.post_fork(server, w[2])\n"
+        "print(json.dumps({'rows': [w[0].llmgw_row, w[1].llmgw_row, w[2].llmgw_row], 'n': master.rows,"
+        " 'seen': seen, 'after': after, 'row': siblings.table.row}))")
+    base = {k: v for k, v in os.environ.items() if not k.startswith("LLMGW_GATEWAY_") and k != "PROMETHEUS_MULTIPROC_DIR"}
+    out = subprocess.run([sys.executable, "-c", code], env={**base, "TMPDIR": str(tmp_path)},
+                         capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    import json
+
+    d = json.loads(out.stdout)
+    assert d["n"] == 6  # two rows per worker and two spare: a reload's new workers start beside the old
+    assert d["rows"] == [0, 1, 0] and d["row"] == 0
+    assert d["seen"] == {"e": 2} and d["after"] == {}
+
+
 def test_procfile_and_compose_use_the_conf():
     import yaml
 
