@@ -48,6 +48,7 @@ class SharedCounts:
         self.rows = rows
         self.row = row
         self._slots: dict[str, int] = {}  # endpoint id -> entry index in our row (where we write)
+        self._keys: dict[str, int] = {}  # endpoint id -> key_of(id): read on every routing decision
 
     @classmethod
     def create(cls, rows: int) -> "SharedCounts":
@@ -77,6 +78,14 @@ class SharedCounts:
         self.buf[base + 1:base + _ROW] = memoryview(bytes((_ROW - 1) * 8)).cast("q")
 
     # --- a worker -----------------------------------------------------------------------------------
+    def _key(self, endpoint_id: str) -> int:
+        k = self._keys.get(endpoint_id)
+        if k is None:
+            if len(self._keys) > 4 * ENDPOINTS:  # endpoints come and go: keep the cache bounded
+                self._keys.clear()
+            k = self._keys[endpoint_id] = key_of(endpoint_id)
+        return k
+
     def adopt(self, pid: int) -> None:
         self.buf[self.row * _ROW] = pid
 
@@ -100,7 +109,7 @@ class SharedCounts:
         i = self._slots.get(endpoint_id)
         if i is not None:
             return i
-        key = key_of(endpoint_id)
+        key = self._key(endpoint_id)
         base = self.row * _ROW + _HEAD
         found = free = None
         j = key % ENDPOINTS
@@ -144,7 +153,7 @@ class SharedCounts:
         """What the sibling workers hold on each endpoint now, or with `recent`, the most each held in
         the last PEAK_WINDOW seconds (what they may have held when a scrape was taken)."""
         out: dict[str, int] = {}
-        keys = [(e, key_of(e)) for e in endpoint_ids]
+        keys = [(e, self._key(e)) for e in endpoint_ids]
         us = now * 1e6
         for r in range(self.rows):
             if r == self.row or self.buf[r * _ROW] == 0:

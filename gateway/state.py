@@ -333,12 +333,14 @@ class GatewayState:
         if self.shared is not None:
             self.shared.publish(eid, before, after, self.clock.monotonic())
 
-    def held(self, now: float) -> Mapping[str, int]:
-        """What this gateway holds per endpoint: our own requests plus the sibling workers'."""
+    def held(self, now: float, model: str | None = None) -> Mapping[str, int]:
+        """What this gateway holds per endpoint (of `model`, or all): our own requests plus the
+        sibling workers'."""
         if self.shared is None:
             return self.inflight
         both = dict(self.inflight)
-        for eid, n in self.shared.others([e.id for e in self.endpoints], now).items():
+        ids = [e.id for e in self.endpoints if model is None or model in e.models]
+        for eid, n in self.shared.others(ids, now).items():
             both[eid] = both.get(eid, 0) + n
         return both
 
@@ -470,7 +472,7 @@ class GatewayState:
         """Choose and reserve (in-flight + 1) atomically, so concurrent requests see each other."""
         now = self.clock.monotonic()
         with self.lock:
-            res = choose(self.endpoints, self.loads, self.held(now), req, now, stats=self.stats,
+            res = choose(self.endpoints, self.loads, self.held(now, req.model), req, now, stats=self.stats,
                          cfg=self.cfg.routing, rng=self.rng, rr_counter=self.rr_counter)
             if isinstance(res, Choice):
                 self.rr_counter += 1
