@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import mmap
 import os
-import struct
 
 ENDPOINTS = 256  # endpoints one row can count (a gateway's whole fleet); past that, counted alone
 PEAK_WINDOW = 3.0  # seconds a peak is remembered: a scrape is at most ~2 load intervals old when read
@@ -31,7 +30,6 @@ PEAK_WINDOW = 3.0  # seconds a peak is remembered: a scrape is at most ~2 load i
 _HEAD = 2  # int64s before a row's entries: owner pid (0 free, -1 claimed), spare
 _ENTRY = 4  # int64s per entry: key (0 empty), count, peak, peak_at (microseconds, monotonic)
 _ROW = _HEAD + ENDPOINTS * _ENTRY
-_Q = struct.Struct("q")
 
 
 def key_of(endpoint_id: str) -> int:

@@ -79,16 +79,19 @@ class Fit(NamedTuple):  # a tuple: one is made for every finished request
             return 0
         y1, a = line
         pred = y1 * (1.0 + a * max(0.0, x - 1.0))
-        mx, my = self.sx / self.w, self.sy / self.w
-        sxx = max(0.0, self.sxx - self.sx * mx)
-        sxy = self.sxy - self.sx * my
-        resid = max(0.0, self.syy - self.sy * my - (sxy * sxy / sxx if sxx > 0 else 0.0))
-        sd = math.sqrt(resid / self.w)
+        sd = math.sqrt(self._resid() / self.w)
         off = y - pred
         if abs(off) <= max(CHANGE_SIGMAS * sd, (CHANGE_RATIO - 1.0) * pred):
             return 0
         side = 1 if off > 0 else -1
         return self.surprises + side if self.surprises * side > 0 else side
+
+    def _resid(self) -> float:
+        """The weighted sum of squared residuals around the least-squares line (w > 0)."""
+        mx, my = self.sx / self.w, self.sy / self.w
+        sxx = max(0.0, self.sxx - self.sx * mx)
+        sxy = self.sxy - self.sx * my
+        return max(0.0, self.syy - self.sy * my - (sxy * sxy / sxx if sxx > 0 else 0.0))
 
     def error(self) -> float:
         """Relative standard error of the fitted level: the samples' scatter around the line over
@@ -96,11 +99,8 @@ class Fit(NamedTuple):  # a tuple: one is made for every finished request
         worth two samples, so a few samples that happen to agree are not taken for certainty."""
         if self.w <= 0 or self.sy <= 0:
             return 1.0
-        mx, my = self.sx / self.w, self.sy / self.w
-        sxx = max(0.0, self.sxx - self.sx * mx)
-        sxy = self.sxy - self.sx * my
-        resid = max(0.0, self.syy - self.sy * my - (sxy * sxy / sxx if sxx > 0 else 0.0))
-        scatter = (resid + 2 * (PRIOR_NOISE * my) ** 2) / (self.w + 1)
+        my = self.sy / self.w
+        scatter = (self._resid() + 2 * (PRIOR_NOISE * my) ** 2) / (self.w + 1)
         return math.sqrt(scatter / self.w) / my
 
     def line(self) -> tuple[float, float] | None:

@@ -32,10 +32,10 @@ from typing import Callable, Mapping
 
 import redis
 
+from gateway import siblings
 from gateway.config import GatewaySettings
 from gateway.report import Identity, gateway_report
 from gateway.responses import endpoint_ref
-from gateway import siblings
 from gateway.routing import (
     Choice,
     EndpointStats,
