@@ -124,7 +124,7 @@ def _replica(row: dict, rec: ReplicaRecord | None, report: dict, last_seen: Mapp
                   else f"{n} sends no heartbeat" for n in rec.all_nodes if not _live(report, n)]
         return (f"{rid} is Lost: node {'; node '.join(silent) or reason}. It is replaced on another node where "
                 "there is room, and asked to stop once the replacement is Ready or the node stays gone.")
-    if state in ("Failed", "CrashLoop"):
+    if state in ("Failed", "CrashLoop") or (state == "Starting" and _crash_looping(rec, now)):
         return _failing(rid, row, rec, now)
     if state == "Launching":
         placed = _age(now - (rec.launch_dispatched_at or rec.created_at))
@@ -163,9 +163,20 @@ def _pending(rid: str, rec: ReplicaRecord, report: dict, last_seen: Mapping[str,
     return "\n".join(parts)
 
 
+def _crash_looping(rec: ReplicaRecord, now: float) -> bool:
+    """Failed often enough lately to be a crash loop, whatever the current attempt is doing: between two
+    crashes the replica is Starting again, and that is still the crash loop to whoever asks why."""
+    policy = CrashPolicy()
+    return recent_failures(rec, now, policy) >= policy.max_failures
+
+
 def _failing(rid: str, row: dict, rec: ReplicaRecord, now: float) -> str:
-    how = f"attempt {rec.attempt} {describe_exit(rec.exit_code, rec.exit_signal)}"
-    if row["state"] == "CrashLoop":
+    if rec.running:  # a new attempt after the last exit
+        how = (f"the last exit: {describe_exit(rec.exit_code, rec.exit_signal)}; attempt {rec.attempt} started "
+               f"{_age(now - (rec.started_at or now))} ago, not healthy yet")
+    else:
+        how = f"attempt {rec.attempt} {describe_exit(rec.exit_code, rec.exit_signal)}"
+    if row["state"] == "CrashLoop" or _crash_looping(rec, now):
         policy = CrashPolicy()
         text = (f"{rid} is in a crash loop{_on(row)}: {recent_failures(rec, now, policy)} unexpected exits in the "
                 f"last {policy.window:g}s; {how}. The agent keeps retrying with a growing backoff; the control "

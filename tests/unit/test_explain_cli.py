@@ -77,6 +77,21 @@ def test_a_crash_loop_shows_the_exit_and_the_last_log_lines(store, capsys):
     assert "    | fatal: model file is truncated" in out and "    | line 21" in out and "line 20\n" not in out
 
 
+def test_a_crash_loop_between_two_crashes_is_still_told_as_one(store, capsys):
+    """After its backoff the agent starts the engine again: the replica is Starting for a moment, and
+    `explain` still says it is crash-looping, with the last exit (the e2e test once caught it there)."""
+    apply_catalog(store.r, catalog(model("chat", cpu_profile())), source="t", applied_by="t")
+    store.write_heartbeat(node("a"), ttl=60)
+    reconcile_once(store, NullDispatcher(), lambda: NOW)
+    (rec,) = store.all_replicas()
+    store.update_replica(rec.id, exited_at=NOW - 10, exit_code=1, started_at=NOW + 28, attempt=6,
+                         failure_times=[NOW - 100, NOW - 60, NOW - 30, NOW - 10])
+    code, out = explain(capsys, "chat")
+    assert code == 1
+    assert (f"{rec.id} is in a crash loop on a: 4 unexpected exits in the last 600s; the last exit: exited with "
+            "code 1; attempt 6 started 2.0s ago, not healthy yet.") in out
+
+
 def test_a_healthy_model_exits_0_and_tells_the_gateways_view(store, capsys):
     apply_catalog(store.r, catalog(model("chat", cpu_profile(), aliases=["c"])), source="t", applied_by="t")
     store.write_heartbeat(node("a"), ttl=60)
