@@ -183,7 +183,7 @@ def _failing(rid: str, row: dict, rec: ReplicaRecord, now: float) -> str:
                 "plane moves the replica when another node can take it.")
     else:
         text = f"{rid} Failed{_on(row)}: {how}."
-    if rec.next_restart_at is not None:
+    if rec.next_restart_at is not None and not rec.running:  # a running attempt is that start
         wait = rec.next_restart_at - now
         text += f" Next start {'in ' + _age(wait) if wait > 0 else 'due now'}."
     tail = [ln for ln in (rec.log_tail or "").splitlines() if ln.strip()][-LOG_LINES:]

@@ -85,11 +85,12 @@ def test_a_crash_loop_between_two_crashes_is_still_told_as_one(store, capsys):
     reconcile_once(store, NullDispatcher(), lambda: NOW)
     (rec,) = store.all_replicas()
     store.update_replica(rec.id, exited_at=NOW - 10, exit_code=1, started_at=NOW + 28, attempt=6,
-                         failure_times=[NOW - 100, NOW - 60, NOW - 30, NOW - 10])
+                         failure_times=[NOW - 100, NOW - 60, NOW - 30, NOW - 10], next_restart_at=NOW + 28)
     code, out = explain(capsys, "chat")
     assert code == 1
     assert (f"{rec.id} is in a crash loop on a: 4 unexpected exits in the last 600s; the last exit: exited with "
             "code 1; attempt 6 started 2.0s ago, not healthy yet.") in out
+    assert "Next start" not in out  # the attempt that runs is that start
 
 
 def test_a_healthy_model_exits_0_and_tells_the_gateways_view(store, capsys):
