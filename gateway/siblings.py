@@ -8,7 +8,7 @@ issue's fleet A: two workers' time to first token p99 was twice one worker's, do
 The table is an anonymous shared memory map the gunicorn master makes before it forks (so every
 worker inherits the same pages): one row per worker, each written by its worker alone, so no lock
 is needed; a reader sums the other rows. A row holds, per endpoint (keyed by a 63-bit hash of its
-id, open addressing), the count now and the highest count since `peak_at`: a scrape taken a moment
+id, in one of the PROBE entries from its hash's place), the count now and the highest count since `peak_at`: a scrape taken a moment
 ago is compared with what the siblings held then, not after their requests ended (gateway.state).
 Aligned 8-byte stores on x86-64 and arm64 are not torn; a reader that races a writer sees the count
 before or after that one change, which the next decision corrects.
@@ -25,6 +25,7 @@ import mmap
 import os
 
 ENDPOINTS = 256  # endpoints one row can count (a gateway's whole fleet); past that, counted alone
+PROBE = 16  # entries from an endpoint's place where it may sit: bounds every lookup, whatever the churn
 PEAK_WINDOW = 3.0  # seconds a peak is remembered: a scrape is at most ~2 load intervals old when read
 
 _HEAD = 2  # int64s before a row's entries: owner pid (0 free, -1 claimed), spare
@@ -88,50 +89,39 @@ class SharedCounts:
         self.buf[self.row * _ROW] = pid
 
     def _find(self, row: int, key: int) -> int | None:
-        """Entry index of `key` in `row`, or None."""
+        """Entry index of `key` in `row`, or None: it sits within PROBE entries of its place."""
         base = row * _ROW + _HEAD
-        i = key % ENDPOINTS
-        for _ in range(ENDPOINTS):
-            k = self.buf[base + i * _ENTRY]
-            if k == key:
+        for d in range(PROBE):
+            i = (key + d) % ENDPOINTS
+            if self.buf[base + i * _ENTRY] == key:
                 return i
-            if k == 0:
-                return None
-            i = (i + 1) % ENDPOINTS
         return None
 
     def _slot(self, endpoint_id: str, now: float) -> int | None:
-        """Where our row counts `endpoint_id`: its entry, else a new one (the first on its probe path
-        that is empty, or of an endpoint we hold nothing on and have not for PEAK_WINDOW, so readers'
-        probe chains never break); None when the row is full."""
+        """Where our row counts `endpoint_id`: its entry, else a new one within PROBE of its place (an
+        empty entry, or one of an endpoint we hold nothing on and have not for PEAK_WINDOW: endpoints
+        come and go with replicas); None when all PROBE are taken (it is then counted alone)."""
         i = self._slots.get(endpoint_id)
         if i is not None:
             return i
         key = self._key(endpoint_id)
-        base = self.row * _ROW + _HEAD
-        found = free = None
-        j = key % ENDPOINTS
-        for _ in range(ENDPOINTS):
-            at = base + j * _ENTRY
-            k = self.buf[at]
-            if k == key:
-                found = j
-                break
-            if free is None and (k == 0 or (self.buf[at + 1] == 0 and now * 1e6 - self.buf[at + 3] > PEAK_WINDOW * 1e6)):
-                free = j
-            if k == 0:
-                break
-            j = (j + 1) % ENDPOINTS
-        if found is None:
-            if free is None:
+        i = self._find(self.row, key)
+        if i is None:
+            base = self.row * _ROW + _HEAD
+            for d in range(PROBE):
+                j = (key + d) % ENDPOINTS
+                at = base + j * _ENTRY
+                if self.buf[at] == 0 or (self.buf[at + 1] == 0 and now * 1e6 - self.buf[at + 3] > PEAK_WINDOW * 1e6):
+                    i = j
+                    break
+            else:
                 return None
-            found, at = free, base + free * _ENTRY
             self.buf[at + 1] = self.buf[at + 2] = self.buf[at + 3] = 0
             self.buf[at] = key
             # The entry may have been another endpoint's: forget the id that pointed to it.
-            self._slots = {e: n for e, n in self._slots.items() if n != found}
-        self._slots[endpoint_id] = found
-        return found
+            self._slots = {e: n for e, n in self._slots.items() if n != i}
+        self._slots[endpoint_id] = i
+        return i
 
     def publish(self, endpoint_id: str, before: int, after: int, now: float) -> None:
         """Our count on the endpoint changed from `before` to `after` at `now` (monotonic seconds)."""
