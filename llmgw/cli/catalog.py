@@ -29,6 +29,7 @@ from llmgw.catalog import (
 )
 from llmgw.cli.common import kick, print_json, settings
 from llmgw.errors import CatalogConflict, CatalogInvalid, RedisUnreachable
+from llmgw.settings import Settings
 from llmgw.state.kicks import RECONCILE
 from llmgw.state.store import Store, connect
 
@@ -95,8 +96,8 @@ def _positive(text: str) -> int:
     return n
 
 
-def _redis():
-    url = settings().redis_url
+def _redis(s: Settings | None = None):
+    url = (s or settings()).redis_url
     r = connect(url)
     try:
         r.ping()
@@ -140,7 +141,8 @@ def cmd_apply(args) -> int:
     cat = _load(args.file, applying=True)
     if cat is None:
         return EXIT_INVALID
-    r = _redis()
+    s = settings()
+    r = _redis(s)
     version, current, _ = read_applied(r)
     diff = diff_catalogs(current, cat)
     if current is not None and current.hash() == cat.hash():
@@ -162,7 +164,7 @@ def cmd_apply(args) -> int:
         return EXIT_CONFLICT
     if changed:
         print(f"applied catalog version {new_version} (hash {cat.hash()})")
-        kick(settings(), Store(r), RECONCILE)
+        kick(s, Store(r), RECONCILE)
     else:
         print(f"unchanged: catalog version {new_version} already has this content (hash {cat.hash()})")
     return wait_ready(r, cat, args.timeout, started) if args.wait else 0
