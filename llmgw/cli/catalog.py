@@ -28,6 +28,7 @@ from llmgw.catalog import (
     read_version,
 )
 from llmgw.cli.common import kick, print_json, settings
+from llmgw.cli.progress import Progress, Ticker
 from llmgw.errors import CatalogConflict, CatalogInvalid, RedisUnreachable
 from llmgw.settings import Settings
 from llmgw.state.kicks import RECONCILE
@@ -172,8 +173,11 @@ def cmd_apply(args) -> int:
 
 def wait_ready(r, cat: Catalog, timeout: float, started: float, poll: float = 0.05) -> int:
     """`apply --wait`: until every profile has its replicas of the applied spec Ready and in the
-    published endpoint list; print when each profile got its first and its last one."""
+    published endpoint list; print when each profile got its first and its last one, and a progress
+    line per replica meanwhile (llmgw.cli.progress)."""
     store = Store(r)
+    progress = Progress(prefix="  ")
+    ticker = Ticker(progress, store, models=[m.name for m in cat.models])
     want = {(m.name, p.name): p.replicas for m, p in cat.profiles()}
     hashes = {(m.name, p.name): profile_spec_hash(m, p) for m, p in cat.profiles()}
     first: dict[tuple[str, str], float] = {}
@@ -193,11 +197,14 @@ def wait_ready(r, cat: Catalog, timeout: float, started: float, poll: float = 0.
                 first[key] = t
             if key not in done and ready.get(key, 0) >= n:
                 done[key] = t
-                print(f"  {key[0]}/{key[1]}: {n} of {n} Ready after {t:.2f}s (first after {first.get(key, t):.2f}s)")
+                ticker.tick(force=True)
+                progress.say(f"{key[0]}/{key[1]}: {n} of {n} Ready after {t:.2f}s (first after {first.get(key, t):.2f}s)")
         if len(done) == len(want):
             print(f"all {sum(want.values())} replicas Ready after {t:.2f}s")
             return 0
+        ticker.tick()
         if time.monotonic() >= deadline:
+            ticker.tick(force=True)
             for key, n in want.items():
                 if key not in done:
                     print(f"  {key[0]}/{key[1]}: {ready.get(key, 0)} of {n} Ready after {t:.0f}s "

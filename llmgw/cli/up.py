@@ -2,7 +2,7 @@
 
 Starts Redis (embedded unless REDIS_URL is set; data in the state directory, appendonly on), a control
 worker, beat, one node agent and the gateway; applies `--catalog FILE` or the built-in catalog (a real
-llama.cpp replica); reports replica states until a model is Ready, then prints the gateway
+llama.cpp replica); shows a progress line per replica until a model is Ready, then prints the gateway
 URL, a curl line and the Redis URL to export in other shells (commands run from the same directory, or
 with LLMGW_STATE_DIR, find it by themselves: llmgw.local.stackfile); Ctrl-C (SIGINT or SIGTERM) stops
 every process it started, engines included.
@@ -26,6 +26,7 @@ import requests
 
 from llmgw.catalog import Catalog, apply_catalog, load_catalog_file, parse_catalog
 from llmgw.cli.common import kick
+from llmgw.cli.progress import Progress, Ticker
 from llmgw.errors import CatalogInvalid, LlmgwError
 from llmgw.local import stackfile
 from llmgw.local.embedded_redis import redis_server_argv
@@ -185,31 +186,30 @@ def export_line(redis_url: str, state_dir: Path) -> str:
 def _wait_first_ready(url, names: list[str], store: Store, stack: LocalStack, stopping, timeout: float,
                       crashes: CrashReporter) -> str | None:
     """Wait until the gateway lists one of the catalog's models (by its canonical name, for the curl
-    line); report replica states meanwhile, and each crash loop once."""
+    line); show a progress line per replica meanwhile (llmgw.cli.progress), and each crash loop once."""
     deadline = time.monotonic() + timeout
-    last_report = ""
+    progress = Progress(prefix="llmgw up: ")
+    ticker = Ticker(progress, store)
     while time.monotonic() < deadline and not stopping.is_set():
         for text in crashes.check(store):
-            _say(text)
+            progress.say(text)
         dead = stack.dead_child()
         if dead:
-            _say(f"{dead.name} exited with code {dead.popen.returncode}; last log lines:\n{dead.log_tail()}")
+            progress.say(f"{dead.name} exited with code {dead.popen.returncode}; last log lines:\n{dead.log_tail()}")
             return None
         try:
             resp = requests.get(url + "/v1/models", timeout=2)
             listed = {m["id"] for m in resp.json().get("data", [])} if resp.ok else set()
             ready = [n for n in names if n in listed]
             if ready:
+                ticker.tick(force=True)
                 return ready[0]
         except (requests.RequestException, ValueError):
             pass
-        report = _replica_report(store)
-        if report and report != last_report:
-            _say(report)
-            last_report = report
+        ticker.tick()
         stopping.wait(0.5)
     if not stopping.is_set():
-        _say(f"no replica became Ready within {timeout:.0f} s; see the logs above and in the state directory")
+        progress.say(f"no replica became Ready within {timeout:.0f} s; see the logs above and in the state directory")
     return None
 
 
@@ -248,15 +248,3 @@ class CrashReporter:
         except Exception:  # noqa: BLE001 - progress output only
             return []
 
-
-def _replica_report(store: Store) -> str:
-    try:
-        live = store.live_nodes()
-        now = time.time()
-        parts = []
-        for rec in store.all_replicas():
-            view = derive(rec, nodes_alive(rec, live), now)
-            parts.append(f"{rec.id} {view.state.value}" + (f" ({view.reason})" if view.reason else ""))
-        return "replicas: " + "; ".join(parts) if parts else ""
-    except Exception:  # noqa: BLE001 - progress output only
-        return ""
