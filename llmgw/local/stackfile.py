@@ -65,7 +65,7 @@ def write(state_dir: Path, info: StackInfo) -> Path:
     """Replace the stack file atomically (a reader sees the old file or the new one, never half)."""
     path = stack_path(state_dir)
     tmp = path.with_name(f".{STACK_FILE}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     try:
         os.fchmod(fd, 0o600)  # a leftover temporary file keeps its old mode through O_TRUNC
         os.write(fd, info.to_json().encode())
