@@ -159,7 +159,8 @@ class Settings(EnvSettings):
     docs: ClassVar[str] = "README.md"
 
     redis_url: str = env("LLMGW_REDIS_URL", "REDIS_URL", default="redis://127.0.0.1:6379/0",
-                         meaning="the Redis every part shares (`llmgw up` starts its own unless set)")
+                         meaning="the Redis every part shares (`llmgw up` starts its own unless set; other "
+                                 "`llmgw` commands then find that one through its state dir)")
     state_dir: Annotated[Path, AfterValidator(_absolute)] = env(
         "LLMGW_STATE_DIR", default=Path(".llmgw"), validate_default=True,
         meaning="logs, engine state, Redis data of `llmgw up`")

@@ -1,7 +1,8 @@
 """The `llmgw` command. Each command group lives in its own module with `register(subparsers)`.
 
 Errors from llmgw (`LlmgwError`) are printed as one clear line and exit non-zero; a traceback never
-reaches the user.
+reaches the user. Without REDIS_URL / LLMGW_REDIS_URL, commands use the Redis of the local stack
+`llmgw up` runs from this directory or LLMGW_STATE_DIR (`llmgw.cli.common.locate`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import sys
 
 import redis
 
+from llmgw.cli.common import locate
 from llmgw.errors import LlmgwError, RedisUnreachable
 
 # Command-group modules, in the order `llmgw --help` lists them.
@@ -35,12 +37,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except LlmgwError as e:
-        print(f"llmgw: {e}", file=sys.stderr)
+        hint = locate().hint() if isinstance(e, RedisUnreachable) else ""
+        print(f"llmgw: {e}{hint}", file=sys.stderr)
         return getattr(e, "exit_code", 1)
     except redis.RedisError as e:  # any command: a dead Redis is one line, never a traceback
-        from llmgw.settings import Settings
-
-        print(f"llmgw: {RedisUnreachable(Settings.from_env().redis_url, e)}", file=sys.stderr)
+        found = locate()
+        print(f"llmgw: {RedisUnreachable(found.settings.redis_url, e)}{found.hint()}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -28,7 +28,9 @@ from llmgw.catalog import (
     read_version,
 )
 from llmgw.cli.common import kick, print_json, settings
+from llmgw.cli.progress import Progress, Ticker
 from llmgw.errors import CatalogConflict, CatalogInvalid, RedisUnreachable
+from llmgw.settings import Settings
 from llmgw.state.kicks import RECONCILE
 from llmgw.state.store import Store, connect
 
@@ -95,8 +97,8 @@ def _positive(text: str) -> int:
     return n
 
 
-def _redis():
-    url = settings().redis_url
+def _redis(s: Settings | None = None):
+    url = (s or settings()).redis_url
     r = connect(url)
     try:
         r.ping()
@@ -140,7 +142,8 @@ def cmd_apply(args) -> int:
     cat = _load(args.file, applying=True)
     if cat is None:
         return EXIT_INVALID
-    r = _redis()
+    s = settings()
+    r = _redis(s)
     version, current, _ = read_applied(r)
     diff = diff_catalogs(current, cat)
     if current is not None and current.hash() == cat.hash():
@@ -162,7 +165,7 @@ def cmd_apply(args) -> int:
         return EXIT_CONFLICT
     if changed:
         print(f"applied catalog version {new_version} (hash {cat.hash()})")
-        kick(settings(), Store(r), RECONCILE)
+        kick(s, Store(r), RECONCILE)
     else:
         print(f"unchanged: catalog version {new_version} already has this content (hash {cat.hash()})")
     return wait_ready(r, cat, args.timeout, started) if args.wait else 0
@@ -170,8 +173,11 @@ def cmd_apply(args) -> int:
 
 def wait_ready(r, cat: Catalog, timeout: float, started: float, poll: float = 0.05) -> int:
     """`apply --wait`: until every profile has its replicas of the applied spec Ready and in the
-    published endpoint list; print when each profile got its first and its last one."""
+    published endpoint list; print when each profile got its first and its last one, and a progress
+    line per replica meanwhile (llmgw.cli.progress)."""
     store = Store(r)
+    progress = Progress(prefix="  ")
+    ticker = Ticker(progress, store, models=[m.name for m in cat.models])
     want = {(m.name, p.name): p.replicas for m, p in cat.profiles()}
     hashes = {(m.name, p.name): profile_spec_hash(m, p) for m, p in cat.profiles()}
     first: dict[tuple[str, str], float] = {}
@@ -191,11 +197,14 @@ def wait_ready(r, cat: Catalog, timeout: float, started: float, poll: float = 0.
                 first[key] = t
             if key not in done and ready.get(key, 0) >= n:
                 done[key] = t
-                print(f"  {key[0]}/{key[1]}: {n} of {n} Ready after {t:.2f}s (first after {first.get(key, t):.2f}s)")
+                ticker.tick(force=True)
+                progress.say(f"{key[0]}/{key[1]}: {n} of {n} Ready after {t:.2f}s (first after {first.get(key, t):.2f}s)")
         if len(done) == len(want):
             print(f"all {sum(want.values())} replicas Ready after {t:.2f}s")
             return 0
+        ticker.tick()
         if time.monotonic() >= deadline:
+            ticker.tick(force=True)
             for key, n in want.items():
                 if key not in done:
                     print(f"  {key[0]}/{key[1]}: {ready.get(key, 0)} of {n} Ready after {t:.0f}s "

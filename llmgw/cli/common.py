@@ -4,14 +4,57 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
 
+from llmgw.local.stackfile import Lookup, find_stack
 from llmgw.settings import Settings
 from llmgw.state.kicks import Kicker, broker_app, celery_sender
 from llmgw.state.store import Store, connect
 
 
+@dataclass(frozen=True)
+class Located:
+    """The settings a command runs with, and how its Redis URL was found: `lookup` is None when the
+    environment named it, else the search for a local stack (which may have found none)."""
+
+    settings: Settings
+    lookup: Lookup | None
+
+    def hint(self) -> str:
+        """What to add to "cannot reach Redis": why no local stack was used."""
+        if self.lookup is None or self.lookup.stack is not None:
+            return ""
+        if self.lookup.notes:
+            return "; " + "; ".join(self.lookup.notes)
+        dirs = " or ".join(str(d) for d in self.lookup.searched)
+        return f"; no local stack found in {dirs} (`llmgw up` there starts one)"
+
+
+def stack_dirs(s: Settings) -> list[Path]:
+    """Where a running `llmgw up` is looked for: this directory's state dir, then LLMGW_STATE_DIR."""
+    return [Path(Settings.model_fields["state_dir"].default).absolute(), s.state_dir]
+
+
+def locate(s: Settings | None = None, find: Callable[[Iterable[Path]], Lookup] = find_stack) -> Located:
+    """An explicit REDIS_URL / LLMGW_REDIS_URL always wins; otherwise the Redis of the local stack
+    found in `stack_dirs` (llmgw.local.stackfile), else the default."""
+    s = s or Settings.from_env()
+    if "redis_url" in s.model_fields_set:
+        return Located(s, None)
+    lookup = find(stack_dirs(s))
+    if lookup.stack is not None:
+        s = s.model_copy(update={"redis_url": lookup.stack.redis_url})
+    return Located(s, lookup)
+
+
 def settings() -> Settings:
-    return Settings.from_env()
+    """The command's settings (`locate`); a stack file that was ignored is one line on stderr."""
+    found = locate()
+    for note in found.lookup.notes if found.lookup else ():
+        print(f"llmgw: {note}", file=sys.stderr)
+    return found.settings
 
 
 def store(s: Settings | None = None) -> Store:

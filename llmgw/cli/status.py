@@ -151,6 +151,7 @@ def build_status(
             "restarts": rec.restarts,
             "age": now - rec.created_at if rec.created_at else None,
             "url": rec.url,
+            "listed": rec.id in listed,  # in the published endpoint list: the gateways route to it
         })
     nodes = []
     for name in sorted(set(known) | set(live)):

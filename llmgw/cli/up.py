@@ -2,8 +2,10 @@
 
 Starts Redis (embedded unless REDIS_URL is set; data in the state directory, appendonly on), a control
 worker, beat, one node agent and the gateway; applies `--catalog FILE` or the built-in catalog (a real
-llama.cpp replica); prints the gateway URL and a curl line once a model is Ready; Ctrl-C (SIGINT or
-SIGTERM) stops every process it started, engines included.
+llama.cpp replica); shows a progress line per replica until a model is Ready, then prints the gateway
+URL, a curl line and the Redis URL to export in other shells (commands run from the same directory, or
+with LLMGW_STATE_DIR, find it by themselves: llmgw.local.stackfile); Ctrl-C (SIGINT or SIGTERM) stops
+every process it started, engines included.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import shlex
 import signal
 import socket
 import sys
@@ -23,7 +26,9 @@ import requests
 
 from llmgw.catalog import Catalog, apply_catalog, load_catalog_file, parse_catalog
 from llmgw.cli.common import kick
+from llmgw.cli.progress import Progress, Ticker
 from llmgw.errors import CatalogInvalid, LlmgwError
+from llmgw.local import stackfile
 from llmgw.local.embedded_redis import redis_server_argv
 from llmgw.local.localstack import LocalStack, celery_argv, free_port, port_is_free, python_module, wait_for
 from llmgw.settings import Settings
@@ -71,6 +76,10 @@ def cmd_up(args) -> int:
         raise LlmgwError(f"port {args.port} is already in use; pick another with --port")
     state_dir = Path(args.state_dir or settings.state_dir).resolve()
     node = args.node or settings.node_name
+    running, _stale = stackfile.running_stack(state_dir)
+    if running is not None and _stale is None:
+        raise LlmgwError(f"llmgw up already runs in {state_dir} (pid {running.pid}, gateway {running.gateway_url}); "
+                         "stop it first, or give this one another --state-dir")
 
     stopping = threading.Event()
 
@@ -104,6 +113,8 @@ def _run(args, settings, catalog, state_dir, node, stack: LocalStack, stopping) 
     r = connect(redis_url)
     if not wait_for(lambda: r.ping(), 20, stopping.is_set):
         raise LlmgwError(f"Redis at {redis_url} did not answer within 20 s")
+    url = f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '') else args.host}:{args.port}"
+    stack.announce(redis_url, url)
 
     stack.env.update({
         "REDIS_URL": redis_url,
@@ -134,7 +145,6 @@ def _run(args, settings, catalog, state_dir, node, stack: LocalStack, stopping) 
          + ", ".join(m.name for m in catalog.models))
     kick(Settings.from_env({**os.environ, **stack.env}), Store(r), RECONCILE)
 
-    url = f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '') else args.host}:{args.port}"
     store = Store(r)
     names = [m.name for m in catalog.models]
     crashes = CrashReporter(catalog)
@@ -144,6 +154,8 @@ def _run(args, settings, catalog, state_dir, node, stack: LocalStack, stopping) 
     body = json.dumps({"model": ready_model, "messages": [{"role": "user", "content": "Say hello"}]})
     _say(f"ready: the gateway answers at {url}")
     print(f"\n  curl {url}/v1/chat/completions -H 'Content-Type: application/json' -d '{body}'\n", flush=True)
+    _say(f"{found_by(state_dir, Path.cwd())}; in other shells:")
+    print(f"\n  {export_line(redis_url, state_dir)}\n", flush=True)
     _say("press Ctrl-C to stop")
     while not stopping.wait(0.5):
         dead = stack.dead_child()
@@ -155,34 +167,49 @@ def _run(args, settings, catalog, state_dir, node, stack: LocalStack, stopping) 
     return 0
 
 
+def found_by(state_dir: Path, cwd: Path) -> str:
+    """Which `llmgw` commands find this stack without being told (llmgw.cli.common.stack_dirs)."""
+    if state_dir == (cwd / ".llmgw").absolute():
+        return f"llmgw commands run from {cwd} find this stack by themselves"
+    return f"llmgw commands run with LLMGW_STATE_DIR={shlex.quote(str(state_dir))} find this stack by themselves"
+
+
+def export_line(redis_url: str, state_dir: Path) -> str:
+    """The line to paste in another shell; a password is not printed (the stack file, mode 0600, has it)."""
+    shown = stackfile.masked(redis_url)
+    line = f"export LLMGW_REDIS_URL={shlex.quote(shown)}"
+    if shown != redis_url:
+        line += f"   # password elided: it is in {stackfile.stack_path(state_dir)}"
+    return line
+
+
 def _wait_first_ready(url, names: list[str], store: Store, stack: LocalStack, stopping, timeout: float,
                       crashes: CrashReporter) -> str | None:
     """Wait until the gateway lists one of the catalog's models (by its canonical name, for the curl
-    line); report replica states meanwhile, and each crash loop once."""
+    line); show a progress line per replica meanwhile (llmgw.cli.progress), and each crash loop once."""
     deadline = time.monotonic() + timeout
-    last_report = ""
+    progress = Progress(prefix="llmgw up: ")
+    ticker = Ticker(progress, store)
     while time.monotonic() < deadline and not stopping.is_set():
         for text in crashes.check(store):
-            _say(text)
+            progress.say(text)
         dead = stack.dead_child()
         if dead:
-            _say(f"{dead.name} exited with code {dead.popen.returncode}; last log lines:\n{dead.log_tail()}")
+            progress.say(f"{dead.name} exited with code {dead.popen.returncode}; last log lines:\n{dead.log_tail()}")
             return None
         try:
             resp = requests.get(url + "/v1/models", timeout=2)
             listed = {m["id"] for m in resp.json().get("data", [])} if resp.ok else set()
             ready = [n for n in names if n in listed]
             if ready:
+                ticker.tick(force=True)
                 return ready[0]
         except (requests.RequestException, ValueError):
             pass
-        report = _replica_report(store)
-        if report and report != last_report:
-            _say(report)
-            last_report = report
+        ticker.tick()
         stopping.wait(0.5)
     if not stopping.is_set():
-        _say(f"no replica became Ready within {timeout:.0f} s; see the logs above and in the state directory")
+        progress.say(f"no replica became Ready within {timeout:.0f} s; see the logs above and in the state directory")
     return None
 
 
@@ -221,15 +248,3 @@ class CrashReporter:
         except Exception:  # noqa: BLE001 - progress output only
             return []
 
-
-def _replica_report(store: Store) -> str:
-    try:
-        live = store.live_nodes()
-        now = time.time()
-        parts = []
-        for rec in store.all_replicas():
-            view = derive(rec, nodes_alive(rec, live), now)
-            parts.append(f"{rec.id} {view.state.value}" + (f" ({view.reason})" if view.reason else ""))
-        return "replicas: " + "; ".join(parts) if parts else ""
-    except Exception:  # noqa: BLE001 - progress output only
-        return ""

@@ -3,7 +3,8 @@ agent and the gateway, each a child process in its own session with its log in t
 
 Every child carries LLMGW_UP_TOKEN in its environment, and the engines the agent starts inherit it;
 on shutdown, after stopping the children in order, anything still carrying the token is killed, so
-Ctrl-C never leaves an orphan behind.
+Ctrl-C never leaves an orphan behind. `announce` writes the stack file other `llmgw` commands find it
+by (llmgw.local.stackfile); `stop_all` removes it first.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from llmgw.local import stackfile
 from llmgw.proc.ports import can_bind, free_port  # noqa: F401 - free_port is part of this module's API
-from llmgw.proc.proctable import pids_with_env
+from llmgw.proc.proctable import pids_with_env, start_ticks
 
 TOKEN_VAR = "LLMGW_UP_TOKEN"
 
@@ -68,6 +70,7 @@ class LocalStack:
     env: dict[str, str]
     token: str = field(default_factory=lambda: uuid.uuid4().hex)
     children: list[Child] = field(default_factory=list)
+    announced: stackfile.StackInfo | None = None
 
     def __post_init__(self) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -91,11 +94,22 @@ class LocalStack:
         self.children.append(child)
         return child
 
+    def announce(self, redis_url: str, gateway_url: str) -> stackfile.StackInfo:
+        """Write the stack file: from now on `llmgw` commands run here find this stack's Redis."""
+        me = os.getpid()
+        info = stackfile.StackInfo(redis_url, gateway_url, me, start_ticks(me) or 0, time.time())
+        stackfile.write(self.state_dir, info)
+        self.announced = info
+        return info
+
     def dead_child(self) -> Child | None:
         return next((c for c in self.children if not c.alive()), None)
 
     def stop_all(self, grace: float = 15.0) -> None:
         """Stop in reverse start order (gateway, agent and its engines, beat, control, Redis last)."""
+        if self.announced is not None:
+            stackfile.remove(self.state_dir, self.announced)
+            self.announced = None
         for child in reversed(self.children):
             child.stop(grace)
         for pid in processes_with_token(self.token):
