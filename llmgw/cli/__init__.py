@@ -10,9 +10,8 @@ import argparse
 import importlib
 import sys
 
-import redis
-
 from llmgw.errors import LlmgwError, RedisUnreachable
+from llmgw.state.store import RedisError
 
 # Command-group modules, in the order `llmgw --help` lists them.
 GROUPS = ("up", "catalog", "status", "events", "explain", "node", "engines", "logs", "keys", "usage")
@@ -37,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     except LlmgwError as e:
         print(f"llmgw: {e}", file=sys.stderr)
         return getattr(e, "exit_code", 1)
-    except redis.RedisError as e:  # any command: a dead Redis is one line, never a traceback
+    except RedisError as e:  # any command: a dead Redis is one line, never a traceback
         from llmgw.settings import Settings
 
         print(f"llmgw: {RedisUnreachable(Settings.from_env().redis_url, e)}", file=sys.stderr)

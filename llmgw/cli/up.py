@@ -127,7 +127,7 @@ def _run(args, settings, catalog, state_dir, node, stack: LocalStack, stopping) 
     _say(f"started control worker, beat, node agent {node!r} and the gateway; logs in {state_dir / 'logs'}")
 
     version, changed = apply_catalog(
-        r, catalog, source=args.catalog or "<built-in catalog>",
+        Store(r), catalog, source=args.catalog or "<built-in catalog>",
         applied_by=f"{getpass.getuser()}@{socket.gethostname()} (llmgw up)",
     )
     _say(f"catalog version {version}{'' if changed else ' (unchanged)'}: "

@@ -79,7 +79,7 @@ def test_fingerprint_is_order_independent_and_sees_routing_fields():
 def test_publish_pass_writes_only_when_the_list_changes():
     r = fakeredis.FakeRedis(decode_responses=True)
     store = Store(r)
-    apply_catalog(r, cat(), source="test", applied_by="test", now=NOW)
+    apply_catalog(store, cat(), source="test", applied_by="test", now=NOW)
     store.write_heartbeat(node("b"), ttl=60)
     rec = ready_record("x", "tiny", "cpu", "b", NOW)
     store.create_replica(rec)
@@ -97,7 +97,7 @@ def test_publish_pass_skips_while_another_holds_the_lock():
 
     r = fakeredis.FakeRedis(decode_responses=True)
     store = Store(r)
-    apply_catalog(r, cat(), source="test", applied_by="test", now=NOW)
+    apply_catalog(store, cat(), source="test", applied_by="test", now=NOW)
     with store.lock(keys.PUBLISH_LOCK, 10) as held:
         assert held
         assert publish_once(store, lambda: NOW) is None
@@ -120,7 +120,7 @@ def test_a_lost_nodes_ready_replica_stays_routable_until_the_gateways_fail_to_re
 def test_the_publish_pass_stamps_the_version_from_which_a_stopping_replica_is_unrouted():
     r = fakeredis.FakeRedis(decode_responses=True)
     store = Store(r)
-    apply_catalog(r, cat(), source="test", applied_by="test", now=NOW)
+    apply_catalog(store, cat(), source="test", applied_by="test", now=NOW)
     store.write_heartbeat(node("b"), ttl=60)
     for rid in ("x", "y"):
         store.create_replica(ready_record(rid, "tiny", "cpu", "b", NOW))
@@ -141,7 +141,7 @@ def test_the_publish_pass_weighs_the_gateways_evidence_for_a_lost_nodes_replica(
 
     r = fakeredis.FakeRedis(decode_responses=True)
     store = Store(r)
-    apply_catalog(r, cat(), source="test", applied_by="test", now=NOW)
+    apply_catalog(store, cat(), source="test", applied_by="test", now=NOW)
     store.write_heartbeat(dataclasses.replace(node("b"), heartbeat_at=NOW - 10), ttl=60)
     store.create_replica(ready_record("x", "tiny", "cpu", "b", NOW))
     assert publish_once(store, lambda: NOW) == 1
