@@ -7,16 +7,17 @@ turns the applied catalog's document into a `Catalog` and keeps the last good on
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
-from typing import Mapping
-
-import json
+from typing import TYPE_CHECKING, Mapping
 
 from llmgw.catalog import Catalog, parse_applied
 from llmgw.state.keys import ALL_MODELS
 from llmgw.state.records import NodeAdmin, NodeInfo, ReplicaRecord
-from llmgw.state.store import Store
+
+if TYPE_CHECKING:  # the decisions import Snapshot; only the shells hand a Store in
+    from llmgw.state.store import Store
 
 log = logging.getLogger("llmgw.control")
 
