@@ -15,7 +15,6 @@ import time
 import pytest
 import requests
 
-from llmgw.state import events
 from llmgw.state.replica_state import State, derive, nodes_alive
 from tests.support.clients import start_loops, stop_loops, stream_problem
 from tests.support.procs import wait_until

@@ -21,7 +21,6 @@ import pytest
 import redis as redis_lib
 
 from llmgw.catalog import apply_catalog, parse_catalog_text
-from llmgw.state import events
 from llmgw.state import keys as K
 from llmgw.state.records import GPUDevice, NodeInfo
 from tests.faults.fleet import (

@@ -231,8 +231,6 @@ def test_the_task_binds_the_catalog_file_sync_only_when_a_file_is_configured(sto
 
 # --- the event history ------------------------------------------------------------------------------
 def kinds_of(store: Store) -> list[tuple[str, str]]:
-    from llmgw.state import events
-
     return [(e.kind, e.replica or e.node) for e in store.latest_events(100)]
 
 
@@ -264,8 +262,6 @@ def test_moving_a_crash_looping_replica_is_an_event(store):
     clock.t += 1
     reconcile_once(store, FakeDispatcher(store), clock.time)
     new = next(r for r in store.all_replicas() if r.id != rec.id)
-    from llmgw.state import events
-
     (moved,) = [e for e in store.latest_events() if e.kind == "replica_moved"]
     assert moved.replica == rec.id and moved.data["new_replica"] == new.id and moved.node == new.node
     assert f"crash loop on {rec.node}" in moved.message
