@@ -31,7 +31,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 
-from llmgw.state import events  # noqa: E402
 from llmgw.state.replica_state import State, derive, nodes_alive  # noqa: E402
 from tests.support.cluster import Cluster  # noqa: E402
 from tests.support.loadgen import paced  # noqa: E402
@@ -193,7 +192,7 @@ def cold_starts(cluster: Cluster, url: str, n: int, engine: str) -> None:
         # Where the time went (wall clocks of this machine): the control plane placing the replica, the
         # agent starting the process, the engine starting, then publish + gateway + the first token.
         ready_at = rec.first_ready_at or 0
-        published = min((e.ts for e in events.read(cluster.redis(), since=ready_at - 1)
+        published = min((e.ts for e in cluster.store().read_events(since=ready_at - 1)
                          if e.kind == "endpoints_published" and e.ts >= ready_at), default=float("nan"))
         steps = (rec.created_at - sent, (rec.started_at or 0) - rec.created_at, start_s, published - ready_at,
                  sent + first - published)

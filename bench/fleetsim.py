@@ -40,6 +40,7 @@ from gateway.routing import Choice, Rejection, RouteRequest  # noqa: E402
 from gateway.state import GatewayState  # noqa: E402
 from llmgw.state.clock import Clock  # noqa: E402
 from llmgw.state.records import EndpointInfo, LoadRecord  # noqa: E402
+from llmgw.state.store import CatalogOutline  # noqa: E402
 from simengine.core import SimConfig, SimCore  # noqa: E402
 from tests.support.loadgen import poisson_times  # noqa: E402
 
@@ -225,10 +226,12 @@ class _Store:
     def __init__(self, endpoints: list[EndpointInfo]):
         self.eps = endpoints
         self.records: dict[str, LoadRecord] = {}
-        self.r = self
 
-    def get(self, key):  # the catalog document (catalog_names): none
-        return None
+    def catalog_outline(self) -> CatalogOutline:  # no catalog
+        return CatalogOutline()
+
+    def key_variables(self) -> list:
+        return []
 
     def endpoints_version(self) -> int:
         return 1

@@ -19,7 +19,6 @@ import fakeredis  # noqa: E402
 
 from gateway.app import create_app  # noqa: E402
 from gateway.config import GatewaySettings  # noqa: E402
-from llmgw.state.apikeys import create_key  # noqa: E402
 from llmgw.state.records import EndpointInfo  # noqa: E402
 from llmgw.state.store import Store  # noqa: E402
 
@@ -31,9 +30,9 @@ def main() -> None:
     store.write_endpoints([EndpointInfo(id="e", url="http://127.0.0.1:1", models=("m", "m-alias"), engine="sim",
                                         model="m")], "fp", time.time())
     gw = create_app(GatewaySettings(), store=store).extensions["llmgw"]
-    _, plain_key = create_key(store.r, "plain")
-    create_key(store.r, "all-policies", models=("m",), expires_at=time.time() + 3600, budget=10**9,
-               budget_period="month")
+    _, plain_key = store.create_key("plain")
+    store.create_key("all-policies", models=("m",), expires_at=time.time() + 3600, budget=10**9,
+                     budget_period="month")
     gw.refresh()
     plain, rich = gw.keys.find("plain"), gw.keys.find("all-policies")
     rows = [

@@ -9,9 +9,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Callable
+from typing import Any, Callable
 
-import redis
 from celery.signals import worker_process_shutdown, worker_shutdown
 
 from llmgw.state.store import Store, connect
@@ -25,7 +24,7 @@ class StoreCache:
 
     A prefork pool child gets its own: clients are never shared across a fork."""
 
-    def __init__(self, connect: Callable[[str], redis.Redis] = connect):
+    def __init__(self, connect: Callable[[str], Any] = connect):
         self._connect = connect
         self._lock = threading.Lock()
         self._stores: dict[str, Store] = {}

@@ -1,4 +1,4 @@
-"""The catalog: its types, validation, YAML loading, diff, storage in Redis and the file watch.
+"""The catalog: its types, validation, YAML loading, diff, reading and applying it, and the file watch.
 
 Other packages import the public names from here (`from llmgw.catalog import Catalog, apply_catalog`).
 The types are imported at once; every other name on first use (PEP 562). That is not a cycle between
@@ -37,14 +37,11 @@ _LAZY = {
     "diff_catalogs": "diff",
     "format_diff": "diff",
     "HISTORY_LIMIT": "store",
-    "applied_stamp": "store",
-    "applied_version": "store",
-    "catalog_applied": "store",
     "apply_catalog": "store",
-    "catalog_names": "store",
     "catalog_outline": "store",
     "history": "store",
     "key_variables": "store",
+    "parse_applied": "store",
     "read_applied": "store",
     "read_version": "store",
     "SyncResult": "watch",

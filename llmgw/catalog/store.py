@@ -1,161 +1,61 @@
-"""The applied catalog in Redis: versioned, hashed, replaced atomically by compare-and-set.
+"""The applied catalog as a `Catalog`: reading a stored document back, and applying the next version.
 
-`keys.CATALOG` holds the current document {"version", "hash", "spec", "applied_at", "applied_by",
-"source"}; `keys.CATALOG_HISTORY` keeps the last HISTORY_LIMIT documents, newest first. Versions only
-grow; applying content whose hash equals the applied one writes nothing.
+The documents themselves (versioned, hashed, replaced by compare-and-set) are the store's
+(`llmgw.state.store.catalog`); here they are turned into catalogs and back.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
 
-import redis
 from pydantic import ValidationError
 
 from llmgw.catalog.types import Catalog
 from llmgw.catalog.validate import pydantic_problems
-from llmgw.errors import CatalogConflict, CatalogInvalid
-from llmgw.state import events, keys
-from llmgw.state.store import Store
+from llmgw.errors import CatalogInvalid
+from llmgw.state import keys
+from llmgw.state.store import HISTORY_LIMIT, CatalogOutline, Store
+from llmgw.state.store.catalog import meta
 
-HISTORY_LIMIT = 50
+__all__ = ["HISTORY_LIMIT", "apply_catalog", "catalog_from_doc", "parse_applied", "read_applied", "read_version",
+           "catalog_outline", "history", "key_variables"]
 
 
-def _catalog_from_doc(doc: dict, where: str) -> Catalog:
-    # The stored spec was validated when applied and is fully resolved; only its structure is checked
-    # again, so a rule tightened in a later release never makes the running catalog unreadable.
+def catalog_from_doc(doc: dict, where: str) -> Catalog:
+    """The catalog of a stored document. The stored spec was validated when applied and is fully
+    resolved; only its structure is checked again, so a rule tightened in a later release never makes
+    the running catalog unreadable."""
     try:
         return Catalog.model_validate(doc["spec"])
     except ValidationError as e:
         raise CatalogInvalid(where, pydantic_problems(e, "", "catalog")) from e
 
 
-def _meta(doc: dict) -> dict:
-    return {k: v for k, v in doc.items() if k != "spec"}
-
-
-def client_of(r: redis.Redis | Store) -> redis.Redis:
-    """The catalog's functions take a `Store` (how the parts reach Redis) or a bare client (the CLI's)."""
-    return r.r if isinstance(r, Store) else r
-
-
-def catalog_applied(r: redis.Redis | Store) -> bool:
-    """Whether any catalog was ever applied to this Redis (one EXISTS)."""
-    return bool(client_of(r).exists(keys.CATALOG))
-
-
-def read_applied(r: redis.Redis | Store) -> tuple[int, Catalog | None, dict]:
-    """(version, catalog, metadata); version 0 and None when nothing was ever applied."""
-    raw = client_of(r).get(keys.CATALOG)
+def parse_applied(raw: str | None) -> tuple[int, Catalog | None, dict]:
+    """(version, catalog, metadata) of the applied document as stored (`Store.catalog_document`);
+    version 0 and None when nothing was ever applied."""
     if not raw:
         return 0, None, {}
     doc = json.loads(raw)
-    return int(doc["version"]), _catalog_from_doc(doc, "redis:" + keys.CATALOG), _meta(doc)
+    return int(doc["version"]), catalog_from_doc(doc, "redis:" + keys.CATALOG), meta(doc)
 
 
-def applied_stamp(r: redis.Redis | Store) -> tuple[int, str] | None:
-    """(version, hash) of the applied document without validating its spec; None when none was ever
-    applied. Raises ValueError when the document is not JSON."""
-    raw = client_of(r).get(keys.CATALOG)
-    if not raw:
-        return None
-    doc = json.loads(raw)
-    return doc.get("version"), doc.get("hash")
+def read_applied(store: Store) -> tuple[int, Catalog | None, dict]:
+    """(version, catalog, metadata); version 0 and None when nothing was ever applied."""
+    return parse_applied(store.catalog_document())
 
 
-def applied_version(r: redis.Redis | Store) -> int:
-    """The applied version (0 when none), without validating the spec."""
-    raw = client_of(r).get(keys.CATALOG)
-    return int(json.loads(raw)["version"]) if raw else 0
-
-
-def catalog_names(r: redis.Redis | Store) -> set[str]:
-    """Every model name and alias of the applied catalog (empty when none), without validating the
-    spec: cheap enough for the gateway to call on each endpoint-list reload."""
-    return set(catalog_outline(r).canonical)
-
-
-@dataclass(frozen=True)
-class CatalogOutline:
-    """What the gateway reads of the applied catalog: `canonical` maps every name and alias to its
-    model's name; `groups` holds each model's names (its name, then its aliases), which a key's
-    `--models` may list; `cold_start` maps the names of models that can scale to zero (a profile with
-    `autoscale.min: 0`) to how long a request waits for a cold start (the longest such timeout)."""
-
-    canonical: dict[str, str] = field(default_factory=dict)
-    groups: list[tuple[str, ...]] = field(default_factory=list)
-    cold_start: dict[str, float] = field(default_factory=dict)
-
-
-def catalog_outline(r: redis.Redis | Store) -> CatalogOutline:
-    """The applied catalog's names and cold-start timeouts in one GET, without validating the spec
-    (the stored spec is resolved: every profile carries its full autoscale block)."""
-    raw = client_of(r).get(keys.CATALOG)
-    out = CatalogOutline()
-    if not raw:
-        return out
-    try:
-        for m in (json.loads(raw).get("spec") or {}).get("models") or []:
-            if not isinstance(m, dict) or not isinstance(m.get("name"), str) or not m["name"]:
-                continue
-            names = [m["name"], *(a for a in (m.get("aliases") or []) if isinstance(a, str) and a)]
-            out.groups.append(tuple(names))
-            waits = [float(a.get("cold_start_timeout") or 0) for p in m.get("profiles") or []
-                     if isinstance(p, dict) and isinstance(a := p.get("autoscale"), dict) and a.get("min") == 0]
-            for n in names:
-                out.canonical[n] = m["name"]
-                if waits:
-                    out.cold_start[n] = max(waits)
-    except (ValueError, AttributeError, TypeError):
-        pass  # a malformed document names nothing; read_applied reports it
-    return out
-
-
-def key_variables(r: redis.Redis | Store) -> list[tuple[str, str, str]]:
-    """(model, profile, variable) for every external profile of the applied catalog that names an
-    `api_key_env`, without validating the spec (a gateway reads it on endpoint-list reloads, to warn
-    about variables missing from its environment before the server is even reachable)."""
-    raw = client_of(r).get(keys.CATALOG)
-    out = []
-    try:
-        for m in (json.loads(raw).get("spec") or {}).get("models") or [] if raw else []:
-            for p in m.get("profiles") or []:
-                var = p.get("api_key_env")
-                if p.get("engine") == "external" and isinstance(var, str) and var:
-                    out.append((str(m.get("name")), str(p.get("name")), var))
-    except (ValueError, AttributeError, TypeError):
-        pass  # a malformed document names nothing; read_applied reports it
-    return out
-
-
-def history(r: redis.Redis | Store, n: int = 10) -> list[dict]:
-    """Metadata of the last `n` applied versions, newest first: version, hash, applied_at/by, source,
-    plus `models` and `replicas` counts."""
-    out = []
-    for raw in client_of(r).lrange(keys.CATALOG_HISTORY, 0, max(0, n - 1)) if n > 0 else []:
-        doc = json.loads(raw)
-        spec = doc.get("spec") or {}
-        models = spec.get("models", [])
-        meta = _meta(doc)
-        meta["models"] = len(models)
-        meta["replicas"] = sum(p.get("replicas", 0) for m in models for p in m.get("profiles", []))
-        out.append(meta)
-    return out
-
-
-def read_version(r: redis.Redis | Store, version: int) -> tuple[Catalog, dict] | None:
+def read_version(store: Store, version: int) -> tuple[Catalog, dict] | None:
     """A past version still kept in the history (the last HISTORY_LIMIT), or None."""
-    for raw in client_of(r).lrange(keys.CATALOG_HISTORY, 0, -1):
-        doc = json.loads(raw)
-        if int(doc["version"]) == version:
-            return _catalog_from_doc(doc, f"redis:{keys.CATALOG_HISTORY}[v{version}]"), _meta(doc)
-    return None
+    doc = store.catalog_history_document(version)
+    if doc is None:
+        return None
+    return catalog_from_doc(doc, f"redis:{keys.CATALOG_HISTORY}[v{version}]"), meta(doc)
 
 
 def apply_catalog(
-    r: redis.Redis | Store,
+    store: Store,
     catalog: Catalog,
     *,
     source: str,
@@ -168,36 +68,23 @@ def apply_catalog(
     Applying a catalog whose hash equals the applied one changes nothing (no new version), even if
     another version was applied since `expected_version`: the result is already what was asked for.
     Otherwise, with `expected_version`, fails with CatalogConflict (writing nothing) if the applied
-    version is no longer that one. The read, check and write are one WATCH/MULTI transaction.
+    version is no longer that one (`Store.store_catalog`: one WATCH/MULTI transaction).
     """
-    now = time.time() if now is None else now
-    digest = catalog.hash()
-    spec = catalog.canonical()
+    return store.store_catalog(catalog.hash(), catalog.canonical(), source=source, applied_by=applied_by,
+                               expected_version=expected_version, now=time.time() if now is None else now)
 
-    def txn(pipe: redis.client.Pipeline) -> tuple[int, bool]:
-        raw = pipe.get(keys.CATALOG)
-        current = json.loads(raw) if raw else {"version": 0, "hash": None}
-        if current.get("hash") == digest:
-            pipe.multi()
-            return int(current["version"]), False
-        if expected_version is not None and int(current["version"]) != expected_version:
-            raise CatalogConflict(expected_version, int(current["version"]))
-        version = int(current["version"]) + 1
-        doc = {
-            "version": version,
-            "hash": digest,
-            "spec": spec,
-            "applied_at": now,
-            "applied_by": applied_by,
-            "source": source,
-        }
-        blob = json.dumps(doc, sort_keys=True)
-        pipe.multi()
-        pipe.set(keys.CATALOG, blob)
-        pipe.lpush(keys.CATALOG_HISTORY, blob)
-        pipe.ltrim(keys.CATALOG_HISTORY, 0, HISTORY_LIMIT - 1)
-        events.emit(pipe, "catalog_applied", f"version {version} by {applied_by} from {source}",
-                    source=applied_by, ts=now, version=version, hash=digest)
-        return version, True
 
-    return client_of(r).transaction(txn, keys.CATALOG, value_from_callable=True)
+# --- what gateway/*.py calls; everyone else calls the Store's methods of the same names --------------
+def catalog_outline(store: Store) -> CatalogOutline:
+    """`Store.catalog_outline`."""
+    return store.catalog_outline()
+
+
+def key_variables(store: Store) -> list[tuple[str, str, str]]:
+    """`Store.key_variables`."""
+    return store.key_variables()
+
+
+def history(store: Store, n: int = 10) -> list[dict]:
+    """`Store.catalog_history`."""
+    return store.catalog_history(n)

@@ -14,10 +14,8 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import redis
-
 from llmgw.catalog import check_catalog_size, parse_catalog_bytes
-from llmgw.catalog.store import applied_version, apply_catalog, client_of
+from llmgw.catalog.store import apply_catalog
 from llmgw.errors import CatalogInvalid
 from llmgw.state import keys
 from llmgw.state.store import Store
@@ -45,10 +43,10 @@ def _cached(state: dict) -> SyncResult:
     return SyncResult(False, int(state.get("version") or 0), json.loads(state.get("problems") or "[]"))
 
 
-def sync_from_file(r: redis.Redis | Store, path: Path, applied_by: str) -> SyncResult:
+def sync_from_file(store: Store, path: Path, applied_by: str) -> SyncResult:
     """Apply `path` if it changed since the last call (by any control worker); see the module doc."""
-    r, path = client_of(r), Path(path)
-    state = r.hgetall(keys.CATALOG_FILE_STATE)
+    path = Path(path)
+    state = store.catalog_file_state()
     same_file = state.get("path") == str(path)
     try:
         stamp = _stamp(path)
@@ -57,50 +55,47 @@ def sync_from_file(r: redis.Redis | Store, path: Path, applied_by: str) -> SyncR
         check_catalog_size(path)
         data = path.read_bytes()
     except CatalogInvalid as e:  # too big to read
-        return _refused(r, path, stamp, "", e)
+        return _refused(store, path, stamp, "", e)
     except OSError as e:
         stamp = f"unreadable:{e.errno}"
         if same_file and state.get("stamp") == stamp:
             return _cached(state)
         problems = [f"{path}: cannot read: {e.strerror}"]
-        version = applied_version(r)
+        version = store.catalog_version()
         log.warning("catalog file %s cannot be read (%s); keeping catalog version %d", path, e.strerror, version)
-        _remember(r, path, stamp, "", version, problems)
+        _remember(store, path, stamp, "", version, problems)
         return SyncResult(False, version, problems)
 
     sha = hashlib.sha256(data).hexdigest()
     if same_file and state.get("sha") == sha:
         # Touched or rewritten with the same bytes: nothing to do, and nothing to log again.
-        _remember(r, path, stamp, sha, int(state.get("version") or 0), json.loads(state.get("problems") or "[]"))
+        _remember(store, path, stamp, sha, int(state.get("version") or 0), json.loads(state.get("problems") or "[]"))
         return _cached(state)
 
     try:
         catalog = parse_catalog_bytes(data, str(path))
     except CatalogInvalid as e:
-        return _refused(r, path, stamp, sha, e)
+        return _refused(store, path, stamp, sha, e)
 
-    with Store(r).lock(keys.CATALOG_FILE_LOCK, LOCK_TTL) as held:
+    with store.lock(keys.CATALOG_FILE_LOCK, LOCK_TTL) as held:
         if not held:
             # Another control worker is applying this very change; the next pass sees its result.
-            return SyncResult(False, applied_version(r), [])
-        version, changed = apply_catalog(r, catalog, source=str(path), applied_by=applied_by)
-        _remember(r, path, stamp, sha, version, [])
+            return SyncResult(False, store.catalog_version(), [])
+        version, changed = apply_catalog(store, catalog, source=str(path), applied_by=applied_by)
+        _remember(store, path, stamp, sha, version, [])
     if changed:
         log.info("catalog file %s applied as version %d (hash %s)", path, version, catalog.hash())
     return SyncResult(changed, version, [])
 
 
-def _refused(r: redis.Redis, path: Path, stamp: str, sha: str, e: CatalogInvalid) -> SyncResult:
+def _refused(store: Store, path: Path, stamp: str, sha: str, e: CatalogInvalid) -> SyncResult:
     problems = [f"{e.source}: {p}" for p in e.problems]
-    version = applied_version(r)
+    version = store.catalog_version()
     log.warning("catalog file %s changed but is invalid; keeping catalog version %d:\n  %s",
                 path, version, "\n  ".join(problems))
-    _remember(r, path, stamp, sha, version, problems)
+    _remember(store, path, stamp, sha, version, problems)
     return SyncResult(False, version, problems)
 
 
-def _remember(r: redis.Redis, path: Path, stamp: str, sha: str, version: int, problems: list[str]) -> None:
-    r.hset(
-        keys.CATALOG_FILE_STATE,
-        mapping={"path": str(path), "stamp": stamp, "sha": sha, "version": version, "problems": json.dumps(problems)},
-    )
+def _remember(store: Store, path: Path, stamp: str, sha: str, version: int, problems: list[str]) -> None:
+    store.remember_catalog_file(path=str(path), stamp=stamp, sha=sha, version=version, problems=json.dumps(problems))

@@ -11,10 +11,9 @@ import argparse
 import importlib
 import sys
 
-import redis
-
 from llmgw.cli.common import locate
 from llmgw.errors import LlmgwError, RedisUnreachable
+from llmgw.state.store import RedisError
 
 # Command-group modules, in the order `llmgw --help` lists them.
 GROUPS = ("up", "catalog", "status", "events", "explain", "node", "engines", "logs", "keys", "usage")
@@ -40,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         hint = locate().hint() if isinstance(e, RedisUnreachable) else ""
         print(f"llmgw: {e}{hint}", file=sys.stderr)
         return getattr(e, "exit_code", 1)
-    except redis.RedisError as e:  # any command: a dead Redis is one line, never a traceback
+    except RedisError as e:  # any command: a dead Redis is one line, never a traceback
         found = locate()
         print(f"llmgw: {RedisUnreachable(found.settings.redis_url, e)}{found.hint()}", file=sys.stderr)
         return 1

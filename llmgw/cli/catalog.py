@@ -14,14 +14,11 @@ import sys
 import time
 from datetime import datetime, timezone
 
-import redis
-
 from llmgw.catalog import (
     Catalog,
     apply_catalog,
     diff_catalogs,
     format_diff,
-    history,
     load_catalog_file,
     profile_spec_hash,
     read_applied,
@@ -32,7 +29,7 @@ from llmgw.cli.progress import Progress, Ticker
 from llmgw.errors import CatalogConflict, CatalogInvalid, RedisUnreachable
 from llmgw.settings import Settings
 from llmgw.state.kicks import RECONCILE
-from llmgw.state.store import Store, connect
+from llmgw.state.store import RedisError, Store, connect
 
 EXIT_CONFLICT = 1
 EXIT_INVALID = 2
@@ -97,14 +94,14 @@ def _positive(text: str) -> int:
     return n
 
 
-def _redis(s: Settings | None = None):
+def _redis(s: Settings | None = None) -> Store:
     url = (s or settings()).redis_url
-    r = connect(url)
+    store = Store(connect(url))
     try:
-        r.ping()
-    except redis.RedisError as e:
+        store.ping()
+    except RedisError as e:
         raise RedisUnreachable(url, e, exit_code=EXIT_INVALID) from e
-    return r
+    return store
 
 
 def _guard(fn):
@@ -113,7 +110,7 @@ def _guard(fn):
     def run(args) -> int:
         try:
             return fn(args)
-        except redis.RedisError as e:
+        except RedisError as e:
             print(f"llmgw: Redis error: {e}", file=sys.stderr)
             return EXIT_INVALID
         except CatalogInvalid as e:  # a stored document this release cannot read
@@ -165,17 +162,16 @@ def cmd_apply(args) -> int:
         return EXIT_CONFLICT
     if changed:
         print(f"applied catalog version {new_version} (hash {cat.hash()})")
-        kick(s, Store(r), RECONCILE)
+        kick(s, r, RECONCILE)
     else:
         print(f"unchanged: catalog version {new_version} already has this content (hash {cat.hash()})")
     return wait_ready(r, cat, args.timeout, started) if args.wait else 0
 
 
-def wait_ready(r, cat: Catalog, timeout: float, started: float, poll: float = 0.05) -> int:
+def wait_ready(store: Store, cat: Catalog, timeout: float, started: float, poll: float = 0.05) -> int:
     """`apply --wait`: until every profile has its replicas of the applied spec Ready and in the
     published endpoint list; print when each profile got its first and its last one, and a progress
     line per replica meanwhile (llmgw.cli.progress)."""
-    store = Store(r)
     progress = Progress(prefix="  ")
     ticker = Ticker(progress, store, models=[m.name for m in cat.models])
     want = {(m.name, p.name): p.replicas for m, p in cat.profiles()}
@@ -267,7 +263,7 @@ def cmd_show(args) -> int:
 @_guard
 def cmd_history(args) -> int:
     r = _redis()
-    items = history(r, args.n)
+    items = r.catalog_history(args.n)
     if args.json:
         print_json(items)
         return 0

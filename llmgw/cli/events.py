@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 
 from llmgw.cli.common import settings, store
 from llmgw.state import events
+from llmgw.state.store import Store
 
 POLL = 0.5  # seconds between reads while following
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -71,18 +72,18 @@ def cmd_events(args) -> int:
         for p in problems:
             print(f"llmgw: {p}", file=sys.stderr)
         return 2
-    r = store(settings()).r
+    s = store(settings())
     filters = {"model": args.model, "node": args.node, "kind": args.kind}
     if since is None:
-        shown = events.latest(r, args.n, **filters)
+        shown = s.latest_events(args.n, **filters)
     else:
-        shown = _since(r, time.time() - since, filters)
-    last = shown[-1].id if shown else _newest_id(r)
+        shown = _since(s, time.time() - since, filters)
+    last = shown[-1].id if shown else _newest_id(s)
     for e in shown:
         _print(e, args.json)
     while args.follow:
         time.sleep(POLL)
-        batch = events.read(r, after=last) if last else events.read(r)
+        batch = s.read_events(after=last) if last else s.read_events()
         if batch:
             last = batch[-1].id
         for e in events.matching(batch, **filters):
@@ -95,18 +96,18 @@ def cmd_events(args) -> int:
 SEEK_MARGIN = 60.0
 
 
-def _since(r, t: float, filters: dict) -> list[events.Event]:
+def _since(s: Store, t: float, filters: dict) -> list[events.Event]:
     out: list[events.Event] = []
-    batch = events.read(r, since=t - SEEK_MARGIN)
+    batch = s.read_events(since=t - SEEK_MARGIN)
     while batch:
         out += [e for e in events.matching(batch, **filters) if e.ts >= t]
-        batch = events.read(r, after=batch[-1].id)
+        batch = s.read_events(after=batch[-1].id)
     return out
 
 
-def _newest_id(r) -> str | None:
+def _newest_id(s: Store) -> str | None:
     """Where following starts when nothing was shown: after the newest event, whatever it is."""
-    newest = events.latest(r, 1)
+    newest = s.latest_events(1)
     return newest[-1].id if newest else None
 
 

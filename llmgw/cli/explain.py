@@ -47,7 +47,7 @@ def cmd_explain(args) -> int:
     records = {r.id: r for r in s.all_replicas()}
     _v, _fp, endpoints = s.read_endpoints()
     model = catalog.resolve(args.model) if catalog else None
-    recent = events.read(s.r, since=now - SATURATION_WINDOW, count=10_000)
+    recent = s.read_events(since=now - SATURATION_WINDOW, count=10_000)
     result = explain(args.model, catalog, report, records, endpoints, s.gateway_reports(),
                      s.loads([e.id for e in endpoints]), s.nodes_last_seen(),
                      events.matching(recent, model=model.name if model else args.model), now)

@@ -1,4 +1,4 @@
-"""`llmgw keys create|update|list|revoke`: API keys for the gateway (a thin shell over `llmgw.state.apikeys`).
+"""`llmgw keys create|update|list|revoke`: API keys for the gateway (a thin shell over the store's keys).
 
 A key is printed once, at creation; Redis keeps only its SHA-256 (`llmgw:apikeys` holds the records).
 `update` changes a key's limits and policy (models, expiry, budget, admin), never the key itself.
@@ -13,35 +13,30 @@ import time
 
 from llmgw.cli import common
 from llmgw.errors import RedisUnreachable
-from llmgw.state.apikeys import (  # noqa: F401 - hash_key: tests
+from llmgw.state.budget import BUDGET_PERIODS, iso
+from llmgw.state.keypolicy import (  # noqa: F401 - hash_key: tests
     PRIORITIES,
     ApiKeyInvalid,
     ApiKeyRecord,
-    create_key,
     hash_key,
-    list_keys,
     parse_expires,
     parse_models,
     parse_tokens,
-    revoke_key,
-    update_key,
 )
-from llmgw.state.budget import BUDGET_PERIODS, iso
+from llmgw.state.store import RedisError, Store
 
 CLEAR = ("none", "never", "all")  # the words that remove a limit or a policy in `update`
 
 
-def redis_client():
-    """The CLI's Redis connection, checked once so a dead Redis is one clear line, not a traceback."""
-    import redis
-
+def checked_store() -> Store:
+    """The CLI's store, its connection checked once so a dead Redis is one clear line, not a traceback."""
     s = common.settings()
-    r = common.store(s).r
+    store = common.store(s)
     try:
-        r.ping()
-    except redis.RedisError as e:
+        store.ping()
+    except RedisError as e:
         raise RedisUnreachable(s.redis_url, e) from e
-    return r
+    return store
 
 
 def _policy_flags(p: argparse.ArgumentParser, update: bool) -> None:
@@ -116,11 +111,9 @@ def _changes(args, now: float) -> dict:
     return out
 
 
-def _warn_unknown_models(r, models) -> None:
+def _warn_unknown_models(store: Store, models) -> None:
     """A key may name a model before it is in the catalog; say so, in case it is a typo."""
-    from llmgw.catalog import catalog_names
-
-    known = catalog_names(r)
+    known = store.catalog_names()
     unknown = [m for m in models if m not in known]
     if unknown and known:
         print(f"note: {', '.join(unknown)} not in the applied catalog (yet); requests for it answer 404 until it is",
@@ -128,26 +121,26 @@ def _warn_unknown_models(r, models) -> None:
 
 
 def _create(args) -> int:
-    r = redis_client()
+    store = checked_store()
     now = time.time()
     changes = _changes(args, now)
     rpm, tpm, priority = (changes.pop(f, None) for f in ("rpm", "tpm", "priority"))
-    kid, key = create_key(r, args.name, rpm, tpm, priority, now=now, **changes)
-    _warn_unknown_models(r, changes.get("models") or ())
+    kid, key = store.create_key(args.name, rpm, tpm, priority, now=now, **changes)
+    _warn_unknown_models(store, changes.get("models") or ())
     print(key)
     print(f"created key {args.name!r} (id {kid}); it is shown only now, store it safely", file=sys.stderr)
     return 0
 
 
 def _update(args) -> int:
-    r = redis_client()
+    store = checked_store()
     changes = _changes(args, time.time())
     if not changes:
         print("llmgw: nothing to change: give at least one of --rpm, --tpm, --priority, --models, --expires, "
               "--budget, --budget-period, --admin/--no-admin", file=sys.stderr)
         return 2
-    rec = update_key(r, args.name, **changes)
-    _warn_unknown_models(r, changes.get("models") or ())
+    rec = store.update_key(args.name, **changes)
+    _warn_unknown_models(store, changes.get("models") or ())
     print(f"updated key {rec.name!r} (id {rec.id}): {_describe(rec)}; gateways apply it within their key "
           "refresh (LLMGW_GATEWAY_KEYS_INTERVAL)")
     return 0
@@ -167,7 +160,7 @@ def _describe(rec: ApiKeyRecord) -> str:
 
 
 def _list(args) -> int:
-    recs = list_keys(redis_client())
+    recs = checked_store().list_keys()
     if args.json:
         common.print_json([k.public() for k in recs])
         return 0
@@ -187,6 +180,6 @@ def _list(args) -> int:
 
 
 def _revoke(args) -> int:
-    kid = revoke_key(redis_client(), args.name)
+    kid = checked_store().revoke_key(args.name)
     print(f"revoked {args.name} ({kid})")
     return 0

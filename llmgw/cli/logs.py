@@ -13,10 +13,9 @@ import sys
 import time
 from pathlib import Path
 
-import redis
-
 from llmgw.cli.common import settings, store
 from llmgw.errors import LlmgwError, NotFound, RedisUnreachable
+from llmgw.state.store import RedisError
 
 
 class LogsError(LlmgwError):
@@ -109,7 +108,7 @@ def cmd_logs(args) -> int:
     if path is None:
         try:
             replica_id, rec = _resolve(store(cfg), args.replica)
-        except redis.RedisError as e:
+        except RedisError as e:
             raise LogsError(f"no local log for {args.replica!r}, and {RedisUnreachable(cfg.redis_url, e)}") from e
         path = _local_log(cfg.state_dir, replica_id)
     if path is not None:

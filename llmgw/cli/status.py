@@ -9,9 +9,7 @@ from __future__ import annotations
 import time
 from typing import Collection, Iterable, Mapping
 
-import redis
-
-from llmgw.catalog import applied_version, read_applied
+from llmgw.catalog import read_applied
 from llmgw.cli.common import print_json, settings, store
 from llmgw.state.records import (
     ExternalRecord,
@@ -23,7 +21,7 @@ from llmgw.state.records import (
     ScaleState,
 )
 from llmgw.state.replica_state import State, derive, derive_external, drain_progress, nodes_alive
-from llmgw.state.store import Store
+from llmgw.state.store import RedisError, Store
 
 
 def register(sub) -> None:
@@ -52,7 +50,7 @@ def gather_status(s: Store, now: float) -> dict:
     catalog_problem, cat = None, None
     try:
         catalog_version, cat, meta = read_applied(s)
-    except redis.RedisError:
+    except RedisError:
         raise
     except Exception as e:  # noqa: BLE001 - e.g. applied by a newer llmgw: report it, show the rest
         catalog_version = _raw_catalog_version(s)
@@ -71,7 +69,7 @@ def gather_status(s: Store, now: float) -> dict:
 
 def _raw_catalog_version(s) -> int | None:
     try:
-        return applied_version(s)
+        return s.catalog_version()
     except (ValueError, KeyError, TypeError):
         return None
 

@@ -110,8 +110,8 @@ def _run(args, settings, catalog, state_dir, node, stack: LocalStack, stopping) 
         stack.start("redis", redis_server_argv(port, data, persistent=True))
         redis_url = f"redis://127.0.0.1:{port}/0"
         _say(f"started Redis on 127.0.0.1:{port} (data in {data})")
-    r = connect(redis_url)
-    if not wait_for(lambda: r.ping(), 20, stopping.is_set):
+    store = Store(connect(redis_url))
+    if not wait_for(store.ping, 20, stopping.is_set):
         raise LlmgwError(f"Redis at {redis_url} did not answer within 20 s")
     url = f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '') else args.host}:{args.port}"
     stack.announce(redis_url, url)
@@ -138,14 +138,13 @@ def _run(args, settings, catalog, state_dir, node, stack: LocalStack, stopping) 
     _say(f"started control worker, beat, node agent {node!r} and the gateway; logs in {state_dir / 'logs'}")
 
     version, changed = apply_catalog(
-        r, catalog, source=args.catalog or "<built-in catalog>",
+        store, catalog, source=args.catalog or "<built-in catalog>",
         applied_by=f"{getpass.getuser()}@{socket.gethostname()} (llmgw up)",
     )
     _say(f"catalog version {version}{'' if changed else ' (unchanged)'}: "
          + ", ".join(m.name for m in catalog.models))
-    kick(Settings.from_env({**os.environ, **stack.env}), Store(r), RECONCILE)
+    kick(Settings.from_env({**os.environ, **stack.env}), store, RECONCILE)
 
-    store = Store(r)
     names = [m.name for m in catalog.models]
     crashes = CrashReporter(catalog)
     ready_model = _wait_first_ready(url, names, store, stack, stopping, args.ready_timeout, crashes)

@@ -4,20 +4,16 @@
 from __future__ import annotations
 
 from llmgw.cli import common
-from llmgw.state import keys
-from llmgw.state.apikeys import ANONYMOUS, names_by_id, read_budgets, usage_by_model
+from llmgw.state.keypolicy import ANONYMOUS, usage_by_model
+from llmgw.state.store import Store
 
 
-def read_usage(r) -> list[dict]:
+def read_usage(store: Store) -> list[dict]:
     """Rows {key, id, model, prompt_tokens, completion_tokens, requests}, sorted by key then model."""
-    names = names_by_id(r)
-    ids = set(names) | {ANONYMOUS}
-    prefix = keys.usage("")
-    for k in r.scan_iter(match=prefix + "*", count=500):
-        ids.add(k[len(prefix):])
+    names = store.key_names()
     rows = []
-    for kid in sorted(ids):
-        for model, row in sorted(usage_by_model(r.hgetall(keys.usage(kid))).items()):
+    for kid, raw in sorted(store.all_key_usage({*names, ANONYMOUS}).items()):
+        for model, row in sorted(usage_by_model(raw).items()):
             rows.append({"key": names.get(kid, kid + ("" if kid == ANONYMOUS else " (revoked)")),
                          "id": kid, "model": model, **row})
     return rows
@@ -33,10 +29,10 @@ def register(sub) -> None:
 def _usage(args) -> int:
     import time
 
-    from llmgw.cli.keys import redis_client
+    from llmgw.cli.keys import checked_store
 
-    r = redis_client()
-    rows, budgets = read_usage(r), read_budgets(r, time.time())
+    store = checked_store()
+    rows, budgets = read_usage(store), store.key_budgets(time.time())
     if args.key:
         rows = [u for u in rows if args.key in (u["key"], u["id"])]
         budgets = [b for b in budgets if args.key in (b["key"], b["id"])]

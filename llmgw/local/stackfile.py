@@ -15,10 +15,8 @@ from pathlib import Path
 from typing import Callable, Iterable
 from urllib.parse import urlsplit, urlunsplit
 
-import redis
-
 from llmgw.proc.proctable import ProcInfo, read_proc
-from llmgw.state.store import connect
+from llmgw.state.store import RedisError, Store, connect
 
 STACK_FILE = "stack.json"
 
@@ -112,12 +110,12 @@ def masked(url: str) -> str:
 
 def redis_answers(url: str, timeout: float = 1.0) -> bool:
     try:
-        r = connect(url, socket_timeout=timeout, socket_connect_timeout=timeout, health_check_interval=0)
+        store = Store(connect(url, socket_timeout=timeout, socket_connect_timeout=timeout, health_check_interval=0))
         try:
-            return bool(r.ping())
+            return store.ping()
         finally:
-            r.close()
-    except (redis.RedisError, OSError, ValueError):
+            store.close()
+    except (RedisError, OSError, ValueError):
         return False
 
 

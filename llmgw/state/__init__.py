@@ -1,3 +1,4 @@
-"""llmgw's state in Redis: the key schema (`keys`), the records (`records`), the state derived from
-them (`replica_state`), the thin access layer (`store.Store`), API keys (`apikeys`), and the clock
-seam (`clock.Clock`). No decisions here beyond `replica_state.derive`."""
+"""llmgw's shared state: the key schema (`keys`), the records (`records`), the state derived from them
+(`replica_state`), API key policy (`keypolicy`), the event type (`events`), the views a control pass
+reads (`views`), the clock seam (`clock.Clock`), and `store`: the one package that talks to Redis, a
+module per aggregate behind the facade `store.Store`. No decisions here beyond the pure rules."""

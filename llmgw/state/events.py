@@ -1,22 +1,14 @@
 """The event history: what happened to the fleet, in order (`llmgw events`, the console).
 
-Writers (the control plane, the agents, the gateways) append to one capped Redis stream
-(`XADD llmgw:events MAXLEN ~ N`). Appending never blocks or fails the action it describes: errors are
-swallowed (logged at debug), and callers usually add the event to the pipeline of the write it
-describes (`emit(pipe, ...)`), so the fact and its event land together.
+The event type, the kinds llmgw writes and the filters, all pure. Writers (the control plane, the
+agents, the gateways) append through the store (`Store.emit`), readers read through it
+(`Store.read_events`, `Store.latest_events`): `llmgw.state.store.events` owns the stream.
 """
 
 from __future__ import annotations
 
-import json
-import logging
-import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable
-
-from llmgw.state import keys
-
-log = logging.getLogger("llmgw.events")
 
 MAX_EVENTS = 10_000
 
@@ -52,55 +44,6 @@ class Event:
                 "data": self.data}
 
 
-def emit(r, kind: str, message: str = "", *, source: str = "", model: str = "", profile: str = "",
-         node: str = "", replica: str = "", ts: float | None = None, maxlen: int = MAX_EVENTS, **data: Any) -> None:
-    """Append one event. `r` is a client or a pipeline (then it is sent with the pipeline). Never raises."""
-    try:
-        fields = {"ts": repr(time.time() if ts is None else ts), "kind": kind, "source": source, "model": model,
-                  "profile": profile, "node": node, "replica": replica, "message": message}
-        if data:
-            fields["data"] = json.dumps(data, separators=(",", ":"), default=str)
-        r.xadd(keys.EVENTS, {k: v for k, v in fields.items() if v != ""}, maxlen=maxlen, approximate=True)
-    except Exception as e:  # noqa: BLE001 - an event must never fail the action it describes
-        log.debug("event %s not recorded: %s", kind, e)
-
-
-def _decode(entry_id: str, f: dict[str, str]) -> Event:
-    try:
-        data = json.loads(f["data"]) if f.get("data") else {}
-    except ValueError:
-        data = {}
-    return Event(id=entry_id, ts=float(f.get("ts") or 0), kind=f.get("kind", ""), source=f.get("source", ""),
-                 model=f.get("model", ""), profile=f.get("profile", ""), node=f.get("node", ""),
-                 replica=f.get("replica", ""), message=f.get("message", ""), data=data)
-
-
-def read(r, *, after: str = "-", count: int = 1000, since: float | None = None) -> list[Event]:
-    """Events in order, oldest first: those after the stream id `after` (exclusive; "-" = from the
-    start), or from wall time `since`; at most `count`."""
-    start = after if after == "-" else f"({after}"
-    if since is not None and after == "-":
-        start = f"{int(since * 1000)}-0"
-    return [_decode(i, f) for i, f in r.xrange(keys.EVENTS, min=start, max="+", count=count)]
-
-
-def latest(r, count: int = 100, *, model: str | None = None, node: str | None = None,
-           kind: str | None = None, page: int = 1000) -> list[Event]:
-    """The newest `count` events that pass `matching(model, node, kind)`, oldest first: pages back
-    through the stream until it has them (or the stream's start)."""
-    found: list[Event] = []
-    end = "+"
-    while len(found) < count:
-        batch = r.xrevrange(keys.EVENTS, max=end, min="-", count=page if (model or node or kind) else count)
-        if not batch:
-            break
-        found += matching((_decode(i, f) for i, f in batch), model=model, node=node, kind=kind)
-        if len(batch) < page:
-            break
-        end = f"({batch[-1][0]}"
-    return list(reversed(found[:count]))
-
-
 def kind_problem(kind: str | None) -> str | None:
     """Why a kind filter can never match (a typo), or None."""
     if not kind:
@@ -122,3 +65,18 @@ def matching(events: Iterable[Event], *, model: str | None = None, node: str | N
             continue
         out.append(e)
     return out
+
+
+# --- for callers that hold only the store's client (gateway/ui); everyone else calls the Store ------
+def read(r, *, after: str = "-", count: int = 1000, since: float | None = None) -> list[Event]:
+    """`Store.read_events` for a caller holding only the store's client (gateway/ui does)."""
+    from llmgw.state.store import Store
+
+    return Store(r).read_events(after=after, count=count, since=since)
+
+
+def latest(r, count: int = 100, **filters) -> list[Event]:
+    """`Store.latest_events` for a caller holding only the store's client (gateway/ui does)."""
+    from llmgw.state.store import Store
+
+    return Store(r).latest_events(count, **filters)

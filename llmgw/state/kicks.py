@@ -14,22 +14,18 @@ its snapshot is never left for the timer. A pass that finds its lock taken marks
 the running one goes again. Lost kicks (a worker dying with the task) are repaired by the next
 timer tick, and a scheduled mark expires by itself.
 
-The rule itself is pure (`KickRule`), so it is tested with a fake clock; `Kicker` applies it to Redis.
+The rule itself is pure (`KickRule`), so it is tested with a fake clock; `Kicker` applies it to the
+marks in Redis (`llmgw.state.store.kicks`).
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import Callable, Protocol
 
-import redis
-
-from llmgw.state import keys
 from llmgw.state.keys import CONTROL_QUEUE
-
-if TYPE_CHECKING:
-    from llmgw.state.store import Store
+from llmgw.state.store import RedisError, Store
 
 log = logging.getLogger("llmgw.kicks")
 
@@ -40,6 +36,8 @@ PUBLISH = "llmgw.publish"
 DEBOUNCE = 0.03
 # A scheduled mark outlives a lost task by at most this long (seconds).
 SCHEDULED_TTL = 2.0
+# A dirty mark nobody clears (no pass ever ran) expires after this long (seconds).
+DIRTY_TTL = SCHEDULED_TTL * 10
 
 
 @dataclass(frozen=True)
@@ -95,22 +93,18 @@ def broker_app(redis_url: str):
 class Kicker:
     """`KickRule` on Redis. Never raises: a kick that cannot be sent is repaired by the timer."""
 
-    def __init__(self, store: "Store | None", send: Sender, debounce: float = DEBOUNCE, enabled: bool = True):
-        self.r = store.r if store is not None else None
-        self.send, self.debounce, self.enabled = send, debounce, enabled
+    def __init__(self, store: Store | None, send: Sender, debounce: float = DEBOUNCE, enabled: bool = True):
+        self.store, self.send, self.debounce, self.enabled = store, send, debounce, enabled
 
     def kick(self, task: str) -> bool:
         """Mark `task` dirty and send it unless one is on its way. True if a task was sent."""
         if not self.enabled:
             return False
         try:
-            pipe = self.r.pipeline(transaction=False)
-            pipe.set(keys.kick_dirty(task), "1", px=int(SCHEDULED_TTL * 10 * 1000))
-            pipe.set(keys.kick_scheduled(task), "1", nx=True, px=int(SCHEDULED_TTL * 1000))
-            _, scheduled = pipe.execute()
+            scheduled = self.store.mark_kicked(task, DIRTY_TTL, SCHEDULED_TTL)
             if scheduled:
                 self.send(task, self.debounce)
-            return bool(scheduled)
+            return scheduled
         except Exception as e:  # noqa: BLE001 - the fact is recorded; the timer will catch up
             log.warning("could not kick %s (%s); the periodic pass will run it", task, e)
             return False
@@ -130,8 +124,8 @@ class Kicker:
         if not self.enabled:
             return
         try:
-            self.r.delete(keys.kick_dirty(task), keys.kick_scheduled(task))
-        except redis.RedisError:
+            self.store.clear_kick_marks(task)
+        except RedisError:
             pass
 
     def finished(self, task: str) -> bool:
@@ -139,8 +133,8 @@ class Kicker:
         if not self.enabled:
             return False
         try:
-            dirty = self.r.exists(keys.kick_dirty(task))
-        except redis.RedisError:
+            dirty = self.store.kick_dirty(task)
+        except RedisError:
             return False
         return self.kick(task) if dirty else False
 
@@ -149,8 +143,8 @@ class Kicker:
         if not self.enabled:
             return
         try:
-            self.r.set(keys.kick_dirty(task), "1", px=int(SCHEDULED_TTL * 10 * 1000))
-        except redis.RedisError:
+            self.store.mark_kick_dirty(task, DIRTY_TTL)
+        except RedisError:
             pass
 
 

@@ -15,7 +15,6 @@ import time
 import pytest
 import requests
 
-from llmgw.state import events
 from llmgw.state.replica_state import State, derive, nodes_alive
 from tests.support.clients import start_loops, stop_loops, stream_problem
 from tests.support.procs import wait_until
@@ -106,7 +105,7 @@ def test_a_step_load_scales_up_to_three_and_back_to_one_without_a_client_error(c
     (row,) = status["autoscale"]
     assert (row["wanted"], row["min"], row["max"]) == (1, 1, 3)
     assert row["last_change"].startswith("2 -> 1: load 0.00 per replica for ")
-    scaled = [e for e in events.read(cluster.redis()) if e.kind == "replica_scaled"]
+    scaled = [e for e in cluster.store().read_events() if e.kind == "replica_scaled"]
     assert [(e.data["before"], e.data["after"]) for e in scaled] == [(0, 1), (1, 3), (3, 2), (2, 1)]
     assert scaled[0].message == "0 -> 1: min is 1"
     assert scaled[1].message.startswith("1 -> 3: load ") and "target 0.7" in scaled[1].message
@@ -143,7 +142,7 @@ def test_an_idle_model_goes_to_zero_and_the_next_streamed_request_is_answered_af
     ttfb, problem = chat(url, "lazy", stream=True)
     assert problem is None, problem
     start_s = engine_start(cluster, "lazy")
-    cold = [e for e in events.read(cluster.redis()) if e.kind == "model_cold_start"]
+    cold = [e for e in cluster.store().read_events() if e.kind == "model_cold_start"]
     assert len(cold) == 2 and cold[-1].message == "0 -> 1: 1 request waiting (cold start)"
     print(f"cold start (sim): first byte after {first_ttfb:.2f}s (plain) and {ttfb:.2f}s (streamed); "
           f"engine start {first_start:.2f}s / {start_s:.2f}s; overhead {first_ttfb - first_start:.2f}s / "
@@ -178,7 +177,7 @@ def test_a_higher_scheduling_priority_preempts_a_lower_one_which_returns_when_th
     ttfb, problem = chat(url, "high", stream=True)
     assert problem is None, problem
     print(f"preemption: high answered {ttfb:.2f}s after its request (low drained, high started)")
-    history = events.read(cluster.redis())
+    history = cluster.store().read_events()
     (pre,) = [e for e in history if e.kind == "replica_preempted"]
     assert pre.replica == victim.id and pre.message == "preempted for high/gpu (scheduling_priority 10 > 0)"
     waited = [e for e in history if e.kind == "replica_pending" and e.model == "high"]

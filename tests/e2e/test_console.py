@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from llmgw.state.apikeys import create_key, new_key
+from llmgw.state.keypolicy import new_key
 from llmgw.state import keys
 from llmgw.state.store import Store, connect
 from tests.support.procs import ProcessSet, free_port, python, wait_until
@@ -128,7 +128,7 @@ def test_the_console_follows_a_running_system(tmp_path, browser):
                    what="the crash on the events page")
 
         # Keys in use: the page asks for a key, refuses an ordinary one, takes an admin one.
-        _, ordinary = create_key(store.r, "app")
+        _, ordinary = store.create_key("app")
         rec, admin = new_key("ops", None, None, None, time.time())
         store.r.hset(keys.API_KEYS, rec.id, dataclasses.replace(rec, admin=True).to_json())
         wait_until(lambda: browser.find_element("id", "auth").is_displayed(), 15, what="the page to ask for a key")

@@ -21,7 +21,6 @@ import pytest
 import redis as redis_lib
 
 from llmgw.catalog import apply_catalog, parse_catalog_text
-from llmgw.state import events
 from llmgw.state import keys as K
 from llmgw.state.records import GPUDevice, NodeInfo
 from tests.faults.fleet import (
@@ -80,12 +79,12 @@ def test_control_worker_then_beat_killed_for_twenty_seconds_and_two_beats(cluste
         # ... and then two beats at once: each tick sends every task twice, each action happens once.
         cluster.start_beat(name="beat2")
         wait_until(lambda: "beat: Starting..." in cluster.procs.get("beat2").log(50), 20, what="the second beat")
-        mark = events.latest(store.r, 1)[-1].id
+        mark = store.latest_events(1)[-1].id
         passes = store.control_stats().get("reconcile:passes", 0)
         cluster.apply_catalog(catalog(gpu=2, cpu=2), name="gpu2-cpu2.yaml")
         settle(cluster, expected(gpu=2, cpu=2), timeout=60)
         hold(5, no_client_errors(loops))  # several doubled ticks after it converged
-        kinds = Counter(e.kind for e in events.read(store.r, after=mark))
+        kinds = Counter(e.kind for e in store.read_events(after=mark))
         assert store.control_stats()["reconcile:passes"] - passes >= 5
         assert (kinds["replica_placed"], kinds["replica_draining"], kinds["replica_stopped"]) == (1, 2, 2), kinds
         cluster.procs.get("beat2").stop()

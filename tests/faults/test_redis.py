@@ -19,7 +19,7 @@ import time
 import pytest
 import requests
 
-from llmgw.catalog import history, read_applied
+from llmgw.catalog import read_applied
 from llmgw.state import keys as K
 from tests.faults.fleet import catalog, engines, expected, hold, identities, settle, start_fleet
 from tests.support.clients import start_loops, stop_loops
@@ -59,7 +59,7 @@ def test_redis_killed_for_twenty_seconds_loses_nothing(cluster):
     wait_until(lambda: requests.post(url + "/v1/chat/completions", json={"model": "chat"}, timeout=5).status_code
                == 401, 20, what="the gateway to require the new key")
     store = cluster.store()
-    before = {"catalog": read_applied(store)[0], "history": history(store, 50), "records": identities(store),
+    before = {"catalog": read_applied(store)[0], "history": store.catalog_history(50), "records": identities(store),
               "keys": store.api_key_table()}
     procs = [p for p in cluster.procs.procs if p.name != "redis"]
 
@@ -93,7 +93,7 @@ def test_redis_killed_for_twenty_seconds_loses_nothing(cluster):
 
     store = cluster.store()
     assert read_applied(store)[0] == before["catalog"] + 1  # the version before the outage, then ours
-    assert history(store, 50)[1:] == before["history"]
+    assert store.catalog_history(50)[1:] == before["history"]
     assert store.api_key_table() == before["keys"]
     after = identities(store)
     assert {rid: after.get(rid) for rid in before["records"]} == before["records"], "an engine was restarted"

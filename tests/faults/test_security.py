@@ -26,7 +26,7 @@ import requests
 
 from gateway.auth import KeyTable
 from gateway.state import RedisHealth
-from llmgw.state.apikeys import hash_key
+from llmgw.state.keypolicy import hash_key
 from llmgw.state.clock import Clock
 from tests.faults.fleet import AGENT, engines, routed
 from tests.faults.rawhttp import RawGateway

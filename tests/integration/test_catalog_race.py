@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import threading
 
-from llmgw.catalog import apply_catalog, history, parse_catalog_text, read_applied
+from llmgw.catalog import apply_catalog, parse_catalog_text, read_applied
 from llmgw.errors import CatalogConflict
-from llmgw.state.store import connect
+from llmgw.state.store import Store, connect
 
 
 def cat(name: str, replicas: int):
@@ -16,7 +16,7 @@ def cat(name: str, replicas: int):
 def test_concurrent_apply_exactly_one_wins(redis_server):
     rounds = 20
     for i in range(rounds):
-        clients = [connect(redis_server), connect(redis_server)]
+        clients = [Store(connect(redis_server)), Store(connect(redis_server))]
         version, _, _ = read_applied(clients[0])  # both diff against the same version
         barrier = threading.Barrier(2)
         outcomes: list[object] = [None, None]
@@ -49,14 +49,14 @@ def test_concurrent_apply_exactly_one_wins(redis_server):
         assert applied.model(f"m{winner}") is not None
         for c in clients:
             c.close()
-    assert [h["version"] for h in history(connect(redis_server), rounds)] == list(range(rounds, 0, -1))
+    assert [h["version"] for h in Store(connect(redis_server)).catalog_history(rounds)] == list(range(rounds, 0, -1))
 
 
 def test_a_write_between_read_and_commit_is_caught_by_watch(redis_server):
     """Deterministic interleaving: another applier commits after our read but before our EXEC."""
     import redis as redis_lib
 
-    other = connect(redis_server)
+    other = Store(connect(redis_server))
 
     class Interleaving(redis_lib.Redis):
         def transaction(self, func, *watches, **kw):
@@ -75,9 +75,10 @@ def test_a_write_between_read_and_commit_is_caught_by_watch(redis_server):
                 self.attempts = len(attempts)
 
     mine = Interleaving.from_url(redis_server, decode_responses=True)
+    mine_store = Store(mine)
     apply_catalog(other, cat("base", 1), source="x", applied_by="x")
     try:
-        apply_catalog(mine, cat("mine", 2), source="me", applied_by="me", expected_version=1)
+        apply_catalog(mine_store, cat("mine", 2), source="me", applied_by="me", expected_version=1)
         raise AssertionError("expected CatalogConflict")
     except CatalogConflict as e:
         assert (e.expected, e.actual) == (1, 2)

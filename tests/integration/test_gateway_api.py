@@ -11,7 +11,6 @@ import pytest
 import requests
 
 from llmgw.state import keys
-from llmgw.state.apikeys import names_by_id
 from llmgw.state.records import EndpointInfo
 from tests.support.fake_upstream import start_process
 from tests.support.procs import wait_until
@@ -72,7 +71,7 @@ def test_openai_sdk_streaming_keys_limits_and_usage(cluster):
     # The gateway flushes usage to Redis in the background: wait on the hashes themselves, then ask the
     # CLI once.
     r = cluster.redis()
-    ids = {name: kid for kid, name in names_by_id(r).items()}
+    ids = {name: kid for kid, name in cluster.store().key_names().items()}
     wait_until(lambda: r.hget(keys.usage(ids["team-a"]), "m:requests") == "2"
                and r.hget(keys.usage(ids["tiny"]), "m:requests") == "2", 30, what="usage to be flushed")
     rows = {(u["key"], u["model"]): u for u in json.loads(cluster.llmgw("usage", "--json").stdout)["usage"]}

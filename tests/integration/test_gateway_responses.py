@@ -12,7 +12,7 @@ import requests
 from llmgw.catalog import Profile
 from llmgw.engines import ENGINES
 from llmgw.state import keys
-from llmgw.state.apikeys import ANONYMOUS
+from llmgw.state.keypolicy import ANONYMOUS
 from llmgw.state.records import EndpointInfo
 from tests.support.procs import free_port, python, wait_until
 

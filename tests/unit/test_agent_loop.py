@@ -136,7 +136,7 @@ def agent_settings(**kw) -> AgentSettings:
 @pytest.fixture
 def env():
     r = fakeredis.FakeRedis(decode_responses=True)
-    apply_catalog(r, parse_catalog(yaml.safe_load(CATALOG)), source="test", applied_by="test")
+    apply_catalog(Store(r), parse_catalog(yaml.safe_load(CATALOG)), source="test", applied_by="test")
     clock = FakeClock()
     runner = FakeRunner(clock)
     settings = agent_settings(node_name="a", port_range=(30000, 30009))
@@ -428,7 +428,7 @@ def test_a_wiped_redis_does_not_stop_every_engine_and_gets_its_records_back(env)
     assert again.adopted_at and again.first_ready_at and again.attempt == before.attempt
     assert len(runner.spawned) == 1
     # With a catalog applied again, the record stands: the engine is not an orphan.
-    apply_catalog(store.r, parse_catalog(yaml.safe_load(CATALOG)), source="t", applied_by="t")
+    apply_catalog(store, parse_catalog(yaml.safe_load(CATALOG)), source="t", applied_by="t")
     agent.tick()
     assert runner.procs["r1"].alive and runner.procs["r1"].signals == []
 

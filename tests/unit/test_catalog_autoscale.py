@@ -11,6 +11,7 @@ from llmgw.catalog.types import IDLE_AFTER, Catalog, parse_duration
 from llmgw.cli import catalog as cli_catalog
 from llmgw.cli import main
 from llmgw.errors import CatalogInvalid
+from llmgw.state.store import Store
 from tests.unit.test_catalog_invalid import snapshot
 
 P = "models[0].profiles[0]"
@@ -105,7 +106,7 @@ CASES = [
 def r():
     client = fakeredis.FakeRedis(decode_responses=True)
     base = parse_catalog_text(profile_text("{name: s, engine: sim, replicas: 2}"))
-    apply_catalog(client, base, source="base.yaml", applied_by="test", now=1.0)
+    apply_catalog(Store(client), base, source="base.yaml", applied_by="test", now=1.0)
     return client
 
 

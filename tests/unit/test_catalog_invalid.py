@@ -13,6 +13,7 @@ from llmgw.cli import catalog as cli_catalog
 from llmgw.cli import main
 from llmgw.errors import CatalogInvalid
 from llmgw.state import keys
+from llmgw.state.store import Store
 
 SIM = "{name: s, engine: sim}"
 GPU = "{class: h100}"
@@ -171,7 +172,7 @@ def snapshot(r) -> dict:
 def r():
     client = fakeredis.FakeRedis(decode_responses=True)
     base = parse_catalog_text(one_model("{name: s, engine: sim, replicas: 2}", name="base"))
-    apply_catalog(client, base, source="base.yaml", applied_by="test", now=1.0)
+    apply_catalog(Store(client), base, source="base.yaml", applied_by="test", now=1.0)
     return client
 
 
@@ -197,7 +198,7 @@ def test_invalid_catalog_is_refused_with_its_path_and_changes_nothing(
     assert f"{f}: {path + ': ' if path else ''}" in err and fragment in err
     assert snapshot(r) == before
 
-    result = sync_from_file(r, f, applied_by="watcher")
+    result = sync_from_file(Store(r), f, applied_by="watcher")
     assert not result.applied and result.version == 1 and result.problems
     after = snapshot(r)
     after.pop(keys.CATALOG_FILE_STATE)  # the watcher remembers what it saw (so it logs once), nothing else

@@ -11,6 +11,7 @@ import pytest
 
 from llmgw.catalog import read_applied, sync_from_file
 from llmgw.catalog import watch as catalog_watch
+from llmgw.state.store import Store
 
 GOOD = "models:\n  - {name: m, profiles: [{name: s, engine: sim, replicas: %d}]}\n"
 BAD = "models:\n  - {name: m, profiles: [{name: s, engine: sim, replicas: -1}]}\n"
@@ -18,7 +19,7 @@ BAD = "models:\n  - {name: m, profiles: [{name: s, engine: sim, replicas: -1}]}\
 
 @pytest.fixture
 def r():
-    return fakeredis.FakeRedis(decode_responses=True)
+    return Store(fakeredis.FakeRedis(decode_responses=True))
 
 
 def write(path, text, bump: int = 0):

@@ -17,7 +17,7 @@ from gateway.config import GatewaySettings
 from gateway.traffic import SLOT, slot_of
 from llmgw.catalog import apply_catalog
 from llmgw.state import events, keys
-from llmgw.state.apikeys import create_key, new_key
+from llmgw.state.keypolicy import new_key
 from llmgw.state.records import EndpointUse, GatewayReport, LoadRecord, ModelDemand
 from llmgw.state.store import Store
 from tests.support.clock import FakeClock
@@ -44,7 +44,7 @@ def store():
 def fleet(store):
     """Two models: `chat` with one Ready CPU replica (load, gateway demand, traffic) and `big` Pending."""
     now = time.time()
-    apply_catalog(store.r, catalog(model("chat", cpu_profile(), aliases=["c"]), model("big", gpu_profile(count=2))),
+    apply_catalog(store, catalog(model("chat", cpu_profile(), aliases=["c"]), model("big", gpu_profile(count=2))),
                   source="chat.yaml", applied_by="alice")
     store.write_heartbeat(node("a", "h100:1"), ttl=60)
     reconcile_once(store, NullDispatcher(), lambda: now)
@@ -80,7 +80,7 @@ def test_the_page_and_its_files_load_nothing_from_elsewhere(store):
 def test_open_without_keys_and_admin_only_once_keys_exist(store, fleet):
     _, c = client(store)
     assert c.get("/ui/api/fleet").status_code == 200  # auth auto, no key yet: open
-    _, ordinary = create_key(store.r, "app")
+    _, ordinary = store.create_key("app")
     rec, admin = new_key("ops", None, None, None, time.time())
     store.r.hset(keys.API_KEYS, rec.id, dataclasses.replace(rec, admin=True).to_json())
     gw, c = client(store)
@@ -134,8 +134,8 @@ def test_events_filter_and_page_with_a_cursor(store, fleet):
     assert [e["kind"] for e in body["events"]] == ["replica_placed"]
     cursor = body["cursor"]
     assert c.get(f"/ui/api/events?after={cursor}").json["events"] == []
-    events.emit(store.r, "replica_failed", "attempt 1 killed by SIGKILL", model="chat", node="a")
-    events.emit(store.r, "node_cordoned", "llmgw node cordon", node="a")
+    store.emit("replica_failed", "attempt 1 killed by SIGKILL", model="chat", node="a")
+    store.emit("node_cordoned", "llmgw node cordon", node="a")
     newer = c.get(f"/ui/api/events?after={cursor}&model=chat").json
     assert [e["kind"] for e in newer["events"]] == ["replica_failed"] and newer["cursor"] != cursor
     for query, message in (("kind=replica_exploded", "kind: no event kind 'replica_exploded'"),
@@ -146,7 +146,7 @@ def test_events_filter_and_page_with_a_cursor(store, fleet):
 
 
 def test_catalog_has_yaml_and_history_with_who_applied(store, fleet):
-    apply_catalog(store.r, catalog(model("chat", cpu_profile(replicas=2))), source="v2.yaml", applied_by="bob")
+    apply_catalog(store, catalog(model("chat", cpu_profile(replicas=2))), source="v2.yaml", applied_by="bob")
     _, c = client(store)
     body = c.get("/ui/api/catalog").json
     assert (body["version"], body["applied_by"], body["source"]) == (2, "bob", "v2.yaml")

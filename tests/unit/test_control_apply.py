@@ -50,7 +50,7 @@ def store():
 
 
 def setup(store: Store, cat, *nodes, ttl=60.0):
-    apply_catalog(store.r, cat, source="test", applied_by="test", now=0)
+    apply_catalog(store, cat, source="test", applied_by="test", now=0)
     for n in nodes:
         store.write_heartbeat(n, ttl=ttl)
 
@@ -92,7 +92,7 @@ def test_stop_is_recorded_before_it_is_dispatched_and_stopped_records_are_delete
     d = FakeDispatcher(store)
     reconcile_once(store, d, clock.time)
     (rec,) = store.all_replicas()
-    apply_catalog(store.r, catalog(model("other", cpu_profile(replicas=0))), source="t", applied_by="t")
+    apply_catalog(store, catalog(model("other", cpu_profile(replicas=0))), source="t", applied_by="t")
     clock.t += 1
     reconcile_once(store, d, clock.time)
     assert d.sent[-1] == ("stop", rec.id, "a")
@@ -132,7 +132,7 @@ def test_catalog_sync_applies_before_planning(store):
     setup(store, catalog(model("m", cpu_profile())), node("a"))
 
     def sync():
-        apply_catalog(store.r, catalog(model("m", cpu_profile(replicas=3))), source="file", applied_by="t")
+        apply_catalog(store, catalog(model("m", cpu_profile(replicas=3))), source="file", applied_by="t")
 
     reconcile_once(store, FakeDispatcher(store), FakeClock().time, catalog_sync=sync)
     assert len(store.all_replicas()) == 3
@@ -224,16 +224,14 @@ def test_the_task_binds_the_catalog_file_sync_only_when_a_file_is_configured(sto
     sync = _catalog_sync(store, ControlSettings(catalog_file=path))
     setup(store, catalog(), node("a"))
     reconcile_once(store, FakeDispatcher(store), FakeClock().time, catalog_sync=sync)
-    version, cat, _meta = read_applied(store.r)
+    version, cat, _meta = read_applied(store)
     assert cat.model("m") is not None and version == 2
     assert [r.model for r in store.all_replicas()] == ["m"]  # planned against the file's catalog
 
 
 # --- the event history ------------------------------------------------------------------------------
 def kinds_of(store: Store) -> list[tuple[str, str]]:
-    from llmgw.state import events
-
-    return [(e.kind, e.replica or e.node) for e in events.latest(store.r, 100)]
+    return [(e.kind, e.replica or e.node) for e in store.latest_events(100)]
 
 
 def test_a_pending_replica_records_who_refused_it_and_its_placement_is_an_event(store):
@@ -264,9 +262,7 @@ def test_moving_a_crash_looping_replica_is_an_event(store):
     clock.t += 1
     reconcile_once(store, FakeDispatcher(store), clock.time)
     new = next(r for r in store.all_replicas() if r.id != rec.id)
-    from llmgw.state import events
-
-    (moved,) = [e for e in events.latest(store.r) if e.kind == "replica_moved"]
+    (moved,) = [e for e in store.latest_events() if e.kind == "replica_moved"]
     assert moved.replica == rec.id and moved.data["new_replica"] == new.id and moved.node == new.node
     assert f"crash loop on {rec.node}" in moved.message
 

@@ -51,7 +51,7 @@ def test_unknown_node_is_a_clear_error_with_exit_2(store, capsys):
 
 
 def test_status_reports_nodes_replicas_and_endpoints(store, capsys):
-    apply_catalog(store.r, catalog(model("llama", gpu_profile(count=2, replicas=2)), model("tiny", cpu_profile())),
+    apply_catalog(store, catalog(model("llama", gpu_profile(count=2, replicas=2)), model("tiny", cpu_profile())),
                   source="t", applied_by="t", now=0)
     store.write_heartbeat(node("a", "h100:3"), ttl=60)
     reconcile_once(store, NullDispatcher(), lambda: 100.0)
@@ -103,7 +103,7 @@ def test_unreachable_redis_is_one_line_not_a_traceback(monkeypatch, capsys, argv
 def test_status_with_a_catalog_this_version_cannot_read_still_reports(store, capsys):
     from llmgw.state import keys
 
-    apply_catalog(store.r, catalog(model("m", cpu_profile())), source="t", applied_by="t", now=0)
+    apply_catalog(store, catalog(model("m", cpu_profile())), source="t", applied_by="t", now=0)
     doc = json.loads(store.r.get(keys.CATALOG))
     doc.update(version=9, spec={"models": [{"name": "m", "profiles": [{"name": "p", "engine": "next-engine"}]}]})
     store.r.set(keys.CATALOG, json.dumps(doc))

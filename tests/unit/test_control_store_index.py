@@ -79,7 +79,7 @@ def test_records_written_before_the_index_are_found_then_indexed(store):
     assert sorted(r.id for r in store.replicas_on("a")) == ["new", "old"]  # full scan meanwhile
     # The next reconcile pass builds the index (and marks it complete).
     store.write_heartbeat(node("a"), ttl=60)
-    apply_catalog(store.r, catalog(), source="t", applied_by="t", now=0)
+    apply_catalog(store, catalog(), source="t", applied_by="t", now=0)
     reconcile_once(store, Dispatcher(), lambda: 1000.0)
     assert store.replica_node_index_ready() and members(store, "a") == {"new", "old"}
     assert sorted(r.id for r in store.replicas_on("a")) == ["new", "old"]
@@ -124,7 +124,7 @@ def break_catalog(store: Store, version: int) -> None:
 
 def test_an_unreadable_catalog_keeps_the_last_good_one_and_is_logged_once(store, caplog):
     store.write_heartbeat(node("a"), ttl=60)
-    apply_catalog(store.r, catalog(model("m", cpu_profile(replicas=1))), source="t", applied_by="t", now=0)
+    apply_catalog(store, catalog(model("m", cpu_profile(replicas=1))), source="t", applied_by="t", now=0)
     keeper = CatalogKeeper()
     reconcile_once(store, Dispatcher(), lambda: 1000.0, catalogs=keeper)
     assert len(store.all_replicas()) == 1
@@ -145,7 +145,7 @@ def test_an_unreadable_catalog_keeps_the_last_good_one_and_is_logged_once(store,
 
 def test_a_worker_that_never_read_a_good_catalog_does_nothing(store):
     store.write_heartbeat(node("a"), ttl=60)
-    apply_catalog(store.r, catalog(model("m", cpu_profile(replicas=1))), source="t", applied_by="t", now=0)
+    apply_catalog(store, catalog(model("m", cpu_profile(replicas=1))), source="t", applied_by="t", now=0)
     reconcile_once(store, Dispatcher(), lambda: 1000.0)
     break_catalog(store, 2)
     # A fresh worker must not read "no catalog" as "stop everything".

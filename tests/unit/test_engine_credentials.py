@@ -133,12 +133,11 @@ def test_store_rotation_counts_per_model():
 def test_the_gateway_sends_the_engine_secret_never_the_client_key(server, store, upstreams):
     import time
 
-    from llmgw.state.apikeys import create_key
     from tests.unit.test_gateway_app import CHAT, endpoint, make_app
 
     up = upstreams()
     _, gw, c = make_app(store, [endpoint("e1", up.url, engine_secret=SECRET)])
-    _, key = create_key(store.r, "team-a")
+    _, key = store.create_key("team-a")
     gw.keys.refresh()
     auth = {"Authorization": f"Bearer {key}"}
     assert c.post(CHAT, json={"model": "m"}, headers=auth).status_code == 200

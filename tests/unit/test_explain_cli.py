@@ -43,7 +43,7 @@ def explain(capsys, name: str) -> tuple[int, str]:
 
 
 def test_a_pending_model_says_why_each_node_refused_it(store, capsys):
-    apply_catalog(store.r, catalog(model("big", gpu_profile(cls="h100", count=2))), source="t", applied_by="t")
+    apply_catalog(store, catalog(model("big", gpu_profile(cls="h100", count=2))), source="t", applied_by="t")
     store.write_heartbeat(node("cpu1"), ttl=60)
     store.write_heartbeat(node("a10", "a10g:2"), ttl=60)
     store.write_heartbeat(node("gone", "h100:8"), ttl=60)
@@ -62,7 +62,7 @@ def test_a_pending_model_says_why_each_node_refused_it(store, capsys):
 
 
 def test_a_crash_loop_shows_the_exit_and_the_last_log_lines(store, capsys):
-    apply_catalog(store.r, catalog(model("chat", cpu_profile())), source="t", applied_by="t")
+    apply_catalog(store, catalog(model("chat", cpu_profile())), source="t", applied_by="t")
     store.write_heartbeat(node("a"), ttl=60)
     reconcile_once(store, NullDispatcher(), lambda: NOW)
     (rec,) = store.all_replicas()
@@ -80,7 +80,7 @@ def test_a_crash_loop_shows_the_exit_and_the_last_log_lines(store, capsys):
 def test_a_crash_loop_between_two_crashes_is_still_told_as_one(store, capsys):
     """After its backoff the agent starts the engine again: the replica is Starting for a moment, and
     `explain` still says it is crash-looping, with the last exit (the e2e test once caught it there)."""
-    apply_catalog(store.r, catalog(model("chat", cpu_profile())), source="t", applied_by="t")
+    apply_catalog(store, catalog(model("chat", cpu_profile())), source="t", applied_by="t")
     store.write_heartbeat(node("a"), ttl=60)
     reconcile_once(store, NullDispatcher(), lambda: NOW)
     (rec,) = store.all_replicas()
@@ -94,7 +94,7 @@ def test_a_crash_loop_between_two_crashes_is_still_told_as_one(store, capsys):
 
 
 def test_a_healthy_model_exits_0_and_tells_the_gateways_view(store, capsys):
-    apply_catalog(store.r, catalog(model("chat", cpu_profile(), aliases=["c"])), source="t", applied_by="t")
+    apply_catalog(store, catalog(model("chat", cpu_profile(), aliases=["c"])), source="t", applied_by="t")
     store.write_heartbeat(node("a"), ttl=60)
     reconcile_once(store, NullDispatcher(), lambda: NOW)
     (rec,) = store.all_replicas()
@@ -103,7 +103,7 @@ def test_a_healthy_model_exits_0_and_tells_the_gateways_view(store, capsys):
     store.write_load(LoadRecord(rec.id, ts=NOW, ok=True, running=3, waiting=7, kv_usage=0.91))
     store.write_gateway_report(GatewayReport("g:1", at=NOW, endpoints={rec.id: EndpointUse(4)},
                                              models={"chat": ModelDemand(4, 2, NOW)}), ttl=60)
-    events.emit(store.r, "model_saturated", "every endpoint saturated: 1 queued, 0 shed", source="gateway:g:1",
+    store.emit("model_saturated", "every endpoint saturated: 1 queued, 0 shed", source="gateway:g:1",
                 model="chat", ts=NOW + 10)
     code, out = explain(capsys, "c")  # an alias names the model too
     assert code == 0
@@ -115,7 +115,7 @@ def test_a_healthy_model_exits_0_and_tells_the_gateways_view(store, capsys):
 
 
 def test_an_unknown_model_names_the_ones_there_are(store, capsys):
-    apply_catalog(store.r, catalog(model("chat", cpu_profile())), source="t", applied_by="t")
+    apply_catalog(store, catalog(model("chat", cpu_profile())), source="t", applied_by="t")
     code, out = explain(capsys, "nope")
     assert code == 1 and "nope is not a model or alias of the applied catalog (models: chat)." in out
 
@@ -124,7 +124,7 @@ def test_an_unknown_model_names_the_ones_there_are(store, capsys):
 def test_events_filters_and_prints_json_lines_in_order(store, capsys):
     for i, (kind, m, n) in enumerate([("replica_placed", "chat", "a"), ("node_cordoned", "", "b"),
                                       ("replica_failed", "chat", "a"), ("replica_ready", "big", "b")]):
-        events.emit(store.r, kind, f"m{i}", model=m, node=n, ts=NOW + i)
+        store.emit(kind, f"m{i}", model=m, node=n, ts=NOW + i)
     assert cli.main(["events", "--json", "--kind", "replica_*", "--model", "chat"]) == 0
     got = [json.loads(ln) for ln in capsys.readouterr().out.splitlines()]
     assert [(e["kind"], e["message"]) for e in got] == [("replica_placed", "m0"), ("replica_failed", "m2")]
@@ -136,7 +136,7 @@ def test_events_filters_and_prints_json_lines_in_order(store, capsys):
 def test_events_since_reads_every_event_of_the_while(store, capsys, monkeypatch):
     monkeypatch.setattr("llmgw.cli.events.time.time", lambda: NOW + 100)
     for i in range(30):
-        events.emit(store.r, "replica_ready", f"m{i}", ts=NOW + i * 3)  # the last one at NOW + 87
+        store.emit("replica_ready", f"m{i}", ts=NOW + i * 3)  # the last one at NOW + 87
     assert cli.main(["events", "--since", "30s", "--json"]) == 0  # from NOW + 70: m24 .. m29
     assert [json.loads(ln)["message"] for ln in capsys.readouterr().out.splitlines()] == [f"m{i}" for i in range(24, 30)]
 

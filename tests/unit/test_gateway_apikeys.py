@@ -1,4 +1,4 @@
-"""llmgw.state.apikeys: the typed key record shared by the CLI and the gateway."""
+"""llmgw.state.keypolicy: the typed key record shared by the CLI and the gateway; the store's keys."""
 
 import json
 
@@ -7,17 +7,8 @@ import pytest
 
 from llmgw.errors import NotFound
 from llmgw.state import keys
-from llmgw.state.apikeys import (
-    ApiKeyInvalid,
-    ApiKeyRecord,
-    cap_priority,
-    create_key,
-    hash_key,
-    list_keys,
-    new_key,
-    parse_table,
-    revoke_key,
-)
+from llmgw.state.keypolicy import ApiKeyInvalid, ApiKeyRecord, cap_priority, hash_key, new_key, parse_table
+from llmgw.state.store import Store
 
 
 def test_new_key_is_pure_given_its_randomness():
@@ -46,17 +37,18 @@ def test_parse_table_reports_malformed_records():
 
 def test_redis_round_trip_without_the_by_hash_index():
     r = fakeredis.FakeRedis(decode_responses=True)
-    kid, key = create_key(r, "team-a", rpm=5, priority="sheddable", now=3.0)
-    [rec] = list_keys(r)
+    store = Store(r)
+    kid, key = store.create_key("team-a", rpm=5, priority="sheddable", now=3.0)
+    [rec] = store.list_keys()
     assert (rec.id, rec.name, rec.hash, rec.rpm, rec.priority) == (kid, "team-a", hash_key(key), 5, "sheddable")
     assert not r.keys(keys.api_key_by_hash("*"))  # the gateway caches the table; no index to keep in step
     with pytest.raises(ApiKeyInvalid, match="already exists"):
-        create_key(r, "team-a")
+        store.create_key("team-a")
     r.set(keys.api_key_by_hash(rec.hash), kid)  # as written by an older version
-    assert revoke_key(r, "team-a") == kid
+    assert store.revoke_key("team-a") == kid
     assert r.hlen(keys.API_KEYS) == 0 and not r.keys(keys.api_key_by_hash("*"))
     with pytest.raises(NotFound):
-        revoke_key(r, "team-a")
+        store.revoke_key("team-a")
 
 
 @pytest.mark.parametrize("req, ceiling, out", [("critical", "standard", "standard"), ("sheddable", "standard", "sheddable"),

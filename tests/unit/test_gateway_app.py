@@ -12,7 +12,6 @@ from gateway.app import create_app
 from gateway.config import GatewaySettings, RoutingConfig
 from llmgw.errors import ConfigError
 from llmgw.state import keys
-from llmgw.state.apikeys import create_key, revoke_key
 from llmgw.state.records import EndpointInfo, LoadRecord
 from llmgw.state.store import Store
 from tests.support.clock import FakeClock
@@ -213,7 +212,7 @@ def test_keys_required_once_one_exists_and_rpm_limit(store, upstreams):
     clock = wall_clock()
     _, gw, c = make_app(store, [endpoint("e1", up.url)], clock=clock)
     assert c.post(CHAT, json={"model": "m"}).status_code == 200  # no keys yet: open
-    _, key = create_key(store.r, "team-a", rpm=3, priority="sheddable")
+    _, key = store.create_key("team-a", rpm=3, priority="sheddable")
     gw.keys.refresh()
     assert c.post(CHAT, json={"model": "m"}).json["error"]["code"] == "invalid_api_key"
     assert c.post(CHAT, json={"model": "m"}, headers={"Authorization": "Bearer nope"}).status_code == 401
@@ -226,7 +225,7 @@ def test_keys_required_once_one_exists_and_rpm_limit(store, upstreams):
     assert c.get("/v1/models").status_code == 401 and c.get("/v1/models", headers=auth).status_code == 200
     # only the hash is stored
     assert key not in json.dumps(store.r.hgetall(keys.API_KEYS))
-    revoke_key(store.r, "team-a")
+    store.revoke_key("team-a")
     gw.keys.refresh()
     # auto stays closed once a key was seen: an empty table may be Redis restarted without its data
     assert c.post(CHAT, json={"model": "m"}, headers=auth).status_code == 401
@@ -237,7 +236,7 @@ def test_tpm_limit_counts_reported_tokens(store, upstreams):
     up = upstreams()  # 13 tokens per request
     clock = wall_clock()
     _, gw, c = make_app(store, [endpoint("e1", up.url)], clock=clock)
-    _, key = create_key(store.r, "t", tpm=20)
+    _, key = store.create_key("t", tpm=20)
     gw.keys.refresh()
     auth = {"Authorization": f"Bearer {key}"}
     assert c.post(CHAT, json={"model": "m"}, headers=auth).status_code == 200
@@ -252,7 +251,7 @@ def test_tpm_limit_counts_reported_tokens(store, upstreams):
 def test_keeps_serving_while_redis_is_down(store, server, upstreams):
     up = upstreams()
     _, gw, c = make_app(store, [endpoint("e1", up.url)])
-    _, key = create_key(store.r, "k", rpm=1000)
+    _, key = store.create_key("k", rpm=1000)
     gw.keys.refresh()
     auth = {"Authorization": f"Bearer {key}"}
     server.connected = False

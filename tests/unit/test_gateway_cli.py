@@ -8,12 +8,13 @@ import pytest
 from llmgw.cli import keys as keys_cli
 from llmgw.cli import main
 from llmgw.state import keys
+from llmgw.state.store import Store
 
 
 @pytest.fixture
 def r(monkeypatch):
     r = fakeredis.FakeRedis(decode_responses=True)
-    monkeypatch.setattr(keys_cli, "redis_client", lambda: r)
+    monkeypatch.setattr(keys_cli, "checked_store", lambda: Store(r))
     return r
 
 
@@ -42,13 +43,13 @@ def test_bad_arguments_are_one_line_errors(r, capsys):
 
 
 def test_usage_rows(r, capsys):
-    kid, _ = keys_cli.create_key(r, "team-a")
+    kid, _ = Store(r).create_key("team-a")
     r.hset(keys.usage(kid), mapping={"m:prompt": 5, "m:completion": 7, "m:requests": 2})
     r.hset(keys.usage("anonymous"), mapping={"m:prompt": 1, "m:completion": 1, "m:requests": 1})
     r.hset(keys.usage("k-gone"), mapping={"x:prompt": 1, "x:requests": 1})
     from llmgw.cli.usage import read_usage
 
-    rows = {(row["key"], row["model"]): row for row in read_usage(r)}
+    rows = {(row["key"], row["model"]): row for row in read_usage(Store(r))}
     assert rows[("team-a", "m")] == {"key": "team-a", "id": kid, "model": "m", "prompt_tokens": 5,
                                      "completion_tokens": 7, "requests": 2}
     assert ("anonymous", "m") in rows and ("k-gone (revoked)", "x") in rows
@@ -58,16 +59,16 @@ def test_create_and_update_policy(r, capsys):
     assert main(["keys", "create", "team-b", "--models", "m,x", "--expires", "30d", "--budget", "5M",
                  "--budget-period", "day"]) == 0
     key = capsys.readouterr().out.strip()
-    [rec] = keys_cli.list_keys(r)
+    [rec] = Store(r).list_keys()
     assert (rec.models, rec.budget, rec.budget_period, rec.admin) == (("m", "x"), 5_000_000, "day", False)
     assert rec.expires_at is not None and rec.hash == keys_cli.hash_key(key)
     assert main(["keys", "update", "team-b", "--models", "all", "--expires", "never", "--admin", "--rpm", "7"]) == 0
     assert "updated key 'team-b'" in capsys.readouterr().out
-    [new] = keys_cli.list_keys(r)
+    [new] = Store(r).list_keys()
     assert (new.models, new.expires_at, new.admin, new.rpm, new.budget) == ((), None, True, 7, 5_000_000)
     assert new.hash == rec.hash and new.id == rec.id  # the key itself never changes
     assert main(["keys", "update", "team-b", "--budget", "none", "--no-admin"]) == 0
-    [last] = keys_cli.list_keys(r)
+    [last] = Store(r).list_keys()
     assert (last.budget, last.budget_period, last.admin) == (None, None, False)
     assert main(["keys", "list"]) == 0
     assert "team-b" in capsys.readouterr().out
@@ -89,7 +90,7 @@ def test_bad_policy_flags_change_nothing(r, capsys, argv, says):
 
 
 def test_update_needs_a_change(r, capsys):
-    keys_cli.create_key(r, "a")
+    Store(r).create_key("a")
     assert main(["keys", "update", "a"]) == 2
     assert "nothing to change" in capsys.readouterr().err
 
@@ -97,10 +98,8 @@ def test_update_needs_a_change(r, capsys):
 def test_usage_shows_budgets(r, capsys):
     import time
 
-    from llmgw.state.apikeys import find_key
-
-    kid, _ = keys_cli.create_key(r, "b", budget=100, budget_period="day")
-    period = find_key(r, "b").period(time.time())
+    kid, _ = Store(r).create_key("b", budget=100, budget_period="day")
+    period = Store(r).find_key("b").period(time.time())
     r.set(keys.budget(kid, period.id), 40)
     assert main(["usage", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)

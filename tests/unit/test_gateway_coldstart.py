@@ -35,7 +35,7 @@ class Kicks:
 
 @pytest.fixture
 def cold(store):
-    apply_catalog(store.r, CATALOG, source="t", applied_by="t", now=0)
+    apply_catalog(store, CATALOG, source="t", applied_by="t", now=0)
     _, gw, c = make_app(store, [], clock=wall_clock(), queue_max=2)
     kicks = Kicks()
     gw.demand._kicker = lambda: kicks

@@ -15,7 +15,6 @@ import requests
 from gateway.app import create_app
 from gateway.config import GatewaySettings, RoutingConfig
 from llmgw import surface as op
-from llmgw.state.apikeys import create_key
 from llmgw.state.records import EndpointInfo, LoadRecord
 from llmgw.state.store import Store
 
@@ -45,7 +44,7 @@ def test_an_external_key_reaches_its_endpoint_only(store, upstreams):
     a, b, c = upstreams(name="a"), upstreams(name="b"), upstreams(name="c", require_key="secret-c")
     eps = [endpoint("a", a.url, api_key_env="KEY_A"), endpoint("b", b.url), endpoint("c", c.url, api_key_env="KEY_C")]
     _, gw, client = make_app(store, eps, {"KEY_A": "secret-a", "KEY_C": "secret-c", "OTHER": "x"})
-    _, user_key = create_key(store.r, "team")
+    _, user_key = store.create_key("team")
     gw.refresh()
     for _ in range(9):
         r = client.post(CHAT, json={"model": "m"}, headers={"Authorization": f"Bearer {user_key}"})

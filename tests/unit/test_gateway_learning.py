@@ -7,17 +7,21 @@ from gateway.config import GatewaySettings
 from gateway.routing import Choice
 from gateway.state import GatewayState
 from llmgw.state.records import EndpointInfo, LoadRecord
+from llmgw.state.store import CatalogOutline
 from tests.support.clock import FakeClock
 
 
 class Store:
-    """The two reads GatewayState makes: the endpoint list and the loads."""
+    """What GatewayState reads: the endpoint list, the loads, and no catalog."""
 
     def __init__(self, eps):
-        self.eps, self.records, self.r = eps, {}, self
+        self.eps, self.records = eps, {}
 
-    def get(self, key):  # no catalog
-        return None
+    def catalog_outline(self):  # no catalog
+        return CatalogOutline()
+
+    def key_variables(self):
+        return []
 
     def endpoints_version(self):
         return 1

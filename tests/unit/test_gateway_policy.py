@@ -9,7 +9,6 @@ import pytest
 from gateway.app import create_app
 from gateway.config import GatewaySettings
 from llmgw.state import keys
-from llmgw.state.apikeys import create_key, update_key
 from tests.support.clock import FakeClock
 from tests.unit.test_gateway_app import CHAT, endpoint, make_app, server, store  # noqa: F401 - fixtures
 
@@ -33,8 +32,8 @@ def two_models(up):
 def test_a_key_sees_only_its_models(store, upstreams, clock):
     up = upstreams()
     _, gw, c = make_app(store, two_models(up), clock=clock)
-    _, narrow = create_key(store.r, "narrow", models=("m-alias",))  # an alias names its whole model
-    _, wide = create_key(store.r, "wide")
+    _, narrow = store.create_key("narrow", models=("m-alias",))  # an alias names its whole model
+    _, wide = store.create_key("wide")
     gw.keys.refresh()
     for name in ("m", "m-alias"):
         assert c.post(CHAT, json={"model": name}, headers=bearer(narrow)).status_code == 200
@@ -49,7 +48,7 @@ def test_a_key_sees_only_its_models(store, upstreams, clock):
     assert listed(wide) == ["m", "m-alias", "other", "other-alias"]
     assert c.post(CHAT, json={"model": "other"}, headers=bearer(wide)).status_code == 200
     # `keys update` changes it without changing the key, once the gateway re-reads the table
-    update_key(store.r, "narrow", models=())
+    store.update_key("narrow", models=())
     gw.keys.refresh()
     assert c.post(CHAT, json={"model": "other"}, headers=bearer(narrow)).status_code == 200
     assert b'llmgw_gateway_denied_total{reason="model_not_found"} 2.0' in c.get("/metrics").data
@@ -58,7 +57,7 @@ def test_a_key_sees_only_its_models(store, upstreams, clock):
 def test_a_key_expires_on_the_clock(store, upstreams, clock):
     up = upstreams()
     _, gw, c = make_app(store, [endpoint("e1", up.url)], clock=clock)
-    _, key = create_key(store.r, "temp", now=clock.time(), expires_at=clock.time() + 2)
+    _, key = store.create_key("temp", now=clock.time(), expires_at=clock.time() + 2)
     gw.keys.refresh()
     assert c.post(CHAT, json={"model": "m"}, headers=bearer(key)).status_code == 200
     clock.advance(1.9)
@@ -76,7 +75,7 @@ def test_a_key_expires_on_the_clock(store, upstreams, clock):
 def test_budget_the_request_that_crosses_it_is_the_last_served(store, upstreams, clock):
     up = upstreams()  # each answer reports 5 prompt + 8 completion tokens
     _, gw, c = make_app(store, [endpoint("e1", up.url)], clock=clock)
-    _, key = create_key(store.r, "b", budget=30, budget_period="day")
+    _, key = store.create_key("b", budget=30, budget_period="day")
     gw.keys.refresh()
     codes = [c.post(CHAT, json={"model": "m"}, headers=bearer(key)).status_code for _ in range(4)]
     assert codes == [200, 200, 200, 429]  # 13, 26, 39: the third crossed 30 and was served in full
@@ -102,7 +101,7 @@ def test_budget_the_request_that_crosses_it_is_the_last_served(store, upstreams,
                               "remaining": 0, "resets_at": "2026-03-15T00:00:00Z"}
     clock.advance(12 * 3600)  # a new UTC day, a new budget
     assert c.post(CHAT, json={"model": "m"}, headers=bearer(key)).status_code == 200
-    update_key(store.r, "b", budget=None)
+    store.update_key("b", budget=None)
     gw.keys.refresh()
     assert [c.post(CHAT, json={"model": "m"}, headers=bearer(key)).status_code for _ in range(3)] == [200] * 3
 
@@ -110,7 +109,7 @@ def test_budget_the_request_that_crosses_it_is_the_last_served(store, upstreams,
 def test_a_budgeted_stream_asks_the_engine_for_its_usage(store, upstreams, clock):
     up = upstreams(tokens=4)
     _, gw, c = make_app(store, [endpoint("e1", up.url)], clock=clock)
-    _, key = create_key(store.r, "s", budget=1000)
+    _, key = store.create_key("s", budget=1000)
     gw.keys.refresh()
     r = c.post(CHAT, json={"model": "m", "stream": True, "messages": []}, headers=bearer(key))
     events = [line for line in r.data.split(b"\n") if line.startswith(b"data: {")]
@@ -122,8 +121,8 @@ def test_a_budgeted_stream_asks_the_engine_for_its_usage(store, upstreams, clock
 def test_the_usage_endpoint_shows_a_key_its_own_usage(store, upstreams, clock):
     up = upstreams()
     _, gw, c = make_app(store, [endpoint("e1", up.url)], clock=clock)
-    _, admin = create_key(store.r, "ops", admin=True)
-    _, plain = create_key(store.r, "team-a", rpm=100, models=("m",))
+    _, admin = store.create_key("ops", admin=True)
+    _, plain = store.create_key("team-a", rpm=100, models=("m",))
     gw.keys.refresh()
     assert c.post(CHAT, json={"model": "m"}, headers=bearer(plain)).status_code == 200
     gw.usage.flush()
@@ -147,8 +146,8 @@ def test_require_admin_in_every_auth_mode(store, upstreams, clock):
 
     up = upstreams()
     _, gw, c = make_app(store, [endpoint("e1", up.url)], clock=clock, auth="off")
-    _, admin = create_key(store.r, "ops", admin=True)
-    _, plain = create_key(store.r, "team-a")
+    _, admin = store.create_key("ops", admin=True)
+    _, plain = store.create_key("team-a")
     gw.keys.refresh()
     assert c.post(CHAT, json={"model": "m"}).status_code == 200  # the OpenAI API is open
 
@@ -161,7 +160,7 @@ def test_require_admin_in_every_auth_mode(store, upstreams, clock):
 
     assert check({}) == 401 and check(bearer("sk-nope")) == 401
     assert check(bearer(plain)) == 403 and check(bearer(admin)) == "ops"
-    update_key(store.r, "ops", expires_at=clock.time() + 1)
+    store.update_key("ops", expires_at=clock.time() + 1)
     gw.keys.refresh()
     clock.advance(1)
     assert check(bearer(admin)) == 401  # an expired admin key is no key at all

@@ -14,7 +14,6 @@ from gateway.app import create_app
 from gateway.config import GatewaySettings, RoutingConfig
 from gateway.routing import RouteRequest
 from gateway.state import GatewayState
-from llmgw.state.apikeys import create_key
 from llmgw.state.records import LoadRecord
 from tests.support.clock import FakeClock
 from tests.unit.test_gateway_app import (  # noqa: F401
@@ -56,7 +55,7 @@ def test_no_service_until_the_key_table_was_read(store, server, upstreams):
 def test_auth_off_serves_without_a_key_table(store, server, upstreams):
     up = upstreams()
     _, gw, c = bare_app(store, [endpoint("e1", up.url)], auth="off")
-    create_key(store.r, "k")
+    store.create_key("k")
     gw.state.refresh_endpoints()
     server.connected = False
     assert c.post(CHAT, json={"model": "m"}).status_code == 200
@@ -66,7 +65,7 @@ def test_auth_required_with_no_keys_rejects_everyone(store, upstreams):
     up = upstreams()
     _, gw, c = make_app(store, [endpoint("e1", up.url)], auth="required")
     assert c.post(CHAT, json={"model": "m"}).json["error"]["code"] == "invalid_api_key"
-    _, key = create_key(store.r, "k")
+    _, key = store.create_key("k")
     gw.keys.refresh()
     assert c.post(CHAT, json={"model": "m"}, headers={"Authorization": f"Bearer {key}"}).status_code == 200
 
@@ -74,7 +73,7 @@ def test_auth_required_with_no_keys_rejects_everyone(store, upstreams):
 def test_redis_restarted_without_data_does_not_open_the_gateway(store, upstreams):
     up = upstreams()
     _, gw, c = make_app(store, [endpoint("e1", up.url)])
-    create_key(store.r, "k")
+    store.create_key("k")
     gw.keys.refresh()
     store.r.flushall()
     gw.keys.refresh()
@@ -94,7 +93,7 @@ def test_unknown_models_create_no_state_and_no_labels(store, upstreams):
     up = upstreams()
     # one wall-clock minute throughout, so a request spent on junk would surely count against the last one
     _, gw, c = make_app(store, [endpoint("e1", up.url)], clock=wall_clock())
-    _, key = create_key(store.r, "k", rpm=1)
+    _, key = store.create_key("k", rpm=1)
     gw.keys.refresh()
     auth = {"Authorization": f"Bearer {key}"}
     for i in range(50):
@@ -150,7 +149,7 @@ def test_stream_headers_disable_proxy_buffering(store, upstreams):
 def test_key_priority_caps_the_header(store, upstreams, key_prio):
     up = upstreams()
     _, gw, c = make_app(store, [endpoint("e1", up.url)], queue_timeout=0.05, routing=NEVER_STALE)
-    _, key = create_key(store.r, "k", priority=key_prio)
+    _, key = store.create_key("k", priority=key_prio)
     gw.keys.refresh()
     store.write_load(LoadRecord("e1", time.time(), True, running=4, waiting=9))  # saturated
     gw.state.refresh_loads()
@@ -163,8 +162,8 @@ def test_key_priority_caps_the_header(store, upstreams, key_prio):
 def test_critical_key_may_send_critical(store, upstreams):
     up = upstreams()
     _, gw, c = make_app(store, [endpoint("e1", up.url)], queue_timeout=0.05, routing=NEVER_STALE)
-    _, key = create_key(store.r, "k", priority="critical")
-    _, std = create_key(store.r, "s", priority="standard")
+    _, key = store.create_key("k", priority="critical")
+    _, std = store.create_key("s", priority="standard")
     gw.keys.refresh()
     store.write_load(LoadRecord("e1", time.time(), True, running=4, waiting=9))
     gw.state.refresh_loads()
@@ -324,12 +323,12 @@ def test_catalog_names_helper():
 
     import fakeredis
 
-    from llmgw.catalog import catalog_names
     from llmgw.state import keys
+    from llmgw.state.store import Store
 
     r = fakeredis.FakeRedis(decode_responses=True)
-    assert catalog_names(r) == set()
+    assert Store(r).catalog_names() == set()
     r.set(keys.CATALOG, json.dumps({"version": 1, "spec": {"models": [{"name": "a", "aliases": ["b"]}, {"name": "c"}]}}))
-    assert catalog_names(r) == {"a", "b", "c"}
+    assert Store(r).catalog_names() == {"a", "b", "c"}
     r.set(keys.CATALOG, "{broken")
-    assert catalog_names(r) == set()
+    assert Store(r).catalog_names() == set()

@@ -85,10 +85,10 @@ def test_the_gateway_counts_requests_and_a_shed_storm_is_one_event(store, upstre
     assert slot["m:n"] == "7" and slot["m:shed"] == "6" and "m:err" not in slot
     assert sum(int(v) for k, v in slot.items() if k.startswith("m:lat")) == 1
     assert sum(int(v) for k, v in slot.items() if k.startswith("m:ttft")) == 1
-    saturated = [e for e in events.latest(store.r) if e.kind == "model_saturated"]
+    saturated = [e for e in store.latest_events() if e.kind == "model_saturated"]
     assert len(saturated) == 1 and saturated[0].model == "m" and "3 shed" in saturated[0].message
     assert saturated[0].source == f"gateway:{gw.identity.id}"
     clock.t += 6  # quiet for longer than QUIET
     gw.flush_traffic()
-    (recovered,) = [e for e in events.latest(store.r) if e.kind == "model_recovered"]
+    (recovered,) = [e for e in store.latest_events() if e.kind == "model_recovered"]
     assert recovered.data == {"queued": 0, "shed": 3}

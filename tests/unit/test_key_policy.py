@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.policy import ALLOW, Deny, ModelRef, decide
-from llmgw.state.apikeys import ApiKeyInvalid, ApiKeyRecord, parse_expires, parse_models, parse_tokens
+from llmgw.state.keypolicy import ApiKeyInvalid, ApiKeyRecord, parse_expires, parse_models, parse_tokens
 from llmgw.state.budget import iso, period_of
 
 

@@ -1,4 +1,5 @@
-"""Publishing: which replicas become endpoints, the fingerprint, and the publish pass on fakeredis."""
+"""Publishing: which replicas become endpoints, the fingerprint, the pass's decision over one view,
+and the publish pass on fakeredis."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ import fakeredis
 import pytest
 
 from llmgw.catalog import apply_catalog
+from llmgw.state.records import EndpointInfo
 from llmgw.state.store import Store
+from llmgw.state.views import PublishView
 from tests.unit.control_support import Sim, catalog, cpu_profile, gpu_profile, model, node, ready_record
 from workers.control.apply import publish_once
-from workers.control.publish import endpoints_from, fingerprint
+from workers.control.publish import decide, endpoints_from, fingerprint
 
 NOW = 1000.0
 
@@ -79,7 +82,7 @@ def test_fingerprint_is_order_independent_and_sees_routing_fields():
 def test_publish_pass_writes_only_when_the_list_changes():
     r = fakeredis.FakeRedis(decode_responses=True)
     store = Store(r)
-    apply_catalog(r, cat(), source="test", applied_by="test", now=NOW)
+    apply_catalog(store, cat(), source="test", applied_by="test", now=NOW)
     store.write_heartbeat(node("b"), ttl=60)
     rec = ready_record("x", "tiny", "cpu", "b", NOW)
     store.create_replica(rec)
@@ -97,7 +100,7 @@ def test_publish_pass_skips_while_another_holds_the_lock():
 
     r = fakeredis.FakeRedis(decode_responses=True)
     store = Store(r)
-    apply_catalog(r, cat(), source="test", applied_by="test", now=NOW)
+    apply_catalog(store, cat(), source="test", applied_by="test", now=NOW)
     with store.lock(keys.PUBLISH_LOCK, 10) as held:
         assert held
         assert publish_once(store, lambda: NOW) is None
@@ -120,7 +123,7 @@ def test_a_lost_nodes_ready_replica_stays_routable_until_the_gateways_fail_to_re
 def test_the_publish_pass_stamps_the_version_from_which_a_stopping_replica_is_unrouted():
     r = fakeredis.FakeRedis(decode_responses=True)
     store = Store(r)
-    apply_catalog(r, cat(), source="test", applied_by="test", now=NOW)
+    apply_catalog(store, cat(), source="test", applied_by="test", now=NOW)
     store.write_heartbeat(node("b"), ttl=60)
     for rid in ("x", "y"):
         store.create_replica(ready_record(rid, "tiny", "cpu", "b", NOW))
@@ -141,7 +144,7 @@ def test_the_publish_pass_weighs_the_gateways_evidence_for_a_lost_nodes_replica(
 
     r = fakeredis.FakeRedis(decode_responses=True)
     store = Store(r)
-    apply_catalog(r, cat(), source="test", applied_by="test", now=NOW)
+    apply_catalog(store, cat(), source="test", applied_by="test", now=NOW)
     store.write_heartbeat(dataclasses.replace(node("b"), heartbeat_at=NOW - 10), ttl=60)
     store.create_replica(ready_record("x", "tiny", "cpu", "b", NOW))
     assert publish_once(store, lambda: NOW) == 1
@@ -150,3 +153,74 @@ def test_the_publish_pass_weighs_the_gateways_evidence_for_a_lost_nodes_replica(
     store.write_gateway_report(GatewayReport(id="g1", at=NOW + 6, endpoints={"x": EndpointUse(fail_at=NOW + 6)}), 10)
     assert publish_once(store, lambda: NOW + 7) == 2
     assert store.read_endpoints()[2] == []
+
+
+# --- the publish pass's decision over one view (pure) -------------------------------------------------
+def view(*recs, live=("b",), fingerprint="", version=1):
+    return PublishView(replicas=tuple(recs), live={n: node(n) for n in live}, version=version,
+                       fingerprint=fingerprint)
+
+
+READY_X = ready_record("x", "tiny", "cpu", "b", NOW)
+STOPPING_Y = dataclasses.replace(ready_record("y", "tiny", "cpu", "b", NOW), stop_requested_at=NOW - 1)
+EXTERNAL = EndpointInfo(id="ext-a", url="http://ext", models=("tiny",), engine="external", model="tiny")
+
+
+def fp_of(*recs, catalog_version=1, live=("b",)):
+    """The fingerprint a pass over these records publishes (as if it had been published)."""
+    return decide(cat(), catalog_version, view(*recs, live=live), NOW).fingerprint
+
+
+@pytest.mark.parametrize("case, v, catalog_version, externals, last_live, expect", [
+    ("the first list is written", view(READY_X), 1, (), None,
+     dict(changed=True, ids=["x"], unpublish=(), lost=(), returned=())),
+    ("an unchanged list writes nothing", view(READY_X, fingerprint=fp_of(READY_X)), 1, (), None,
+     dict(changed=False, ids=["x"], unpublish=())),
+    ("a new catalog version alone writes the list (gateways re-read the names)",
+     view(READY_X, fingerprint=fp_of(READY_X)), 2, (), None, dict(changed=True, ids=["x"])),
+    ("a replica asked to stop leaves the list and is stamped", view(READY_X, STOPPING_Y), 1, (), None,
+     dict(changed=True, ids=["x"], unpublish=("y",))),
+    ("a stopping replica is stamped even when the list is unchanged",
+     view(READY_X, STOPPING_Y, fingerprint=fp_of(READY_X)), 1, (), None, dict(changed=False, unpublish=("y",))),
+    ("a stopping replica already stamped is not stamped again",
+     view(READY_X, dataclasses.replace(STOPPING_Y, unpublished_version=3)), 1, (), None, dict(unpublish=())),
+    ("an unlisted replica not asked to stop is not stamped",
+     view(dataclasses.replace(READY_X, last_probe_ok=False)), 1, (), None, dict(ids=[], unpublish=())),
+    ("external servers join the list, by id", view(READY_X), 1, (EXTERNAL,), None, dict(ids=["ext-a", "x"])),
+    ("a process's first pass compares no nodes", view(READY_X, live=("a", "b")), 1, (), None,
+     dict(lost=(), returned=(), nodes_changed=False)),
+    ("a node that went quiet is lost", view(READY_X, live=("b",)), 1, (), frozenset({"a", "b"}),
+     dict(lost=("a",), returned=(), nodes_changed=True)),
+    ("a node that joined is back", view(READY_X, live=("b", "c")), 1, (), frozenset({"b"}),
+     dict(lost=(), returned=("c",), nodes_changed=True)),
+    ("the same live nodes change nothing", view(READY_X), 1, (), frozenset({"b"}),
+     dict(nodes_changed=False)),
+])
+def test_the_publish_decision(case, v, catalog_version, externals, last_live, expect):
+    d = decide(cat(), catalog_version, v, NOW, externals, last_live)
+    got = {"changed": d.changed, "ids": [e.id for e in d.endpoints], "unpublish": d.unpublish, "lost": d.lost,
+           "returned": d.returned, "nodes_changed": d.nodes_changed}
+    assert {k: got[k] for k in expect} == expect, case
+    assert d.live == frozenset(v.live)
+
+
+def test_the_publish_view_is_read_and_written_in_one_call_each():
+    """What publish_once reads (`Store.publish_view`) and writes (`Store.write_publish`), and no more."""
+    r = fakeredis.FakeRedis(decode_responses=True)
+    store = Store(r)
+    apply_catalog(store, cat(), source="test", applied_by="test", now=NOW)
+    store.write_heartbeat(node("b"), ttl=60)
+    for rec in (READY_X, STOPPING_Y):
+        store.create_replica(rec)
+    v = store.publish_view()
+    assert {r.id for r in v.replicas} == {"x", "y"} and set(v.live) == {"b"} and (v.version, v.fingerprint) == (0, "")
+    assert v.catalog == store.catalog_document()
+    d = decide(cat(), 1, v, NOW)
+    assert store.write_publish(d.endpoints, d.fingerprint, d.unpublish, v.version, NOW) == 1
+    assert store.get_replica("y").unpublished_version == 1 and store.get_replica("x").unpublished_version is None
+    assert [e.kind for e in store.latest_events() if e.kind == "endpoints_published"] == ["endpoints_published"]
+    again = store.publish_view()
+    assert (again.version, again.fingerprint) == (1, d.fingerprint)
+    # Unchanged: nothing but the stamps of what is newly stopping, at the version in force.
+    assert store.write_publish(None, d.fingerprint, ["x"], again.version, NOW) == 1
+    assert store.get_replica("x").unpublished_version == 1 and store.endpoints_version() == 1

@@ -35,7 +35,7 @@ def auto(min_=0, max_=3, **kw) -> dict:
 
 
 def setup(store, *profiles):
-    apply_catalog(store.r, catalog(model("m", *profiles, aliases=["alias"])), source="t", applied_by="t", now=0)
+    apply_catalog(store, catalog(model("m", *profiles, aliases=["alias"])), source="t", applied_by="t", now=0)
     store.write_heartbeat(node("a"), ttl=3600)
 
 
@@ -61,7 +61,7 @@ def test_a_cold_start_hint_places_a_replica_in_the_next_pass(store):
     assert len(live(store)) == 1 and d.sent[-1][0] == "launch"
     (state,) = store.scale_states().values()
     assert (state.count, state.previous, state.reason) == (1, 0, "0 -> 1: 1 request waiting (cold start)")
-    kinds = [e.kind for e in events.latest(store.r)]
+    kinds = [e.kind for e in store.latest_events()]
     assert "replica_scaled" in kinds and "model_cold_start" in kinds
 
 
@@ -101,7 +101,7 @@ def test_a_profile_that_stops_autoscaling_is_forgotten_and_keeps_its_replicas_co
     clock = FakeClock()
     reconcile_once(store, FakeDispatcher(store), clock.time)
     assert len(live(store)) == 2 and store.scale_states()
-    apply_catalog(store.r, catalog(model("m", cpu_profile("cpu", replicas=2, capacity=10), aliases=["alias"])), source="t", applied_by="t", now=1)
+    apply_catalog(store, catalog(model("m", cpu_profile("cpu", replicas=2, capacity=10), aliases=["alias"])), source="t", applied_by="t", now=1)
     clock.advance(1)
     reconcile_once(store, FakeDispatcher(store), clock.time)
     assert store.scale_states() == {} and not store.r.exists(keys.autoscale_history("m", "cpu"))
@@ -133,7 +133,7 @@ def test_a_catalog_apply_moves_the_endpoint_list_version_so_gateways_learn_a_mod
     setup(store, auto())
     first = publish_once(store, lambda: 1.0)
     assert first is not None and publish_once(store, lambda: 2.0) is None  # nothing changed
-    apply_catalog(store.r, catalog(model("m", auto()), model("n", auto())), source="t", applied_by="t", now=3)
+    apply_catalog(store, catalog(model("m", auto()), model("n", auto())), source="t", applied_by="t", now=3)
     assert publish_once(store, lambda: 4.0) == first + 1  # no endpoint changed, the catalog did
 
 

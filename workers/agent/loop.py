@@ -25,7 +25,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from llmgw.catalog import catalog_applied
 from llmgw.proc.ports import can_bind
 from llmgw.state.clock import Clock
 from llmgw.state.records import GPUDevice, ReplicaRecord
@@ -181,7 +180,7 @@ class Agent:
     def _leftovers(self, ids: set[str], found: dict, now: float) -> sv.Leftovers:
         self.orphan_terms = {rid: t for rid, t in self.orphan_terms.items() if rid in found and found[rid].alive}
         dirs = {rid: self.runner.last_activity(rid) for rid in self.runner.known_dirs() if rid not in ids}
-        applied = catalog_applied(self.store)
+        applied = self.store.catalog_applied()
         saved = {} if applied else self._saved([rid for rid, f in found.items() if f.alive and rid not in ids])
         rest = sv.leftovers(found, ids, self.orphan_terms, applied, dirs, now, self.settings.dir_retention,
                             saved, self.node)

@@ -30,7 +30,8 @@ from workers.control.plan import (
     plan,
 )
 from workers.control.external import external_endpoints
-from workers.control.publish import endpoints_from, fingerprint, merge_evidence
+from workers.control.migrations import run_pending
+from workers.control.publish import LOST_GRACE, decide
 from workers.control.scaling import autoscale_step
 from workers.control.snapshot import CatalogKeeper, load_snapshot
 
@@ -156,6 +157,26 @@ def _apply_one(action: Action, store: Store, dispatcher: Dispatcher, now: float)
 
 
 # --- the passes ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ReconcilePass:
+    """What one reconcile pass runs with: `reconcile_once`'s arguments, and when it began."""
+
+    store: Store
+    dispatcher: Dispatcher
+    now: Callable[[], float]
+    started: float  # on `monotonic`'s clock
+    lock_ttl: float = 30.0
+    config: PlanConfig = PlanConfig()
+    catalog_sync: Callable[[], object] | None = None
+    monotonic: Callable[[], float] = time.monotonic
+    catalogs: CatalogKeeper = field(default_factory=CatalogKeeper)
+    kicker: Kicker = field(default_factory=disabled)
+
+    def out_of_time(self) -> bool:
+        """Applying stops at half the lock's TTL, so the pass never outlives its lock."""
+        return self.monotonic() - self.started > self.lock_ttl / 2
+
+
 def reconcile_once(
     store: Store,
     dispatcher: Dispatcher,
@@ -171,48 +192,40 @@ def reconcile_once(
     catalog was ever seen by `catalogs`, the process's CatalogKeeper). Applying stops at half the
     lock's TTL, so a huge pass (a cold start of thousands of replicas) never outlives its lock and
     overlaps the next one. A fact kicked while the pass ran makes it kick itself again (llmgw.kicks)."""
-    kicker = kicker or disabled()
-    started = monotonic()
+    p = ReconcilePass(store, dispatcher, now, monotonic(), lock_ttl, config, catalog_sync, monotonic,
+                      catalogs or CatalogKeeper(), kicker or disabled())
     with store.lock(keys.RECONCILE_LOCK, lock_ttl) as held:
         if not held:
             log.info("reconcile skipped: another pass holds the lock")
-            kicker.mark_dirty(RECONCILE)
+            p.kicker.mark_dirty(RECONCILE)
             return None
-        kicker.started(RECONCILE)
+        p.kicker.started(RECONCILE)
         result = None
         try:
-            result = _reconcile(store, dispatcher, now, lock_ttl, config, catalog_sync, monotonic, catalogs,
-                                kicker, started)
+            result = _reconcile(p)
             return result
         finally:
-            kicker.finished(RECONCILE)
-            store.count_pass("reconcile", monotonic() - started, result.applied if result else 0)
+            p.kicker.finished(RECONCILE)
+            store.count_pass("reconcile", monotonic() - p.started, result.applied if result else 0)
 
 
-def _reconcile(store, dispatcher, now, lock_ttl, config, catalog_sync, monotonic, catalogs, kicker,
-               started) -> ApplyResult | None:
-    if catalog_sync is not None:
+def _reconcile(p: ReconcilePass) -> ApplyResult | None:
+    run_pending(p.store)
+    if p.catalog_sync is not None:
         try:
-            catalog_sync()
+            p.catalog_sync()
         except Exception:  # a bad catalog file must not stop the fleet being reconciled
             log.exception("catalog file sync failed; reconciling the applied catalog")
-    loaded = (catalogs or CatalogKeeper()).load(store)
+    loaded = p.catalogs.load(p.store)
     if loaded is None:
         return None
     _version, catalog = loaded
-    t = now()
-    snap = load_snapshot(store, t)
-    if not store.replica_node_index_ready():
-        try:  # once per Redis: index records written before the per-node index existed
-            store.reindex_replica_nodes(snap.replicas)
-        except Exception:  # the agents keep scanning every record meanwhile: slower, not wrong
-            log.exception("building the per-node replica index failed; retried next pass")
-    snap, recheck_at = autoscale_step(store, catalog, snap, t)
+    t = p.now()
+    snap, recheck_at = autoscale_step(p.store, catalog, load_snapshot(p.store, t), t)
     if recheck_at is not None:  # a load above target: decide when its window ends, not at the next tick
-        kicker.kick_in(RECONCILE, recheck_at - t)
-    actions = plan(catalog, snap, t, config)
-    budget = lock_ttl / 2
-    result = apply_actions(actions, store, dispatcher, t, lambda: monotonic() - started > budget, kicker)
+        p.kicker.kick_in(RECONCILE, recheck_at - t)
+    actions = plan(catalog, snap, t, p.config)
+    result = apply_actions(actions, p.store, p.dispatcher, t, p.out_of_time, p.kicker)
     if result.applied or result.failed or result.deferred:
         log.info("reconcile: %s applied, %s failed, %s deferred %s", result.applied, result.failed,
                  result.deferred, result.counts)
@@ -230,13 +243,13 @@ def publish_once(
     store: Store, now: Callable[[], float], lock_ttl: float = 10.0, catalogs: CatalogKeeper | None = None,
     kicker: Kicker | None = None, memory: PublishMemory | None = None, lost_grace: float | None = None,
 ) -> int | None:
-    """Publish the routable endpoints if they changed (publish.routable decides, weighing the
-    gateways' evidence for replicas whose node agent is gone). Returns the new version, else None
-    (also when no readable catalog was ever seen: the published list then stays as it is).
+    """Publish the routable endpoints if they changed (`publish.decide`, over one `Store.publish_view`,
+    written by one `Store.write_publish`). Returns the new version, else None (also when no readable
+    catalog was ever seen: the published list then stays as it is).
 
-    Then stamps `unpublished_version` on every replica asked to stop that the list no longer holds:
-    its agent drains it once every gateway has loaded that version. And when the set of live nodes
-    changed since this process's last pass (a node joined or was lost), it kicks a reconcile."""
+    The write also stamps `unpublished_version` on every replica asked to stop that the list no longer
+    holds: its agent drains it once every gateway has loaded that version. And when the set of live
+    nodes changed since this process's last pass (a node joined or was lost), it kicks a reconcile."""
     kicker = kicker or disabled()
     began = time.monotonic()
     with store.lock(keys.PUBLISH_LOCK, lock_ttl) as held:
@@ -246,39 +259,26 @@ def publish_once(
         kicker.started(PUBLISH)
         version = None
         try:
-            loaded = (catalogs or CatalogKeeper()).load(store)
+            view = store.publish_view()
+            loaded = (catalogs or CatalogKeeper()).accept(view.catalog)
             if loaded is None:
                 return None
             catalog_version, catalog = loaded
             t = now()
-            replicas = store.all_replicas()
-            live = store.live_nodes()
-            extra = {} if lost_grace is None else {"lost_grace": lost_grace}
-            eps = endpoints_from(catalog, replicas, live, t, last_seen=store.nodes_last_seen(),
-                                 evidence=merge_evidence(store.gateway_reports()), **extra)
-            eps = sorted(eps + external_endpoints(catalog, store.external_records()), key=lambda e: e.id)
-            # The catalog version too: gateways re-read the catalog's names (which models exist, which
-            # can cold-start) when the list's version moves, so a model added at zero replicas is
-            # known at once.
-            fp = f"{fingerprint(eps)}@{catalog_version}"
-            current, published_fp, _eps = store.read_endpoints()
-            version = None
-            if fp != published_fp:
-                version = current = store.write_endpoints(eps, fp, t)
-                log.info("published %d endpoints as version %d", len(eps), version)
-                store.emit("endpoints_published", f"{len(eps)} endpoints", source="control",
-                            ts=t, version=version, count=len(eps))
-            listed = {e.id for e in eps}
-            for rec in replicas:
-                if rec.stop_requested_at is not None and rec.unpublished_version is None and rec.id not in listed:
-                    store.update_replica(rec.id, unpublished_version=current)
+            d = decide(catalog, catalog_version, view, t, external_endpoints(catalog, view.externals),
+                       memory.live if memory is not None else None,
+                       LOST_GRACE if lost_grace is None else lost_grace)
+            current = store.write_publish(d.endpoints if d.changed else None, d.fingerprint, d.unpublish,
+                                          view.version, t)
+            if d.changed:
+                version = current
+                log.info("published %d endpoints as version %d", len(d.endpoints), version)
             if memory is not None:
-                now_live = frozenset(live)
-                if memory.live is not None and now_live != memory.live:
-                    kicker.kick(RECONCILE)  # a node joined or went quiet: place or replace now
-                    # Housekeeping would notice too, up to its interval later.
-                    note_nodes(store, {n: t for n in memory.live - now_live}, now_live - memory.live, t)
-                memory.live = now_live
+                memory.live = d.live
+            if d.nodes_changed:
+                kicker.kick(RECONCILE)  # a node joined or went quiet: place or replace now
+                # Housekeeping would notice too, up to its interval later.
+                note_nodes(store, {n: t for n in d.lost}, d.returned, t)
             return version
         finally:
             kicker.finished(PUBLISH)

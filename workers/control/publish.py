@@ -9,6 +9,9 @@ healthy engines out of routing.
 
 `endpoints_from(...)` builds the list (sorted by id) and `fingerprint(endpoints)` summarises it, so
 the publish task writes (and bumps the version) only when something a router cares about changed.
+`decide(...)` is the whole pass's decision over one `PublishView`: the list, whether to write it,
+which stopping replicas to stamp with the version that no longer lists them, and whether the live
+nodes changed (then a reconcile is kicked).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from llmgw.catalog import Catalog
 from llmgw.engines import ENGINES
 from llmgw.state.records import EndpointInfo, GatewayReport, NodeInfo, ReplicaRecord
 from llmgw.state.replica_state import CrashPolicy, State, derive, nodes_alive, served_this_attempt
+from llmgw.state.views import PublishView
 
 # How long a Lost node's Ready replicas stay routable without contrary evidence (seconds); the
 # planner asks them to stop after the same time (PlanConfig.lost_grace).
@@ -143,3 +147,43 @@ def fingerprint(endpoints: Iterable[EndpointInfo]) -> str:
     docs = sorted((e.to_dict() for e in endpoints), key=lambda d: d["id"])
     blob = json.dumps(docs, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Publish:
+    """What one publish pass does."""
+
+    endpoints: tuple[EndpointInfo, ...]  # every routable replica and Ready external url, by id
+    fingerprint: str  # of the list and the catalog version
+    changed: bool  # not the published list: write it as the next version
+    unpublish: tuple[str, ...]  # asked to stop, not listed, not yet stamped: stamp the version in force
+    live: frozenset[str]  # the live nodes now (what the process remembers for its next pass)
+    lost: tuple[str, ...] = ()  # live at the process's last pass, not now
+    returned: tuple[str, ...] = ()  # live now, not at its last pass
+
+    @property
+    def nodes_changed(self) -> bool:
+        """A node joined or went quiet since the last pass: place or replace now (kick a reconcile)."""
+        return bool(self.lost or self.returned)
+
+
+def decide(catalog: Catalog, catalog_version: int, view: PublishView, now: float,
+           externals: Iterable[EndpointInfo] = (), last_live: frozenset[str] | None = None,
+           lost_grace: float = LOST_GRACE) -> Publish:
+    """The publish pass's decision over one view. `externals`: the Ready urls of servers llmgw does
+    not run (`external.external_endpoints` of the view's records); `last_live`: the live nodes at
+    this process's last pass (None on its first, which compares with nothing)."""
+    eps = endpoints_from(catalog, view.replicas, view.live, now, last_seen=view.last_seen,
+                         evidence=merge_evidence(view.gateways), lost_grace=lost_grace)
+    eps = sorted([*eps, *externals], key=lambda e: e.id)
+    # The catalog version too: gateways re-read the catalog's names (which models exist, which can
+    # cold-start) when the list's version moves, so a model added at zero replicas is known at once.
+    fp = f"{fingerprint(eps)}@{catalog_version}"
+    listed = {e.id for e in eps}
+    unpublish = tuple(r.id for r in view.replicas
+                      if r.stop_requested_at is not None and r.unpublished_version is None and r.id not in listed)
+    live = frozenset(view.live)
+    lost = returned = ()
+    if last_live is not None:
+        lost, returned = tuple(sorted(last_live - live)), tuple(sorted(live - last_live))
+    return Publish(tuple(eps), fp, fp != view.fingerprint, unpublish, live, lost, returned)

@@ -1,22 +1,23 @@
-"""The facts one control pass decides on, read from Redis in a few round trips.
+"""The facts one control pass decides on, read from Redis in one call (`Store.fleet_view`).
 
-`Snapshot` is plain data (frozen); `load_snapshot(store, now)` is the only function here that talks to
+`Snapshot` is plain data (frozen); `load_snapshot(store, now)` is the only function here that reads
 Redis, so `plan`, `place` and `endpoints_from` can be tested on hand-built snapshots. `CatalogKeeper`
-reads the applied catalog and keeps the last good one for the worker process.
+turns the applied catalog's document into a `Catalog` and keeps the last good one for the worker process.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
-import redis
-
-from llmgw.catalog import Catalog, applied_stamp, read_applied
+from llmgw.catalog import Catalog, parse_applied
 from llmgw.state.keys import ALL_MODELS
 from llmgw.state.records import NodeAdmin, NodeInfo, ReplicaRecord
-from llmgw.state.store import Store
+
+if TYPE_CHECKING:  # the decisions import Snapshot; only the shells hand a Store in
+    from llmgw.state.store import Store
 
 log = logging.getLogger("llmgw.control")
 
@@ -44,18 +45,9 @@ class Snapshot:
 
 
 def load_snapshot(store: Store, now: float) -> Snapshot:
-    known = store.known_nodes()
-    live = store.live_nodes()
-    names = sorted(known | set(live))
-    return Snapshot(
-        nodes=live,
-        replicas=tuple(store.all_replicas()),
-        admin=store.all_node_admin(names),
-        known=frozenset(names),
-        taken_at=now,
-        last_seen=store.nodes_last_seen(),
-        credentials=store.credential_generations(),
-    )
+    v = store.fleet_view()
+    return Snapshot(nodes=v.live, replicas=v.replicas, admin=v.admin, known=v.known, taken_at=now,
+                    last_seen=v.last_seen, credentials=v.credentials)
 
 
 # What the control plane says when Redis holds no catalog (the passes then do nothing).
@@ -84,25 +76,29 @@ class CatalogKeeper:
         self._missing = False
 
     def load(self, store: Store) -> tuple[int, Catalog] | None:
+        """`accept` of the applied document read now (a RedisError is not a catalog problem: raised)."""
+        return self.accept(store.catalog_document())
+
+    def accept(self, raw: str | None) -> tuple[int, Catalog] | None:
+        """(version, catalog) of the applied document `raw` as stored (`Store.catalog_document`), or
+        the last good one when it cannot be read; see the class doc."""
         key: tuple = ("unreadable",)
         try:
-            stamp = applied_stamp(store)
-            if stamp is None:
+            if not raw:
                 if not self._missing:
                     log.warning("%s", NO_CATALOG)
                 self.good, self._good_key, self._missing = None, None, True
                 return None
             self._missing = False
-            key = stamp
+            doc = json.loads(raw)
+            key = (doc.get("version"), doc.get("hash"))
             if key == self._good_key and self.good is not None:
                 return self.good
-            version, catalog, meta = read_applied(store)
+            version, catalog, meta = parse_applied(raw)
             self.good = (version, catalog if catalog is not None else Catalog())
             self._good_key = (meta.get("version"), meta.get("hash"))
             self._bad_key = None
             return self.good
-        except redis.RedisError:
-            raise  # Redis itself is unreachable: not a catalog problem
         except Exception as e:  # noqa: BLE001 - any unreadable document: keep serving the last good one
             if key != self._bad_key:
                 self._bad_key = key

@@ -1,0 +1,248 @@
+"""Gateway API keys and their policy: the record type, parsing the flags that set it, validation,
+and what a key's usage and budget say. Pure: the store's `apikeys` aggregate reads and writes them.
+
+A key is shown once, at creation; Redis keeps only its SHA-256 (`hash_key`). Besides its limits (rpm,
+tpm, priority) a record carries its policy: the models it may call (names or aliases; empty = all),
+when it expires, a token budget per UTC day or month, and whether it is an admin key. The gateway's
+decision over them is `gateway.policy.decide`; `llmgw keys create|update` parses the flags with
+`parse_models`, `parse_expires` and `parse_tokens`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import secrets
+import typing
+from dataclasses import asdict, dataclass, replace
+from datetime import datetime, timezone
+from typing import Callable, Literal
+
+from llmgw.errors import LlmgwError
+from llmgw.state.budget import BUDGET_PERIODS, DEFAULT_BUDGET_PERIOD, Period, iso, period_of
+
+Priority = Literal["critical", "standard", "sheddable"]
+PRIORITIES: tuple[str, ...] = typing.get_args(Priority)
+PRIORITY_RANK = {"sheddable": 0, "standard": 1, "critical": 2}
+KEY_PREFIX = "sk-llmgw-"
+# The key id under which gateways count usage of requests served while no key was required.
+ANONYMOUS = "anonymous"
+
+
+class ApiKeyInvalid(LlmgwError):
+    """A bad argument for a new API key (names the flag and the reason)."""
+
+
+@dataclass(frozen=True)
+class ApiKeyRecord:
+    """One stored key: never the key itself, only its hash."""
+
+    id: str
+    name: str
+    hash: str = ""
+    rpm: int | None = None
+    tpm: int | None = None
+    priority: str | None = None  # the highest criticality this key's requests may claim
+    created_at: float = 0.0
+    models: tuple[str, ...] = ()  # model names or aliases this key may call; empty: every model
+    expires_at: float | None = None  # epoch seconds; from then on the key is refused (401)
+    budget: int | None = None  # tokens (prompt + completion) per budget_period
+    budget_period: str | None = None  # "day" | "month" (UTC), set when budget is
+    admin: bool = False  # may call the admin APIs (the console); never implied by anything else
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d.pop("id")
+        d["models"] = list(self.models)
+        return json.dumps(d)
+
+    @classmethod
+    def from_json(cls, key_id: str, blob: str) -> "ApiKeyRecord":
+        """Raises ValueError on a malformed record."""
+        try:
+            d = json.loads(blob)
+            if not isinstance(d, dict) or not isinstance(d.get("hash"), str):
+                raise ValueError("no 'hash'")
+            prio = d.get("priority")
+            if prio is not None and prio not in PRIORITIES:
+                raise ValueError(f"bad priority {prio!r}")
+            models = d.get("models") or []
+            if not isinstance(models, list) or not all(isinstance(m, str) and m for m in models):
+                raise ValueError(f"bad models {models!r}")
+            period = d.get("budget_period")
+            if period is not None and period not in BUDGET_PERIODS:
+                raise ValueError(f"bad budget_period {period!r}")
+            budget = _pos_int(d.get("budget"))
+            expires = d.get("expires_at")
+            return cls(id=key_id, name=str(d.get("name") or key_id), hash=d["hash"],
+                       rpm=_pos_int(d.get("rpm")), tpm=_pos_int(d.get("tpm")), priority=prio,
+                       created_at=float(d.get("created_at") or 0.0), models=tuple(models),
+                       expires_at=None if expires is None else float(expires), budget=budget,
+                       budget_period=(period or DEFAULT_BUDGET_PERIOD) if budget else None,
+                       admin=d.get("admin") is True)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"API key record {key_id}: {e}") from None
+
+    def public(self) -> dict:
+        """What `llmgw keys list` shows: everything but the hash."""
+        d = asdict(self)
+        d.pop("hash")
+        d["models"] = list(self.models)
+        return d
+
+    def period(self, now: float) -> Period | None:
+        """The budget period holding `now`, for a key with a budget."""
+        return period_of(self.budget_period or DEFAULT_BUDGET_PERIOD, now) if self.budget else None
+
+
+def _pos_int(v) -> int | None:
+    return None if v is None else int(v)
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def cap_priority(requested: str, ceiling: str) -> str:
+    """The lower of two criticalities: a key's requests can lower their priority, never raise it."""
+    return requested if PRIORITY_RANK[requested] <= PRIORITY_RANK[ceiling] else ceiling
+
+
+# --- the flags of `llmgw keys create|update` -----------------------------------------------------
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
+_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_TOKENS = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgG]?)\s*$")
+_SCALE = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9}
+
+
+def parse_models(text: str) -> tuple[str, ...]:
+    """`--models a,b`: names or aliases, in order, without repeats; `all` (or empty) = every model."""
+    if text.strip().lower() in ("", "all"):
+        return ()
+    names = [n.strip() for n in text.split(",")]
+    if any(not n for n in names):
+        raise ApiKeyInvalid(f"--models: expected model names separated by commas, got {text!r}")
+    return tuple(dict.fromkeys(names))
+
+
+def parse_expires(text: str, now: float) -> float:
+    """`--expires`: a duration from now (`30d`, `12h`, `90m`, `45s`, `2w`) or an ISO date or time
+    (`2025-12-31` is 00:00 UTC that day; a time without an offset is UTC). Returns epoch seconds."""
+    m = _DURATION.match(text)
+    if m:
+        at = now + float(m.group(1)) * _UNIT[m.group(2)]
+    else:
+        try:
+            t = datetime.fromisoformat(text.strip())
+        except ValueError:
+            raise ApiKeyInvalid(f"--expires: expected a duration such as 30d, 12h or 90s, or an ISO date such "
+                                f"as 2026-01-31, got {text!r}") from None
+        at = (t if t.tzinfo else t.replace(tzinfo=timezone.utc)).timestamp()
+    if at <= now:
+        raise ApiKeyInvalid(f"--expires: {iso(at)} is not in the future")
+    return at
+
+
+def parse_tokens(text: str) -> int:
+    """`--budget`: a token count, with an optional k, M or G suffix (powers of 1000): `5M`, `250k`."""
+    m = _TOKENS.match(text)
+    if not m:
+        raise ApiKeyInvalid(f"--budget: expected a number of tokens such as 5M, 250k or 100000, got {text!r}")
+    n = math.floor(float(m.group(1)) * _SCALE[m.group(2).lower()])
+    if n <= 0:
+        raise ApiKeyInvalid(f"--budget: must be at least one token, got {text!r}")
+    return n
+
+
+def validate_record(rec: ApiKeyRecord) -> None:
+    """Raise ApiKeyInvalid naming the flag, for a record `keys create|update` is about to store."""
+    if not rec.name or len(rec.name) > 100:
+        raise ApiKeyInvalid("NAME: must be 1..100 characters")
+    for v, flag in ((rec.rpm, "--rpm"), (rec.tpm, "--tpm"), (rec.budget, "--budget")):
+        if v is not None and v <= 0:
+            raise ApiKeyInvalid(f"{flag}: must be a positive integer, got {v}")
+    if rec.priority is not None and rec.priority not in PRIORITIES:
+        raise ApiKeyInvalid(f"--priority: expected one of {', '.join(PRIORITIES)}, got {rec.priority!r}")
+    if rec.budget_period is not None and rec.budget_period not in BUDGET_PERIODS:
+        raise ApiKeyInvalid(f"--budget-period: expected one of {', '.join(BUDGET_PERIODS)}, got {rec.budget_period!r}")
+    if rec.budget_period is not None and rec.budget is None:
+        raise ApiKeyInvalid("--budget-period: the key has no --budget")
+    if any(not m or "," in m for m in rec.models):
+        raise ApiKeyInvalid(f"--models: bad model name in {list(rec.models)}")
+
+
+def validate(name: str, rpm: int | None, tpm: int | None, priority: str | None) -> None:
+    validate_record(ApiKeyRecord("", name, rpm=rpm, tpm=tpm, priority=priority))
+
+
+def new_key(name: str, rpm: int | None, tpm: int | None, priority: str | None, now: float,
+            token: Callable[[int], str] = secrets.token_urlsafe,
+            hexid: Callable[[int], str] = secrets.token_hex, **policy) -> tuple[ApiKeyRecord, str]:
+    """A validated new record and the key it hashes (pure but for the injected randomness). `policy`:
+    models, expires_at, budget, budget_period, admin (a budget without a period is per month)."""
+    if policy.get("budget") and not policy.get("budget_period"):
+        policy["budget_period"] = DEFAULT_BUDGET_PERIOD
+    key = KEY_PREFIX + token(32)
+    rec = ApiKeyRecord("k-" + hexid(4), name, hash_key(key), rpm, tpm, priority, now, **policy)
+    validate_record(rec)
+    return rec, key
+
+
+# Fields `llmgw keys update` never changes: the key is the same key.
+FIXED_FIELDS = frozenset({"id", "name", "hash", "created_at"})
+
+
+def check_changes(changes: dict) -> dict:
+    """The changes of `llmgw keys update` (fields of ApiKeyRecord) as they are applied: never a fixed
+    field (ApiKeyInvalid); removing the budget removes its period."""
+    if FIXED_FIELDS & set(changes):
+        raise ApiKeyInvalid("a key's name, hash and creation time cannot be changed")
+    if "budget" in changes and changes["budget"] is None:
+        return {**changes, "budget_period": None}
+    return dict(changes)
+
+
+def updated(rec: ApiKeyRecord, changes: dict) -> ApiKeyRecord:
+    """`rec` with `check_changes(changes)` made, validated; a budget without a period is per month."""
+    new = replace(rec, **changes)
+    if new.budget and not new.budget_period:
+        new = replace(new, budget_period=DEFAULT_BUDGET_PERIOD)
+    validate_record(new)
+    return new
+
+
+def parse_table(raw: dict[str, str]) -> tuple[list[ApiKeyRecord], list[str]]:
+    """The records of an HGETALL of `keys.API_KEYS`, and one message per malformed one."""
+    out, problems = [], []
+    for kid, blob in raw.items():
+        try:
+            out.append(ApiKeyRecord.from_json(kid, blob))
+        except ValueError as e:
+            problems.append(str(e))
+    return out, problems
+
+
+def usage_by_model(raw: dict[str, str]) -> dict[str, dict[str, int]]:
+    """A key's usage hash (`keys.usage`) as model -> {prompt_tokens, completion_tokens, requests}."""
+    per_model: dict[str, dict[str, int]] = {}
+    for field, value in raw.items():
+        model, _, kind = field.rpartition(":")
+        col = _USAGE_COLUMNS.get(kind)
+        if col:
+            row = per_model.setdefault(model, {"prompt_tokens": 0, "completion_tokens": 0, "requests": 0})
+            row[col] = int(value)
+    return per_model
+
+
+_USAGE_COLUMNS = {"prompt": "prompt_tokens", "completion": "completion_tokens", "requests": "requests"}
+
+
+def budget_status(rec: ApiKeyRecord, used: int, now: float) -> dict | None:
+    """What `llmgw usage` and `GET /v1/llmgw/usage` say about a key's budget in the current period."""
+    period = rec.period(now)
+    if period is None or rec.budget is None:
+        return None
+    return {"tokens": rec.budget, "period": rec.budget_period, "period_id": period.id,
+            "used": used, "remaining": max(0, rec.budget - used), "resets_at": iso(period.end)}

@@ -1,0 +1,65 @@
+"""Reads that span aggregates: what one control pass decides on, in one call of two pipelined round
+trips (the id sets and the small hashes first, then everything they name). Each aggregate module
+queues its own commands and decodes its own replies (`queue_*`, `take_*`), so the keys stay theirs.
+The views are plain data (`llmgw.state.views`)."""
+
+from __future__ import annotations
+
+from llmgw.state.store import catalog, credentials, endpoints, externals, gateways, nodes, replicas
+from llmgw.state.store.base import Aggregate
+from llmgw.state.views import FleetView, PublishView
+
+
+class Snapshots(Aggregate):
+    def fleet_view(self) -> FleetView:
+        pipe = self.r.pipeline(transaction=False)
+        nodes.queue_names(pipe)
+        replicas.queue_ids(pipe)
+        nodes.queue_last_seen(pipe)
+        credentials.queue_generations(pipe)
+        replies = iter(pipe.execute())
+        names, rids = sorted(next(replies)), sorted(next(replies))
+        last_seen, creds = nodes.take_last_seen(replies), credentials.take_generations(replies)
+
+        pipe = self.r.pipeline(transaction=False)
+        nodes.queue_heartbeats(pipe, names)
+        replicas.queue_records(pipe, rids)
+        nodes.queue_admin(pipe, names)
+        replies = iter(pipe.execute())
+        live = nodes.take_live(names, replies)
+        recs, stale = replicas.take_records(rids, replies)
+        admin = nodes.take_admin(names, replies)
+        self.tidy_replica_ids(stale)  # type: ignore[attr-defined]
+        return FleetView(frozenset(names), live, tuple(recs), admin, last_seen, creds)
+
+    def publish_view(self) -> PublishView:
+        """Ids whose record or report is gone are tidied from their sets, as `all_replicas` and
+        `gateway_reports` do."""
+        pipe = self.r.pipeline(transaction=False)
+        catalog.queue_document(pipe)
+        replicas.queue_ids(pipe)
+        nodes.queue_names(pipe)
+        nodes.queue_last_seen(pipe)
+        gateways.queue_ids(pipe)
+        externals.queue_ids(pipe)
+        endpoints.queue_published(pipe)
+        replies = iter(pipe.execute())
+        doc = catalog.take_document(replies)
+        rids, names = sorted(next(replies)), sorted(next(replies))
+        last_seen = nodes.take_last_seen(replies)
+        gids, xids = sorted(next(replies)), sorted(next(replies))
+        version, fingerprint = endpoints.take_published_stamp(replies)
+
+        pipe = self.r.pipeline(transaction=False)
+        replicas.queue_records(pipe, rids)
+        nodes.queue_heartbeats(pipe, names)
+        gateways.queue_reports(pipe, gids)
+        externals.queue_records(pipe, xids)
+        replies = iter(pipe.execute())
+        recs, stale = replicas.take_records(rids, replies)
+        live = nodes.take_live(names, replies)
+        reports, gone = gateways.take_reports(gids, replies)
+        ext = externals.take_records(xids, replies)
+        self.tidy_replica_ids(stale)  # type: ignore[attr-defined]
+        self.tidy_gateway_ids(gone)  # type: ignore[attr-defined]
+        return PublishView(doc, tuple(recs), live, last_seen, tuple(reports), tuple(ext), version, fingerprint)
