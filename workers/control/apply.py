@@ -30,6 +30,7 @@ from workers.control.plan import (
     plan,
 )
 from workers.control.external import external_endpoints
+from workers.control.gcpause import paused_gc
 from workers.control.publish import endpoints_from, fingerprint, merge_evidence
 from workers.control.scaling import autoscale_step
 from workers.control.snapshot import CatalogKeeper, load_snapshot
@@ -210,7 +211,9 @@ def _reconcile(store, dispatcher, now, lock_ttl, config, catalog_sync, monotonic
     snap, recheck_at = autoscale_step(store, catalog, snap, t)
     if recheck_at is not None:  # a load above target: decide when its window ends, not at the next tick
         kicker.kick_in(RECONCILE, recheck_at - t)
-    actions = plan(catalog, snap, t, config)
+    # plan makes many small objects and no cycles: GC sweeps amid it cost a third of it (bench/scheduler.py)
+    with paused_gc():
+        actions = plan(catalog, snap, t, config)
     budget = lock_ttl / 2
     result = apply_actions(actions, store, dispatcher, t, lambda: monotonic() - started > budget, kicker)
     if result.applied or result.failed or result.deferred:
