@@ -575,14 +575,14 @@ def test_probe_outcomes_come_from_the_supervisor(env, monkeypatch):
     create(store)
     agent.tick()
     calls = []
-    real = sv.probed
+    real = sv.probes.probed
 
     def spy(*a, **kw):
         out = real(*a, **kw)
         calls.append(out)
         return out
 
-    monkeypatch.setattr(sv, "probed", spy)
+    monkeypatch.setattr(sv.probes, "probed", spy)
     runner.set_ready("r1")
     clock.advance(1)
     agent.tick()
