@@ -324,13 +324,13 @@ class Agent:
             ready.append(Prepared(rec, start, launch, intent))
         return ready, failed
 
-    def _spawn(self, starting: Prepared, now: float) -> sv.Facts:
+    def _spawn(self, prepared: Prepared, now: float) -> sv.Facts:
         """Spawn an attempt whose intent is recorded; the facts of how that went (its pid, or a failure)."""
-        rec, start, launch = starting.rec, starting.start, starting.launch
+        rec, start, launch = prepared.rec, prepared.start, prepared.launch
         self.local[rec.id] = Local(sv.Attempt(attempt=start.attempt, known=True), launch)
         try:
             if rec.node == self.node:  # the record it starts with, kept beside it (supervisor.restored)
-                self.runner.save_record(rec.id, sv.with_fields(rec, starting.intent).to_dict())
+                self.runner.save_record(rec.id, sv.with_fields(rec, prepared.intent).to_dict())
             pid, pid_start = self.runner.spawn(rec.id, start.attempt, launch.spec)
         except Exception as e:  # noqa: BLE001
             self.local.pop(rec.id, None)
