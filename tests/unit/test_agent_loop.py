@@ -575,14 +575,14 @@ def test_probe_outcomes_come_from_the_supervisor(env, monkeypatch):
     create(store)
     agent.tick()
     calls = []
-    real = sv.probed
+    real = sv.probes.probed
 
     def spy(*a, **kw):
         out = real(*a, **kw)
         calls.append(out)
         return out
 
-    monkeypatch.setattr(sv, "probed", spy)
+    monkeypatch.setattr(sv.probes, "probed", spy)
     runner.set_ready("r1")
     clock.advance(1)
     agent.tick()
@@ -620,3 +620,61 @@ def test_shutdown_waits_on_the_injected_clock(env, monkeypatch):
     assert 10 <= clock.t - t0 <= 10 + max(slept)
     rec = store.get_replica("r1")
     assert rec.exit_signal == signal.SIGKILL and not rec.failure_times
+
+
+def count_writes(store, monkeypatch) -> list[dict]:
+    """Every record write the agent makes, one entry per round trip: {replica id: fields}."""
+    calls: list[dict] = []
+    real = store.update_replicas
+
+    def update_replicas(updates):
+        if any(updates.values()):
+            calls.append({rid: dict(f) for rid, f in updates.items() if f})
+        return real(updates)
+
+    def update_replica(rid, **fields):
+        raise AssertionError(f"the agent wrote {rid} outside its one write per pass")
+
+    monkeypatch.setattr(store, "update_replicas", update_replicas)
+    monkeypatch.setattr(store, "update_replica", update_replica)
+    return calls
+
+
+def test_each_record_is_written_once_per_pass(env, monkeypatch):
+    """One pipelined write of the pass's facts; a started replica's shim pid is the one later write."""
+    store, runner, clock, make_agent = env
+    agent = make_agent()
+    create(store, "r1")
+    create(store, "r2")
+    writes = count_writes(store, monkeypatch)
+    agent.tick()  # both start: the intents, then the pids
+    assert [sorted(w) for w in writes] == [["r1", "r2"], ["r1", "r2"]]
+    assert set(writes[0]["r1"]) >= {"attempt", "started_at", "port", "url"} and set(writes[1]["r1"]) == {"pid",
+                                                                                                        "pid_start"}
+    writes.clear()
+    clock.advance(1)
+    runner.set_ready("r1")
+    runner.crash("r2")
+    agent.tick()  # r1's probe and engine pid, r2's exit (with its log): one write, one entry each
+    [w] = writes
+    assert sorted(w) == ["r1", "r2"]
+    assert {"first_ready_at", "engine_pid"} <= set(w["r1"]) and {"exit_code", "log_tail"} <= set(w["r2"])
+
+
+def test_a_launch_that_fails_is_news_and_kicks_a_reconcile(env, monkeypatch):
+    from llmgw.state.kicks import RECONCILE
+
+    store, runner, clock, make_agent = env
+    kicks, emitted = [], []
+    agent = Agent(agent_settings(node_name="a", port_range=(30000, 30009)), store, runner, FakeProber(runner), clock,
+                  bindable=lambda port: True, kick=kicks.append)
+    monkeypatch.setattr(store, "emit", lambda kind, message="", **f: emitted.append((kind, message)))
+
+    def boom(*a):
+        raise OSError("no such file")
+
+    runner.spawn = boom
+    create(store)
+    agent.tick()
+    assert [k for k, m in emitted if "could not start" in m] == ["replica_failed"]
+    assert RECONCILE in kicks

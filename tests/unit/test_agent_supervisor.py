@@ -449,3 +449,83 @@ def test_news_of_an_action(desc, action, kinds, kicks):
 def test_a_crash_by_signal_is_named():
     [n] = sv.news(rec(attempt=3), sv.RecordExit("r1", sv.ExitFacts(-4, 4, 100.0), (100.0,), 101.0, 1))
     assert "SIGILL" in n.message and "attempt 3" in n.message
+
+
+# --- which probes are due this pass ----------------------------------------------------------------
+PROBING = sv.Policy(probe_interval=1.0, start_probe_interval=0.1)
+STARTING = dict(attempt=1, started_at=90, pid=5, url="http://a:1/")
+SERVING_READY = dict(STARTING, first_ready_at=91, last_probe_ok=True)
+RUNNING = sv.Observed(alive=True, known=True, pid=5)
+
+DUE_CASES = [
+    # (description, record facts, observed, memory (None: none), health path, expected probe urls)
+    ("never probed: due", STARTING, RUNNING, sv.Attempt(attempt=1), None, ["http://a:1/health"]),
+    ("starting, probed 0.05 s ago: not yet", STARTING, RUNNING, sv.Attempt(attempt=1, last_probe_at=99.95), None, []),
+    ("starting, probed 0.2 s ago: due", STARTING, RUNNING, sv.Attempt(attempt=1, last_probe_at=99.8), None,
+     ["http://a:1/health"]),
+    ("ready, probed 0.5 s ago: not yet", SERVING_READY, RUNNING, sv.Attempt(attempt=1, last_probe_at=99.5), None, []),
+    ("ready, probed 1 s ago: due, at the engine's health path", SERVING_READY, RUNNING,
+     sv.Attempt(attempt=1, last_probe_at=99.0), "/v1/health", ["http://a:1/v1/health"]),
+    ("not running", STARTING, sv.Observed(alive=False), sv.Attempt(attempt=1), None, []),
+    ("a headless part has no /health", STARTING, dataclasses.replace(RUNNING, has_health=False),
+     sv.Attempt(attempt=1), None, []),
+    ("no memory of the attempt (not observed this pass)", STARTING, RUNNING, None, None, []),
+    ("asked to stop: no more probes", dict(STARTING, stop_requested_at=99), RUNNING, sv.Attempt(attempt=1), None, []),
+    ("no url yet", dict(STARTING, url=None), RUNNING, sv.Attempt(attempt=1), None, []),
+]
+
+
+@pytest.mark.parametrize("desc,facts,obs,memory,path,urls", DUE_CASES, ids=[c[0] for c in DUE_CASES])
+def test_due_probes(desc, facts, obs, memory, path, urls):
+    r = rec(**facts)
+    due = sv.due_probes([r], {r.id: obs}, {r.id: memory} if memory else {}, {r.id: path} if path else {}, 100.0,
+                        PROBING)
+    assert [p.url for p in due] == urls
+
+
+def test_a_due_probe_carries_the_failures_in_a_row_before_it():
+    r = rec(**SERVING_READY)
+    [p] = sv.due_probes([r], {r.id: RUNNING}, {r.id: sv.Attempt(attempt=1, last_probe_at=90, probe_failures=2)},
+                        {}, 100.0, PROBING)
+    assert p == sv.Probe("r1", "http://a:1/health", failures=2)
+
+
+# --- one write per record per pass ---------------------------------------------------------------
+HEAD = rec(attempt=1)
+MEMBER = rec(id="mn", node="b", nodes=["b", "a"], attempt=1)
+
+MERGE_CASES = [
+    # (description, [(record, facts)], tails, expected record writes, expected member memory)
+    ("nothing to record", [], {}, {}, {}),
+    ("a probe and a learned pid: one write with both",
+     [(HEAD, sv.Facts(fields={"last_probe_ok": True})), (HEAD, sv.Facts(fields={"engine_pid": 6}))], {},
+     {"r1": {"last_probe_ok": True, "engine_pid": 6}}, {}),
+    ("a later value of a field wins",
+     [(HEAD, sv.Facts(fields={"exited_at": 1.0, "exit_code": 1})), (HEAD, sv.Facts(fields={"exited_at": 2.0}))], {},
+     {"r1": {"exited_at": 2.0, "exit_code": 1}}, {}),
+    ("an exit records the end of the engine log and the note",
+     [(HEAD, sv.Facts(fields={"exit_code": 1}, tail="\nnote"))], {"r1": "log"},
+     {"r1": {"exit_code": 1, "log_tail": "log\nnote"}}, {}),
+    ("the log's end is cut to LOG_TAIL_BYTES", [(HEAD, sv.Facts(tail="!"))], {"r1": "x" * sv.LOG_TAIL_BYTES},
+     {"r1": {"log_tail": "x" * (sv.LOG_TAIL_BYTES - 1) + "!"}}, {}),
+    ("no tail asked: log_tail left alone", [(HEAD, sv.Facts(fields={"pid": 5}))], {"r1": "log"},
+     {"r1": {"pid": 5}}, {}),
+    ("a member part's facts go to this agent's memory, its confirmation to the record",
+     [(MEMBER, sv.Facts(fields={"stopped_at": 100}, confirm={"stopped_on:a": 100}))], {},
+     {"mn": {"stopped_on:a": 100}}, {"mn": {"stopped_at": 100}}),
+    ("a head's and a member's facts in one pass",
+     [(HEAD, sv.Facts(fields={"pid": 5})), (MEMBER, sv.Facts(fields={"pid": 7, "joined_attempt": 1}))], {},
+     {"r1": {"pid": 5}}, {"mn": {"pid": 7, "joined_attempt": 1}}),
+]
+
+
+@pytest.mark.parametrize("desc,facts,tails,records,members", MERGE_CASES, ids=[c[0] for c in MERGE_CASES])
+def test_merge_writes_each_record_once(desc, facts, tails, records, members):
+    writes = sv.merge(facts, "a", tails)
+    assert {k: v for k, v in writes.records.items() if v} == records
+    assert {k: v for k, v in writes.members.items() if v} == members
+
+
+def test_with_fields_is_the_record_as_the_write_leaves_it():
+    after = sv.with_fields(HEAD, {"pid": 5, "joined_attempt": 3})  # joined_attempt: a member's memory only
+    assert (after.pid, after.attempt) == (5, 1)

@@ -78,10 +78,10 @@ class AgentSettings(Settings):
                               meaning="SIGTERM -> SIGKILL")
     liveness_timeout: Seconds = env("LLMGW_AGENT_LIVENESS_TIMEOUT", default=Policy.liveness_timeout, ge=0,
                                     meaning="restart a once-ready engine failing probes this long (0: never)")
-    probe_interval: Seconds = env("LLMGW_AGENT_PROBE_INTERVAL", default=1.0, gt=0,
+    probe_interval: Seconds = env("LLMGW_AGENT_PROBE_INTERVAL", default=Policy.probe_interval, gt=0,
                                   meaning="`/health` probe period per replica")
     start_probe_interval: Seconds = env(
-        "LLMGW_AGENT_START_PROBE_INTERVAL", default=0.1, gt=0,
+        "LLMGW_AGENT_START_PROBE_INTERVAL", default=Policy.start_probe_interval, gt=0,
         meaning="`/health` probe period while an attempt is starting, so a Ready engine is routed at once")
     probe_timeout: Seconds = env("LLMGW_AGENT_PROBE_TIMEOUT", default=1.0, gt=0, meaning="`/health` timeout")
     probe_failures: int = env("LLMGW_AGENT_PROBE_FAILURES", default=Policy.probe_failures, ge=1,
@@ -109,5 +109,7 @@ class AgentSettings(Settings):
             stop_grace=self.stop_grace,
             liveness_timeout=self.liveness_timeout,
             probe_failures=self.probe_failures,
+            probe_interval=self.probe_interval,
+            start_probe_interval=self.start_probe_interval,
             probe_refresh=5 * self.probe_interval,  # an unchanged probe result is rewritten this often
         )

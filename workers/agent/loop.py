@@ -2,13 +2,15 @@
 
 Each pass (`Agent.tick`) observes, decides and acts:
 1. observe: the records on this node (one read), the attempts in the state dir (one look), each
-   running attempt's process (the runner seam) and, where one is due, its `/health` (the prober seam,
-   concurrently);
-2. decide: `workers.agent.supervisor.decide` returns the actions, each carrying the fields to record;
-3. act: every replica's fields go to Redis in one pipeline (a member part of a multi-node replica keeps
-   its facts in this agent's memory; only the head writes the record's agent fields), then the
-   signals and spawns. A started replica's shim pid is the one later write: its intent must be in
-   Redis before the process exists, and the pid exists only after.
+   running attempt's process (the runner seam) and the `/health` probes `supervisor.due_probes` says
+   are due (the prober seam, concurrently);
+2. decide: `workers.agent.supervisor.decide` returns the actions, each carrying the facts to record;
+   the launcher builds each Start's command and port, whose intent (`supervisor.starting`) is a fact too;
+3. act: `supervisor.merge` gathers the pass's facts per replica and every record is written once, in
+   one pipeline (a member part of a multi-node replica keeps its facts in this agent's memory; only the
+   head writes the record's agent fields), then the signals and spawns. A started replica's shim pid
+   is the one later write: its intent must be in Redis before the process exists, and the pid exists
+   only after.
 The loop never dies: a replica that cannot be observed or acted on is logged with its id and skipped.
 Launches are built in `launch.py`; the loop's thread, the heartbeat's and the scraper's are run by
 `step.py`.
@@ -23,7 +25,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from llmgw.proc.ports import can_bind
 from llmgw.state.clock import Clock
@@ -35,10 +37,9 @@ from workers.agent.config import AgentSettings
 from workers.agent.inventory import node_info
 from workers.agent.launch import CatalogCache, Launch, Launcher
 from workers.agent.scrape import ScrapeTarget, scrape_targets
+from workers.agent.shutdown import stop_engines
 
 log = logging.getLogger("llmgw.agent")
-
-_RECORD_FIELDS = frozenset(f.name for f in dataclasses.fields(ReplicaRecord))
 
 
 @dataclass
@@ -47,6 +48,15 @@ class Local:
 
     memory: sv.Attempt
     launch: Launch | None = None
+
+
+class Prepared(NamedTuple):
+    """A Start whose launch is built: `intent`, the facts recorded before its process is spawned."""
+
+    rec: ReplicaRecord
+    start: sv.Start
+    launch: Launch
+    intent: dict[str, Any]
 
 
 class Agent:
@@ -78,6 +88,7 @@ class Agent:
     def tick(self) -> list[sv.Action]:
         """One pass of the loop. Returns the actions decided (for tests and logs)."""
         now = self.clock.time()
+        # observe
         records = self.store.replicas_on(self.node)
         ids = {r.id for r in records}
         for memory in (self.local, self.members):
@@ -86,7 +97,9 @@ class Agent:
         found = self.runner.discover()
         views, observed = self._observe(records, found, now)
         rest = self._leftovers(ids, found, now)
+        # decide
         actions = sv.decide(views, observed, list(rest.orphans), now, self.policy, self.node)
+        # act
         self._act(views, records, actions, now)
         self.starting = any(observed[v.id].alive and observed[v.id].has_health and not sv.ready_this_attempt(v)
                             and v.stop_requested_at is None for v in views)
@@ -134,9 +147,7 @@ class Agent:
         `part_view`), `stored` the record as read, whose agent fields are the head's: a member part
         follows the head's attempt."""
         head = view.node == self.node
-        member: dict[str, Any] = {} if head else dict(
-            head_attempt=stored.attempt if stored.running else 0,
-            joined_attempt=self.members.get(view.id, {}).get("joined_attempt"))
+        member = sv.head_of_part(stored, self.node, self.members.get(view.id, {}))
         loc = self.local.get(view.id)
         if loc is not None and loc.memory.attempt != view.attempt:  # the memory of an earlier attempt
             del self.local[view.id]
@@ -160,22 +171,14 @@ class Agent:
         )
 
     def _probe(self, views: list[ReplicaRecord], observed: dict[str, sv.Observed], now: float) -> None:
-        """`/health` of the running attempts whose probe is due, concurrently; results go to `observed`."""
-        due = []
-        for rec in views:
-            obs, loc = observed[rec.id], self.local.get(rec.id)
-            if not obs.alive or not obs.has_health or loc is None or rec.stop_requested_at is not None or not rec.url:
-                continue
-            # A starting attempt is probed often: the moment it answers is the moment it can be routed.
-            every = self.settings.probe_interval if sv.ready_this_attempt(rec) else self.settings.start_probe_interval
-            if loc.memory.last_probe_at is not None and now - loc.memory.last_probe_at < every:
-                continue
-            path = loc.launch.spec.health_path if loc.launch else "/health"
-            due.append((rec.id, loc, rec.url.rstrip("/") + path))
-        results = self._probe_pool.map(lambda item: self.prober.health(item[2], self.settings.probe_timeout), due)
-        for (rid, loc, _url), res in zip(due, results):
-            observed[rid] = dataclasses.replace(observed[rid], probe_ok=res.ok, probe_error=res.error,
-                                                probe_failures=loc.memory.probe_failures)
+        """Run the `/health` probes that are due, concurrently; their results go to `observed`."""
+        memory = {rid: loc.memory for rid, loc in self.local.items()}
+        paths = {rid: loc.launch.spec.health_path for rid, loc in self.local.items() if loc.launch}
+        due = sv.due_probes(views, observed, memory, paths, now, self.policy)
+        results = self._probe_pool.map(lambda probe: self.prober.health(probe.url, self.settings.probe_timeout), due)
+        for probe, res in zip(due, results):
+            observed[probe.replica_id] = dataclasses.replace(
+                observed[probe.replica_id], probe_ok=res.ok, probe_error=res.error, probe_failures=probe.failures)
 
     def _leftovers(self, ids: set[str], found: dict, now: float) -> sv.Leftovers:
         self.orphan_terms = {rid: t for rid, t in self.orphan_terms.items() if rid in found and found[rid].alive}
@@ -220,34 +223,41 @@ class Agent:
     def _act(self, views: list[ReplicaRecord], records: list[ReplicaRecord], actions: list[sv.Action],
              now: float) -> None:
         by_id = {v.id: v for v in views}
-        writes: dict[str, dict[str, Any]] = {}
-        signals, starts = [], []
-        for action in actions:
-            try:
-                if isinstance(action, sv.Signal):
-                    signals.append(action)
-                elif isinstance(action, sv.Start):
-                    starts.append(action)
-                else:
-                    self._record(by_id[action.replica_id], action, writes)
-                    self._remember(action, now)
-            except Exception:  # noqa: BLE001 - one bad replica must not stop the others
-                log.exception("replica %s: %s failed", action.replica_id, type(action).__name__)
-        launches = self._prepare(starts, by_id, records, writes, now)
-        existing = self.store.update_replicas(writes)
+        recorded = [a for a in actions if isinstance(a, sv.Facts)]
+        launches, failed = self._prepare([a for a in actions if isinstance(a, sv.Start)], by_id, records, now)
+        # One write of the pass's facts, the starts' intents included: bookkeeping before side effects.
+        intents = [(s.rec, sv.Facts(fields=s.intent)) for s in launches]
+        writes, existing = self.record([(by_id[a.replica_id], a) for a in recorded] + intents + failed)
+        for action in recorded:
+            self._remember(action, now)
         # What the scraper reads: Ready heads, as this pass leaves them.
-        now_views = [dataclasses.replace(v, **{k: x for k, x in writes.get(v.id, {}).items() if k in _RECORD_FIELDS})
-                     for v in views if v.node == self.node]
-        self.targets = scrape_targets(now_views, {rid: loc.launch for rid, loc in self.local.items()})
-        for action in signals:
-            self._signal(action, now)
-        spawned: dict[str, dict[str, Any]] = {}
-        for rec, start, launch in launches:
-            if rec.node == self.node and rec.id not in existing:
-                continue  # the record was deleted meanwhile
-            self._spawn(rec, start, launch, now, spawned, writes.get(rec.id, {}))
-        self.store.update_replicas(spawned)
-        self._announce(actions, by_id)
+        heads = [sv.with_fields(v, writes.records.get(v.id, {})) for v in views if v.node == self.node]
+        self.targets = scrape_targets(heads, {rid: loc.launch for rid, loc in self.local.items()})
+        for action in actions:
+            if isinstance(action, sv.Signal):
+                self._signal(action, now)
+        # A head whose record was deleted meanwhile is not started.
+        spawned = [(s.rec, self._spawn(s, now)) for s in launches if s.rec.node != self.node or s.rec.id in existing]
+        self.record(spawned)
+        failed += [(rec, f) for rec, f in spawned if isinstance(f, sv.LaunchFailed)]
+        self._announce([*actions, *(f for _rec, f in failed)], by_id)
+
+    def record(self, facts: list[tuple[ReplicaRecord, sv.Facts]]) -> tuple[sv.Writes, set[str]]:
+        """Record `facts`: merged per replica, each record written once (one pipeline), a member part's
+        facts kept in this agent's memory. Returns the writes and the ids whose record still exists."""
+        tails: dict[str, str] = {}
+        for rec, facts_ in facts:
+            if facts_.tail is not None and rec.id not in tails:
+                try:
+                    tails[rec.id] = self.runner.log_tail(rec.id, sv.LOG_TAIL_BYTES)
+                except Exception:  # noqa: BLE001 - the facts are recorded without the log's end
+                    log.exception("replica %s: cannot read the end of its engine log", rec.id)
+            if facts_.message:
+                log.log(facts_.level, "replica %s: %s", rec.id, facts_.message)
+        writes = sv.merge(facts, self.node, tails)
+        for rid, fields in writes.members.items():
+            self.members.setdefault(rid, {}).update(fields)
+        return writes, self.store.update_replicas(writes.records)
 
     def _announce(self, actions: list[sv.Action], by_id: dict[str, ReplicaRecord]) -> None:
         """Events for the history, and kicks for the control passes a fact concerns (after the facts
@@ -263,22 +273,6 @@ class Agent:
                 kicks.update(n.kicks)
         for task in sorted(kicks):
             self.kick(task)
-
-    def _record(self, rec: ReplicaRecord, facts: sv.Facts, writes: dict[str, dict[str, Any]]) -> None:
-        """Facts of this node's part go to the record for the head, to this agent's memory for a member
-        part; confirmations go to the record either way."""
-        fields = dict(facts.fields)
-        if facts.tail is not None:
-            tail = self.runner.log_tail(rec.id, sv.LOG_TAIL_BYTES) + facts.tail
-            fields["log_tail"] = tail[-sv.LOG_TAIL_BYTES:]
-        if rec.node == self.node:
-            writes.setdefault(rec.id, {}).update(fields)
-        else:
-            self.members.setdefault(rec.id, {}).update(fields)
-        if facts.confirm:
-            writes.setdefault(rec.id, {}).update(facts.confirm)
-        if facts.message:
-            log.log(facts.level, "replica %s: %s", rec.id, facts.message)
 
     def _remember(self, action: sv.Action, now: float) -> None:
         loc = self.local.get(action.replica_id)
@@ -302,13 +296,13 @@ class Agent:
             self._remember(action, now)
 
     def _prepare(self, starts: list[sv.Start], by_id: dict[str, ReplicaRecord], records: list[ReplicaRecord],
-                 writes: dict[str, dict[str, Any]], now: float) -> list[tuple[ReplicaRecord, sv.Start, Launch]]:
-        """Each Start's port and command, its intent recorded in `writes`; a launch that cannot even be
-        built is recorded as a failed attempt."""
+                 now: float) -> tuple[list[Prepared], list[tuple[ReplicaRecord, sv.Facts]]]:
+        """Each Start's port and command with the intent to record before its spawn; a launch that cannot
+        even be built is a failed attempt (its facts are the second list)."""
         # Ports held by any record on this node, including this agent's member parts.
         reserved = ({r.port for r in records if r.port} | {v.port for v in by_id.values() if v.port}
                     | {r.master_port for r in records if r.master_port and r.node == self.node})
-        out = []
+        ready, failed = [], []
         for start in starts:
             if self.stopping.is_set():
                 break  # shutting down: stop_engines() may already have made its list
@@ -316,37 +310,34 @@ class Agent:
             try:
                 launch = self.launcher.prepare(rec, reserved)
             except Exception as e:  # noqa: BLE001 - e.g. no free port, an engine binary missing
-                self._record(rec, sv.launch_failed(rec, start.attempt, now, f"cannot build the launch: {e}",
-                                                   self.policy), writes)
+                failed.append((rec, sv.launch_failed(rec, start.attempt, now, f"cannot build the launch: {e}",
+                                                     self.policy)))
                 continue
             if launch is None:
                 self.warn(rec.id, f"model {rec.model!r} profile {rec.profile!r} is not in the applied catalog; "
                                    "not starting")
                 continue
             reserved |= {p for p in (launch.port, launch.master_port) if p is not None}
-            fields = sv.starting(rec, start, now, launch.port, launch.url, launch.master_port, launch.spec.serves_http,
-                                 log_path=str(self.runner.log_path(rec.id)))
-            self._record(rec, sv.Facts(fields=fields), writes)
-            out.append((rec, start, launch))
-        return out
+            intent = sv.starting(rec, start, now, launch.port, launch.url, launch.master_port,
+                                 launch.spec.serves_http, log_path=str(self.runner.log_path(rec.id)))
+            ready.append(Prepared(rec, start, launch, intent))
+        return ready, failed
 
-    def _spawn(self, rec: ReplicaRecord, start: sv.Start, launch: Launch, now: float,
-               writes: dict[str, dict[str, Any]], intent: dict[str, Any]) -> None:
+    def _spawn(self, prepared: Prepared, now: float) -> sv.Facts:
+        """Spawn an attempt whose intent is recorded; the facts of how that went (its pid, or a failure)."""
+        rec, start, launch = prepared.rec, prepared.start, prepared.launch
         self.local[rec.id] = Local(sv.Attempt(attempt=start.attempt, known=True), launch)
         try:
             if rec.node == self.node:  # the record it starts with, kept beside it (supervisor.restored)
-                started = dataclasses.replace(rec, **{k: v for k, v in intent.items() if k in _RECORD_FIELDS})
-                self.runner.save_record(rec.id, started.to_dict())
+                self.runner.save_record(rec.id, sv.with_fields(rec, prepared.intent).to_dict())
             pid, pid_start = self.runner.spawn(rec.id, start.attempt, launch.spec)
         except Exception as e:  # noqa: BLE001
             self.local.pop(rec.id, None)
-            self._record(rec, sv.launch_failed(rec, start.attempt, now, f"cannot start the shim: {e}", self.policy),
-                         writes)
-            return
+            return sv.launch_failed(rec, start.attempt, now, f"cannot start the shim: {e}", self.policy)
         log.info("replica %s: %s attempt %d on port %d (pid %d): %s", rec.id,
                  "restarting," if start.restart else "starting,", start.attempt, launch.port, pid,
                  " ".join(launch.spec.argv))
-        self._record(rec, sv.Facts(fields={"pid": pid, "pid_start": pid_start}), writes)
+        return sv.Facts(fields={"pid": pid, "pid_start": pid_start})
 
     def next_wait(self) -> float:
         """How long the loop may wait for a wake-up before the next pass."""
@@ -370,55 +361,5 @@ class Agent:
         self.store.write_heartbeat(info, self.settings.heartbeat_ttl)
 
     def stop_engines(self) -> None:
-        """Stop every running attempt on this node with the supervisor's one escalation (SIGTERM, then
-        SIGKILL once the grace period is over) and record the exits (not as failures: the next agent
-        starts them again at once)."""
-        now = self.clock.time()
-        found = self.runner.discover()
-        try:
-            records = [sv.part_view(r, self.members.get(r.id, {}), found.get(r.id), self.node, now)[0]
-                       for r in self.store.replicas_on(self.node)]
-        except Exception:  # noqa: BLE001 - Redis gone: fall back to the state dir
-            log.exception("cannot read the replica records; stopping what the state dir lists")
-            records = []
-        running: dict[str, tuple[ReplicaRecord | None, int, int, int | None]] = {}
-        for rec in records:
-            if rec.running:
-                seen = self.runner.observe(rec.id, rec.attempt, rec.pid, rec.pid_start)
-                if seen.alive and seen.pid:
-                    running[rec.id] = (rec, rec.attempt, seen.pid, seen.pid_start)
-        for rid, f in found.items():
-            if f.alive and rid not in running:
-                running[rid] = (None, f.attempt, f.pid, f.pid_start)
-        terms: dict[str, float] = {}
-        exits: dict[str, sv.ExitFacts | None] = {}
-        pending = dict(running)
-        give_up = self.clock.monotonic() + self.policy.stop_grace + 5.0  # SIGKILL's own wait, bounded
-        while pending:
-            t = self.clock.monotonic()
-            for rid, (_rec, attempt, pid, start) in list(pending.items()):
-                for s in sv.stop_signals(rid, pid, start, terms.get(rid), t, self.policy, "the agent is stopping"):
-                    if s.sig == signal.SIGKILL:
-                        log.warning("replica %s: still running after %.0fs; SIGKILL", rid, self.policy.stop_grace)
-                    self.runner.signal(rid, pid, start, s.sig)
-                    terms.setdefault(rid, t)
-                seen = self.runner.observe(rid, attempt, pid, start)
-                if not seen.alive:
-                    exits[rid] = seen.exit
-                    del pending[rid]
-            if pending and self.clock.monotonic() < give_up:
-                self.sleep(0.1)
-            elif pending:
-                log.error("engines still running after SIGKILL: %s", ", ".join(sorted(pending)))
-                break
-        now = self.clock.time()
-        writes: dict[str, dict[str, Any]] = {}
-        for rid, (rec, attempt, pid, start) in running.items():
-            if rec is not None and rec.node == self.node:
-                exit = exits[rid] if rid in exits else self.runner.observe(rid, attempt, pid, start).exit
-                self._record(rec, sv.shutdown_exit(rec, exit, now), writes)
-        try:
-            self.store.update_replicas(writes)
-        except Exception:  # noqa: BLE001
-            log.exception("cannot record the shutdown of %s", ", ".join(sorted(writes)))
-        log.info("agent stopped %d engine(s)", len(running))
+        """Stop every engine on this node and record the exits (workers.agent.shutdown)."""
+        stop_engines(self)
