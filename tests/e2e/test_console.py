@@ -4,15 +4,14 @@ replicas' states and the node appear; a replica killed with kill -9 shows as Fai
 while the page keeps polling (never reloaded); with keys in use the page refuses an ordinary key and
 takes an admin one.
 
-On CI (.ci/run sets LLMGW_CI=1 and installs the browser) a missing browser fails the test; elsewhere it
-is skipped with the line that installs it."""
+Without the browser the test is skipped with the line that installs it, and fails under CI
+(tests/support/needs.py)."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
 import re
-import shutil
 import signal
 import subprocess
 import time
@@ -22,34 +21,20 @@ import pytest
 from llmgw.state.apikeys import create_key, new_key
 from llmgw.state import keys
 from llmgw.state.store import Store, connect
+from tests.support import needs
+from tests.support.cluster import sim_catalog
 from tests.support.procs import ProcessSet, free_port, python, wait_until
 
 pytestmark = pytest.mark.slow
 
-CATALOG = """
-models:
-  - name: chat
-    profiles:
-      - name: cpu
-        engine: sim
-        replicas: 2
-"""
+CATALOG = sim_catalog(replicas=2)
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync", "--no-first-run", "--window-size=1400,1000"]
 
 
-def browser_paths() -> tuple[str, str]:
-    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
-    if chromium and driver:
-        return chromium, driver
-    if os.environ.get("LLMGW_CI"):
-        pytest.fail("LLMGW_CI is set but chromium or chromium-driver is missing: .ci/run installs them")
-    pytest.skip("no headless browser here: apt-get install chromium chromium-driver")
-
-
 @pytest.fixture
 def browser(tmp_path):
-    chromium, driver_path = browser_paths()
+    chromium, driver_path = needs.browser()
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 

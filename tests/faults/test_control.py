@@ -30,7 +30,6 @@ from tests.faults.fleet import (
     current,
     expected,
     gpu_conflicts,
-    hold,
     identities,
     orphans,
     settle,
@@ -38,7 +37,7 @@ from tests.faults.fleet import (
     states,
 )
 from tests.support.clients import start_loops, stop_loops
-from tests.support.procs import TOKEN_VAR, wait_until
+from tests.support.procs import TOKEN_VAR, hold, wait_until
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
@@ -141,11 +140,8 @@ def test_a_reconcile_pass_frozen_past_its_lock_and_thawed_duplicates_nothing(clu
     ghosts.beat()
     ghosts.start()
     try:
-        cluster.start_node("a", **AGENT)
-        a = cluster.start_control(concurrency=4)
-        cluster.start_beat()
-        url = cluster.start_gateway()
-        cluster.apply_catalog(BULK.format(n=0))
+        [url] = cluster.start_system(BULK.format(n=0), node_env=AGENT)  # on the Redis just started
+        a = cluster.procs.get("control")  # 4 threads
         wait_until(lambda: requests_ok(url), 60, what="chat to be served")
         loops = start_loops(url, "chat", streaming=1, plain=1)
         try:
