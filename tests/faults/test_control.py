@@ -83,9 +83,10 @@ def test_control_worker_then_beat_killed_for_twenty_seconds_and_two_beats(cluste
         passes = store.control_stats().get("reconcile:passes", 0)
         cluster.apply_catalog(catalog(gpu=2, cpu=2), name="gpu2-cpu2.yaml")
         settle(cluster, expected(gpu=2, cpu=2), timeout=60)
-        hold(5, no_client_errors(loops))  # several doubled ticks after it converged
+        hold(5, no_client_errors(loops))  # doubled ticks after it converged
+        # ... at least five passes of them (a loaded machine may run fewer in the 5 s), then the count.
+        wait_until(lambda: store.control_stats()["reconcile:passes"] - passes >= 5, 30, what="5 reconcile passes")
         kinds = Counter(e.kind for e in events.read(store.r, after=mark))
-        assert store.control_stats()["reconcile:passes"] - passes >= 5
         assert (kinds["replica_placed"], kinds["replica_draining"], kinds["replica_stopped"]) == (1, 2, 2), kinds
         cluster.procs.get("beat2").stop()
     finally:

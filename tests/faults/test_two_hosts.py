@@ -119,8 +119,10 @@ def test_two_hosts_link_down_and_back(cluster, hosts):
     cluster.start_beat()
     # A request stuck on a host that vanished gives up after 5 s instead of the default 120 s.
     url = cluster.start_gateway(LLMGW_GATEWAY_FIRST_BYTE_TIMEOUT=str(FIRST_BYTE))
-    cluster.apply_catalog(CATALOG)
     store = cluster.store()
+    # Both hosts live before the catalog, so its two CPU replicas are spread over them.
+    wait_until(lambda: {"h1", "h2"} <= set(store.live_nodes()), 30, what="both hosts' agents to be live")
+    cluster.apply_catalog(CATALOG)
     wait_until(lambda: requests.get(url + "/healthz", timeout=2).json()["endpoints"] == 2, 90,
                what="the gateway to route to both hosts")
     recs = {r.node: r for r in store.all_replicas()}
