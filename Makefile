@@ -68,6 +68,8 @@ clean-engine:
 up: install
 	$(VENV)/bin/llmgw up $(ARGS)
 
+# A test that needs a system package the install does not bring is skipped with the reason where it is
+# missing (failed under LLMGW_CI=1, .ci/run); the run ends with the list, "skipped: N (needs ...)".
 test: install
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -1,4 +1,5 @@
-"""Fixtures shared by every test: the process-leak detector and a real Redis.
+"""Fixtures shared by every test: the process-leak detector and a real Redis; and, at the end of a run,
+what was skipped and why, grouped by reason (tests/support/needs.py says what a skipped test needed).
 
 The leak detector gives each test its own LLMGW_TEST_TOKEN in the environment; every process the
 test starts (and every engine those start) inherits it. After the test, any live process still
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections import Counter
 
 import pytest
 
@@ -80,3 +82,20 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda it: ("tests/faults" in str(it.fspath), "tests/e2e" in str(it.fspath),
                                "tests/integration" in str(it.fspath)))
     os.environ.setdefault("LLMGW_TESTING", "1")
+
+
+def skip_reason(report) -> str:
+    """A skip's reason as pytest keeps it, without pytest's `Skipped: ` prefix."""
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    return reason.removeprefix("Skipped: ")
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_terminal_summary(terminalreporter):
+    # Outermost, so the list comes after pytest's own short summary, just above the final counts.
+    yield
+    reasons = Counter(skip_reason(r) for r in terminalreporter.stats.get("skipped", ()))
+    if reasons:
+        terminalreporter.write_sep("=", "what was skipped, and why")
+        for reason, n in reasons.most_common():
+            terminalreporter.write_line(f"skipped: {n} ({reason})")

@@ -17,11 +17,12 @@ import requests
 
 from llmgw.state.replica_state import State, derive, nodes_alive
 from tests.support.clients import start_loops, stop_loops, stream_problem
+from tests.support.cluster import FAST_AGENT
 from tests.support.procs import wait_until
 
 pytestmark = pytest.mark.slow
 
-AGENT = {"LLMGW_AGENT_TICK": "0.2", "LLMGW_AGENT_PROBE_INTERVAL": "0.3", "LLMGW_AGENT_STOP_GRACE": "5"}
+AGENT = {**FAST_AGENT, "LLMGW_AGENT_STOP_GRACE": "5"}
 # Requests queued while replicas start wait rather than being shed (a documented gateway knob).
 GATEWAY = {"LLMGW_GATEWAY_QUEUE_TIMEOUT": "60"}
 
@@ -57,12 +58,7 @@ def chat(url: str, model: str, stream: bool, max_tokens: int = 8) -> tuple[float
 
 
 def start(cluster, catalog: str, gpus: str = "") -> str:
-    cluster.start_redis()
-    cluster.start_node("a", gpus=gpus, **AGENT)
-    cluster.start_control()
-    cluster.start_beat()
-    url = cluster.start_gateway(**GATEWAY)
-    cluster.apply_catalog(catalog)
+    [url] = cluster.start_system(catalog, gpus=gpus, node_env=AGENT, gateway_env=GATEWAY)
     return url
 
 

@@ -1,18 +1,17 @@
 """The web console in a real browser on a real system: `llmgw up` with a simulated catalog, /ui in
 headless Chromium (Debian's chromium, driven by Selenium through chromium-driver). The model, its
 replicas' states and the node appear; a replica killed with kill -9 shows as Failed and then Ready again
-while the page keeps polling (never reloaded); with keys in use the page refuses an ordinary key and
-takes an admin one.
+while the page keeps polling (never reloaded); the catalog and the events show; with keys in use the
+page refuses an ordinary key and takes an admin one. No page ever shows a null, undefined or NaN.
 
-On CI (.ci/run sets LLMGW_CI=1 and installs the browser) a missing browser fails the test; elsewhere it
-is skipped with the line that installs it."""
+Without the browser the test is skipped with the line that installs it, and fails under CI
+(tests/support/needs.py)."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
 import re
-import shutil
 import signal
 import subprocess
 import time
@@ -22,34 +21,20 @@ import pytest
 from llmgw.state.keypolicy import new_key
 from llmgw.state import keys
 from llmgw.state.store import Store, connect
+from tests.support import needs
+from tests.support.cluster import sim_catalog
 from tests.support.procs import ProcessSet, free_port, python, wait_until
 
 pytestmark = pytest.mark.slow
 
-CATALOG = """
-models:
-  - name: chat
-    profiles:
-      - name: cpu
-        engine: sim
-        replicas: 2
-"""
+CATALOG = sim_catalog(replicas=2)
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync", "--no-first-run", "--window-size=1400,1000"]
 
 
-def browser_paths() -> tuple[str, str]:
-    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
-    if chromium and driver:
-        return chromium, driver
-    if os.environ.get("LLMGW_CI"):
-        pytest.fail("LLMGW_CI is set but chromium or chromium-driver is missing: .ci/run installs them")
-    pytest.skip("no headless browser here: apt-get install chromium chromium-driver")
-
-
 @pytest.fixture
 def browser(tmp_path):
-    chromium, driver_path = browser_paths()
+    chromium, driver_path = needs.browser()
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -75,6 +60,19 @@ def attr(driver, css: str, name: str) -> str | None:
 def text(driver, css: str) -> str:
     return driver.execute_script("return [...document.querySelectorAll(arguments[0])]"
                                  ".map((e) => e.innerText).join(' ')", css)
+
+
+# A JavaScript value printed where a word or a number belongs: a field shown without a check for null.
+STRAY = re.compile(r"\b(null|undefined|NaN)\b")
+
+
+def no_stray_values(driver, page: str) -> None:
+    """Fail on a line of the page's visible text showing null, undefined or NaN. The catalog's YAML
+    document is left out: there `null` is YAML's own word for a field not set."""
+    shown = driver.execute_script("const doc = document.getElementById('catalog-yaml');"
+                                  "return document.body.innerText.replace(doc ? doc.innerText : '', '')")
+    stray = [line for line in shown.splitlines() if STRAY.search(line)]
+    assert not stray, f"the {page} page shows {stray}"
 
 
 def click(driver, css: str) -> None:
@@ -105,12 +103,14 @@ def test_the_console_follows_a_running_system(tmp_path, browser):
         wait_until(lambda: all(attr(browser, f'tr[data-replica="{rid}"]', "data-state") == "Ready" for rid in replicas),
                    20, what="both replicas Ready on the models page")
         assert "chat" in text(browser, '[data-model="chat"] h2') and "2/2 Ready" in text(browser, '[data-model="chat"]')
+        no_stray_values(browser, "models")
         browser.execute_script("window.llmgwNotReloaded = true")  # gone if the page ever reloads
 
         # Fleet: the node, live, with both replicas on it.
         click(browser, 'nav a[data-tab="fleet"]')
         wait_until(lambda: attr(browser, '[data-node="solo"]', "data-live") == "true", 10, what="node solo on the fleet")
         assert all(attr(browser, f'[data-node="solo"] [data-replica="{rid}"]', "data-state") == "Ready" for rid in replicas)
+        no_stray_values(browser, "fleet")
 
         # kill -9 one engine: Failed, then Ready again, on the page as it polls.
         click(browser, 'nav a[data-tab="models"]')
@@ -119,13 +119,21 @@ def test_the_console_follows_a_running_system(tmp_path, browser):
         row = f'tr[data-replica="{victim.id}"]'
         wait_until(lambda: attr(browser, row, "data-state") == "Failed", 15, what="the killed replica shown Failed")
         assert "killed by SIGKILL" in text(browser, row)
+        no_stray_values(browser, "models")
         wait_until(lambda: attr(browser, row, "data-state") == "Ready", 40, what="the replica shown Ready again")
         assert browser.execute_script("return window.llmgwNotReloaded === true")
+
+        # Catalog: the applied version, its YAML and its history.
+        click(browser, 'nav a[data-tab="catalog"]')
+        wait_until(lambda: "name: chat" in text(browser, "#catalog-yaml"), 10, what="the catalog on its page")
+        assert "version 1 (applied)" in text(browser, "h2") and text(browser, 'tr[data-version="1"]')
+        no_stray_values(browser, "catalog")
 
         # Events: the crash is in the history.
         click(browser, 'nav a[data-tab="events"]')
         wait_until(lambda: "killed by SIGKILL" in text(browser, 'tr[data-kind="replica_failed"]'), 10,
                    what="the crash on the events page")
+        no_stray_values(browser, "events")
 
         # Keys in use: the page asks for a key, refuses an ordinary one, takes an admin one.
         _, ordinary = store.create_key("app")
@@ -137,6 +145,7 @@ def test_the_console_follows_a_running_system(tmp_path, browser):
         wait_until(lambda: "not an admin key" in browser.find_element("id", "auth-error").text, 10,
                    what="the ordinary key refused")
         assert not text(browser, "tr[data-kind]")  # no data shown
+        no_stray_values(browser, "key")
         browser.find_element("id", "key-input").send_keys(admin)
         click(browser, "#key-submit")
         wait_until(lambda: text(browser, 'tr[data-kind="replica_failed"]'), 10, what="the events again with the admin key")

@@ -10,27 +10,18 @@ import time
 import pytest
 
 from llmgw.state.replica_state import State, derive
+from tests.support.cluster import sim_catalog
 from tests.support.procs import wait_until
 
 pytestmark = pytest.mark.slow
 
-CATALOG = """
-models:
-  - name: tiny
-    profiles:
-      - name: sim
-        engine: sim
-        replicas: 1
-"""
+CATALOG = sim_catalog(model="tiny")
 
 
 def test_status_names_the_signal_and_the_engine_log(cluster):
-    cluster.start_redis()
     # A long backoff keeps the replica Failed (not restarted) while the test reads the status.
-    cluster.start_node("a", LLMGW_AGENT_BACKOFF_BASE="60", LLMGW_AGENT_BACKOFF_CAP="60")
-    cluster.start_control()
-    cluster.start_beat()
-    cluster.apply_catalog(CATALOG)
+    cluster.start_system(CATALOG, node_env={"LLMGW_AGENT_BACKOFF_BASE": "60", "LLMGW_AGENT_BACKOFF_CAP": "60"},
+                         gateways=0)
     store = cluster.store()
 
     def ready():

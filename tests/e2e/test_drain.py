@@ -15,7 +15,8 @@ import requests
 
 from llmgw.state.replica_state import State, derive, nodes_alive
 from tests.support.clients import ClientLoop, start_loops, stop_loops, stream_problem
-from tests.support.procs import wait_until
+from tests.support.cluster import FAST_AGENT, sim_catalog
+from tests.support.procs import pid_alive, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -36,16 +37,9 @@ models:
         replicas: 1
 """
 
-ONLY_OTHER = """
-models:
-  - name: other
-    profiles:
-      - name: cpu
-        engine: sim
-        replicas: 1
-"""
+ONLY_OTHER = sim_catalog(model="other")
 
-AGENT = {"LLMGW_AGENT_TICK": "0.2", "LLMGW_AGENT_STOP_GRACE": "5", "LLMGW_AGENT_PROBE_INTERVAL": "0.3"}
+AGENT = {**FAST_AGENT, "LLMGW_AGENT_STOP_GRACE": "5"}
 STREAM_TOKENS = 100  # about 2 s at 20 ms a token
 
 
@@ -58,23 +52,9 @@ def current(cluster, model="chat"):
             and derive(r, nodes_alive(r, live), now).state is State.READY]
 
 
-def engine_alive(pid: int | None) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, TypeError):
-        return False
-
-
 @pytest.fixture
 def fleet(cluster):
-    cluster.start_redis()
-    cluster.start_node("a", **AGENT)
-    cluster.start_node("b", **AGENT)
-    cluster.start_control()
-    cluster.start_beat()
-    url = cluster.start_gateway()
-    cluster.apply_catalog(CATALOG.format(seed=0))
+    [url] = cluster.start_system(CATALOG.format(seed=0), nodes=("a", "b"), node_env=AGENT, routed=4)
     wait_until(lambda: len(current(cluster)) == 3 and current(cluster, "other"), 60, what="4 Ready replicas")
     wait_until(lambda: requests.post(url + "/v1/chat/completions", timeout=10, json={
         "model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}).ok, 20,
@@ -96,7 +76,7 @@ def test_rolling_updates_cut_no_request(fleet):
                 return len(current(cluster)) == 3 and not ids & {r.id for r in old}
 
             wait_until(rolled, 120, interval=0.2, what=f"rolling update {seed} to finish")
-            wait_until(lambda: not any(engine_alive(p) for p in old_pids), 30, what="the old engines to exit")
+            wait_until(lambda: not any(pid_alive(p) for p in old_pids), 30, what="the old engines to exit")
     finally:
         served, errors = stop_loops(loops)
     assert not errors, errors[:5]
@@ -114,7 +94,7 @@ def test_node_drain_cuts_no_request(fleet):
         assert "draining" in out
         wait_until(lambda: not [r for r in cluster.store().all_replicas() if r.node == "a"]
                    and len(current(cluster)) == 3, 120, interval=0.2, what="node a to be drained")
-        wait_until(lambda: not any(engine_alive(r.engine_pid) for r in on_a), 30, what="a's engines to exit")
+        wait_until(lambda: not any(pid_alive(r.engine_pid) for r in on_a), 30, what="a's engines to exit")
     finally:
         served, errors = stop_loops(loops)
     assert not errors, errors[:5]
@@ -148,6 +128,6 @@ def test_removing_a_model_lets_in_flight_requests_finish(fleet):
     for t in streams:
         t.join(60)
     assert results == [None] * 6, results
-    wait_until(lambda: not any(engine_alive(p) for p in engines), 90, what="the removed model's engines to exit")
+    wait_until(lambda: not any(pid_alive(p) for p in engines), 90, what="the removed model's engines to exit")
     wait_until(lambda: not [r for r in cluster.store().all_replicas() if r.model == "chat"], 30,
                what="the removed model's records to be deleted")

@@ -14,23 +14,14 @@ import requests
 
 from llmgw.state.replica_state import State, derive
 from tests.e2e.test_fleet import ClientLoop
+from tests.support.cluster import FAST_AGENT, sim_catalog
 from tests.support.procs import wait_until
 
 pytestmark = pytest.mark.slow
 
-CATALOG = """
-models:
-  - name: chat
-    aliases: [chat-latest]
-    profiles:
-      - name: cpu
-        engine: sim
-        replicas: 2
-        drain_timeout: 10
-        args: ["--log-headers", "--step-ms", "1"]
-"""
+CATALOG = sim_catalog(replicas=2, aliases=["chat-latest"], drain_timeout=10, args=["--log-headers", "--step-ms", "1"])
 
-AGENT = {"LLMGW_AGENT_TICK": "0.2", "LLMGW_AGENT_STOP_GRACE": "3", "LLMGW_AGENT_PROBE_INTERVAL": "0.3"}
+AGENT = {**FAST_AGENT, "LLMGW_AGENT_STOP_GRACE": "3"}
 GATEWAY = {"LLMGW_GATEWAY_KEYS_INTERVAL": "0.2", "LLMGW_GATEWAY_POLL_INTERVAL": "0.2"}
 BODY = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
 
@@ -53,12 +44,7 @@ def engine_log(cluster, rec) -> str:
 
 
 def test_engines_answer_only_the_gateway_and_rotate_by_rolling_update(cluster):
-    cluster.start_redis()
-    cluster.start_node("a", **AGENT)
-    cluster.start_node("b", **AGENT)
-    cluster.start_control()
-    cluster.start_beat()
-    gw = cluster.start_gateway(**GATEWAY)
+    [gw] = cluster.start_system(nodes=("a", "b"), node_env=AGENT, gateway_env=GATEWAY)
     key = cluster.llmgw("keys", "create", "team-a").stdout.strip()
     auth = {"Authorization": f"Bearer {key}"}
     cluster.apply_catalog(CATALOG)

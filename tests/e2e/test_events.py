@@ -12,19 +12,12 @@ import time
 
 import pytest
 
+from tests.support.cluster import sim_catalog
 from tests.support.procs import wait_until
 
 pytestmark = pytest.mark.slow
 
-CATALOG = """
-models:
-  - name: chat
-    profiles:
-      - name: cpu
-        engine: sim
-        replicas: 2
-"""
-
+CATALOG = sim_catalog(replicas=2)
 LONG = {"LLMGW_RECONCILE_INTERVAL": "60", "LLMGW_PUBLISH_INTERVAL": "60"}
 AGENT = {"LLMGW_AGENT_TICK": "0.2"}
 
@@ -34,13 +27,8 @@ def published(cluster) -> set[str]:
 
 
 def start(cluster, **env):
-    cluster.start_redis()
-    cluster.start_node("a", **AGENT, **env)
-    cluster.start_control(**env)
-    cluster.start_beat(**env)
-    store = cluster.store()
-    wait_until(lambda: "a" in store.live_nodes(), 20, what="node a to join")
-    return store
+    cluster.start_system(node_env={**AGENT, **env}, control_env=env, gateways=0)
+    return cluster.store()
 
 
 def test_with_minute_long_timers_kicks_converge_and_unpublish(cluster):

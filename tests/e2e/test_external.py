@@ -37,10 +37,7 @@ def ready(gw: str, model: str) -> int:
 
 
 def test_an_external_sim_serves_beside_a_managed_replica_and_a_key_reaches_only_its_server(cluster):
-    cluster.start_redis()
-    cluster.start_control(**FAST)
-    cluster.start_beat(**FAST)
-    cluster.start_node("a")
+    cluster.start_system(control_env=FAST, gateways=0)
     keyed = start_process(cluster.procs, "hosted-keyed", require_key="sk-test-hosted")
     plain = start_process(cluster.procs, "hosted-plain")
     port = free_port()

@@ -11,6 +11,7 @@ import subprocess
 
 import pytest
 
+from tests.support.cluster import sim_catalog
 from tests.support.procs import python, wait_until
 
 pytestmark = pytest.mark.slow
@@ -18,15 +19,6 @@ pytestmark = pytest.mark.slow
 AGENT = {"LLMGW_AGENT_TICK": "0.2", "LLMGW_AGENT_BACKOFF_BASE": "0.2"}
 
 
-def catalog(replicas: int) -> str:
-    return f"""
-models:
-  - name: chat
-    profiles:
-      - name: cpu
-        engine: sim
-        replicas: {replicas}
-"""
 
 
 def events_json(cluster, *args: str) -> list[dict]:
@@ -35,18 +27,13 @@ def events_json(cluster, *args: str) -> list[dict]:
 
 
 def start(cluster, node_gpus: str = ""):
-    cluster.start_redis()
-    cluster.start_node("a", gpus=node_gpus, **AGENT)
-    cluster.start_control()
-    cluster.start_beat()
-    store = cluster.store()
-    wait_until(lambda: "a" in store.live_nodes(), 20, what="node a to join")
-    return store
+    cluster.start_system(gpus=node_gpus, node_env=AGENT, gateways=0)
+    return cluster.store()
 
 
 def test_a_crash_a_restart_and_applies_are_in_the_history_in_order(cluster, tmp_path):
     store = start(cluster)
-    cluster.apply_catalog(catalog(1))
+    cluster.apply_catalog(sim_catalog(1))
     wait_until(lambda: [r for r in store.all_replicas() if r.first_ready_at], 30, what="the replica Ready")
     (rec,) = store.all_replicas()
     follower = subprocess.Popen([python(), "-m", "llmgw", "events", "-f", "--json", "--kind", "catalog_applied"],
@@ -56,7 +43,7 @@ def test_a_crash_a_restart_and_applies_are_in_the_history_in_order(cluster, tmp_
         os.kill(rec.engine_pid, signal.SIGKILL)
         wait_until(lambda: (r := store.get_replica(rec.id)) and r.attempt >= 2 and r.first_ready_at
                    and r.first_ready_at >= r.started_at, 30, what="the killed engine restarted and Ready")
-        cluster.apply_catalog(catalog(2))
+        cluster.apply_catalog(sim_catalog(2))
         # Like tail -f: the last matching events first (version 1), then each new one as it is appended.
         wait_until(lambda: '"version": 2' in (tmp_path / "follow.out").read_text(), 15, what="the follower's line")
     finally:

@@ -13,6 +13,7 @@ import openai
 import pytest
 
 from llmgw.state.replica_state import State, derive
+from tests.support.cluster import FAST_AGENT
 from tests.support.procs import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.llamacpp]
@@ -29,7 +30,7 @@ models:
         capacity: 2
 """
 
-AGENT = {"LLMGW_AGENT_TICK": "0.2", "LLMGW_AGENT_PROBE_INTERVAL": "0.3", "LLMGW_AGENT_SCRAPE_INTERVAL": "0.5"}
+AGENT = {**FAST_AGENT, "LLMGW_AGENT_SCRAPE_INTERVAL": "0.5"}
 
 
 def the_replica(cluster):
@@ -54,12 +55,7 @@ def chat(client) -> str:
 def test_real_llama_server_supervised_adopted_and_restarted(cluster):
     # A heartbeat TTL longer than an agent restart, so the restart below is invisible to the control plane.
     cluster.extra_env["LLMGW_HEARTBEAT_TTL"] = "15"
-    cluster.start_redis()
-    cluster.start_node("a", **AGENT)
-    cluster.start_control()
-    cluster.start_beat()
-    url = cluster.start_gateway()
-    cluster.apply_catalog(CATALOG)
+    [url] = cluster.start_system(CATALOG, node_env=AGENT)
 
     rec = wait_until(lambda: ready_replica(cluster), 120, what="the llama.cpp replica to be Ready")
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)

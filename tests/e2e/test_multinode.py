@@ -18,7 +18,8 @@ import pytest
 import requests
 
 from llmgw.state.replica_state import State, derive
-from tests.support.procs import TOKEN_VAR, processes_with_token, wait_until
+from tests.support.cluster import FAST_AGENT
+from tests.support.procs import TOKEN_VAR, pid_alive, processes_with_token, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -39,8 +40,7 @@ EMPTY = "models: []\n"
 
 # The stop grace is what keeps the frozen member part (below) alive after the head's part stopped:
 # long enough that the checks made in that window cannot outlast it on a loaded machine.
-FAST_AGENT = {"LLMGW_AGENT_TICK": "0.2", "LLMGW_AGENT_STOP_GRACE": "15", "LLMGW_AGENT_PROBE_INTERVAL": "0.3",
-              "LLMGW_AGENT_BACKOFF_BASE": "0.5"}
+AGENT = {**FAST_AGENT, "LLMGW_AGENT_STOP_GRACE": "15", "LLMGW_AGENT_BACKOFF_BASE": "0.5"}
 
 
 def cmdline(pid: int) -> list[str]:
@@ -55,13 +55,6 @@ def sim_parts(headless: bool) -> list[int]:
     token = os.environ[TOKEN_VAR]
     return [p for p in processes_with_token(token)
             if cmdline(p)[1:3] == ["-m", "simengine"] and ("--headless" in cmdline(p)) == headless]
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def the_replica(cluster):
@@ -105,14 +98,7 @@ def answer(client, text: str):
 def test_two_node_replica_serves_restarts_and_stops_on_both_nodes(cluster):
     t0 = time.monotonic()
     timings: dict[str, float] = {}
-    cluster.start_redis()
-    for name in ("a", "b"):
-        cluster.start_node(name, gpus="h100:1", **FAST_AGENT)
-    cluster.start_control()
-    cluster.start_beat()
-    url = cluster.start_gateway()
-    wait_until(lambda: len(cluster.store().live_nodes()) == 2, 30, what="both nodes to send heartbeats")
-    cluster.apply_catalog(CATALOG)
+    [url] = cluster.start_system(CATALOG, nodes=("a", "b"), gpus="h100:1", node_env=AGENT)
     applied = time.monotonic()
 
     # Placed across both nodes, head first, one GPU on each; Ready only once the member joined.

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import os
 import signal
-from pathlib import Path
 
 import openai
 import pytest
 import requests
 
-from tests.support.procs import wait_until
+from tests.support.procs import pid_alive, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -26,14 +25,6 @@ models:
 """
 
 EMPTY_CATALOG = "models: []\n"
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def listed_models(url: str) -> set[str]:
@@ -57,13 +48,7 @@ def ready_replicas(cluster, model: str):
 
 
 def test_two_nodes_sim_model_end_to_end(cluster):
-    cluster.start_redis()
-    cluster.start_control()
-    cluster.start_beat()
-    cluster.start_node("a")
-    cluster.start_node("b")
-    url = cluster.start_gateway()
-    cluster.apply_catalog(CATALOG)
+    [url] = cluster.start_system(CATALOG, nodes=("a", "b"))
 
     wait_until(lambda: {"tiny", "tiny-alias"} <= listed_models(url), 60,
                what="the gateway to list tiny and its alias")

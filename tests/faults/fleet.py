@@ -17,10 +17,11 @@ from llmgw.proc.proctable import REPLICA_ENV, read_environ, read_proc
 from llmgw.state.records import ReplicaRecord
 from llmgw.state.replica_state import State, derive, nodes_alive
 from llmgw.state.store import Store
+from tests.support.cluster import FAST_AGENT
 from tests.support.procs import TOKEN_VAR, pids_with_env, wait_until
 
-# Agents that react fast, so the tests spend their time on the fault and not on waiting.
-AGENT = {"LLMGW_AGENT_TICK": "0.2", "LLMGW_AGENT_PROBE_INTERVAL": "0.3", "LLMGW_AGENT_STOP_GRACE": "3"}
+# Agents that react fast, and stop an engine that ignores SIGTERM after 3 s.
+AGENT = {**FAST_AGENT, "LLMGW_AGENT_STOP_GRACE": "3"}
 
 # Two GPU replicas (bin-packed onto h100s) and one CPU replica of one model, all sim engines.
 CATALOG = """
@@ -51,27 +52,14 @@ def expected(gpu: int = 2, cpu: int = 1) -> dict[tuple[str, str], int]:
 
 
 def start_fleet(cluster, nodes=("a", "b"), gpus: str = "h100:2", gateways: int = 1, redis: dict | None = None,
-                control: dict | None = None, node_env: dict | None = None, **catalog_kw) -> list[str]:
-    """Redis, the nodes, a control worker, beat and the gateway(s); the catalog applied and Ready.
+                node_env: dict | None = None, **catalog_kw) -> list[str]:
+    """The system (Cluster.start_system) with the catalog applied, settled and routed by every gateway.
     Returns the gateway URLs."""
-    cluster.start_redis(**(redis or {}))
-    for n in nodes:
-        cluster.start_node(n, gpus=gpus, **AGENT, **(node_env or {}))
-    cluster.start_control(**(control or {}))
-    cluster.start_beat()
-    urls = [cluster.start_gateway(name="gateway" if i == 0 else f"gateway{i + 1}") for i in range(gateways)]
-    cluster.apply_catalog(catalog(**catalog_kw))
+    urls = cluster.start_system(catalog(**catalog_kw), nodes=nodes, gpus=gpus, gateways=gateways, redis=redis,
+                                node_env={**AGENT, **(node_env or {})})
     settle(cluster, expected(**catalog_kw), timeout=90)
-    for url in urls:
-        wait_until(lambda u=url: routed(cluster, u) == sum(expected(**catalog_kw).values()), 30,
-                   what=f"{url} to route to every replica")
+    cluster.wait_routed(sum(expected(**catalog_kw).values()), urls, timeout=30)
     return urls
-
-
-def routed(cluster, url: str) -> int:
-    import requests
-
-    return requests.get(url + "/healthz", timeout=2).json()["endpoints"]
 
 
 # --- the invariants --------------------------------------------------------------------------------
@@ -163,15 +151,6 @@ def settle(cluster, want: dict[tuple[str, str], int], timeout: float = 60, token
         wait_until(ok, timeout, interval=0.2, what="the fleet to settle")
     except AssertionError as e:
         raise AssertionError(f"{e}: {last}") from None
-
-
-def hold(seconds: float, check=lambda: None, every: float = 0.5) -> None:
-    """Keep a fault in place for `seconds` (the fault's duration, not a wait for a condition), running
-    `check` every `every` seconds meanwhile (it raises when something it watches goes wrong)."""
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        check()
-        time.sleep(min(every, max(0.0, end - time.monotonic())))
 
 
 def identities(store: Store) -> dict[str, tuple]:

@@ -31,19 +31,10 @@ from pathlib import Path
 
 from llmgw.proc.proctable import read_proc
 from tests.support.clients import stream_problem
-from tests.support.procs import wait_until
+from tests.support.cluster import FAST_AGENT, sim_catalog
+from tests.support.procs import socket_inodes, wait_until
 
-CATALOG = """
-models:
-  - name: chat
-    profiles:
-      - name: cpu
-        engine: sim
-        replicas: 2
-        capacity: 512
-        args: ["--batch-alpha", "0.01", "--step-ms", "10"]
-"""
-AGENT = {"LLMGW_AGENT_TICK": "0.2", "LLMGW_AGENT_PROBE_INTERVAL": "0.3"}
+CATALOG = sim_catalog(replicas=2, capacity=512, args=["--batch-alpha", "0.01", "--step-ms", "10"])
 # 256 clients on one engine (the other one killed) keep a few dozen arrivals waiting for the engine's
 # next batching step at any moment: with the default of 5 the gateway would read that as a saturated
 # engine and shed requests the engine takes a step later (docs/reliability.md).
@@ -158,6 +149,12 @@ def gateway_worker(master_pid: int) -> int:
     return kids[0]
 
 
+def held(report, endpoint_id: str) -> int:
+    """The requests a gateway report counts in flight on an endpoint."""
+    use = report.endpoints.get(endpoint_id)
+    return use.inflight if use else 0
+
+
 def rss_kb(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -168,14 +165,7 @@ def rss_kb(pid: int) -> int:
 def sockets(pid: int, ports: set[int]) -> dict[str, int]:
     """The process's open file descriptors, and its TCP connections to `ports` by state."""
     fds = os.listdir(f"/proc/{pid}/fd")
-    inodes = set()
-    for fd in fds:
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
+    inodes = socket_inodes(pid)
     out = {"fds": len(fds), "ESTABLISHED": 0, "CLOSE_WAIT": 0, "other": 0}
     names = {"01": "ESTABLISHED", "08": "CLOSE_WAIT"}
     for table in ("tcp", "tcp6"):
@@ -218,18 +208,10 @@ class Figures:
 
 def run(cluster, requests: int, clients: int, warmup: int | None = None) -> Figures:
     """Start the fleet on `cluster`, warm up, run the load with an engine killed half-way, measure."""
-    cluster.start_redis()
-    cluster.start_node("a", **AGENT)
-    cluster.start_node("b", **AGENT)
-    cluster.start_control()
-    cluster.start_beat()
-    url = cluster.start_gateway(**GATEWAY)
-    cluster.apply_catalog(CATALOG)
+    [url] = cluster.start_system(CATALOG, nodes=("a", "b"), node_env=FAST_AGENT, gateway_env=GATEWAY, routed=2)
     store = cluster.store()
-    wait_until(lambda: len(store.read_endpoints()[2]) == 2, 90, what="two published endpoints")
     import requests as http
 
-    wait_until(lambda: http.get(url + "/healthz", timeout=2).json()["endpoints"] == 2, 30, what="the gateway")
     eps = store.read_endpoints()[2]
     ports = {int(e.url.rsplit(":", 1)[1]) for e in eps}
     worker = gateway_worker(cluster.procs.get("gateway").pid)
@@ -245,19 +227,34 @@ def run(cluster, requests: int, clients: int, warmup: int | None = None) -> Figu
 
     killed: dict = {}
 
-    def kill() -> None:
-        """The engine holding the most requests now (the router may favour one of two equal engines).
-        Frozen first: no request gets a first byte from it after that, so the gateway's next report
-        counts every request it can cut (a report read before the kill may be a step behind)."""
+    def freeze_one_holding_requests():
+        """Freeze (SIGSTOP) the engine a gateway report says holds the most requests (the router may
+        favour one of two equal engines); frozen, it gives no request a first byte, so a report written
+        after the freeze counts every request a kill can cut. (victim, that count) when it holds some;
+        else it is thawed and None (a report read before the freeze may be a step behind)."""
         [report] = store.gateway_reports()
-        busiest = max(eps, key=lambda e: report.endpoints[e.id].inflight if e.id in report.endpoints else 0)
+        busiest = max(eps, key=lambda e: held(report, e.id))
+        if not held(report, busiest.id):
+            return None
         victim = store.get_replica(busiest.id)
         os.kill(victim.engine_pid, signal.SIGSTOP)
-        frozen = time.time()
-        [report] = wait_until(lambda: [r for r in store.gateway_reports() if r.at > frozen], 10,
-                              what="a gateway report after the engine froze")
-        use = report.endpoints.get(busiest.id)
-        killed.update(id=victim.id, pid=victim.engine_pid, inflight=use.inflight if use else 0)
+        try:
+            frozen = time.time()
+            [after] = wait_until(lambda: [r for r in store.gateway_reports() if r.at > frozen], 10,
+                                 what="a gateway report after the engine froze")
+        except BaseException:
+            os.kill(victim.engine_pid, signal.SIGCONT)
+            raise
+        if not held(after, busiest.id):
+            os.kill(victim.engine_pid, signal.SIGCONT)
+            return None
+        return victim, held(after, busiest.id)
+
+    def kill() -> None:
+        """kill -9 an engine while it is seen to hold requests: what the cut streams are counted against."""
+        victim, inflight = wait_until(freeze_one_holding_requests, 30, interval=0.05,
+                                      what="an engine frozen while the gateway holds requests on it")
+        killed.update(id=victim.id, pid=victim.engine_pid, inflight=inflight)
         os.kill(victim.engine_pid, signal.SIGKILL)
 
     began = time.monotonic()

@@ -29,7 +29,6 @@ from tests.faults.fleet import (
     current,
     expected,
     gpu_conflicts,
-    hold,
     identities,
     orphans,
     settle,
@@ -37,7 +36,7 @@ from tests.faults.fleet import (
     states,
 )
 from tests.support.clients import start_loops, stop_loops
-from tests.support.procs import TOKEN_VAR, wait_until
+from tests.support.procs import TOKEN_VAR, hold, wait_until
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
@@ -83,9 +82,10 @@ def test_control_worker_then_beat_killed_for_twenty_seconds_and_two_beats(cluste
         passes = store.control_stats().get("reconcile:passes", 0)
         cluster.apply_catalog(catalog(gpu=2, cpu=2), name="gpu2-cpu2.yaml")
         settle(cluster, expected(gpu=2, cpu=2), timeout=60)
-        hold(5, no_client_errors(loops))  # several doubled ticks after it converged
+        hold(5, no_client_errors(loops))  # doubled ticks after it converged
+        # ... at least five passes of them (a loaded machine may run fewer in the 5 s), then the count.
+        wait_until(lambda: store.control_stats()["reconcile:passes"] - passes >= 5, 30, what="5 reconcile passes")
         kinds = Counter(e.kind for e in store.read_events(after=mark))
-        assert store.control_stats()["reconcile:passes"] - passes >= 5
         assert (kinds["replica_placed"], kinds["replica_draining"], kinds["replica_stopped"]) == (1, 2, 2), kinds
         cluster.procs.get("beat2").stop()
     finally:
@@ -140,11 +140,8 @@ def test_a_reconcile_pass_frozen_past_its_lock_and_thawed_duplicates_nothing(clu
     ghosts.beat()
     ghosts.start()
     try:
-        cluster.start_node("a", **AGENT)
-        a = cluster.start_control(concurrency=4)
-        cluster.start_beat()
-        url = cluster.start_gateway()
-        cluster.apply_catalog(BULK.format(n=0))
+        [url] = cluster.start_system(BULK.format(n=0), node_env=AGENT)  # on the Redis just started
+        a = cluster.procs.get("control")  # 4 threads
         wait_until(lambda: requests_ok(url), 60, what="chat to be served")
         loops = start_loops(url, "chat", streaming=1, plain=1)
         try:

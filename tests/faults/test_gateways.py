@@ -23,22 +23,14 @@ import time
 import pytest
 import requests
 
-from tests.faults.fleet import AGENT, hold
+from tests.faults.fleet import AGENT
 from tests.support.clients import start_loops, stop_loops
-from tests.support.procs import wait_until
+from tests.support.cluster import sim_catalog
+from tests.support.procs import hold, wait_until
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
 CAPACITY = 4
-CATALOG = f"""
-models:
-  - name: chat
-    profiles:
-      - name: cpu
-        engine: sim
-        replicas: 2
-        capacity: {CAPACITY}
-"""
 LOAD_REFRESH = 0.5  # LLMGW_GATEWAY_LOAD_INTERVAL (default): when a gateway reads the new scrape
 SAMPLE = 0.1  # how coarsely this test sees the engines (50 ms apart, two engines, a busy machine)
 METRIC = re.compile(r"^vllm:num_requests_(running|waiting)\{[^}]*\} (\S+)$", re.M)
@@ -96,18 +88,9 @@ class EngineCounter(threading.Thread):
 
 
 def test_two_gateways_one_killed_and_restarted(cluster):
-    cluster.start_redis()
-    cluster.start_node("a", **AGENT)
-    cluster.start_node("b", **AGENT)
-    cluster.start_control()
-    cluster.start_beat()
-    survivor = cluster.start_gateway()
-    victim_port = int(cluster.start_gateway(name="gateway2").rsplit(":", 1)[1])
-    victim = f"http://127.0.0.1:{victim_port}"
-    cluster.apply_catalog(CATALOG)
-    for url in (survivor, victim):
-        wait_until(lambda u=url: requests.get(u + "/healthz", timeout=2).json()["endpoints"] == 2, 60,
-                   what=f"{url} to route to both replicas")
+    survivor, victim = cluster.start_system(sim_catalog(replicas=2, capacity=CAPACITY), nodes=("a", "b"),
+                                            node_env=AGENT, gateways=2, routed=2)
+    victim_port = int(victim.rsplit(":", 1)[1])
     published = cluster.store().read_endpoints()[2]
     counter = EngineCounter([e.url for e in published], CAPACITY, cluster.store(), [e.id for e in published])
     counter.start()

@@ -21,9 +21,9 @@ import requests
 
 from llmgw.catalog import read_applied
 from llmgw.state import keys as K
-from tests.faults.fleet import catalog, engines, expected, hold, identities, settle, start_fleet
+from tests.faults.fleet import catalog, engines, expected, identities, settle, start_fleet
 from tests.support.clients import start_loops, stop_loops
-from tests.support.procs import TOKEN_VAR, wait_until
+from tests.support.procs import TOKEN_VAR, hold, wait_until
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 

@@ -20,19 +20,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.faults.fleet import AGENT, routed
+from tests.faults.fleet import AGENT
 from tests.faults.rawhttp import RawGateway
-from tests.support.procs import wait_until
+from tests.support.cluster import sim_catalog
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
 LIMIT = 64 * 1024  # LLMGW_GATEWAY_MAX_BODY_BYTES for this gateway: oversized bodies stay cheap to send
-CATALOG = """
-models:
-  - name: chat
-    profiles:
-      - {name: cpu, engine: sim, replicas: 1, capacity: 64}
-"""
 PATHS = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/tokenize"]
 FUZZ = settings(max_examples=250, deadline=None, derandomize=True, database=None,
                 suppress_health_check=list(HealthCheck))
@@ -46,13 +40,8 @@ def served(status: int, raw: object, transfer_coding: bool = False) -> None:
 
 @pytest.fixture
 def gateway(cluster) -> RawGateway:
-    cluster.start_redis()
-    cluster.start_node("a", **AGENT)
-    cluster.start_control()
-    cluster.start_beat()
-    url = cluster.start_gateway(LLMGW_GATEWAY_MAX_BODY_BYTES=str(LIMIT))
-    cluster.apply_catalog(CATALOG)
-    wait_until(lambda: routed(cluster, url) == 1, 90, what="the gateway to route to the engine")
+    [url] = cluster.start_system(sim_catalog(capacity=64), node_env=AGENT,
+                                 gateway_env={"LLMGW_GATEWAY_MAX_BODY_BYTES": str(LIMIT)}, routed=1)
     gw = RawGateway(url)
     status, _h, body = gw.post("/v1/chat/completions", json.dumps(
         {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}).encode())

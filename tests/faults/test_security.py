@@ -28,19 +28,14 @@ from gateway.auth import KeyTable
 from gateway.state import RedisHealth
 from llmgw.state.keypolicy import hash_key
 from llmgw.state.clock import Clock
-from tests.faults.fleet import AGENT, engines, routed
+from tests.faults.fleet import AGENT, engines
 from tests.faults.rawhttp import RawGateway
-from tests.support.cluster import RedisTLS
-from tests.support.procs import TOKEN_VAR, free_port, wait_until
+from tests.support import needs
+from tests.support.cluster import RedisTLS, sim_catalog
+from tests.support.procs import TOKEN_VAR, free_port, socket_inodes, wait_until
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
-CATALOG = """
-models:
-  - name: chat
-    profiles:
-      - {name: cpu, engine: sim, replicas: 1}
-"""
 ENGINE_HOST = "127.0.0.2"  # a loopback address of its own: "bound to it only" is then visible in /proc
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 
@@ -49,14 +44,9 @@ def body(model: object, **extra) -> bytes:
     return json.dumps({"model": model, **CHAT, **extra}).encode()
 
 
-def serve_one(cluster, **node_env: str) -> str:
-    """Redis (already started), one node, control, beat, a gateway and one Ready sim replica of `chat`."""
-    cluster.start_node("a", **AGENT, **node_env)
-    cluster.start_control()
-    cluster.start_beat()
-    url = cluster.start_gateway()
-    cluster.apply_catalog(CATALOG)
-    wait_until(lambda: routed(cluster, url) == 1, 90, what="the gateway to route to the engine")
+def serve_one(cluster, redis: dict | None = None, **node_env: str) -> str:
+    """Redis (`redis`: its options), one node, control, beat, a gateway and one routed sim replica of `chat`."""
+    [url] = cluster.start_system(sim_catalog(), redis=redis, node_env={**AGENT, **node_env}, routed=1)
     return url
 
 
@@ -84,7 +74,6 @@ def connections(s: socket.socket) -> int:
 
 
 def test_gateway_connects_only_to_published_endpoints(cluster, canary):
-    cluster.start_redis()
     url = serve_one(cluster, LLMGW_ENGINE_HOST=ENGINE_HOST, LLMGW_NODE_ADDRESS=ENGINE_HOST)
     gw = RawGateway(url)
     there = f"127.0.0.1:{canary.getsockname()[1]}"
@@ -120,14 +109,7 @@ def test_gateway_connects_only_to_published_endpoints(cluster, canary):
 
 def listening(pid: int) -> list[tuple[str, int]]:
     """(address, port) of every socket `pid` listens on, from its fds and its network namespace's tables."""
-    inodes = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
+    inodes = socket_inodes(pid)
     out = []
     for table, width in (("tcp", 8), ("tcp6", 32)):
         with open(f"/proc/{pid}/net/{table}") as f:
@@ -145,7 +127,6 @@ def listening(pid: int) -> list[tuple[str, int]]:
 
 
 def test_engines_bind_the_nodes_configured_address_only(cluster):
-    cluster.start_redis()
     url = serve_one(cluster, LLMGW_ENGINE_HOST=ENGINE_HOST, LLMGW_NODE_ADDRESS=ENGINE_HOST)
     [rec] = cluster.store().all_replicas()
     [pid] = engines(os.environ[TOKEN_VAR])
@@ -188,8 +169,7 @@ def redis_dump(r) -> str:
 
 
 def test_api_keys_are_hashes_at_rest_and_looked_up_by_digest(cluster):
-    cluster.start_redis(persistent=True)
-    url = serve_one(cluster)
+    url = serve_one(cluster, redis={"persistent": True})
     key = cluster.llmgw("keys", "create", "team").stdout.strip()
     key_id = json.loads(cluster.llmgw("keys", "list", "--json").stdout)[0]["id"]
     assert len(key) >= 20 and key_id not in key
@@ -237,14 +217,14 @@ def make_certs(d: Path) -> RedisTLS:
 
 @pytest.mark.parametrize("tls", [False, True], ids=["password", "password+tls"])
 def test_redis_with_password_and_tls_for_every_process(cluster, tmp_path, tls):
-    if tls and shutil.which("openssl") is None:
-        pytest.fail("needs the openssl command to make the certificates (Debian: openssl)")
+    if tls:
+        needs.openssl()
     certs = tmp_path / "certs"
     certs.mkdir()
     try:
         cluster.start_redis(password="s3cret pass/with:odd@chars", tls=make_certs(certs) if tls else None)
         assert cluster.redis_url.startswith("rediss://" if tls else "redis://:")
-        url = serve_one(cluster)
+        url = serve_one(cluster)  # on the Redis just started
         r = requests.post(url + "/v1/chat/completions", data=body("chat"), timeout=30,
                           headers={"Content-Type": "application/json"})
         assert r.status_code == 200, r.text

@@ -24,13 +24,12 @@ from tests.faults.fleet import (
     current,
     engines,
     expected,
-    hold,
     identities,
     settle,
     start_fleet,
 )
 from tests.support.clients import start_loops, stop_loops
-from tests.support.procs import TOKEN_VAR, wait_until
+from tests.support.procs import TOKEN_VAR, hold, wait_until
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 

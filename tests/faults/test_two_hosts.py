@@ -4,14 +4,13 @@ and the gateway in the root namespace. Engines bind to their host's address and 
 both. When one host's link goes down its endpoint leaves routing within the heartbeat TTL and its
 replica is placed again on the other host; when the link comes back its stale engine is stopped.
 
-Needs root and `ip` (iproute2); CI runs as root and `.ci/run` installs iproute2.
+Needs root and `ip` (iproute2): skipped without them, failed under CI (tests/support/needs.py).
 """
 
 from __future__ import annotations
 
 import os
 import secrets
-import shutil
 import subprocess
 import time
 from dataclasses import dataclass
@@ -20,10 +19,11 @@ import pytest
 import requests
 
 from llmgw.state.replica_state import State
-from tests.faults.fleet import AGENT, engines, hold, orphans, states
+from tests.faults.fleet import AGENT, engines, orphans, states
+from tests.support import needs
 from tests.support.clients import start_loops, stop_loops
 from tests.support.cluster import FAST_ENV
-from tests.support.procs import TOKEN_VAR, wait_until
+from tests.support.procs import TOKEN_VAR, hold, wait_until
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
@@ -70,8 +70,7 @@ def free_subnets(n: int) -> list[int]:
 
 @pytest.fixture
 def hosts(cluster):
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        pytest.skip("needs root and iproute2 (`ip`): CI has both")
+    needs.netns()
     tag = secrets.token_hex(3)
     made: list[Host] = []
     try:
@@ -120,8 +119,10 @@ def test_two_hosts_link_down_and_back(cluster, hosts):
     cluster.start_beat()
     # A request stuck on a host that vanished gives up after 5 s instead of the default 120 s.
     url = cluster.start_gateway(LLMGW_GATEWAY_FIRST_BYTE_TIMEOUT=str(FIRST_BYTE))
-    cluster.apply_catalog(CATALOG)
     store = cluster.store()
+    # Both hosts live before the catalog, so its two CPU replicas are spread over them.
+    wait_until(lambda: {"h1", "h2"} <= set(store.live_nodes()), 30, what="both hosts' agents to be live")
+    cluster.apply_catalog(CATALOG)
     wait_until(lambda: requests.get(url + "/healthz", timeout=2).json()["endpoints"] == 2, 90,
                what="the gateway to route to both hosts")
     recs = {r.node: r for r in store.all_replicas()}

@@ -183,7 +183,12 @@ def test_streams_keep_their_connection_and_one_cut_short_is_not_passed_off_as_co
 def test_workers_count_each_others_requests_against_capacity(cluster):
     """Two workers, one endpoint with capacity 2, no scrapes at all: the workers see each other's
     requests through the shared table (gateway.siblings), so the engine never holds more than two
-    while the rest wait in the gateway's queues, and every request is answered once slots free."""
+    while the rest wait in the gateway's queues, and every request is answered once slots free.
+    Each worker is sent four requests of its own, on kept-alive connections whose worker the test
+    knows (the pid /healthz answers on them): the kernel hands a new connection to any worker."""
+    import http.client
+    import json
+
     from tests.integration.test_gateway_routing import metric
 
     cluster.start_redis()
@@ -191,18 +196,41 @@ def test_workers_count_each_others_requests_against_capacity(cluster):
     publish(cluster, {"e1": engine}, capacity=2)
     gw = cluster.start_gateway(LLMGW_GATEWAY_WORKERS="2")
     store = cluster.store()
-    wait_until(lambda: len(store.gateway_reports()) == 2, 10, what="a report from each worker")
-    n = 8
-    pool = ThreadPoolExecutor(n)
+    reports = wait_until(lambda: len(r := store.gateway_reports()) == 2 and r, 10,
+                         what="a report from each worker")
+    each, host, port = 4, "127.0.0.1", int(gw.rsplit(":", 1)[1])
+    conns: dict[int, list[http.client.HTTPConnection]] = {r.pid: [] for r in reports}
+
+    def one_more_connection() -> bool:
+        """Open a connection and keep it if its worker has fewer than `each`; True once all have."""
+        c = http.client.HTTPConnection(host, port, timeout=60)
+        c.request("GET", "/healthz")
+        pid = json.loads(c.getresponse().read())["pid"]
+        if len(conns[pid]) < each:
+            conns[pid].append(c)
+        else:
+            c.close()
+        return all(len(cs) == each for cs in conns.values())
+
+    def answered(c: http.client.HTTPConnection) -> int:
+        resp = c.getresponse()
+        resp.read()  # the whole stream
+        return resp.status
+
+    pool = ThreadPoolExecutor(2 * each)
     try:
-        futs = [pool.submit(requests.post, gw + CHAT, json={"model": "m", "stream": True},
-                            headers={"Connection": "close"}, timeout=60) for _ in range(n)]
+        wait_until(one_more_connection, 30, interval=0, what=f"{each} connections to each worker")
+        body = json.dumps({"model": "m", "stream": True})
+        for c in (c for cs in conns.values() for c in cs):
+            c.request("POST", CHAT, body, headers={"Content-Type": "application/json"})
+        futs = [pool.submit(answered, c) for cs in conns.values() for c in cs]
+        n = len(futs)
         text = lambda: requests.get(gw + "/metrics", timeout=5).text  # noqa: E731
         wait_until(lambda: metric(text(), 'llmgw_gateway_queue_length{model="m"}') == n - 2, 20,
                    what=f"{n - 2} requests queued in the gateway")
         assert requests.get(engine + "/stats", timeout=5).json()["open"] == 2
         requests.post(engine + "/gate", timeout=5)
-        assert [f.result().status_code for f in futs] == [200] * n
+        assert [f.result() for f in futs] == [200] * n
         # Both workers took requests (else this would not test them together), and yet at most two
         # were at the engine at once.
         wait_until(lambda: [bool("m" in r.models and r.models["m"].last_request_at) for r in store.gateway_reports()]
@@ -211,3 +239,5 @@ def test_workers_count_each_others_requests_against_capacity(cluster):
     finally:
         requests.post(engine + "/gate", timeout=5)  # a failed test must not leave streams held
         pool.shutdown(wait=True)
+        for c in (c for cs in conns.values() for c in cs):
+            c.close()

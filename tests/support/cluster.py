@@ -9,6 +9,10 @@
     ...
     cluster.stop()                        # every process, engines included
 
+or all of that at once, the catalog applied once every node is live and waited for until routed:
+
+    [url] = cluster.start_system(sim_catalog(replicas=2), nodes=("a", "b"), node_env=FAST_AGENT, routed=2)
+
 Each process runs in its own session with its output in tmp_path/logs/<name>.log; `cluster.logs()`
 returns their tails for assertion messages.
 """
@@ -19,20 +23,24 @@ import os
 import shutil
 import subprocess
 from dataclasses import dataclass
+from typing import Sequence
 from pathlib import Path
 from urllib.parse import quote
 
 import redis
+import yaml
 
 from llmgw.local.embedded_redis import redis_server_argv
 from llmgw.state.keys import CONTROL_QUEUE, node_queue
 from llmgw.state.store import Store, connect
+from tests.support import needs
 from tests.support.procs import (
     ProcessSet,
     bin_path,
     free_port,
     free_port_range,
     python,
+    redis_server_binary,
     wait_until,
 )
 
@@ -46,6 +54,16 @@ FAST_ENV = {
     "LLMGW_AGENT_KEEP_ENGINES": "0",
     "PYTHONUNBUFFERED": "1",
 }
+# Node agents that react fast, so a test spends its time on what it checks, not on the agents' ticks.
+FAST_AGENT = {"LLMGW_AGENT_TICK": "0.2", "LLMGW_AGENT_PROBE_INTERVAL": "0.3"}
+
+
+def sim_catalog(replicas: int = 1, model: str = "chat", aliases: Sequence[str] = (), **profile) -> str:
+    """A catalog of one model served by sim engines in one profile, `cpu`; `profile` adds its fields
+    (capacity, args, drain_timeout, ...)."""
+    spec = {"name": "cpu", "engine": "sim", "replicas": replicas, **profile}
+    doc = {"name": model, **({"aliases": list(aliases)} if aliases else {}), "profiles": [spec]}
+    return yaml.safe_dump({"models": [doc]}, sort_keys=False)
 
 
 @dataclass(frozen=True)
@@ -99,7 +117,10 @@ class Cluster:
         """A redis-server on a free loopback port. `persistent`: an append-only file fsynced every second,
         as `llmgw up`, the Procfile and compose run it (llmgw.local.embedded_redis); otherwise nothing is
         kept. `password` and `tls` (a RedisTLS: certificates made by the test) change `redis_url` to match;
-        `bind` adds addresses (another network namespace's way in) to loopback."""
+        `bind` adds addresses (another network namespace's way in) to loopback. `binary`: another
+        redis-server than the tests' (tests.support.procs.redis_server_binary)."""
+        if tls is not None:
+            needs.tls_redis(binary or redis_server_binary())
         self.redis_port = free_port()
         self._redis = {"persistent": persistent, "password": password, "tls": tls, "binary": binary, "bind": bind}
         self._start_redis_process()
@@ -111,8 +132,7 @@ class Cluster:
         data.mkdir(parents=True, exist_ok=True)
         opts = self._redis
         argv = redis_server_argv(self.redis_port, data, persistent=opts["persistent"])
-        if opts["binary"]:
-            argv[0] = opts["binary"]
+        argv[0] = opts["binary"] or redis_server_binary()
         at = argv.index("--bind") + 1
         argv[at:at + 1] = list(opts["bind"])
         if opts["password"]:
@@ -215,6 +235,40 @@ class Cluster:
             what=f"{name} to answer /healthz",
         )
         return url
+
+    # --- a whole system ----------------------------------------------------------------------------
+    def start_system(self, catalog: str | None = None, nodes: Sequence[str] = ("a",), gpus: str = "",
+                     gateways: int = 1, routed: int | None = None, redis: dict | None = None,
+                     node_env: dict[str, str] | None = None, control_env: dict[str, str] | None = None,
+                     gateway_env: dict[str, str] | None = None) -> list[str]:
+        """Redis (unless already started; `redis`: start_redis's options), the node agents (each with
+        `gpus` and `node_env`), a control worker and beat (`control_env`), and `gateways` gateways
+        (`gateway`, `gateway2`, ...; `gateway_env`). Every node is live before `catalog` is applied, so
+        placement sees them all. With `routed`, waits until every gateway routes to that many endpoints.
+        Returns the gateway URLs."""
+        if self.redis_port is None:
+            self.start_redis(**(redis or {}))
+        for name in nodes:
+            self.start_node(name, gpus=gpus, **(node_env or {}))
+        self.start_control(**(control_env or {}))
+        self.start_beat(**(control_env or {}))
+        urls = [self.start_gateway(name="gateway" if i == 0 else f"gateway{i + 1}", **(gateway_env or {}))
+                for i in range(gateways)]
+        store = self.store()
+        wait_until(lambda: set(nodes) <= set(store.live_nodes()), 30, what=f"nodes {', '.join(nodes)} to be live")
+        if catalog is not None:
+            self.apply_catalog(catalog)
+        if routed is not None:
+            self.wait_routed(routed, urls)
+        return urls
+
+    def wait_routed(self, endpoints: int, urls: Sequence[str] | None = None, timeout: float = 90) -> None:
+        """Wait until each gateway (`urls`, default the first one started) routes to `endpoints` endpoints."""
+        import requests
+
+        for url in urls if urls is not None else [self.gateway_url]:
+            wait_until(lambda u=url: requests.get(u + "/healthz", timeout=2).json()["endpoints"] == endpoints,
+                       timeout, what=f"{url} to route to {endpoints} endpoint(s)")
 
     # --- CLI ---------------------------------------------------------------------------------------
     def llmgw(self, *args: str, check: bool = True, **env: str) -> subprocess.CompletedProcess:

