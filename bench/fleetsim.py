@@ -33,11 +33,11 @@ if __name__ == "__main__":
     # Run as a script, bench/ is first on the path and bench/gateway.py would shadow the gateway package.
     sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, ROOT / "bench")]
 
-from gateway.admission import Send, Shed, Wait, admit, drain_time  # noqa: E402
 from gateway.config import GatewaySettings  # noqa: E402
-from gateway.retry import Deliver, GiveUp, Outcome, next_attempt  # noqa: E402
-from gateway.routing import Choice, Rejection, RouteRequest  # noqa: E402
-from gateway.state import GatewayState  # noqa: E402
+from gateway.routing.admission import Send, Shed, Wait, admit, drain_time  # noqa: E402
+from gateway.routing.choice import Choice, Rejection, RouteRequest  # noqa: E402
+from gateway.routing.retry import Deliver, GiveUp, Outcome, next_attempt  # noqa: E402
+from gateway.server.pollers import PolledRouter as GatewayState  # noqa: E402
 from llmgw.state.clock import Clock  # noqa: E402
 from llmgw.state.records import EndpointInfo, LoadRecord  # noqa: E402
 from simengine.core import SimConfig, SimCore  # noqa: E402

@@ -4,8 +4,9 @@ import threading
 
 import pytest
 
-from gateway.admission import Send, Shed, Wait, WaitQueue, admit, drain_time
-from gateway.routing import Choice, Rejection
+from gateway.routing.admission import Send, Shed, Wait, admit, drain_time
+from gateway.routing.queue import WaitQueue
+from gateway.routing.choice import Choice, Rejection
 from llmgw.state.records import EndpointInfo
 from tests.support.clock import FakeClock
 from tests.support.procs import wait_until

@@ -69,9 +69,9 @@ def test_forwards_rewrites_model_and_passes_request_id(store, upstreams):
     assert up.stats["models_seen"] == ["served-m"] and up.stats["request_ids"] == ["rid-1"]
     assert r.json["usage"]["completion_tokens"] == 8
     # the answer was learned from once, at its end; the speed is derived on the next load refresh
-    assert gw.state.inflight["e1"] == 0 and gw.state.learned["e1"].per_request.w == 1
-    gw.state.refresh_loads()
-    assert gw.state.stats["e1"].speed.decode1 > 0
+    assert gw.router.inflight["e1"] == 0 and gw.router.learning.learned["e1"].per_request.w == 1
+    gw.router.refresh_loads()
+    assert gw.router.stats["e1"].speed.decode1 > 0
     gw.usage.flush()
     assert store.r.hgetall(keys.usage("anonymous")) == {"m:prompt": "5", "m:completion": "8", "m:requests": "1"}
     r = c.post(CHAT, json={"model": "m", "messages": []})
@@ -136,12 +136,12 @@ def test_503_when_model_known_but_no_ready_endpoint(store, upstreams):
     store.r.set(keys.CATALOG, json.dumps({"version": 1, "spec": {"models": [{"name": "m"}]}}))
     _, gw, c = make_app(store, [endpoint("e1", up.url)])
     store.write_endpoints([], "fp2", time.time())
-    gw.state.refresh_endpoints()
+    gw.router.refresh_endpoints()
     r = c.post(CHAT, json={"model": "m"})
     assert r.status_code == 503 and r.json["error"]["code"] == "no_ready_replica"
     # a model in the catalog but never published is also 503, not 404
     store.r.set(keys.CATALOG, json.dumps({"version": 2, "spec": {"models": [{"name": "cat", "aliases": ["c2"]}]}}))
-    gw.state.refresh_endpoints(force=True)
+    gw.router.refresh_endpoints(force=True)
     assert c.post(CHAT, json={"model": "c2"}).status_code == 503
     # ... and a model that left the catalog, once unpublished, is unknown again: 404
     assert c.post(CHAT, json={"model": "m"}).status_code == 404
@@ -150,7 +150,7 @@ def test_503_when_model_known_but_no_ready_endpoint(store, upstreams):
 def test_unexpected_error_is_a_clean_500(store, upstreams, monkeypatch):
     up = upstreams()
     _, gw, c = make_app(store, [endpoint("e1", up.url)])
-    monkeypatch.setattr(gw.state, "route", lambda req: 1 / 0)
+    monkeypatch.setattr(gw.router, "route", lambda req: 1 / 0)
     r = c.post(CHAT, json={"model": "m"})
     assert r.status_code == 500 and r.json["error"]["code"] == "internal_error"
     assert "Traceback" not in r.get_data(as_text=True)
@@ -163,7 +163,7 @@ def test_retries_on_refused_connection_and_5xx(store, upstreams):
     for _ in range(10):
         r = c.post(CHAT, json={"model": "m"})
         assert r.status_code == 200 and r.headers["X-LLMGW-Endpoint"] == "good"
-    assert all(v == 0 for v in gw.state.inflight.values())
+    assert all(v == 0 for v in gw.router.inflight.values())
     # both failing endpoints were really tried (and each failure retried), not just skipped
     assert bad.stats["requests"] > 0 and good.stats["requests"] == 10
     text = c.get("/metrics").get_data(as_text=True)
@@ -194,7 +194,7 @@ def test_shedding_by_priority(store, upstreams):
     up = upstreams()
     _, gw, c = make_app(store, [endpoint("e1", up.url)], queue_timeout=0.2, routing=NEVER_STALE)
     store.write_load(LoadRecord("e1", time.time(), True, running=4, waiting=9))
-    gw.state.refresh_loads()
+    gw.router.refresh_loads()
     r = c.post(CHAT, json={"model": "m"}, headers={"X-LLMGW-Priority": "sheddable"})
     assert r.status_code == 429 and r.json["error"]["code"] == "overloaded" and int(r.headers["Retry-After"]) >= 1
     t0 = time.monotonic()
@@ -204,7 +204,7 @@ def test_shedding_by_priority(store, upstreams):
     assert r.status_code == 200
     # once the engine drains, standard goes through again
     store.write_load(LoadRecord("e1", time.time(), True, running=0, waiting=0))
-    gw.state.refresh_loads()
+    gw.router.refresh_loads()
     assert c.post(CHAT, json={"model": "m"}).status_code == 200
 
 
@@ -290,7 +290,7 @@ def test_metrics_work_in_multiprocess_mode(tmp_path):
     import sys
 
     code = (
-        "from gateway.metrics import Metrics\n"
+        "from gateway.observe.metrics import Metrics\n"
         "a, b = Metrics(), Metrics()\n"
         "a.requests.labels('m', 'e', '200').inc(); b.requests.labels('m', 'e', '200').inc()\n"
         "a.redis_unavailable.set(1)\n"
@@ -308,11 +308,11 @@ def test_service_time_learned_from_token_counters(store, upstreams):
     _, gw, c = make_app(store, [endpoint("e1", up.url), endpoint("e2", up.url)])
     for _ in range(3):  # 8 tokens per answer; session "a" hashes to e1, so e2 is never served here
         assert c.post(CHAT, json={"model": "m"}, headers={"X-Session-ID": "a"}).headers["X-LLMGW-Endpoint"] == "e1"
-    assert "e1" in gw.state.learned and "e2" not in gw.state.learned
+    assert "e1" in gw.router.learning.learned and "e2" not in gw.router.learning.learned
     t0 = time.time()
     for i in range(3):  # two intervals that agree: the estimate is not mistaken for noise
         store.write_load(LoadRecord("e2", t0 - 2 + i, True, running=2, waiting=0, generation_tokens_total=100 + 32 * i))
-        gw.state.refresh_loads()
+        gw.router.refresh_loads()
     # 32 tokens in 1 s over 2 running sequences: 16 tokens/s each; 8 tokens per answer = 0.5 s
-    assert gw.state.stats["e2"].speed.decode(2) == pytest.approx(0.5, rel=0.01)  # (a hair toward e1: shrink)
-    assert gw.state.stats["e2"].scrape_inflight == 0
+    assert gw.router.stats["e2"].speed.decode(2) == pytest.approx(0.5, rel=0.01)  # (a hair toward e1: shrink)
+    assert gw.router.stats["e2"].scrape_inflight == 0

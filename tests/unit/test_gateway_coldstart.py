@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from gateway.coldstart import Hold, hold, retry_after
-from gateway.admission import Shed
+from gateway.routing.coldstart import Hold, hold, retry_after
+from gateway.routing.admission import Shed
 from llmgw.catalog import apply_catalog, parse_catalog
 from llmgw.state import keys
 from tests.support.procs import wait_until
@@ -70,12 +70,12 @@ def test_a_held_request_is_sent_once_a_replica_is_published(cold, store, upstrea
     t = threading.Thread(target=call)
     t.start()
     # Held, and the control plane told at once: the hint names the model (not the alias).
-    wait_until(lambda: kicks.sent and gw.report().models.get("m") and gw.report().models["m"].queued == 1, 2,
+    wait_until(lambda: kicks.sent and gw.background.report().models.get("m") and gw.background.report().models["m"].queued == 1, 2,
                interval=0.01, what="a kick and the queued request")
     assert kicks.sent == ["llmgw.reconcile"] and store.r.get(keys.demand_hint("m"))
     assert t.is_alive()
     store.write_endpoints([endpoint("m-1", up.url, models=("m", "m-alias"))], "fp", time.time())
-    gw.state.refresh_endpoints()  # what the pub/sub hint makes the poller do
+    gw.router.refresh_endpoints()  # what the pub/sub hint makes the poller do
     t.join(5)
     r = out["r"]
     assert r.status_code == 200 and out["took"] < 2
@@ -98,7 +98,7 @@ def test_held_requests_count_against_the_queue_bound(cold):
     held = [threading.Thread(target=lambda: c.post(CHAT, json={"model": "m"})) for _ in range(2)]
     for t in held:
         t.start()
-    wait_until(lambda: len(gw.queue("m")) == 2, 2, interval=0.01, what="two held requests")
+    wait_until(lambda: len(gw.queues.get("m")) == 2, 2, interval=0.01, what="two held requests")
     r = c.post(CHAT, json={"model": "m"})
     assert r.status_code == 429 and "is starting" in r.json["error"]["message"]
     for t in held:

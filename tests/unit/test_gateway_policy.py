@@ -155,7 +155,7 @@ def test_require_admin_in_every_auth_mode(store, upstreams, clock):
     def check(headers):
         with Flask("t").test_request_context("/admin", headers=headers):
             try:
-                return gw.require_admin(request.environ).name
+                return gw.gate.require_admin(request.environ).name
             except ApiError as e:
                 return e.status
 

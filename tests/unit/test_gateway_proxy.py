@@ -1,7 +1,8 @@
 """The SSE pass-through: chunks go out as they come, and the upstream is closed (or released to the
 pool) in `finally` exactly once, whether the stream ended or the client went away."""
 
-from gateway.proxy import HOP_BY_HOP, StreamBody, sse_usage, stream_body, usage_from_json
+from gateway.upstream.client import HOP_BY_HOP
+from gateway.upstream.stream import StreamBody, sse_usage, stream_body, usage_from_json
 
 
 class FakeResp:

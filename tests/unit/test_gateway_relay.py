@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.app import RawAnswer
-from gateway.relay import ALREADY_HANDLED, LAST_CHUNK, Closing, chunk_writer, relay, relay_target
+from gateway.http.answer import RawAnswer
+from gateway.upstream.relay import ALREADY_HANDLED, LAST_CHUNK, Closing, chunk_writer, relay, relay_target
 
 
 class RawSock:

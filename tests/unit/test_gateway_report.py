@@ -8,8 +8,8 @@ import time
 import pytest
 
 from gateway.config import GatewaySettings
-from gateway.report import EVIDENCE_WINDOW, Identity, gateway_report, report_ttl
-from gateway.worker import FD_RESERVE, HEADROOM, connection_cap
+from gateway.observe.report import EVIDENCE_WINDOW, Identity, gateway_report, report_ttl
+from gateway.server.boot import FD_RESERVE, HEADROOM, connection_cap
 from llmgw.state.records import EndpointUse, ModelDemand
 from tests.unit.test_gateway_app import CHAT, dead_url, endpoint, make_app, server, store, wall_clock  # noqa: F401
 from tests.unit.test_gateway_safety import bare_app
@@ -46,16 +46,16 @@ def test_state_counts_per_endpoint_and_model_and_the_report_reaches_redis(store,
     t.start()
     try:
         deadline = time.monotonic() + 10
-        while gw.state.inflight.get("e1") != 1 and time.monotonic() < deadline:
+        while gw.router.inflight.get("e1") != 1 and time.monotonic() < deadline:
             time.sleep(0.01)
-        rep = gw.report()
+        rep = gw.background.report()
         # in flight, counted under the canonical name although the alias was asked for
         assert rep.endpoints["e1"].inflight == 1 and rep.models["m"] == ModelDemand(1, 0, clock.t)
-        assert rep.version == gw.state.version == store.endpoints_version() and rep.keys_loaded
+        assert rep.version == gw.router.tables.version == store.endpoints_version() and rep.keys_loaded
     finally:
         up.open_gate()
         t.join(10)
-    rep = gw.report()
+    rep = gw.background.report()
     assert rep.endpoints["e1"] == EndpointUse(0, clock.t, None)  # a response head arrived
     assert rep.models["m"].inflight == 0
     gw.store.write_gateway_report(rep, 3)
@@ -68,7 +68,7 @@ def test_a_refused_connection_is_evidence_against_the_endpoint(store, upstreams)
     _, gw, c = make_app(store, [endpoint("dead", dead_url()), endpoint("good", up.url)], clock=clock)
     for _ in range(6):
         assert c.post(CHAT, json={"model": "m"}).status_code == 200
-    rep = gw.report()
+    rep = gw.background.report()
     assert rep.endpoints["dead"] == EndpointUse(0, None, clock.t)
     assert rep.endpoints["good"].ok_at == clock.t
 
@@ -76,10 +76,10 @@ def test_a_refused_connection_is_evidence_against_the_endpoint(store, upstreams)
 def test_loading_a_new_list_reports_at_once(store, upstreams):
     up = upstreams()
     _, gw, _ = make_app(store, [endpoint("e1", up.url)])
-    gw.report_due.clear()
+    gw.background.report_due.clear()
     store.write_endpoints([endpoint("e2", up.url)], "fp2", time.time())
-    assert gw.state.refresh_endpoints()
-    assert gw.report_due.is_set()  # the report loop writes now, not at its next tick
+    assert gw.router.refresh_endpoints()
+    assert gw.background.report_due.is_set()  # the report loop writes now, not at its next tick
 
 
 def test_readyz_waits_for_the_list_and_the_keys(store, server, upstreams):
@@ -92,11 +92,11 @@ def test_readyz_waits_for_the_list_and_the_keys(store, server, upstreams):
     r = c.get("/readyz")
     assert r.status_code == 503 and "endpoint list" in r.json["reason"]
     server.connected = False
-    gw.state.refresh_endpoints()
+    gw.router.refresh_endpoints()
     r = c.get("/readyz")
     assert r.status_code == 503 and "Redis unavailable" in r.json["reason"]
     server.connected = True
-    gw.state.refresh_endpoints()
+    gw.router.refresh_endpoints()
     r = c.get("/readyz")
     assert r.status_code == 200 and r.json == {"ready": True, "endpoints_version": 1}
     assert c.get("/healthz").json["ready"] is True

@@ -12,8 +12,8 @@ import pytest
 
 from gateway.app import create_app
 from gateway.config import GatewaySettings, RoutingConfig
-from gateway.routing import RouteRequest
-from gateway.state import GatewayState
+from gateway.routing.choice import RouteRequest
+from gateway.server.pollers import PolledRouter
 from llmgw.state.apikeys import create_key
 from llmgw.state.records import LoadRecord
 from tests.support.clock import FakeClock
@@ -41,7 +41,7 @@ def bare_app(store, eps, **cfg):
 def test_no_service_until_the_key_table_was_read(store, server, upstreams):
     up = upstreams()
     _, gw, c = bare_app(store, [endpoint("e1", up.url)])
-    gw.state.refresh_endpoints()
+    gw.router.refresh_endpoints()
     server.connected = False  # Redis goes away before the first key refresh
     gw.keys.refresh()
     r = c.post(CHAT, json={"model": "m"})
@@ -57,7 +57,7 @@ def test_auth_off_serves_without_a_key_table(store, server, upstreams):
     up = upstreams()
     _, gw, c = bare_app(store, [endpoint("e1", up.url)], auth="off")
     create_key(store.r, "k")
-    gw.state.refresh_endpoints()
+    gw.router.refresh_endpoints()
     server.connected = False
     assert c.post(CHAT, json={"model": "m"}).status_code == 200
 
@@ -126,13 +126,13 @@ def test_unexpected_error_after_routing_releases_the_slot(store, upstreams, monk
     monkeypatch.setattr(gw.upstream, "send", boom)
     r = c.post(CHAT, json={"model": "m"})
     assert r.status_code == 500 and r.json["error"]["code"] == "internal_error"
-    assert gw.state.inflight["e1"] == 0
+    assert gw.router.inflight["e1"] == 0
     monkeypatch.undo()
-    import gateway.app as app_mod
+    import gateway.http.answer as answer_mod
 
-    monkeypatch.setattr(app_mod, "response_headers", boom)  # after the upstream answered
+    monkeypatch.setattr(answer_mod, "response_headers", boom)  # after the upstream answered
     assert c.post(CHAT, json={"model": "m"}).status_code == 500
-    assert gw.state.inflight["e1"] == 0
+    assert gw.router.inflight["e1"] == 0
 
 
 def test_stream_headers_disable_proxy_buffering(store, upstreams):
@@ -142,7 +142,7 @@ def test_stream_headers_disable_proxy_buffering(store, upstreams):
     assert r.status_code == 200
     assert r.headers["X-Accel-Buffering"] == "no" and r.headers["Cache-Control"] == "no-cache"
     r.get_data()
-    assert gw.state.inflight["e1"] == 0
+    assert gw.router.inflight["e1"] == 0
 
 
 # --- 7. priority is capped by the key -----------------------------------------------------------
@@ -153,11 +153,11 @@ def test_key_priority_caps_the_header(store, upstreams, key_prio):
     _, key = create_key(store.r, "k", priority=key_prio)
     gw.keys.refresh()
     store.write_load(LoadRecord("e1", time.time(), True, running=4, waiting=9))  # saturated
-    gw.state.refresh_loads()
+    gw.router.refresh_loads()
     auth = {"Authorization": f"Bearer {key}", "X-LLMGW-Priority": "critical"}
     r = c.post(CHAT, json={"model": "m"}, headers=auth)
     assert r.status_code == 429 and r.json["error"]["code"] == "overloaded"  # not sent past saturation
-    assert gw.priority("sheddable", gw.keys.lookup(key)) == "sheddable"  # lowering is allowed
+    assert gw.gate.priority("sheddable", gw.keys.lookup(key)) == "sheddable"  # lowering is allowed
 
 
 def test_critical_key_may_send_critical(store, upstreams):
@@ -167,7 +167,7 @@ def test_critical_key_may_send_critical(store, upstreams):
     _, std = create_key(store.r, "s", priority="standard")
     gw.keys.refresh()
     store.write_load(LoadRecord("e1", time.time(), True, running=4, waiting=9))
-    gw.state.refresh_loads()
+    gw.router.refresh_loads()
     # the endpoint is saturated (a standard key is turned away) ...
     assert c.post(CHAT, json={"model": "m"}, headers={"Authorization": f"Bearer {std}"}).status_code == 429
     # ... and the critical key's request is sent past it
@@ -178,7 +178,7 @@ def test_critical_key_may_send_critical(store, upstreams):
 def test_load_freshness_uses_when_we_first_saw_the_record(store):
     clock = FakeClock(2_000_000_000.0, mono=500.0)
     store.write_endpoints([endpoint("e1", "http://127.0.0.1:9")], "fp", 0)
-    st = GatewayState(store, GatewaySettings(routing=RoutingConfig(stale_after=3)), clock)
+    st = PolledRouter(store, GatewaySettings(routing=RoutingConfig(stale_after=3)), clock)
     st.refresh_endpoints()
     store.write_load(LoadRecord("e1", 12.0, True, running=4, waiting=9))  # the agent's clock is way off
     st.refresh_loads()
@@ -194,7 +194,7 @@ def test_load_freshness_uses_when_we_first_saw_the_record(store):
 def test_our_own_requests_in_a_scrape_are_not_taken_for_other_gateways(store):
     clock = FakeClock(2_000_000_000.0, mono=500.0)
     store.write_endpoints([endpoint("e1", "http://127.0.0.1:9")], "fp", 0)  # capacity 4
-    st = GatewayState(store, GatewaySettings(routing=RoutingConfig(stale_after=3)), clock)
+    st = PolledRouter(store, GatewaySettings(routing=RoutingConfig(stale_after=3)), clock)
     st.refresh_endpoints()
     mine = [st.route(RouteRequest("m")) for _ in range(4)]
     clock.advance(0.3)
@@ -213,10 +213,21 @@ def test_our_own_requests_in_a_scrape_are_not_taken_for_other_gateways(store):
     assert [st.route(RouteRequest("m")).kind] == ["saturated"]  # 1 + 3 others = 4
 
 
-def test_core_and_view_take_the_injected_clock_and_rng():
-    app_src = (ROOT / "gateway" / "app.py").read_text()
-    assert "time.monotonic" not in app_src and "time.time" not in app_src
-    assert "random.Random()" not in (ROOT / "gateway" / "routing.py").read_text()
+def test_core_and_view_take_the_injected_clock_and_rng(store, upstreams):
+    """A request is timed on the gateway's clock (standing still here: no time passes however long
+    the engine takes), and routing draws from the seeded generator (near-ties picked at random
+    come out the same for the same seed)."""
+    up = upstreams(base=0.02)
+    eps = [endpoint(f"e{i}", up.url) for i in range(4)]
+    spread = RoutingConfig(tie_tolerance=10)  # every endpoint is a near-tie: each pick is a draw
+    _, _, c = make_app(store, eps, clock=FakeClock(2_000_000_000.0, mono=500.0), routing=spread, seed=7)
+    picks = [c.post(CHAT, json={"model": "m"}).headers["X-LLMGW-Endpoint"] for _ in range(12)]
+    text = c.get("/metrics").get_data(as_text=True)
+    assert 'llmgw_gateway_request_seconds_sum{model="m"} 0.0' in text
+    assert 'llmgw_gateway_ttft_seconds_sum{model="m"} 0.0' in text
+    _, _, again = make_app(store, eps, routing=spread, seed=7)
+    assert [again.post(CHAT, json={"model": "m"}).headers["X-LLMGW-Endpoint"] for _ in range(12)] == picks
+    assert len(set(picks)) > 1
 
 
 # --- 10. one gunicorn configuration --------------------------------------------------------------------
@@ -232,7 +243,7 @@ def conf_values(env: dict, tmp: Path) -> dict:
             # are not on the list: gunicorn's own config module imports ssl, and logging threading,
             # before any config file is read.)
             " 'unpatchable': sorted(m for m in ('redis', 'requests', 'urllib3', 'http.client', 'gevent',"
-            " 'gateway.app', 'gateway.state', 'gateway.proxy') if m in sys.modules)}))")
+            " 'gateway.app', 'gateway.server.pollers', 'gateway.upstream.client') if m in sys.modules)}))")
     base = {k: v for k, v in os.environ.items()
             if not k.startswith("LLMGW_GATEWAY_") and k not in ("PORT", "PROMETHEUS_MULTIPROC_DIR")}
     out = subprocess.run([sys.executable, "-c", code], env={**base, "TMPDIR": str(tmp), **env},
@@ -269,12 +280,11 @@ def test_the_master_gives_each_worker_a_row_and_frees_it_when_it_exits(tmp_path)
     a worker does: rows are handed out, a dead worker's counts are dropped, its row is reused."""
     code = (
         "import json, types, gateway.gunicorn_conf as c\n"
-        "from gateway import siblings\n"
         "server = types.SimpleNamespace(cfg=types.SimpleNamespace(workers=2))\n"
         "c.on_starting(server)\n"
         "w = [types.SimpleNamespace(pid=10 + i) for i in range(3)]\n"
         "c.pre_fork(server, w[0]); c.pre_fork(server, w[1])\n"
-        "master = siblings.table\n"
+        "master = server.llmgw_siblings\n"
         "a, b = master.for_row(w[0].llmgw_row), master.for_row(w[1].llmgw_row)\n"
         "a.adopt(10); b.adopt(11); a.publish('e', 0, 2, 1.0)\n"
         "seen = b.others(['e'], 1.0)\n"
@@ -283,7 +293,7 @@ def test_the_master_gives_each_worker_a_row_and_frees_it_when_it_exits(tmp_path)
         "c.pre_fork(server, w[2])\n"
         "c.post_fork(server, w[2])\n"
         "print(json.dumps({'rows': [w[0].llmgw_row, w[1].llmgw_row, w[2].llmgw_row], 'n': master.rows,"
-        " 'seen': seen, 'after': after, 'row': siblings.table.row}))")
+        " 'seen': seen, 'after': after, 'row': w[2].llmgw_siblings.row}))")
     base = {k: v for k, v in os.environ.items() if not k.startswith("LLMGW_GATEWAY_") and k != "PROMETHEUS_MULTIPROC_DIR"}
     out = subprocess.run([sys.executable, "-c", code], env={**base, "TMPDIR": str(tmp_path)},
                          capture_output=True, text=True, timeout=60, cwd=ROOT)

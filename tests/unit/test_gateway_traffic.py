@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from gateway.saturation import Episode, News, step
-from gateway.traffic import BOUNDS, SLOT, SLOTS, TrafficCounter, bucket, series, slot_of
+from gateway.observe.saturation import Episode, News, step
+from gateway.observe.traffic import BOUNDS, SLOT, SLOTS, TrafficCounter, bucket, series, slot_of
 from llmgw.state import events, keys
 from llmgw.state.records import LoadRecord
 from tests.support.clock import FakeClock
@@ -74,13 +74,13 @@ def test_the_gateway_counts_requests_and_a_shed_storm_is_one_event(store, upstre
     assert c.post(CHAT, json={"model": "nope"}).status_code == 404  # unknown names are never counted
     store.write_load(LoadRecord("e1", time.time(), True, running=4, waiting=9))
     for g in (gw, gw2):
-        g.state.refresh_loads()
+        g.router.refresh_loads()
     for client in (c, c2):
         for _ in range(3):
             r = client.post(CHAT, json={"model": "m"}, headers={"X-LLMGW-Priority": "sheddable"})
             assert r.status_code == 429
-    gw.flush_traffic()
-    gw2.flush_traffic()
+    gw.background.flush_traffic()
+    gw2.background.flush_traffic()
     slot = store.r.hgetall(keys.traffic(slot_of(clock.t)))
     assert slot["m:n"] == "7" and slot["m:shed"] == "6" and "m:err" not in slot
     assert sum(int(v) for k, v in slot.items() if k.startswith("m:lat")) == 1
@@ -89,6 +89,6 @@ def test_the_gateway_counts_requests_and_a_shed_storm_is_one_event(store, upstre
     assert len(saturated) == 1 and saturated[0].model == "m" and "3 shed" in saturated[0].message
     assert saturated[0].source == f"gateway:{gw.identity.id}"
     clock.t += 6  # quiet for longer than QUIET
-    gw.flush_traffic()
+    gw.background.flush_traffic()
     (recovered,) = [e for e in events.latest(store.r) if e.kind == "model_recovered"]
     assert recovered.data == {"queued": 0, "shed": 3}

@@ -12,7 +12,7 @@ import threading
 
 import pytest
 
-from gateway.proxy import Malformed, Upstream, UpstreamConnectError, UpstreamTimeout, parse_head
+from gateway.upstream.client import Malformed, Upstream, UpstreamConnectError, UpstreamTimeout, parse_head
 from tests.support.procs import wait_until
 
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.policy import ALLOW, Deny, ModelRef, decide
+from gateway.keys.policy import ALLOW, Deny, ModelRef, decide
 from llmgw.state.apikeys import ApiKeyInvalid, ApiKeyRecord, parse_expires, parse_models, parse_tokens
 from llmgw.state.budget import iso, period_of
 

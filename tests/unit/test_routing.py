@@ -7,8 +7,9 @@ from collections import Counter
 import pytest
 
 from gateway.config import RoutingConfig
-from gateway.routing import Choice, EndpointStats, Rejection, RouteRequest, choose, score
-from gateway.speed import Speed
+from gateway.routing.choice import Choice, Rejection, RouteRequest, choose, score
+from gateway.routing.load import EndpointStats
+from gateway.routing.speed import Speed
 from llmgw.state.records import EndpointInfo, LoadRecord
 
 NOW = 1000.0
