@@ -140,7 +140,7 @@ def _read_answer(sock, deadline: float) -> tuple[bytes, list[bytes], bool]:
 
 
 def test_streams_keep_their_connection_and_one_cut_short_is_not_passed_off_as_complete(cluster):
-    """Streams are written to the client's socket by the gateway itself (gateway.relay): answers on
+    """Streams are written to the client's socket by the gateway itself (gateway.upstream.relay): answers on
     one keep-alive connection follow each other, each with one X-Request-Id; a stream whose engine
     dies under it ends with the connection closed, not with the chunk that says the answer is whole."""
     import socket

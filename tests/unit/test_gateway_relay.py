@@ -1,4 +1,4 @@
-"""gateway.relay: a stream written to the client's socket directly, and the server told so; when it
+"""gateway.upstream.relay: a stream written to the client's socket directly, and the server told so; when it
 applies, what goes on the wire, and how the connection ends."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Per-key policy: the pure decision `gateway.policy.decide`, the budget periods, and the flags of
+"""Per-key policy: the pure decision `gateway.keys.policy.decide`, the budget periods, and the flags of
 `llmgw keys create|update` that set them."""
 
 from datetime import datetime, timezone

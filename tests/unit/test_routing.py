@@ -204,7 +204,7 @@ def test_scrape_derived_speed_for_endpoints_we_never_served():
     """Another gateway's traffic shows in the token counters: a slow endpoint is known to be slow
     before this gateway ever sends it anything."""
     eps = [ep("fast", capacity=4), ep("slow", capacity=4)]
-    stats = {"fast": known(0.1), "slow": known(0.8)}  # slow: from scrapes only (gateway.state)
+    stats = {"fast": known(0.1), "slow": known(0.8)}  # slow: from scrapes only (gateway.routing.learn)
     assert pick(eps, inflight={"fast": 3}, stats=stats).endpoint.id == "fast"
     assert pick(eps, inflight={"fast": 4}, stats=stats) == Rejection("saturated", "m", "deferred: a faster endpoint frees sooner")
 

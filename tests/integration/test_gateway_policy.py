@@ -11,7 +11,7 @@ from gateway.config import GatewaySettings
 from llmgw.state import keys
 from llmgw.state.apikeys import create_key, update_key
 from tests.support.clock import FakeClock
-from tests.unit.test_gateway_app import CHAT, endpoint, make_app, server, store  # noqa: F401 - fixtures
+from tests.support.gateway_app import CHAT, endpoint, make_app, server, store  # noqa: F401 - fixtures
 
 # 2026-03-14 23:59:00 UTC: a minute before the day's budget resets; rate-limit minutes stand still.
 NOON = datetime(2026, 3, 14, 12, 0, tzinfo=timezone.utc).timestamp()
