@@ -1,5 +1,6 @@
-"""What PolledRouter learns per endpoint: from two scrapes (per-token time, batch limit) and once per
-finished request (decode time, tokens), and the speeds it derives on each load refresh."""
+"""What the router learns per endpoint (gateway.routing.learn, pure): from two scrapes (per-token time,
+batch limit) and once per finished request (decode time, tokens), and the speeds it derives on each
+load refresh."""
 
 import pytest
 
@@ -173,3 +174,34 @@ def test_an_agent_clock_that_disagrees_falls_back_to_the_most_we_held():
     store.records["a"] = LoadRecord("a", clock.t - 3600, True, running=3, waiting=0)  # an hour behind
     st.refresh_loads()
     assert st.stats["a"].scrape_inflight == 3  # not 2: our own ended request is no other gateway's
+
+
+def test_the_learner_returns_new_values_and_leaves_its_inputs_alone():
+    """`fit = update(fit, sample)`: a load refresh builds the next learner and stats from the last
+    ones, which readers may still hold, unchanged."""
+    from gateway.routing.inflight import Answer
+    from gateway.routing.learn import Learning, Tokens, learn_answer, observe_loads
+    from gateway.routing.load import EndpointStats
+
+    a = ep("a")
+    before = Learning()
+    answer = Answer("a", 10.0, 2.0, 1.0, 51, 0.1)
+    lr, tokens = learn_answer(None, Tokens(), answer, 10.0)
+    assert lr.per_request.w == 1 and lr.ttfb == pytest.approx(0.1) and tokens.reported == 51
+    old = LoadRecord("a", 1.0, True, running=4, waiting=0, generation_tokens_total=0)
+    new = LoadRecord("a", 2.0, True, running=4, waiting=0, generation_tokens_total=200)
+    loads, prev, stats = {"a": new}, {"a": old}, {"a": EndpointStats(scrape_inflight=1)}
+    state, out = observe_loads(before, loads, prev, stats, {"a": 2}, [answer], {"a": a}, 20.0,
+                               GatewaySettings().routing)
+    assert before == Learning() and stats == {"a": EndpointStats(scrape_inflight=1)} and prev == {"a": old}
+    assert out["a"].scrape_inflight == 2 and out["a"].speed is not None and out is not stats
+    # the answer's sample, halved by the 10 s since (the half-life), then the one from the two scrapes
+    assert state.learned["a"].per_token.w == pytest.approx(1.5)
+
+
+def test_readers_keep_the_snapshot_they_took():
+    st, store, clock = setup(ep("a"))
+    taken = st.snapshot
+    scrape(st, store, clock, "a", 4, 0, 1000)
+    assert st.snapshot is not taken and taken.loads == {} and taken.stats == {}
+    assert st.snapshot.tables is taken.tables  # the list did not change: the same tables
