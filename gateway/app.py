@@ -25,6 +25,7 @@ from flask import Flask
 from gateway.config import DEFAULT_MAX_CONNECTIONS, GatewaySettings
 from gateway.http.answer import Answers, OpenRequests
 from gateway.http.proxy import Proxy
+from gateway.http.refusal import unready
 from gateway.http.views import flask_app
 from gateway.http.wsgi import fast_path
 from gateway.keys.gate import KeyGate
@@ -145,14 +146,7 @@ class Gateway:
     def not_ready(self) -> str | None:
         """Why this process cannot serve yet (None: it can). /readyz and the 503s give this reason."""
         h = self.health
-        why = (f" (Redis unavailable: {h.last_error})" if not h.ok
-               else "" if self.started else " (this process never started its background loops: serve "
-               "it with `gunicorn -c python:gateway.gunicorn_conf`)")
-        if not self.keys.ready:
-            return f"the gateway has not loaded its API keys yet{why}; retry shortly"
-        if not self.router.tables.loaded:
-            return f"the gateway has not loaded the endpoint list yet{why}"
-        return None
+        return unready(self.keys.ready, self.router.tables.loaded, None if h.ok else h.last_error, self.started)
 
     def stop(self) -> None:
         self.stopping.set()

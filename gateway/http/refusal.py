@@ -64,6 +64,18 @@ def attempt_failed(outcome: Outcome, endpoint_id: str, model: str, first_byte_ti
     return ApiError("upstream_error", f"endpoint {endpoint_id} answered {outcome.status}")
 
 
+def unready(keys_ready: bool, list_loaded: bool, redis_error: str | None, started: bool) -> str | None:
+    """Why a process cannot serve yet (None: it can), for /readyz and its 503s."""
+    why = (f" (Redis unavailable: {redis_error})" if redis_error is not None
+           else "" if started else " (this process never started its background loops: serve "
+           "it with `gunicorn -c python:gateway.gunicorn_conf`)")
+    if not keys_ready:
+        return f"the gateway has not loaded its API keys yet{why}; retry shortly"
+    if not list_loaded:
+        return f"the gateway has not loaded the endpoint list yet{why}"
+    return None
+
+
 def not_loaded(reason: str | None) -> ApiError:
     """A request before this process has loaded the endpoint list."""
     return ApiError("no_replica", reason or "the gateway has not loaded the endpoint list yet", 1)

@@ -4,7 +4,7 @@ and admission outcomes to the client's error."""
 import pytest
 
 from gateway.errors import ApiError
-from gateway.http.refusal import TimedOut, attempt_failed, not_loaded, refusal
+from gateway.http.refusal import TimedOut, attempt_failed, not_loaded, refusal, unready
 from gateway.routing.admission import Shed
 from gateway.routing.choice import Rejection, RouteRequest
 from gateway.routing.retry import GiveUp, Outcome
@@ -63,3 +63,11 @@ def test_failed_attempts_and_an_unloaded_list():
     assert said(attempt_failed(Outcome("answer", 503), "e1", "m", 120.0)) == \
         ("upstream_error", 502, "endpoint e1 answered 503", None)
     assert said(not_loaded(None)) == ("no_replica", 503, "the gateway has not loaded the endpoint list yet", 1)
+
+
+def test_why_a_process_is_not_ready():
+    assert "API keys" in unready(False, False, None, True) and "retry shortly" in unready(False, True, None, True)
+    assert unready(True, False, "ConnectionError: refused", True) == \
+        "the gateway has not loaded the endpoint list yet (Redis unavailable: ConnectionError: refused)"
+    assert "gunicorn_conf" in unready(True, False, None, False)  # says how it should be served
+    assert unready(True, True, None, True) is None
