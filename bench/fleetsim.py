@@ -7,7 +7,7 @@ Engines are the sim engine's own batching model (`simengine.core.SimCore`: conti
 FIFO wait, decode step `step_ms * (1 + batch_alpha * (running - 1)) / speed`, prefill per prompt
 token, one event per token). Every `scrape` seconds each engine's running/waiting/KV/token counters
 are written as a LoadRecord (as the agent does), which each gateway reads every `load_interval`
-seconds. The gateway is the real code: `GatewayState` (route, release, what it learns) on a fake
+seconds. The gateway is the real code: `PolledRouter` (route, release, what it learns) on a fake
 clock, `choose()`, `admit()` and the wait-queue rules of `gateway.app` (only the queue's head routes;
 it tries again when a request ends or new loads arrive). So a policy can be tried on a dozen fleets
 in seconds, without the CPU noise of real processes, and the same seed gives the same figures.
@@ -33,11 +33,11 @@ if __name__ == "__main__":
     # Run as a script, bench/ is first on the path and bench/gateway.py would shadow the gateway package.
     sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, ROOT / "bench")]
 
-from gateway.admission import Send, Shed, Wait, admit, drain_time  # noqa: E402
 from gateway.config import GatewaySettings  # noqa: E402
-from gateway.retry import Deliver, GiveUp, Outcome, next_attempt  # noqa: E402
-from gateway.routing import Choice, Rejection, RouteRequest  # noqa: E402
-from gateway.state import GatewayState  # noqa: E402
+from gateway.routing.admission import Send, Shed, Wait, admit, drain_time  # noqa: E402
+from gateway.routing.choice import Choice, Rejection, RouteRequest  # noqa: E402
+from gateway.routing.retry import Deliver, GiveUp, Outcome, next_attempt  # noqa: E402
+from gateway.server.pollers import PolledRouter  # noqa: E402
 from llmgw.state.clock import Clock  # noqa: E402
 from llmgw.state.records import EndpointInfo, LoadRecord  # noqa: E402
 from llmgw.state.store import CatalogOutline  # noqa: E402
@@ -221,7 +221,7 @@ class SimClock(Clock):
 
 
 class _Store:
-    """What GatewayState reads from Redis: one endpoint list, the latest LoadRecords, no catalog."""
+    """What PolledRouter reads from Redis: one endpoint list, the latest LoadRecords, no catalog."""
 
     def __init__(self, endpoints: list[EndpointInfo]):
         self.eps = endpoints
@@ -290,9 +290,9 @@ class Result:
 
 
 class _Gateway:
-    """One gateway process: the real GatewayState and admission, and the shell of gateway.app."""
+    """One gateway process: the real PolledRouter and admission, and the shell of gateway.app."""
 
-    def __init__(self, sim: "Simulation", idx: int, state: GatewayState):
+    def __init__(self, sim: "Simulation", idx: int, state: PolledRouter):
         self.sim, self.idx, self.state = sim, idx, state
         self.queue: deque[Req] = deque()
         self.p2c_inflight: dict[str, int] = {}
@@ -470,7 +470,7 @@ class Simulation:
         self.clock = SimClock()
         self.gateways = []
         for g in range(fleet.gateways):
-            st = GatewayState(self.store, self.cfg.model_copy(update={"seed": seed * 100 + g}), self.clock)
+            st = PolledRouter(self.store, self.cfg.model_copy(update={"seed": seed * 100 + g}), self.clock)
             st.refresh_endpoints()
             self.gateways.append(_Gateway(self, g, st))
         self.result = Result(fleet.name, load.name, policy, seed)

@@ -1,5 +1,5 @@
-"""What a key's policy costs the request path: `Gateway.enforce` (expiry, models, budget over the
-in-memory tables, gateway.policy.decide) per request, for an ordinary key and for one with every
+"""What a key's policy costs the request path: `KeyGate.enforce` (expiry, models, budget over the
+in-memory tables, gateway.keys.policy.decide) per request, for an ordinary key and for one with every
 policy set, next to the key lookup every keyed request already pays. In-process, on fakeredis (no
 Redis is touched on this path); prints microseconds per call.
 
@@ -37,8 +37,8 @@ def main() -> None:
     plain, rich = gw.keys.find("plain"), gw.keys.find("all-policies")
     rows = [
         ("key lookup (SHA-256 of the presented key), already paid", lambda: gw.keys.lookup(plain_key)),
-        ("enforce: key without policy", lambda: gw.enforce(plain, "m-alias")),
-        ("enforce: --models, --expires and --budget", lambda: gw.enforce(rich, "m-alias")),
+        ("enforce: key without policy", lambda: gw.gate.enforce(plain, "m-alias")),
+        ("enforce: --models, --expires and --budget", lambda: gw.gate.enforce(rich, "m-alias")),
     ]
     for name, fn in rows:
         best = min(timeit.repeat(fn, number=N, repeat=5)) / N

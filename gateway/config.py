@@ -17,7 +17,7 @@ from pydantic import AfterValidator, Field, model_validator
 
 from llmgw.errors import ConfigError
 from llmgw.settings import EnvSettings, Seconds, Settings, env
-from llmgw.state.apikeys import Priority
+from llmgw.state.keypolicy import Priority
 
 Policy = Literal["llmgw", "round_robin", "least_inflight"]
 AuthMode = Literal["auto", "required", "off"]
@@ -95,7 +95,7 @@ class GatewaySettings(Settings):
     # The per-model queue standard requests wait in when every endpoint is saturated. An LLM answer
     # takes seconds, so a burst is absorbed by tens of seconds of waiting (under a client's usual 60 s
     # timeout), not refused; each waiting request holds only its body. Requests the queue cannot
-    # serve within the bound are refused at once (gateway.admission).
+    # serve within the bound are refused at once (gateway.routing.admission).
     queue_max: int = env("LLMGW_GATEWAY_QUEUE_MAX", default=1000, ge=0,
                          meaning="per-model queue of standard requests while every endpoint is saturated")
     queue_timeout: Seconds = env("LLMGW_GATEWAY_QUEUE_TIMEOUT", default=30.0, ge=0,

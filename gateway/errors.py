@@ -1,14 +1,10 @@
 """The one table that turns every gateway failure into an OpenAI-shaped error body.
 
-Views raise `ApiError(kind, message)`; `error_response` renders it as
+Views raise `ApiError(kind, message)`; gateway.http.answer.error_response renders it as
 `{"error": {"message", "type", "code"}}` with the status, and `Retry-After` where it applies.
 """
 
 from __future__ import annotations
-
-import json
-
-from flask import Response
 
 # kind -> (HTTP status, OpenAI error type, code)
 TABLE: dict[str, tuple[int, str, str]] = {
@@ -49,12 +45,3 @@ class ApiError(Exception):
 def error_body(kind: str, message: str) -> dict:
     _, etype, code = TABLE[kind]
     return {"error": {"message": message, "type": etype, "code": code}}
-
-
-def error_response(err: ApiError, request_id: str | None = None) -> Response:
-    resp = Response(json.dumps(error_body(err.kind, err.message)), status=err.status, mimetype="application/json")
-    if err.retry_after is not None:
-        resp.headers["Retry-After"] = str(int(err.retry_after))
-    if request_id:
-        resp.headers["X-Request-Id"] = request_id
-    return resp

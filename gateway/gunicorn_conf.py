@@ -10,10 +10,11 @@
   traffic (through the scraped load), so more workers do not multiply a replica's capacity.
 - Each worker, before it accepts its first connection (post_worker_init): raises its open-file limit,
   sizes its connection cap (LLMGW_GATEWAY_MAX_CONNECTIONS, gevent's worker_connections follows it)
-  and waits for the endpoint list and the key table (gateway.worker).
-- In-flight counts shared by the workers (gateway.siblings): the master makes the table on start
-  and gives each worker a row as it forks (pre_fork/post_fork), freed when the worker exits, so the
-  workers route as one router instead of seeing each other only in the engines' scrapes.
+  and waits for the endpoint list and the key table (gateway.server.boot).
+- In-flight counts shared by the workers (gateway.server.siblings): the master makes the table on
+  start (kept on gunicorn's arbiter) and gives each worker a row as it forks (pre_fork/post_fork,
+  kept on the worker object), freed when the worker exits, so the workers route as one router
+  instead of seeing each other only in the engines' scrapes.
 - PROMETHEUS_MULTIPROC_DIR: with more than one worker /metrics needs it; when unset a fresh temporary
   directory is made here (before the workers fork, so they all inherit it). Stale files of a previous
   run are removed at start, and a dead worker's live gauges when it exits.
@@ -28,8 +29,8 @@ import os
 import shutil
 import tempfile
 
-from gateway import siblings
 from gateway.config import GunicornSettings
+from gateway.server import siblings
 
 _settings = GunicornSettings.from_env()
 worker_class = "gevent"
@@ -56,7 +57,7 @@ if workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
 def on_starting(server):
     """A previous run's value files would be summed into this run's counters: remove them. The
     sibling table gets two rows per worker: a reload's new workers start while the old ones finish."""
-    siblings.setup(2 * server.cfg.workers + 2 if server.cfg.workers > 1 else 0)
+    server.llmgw_siblings = siblings.setup(2 * server.cfg.workers + 2 if server.cfg.workers > 1 else 0)
     d = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if d:
         os.makedirs(d, exist_ok=True)
@@ -64,17 +65,18 @@ def on_starting(server):
             os.unlink(f)
 
 
-def pre_fork(server, worker):  # noqa: ARG001 - gunicorn's hook signature
-    worker.llmgw_row = siblings.table.claim_row() if siblings.table is not None else None
+def pre_fork(server, worker):
+    table = getattr(server, "llmgw_siblings", None)
+    worker.llmgw_row = table.claim_row() if table is not None else None
 
 
-def post_fork(server, worker):  # noqa: ARG001 - gunicorn's hook signature
-    siblings.attach(worker.llmgw_row)
+def post_fork(server, worker):
+    worker.llmgw_siblings = siblings.attach(getattr(server, "llmgw_siblings", None), worker.llmgw_row)
 
 
 def post_worker_init(worker):
     """In the worker, after the app is loaded and gevent patched, before the first connection."""
-    from gateway.worker import start
+    from gateway.server.boot import start
 
     start(worker)
 
@@ -84,10 +86,10 @@ def on_exit(server):  # noqa: ARG001 - gunicorn's hook signature
         shutil.rmtree(_made_dir, ignore_errors=True)
 
 
-def child_exit(server, worker):  # noqa: ARG001 - gunicorn's hook signature
-    row = getattr(worker, "llmgw_row", None)
-    if siblings.table is not None and row is not None:
-        siblings.table.free_row(row)
+def child_exit(server, worker):
+    table, row = getattr(server, "llmgw_siblings", None), getattr(worker, "llmgw_row", None)
+    if table is not None and row is not None:
+        table.free_row(row)
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         from prometheus_client import multiprocess
 

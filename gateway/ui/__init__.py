@@ -1,7 +1,7 @@
 """The web console at `/ui`: read-only pages over the fleet, served by the gateway itself (docs/console.md).
 
 Plain HTML, CSS and JavaScript files in `static/` (no build step, nothing from a CDN), which poll the
-JSON API below every 2 s. The API views are thin: read the facts (the fleet through `gateway.fleet`,
+JSON API below every 2 s. The API views are thin: read the facts (the fleet through `gateway.observe.fleet`,
 cached for a second), call the pure builders of `gateway.ui.views`, answer.
 
     /ui                 the single page
@@ -10,7 +10,7 @@ cached for a second), call the pure builders of `gateway.ui.views`, answer.
     /ui/api/events      the event history, filtered, paged with `after`
     /ui/api/catalog     the applied catalog as YAML and its history (`?version=N` for a past one)
 
-When API keys are in use the API needs an admin key (`Gateway.require_admin`); with auth off, or before any
+When API keys are in use the API needs an admin key (`KeyGate.require_admin`); with auth off, or before any
 key exists (`LLMGW_GATEWAY_AUTH=auto`), it is open like the rest of the gateway.
 """
 
@@ -22,24 +22,24 @@ import re
 from flask import Blueprint, Response, jsonify, request, send_from_directory
 
 from gateway.errors import ApiError
-from gateway.state import REDIS_ERRORS
-from gateway.traffic import SLOT, SLOTS, series, slot_of
+from gateway.observe.fleet import FleetView
+from gateway.observe.health import REDIS_ERRORS
+from gateway.observe.traffic import SLOT, SLOTS, series, slot_of
 from gateway.ui.views import catalog_view, models_view
-from gateway.fleet import FleetView
-from llmgw.catalog import history, read_applied, read_version
+from llmgw.catalog import read_applied, read_version
 from llmgw.state import events
 
 EVENTS_MAX = 1000  # events one answer carries at most
 
 
 def console_blueprint(gw, fleet: FleetView) -> Blueprint:
-    """The console of one gateway process (`gw`: its `gateway.app.Gateway`)."""
+    """The console of one gateway process (`gw`: its gateway.app.Gateway)."""
     bp = Blueprint("console", __name__, url_prefix="/ui", static_folder="static", static_url_path="/static")
 
     def api(view):
         @functools.wraps(view)
         def run(*args, **kw):
-            gw.require_admin(request.environ, open_without_keys=True)
+            gw.gate.require_admin(request.environ, open_without_keys=True)
             try:
                 body = view(*args, **kw)
             except REDIS_ERRORS as e:
@@ -64,8 +64,8 @@ def console_blueprint(gw, fleet: FleetView) -> Blueprint:
     def models_api():
         f = fleet.get()
         loads = gw.store.loads(r["id"] for r in f.report["replicas"])
-        # The learned time of a typical request alone on each endpoint (gateway.speed).
-        units = {eid: st.speed.ttfb + st.speed.decode(1) for eid, st in list(gw.state.stats.items())
+        # The learned time of a typical request alone on each endpoint (gateway.routing.speed).
+        units = {eid: st.speed.ttfb + st.speed.decode(1) for eid, st in gw.router.stats.items()
                  if st.speed is not None}
         last = slot_of(f.now) - 1  # the last complete slot
         traffic = series(gw.store.traffic(range(last - SLOTS + 1, last + 1)), last)
@@ -88,12 +88,12 @@ def console_blueprint(gw, fleet: FleetView) -> Blueprint:
         if after and not re.fullmatch(r"\d+-\d+", after):
             raise ApiError("bad_request", f"after: expected an event id like 1717171717171-0, got {after!r}")
         if after:
-            batch = events.read(gw.store.r, after=after, count=EVENTS_MAX)
+            batch = gw.store.read_events(after=after, count=EVENTS_MAX)
             found = events.matching(batch, **filters)[-limit:]
             cursor = batch[-1].id if batch else after
         else:
-            found = events.latest(gw.store.r, limit, **filters)
-            newest = events.latest(gw.store.r, 1)
+            found = gw.store.latest_events(limit, **filters)
+            newest = gw.store.latest_events(1)
             cursor = newest[-1].id if newest else "0-0"
         return {"events": [e.to_dict() for e in found], "cursor": cursor, "kinds": list(events.KINDS)}
 
@@ -101,7 +101,7 @@ def console_blueprint(gw, fleet: FleetView) -> Blueprint:
     @api
     def catalog_api():
         raw = request.args.get("version")
-        past = history(gw.store, 50)
+        past = gw.store.catalog_history(50)
         if raw:
             try:
                 version = int(raw)

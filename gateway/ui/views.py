@@ -39,7 +39,7 @@ def models_view(catalog: Catalog | None, report: dict, gateways: list[GatewayRep
                 thresholds: dict, slot: float, now: float) -> dict:
     """Per model (the catalog's, then any whose records outlive it): replicas asked for and Ready per
     profile, each replica's row of `llmgw status` with its `load`, the gateways' demand, and the
-    traffic points (`gateway.traffic.series`)."""
+    traffic points (`gateway.observe.traffic.series`)."""
     rows_by: dict[tuple[str, str], list[dict]] = {}
     for row in report["replicas"]:
         rows_by.setdefault((row["model"], row["profile"]), []).append(

@@ -73,18 +73,3 @@ def apply_catalog(
     return store.store_catalog(catalog.hash(), catalog.canonical(), source=source, applied_by=applied_by,
                                expected_version=expected_version, now=time.time() if now is None else now)
 
-
-# --- what gateway/*.py calls; everyone else calls the Store's methods of the same names --------------
-def catalog_outline(store: Store) -> CatalogOutline:
-    """`Store.catalog_outline`."""
-    return store.catalog_outline()
-
-
-def key_variables(store: Store) -> list[tuple[str, str, str]]:
-    """`Store.key_variables`."""
-    return store.key_variables()
-
-
-def history(store: Store, n: int = 10) -> list[dict]:
-    """`Store.catalog_history`."""
-    return store.catalog_history(n)

@@ -66,17 +66,3 @@ def matching(events: Iterable[Event], *, model: str | None = None, node: str | N
         out.append(e)
     return out
 
-
-# --- for callers that hold only the store's client (gateway/ui); everyone else calls the Store ------
-def read(r, *, after: str = "-", count: int = 1000, since: float | None = None) -> list[Event]:
-    """`Store.read_events` for a caller holding only the store's client (gateway/ui does)."""
-    from llmgw.state.store import Store
-
-    return Store(r).read_events(after=after, count=count, since=since)
-
-
-def latest(r, count: int = 100, **filters) -> list[Event]:
-    """`Store.latest_events` for a caller holding only the store's client (gateway/ui does)."""
-    from llmgw.state.store import Store
-
-    return Store(r).latest_events(count, **filters)

@@ -174,7 +174,7 @@ PUBLISH_LOCK = f"{PREFIX}:lock:publish"
 
 # --- gateway: API keys, rate limits, usage ---------------------------------------------------------
 # hash: key id -> JSON {name, hash, rpm, tpm, priority, created_at, models, expires_at, budget,
-# budget_period, admin} (llmgw.state.apikeys.ApiKeyRecord)
+# budget_period, admin} (llmgw.state.keypolicy.ApiKeyRecord)
 API_KEYS = f"{PREFIX}:apikeys"
 
 

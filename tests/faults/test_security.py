@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from gateway.auth import KeyTable
-from gateway.state import RedisHealth
+from gateway.keys.table import KeyTable
+from gateway.observe.health import RedisHealth
 from llmgw.state.keypolicy import hash_key
 from llmgw.state.clock import Clock
 from tests.faults.fleet import AGENT, engines
@@ -190,7 +190,7 @@ def test_api_keys_are_hashes_at_rest_and_looked_up_by_digest(cluster):
     assert requests.post(url + "/v1/chat/completions", data=body("chat"), timeout=30,
                          headers={**good, "Authorization": f"Bearer {near}"}).status_code == 401
 
-    # The lookup the gateway does (gateway.auth.KeyTable) on the table in this Redis: by digest only.
+    # The lookup the gateway does (gateway.keys.table.KeyTable) on the table in this Redis: by digest only.
     table = KeyTable(cluster.store(), RedisHealth(Clock()))
     table.refresh()
     assert set(table.by_hash) == {hash_key(key)}

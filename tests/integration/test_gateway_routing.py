@@ -1,4 +1,4 @@
-"""Through real HTTP (gunicorn gthread, real redis-server, fake engines as processes): load-aware
+"""Through real HTTP (gunicorn's gevent worker, real redis-server, fake engines as processes): load-aware
 routing on a skewed fleet, shedding by priority, and retrying when an engine refuses connections."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import requests
 
 from llmgw.state.records import EndpointInfo
 from tests.support.fake_upstream import start_process
+from tests.support.gateway_app import metric  # noqa: F401 - test_gateway_serving reads it from here too
 from tests.support.loadgen import paced
 from tests.support.procs import free_port, wait_until
 
@@ -54,14 +55,6 @@ def engine_stats(url: str) -> dict:
 
 def healthz(gw: str) -> dict:
     return requests.get(gw + "/healthz", timeout=5).json()
-
-
-def metric(text: str, sample: str) -> float:
-    """The value of one exact sample (`name{labels}`) in a Prometheus text page; 0 when absent."""
-    for line in text.splitlines():
-        if line.startswith(sample + " "):
-            return float(line.split()[-1])
-    return 0.0
 
 
 def test_load_aware_routing_spares_the_slow_engine_unlike_round_robin(cluster):

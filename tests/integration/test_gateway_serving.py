@@ -140,7 +140,7 @@ def _read_answer(sock, deadline: float) -> tuple[bytes, list[bytes], bool]:
 
 
 def test_streams_keep_their_connection_and_one_cut_short_is_not_passed_off_as_complete(cluster):
-    """Streams are written to the client's socket by the gateway itself (gateway.relay): answers on
+    """Streams are written to the client's socket by the gateway itself (gateway.upstream.relay): answers on
     one keep-alive connection follow each other, each with one X-Request-Id; a stream whose engine
     dies under it ends with the connection closed, not with the chunk that says the answer is whole."""
     import socket
@@ -182,7 +182,7 @@ def test_streams_keep_their_connection_and_one_cut_short_is_not_passed_off_as_co
 
 def test_workers_count_each_others_requests_against_capacity(cluster):
     """Two workers, one endpoint with capacity 2, no scrapes at all: the workers see each other's
-    requests through the shared table (gateway.siblings), so the engine never holds more than two
+    requests through the shared table (gateway.server.siblings), so the engine never holds more than two
     while the rest wait in the gateway's queues, and every request is answered once slots free.
     Each worker is sent four requests of its own, on kept-alive connections whose worker the test
     knows (the pid /healthz answers on them): the kernel hands a new connection to any worker."""

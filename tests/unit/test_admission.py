@@ -1,14 +1,13 @@
-"""Admission decisions when a model is saturated, and the bounded FIFO wait queue."""
-
-import threading
+"""Admission decisions when a model is saturated, and the bounded FIFO wait queue on a fake clock
+(with threads: tests/integration/test_gateway_queue.py)."""
 
 import pytest
 
-from gateway.admission import Send, Shed, Wait, WaitQueue, admit, drain_time
-from gateway.routing import Choice, Rejection
+from gateway.routing.admission import Send, Shed, Wait, admit, drain_time
+from gateway.routing.choice import Choice, Rejection
+from gateway.routing.queue import WaitQueue
 from llmgw.state.records import EndpointInfo
 from tests.support.clock import FakeClock
-from tests.support.procs import wait_until
 
 EP = EndpointInfo(id="a", url="http://a", models=("m",), engine="sim")
 OK = Choice(EP, 0.1, 0)
@@ -73,37 +72,3 @@ def test_queue_times_out_and_is_bounded():
 def test_queue_full_rejects_at_once():
     q = WaitQueue(max_len=0)
     assert q.wait(lambda: OK, timeout=5) is None
-
-
-def test_queue_serves_in_order_when_endpoint_frees():
-    q = WaitQueue(max_len=10, recheck=0.01)
-    free = threading.Semaphore(0)
-    order = []
-
-    def attempt_for(name):
-        def attempt():
-            if free.acquire(blocking=False):
-                order.append(name)
-                return OK
-            return SAT
-        return attempt
-
-    results = {}
-    threads = []
-    try:
-        for name in ("first", "second"):
-            t = threading.Thread(target=lambda n=name: results.__setitem__(n, q.wait(attempt_for(n), 10)))
-            t.start()
-            threads.append(t)
-            # make sure "first" is enqueued before "second"
-            wait_until(lambda: len(q) == len(threads), 5, interval=0.001, what=f"{name} to be enqueued")
-        free.release()
-        q.notify()
-        free.release()
-        q.notify()
-    finally:
-        for t in threads:
-            t.join(15)
-    assert not any(t.is_alive() for t in threads)
-    assert order == ["first", "second"]
-    assert results == {"first": OK, "second": OK}

@@ -14,7 +14,7 @@ import redis
 
 from gateway.app import create_app
 from gateway.config import GatewaySettings
-from gateway.traffic import SLOT, slot_of
+from gateway.observe.traffic import SLOT, slot_of
 from llmgw.catalog import apply_catalog
 from llmgw.state import events, keys
 from llmgw.state.keypolicy import new_key
@@ -172,7 +172,7 @@ def test_a_redis_outage_is_a_clear_503(store, fleet):
 def test_fleet_metrics_are_the_control_planes_facts(store, fleet):
     from prometheus_client.parser import text_string_to_metric_families
 
-    from gateway.fleetmetrics import FAMILIES
+    from gateway.observe.fleetmetrics import FAMILIES
 
     store.write_heartbeat(node("gone"), ttl=60)
     store.r.delete(keys.node_heartbeat("gone"))

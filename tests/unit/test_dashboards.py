@@ -11,8 +11,8 @@ import fakeredis
 import pytest
 import yaml
 
-from gateway.fleetmetrics import FAMILIES
-from gateway.metrics import Metrics
+from gateway.observe.fleetmetrics import FAMILIES
+from gateway.observe.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "llmgw.json"

@@ -57,12 +57,34 @@ def test_cap_priority(req, ceiling, out):
     assert cap_priority(req, ceiling) == out
 
 
-def test_cli_and_gateway_do_not_decode_key_json_themselves():
-    """One record type: neither the CLI modules nor the gateway parse the key JSON by hand."""
-    from pathlib import Path
+def test_cli_and_gateway_do_not_decode_key_json_themselves(monkeypatch, capsys):
+    """One record type: the CLI (`llmgw keys list`, `llmgw usage`) and the gateway's key table read
+    every key record through `ApiKeyRecord.from_json`, never by hand. (That the key policy imports no
+    CLI is an import-linter contract in pyproject.toml.)"""
+    from gateway.keys.table import KeyTable
+    from gateway.observe.health import RedisHealth
+    from llmgw.cli import keys as keys_cli
+    from llmgw.cli import main
+    from llmgw.cli.usage import read_usage
+    from llmgw.state.clock import Clock
+    from llmgw.state.store import Store
 
-    root = Path(__file__).resolve().parents[2]
-    for f in ("llmgw/cli/keys.py", "llmgw/cli/usage.py", "gateway/auth.py", "gateway/app.py"):
-        text = (root / f).read_text()
-        assert "json.loads" not in text or f == "gateway/app.py", f
-        assert "llmgw.cli" not in text or f.startswith("llmgw/cli"), f
+    store = Store(fakeredis.FakeRedis(decode_responses=True))
+    monkeypatch.setattr(keys_cli, "checked_store", lambda: store)
+    store.create_key("a")
+    store.create_key("b", rpm=3)
+    decoded = []
+    real = ApiKeyRecord.from_json.__func__
+
+    def counted(cls, key_id, blob):
+        decoded.append(key_id)
+        return real(cls, key_id, blob)
+
+    monkeypatch.setattr(ApiKeyRecord, "from_json", classmethod(counted))
+    table = KeyTable(store, RedisHealth(Clock()))
+    table.refresh()
+    assert len(decoded) == 2 and {k.name for k in table.by_hash.values()} == {"a", "b"}
+    assert main(["keys", "list", "--json"]) == 0
+    assert len(decoded) == 4 and {row["name"] for row in json.loads(capsys.readouterr().out)} == {"a", "b"}
+    read_usage(store)
+    assert len(decoded) == 6

@@ -1,18 +1,19 @@
-"""What GatewayState learns per endpoint: from two scrapes (per-token time, batch limit) and once per
-finished request (decode time, tokens), and the speeds it derives on each load refresh."""
+"""What the router learns per endpoint (gateway.routing.learn, pure): from two scrapes (per-token time,
+batch limit) and once per finished request (decode time, tokens), and the speeds it derives on each
+load refresh."""
 
 import pytest
 
 from gateway.config import GatewaySettings
-from gateway.routing import Choice
-from gateway.state import GatewayState
+from gateway.routing.choice import Choice
+from gateway.server.pollers import PolledRouter
 from llmgw.state.records import EndpointInfo, LoadRecord
 from llmgw.state.store import CatalogOutline
 from tests.support.clock import FakeClock
 
 
 class Store:
-    """What GatewayState reads: the endpoint list, the loads, and no catalog."""
+    """What PolledRouter reads: the endpoint list, the loads, and no catalog."""
 
     def __init__(self, eps):
         self.eps, self.records = eps, {}
@@ -40,7 +41,7 @@ def ep(i, model="m", capacity=8):
 def setup(*eps):
     clock = FakeClock()
     store = Store(list(eps))
-    st = GatewayState(store, GatewaySettings(seed=1), clock)
+    st = PolledRouter(store, GatewaySettings(seed=1), clock)
     st.refresh_endpoints()
     return st, store, clock
 
@@ -55,7 +56,7 @@ def test_per_token_time_from_an_engine_busy_between_two_scrapes():
     st, store, clock = setup(ep("a"))
     scrape(st, store, clock, "a", 4, 0, 1000)
     scrape(st, store, clock, "a", 4, 0, 1200)  # 200 tokens in 1 s over 4 sequences: 20 ms per token
-    f = st.learned["a"].per_token
+    f = st.learning.learned["a"].per_token
     assert f.w == 1 and f.sx == 4 and f.sy == pytest.approx(0.020)
 
 
@@ -66,7 +67,7 @@ def test_an_engine_idle_at_either_end_teaches_nothing():
     st, store, clock = setup(ep("a"))
     for running, gen in ((1, 0), (1, 5), (0, 64), (3, 70), (1, 80)):
         scrape(st, store, clock, "a", running, 0, gen)
-    assert "a" not in st.learned
+    assert "a" not in st.learning.learned
 
 
 def test_batch_limit_seen_while_requests_wait_in_two_scrapes_in_a_row():
@@ -85,10 +86,10 @@ def test_each_answer_is_learned_once_at_its_end():
         c = st.route(st_req())
         # 1.1 s in all, the first byte after 0.1 s: 1.0 s of decoding; 51 tokens: 20 ms per token
         st.release(c, 1.1, 51, 0.1)
-    lr = st.learned[c.endpoint.id]
+    lr = st.learning.learned[c.endpoint.id]
     assert lr.per_request.sy / lr.per_request.w == pytest.approx(1.0)
     assert lr.per_token.sy / lr.per_token.w == pytest.approx(0.020)
-    assert lr.ttfb == pytest.approx(0.1) and st.tokens_per_request == pytest.approx(51)
+    assert lr.ttfb == pytest.approx(0.1) and st.learning.tokens.reported == pytest.approx(51)
     assert st.inflight == {c.endpoint.id: 0}
     # a failed request (no service time) frees its slot and teaches nothing
     c = st.route(st_req())
@@ -102,7 +103,7 @@ def test_tokens_per_answer_are_inferred_when_answers_do_not_report_usage():
         scrape(st, store, clock, "a", 4, 0, 200 * i)
     c = st.route(st_req())
     st.release(c, 1.3, None, 0.02)  # no usage: 1.28 s of decoding at ~20 ms per token
-    assert st.tokens_per_request is None and 50 < st.tokens_estimate < 75
+    assert st.learning.tokens.reported is None and 50 < st.learning.tokens.estimate < 75
 
 
 def test_speeds_are_derived_on_refresh_and_models_are_not_mixed():
@@ -131,7 +132,7 @@ def test_completion_rate_needs_every_endpoint_known():
 
 
 def st_req():
-    from gateway.routing import RouteRequest
+    from gateway.routing.choice import RouteRequest
 
     return RouteRequest("m", affinity="one-session")  # always the same endpoint
 
@@ -140,7 +141,8 @@ def test_a_scrape_is_compared_with_what_we_held_when_it_was_taken():
     """The engine was scraped while it ran our 3 requests; 2 ended before the gateway read the record.
     Counting what we hold at read time (1) would leave 2 phantom requests "from others" on the
     endpoint for a whole scrape interval, enough to fill it and hold requests in the queue."""
-    from gateway.routing import RouteRequest, ahead_of, fresh_load
+    from gateway.routing.choice import RouteRequest
+    from gateway.routing.load import ahead_of, fresh_load
 
     st, store, clock = setup(ep("a"))
     held = [st.route(RouteRequest("m")) for _ in range(3)]
@@ -168,7 +170,7 @@ def test_a_scrape_is_compared_with_what_we_held_when_it_was_taken():
 
 
 def test_an_agent_clock_that_disagrees_falls_back_to_the_most_we_held():
-    from gateway.routing import RouteRequest
+    from gateway.routing.choice import RouteRequest
 
     st, store, clock = setup(ep("a"))
     held = [st.route(RouteRequest("m")) for _ in range(3)]
@@ -176,3 +178,34 @@ def test_an_agent_clock_that_disagrees_falls_back_to_the_most_we_held():
     store.records["a"] = LoadRecord("a", clock.t - 3600, True, running=3, waiting=0)  # an hour behind
     st.refresh_loads()
     assert st.stats["a"].scrape_inflight == 3  # not 2: our own ended request is no other gateway's
+
+
+def test_the_learner_returns_new_values_and_leaves_its_inputs_alone():
+    """`fit = update(fit, sample)`: a load refresh builds the next learner and stats from the last
+    ones, which readers may still hold, unchanged."""
+    from gateway.routing.inflight import Answer
+    from gateway.routing.learn import Learning, Tokens, learn_answer, observe_loads
+    from gateway.routing.load import EndpointStats
+
+    a = ep("a")
+    before = Learning()
+    answer = Answer("a", 10.0, 2.0, 1.0, 51, 0.1)
+    lr, tokens = learn_answer(None, Tokens(), answer, 10.0)
+    assert lr.per_request.w == 1 and lr.ttfb == pytest.approx(0.1) and tokens.reported == 51
+    old = LoadRecord("a", 1.0, True, running=4, waiting=0, generation_tokens_total=0)
+    new = LoadRecord("a", 2.0, True, running=4, waiting=0, generation_tokens_total=200)
+    loads, prev, stats = {"a": new}, {"a": old}, {"a": EndpointStats(scrape_inflight=1)}
+    state, out = observe_loads(before, loads, prev, stats, {"a": 2}, [answer], {"a": a}, 20.0,
+                               GatewaySettings().routing)
+    assert before == Learning() and stats == {"a": EndpointStats(scrape_inflight=1)} and prev == {"a": old}
+    assert out["a"].scrape_inflight == 2 and out["a"].speed is not None and out is not stats
+    # the answer's sample, halved by the 10 s since (the half-life), then the one from the two scrapes
+    assert state.learned["a"].per_token.w == pytest.approx(1.5)
+
+
+def test_readers_keep_the_snapshot_they_took():
+    st, store, clock = setup(ep("a"))
+    taken = st.snapshot
+    scrape(st, store, clock, "a", 4, 0, 1000)
+    assert st.snapshot is not taken and taken.loads == {} and taken.stats == {}
+    assert st.snapshot.tables is taken.tables  # the list did not change: the same tables

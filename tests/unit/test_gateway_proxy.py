@@ -1,7 +1,11 @@
 """The SSE pass-through: chunks go out as they come, and the upstream is closed (or released to the
-pool) in `finally` exactly once, whether the stream ended or the client went away."""
+pool) in `finally` exactly once, whether the stream ended or the client went away. Response heads the
+client refuses. (The client on real sockets: tests/integration/test_gateway_upstream.py.)"""
 
-from gateway.proxy import HOP_BY_HOP, StreamBody, sse_usage, stream_body, usage_from_json
+import pytest
+
+from gateway.upstream.client import HOP_BY_HOP, Malformed, parse_head
+from gateway.upstream.stream import StreamBody, sse_usage, stream_body, usage_from_json
 
 
 class FakeResp:
@@ -108,3 +112,9 @@ def test_body_close_after_full_stream_does_not_double_count():
     assert len(list(body)) == 3
     body.close()
     assert done == [True] and resp.released == 1 and resp.closed == 0
+
+
+@pytest.mark.parametrize("head", [b"SPDY/3 200 OK", b"HTTP/1.1 2x0 OK", b"HTTP/1.1 200 OK\r\nno colon here"])
+def test_malformed_heads(head):
+    with pytest.raises(Malformed):
+        parse_head(head)

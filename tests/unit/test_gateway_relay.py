@@ -1,12 +1,12 @@
-"""gateway.relay: a stream written to the client's socket directly, and the server told so; when it
+"""gateway.upstream.relay: a stream written to the client's socket directly, and the server told so; when it
 applies, what goes on the wire, and how the connection ends."""
 
 from __future__ import annotations
 
 import pytest
 
-from gateway.app import RawAnswer
-from gateway.relay import ALREADY_HANDLED, LAST_CHUNK, Closing, chunk_writer, relay, relay_target
+from gateway.http.answer import RawAnswer
+from gateway.upstream.relay import ALREADY_HANDLED, LAST_CHUNK, Closing, chunk_writer, relay, relay_target
 
 
 class RawSock:

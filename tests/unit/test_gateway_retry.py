@@ -2,7 +2,7 @@
 
 import pytest
 
-from gateway.retry import Deliver, GiveUp, Outcome, Retry, next_attempt
+from gateway.routing.retry import Deliver, GiveUp, Outcome, Retry, next_attempt
 
 
 @pytest.mark.parametrize(

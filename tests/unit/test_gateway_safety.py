@@ -1,83 +1,22 @@
-"""The gateway's safety fixes: auth never fails open, unknown model names cost no state, every
-in-flight slot is released, key priorities cap the header, staleness on our own clock, one gunicorn
-configuration."""
+"""The gateway's safety fixes without engines: the auth mode is validated, staleness on our own
+clock, our own requests in a scrape, one gunicorn configuration (the rest of them, with fake
+engines: tests/integration/test_gateway_safety.py)."""
 
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from gateway.app import create_app
 from gateway.config import GatewaySettings, RoutingConfig
-from gateway.routing import RouteRequest
-from gateway.state import GatewayState
+from gateway.routing.choice import RouteRequest
+from gateway.server.pollers import PolledRouter
 from llmgw.state.records import LoadRecord
 from tests.support.clock import FakeClock
-from tests.unit.test_gateway_app import (  # noqa: F401
-    CHAT,
-    NEVER_STALE,
-    endpoint,
-    make_app,
-    server,
-    store,
-    wall_clock,
-)
+from tests.support.gateway_app import endpoint, server, store  # noqa: F401 - server, store: fixtures
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def bare_app(store, eps, **cfg):
-    """An app whose background state has not been loaded yet (as at start-up)."""
-    store.write_endpoints(eps, "fp", time.time())
-    app = create_app(GatewaySettings(**cfg), store=store)
-    return app, app.extensions["llmgw"], app.test_client()
-
-
-# --- 1. auth ---------------------------------------------------------------------------------------
-def test_no_service_until_the_key_table_was_read(store, server, upstreams):
-    up = upstreams()
-    _, gw, c = bare_app(store, [endpoint("e1", up.url)])
-    gw.state.refresh_endpoints()
-    server.connected = False  # Redis goes away before the first key refresh
-    gw.keys.refresh()
-    r = c.post(CHAT, json={"model": "m"})
-    assert r.status_code == 503 and r.json["error"]["code"] == "auth_unavailable"
-    assert r.json["error"]["type"] == "server_error" and "API keys" in r.json["error"]["message"]
-    assert c.get("/v1/models").status_code == 503
-    server.connected = True
-    gw.keys.refresh()
-    assert c.post(CHAT, json={"model": "m"}).status_code == 200  # auto, and no key exists
-
-
-def test_auth_off_serves_without_a_key_table(store, server, upstreams):
-    up = upstreams()
-    _, gw, c = bare_app(store, [endpoint("e1", up.url)], auth="off")
-    store.create_key("k")
-    gw.state.refresh_endpoints()
-    server.connected = False
-    assert c.post(CHAT, json={"model": "m"}).status_code == 200
-
-
-def test_auth_required_with_no_keys_rejects_everyone(store, upstreams):
-    up = upstreams()
-    _, gw, c = make_app(store, [endpoint("e1", up.url)], auth="required")
-    assert c.post(CHAT, json={"model": "m"}).json["error"]["code"] == "invalid_api_key"
-    _, key = store.create_key("k")
-    gw.keys.refresh()
-    assert c.post(CHAT, json={"model": "m"}, headers={"Authorization": f"Bearer {key}"}).status_code == 200
-
-
-def test_redis_restarted_without_data_does_not_open_the_gateway(store, upstreams):
-    up = upstreams()
-    _, gw, c = make_app(store, [endpoint("e1", up.url)])
-    store.create_key("k")
-    gw.keys.refresh()
-    store.r.flushall()
-    gw.keys.refresh()
-    assert c.post(CHAT, json={"model": "m"}).status_code == 401
 
 
 def test_auth_mode_is_validated():
@@ -88,96 +27,11 @@ def test_auth_mode_is_validated():
         GatewaySettings.from_env({"LLMGW_GATEWAY_AUTH": "maybe"})
 
 
-# --- 2. unknown names ------------------------------------------------------------------------------
-def test_unknown_models_create_no_state_and_no_labels(store, upstreams):
-    up = upstreams()
-    # one wall-clock minute throughout, so a request spent on junk would surely count against the last one
-    _, gw, c = make_app(store, [endpoint("e1", up.url)], clock=wall_clock())
-    _, key = store.create_key("k", rpm=1)
-    gw.keys.refresh()
-    auth = {"Authorization": f"Bearer {key}"}
-    for i in range(50):
-        r = c.post(CHAT, json={"model": f"junk-{i}"}, headers=auth)
-        assert r.status_code == 404 and r.json["error"]["code"] == "model_not_found"
-    assert set(gw.queues) <= {"m", "m-alias"}
-    text = c.get("/metrics", headers=auth).get_data(as_text=True)
-    assert "junk" not in text
-    assert "llmgw_gateway_unknown_model_total 50.0" in text
-    assert c.post(CHAT, json={"model": "m"}, headers=auth).status_code == 200  # rpm not spent on junk
-
-
-def test_503_before_the_endpoint_list_was_loaded(store, upstreams):
-    up = upstreams()
-    _, gw, c = bare_app(store, [endpoint("e1", up.url)], auth="off")
-    r = c.post(CHAT, json={"model": "anything"})
-    assert r.status_code == 503 and r.json["error"]["code"] == "no_ready_replica"
-    assert not gw.queues
-
-
-# --- 6. slots are always released; SSE headers ------------------------------------------------------
-def test_unexpected_error_after_routing_releases_the_slot(store, upstreams, monkeypatch):
-    up = upstreams()
-    _, gw, c = make_app(store, [endpoint("e1", up.url)])
-
-    def boom(*a, **kw):
-        raise RuntimeError("bug")
-
-    monkeypatch.setattr(gw.upstream, "send", boom)
-    r = c.post(CHAT, json={"model": "m"})
-    assert r.status_code == 500 and r.json["error"]["code"] == "internal_error"
-    assert gw.state.inflight["e1"] == 0
-    monkeypatch.undo()
-    import gateway.app as app_mod
-
-    monkeypatch.setattr(app_mod, "response_headers", boom)  # after the upstream answered
-    assert c.post(CHAT, json={"model": "m"}).status_code == 500
-    assert gw.state.inflight["e1"] == 0
-
-
-def test_stream_headers_disable_proxy_buffering(store, upstreams):
-    up = upstreams(tokens=3)
-    _, gw, c = make_app(store, [endpoint("e1", up.url)])
-    r = c.post(CHAT, json={"model": "m", "stream": True})
-    assert r.status_code == 200
-    assert r.headers["X-Accel-Buffering"] == "no" and r.headers["Cache-Control"] == "no-cache"
-    r.get_data()
-    assert gw.state.inflight["e1"] == 0
-
-
-# --- 7. priority is capped by the key -----------------------------------------------------------
-@pytest.mark.parametrize("key_prio", ["standard", None])
-def test_key_priority_caps_the_header(store, upstreams, key_prio):
-    up = upstreams()
-    _, gw, c = make_app(store, [endpoint("e1", up.url)], queue_timeout=0.05, routing=NEVER_STALE)
-    _, key = store.create_key("k", priority=key_prio)
-    gw.keys.refresh()
-    store.write_load(LoadRecord("e1", time.time(), True, running=4, waiting=9))  # saturated
-    gw.state.refresh_loads()
-    auth = {"Authorization": f"Bearer {key}", "X-LLMGW-Priority": "critical"}
-    r = c.post(CHAT, json={"model": "m"}, headers=auth)
-    assert r.status_code == 429 and r.json["error"]["code"] == "overloaded"  # not sent past saturation
-    assert gw.priority("sheddable", gw.keys.lookup(key)) == "sheddable"  # lowering is allowed
-
-
-def test_critical_key_may_send_critical(store, upstreams):
-    up = upstreams()
-    _, gw, c = make_app(store, [endpoint("e1", up.url)], queue_timeout=0.05, routing=NEVER_STALE)
-    _, key = store.create_key("k", priority="critical")
-    _, std = store.create_key("s", priority="standard")
-    gw.keys.refresh()
-    store.write_load(LoadRecord("e1", time.time(), True, running=4, waiting=9))
-    gw.state.refresh_loads()
-    # the endpoint is saturated (a standard key is turned away) ...
-    assert c.post(CHAT, json={"model": "m"}, headers={"Authorization": f"Bearer {std}"}).status_code == 429
-    # ... and the critical key's request is sent past it
-    assert c.post(CHAT, json={"model": "m"}, headers={"Authorization": f"Bearer {key}"}).status_code == 200
-
-
-# --- 4/5. our own clock ------------------------------------------------------------------------------
+# --- our own clock ----------------------------------------------------------------------------------
 def test_load_freshness_uses_when_we_first_saw_the_record(store):
     clock = FakeClock(2_000_000_000.0, mono=500.0)
     store.write_endpoints([endpoint("e1", "http://127.0.0.1:9")], "fp", 0)
-    st = GatewayState(store, GatewaySettings(routing=RoutingConfig(stale_after=3)), clock)
+    st = PolledRouter(store, GatewaySettings(routing=RoutingConfig(stale_after=3)), clock)
     st.refresh_endpoints()
     store.write_load(LoadRecord("e1", 12.0, True, running=4, waiting=9))  # the agent's clock is way off
     st.refresh_loads()
@@ -193,7 +47,7 @@ def test_load_freshness_uses_when_we_first_saw_the_record(store):
 def test_our_own_requests_in_a_scrape_are_not_taken_for_other_gateways(store):
     clock = FakeClock(2_000_000_000.0, mono=500.0)
     store.write_endpoints([endpoint("e1", "http://127.0.0.1:9")], "fp", 0)  # capacity 4
-    st = GatewayState(store, GatewaySettings(routing=RoutingConfig(stale_after=3)), clock)
+    st = PolledRouter(store, GatewaySettings(routing=RoutingConfig(stale_after=3)), clock)
     st.refresh_endpoints()
     mine = [st.route(RouteRequest("m")) for _ in range(4)]
     clock.advance(0.3)
@@ -212,13 +66,7 @@ def test_our_own_requests_in_a_scrape_are_not_taken_for_other_gateways(store):
     assert [st.route(RouteRequest("m")).kind] == ["saturated"]  # 1 + 3 others = 4
 
 
-def test_core_and_view_take_the_injected_clock_and_rng():
-    app_src = (ROOT / "gateway" / "app.py").read_text()
-    assert "time.monotonic" not in app_src and "time.time" not in app_src
-    assert "random.Random()" not in (ROOT / "gateway" / "routing.py").read_text()
-
-
-# --- 10. one gunicorn configuration --------------------------------------------------------------------
+# --- one gunicorn configuration ---------------------------------------------------------------------
 def conf_values(env: dict, tmp: Path) -> dict:
     """The config module's values as a fresh process sees them; its temporary files go under `tmp`
     (TMPDIR), so nothing it makes can outlive the test in /tmp, even when an assertion fails first."""
@@ -231,7 +79,7 @@ def conf_values(env: dict, tmp: Path) -> dict:
             # are not on the list: gunicorn's own config module imports ssl, and logging threading,
             # before any config file is read.)
             " 'unpatchable': sorted(m for m in ('redis', 'requests', 'urllib3', 'http.client', 'gevent',"
-            " 'gateway.app', 'gateway.state', 'gateway.proxy') if m in sys.modules)}))")
+            " 'gateway.app', 'gateway.server.pollers', 'gateway.upstream.client') if m in sys.modules)}))")
     base = {k: v for k, v in os.environ.items()
             if not k.startswith("LLMGW_GATEWAY_") and k not in ("PORT", "PROMETHEUS_MULTIPROC_DIR")}
     out = subprocess.run([sys.executable, "-c", code], env={**base, "TMPDIR": str(tmp), **env},
@@ -268,12 +116,11 @@ def test_the_master_gives_each_worker_a_row_and_frees_it_when_it_exits(tmp_path)
     a worker does: rows are handed out, a dead worker's counts are dropped, its row is reused."""
     code = (
         "import json, types, gateway.gunicorn_conf as c\n"
-        "from gateway import siblings\n"
         "server = types.SimpleNamespace(cfg=types.SimpleNamespace(workers=2))\n"
         "c.on_starting(server)\n"
         "w = [types.SimpleNamespace(pid=10 + i) for i in range(3)]\n"
         "c.pre_fork(server, w[0]); c.pre_fork(server, w[1])\n"
-        "master = siblings.table\n"
+        "master = server.llmgw_siblings\n"
         "a, b = master.for_row(w[0].llmgw_row), master.for_row(w[1].llmgw_row)\n"
         "a.adopt(10); b.adopt(11); a.publish('e', 0, 2, 1.0)\n"
         "seen = b.others(['e'], 1.0)\n"
@@ -282,7 +129,7 @@ def test_the_master_gives_each_worker_a_row_and_frees_it_when_it_exits(tmp_path)
         "c.pre_fork(server, w[2])\n"
         "c.post_fork(server, w[2])\n"
         "print(json.dumps({'rows': [w[0].llmgw_row, w[1].llmgw_row, w[2].llmgw_row], 'n': master.rows,"
-        " 'seen': seen, 'after': after, 'row': siblings.table.row}))")
+        " 'seen': seen, 'after': after, 'row': w[2].llmgw_siblings.row}))")
     base = {k: v for k, v in os.environ.items() if not k.startswith("LLMGW_GATEWAY_") and k != "PROMETHEUS_MULTIPROC_DIR"}
     out = subprocess.run([sys.executable, "-c", code], env={**base, "TMPDIR": str(tmp_path)},
                          capture_output=True, text=True, timeout=60, cwd=ROOT)
@@ -308,14 +155,6 @@ def test_procfile_and_compose_use_the_conf():
                  "PROMETHEUS_MULTIPROC_DIR", "LLMGW_GATEWAY_AUTH", "LLMGW_GATEWAY_START_WAIT",
                  "LLMGW_GATEWAY_REPORT_INTERVAL"):
         assert knob in docs, knob
-
-
-def test_empty_priority_header_is_absent_and_healthz_shows_auth(store, upstreams):
-    up = upstreams()
-    _, gw, c = make_app(store, [endpoint("e1", up.url)])
-    assert c.post(CHAT, json={"model": "m"}, headers={"X-LLMGW-Priority": ""}).status_code == 200
-    h = c.get("/healthz").json
-    assert h["auth"] == "auto" and h["keys_loaded"] is True
 
 
 def test_catalog_names_helper():

@@ -1,15 +1,15 @@
-"""The in-flight table the gunicorn workers of one gateway share (gateway.siblings), and routing on
+"""The in-flight table the gunicorn workers of one gateway share (gateway.server.siblings), and routing on
 it: a worker counts what its siblings hold as exactly as its own."""
 
 import os
 
 import pytest
 
-from gateway import siblings
+from gateway.server import siblings
 from gateway.config import GatewaySettings
-from gateway.routing import Choice, Rejection, RouteRequest
-from gateway.siblings import PEAK_WINDOW, SharedCounts
-from gateway.state import GatewayState
+from gateway.routing.choice import Choice, Rejection, RouteRequest
+from gateway.server.siblings import PEAK_WINDOW, SharedCounts
+from gateway.server.pollers import PolledRouter
 from llmgw.state.records import LoadRecord
 from tests.support.clock import FakeClock
 from tests.unit.test_gateway_learning import Store, ep
@@ -105,14 +105,14 @@ def test_the_table_is_shared_with_forked_children():
 
 
 def gateway_pair(capacity=2):
-    """Two workers of one gateway: GatewayStates over one store, one table."""
+    """Two workers of one gateway: routers over one store, one table."""
     master, (a, b) = workers(2)
     a.adopt(1), b.adopt(2)
     clock = FakeClock()
     store = Store([ep("x", capacity=capacity)])
     states = []
     for view in (a, b):
-        st = GatewayState(store, GatewaySettings(seed=1), clock, shared=view)
+        st = PolledRouter(store, GatewaySettings(seed=1), clock, shared=view)
         st.refresh_endpoints()
         states.append(st)
     return states, store, clock
@@ -154,17 +154,17 @@ def test_a_scrape_counts_the_siblings_requests_as_this_gateways():
 def test_without_a_table_each_worker_counts_alone():
     clock = FakeClock()
     store = Store([ep("x", capacity=1)])
-    one, two = (GatewayState(store, GatewaySettings(seed=1), clock, shared=None) for _ in range(2))
+    one, two = (PolledRouter(store, GatewaySettings(seed=1), clock, shared=None) for _ in range(2))
     for st in (one, two):
         st.refresh_endpoints()
-    assert siblings.table is None  # no gunicorn master in this process
+    assert not hasattr(siblings, "table")  # no process-wide table: a router gets one handed in, or none
+    assert one.counts.shared is None and two.counts.shared is None
     assert isinstance(one.route(RouteRequest("m")), Choice)
     assert isinstance(two.route(RouteRequest("m")), Choice)
 
 
 @pytest.mark.parametrize("rows", [0])
 def test_setup_without_rows_makes_no_table(rows):
-    siblings.setup(rows)
-    assert siblings.table is None
-    siblings.attach(0)
-    assert siblings.table is None
+    table = siblings.setup(rows)
+    assert table is None
+    assert siblings.attach(table, 0) is None

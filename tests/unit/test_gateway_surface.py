@@ -8,10 +8,10 @@ import json
 import pytest
 import requests
 
-from gateway.forms import FormError, find_field
-from gateway.proxy import sse_usage, usage_from_json
-from gateway.responses import IdRewrite, unwrap, wrap
-from gateway.surface import flask_rules, match
+from gateway.request.forms import FormError, find_field
+from gateway.upstream.stream import sse_usage, usage_from_json
+from gateway.response_ids import IdRewrite, unwrap, wrap
+from gateway.request.surface import flask_rules, match
 from llmgw import surface as op
 from llmgw.catalog import Profile
 from llmgw.engines import ENGINES

@@ -1,18 +1,14 @@
-"""The console's traffic charts (gateway.traffic) and the saturation events (gateway.saturation): pure
-tables, then the gateway counting real requests on fakeredis and a fake engine."""
+"""The console's traffic charts (gateway.observe.traffic) and the saturation events
+(gateway.observe.saturation): pure tables. The gateway counting real requests is
+tests/integration/test_gateway_traffic.py."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
-from gateway.saturation import Episode, News, step
-from gateway.traffic import BOUNDS, SLOT, SLOTS, TrafficCounter, bucket, series, slot_of
-from llmgw.state import events, keys
-from llmgw.state.records import LoadRecord
+from gateway.observe.saturation import Episode, News, step
+from gateway.observe.traffic import BOUNDS, SLOT, SLOTS, TrafficCounter, bucket, series
 from tests.support.clock import FakeClock
-from tests.unit.test_gateway_app import CHAT, NEVER_STALE, endpoint, make_app, server, store  # noqa: F401
 
 
 def test_buckets_bound_each_value_within_a_quarter():
@@ -63,32 +59,3 @@ def test_counts_become_points_per_slot_and_model():
 ])
 def test_saturation_episodes(name, episodes, signals, now, want_eps, want_news):
     assert step(episodes, signals, now) == (want_eps, want_news)
-
-
-def test_the_gateway_counts_requests_and_a_shed_storm_is_one_event(store, upstreams):  # noqa: F811
-    up = upstreams()
-    clock = FakeClock(2_000_000_000.0, real_monotonic=True)
-    _, gw, c = make_app(store, [endpoint("e1", up.url)], clock=clock, routing=NEVER_STALE)
-    _, gw2, c2 = make_app(store, [endpoint("e1", up.url)], clock=clock, routing=NEVER_STALE)  # another process
-    assert c.post(CHAT, json={"model": "m-alias", "messages": []}).status_code == 200
-    assert c.post(CHAT, json={"model": "nope"}).status_code == 404  # unknown names are never counted
-    store.write_load(LoadRecord("e1", time.time(), True, running=4, waiting=9))
-    for g in (gw, gw2):
-        g.state.refresh_loads()
-    for client in (c, c2):
-        for _ in range(3):
-            r = client.post(CHAT, json={"model": "m"}, headers={"X-LLMGW-Priority": "sheddable"})
-            assert r.status_code == 429
-    gw.flush_traffic()
-    gw2.flush_traffic()
-    slot = store.r.hgetall(keys.traffic(slot_of(clock.t)))
-    assert slot["m:n"] == "7" and slot["m:shed"] == "6" and "m:err" not in slot
-    assert sum(int(v) for k, v in slot.items() if k.startswith("m:lat")) == 1
-    assert sum(int(v) for k, v in slot.items() if k.startswith("m:ttft")) == 1
-    saturated = [e for e in store.latest_events() if e.kind == "model_saturated"]
-    assert len(saturated) == 1 and saturated[0].model == "m" and "3 shed" in saturated[0].message
-    assert saturated[0].source == f"gateway:{gw.identity.id}"
-    clock.t += 6  # quiet for longer than QUIET
-    gw.flush_traffic()
-    (recovered,) = [e for e in store.latest_events() if e.kind == "model_recovered"]
-    assert recovered.data == {"queued": 0, "shed": 3}

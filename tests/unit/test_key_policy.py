@@ -1,4 +1,4 @@
-"""Per-key policy: the pure decision `gateway.policy.decide`, the budget periods, and the flags of
+"""Per-key policy: the pure decision `gateway.keys.policy.decide`, the budget periods, and the flags of
 `llmgw keys create|update` that set them."""
 
 from datetime import datetime, timezone
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.policy import ALLOW, Deny, ModelRef, decide
+from gateway.keys.policy import ALLOW, Deny, ModelRef, decide
 from llmgw.state.keypolicy import ApiKeyInvalid, ApiKeyRecord, parse_expires, parse_models, parse_tokens
 from llmgw.state.budget import iso, period_of
 

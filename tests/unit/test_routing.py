@@ -7,8 +7,9 @@ from collections import Counter
 import pytest
 
 from gateway.config import RoutingConfig
-from gateway.routing import Choice, EndpointStats, Rejection, RouteRequest, choose, score
-from gateway.speed import Speed
+from gateway.routing.choice import Choice, Rejection, RouteRequest, choose, score
+from gateway.routing.load import EndpointStats
+from gateway.routing.speed import Speed
 from llmgw.state.records import EndpointInfo, LoadRecord
 
 NOW = 1000.0
@@ -203,7 +204,7 @@ def test_scrape_derived_speed_for_endpoints_we_never_served():
     """Another gateway's traffic shows in the token counters: a slow endpoint is known to be slow
     before this gateway ever sends it anything."""
     eps = [ep("fast", capacity=4), ep("slow", capacity=4)]
-    stats = {"fast": known(0.1), "slow": known(0.8)}  # slow: from scrapes only (gateway.state)
+    stats = {"fast": known(0.1), "slow": known(0.8)}  # slow: from scrapes only (gateway.routing.learn)
     assert pick(eps, inflight={"fast": 3}, stats=stats).endpoint.id == "fast"
     assert pick(eps, inflight={"fast": 4}, stats=stats) == Rejection("saturated", "m", "deferred: a faster endpoint frees sooner")
 

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from gateway.speed import PRIOR_SLOWDOWN, Fit, Speed, shrink
+from gateway.routing.speed import PRIOR_SLOWDOWN, Fit, Speed, shrink
 
 HL = 10.0  # half-life of samples, seconds
 

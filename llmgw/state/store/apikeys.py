@@ -17,7 +17,7 @@ from llmgw.state import keys
 from llmgw.state.keypolicy import ApiKeyInvalid, ApiKeyRecord, budget_status, check_changes, new_key, parse_table, updated
 from llmgw.state.store.base import Aggregate, Pipeline
 
-log = logging.getLogger("llmgw.state.apikeys")
+log = logging.getLogger("llmgw.state.store.apikeys")
 
 
 class ApiKeys(Aggregate):

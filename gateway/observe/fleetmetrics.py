@@ -15,7 +15,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from gateway.fleet import Fleet
+from gateway.observe.fleet import Fleet
 
 # name -> (type, help, labels)
 FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {

@@ -1,4 +1,4 @@
-"""Who gets in when a model is saturated: a pure `admit(...)` plus the bounded per-model wait queue.
+"""Who gets in when a model is saturated: a pure `admit(...)`; the queue itself is gateway.routing.queue.
 
 A model is saturated when every one of its endpoints is (waiting >= max_waiting, KV >= max_kv, or
 what it holds >= capacity), or when the router judged that waiting for a full but much faster
@@ -14,13 +14,9 @@ endpoint beats the open ones. Then:
 from __future__ import annotations
 
 import math
-import threading
-import time
-from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Collection
 
-from gateway.routing import Choice, Rejection
+from gateway.routing.choice import Choice, Rejection
 
 
 @dataclass(frozen=True)
@@ -69,51 +65,3 @@ def admit(result: Choice | Rejection, priority: str, queue_len: int, queue_max: 
         return Shed(f"model saturated; its queue would take about {drain:.0f}s to reach this request, "
                     f"over the {queue_timeout:g}s wait bound", max(1, math.ceil(drain - queue_timeout)))
     return Wait()
-
-
-class WaitQueue:
-    """A bounded FIFO of requests waiting for a model's endpoints to free.
-
-    Only the head of the queue tries to route (so queued requests keep their order); it is woken when
-    a request of any model finishes (`notify`) and re-checks at least every `recheck` seconds, since
-    fresh load figures also free endpoints."""
-
-    def __init__(self, max_len: int, recheck: float = 0.05, monotonic: Callable[[], float] = time.monotonic):
-        self.max_len = max_len
-        self.recheck = recheck
-        self.monotonic = monotonic
-        self.cond = threading.Condition()
-        self.waiters: deque[object] = deque()
-
-    def __len__(self) -> int:
-        return len(self.waiters)
-
-    def notify(self) -> None:
-        if self.waiters:
-            with self.cond:
-                self.cond.notify_all()
-
-    def wait(self, attempt: Callable[[], Choice | Rejection], timeout: float,
-             keep: Collection[str] = ("saturated",)) -> Choice | Rejection | None:
-        """Wait for a turn and an endpoint. Returns the Choice, a Rejection of a kind not in `keep`
-        (the model went away), or None when the queue is full or the time ran out. A cold start keeps
-        waiting while the model has no endpoint at all (gateway.coldstart)."""
-        with self.cond:
-            if len(self.waiters) >= self.max_len:
-                return None
-            ticket = object()
-            self.waiters.append(ticket)
-            deadline = self.monotonic() + timeout
-            try:
-                while True:
-                    if self.waiters[0] is ticket:
-                        res = attempt()
-                        if isinstance(res, Choice) or res.kind not in keep:
-                            return res
-                    remaining = deadline - self.monotonic()
-                    if remaining <= 0:
-                        return None
-                    self.cond.wait(min(remaining, self.recheck))
-            finally:
-                self.waiters.remove(ticket)
-                self.cond.notify_all()

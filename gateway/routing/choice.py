@@ -3,7 +3,7 @@
 The load-aware policy (`llmgw`) sends a request where it is expected to complete soonest, counting
 what it costs the others: for each endpoint, with `held` requests already on it (the gateway's own
 in-flight count, exact and immediate, plus what other gateways sent as seen in the last scrape),
-`completion + imposed` from its learned `Speed` (gateway.speed): time to first byte, the wait for a
+`completion + imposed` from its learned `Speed` (gateway.routing.speed): time to first byte, the wait for a
 slot once its batch is full, and the decode time at the batch size it will run in, which grows with
 every extra sequence; plus the slowdown it adds to the sequences already running there. So a fast
 endpoint is filled while its growing batch still beats a slower one, a slow endpoint with free
@@ -28,7 +28,8 @@ from dataclasses import KW_ONLY, dataclass
 from typing import Mapping, NamedTuple, Sequence
 
 from gateway.config import RoutingConfig
-from gateway.speed import PRIOR_SLOWDOWN, Speed
+from gateway.routing.load import EndpointStats, ahead_of, engine_saturated, fresh_load, slots_of
+from gateway.routing.speed import PRIOR_SLOWDOWN, Speed
 from llmgw.state.records import EndpointInfo, LoadRecord
 from llmgw.surface import CHAT
 
@@ -44,26 +45,10 @@ class RouteRequest:
     affinity: str | None = None  # X-Session-ID or OpenAI `user`
     exclude: frozenset[str] = frozenset()  # endpoints already tried for this request (retries)
     queued: int = 1  # requests of this model waiting in the gateway, this one included
-    _: KW_ONLY  # the later fields were added by separate features: named, so none lands in another's place
+    _: KW_ONLY  # named only: a positional argument never lands in one of these
     op: str = CHAT  # the operation (llmgw.surface): only endpoints that serve it are candidates
     pin: str | None = None  # the one endpoint it may go to (a response's, by its id)
     waited: float = 0.0  # seconds this request has already waited in the gateway's queue
-
-
-@dataclass(frozen=True)
-class EndpointStats:
-    """What the gateway learned about one endpoint (kept by gateway.state, passed in as a snapshot)."""
-
-    speed: Speed | None = None  # learned from scrapes and answers (gateway.state); None: not yet
-    last_sample: float = 0.0  # when `speed` last got a sample (the caller's monotonic clock)
-    slots: int | None = None  # the engine's batch limit, as seen in a scrape while requests waited
-    scrape_inflight: int | None = None  # what we held when the current LoadRecord was scraped
-    others_ratio: float = 0.0  # other gateways' requests per one of ours, over the model's endpoints
-    # When this gateway first saw the current LoadRecord's `ts` (its own monotonic clock): staleness
-    # is judged by it, never by comparing the agent's clock with ours.
-    load_seen: float | None = None
-    # Until when (the caller's monotonic clock) the endpoint is passed over: it refused a connection.
-    down_until: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -92,50 +77,6 @@ class _Cand(NamedTuple):  # a tuple: built for every endpoint on every request
     slots: float
 
 
-def fresh_load(rec: LoadRecord | None, now: float, cfg: RoutingConfig, seen: float | None = None) -> LoadRecord | None:
-    """The record if it can be trusted: scraped fine and recently; else None (unknown).
-
-    `seen` is when this gateway first saw this record's `ts`, on the same clock as `now`; callers
-    without it (tests on one clock) fall back to the record's own timestamp."""
-    if rec is None or not rec.ok or now - (rec.ts if seen is None else seen) > cfg.stale_after:
-        return None
-    return rec
-
-
-def ahead_of(ep: EndpointInfo, load: LoadRecord | None, inflight: int, st: EndpointStats | None) -> int:
-    """Requests the endpoint holds: ours exactly, plus others' seen in the scrape. Other gateways (and
-    gunicorn workers) route like this one on the same kind of traffic, so when we sent the endpoint
-    more since it was scraped, they are taken to have done so too, in proportion to their share of
-    the traffic: else each of them fills a fast endpoint past its capacity in the second before the
-    next scrape shows what the others sent it meanwhile."""
-    if load is None or (load.running is None and load.waiting is None):
-        return inflight
-    scraped = (load.running or 0) + (load.waiting or 0)
-    if st is not None and st.scrape_inflight is not None:
-        ours = st.scrape_inflight
-        others = max(0.0, scraped - ours) + st.others_ratio * max(0, inflight - ours)
-        return inflight + int(round(others))
-    return max(inflight, int(round(scraped)))
-
-
-def engine_saturated(load: LoadRecord | None, cfg: RoutingConfig) -> bool:
-    """The engine itself says it is full: too many waiting, or the KV cache nearly used up."""
-    if load is None:
-        return False
-    if load.waiting is not None and load.waiting >= cfg.max_waiting:
-        return True
-    return load.kv_usage is not None and load.kv_usage >= cfg.max_kv
-
-
-def slots_of(ep: EndpointInfo, st: EndpointStats | None) -> float:
-    """Sequences the endpoint runs at once: its capacity, or the batch limit its engine showed
-    (whichever is lower); unbounded when neither is known."""
-    cap, seen = ep.capacity, st.slots if st is not None else None
-    if cap and seen:
-        return float(min(cap, seen))
-    return float(cap or seen or math.inf)
-
-
 def effective_speed(st: EndpointStats | None, best: Speed | None, now: float, cfg: RoutingConfig) -> Speed | None:
     """The learned speed, relaxed toward the fleet's best while the endpoint gets no samples (an
     endpoint that was slow once is tried again). Unknown endpoints are assumed as good as the best:
@@ -161,6 +102,27 @@ def _rendezvous(key: str, ep_id: str) -> int:
     return int.from_bytes(hashlib.blake2b(f"{key}|{ep_id}".encode(), digest_size=8).digest(), "big")
 
 
+def eligible(endpoints: Sequence[EndpointInfo], request: RouteRequest, stats: Mapping[str, EndpointStats],
+             now: float) -> list[EndpointInfo] | Rejection:
+    """The endpoints that may take `request` (its model, its pinned endpoint, its operation, not yet
+    tried for it), or why there are none."""
+    serving = [e for e in endpoints if request.model in e.models
+               and (request.pin is None or e.id == request.pin)]
+    if not serving:
+        return Rejection("unknown_model", request.model)
+    able = [e for e in serving if e.serves(request.op)]
+    if not able:
+        engines = ", ".join(sorted({e.engine for e in serving}))
+        return Rejection("unsupported", request.model, f"its endpoints ({engines}) do not serve it")
+    tried = [e for e in able if e.id not in request.exclude]
+    if not tried:
+        return Rejection("no_ready", request.model, "every endpoint failed for this request")
+    # Endpoints that refused a connection a moment ago are passed over while any other can serve
+    # (when all of them did, trying one is still better than refusing the request).
+    up = [e for e in tried if (s := stats.get(e.id)) is None or s.down_until <= now]
+    return up or tried
+
+
 def choose(
     endpoints: Sequence[EndpointInfo],
     loads: Mapping[str, LoadRecord],
@@ -180,22 +142,9 @@ def choose(
     `now` is the caller's monotonic clock (LoadRecord freshness via `stats[...].load_seen`, learned
     speeds via `last_sample`); `rng` is always the caller's, so a seed reproduces every choice."""
     stats = stats or {}
-    serving = [e for e in endpoints if request.model in e.models
-               and (request.pin is None or e.id == request.pin)]
-    if not serving:
-        return Rejection("unknown_model", request.model)
-    able = [e for e in serving if e.serves(request.op)]
-    if not able:
-        engines = ", ".join(sorted({e.engine for e in serving}))
-        return Rejection("unsupported", request.model, f"its endpoints ({engines}) do not serve it")
-    tried = [e for e in able if e.id not in request.exclude]
-    if not tried:
-        return Rejection("no_ready", request.model, "every endpoint failed for this request")
-    # Endpoints that refused a connection a moment ago are passed over while any other can serve
-    # (when all of them did, trying one is still better than refusing the request).
-    up = [e for e in tried if (s := stats.get(e.id)) is None or s.down_until <= now]
-    tried = up or tried
-
+    tried = eligible(endpoints, request, stats, now)
+    if isinstance(tried, Rejection):
+        return tried
     known = [s.speed for e in tried if (s := stats.get(e.id)) is not None and s.speed is not None]
     best = min(known, key=_DECODE1) if known else None
     cands: list[_Cand] = []

@@ -1,13 +1,8 @@
-"""Cold start: a request for a model scaled to zero is held until a replica is Ready.
+"""Demand for a model scaled to zero, told to the control plane at once (docs/autoscaling.md).
 
-A model can cold-start when one of its profiles autoscales with `min: 0` (the gateway reads that
-from the applied catalog in its background loop: `GatewayState.cold_start`). When such a model has
-no endpoint, `hold(...)` (pure) decides whether the request waits: it joins the model's wait queue,
-counting against the queue's bound, for up to the model's `cold_start_timeout`. The wait itself is
-the queue's: the request is sent as soon as the new replica is in the endpoint list (the pub/sub hint
-wakes the gateway). Meanwhile `DemandSignal` tells the control plane at once: a small hint in Redis
-(`llmgw:demand:<model>`, with a TTL) and a kick of the reconcile pass, so a replica is placed now,
-not at the next timer tick; the gateway report's queued count carries the demand after that.
+A request held for a cold start (gateway.routing.coldstart) writes a small hint in Redis
+(`llmgw:demand:<model>`, with a TTL) and kicks the reconcile pass, so a replica is placed now, not at
+the next timer tick; the gateway report's queued count carries the demand after that.
 """
 
 from __future__ import annotations
@@ -15,10 +10,8 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from dataclasses import dataclass
 from typing import Callable
 
-from gateway.admission import Shed
 from llmgw.state.kicks import RECONCILE, Kicker
 from llmgw.state.records import DemandHint
 from llmgw.state.store import Store
@@ -29,26 +22,6 @@ log = logging.getLogger("llmgw.gateway")
 HINT_TTL = 10.0
 # At most one hint and kick per model this often (seconds), however many requests arrive.
 SIGNAL_EVERY = 1.0
-
-
-@dataclass(frozen=True)
-class Hold:
-    """Wait in the model's queue up to `timeout` seconds for a replica to be Ready."""
-
-    timeout: float
-
-
-def hold(timeout: float, queue_len: int, queue_max: int) -> Hold | Shed:
-    """A request for a model at zero replicas: wait for the cold start, unless its queue is full."""
-    if queue_len >= queue_max:
-        return Shed(f"the model is starting and {queue_len} requests already wait for it",
-                    retry_after(timeout))
-    return Hold(timeout)
-
-
-def retry_after(timeout: float) -> int:
-    """Seconds a client is told to wait before it retries a request the cold start did not serve."""
-    return max(1, min(30, math.ceil(timeout / 6)))
 
 
 class DemandSignal:

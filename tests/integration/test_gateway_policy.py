@@ -10,7 +10,7 @@ from gateway.app import create_app
 from gateway.config import GatewaySettings
 from llmgw.state import keys
 from tests.support.clock import FakeClock
-from tests.unit.test_gateway_app import CHAT, endpoint, make_app, server, store  # noqa: F401 - fixtures
+from tests.support.gateway_app import CHAT, endpoint, make_app, server, store  # noqa: F401 - fixtures
 
 # 2026-03-14 23:59:00 UTC: a minute before the day's budget resets; rate-limit minutes stand still.
 NOON = datetime(2026, 3, 14, 12, 0, tzinfo=timezone.utc).timestamp()
@@ -154,7 +154,7 @@ def test_require_admin_in_every_auth_mode(store, upstreams, clock):
     def check(headers):
         with Flask("t").test_request_context("/admin", headers=headers):
             try:
-                return gw.require_admin(request.environ).name
+                return gw.gate.require_admin(request.environ).name
             except ApiError as e:
                 return e.status
 

@@ -12,10 +12,10 @@ next request).
 
 A stream that does not end well (the engine broke off or the total timeout cut it) closes the client
 connection without the last chunk, so the client's HTTP library reports a truncated answer instead of
-a complete one (nginx does the same); the old path could only end it cleanly.
+a complete one (nginx does the same).
 
 Anything else (TLS at the gateway, HTTP/1.0 clients, another server or the test client) gets the
-WSGI body as before: `relay_target` returns None and the caller returns the answer to the server.
+WSGI body: `relay_target` returns None and the caller returns the answer to the server.
 """
 
 from __future__ import annotations

@@ -2,20 +2,22 @@
 
 Each worker counts its own requests per endpoint exactly; without this it would see its siblings'
 requests only in the engines' scrapes, a second late. Two workers then each hold requests for a
-fast endpoint the other has just filled, or both send to it past its capacity (measured on the
-issue's fleet A: two workers' time to first token p99 was twice one worker's, docs/benchmarks.md).
+fast endpoint the other has just filled, or both send to it past its capacity (two workers' time
+to first token p99 was twice one worker's, docs/benchmarks.md).
 
 The table is an anonymous shared memory map the gunicorn master makes before it forks (so every
 worker inherits the same pages): one row per worker, each written by its worker alone, so no lock
 is needed; a reader sums the other rows. A row holds, per endpoint (keyed by a 63-bit hash of its
-id, in one of the PROBE entries from its hash's place), the count now and the highest count since `peak_at`: a scrape taken a moment
-ago is compared with what the siblings held then, not after their requests ended (gateway.state).
+id, in one of the PROBE entries from its hash's place), the count now and the highest count since
+`peak_at`: a scrape taken a moment ago is compared with what the siblings held then, not after
+their requests ended (gateway.routing.inflight).
 Aligned 8-byte stores on x86-64 and arm64 are not torn; a reader that races a writer sees the count
 before or after that one change, which the next decision corrects.
 
-The master assigns rows (`claim_row` in pre_fork, `free_row` when a worker exits, which also drops
-its counts: its streams died with it). Without gunicorn, or with one worker, there is no table and
-the gateway counts alone.
+The master makes the table and assigns rows (gateway/gunicorn_conf.py: `claim_row` in pre_fork,
+`free_row` when a worker exits, which also drops its counts: its streams died with it); the worker's
+view of its row reaches its router through the worker object (gateway.server.boot). Without
+gunicorn, or with one worker, there is no table and the gateway counts alone.
 """
 
 from __future__ import annotations
@@ -160,22 +162,15 @@ class SharedCounts:
         return out
 
 
-# The table of this process: made by the gunicorn master (gateway.gunicorn_conf) when it runs more
-# than one worker; in a worker, the view of its own row after `attach`.
-table: SharedCounts | None = None
-
-
-def setup(rows: int) -> None:
+def setup(rows: int) -> SharedCounts | None:
     """In the gunicorn master, before the workers fork: a table of `rows` rows (0: none)."""
-    global table
-    table = SharedCounts.create(rows) if rows > 0 else None
+    return SharedCounts.create(rows) if rows > 0 else None
 
 
-def attach(row: int | None) -> None:
-    """In a worker right after the fork: write through its own row (no row: count alone)."""
-    global table
-    if table is not None and row is not None:
-        table = table.for_row(row)
-        table.adopt(os.getpid())
-    else:
-        table = None
+def attach(table: SharedCounts | None, row: int | None) -> SharedCounts | None:
+    """In a worker right after the fork: the view through its own row (None: it counts alone)."""
+    if table is None or row is None:
+        return None
+    view = table.for_row(row)
+    view.adopt(os.getpid())
+    return view

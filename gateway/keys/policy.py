@@ -3,7 +3,7 @@
 The gateway calls it on every proxied request with the record from its in-memory key table, the
 requested model's names (its canonical name and aliases, so `--models` may list either), and the
 tokens the key spent in its current budget period as this gateway knows them (its own answers at
-once, every other gateway's within a usage flush; `gateway.auth.UsageRecorder.spent`). No Redis.
+once, every other gateway's within a usage flush; `gateway.keys.usage.UsageRecorder.spent`). No Redis.
 
 In order: an expired key is refused (401) whatever it asks; a model the key may not call answers 404
 with the body of a model that does not exist; a key whose budget is spent gets 429 with Retry-After
@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple, Union
 
-from llmgw.state.apikeys import ApiKeyRecord
+from llmgw.state.keypolicy import ApiKeyRecord
 from llmgw.state.budget import iso
 
 

@@ -1,0 +1,156 @@
+"""The client's answer to a proxied request: the engine's answer passed on (a whole body, or a stream
+relayed as it arrives), or an error body; and what an answer counts when it ends (metrics, the
+console's traffic, usage, and the sample the router learns from).
+"""
+
+from __future__ import annotations
+
+import json
+
+from flask import Response
+from werkzeug.http import HTTP_STATUS_CODES
+
+from gateway.errors import ApiError, error_body
+from gateway.keys.table import ApiKey
+from gateway.keys.usage import UsageRecorder
+from gateway.observe.metrics import Metrics
+from gateway.observe.traffic import TrafficCounter
+from gateway.request.surface import Route
+from gateway.response_ids import IdRewrite
+from gateway.routing.router import Lease
+from gateway.upstream.client import STREAM_REPLACED, UpstreamResponse, response_headers
+from gateway.upstream.stream import StreamBody, usage_from_json
+from llmgw.state.keypolicy import ANONYMOUS
+from llmgw.state.clock import Clock
+
+# Proxies in front (nginx) must not buffer a stream, nor anything cache it.
+SSE_HEADERS = [("Cache-Control", "no-cache"), ("X-Accel-Buffering", "no")]
+
+
+def error_response(err: ApiError, request_id: str | None = None) -> Response:
+    resp = Response(json.dumps(error_body(err.kind, err.message)), status=err.status, mimetype="application/json")
+    if err.retry_after is not None:
+        resp.headers["Retry-After"] = str(int(err.retry_after))
+    if request_id:
+        resp.headers["X-Request-Id"] = request_id
+    return resp
+
+
+class RawAnswer:
+    """A proxied answer as a bare WSGI app: status, headers and body iterable as they are (werkzeug's
+    Response cost ~0.05 ms per request here and added nothing). A stream's body is the StreamBody,
+    whose `close()` the server calls."""
+
+    __slots__ = ("status", "headers", "body")
+
+    def __init__(self, status: int, headers: list[tuple[str, str]], body):
+        self.status, self.headers, self.body = status, headers, body
+
+    def start(self, start_response) -> None:
+        try:
+            start_response(f"{self.status} {HTTP_STATUS_CODES.get(self.status, 'UNKNOWN')}", self.headers)
+        except BaseException:
+            # The server refused the head (an engine's malformed header, say): it will never close the
+            # body, so give back what the body holds (the upstream connection, the slot) here.
+            close = getattr(self.body, "close", None)
+            if close is not None:
+                close()
+            raise
+
+    def __call__(self, environ, start_response):
+        self.start(start_response)
+        return self.body
+
+
+class OpenRequests:
+    """Requests being proxied (parsed, queued, or streaming) in this process, and the most it takes
+    before answering 503: each holds a client connection, and once routed an upstream one. The
+    gevent worker switches greenlets only on I/O, so the plain += / -= on `n` are atomic."""
+
+    __slots__ = ("n", "cap")
+
+    def __init__(self, cap: int):
+        self.n, self.cap = 0, cap
+
+
+class Answers:
+    """Builds answers and counts them when they end."""
+
+    def __init__(self, clock: Clock, metrics: Metrics, traffic: TrafficCounter, usage: UsageRecorder,
+                 total_timeout: float, open_requests: OpenRequests):
+        self.clock, self.metrics, self.traffic, self.usage = clock, metrics, traffic, usage
+        self.total_timeout, self.open = total_timeout, open_requests
+
+    def respond(self, resp: UpstreamResponse, lease: Lease, model: str, canon: str, key: ApiKey | None, rid: str,
+                t0: float, t_send: float, route: Route, rewrite: IdRewrite | None = None) -> RawAnswer:
+        """Build the client's answer. On return the answer owns `resp` and `lease` (a stream releases
+        them when it ends or the client leaves); if this raises, the caller still owns both.
+
+        Only generating operations teach the router an endpoint's speed; a stored response read
+        again (by id) is not usage again."""
+        ep = lease.choice.endpoint
+        mono = self.clock.monotonic
+        streamed = resp.content_type.startswith("text/event-stream")
+        # One pass over the engine's headers; X-Request-Id is ours (an engine echoing it would
+        # otherwise send it twice), and a stream's caching headers are ours too.
+        headers = response_headers(resp, STREAM_REPLACED if streamed else None)
+        headers += [("X-Request-Id", rid), ("X-LLMGW-Endpoint", ep.id)]
+        status = resp.status
+        key_id = key.id if key else ANONYMOUS
+        limited = bool(key and key.tpm)
+        budgeted = key if key is not None and key.budget else None
+        metrics, traffic, usage_of = self.metrics, self.traffic, self.usage
+
+        learns, counts = route.learns, not route.by_id
+        first_at: list[float] = []  # when the stream's first bytes came (once per request, not per chunk)
+
+        def finish(completed: bool, usage, charted: bool = True) -> None:
+            now = mono()
+            ok = completed and status < 400
+            usage = usage if counts else None
+            lease.release((now - t_send) if ok and learns else None, usage[1] if usage and learns else None,
+                          (first_at[0] - t_send) if ok and learns and first_at else None)
+            child = metrics.child
+            child(metrics.requests, model, ep.id, str(status) if completed else "aborted").inc()
+            child(metrics.latency, model).observe(now - t0)
+            if charted:  # else the error answer raised next is counted (Proxy.refused)
+                traffic.request(canon, error=not completed or status >= 500, seconds=now - t0)
+            if usage:
+                child(metrics.tokens, model, "prompt").inc(usage[0])
+                child(metrics.tokens, model, "completion").inc(usage[1])
+            if status < 400:
+                usage_of.record(key_id, ep.model or model, *(usage or (0, 0)), limited=limited,
+                                budget=budgeted.period(self.clock.time()) if budgeted else None)
+
+        if streamed:
+            open_ = self.open
+
+            def first() -> None:
+                first_at.append(mono())
+                waited = first_at[0] - t0
+                metrics.child(metrics.ttft, model).observe(waited)
+                traffic.first_byte(canon, waited)
+
+            def finish_stream(completed: bool, usage) -> None:
+                open_.n -= 1  # counted by the WSGI entry, which left it to the stream
+                finish(completed, usage)
+
+            headers += SSE_HEADERS
+            body = StreamBody(resp, t0 + self.total_timeout, first, finish_stream, monotonic=mono,
+                              rewrite=rewrite.chunk if rewrite is not None else None)
+            return RawAnswer(status, headers, body)
+        try:
+            payload = resp.read()
+        except Exception as e:  # noqa: BLE001 - reported as a clean 502/504 below
+            resp.close()
+            finish(False, None, charted=False)
+            kind = "upstream_timeout" if "timed out" in str(e).lower() else "upstream_error"
+            raise ApiError(kind, f"endpoint {ep.id} failed while answering: {type(e).__name__}") from None
+        resp.release()
+        if rewrite is not None and status < 400:
+            payload = rewrite.body(payload)
+        metrics.child(metrics.ttft, model).observe(mono() - t0)
+        traffic.first_byte(canon, mono() - t0)
+        finish(True, usage_from_json(payload) if status < 400 else None)
+        headers.append(("Content-Length", str(len(payload))))
+        return RawAnswer(status, headers, [payload])

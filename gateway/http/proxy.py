@@ -1,0 +1,198 @@
+"""The proxied request, a shell over the pure decisions: read it (gateway.request.call), check its key
+(gateway.keys.gate), route and admit it (gateway.routing), forward it and retry before the first byte
+(gateway.routing.retry), answer (gateway.http.answer); every refusal worded by gateway.http.refusal.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from typing import Callable, Collection
+
+from gateway.config import GatewaySettings
+from gateway.errors import ApiError
+from gateway.http.answer import Answers, RawAnswer
+from gateway.http.refusal import TimedOut, attempt_failed, not_loaded, refusal
+from gateway.keys.gate import KeyGate
+from gateway.observe.demand import DemandSignal
+from gateway.observe.metrics import Metrics
+from gateway.observe.saturation import SaturationSignals
+from gateway.observe.traffic import TrafficCounter
+from gateway.request.call import Call, forward_headers, read_call
+from gateway.request.surface import Route
+from gateway.routing.admission import Send, Shed, Wait, admit, drain_time
+from gateway.routing.choice import Choice, Rejection, RouteRequest
+from gateway.routing.coldstart import hold
+from gateway.routing.queue import WaitQueue, WaitQueues
+from gateway.routing.retry import Deliver, GiveUp, Outcome, next_attempt
+from gateway.routing.router import Lease, Router
+from gateway.upstream.client import Upstream, UpstreamConnectError, UpstreamTimeout
+from llmgw.state.clock import Clock
+
+log = logging.getLogger("llmgw.gateway")
+
+
+class Proxy:
+    """Handles proxied requests on the raw WSGI environ (Flask's request machinery is skipped: it cost
+    ~0.3 ms per request, as much as the rest of the gateway's work)."""
+
+    def __init__(self, cfg: GatewaySettings, clock: Clock, router: Router, gate: KeyGate, upstream: Upstream,
+                 queues: WaitQueues, answers: Answers, metrics: Metrics, traffic: TrafficCounter,
+                 saturation: SaturationSignals, demand: DemandSignal, not_ready: Callable[[], str | None]):
+        self.cfg, self.clock, self.router, self.gate, self.upstream = cfg, clock, router, gate, upstream
+        self.queues, self.answers, self.metrics, self.traffic = queues, answers, metrics, traffic
+        self.saturation, self.demand, self.not_ready = saturation, demand, not_ready
+
+    def __call__(self, route: Route, response_id: str | None, environ: dict, rid: str) -> RawAnswer:
+        t0 = self.clock.monotonic()
+        router, gate = self.router, self.gate
+        if route.by_id:  # who asks, before saying whether a response exists
+            key = gate.authenticate(environ)
+            if not router.tables.loaded:
+                raise not_loaded(self.not_ready())
+        call = read_call(route, response_id, environ, router.tables, self.cfg.max_body_bytes)
+        model = call.model
+        if not route.by_id:
+            key = gate.authenticate(environ)
+        # Reading, deleting or cancelling a stored response generates nothing: never queued or shed.
+        prio = "critical" if route.by_id else gate.priority(environ.get("HTTP_X_LLMGW_PRIORITY") or None, key)
+        tables = router.tables
+        if not tables.loaded:
+            raise not_loaded(self.not_ready())
+        if key is not None:
+            gate.enforce(key, model)  # expiry, the key's models, its budget: 401 / 404 / 429
+            if key.budget:
+                call.ask_for_usage()
+        if model not in tables.known_models:
+            # Unknown names get no per-name state and no metric label of their own (cardinality).
+            self.metrics.rejected_unknown.inc()
+            raise refusal(Rejection("unknown_model", model), RouteRequest(model), tables)
+        if not route.by_id:
+            router.requested(model)
+        canon = environ["llmgw.model"] = tables.canonical.get(model, model)  # known: charts may count it
+        if key is not None:
+            gate.limit(key, model)
+        affinity = environ.get("HTTP_X_SESSION_ID") or call.affinity
+        headers = forward_headers(environ, rid, call.data is not None)
+        method = environ.get("REQUEST_METHOD", "POST")
+        exclude: frozenset[str] = frozenset()
+        last_error: ApiError | None = None
+        attempt = 0
+        while True:
+            choice = self._admit(call, prio, affinity, exclude, attempt == 0, last_error)
+            # From here the slot is ours: every path out of this block gives it back exactly once.
+            lease = Lease(router, choice)
+            resp = None
+            try:
+                ep = choice.endpoint
+                path, out = call.request_for(ep)
+                # The engine's credential, or an external server's own key (for this attempt only);
+                # never the client's key (forward_headers drops it), never another endpoint's.
+                secret = router.tables.api_keys.get(ep.id) or ep.engine_secret
+                sent = {**headers, "authorization": f"Bearer {secret}"} if secret else headers
+                t_send = self.clock.monotonic()
+                try:
+                    resp = self.upstream.send(ep.url, path, out, sent, method)
+                    router.answered(ep.id)
+                    outcome = Outcome("answer", resp.status)
+                except UpstreamConnectError as e:
+                    log.warning("request %s: cannot reach %s (%s): %s", rid, ep.id, ep.url, e)
+                    router.mark_unreachable(ep.id)
+                    outcome = Outcome("connect_error")
+                except UpstreamTimeout:
+                    router.timed_out(ep.id)
+                    outcome = Outcome("timeout")
+                step = next_attempt(outcome, attempt, self.cfg.retries)
+                if isinstance(step, Deliver):
+                    answer = self.answers.respond(resp, lease, model, canon, key, rid, t0, t_send, route,
+                                                  call.rewrite(ep))
+                    lease, resp = None, None  # handed over: the answer releases them when it ends
+                    return answer
+                if isinstance(step, GiveUp):
+                    timed_out = step.kind == "upstream_timeout"
+                    self.metrics.upstream_errors.labels(ep.id, "timeout" if timed_out else "connect").inc()
+                    if timed_out:
+                        self.metrics.requests.labels(model, ep.id, "504").inc()
+                    raise attempt_failed(outcome, ep.id, model, self.cfg.first_byte_timeout, step)
+                self.metrics.upstream_errors.labels(ep.id, step.reason).inc()
+                self.metrics.retries.labels(model).inc()
+                exclude = exclude | {ep.id}
+                last_error = attempt_failed(outcome, ep.id, model, self.cfg.first_byte_timeout)
+            finally:
+                if resp is not None:
+                    resp.close()
+                if lease is not None:
+                    lease.release()
+            attempt += 1
+
+    def _admit(self, call: Call, prio: str, affinity: str | None, exclude: frozenset[str], first: bool,
+               last_error: ApiError | None) -> Choice:
+        """A reserved endpoint for this attempt, after waiting in the model's queue if it must; else
+        raises the refusal."""
+        router, cfg = self.router, self.cfg
+        q = self.queues.get(call.model)
+        req = RouteRequest(call.model, prio, affinity, exclude, len(q) + 1, op=call.route.op, pin=call.pin)
+        res = router.route(req)
+        if isinstance(res, Rejection) and res.kind == "unknown_model":
+            timeout = router.tables.cold_start.get(req.model)
+            if timeout is not None:
+                return self._cold_start(req, q, timeout)
+        # How long the queue would take to reach this request; only worth computing when it may wait.
+        drain = (drain_time(len(q) + 1, router.completion_rate(req.model))
+                 if isinstance(res, Rejection) and res.kind == "saturated" else None)
+        decision = admit(res, req.priority, len(q) if first else 0, cfg.queue_max, cfg.queue_timeout, drain)
+        if isinstance(decision, Wait):
+            if isinstance(res, Choice):  # others queued first: give the slot back and line up
+                router.release(res, None)
+            self.saturation.queued(router.tables.canonical.get(req.model, req.model))
+            entered = self.clock.monotonic()
+            # Only the head of the queue routes: it is first in line, whatever waits behind it.
+            res = self._wait(q, req, lambda: router.route(replace(req, queued=1, waited=self.clock.monotonic() - entered)),
+                             cfg.queue_timeout)
+            if res is None:
+                self.metrics.shed.labels(req.model, "queue_timeout").inc()
+                raise refusal(TimedOut(cfg.queue_timeout), req, router.tables)
+            decision = res if isinstance(res, Rejection) else Send(res)
+        if isinstance(decision, Send):
+            return decision.choice
+        if isinstance(decision, Shed):
+            if isinstance(res, Choice):
+                router.release(res, None)
+            self.metrics.shed.labels(req.model, "saturated").inc()
+        raise refusal(decision, req, router.tables, last_error=last_error)
+
+    def _cold_start(self, req: RouteRequest, q: WaitQueue, timeout: float) -> Choice:
+        """The model has no endpoint and scales to zero: hold the request in its queue until a replica
+        is published (gateway.routing.coldstart), telling the control plane at once."""
+        decision = hold(timeout, len(q), self.cfg.queue_max)
+        if isinstance(decision, Shed):
+            self.metrics.shed.labels(req.model, "cold_start").inc()
+            raise refusal(decision, req, self.router.tables, cold_start=timeout)
+        model = self.router.tables.canonical.get(req.model, req.model)
+        if self.demand.demand(model, len(q) + 1):
+            log.info("model %s has no Ready replica: holding its requests up to %gs for a cold start", model, timeout)
+        res = self._wait(q, req, lambda: self.router.route(replace(req, queued=1)), decision.timeout,
+                         keep=("saturated", "unknown_model"))
+        if isinstance(res, Choice):
+            return res
+        self.metrics.shed.labels(req.model, "cold_start_timeout").inc()
+        raise refusal(TimedOut(decision.timeout), req, self.router.tables, cold_start=timeout)
+
+    def _wait(self, q: WaitQueue, req: RouteRequest, attempt: Callable[[], Choice | Rejection], timeout: float,
+              keep: Collection[str] = ("saturated",)) -> Choice | Rejection | None:
+        gauge = self.metrics.queue.labels(req.model)
+        gauge.inc()
+        try:
+            return q.wait(attempt, timeout, keep=keep)
+        finally:
+            gauge.dec()
+
+    def refused(self, environ: dict, err: ApiError) -> None:
+        """A proxied request ended in an error answer: count it for its model's charts (only known
+        models have one), and a shed one as a sign of saturation."""
+        model = environ.get("llmgw.model")
+        if model is None:
+            return
+        self.traffic.request(model, error=err.status >= 500, shed=err.kind in ("shed", "rate_limited"))
+        if err.kind == "shed":
+            self.saturation.shed(model)

@@ -1,0 +1,207 @@
+"""How fast each endpoint serves, learned from what the gateway sees. Pure: each function returns new
+values (`fit = update(fit, sample)`), never changes its arguments.
+
+Samples (gateway.routing.speed fits them):
+- per-token times from two consecutive LoadRecords' token counters (`learn_scrape`);
+- once per finished request (`answer_sample`, taken on the request path; `learn_answer`, folded in
+  on the next load refresh): its decode time (elapsed minus time to first byte) at the concurrency
+  it ran in, its tokens per second when the answer reported usage, and its time to first byte when
+  it found a free slot. Nothing is measured per chunk.
+
+`observe_loads` is one load refresh: the answers since the last one, the new LoadRecords (what we
+held at each scrape, the engine's batch limit, the other gateways' share), then every endpoint's
+`Speed`, the endpoints of a model pulled together as far as their samples cannot tell them apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Mapping, NamedTuple, Sequence
+
+from gateway.config import RoutingConfig
+from gateway.routing.inflight import Answer, model_of
+from gateway.routing.load import NO_STATS, EndpointStats, ahead_of, fresh_load, slots_of
+from gateway.routing.speed import Fit, Speed, shrink
+from llmgw.state.records import EndpointInfo, LoadRecord
+
+EWMA_ALPHA = 0.25  # time to first byte, per endpoint
+TOKENS_ALPHA = 0.05  # tokens per answer, fleet-wide
+
+
+class Learned(NamedTuple):
+    """The samples behind one endpoint's Speed."""
+
+    per_token: Fit = Fit()  # seconds per token per stream vs concurrency (scrapes; answers with usage)
+    per_request: Fit = Fit()  # decode seconds per answer vs concurrency (every answer)
+    ttfb: float | None = None  # smoothed time to first byte of requests that found a free slot
+    last: float = 0.0  # when the last sample came (the router's monotonic clock)
+
+
+class Tokens(NamedTuple):
+    """Completion tokens per answer, fleet-wide: from usage, smoothed ...
+
+    ... and, while no answer reports usage, as implied by decode times and per-token speeds."""
+
+    reported: float | None = None
+    estimate: float | None = None
+
+
+@dataclass(frozen=True)
+class Learning:
+    """Everything the learner holds between load refreshes."""
+
+    learned: Mapping[str, Learned] = field(default_factory=dict)
+    tokens: Tokens = Tokens()
+
+    def keep(self, listed: Mapping[str, EndpointInfo]) -> "Learning":
+        return Learning({k: v for k, v in self.learned.items() if k in listed}, self.tokens)
+
+
+def answer_sample(ep: EndpointInfo, ahead: int, held: int, elapsed: float, tokens: int | None, ttfb: float | None,
+                  rec: LoadRecord | None, st: EndpointStats | None, now: float, cfg: RoutingConfig) -> Answer:
+    """A finished request on `ep`, sent with `ahead` requests before it and ending with `held` on
+    the endpoint (ours and the sibling workers'): the concurrency it ran in is the mean of the two."""
+    slots = slots_of(ep, st)
+    load = fresh_load(rec, now, cfg, st.load_seen if st is not None else None)
+    conc = min(slots, max(1.0, (ahead + 1 + ahead_of(ep, load, held, st)) / 2))
+    decode = elapsed - ttfb if ttfb is not None and 0 <= ttfb < elapsed else elapsed
+    return Answer(ep.id, now, conc, decode, tokens, ttfb if ttfb is not None and ahead + 1 <= slots else None)
+
+
+def learn_answer(lr: Learned | None, tokens: Tokens, a: Answer, half_life: float) -> tuple[Learned, Tokens]:
+    """The endpoint's samples and the fleet's tokens per answer after one more answer."""
+    lr = lr or Learned()
+    per_token = lr.per_token
+    if a.tokens:
+        t = tokens.reported
+        tokens = tokens._replace(reported=a.tokens if t is None else t + TOKENS_ALPHA * (a.tokens - t))
+        per_token = per_token.add(a.concurrency, a.decode / max(1, a.tokens - 1), a.at, half_life)
+    elif (line := per_token.line()) is not None:
+        implied = 1 + a.decode / (line[0] * (1 + line[1] * (a.concurrency - 1)))
+        t = tokens.estimate
+        tokens = tokens._replace(estimate=implied if t is None else t + TOKENS_ALPHA * (implied - t))
+    ttfb = lr.ttfb
+    if a.ttfb is not None:
+        ttfb = a.ttfb if ttfb is None else ttfb + EWMA_ALPHA * (a.ttfb - ttfb)
+    return Learned(per_token, lr.per_request.add(a.concurrency, a.decode, a.at, half_life), ttfb, a.at), tokens
+
+
+def fold_answers(state: Learning, answers: Sequence[Answer], half_life: float) -> Learning:
+    """The learner after `answers`, in the order they ended."""
+    if not answers:
+        return state
+    learned, tokens = dict(state.learned), state.tokens
+    for a in answers:
+        learned[a.endpoint], tokens = learn_answer(learned.get(a.endpoint), tokens, a, half_life)
+    return Learning(learned, tokens)
+
+
+def learn_scrape(lr: Learned | None, old: LoadRecord | None, rec: LoadRecord, now: float,
+                 half_life: float) -> Learned | None:
+    """Seconds per token per running sequence between two scrapes, at the mean running count; None
+    when the two teach nothing."""
+    if (old is None or not (old.ok and rec.ok) or old.generation_tokens_total is None
+            or rec.generation_tokens_total is None):
+        return None
+    dt = rec.ts - old.ts
+    dgen = rec.generation_tokens_total - old.generation_tokens_total
+    # Only an engine busy at both ends, with more than one sequence, was likely busy all along:
+    # otherwise the mean running count says nothing about how long it worked for its tokens
+    # (one request ending and the next arriving later looks like a slow engine).
+    if dt <= 0 or dgen <= 0 or (old.running or 0) < 2 or (rec.running or 0) < 2:
+        return None
+    running = (old.running + rec.running) / 2
+    lr = lr or Learned()
+    return lr._replace(per_token=lr.per_token.add(running, running * dt / dgen, now, half_life), last=now)
+
+
+def slots_seen(old: LoadRecord | None, rec: LoadRecord, prev: int | None) -> int | None:
+    """The engine's batch limit: the running count while requests waited in it, in two scrapes in a
+    row (a single scrape may catch a request between its arrival and the next engine step)."""
+    if (old is not None and old.ok and rec.ok and (old.waiting or 0) > 0 and (rec.waiting or 0) > 0
+            and old.running and rec.running):
+        return max(prev or 0, int(min(old.running, rec.running)))
+    return prev
+
+
+def others_ratio(loads: Mapping[str, LoadRecord], stats: Mapping[str, EndpointStats],
+                 listed: Mapping[str, EndpointInfo]) -> dict[str, EndpointStats]:
+    """Per model, how many requests the other gateways had on its endpoints per one of ours at the
+    last scrapes (load.ahead_of extrapolates their growth since with it)."""
+    held: dict[str, list[float]] = {}  # model -> [ours, others]
+    for i, rec in loads.items():
+        st, ep = stats.get(i), listed.get(i)
+        if st is None or ep is None or st.scrape_inflight is None or not rec.ok:
+            continue
+        acc = held.setdefault(model_of(ep), [0.0, 0.0])
+        acc[0] += st.scrape_inflight
+        acc[1] += max(0.0, (rec.running or 0) + (rec.waiting or 0) - st.scrape_inflight)
+    out = dict(stats)
+    for i, st in stats.items():
+        ep = listed.get(i)
+        acc = held.get(model_of(ep)) if ep is not None else None
+        ratio = acc[1] / acc[0] if acc and acc[0] > 0 else 0.0
+        if ratio != st.others_ratio:
+            out[i] = replace(st, others_ratio=ratio)
+    return out
+
+
+def speed_of(lr: Learned, tokens: float | None) -> tuple[Speed, float] | None:
+    """A typical answer's speed, and its relative error: per-token times x tokens per answer, and
+    the answers' own decode times, averaged by how precise each is."""
+    lines = []  # (precision, decode1, slowdown)
+    if tokens and (line := lr.per_token.line()) is not None:
+        lines.append((max(lr.per_token.error(), 1e-3) ** -2, tokens * line[0], line[1]))
+    if (line := lr.per_request.line()) is not None:
+        lines.append((max(lr.per_request.error(), 1e-3) ** -2, line[0], line[1]))
+    if not lines:
+        return None
+    w = sum(x[0] for x in lines)
+    speed = Speed(sum(x[0] * x[1] for x in lines) / w, sum(x[0] * x[2] for x in lines) / w, lr.ttfb or 0.0)
+    return speed, w ** -0.5
+
+
+def derive_speeds(state: Learning, stats: Mapping[str, EndpointStats],
+                  listed: Mapping[str, EndpointInfo]) -> dict[str, EndpointStats]:
+    """Every endpoint's Speed from its samples (the fleet's tokens per answer may have moved too),
+    the endpoints of each model pulled together as far as their samples cannot tell them apart."""
+    tokens = state.tokens.reported or state.tokens.estimate
+    raw = {i: est for i, lr in state.learned.items() if (est := speed_of(lr, tokens)) is not None}
+    groups: dict[str, list[str]] = {}
+    for i in raw:
+        ep = listed.get(i)
+        groups.setdefault(model_of(ep) if ep is not None else i, []).append(i)
+    out = dict(stats)
+    for ids in groups.values():
+        for i, speed in zip(ids, shrink([raw[i] for i in ids])):
+            st, lr = out.get(i, NO_STATS), state.learned[i]
+            if speed != st.speed or lr.last != st.last_sample:
+                out[i] = replace(st, speed=speed, last_sample=lr.last)
+    return out
+
+
+def observe_loads(state: Learning, loads: Mapping[str, LoadRecord], before: Mapping[str, LoadRecord],
+                  stats: Mapping[str, EndpointStats], held: Mapping[str, int], answers: Sequence[Answer],
+                  listed: Mapping[str, EndpointInfo], seen: float, cfg: RoutingConfig
+                  ) -> tuple[Learning, dict[str, EndpointStats]]:
+    """One load refresh: the learner and the stats after the `answers` since the last one and the
+    new `loads` (`before`: the records they replace; `held`: what this gateway held at each new
+    record's scrape; `seen`: now, when this gateway first saw them)."""
+    state = fold_answers(state, answers, cfg.learn_half_life)
+    learned, out = dict(state.learned), dict(stats)
+    for i, rec in loads.items():
+        if is_new(i, rec, before):
+            old, prev = before.get(i), out.get(i)
+            out[i] = replace(prev or NO_STATS, scrape_inflight=held[i], load_seen=seen,
+                             slots=slots_seen(old, rec, prev.slots if prev is not None else None))
+            lr = learn_scrape(learned.get(i), old, rec, seen, cfg.learn_half_life)
+            if lr is not None:
+                learned[i] = lr
+    state = Learning(learned, state.tokens)
+    return state, derive_speeds(state, others_ratio(loads, out, listed), listed)
+
+
+def is_new(i: str, rec: LoadRecord, before: Mapping[str, LoadRecord]) -> bool:
+    """Endpoint `i`'s record is one this gateway has not seen yet (another `ts` than the one it holds)."""
+    old = before.get(i)
+    return old is None or old.ts != rec.ts

@@ -1,0 +1,206 @@
+"""The router of one gateway process: the routing snapshot, the in-flight counts and the learner.
+
+- `snapshot` (gateway.routing.tables.Snapshot) is replaced whole by its writers (a new endpoint
+  list, a load refresh, an endpoint that refused a connection), one at a time under `write_lock`;
+  the request path reads the reference and never waits for a writer.
+- `route` chooses and reserves a slot (in-flight + 1) under `lock`, so concurrent requests see each
+  other; `release` gives it back and notes the answer for the learner. Those counts
+  (gateway.routing.inflight) are all a request changes.
+- the learner's state changes only on a load refresh, by the pure gateway.routing.learn.
+
+No I/O: what is read from Redis is handed in (gateway.server.pollers).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from dataclasses import replace
+from typing import Callable, Mapping
+
+from gateway.config import RoutingConfig
+from gateway.routing.choice import Choice, Rejection, RouteRequest, choose, fleet_rate
+from gateway.routing.inflight import InFlight
+from gateway.routing.learn import Learning, answer_sample, fold_answers, is_new, observe_loads
+from gateway.routing.load import NO_STATS, EndpointStats
+from gateway.routing.tables import EMPTY, Snapshot, Tables
+from llmgw.state.clock import Clock
+from llmgw.state.records import EndpointInfo, LoadRecord
+
+
+class Router:
+    def __init__(self, cfg: RoutingConfig, clock: Clock, rng: random.Random, metrics=None, shared=None,
+                 on_release: Callable[[], None] = lambda: None):
+        self.routing, self.clock, self.rng, self.metrics = cfg, clock, rng, metrics
+        self.lock = threading.Lock()  # the in-flight counts
+        self.write_lock = threading.Lock()  # one writer of the snapshot and the learner at a time
+        self.snapshot: Snapshot = EMPTY
+        self.counts = InFlight(shared)
+        self._learning = Learning()
+        self.rr_counter = 0
+        self.on_release = on_release  # a slot freed or the loads changed: wakes the wait queues
+
+    def share(self, table) -> None:
+        """Count with the sibling workers' table (gateway.server.siblings): set before serving."""
+        self.counts.shared = table
+
+    # --- what the request path reads -------------------------------------------------------------
+    @property
+    def tables(self) -> Tables:
+        return self.snapshot.tables
+
+    @property
+    def endpoints(self) -> tuple[EndpointInfo, ...]:
+        return self.snapshot.tables.endpoints
+
+    @property
+    def loads(self) -> Mapping[str, LoadRecord]:
+        return self.snapshot.loads
+
+    @property
+    def stats(self) -> Mapping[str, EndpointStats]:
+        return self.snapshot.stats
+
+    @property
+    def inflight(self) -> Mapping[str, int]:
+        return self.counts.counts
+
+    @property
+    def learning(self) -> Learning:
+        """What was learned so far, the answers since the last load refresh included."""
+        with self.lock:
+            answers = list(self.counts.answers)
+        return fold_answers(self._learning, answers, self.routing.learn_half_life)
+
+    def held(self, now: float, model: str | None = None) -> Mapping[str, int]:
+        return self.counts.held(self.snapshot.tables.endpoints, now, model)
+
+    def completion_rate(self, model: str) -> float | None:
+        """Requests per second the model's endpoints complete when full (None: not known yet)."""
+        snap = self.snapshot
+        return fleet_rate(snap.tables.endpoints, snap.stats, model)
+
+    # --- the request path ---------------------------------------------------------------------------
+    def route(self, req: RouteRequest) -> Choice | Rejection:
+        """Choose and reserve (in-flight + 1) atomically, so concurrent requests see each other."""
+        now = self.clock.monotonic()
+        snap = self.snapshot
+        endpoints = snap.tables.endpoints
+        with self.lock:
+            res = choose(endpoints, snap.loads, self.counts.held(endpoints, now, req.model), req, now,
+                         stats=snap.stats, cfg=self.routing, rng=self.rng, rr_counter=self.rr_counter)
+            if isinstance(res, Choice):
+                self.rr_counter += 1
+                self.counts.add(res.endpoint, self.clock.time(), now)
+        if isinstance(res, Choice) and self.metrics:
+            self.metrics.child(self.metrics.inflight, res.endpoint.id).inc()
+        return res
+
+    def release(self, choice: Choice, service_time: float | None, tokens: int | None = None,
+                ttfb: float | None = None) -> None:
+        """The request left the endpoint. If it completed normally it is learned from once, on the
+        next load refresh (gateway.routing.learn.answer_sample says what is kept of it)."""
+        ep = choice.endpoint
+        now = self.clock.monotonic()
+        snap = self.snapshot
+        with self.lock:
+            ours = self.counts.remove(ep, self.clock.time(), now)
+            if service_time is not None and service_time > 0:
+                held = ours + self.counts.siblings(ep.id, now)  # what the whole gateway held, as choice.ahead
+                self.counts.answers.append(answer_sample(ep, choice.ahead, held, service_time, tokens, ttfb,
+                                                         snap.loads.get(ep.id), snap.stats.get(ep.id), now,
+                                                         self.routing))
+        if self.metrics:
+            self.metrics.child(self.metrics.inflight, ep.id).dec()
+        self.on_release()
+
+    def mark_unreachable(self, endpoint_id: str) -> None:
+        """The endpoint refused a connection: pass it over for `eject_for` seconds (choice.eligible)."""
+        self.counts.fail_at[endpoint_id] = self.clock.time()
+        with self.write_lock:
+            snap = self.snapshot
+            st = replace(snap.stats.get(endpoint_id, NO_STATS), down_until=self.clock.monotonic() + self.routing.eject_for)
+            self.snapshot = replace(snap, stats={**snap.stats, endpoint_id: st})
+
+    def timed_out(self, endpoint_id: str) -> None:
+        """The endpoint accepted a request but sent nothing in time: evidence against it."""
+        self.counts.fail_at[endpoint_id] = self.clock.time()
+
+    def answered(self, endpoint_id: str) -> None:
+        """A response head arrived from the endpoint: evidence that it serves."""
+        self.counts.ok_at[endpoint_id] = self.clock.time()
+
+    def requested(self, model: str) -> None:
+        """A request for a known model arrived (demand, even when nothing can serve it yet)."""
+        self.counts.last_request_at[self.snapshot.tables.canonical.get(model, model)] = self.clock.time()
+
+    # --- writers ------------------------------------------------------------------------------------
+    def apply_tables(self, tables: Tables, new_list: bool) -> None:
+        """Route by `tables` from now on. With `new_list` (not just the catalog's names changed) the
+        loads, stats, counts and samples of endpoints that left the list are forgotten."""
+        with self.write_lock:
+            snap = self.snapshot
+            if not new_list:
+                self.snapshot = Snapshot(tables, snap.loads, snap.stats)
+                return
+            listed = tables.by_id
+            with self.lock:
+                self.counts.prune(listed)
+            self._learning = self._learning.keep(listed)
+            self.snapshot = Snapshot(tables, {k: v for k, v in snap.loads.items() if k in listed},
+                                     {k: v for k, v in snap.stats.items() if k in listed})
+
+    def renumber(self, version: int) -> None:
+        """The list's version counter went backwards (Redis lost its data): keep the list, take the
+        next one published whatever its number."""
+        with self.write_lock:
+            self.snapshot = replace(self.snapshot, tables=replace(self.snapshot.tables, version=version))
+
+    def apply_loads(self, loads: Mapping[str, LoadRecord]) -> None:
+        """The endpoints' LoadRecords as just read: learn from the new ones and the answers since the
+        last refresh, then route by them."""
+        with self.write_lock:
+            snap = self.snapshot
+            seen, wall = self.clock.monotonic(), self.clock.time()
+            counts = self.counts
+            # The siblings' part of what this gateway held at the scrapes: the most each held lately.
+            sib = counts.shared.others(list(loads), seen, recent=True) if counts.shared is not None else {}
+            with self.lock:
+                # What we held when each new record was scraped (some time in the last two refresh
+                # intervals, when we may have held more than now): our own requests that ended
+                # since must not count as another gateway's, or they fill the endpoint with phantoms.
+                held = {i: counts.held_at(i, rec.ts, wall) + sib.get(i, 0)
+                        for i, rec in loads.items() if is_new(i, rec, snap.loads)}
+                answers = counts.take_answers()
+            self._learning, stats = observe_loads(self._learning, loads, snap.loads, snap.stats, held, answers,
+                                                  snap.tables.by_id, seen, self.routing)
+            self.snapshot = Snapshot(snap.tables, loads, stats)
+        self.on_release()
+
+    def fold_answers(self) -> None:
+        """A refresh that read no loads still learns from the answers since the last one."""
+        with self.write_lock:
+            with self.lock:
+                answers = self.counts.take_answers()
+            self._learning = fold_answers(self._learning, answers, self.routing.learn_half_life)
+
+    def report_facts(self) -> tuple[int, dict, dict, dict, dict, dict]:
+        """A consistent copy for the gateway report: the list's version, then `InFlight.facts`."""
+        with self.lock:
+            return (self.snapshot.tables.version, *self.counts.facts())
+
+
+class Lease:
+    """One reserved in-flight slot on an endpoint; `release` gives it back once, however often called
+    (the request path's `finally` and the answer's completion may both reach it)."""
+
+    __slots__ = ("router", "choice", "done")
+
+    def __init__(self, router: Router, choice: Choice):
+        self.router, self.choice, self.done = router, choice, False
+
+    def release(self, service_time: float | None = None, tokens: int | None = None,
+                ttfb: float | None = None) -> None:
+        if not self.done:
+            self.done = True
+            self.router.release(self.choice, service_time, tokens, ttfb)

@@ -1,0 +1,106 @@
+"""The gateway process's slow loops, off the request path: the key table and the usage flush (with the
+console's traffic counts and the saturation events), and the gateway report the control plane waits
+for (docs/lifecycle.md). Each loop never dies: a failure is logged and the next pass retries.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from gateway.config import GatewaySettings
+from gateway.keys.table import KeyTable
+from gateway.keys.usage import UsageRecorder
+from gateway.observe.health import REDIS_ERRORS, RedisHealth
+from gateway.observe.report import Identity, gateway_report, report_ttl
+from gateway.observe.saturation import Episode, SaturationSignals
+from gateway.observe.saturation import step as saturation_step
+from gateway.observe.traffic import KEEP as TRAFFIC_KEEP
+from gateway.observe.traffic import TrafficCounter
+from gateway.routing.queue import WaitQueues
+from gateway.routing.router import Router
+from llmgw.state.clock import Clock
+from llmgw.state.records import GatewayReport
+from llmgw.state.store import Store
+
+log = logging.getLogger("llmgw.gateway")
+
+# At most one model_saturated (model_recovered) event per model in this many seconds, fleet-wide.
+SATURATION_EVENT_EVERY = 5.0
+
+
+class Background:
+    def __init__(self, cfg: GatewaySettings, clock: Clock, store: Store, health: RedisHealth, keys: KeyTable,
+                 usage: UsageRecorder, traffic: TrafficCounter, saturation: SaturationSignals, router: Router,
+                 queues: WaitQueues, identity: Identity):
+        self.cfg, self.clock, self.store, self.health = cfg, clock, store, health
+        self.keys, self.usage, self.traffic, self.saturation = keys, usage, traffic, saturation
+        self.router, self.queues, self.identity = router, queues, identity
+        self.episodes: dict[str, Episode] = {}
+        self.report_due = threading.Event()  # set: write the report now, not at the next tick
+        self.stopping = threading.Event()
+
+    def start(self) -> None:
+        threading.Thread(target=self._slow_loop, name="llmgw-keys-usage", daemon=True).start()
+        threading.Thread(target=self._report_loop, name="llmgw-report", daemon=True).start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.report_due.set()
+
+    def _slow_loop(self) -> None:
+        last_keys = float("-inf")  # the table is read at once: readiness waits for it
+        while not self.stopping.is_set():
+            try:
+                if self.clock.monotonic() - last_keys >= self.cfg.keys_interval or not self.keys.loaded:
+                    last_keys = self.clock.monotonic()
+                    self.keys.refresh()
+                self.usage.flush(self.keys.budget_periods(self.clock.time()))
+                self.flush_traffic()
+            except Exception:  # noqa: BLE001 - the loop never dies
+                log.exception("key/usage refresh failed")
+            self.stopping.wait(self.cfg.usage_flush)
+
+    def flush_traffic(self) -> None:
+        """Add this process's traffic counts to Redis (dropped on failure: they only feed charts), and
+        put a saturation episode's start and end in the event history."""
+        counts = self.traffic.take()
+        if counts:
+            try:
+                self.store.add_traffic(counts, TRAFFIC_KEEP)
+            except REDIS_ERRORS as e:
+                self.health.failed(e)
+        self.episodes, news = saturation_step(self.episodes, self.saturation.take(), self.clock.time())
+        for n in news:
+            self.store.emit_limited(n.kind, n.message, subject=n.model, every=SATURATION_EVENT_EVERY,
+                                    source=f"gateway:{self.identity.id}", model=n.model, queued=n.queued,
+                                    shed=n.shed)
+
+    def _report_loop(self) -> None:
+        """Write this process's GatewayReport every `report_interval`, and at once when a new endpoint
+        list is in use (the acknowledgement the control plane waits for before stopping a replica)."""
+        ttl = report_ttl(self.cfg.report_interval)
+        while not self.stopping.is_set():
+            self.report_due.wait(self.cfg.report_interval)
+            self.report_due.clear()
+            if self.stopping.is_set():
+                return
+            try:
+                self.store.write_gateway_report(self.report(), ttl)
+                self.health.succeeded()
+            except REDIS_ERRORS as e:
+                self.health.failed(e)  # logged once per outage; the next pass retries
+            except Exception:  # noqa: BLE001 - the loop never dies
+                log.exception("gateway report failed")
+
+    def report(self) -> GatewayReport:
+        """This process's report now; queues are by the requested name (aliases have their own)."""
+        canonical = self.router.tables.canonical
+        queued: dict[str, int] = {}
+        for name, n in self.queues.lengths().items():
+            if n:
+                m = canonical.get(name, name)
+                queued[m] = queued.get(m, 0) + n
+        version, inflight, ok_at, fail_at, by_model, last = self.router.report_facts()
+        return gateway_report(self.identity, self.clock.time(), version, self.keys.loaded, inflight, ok_at,
+                              fail_at, by_model, queued, last)
