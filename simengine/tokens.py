@@ -15,7 +15,7 @@ import random
 from typing import Any, Iterator
 
 # Template markers: small integers, below every text token (those are at least 2**8).
-BEGIN, END, REPLY = 1, 2, 3
+BEGIN, END, NEWLINE = 1, 2, 3
 ROLES = {"system": 10, "user": 11, "assistant": 12, "tool": 13, "developer": 14}
 OTHER_ROLE = 19
 
@@ -52,14 +52,15 @@ def content_text(content: Any) -> str:
 
 
 def chat_tokens(messages: list[Any]) -> list[int]:
-    """The prompt a chat request becomes: per message BEGIN, role, BEGIN, its text, END; then the
-    reply header (BEGIN, assistant role). 4 tokens per message plus its text, plus 2."""
+    """The prompt a chat request becomes: per message BEGIN, role, its text, END, NEWLINE (4 tokens
+    plus the text); then the reply header BEGIN, assistant (2), which starts an assistant message of
+    the history the same way, as ChatML's `<|im_start|>assistant` does."""
     out: list[int] = []
     for m in messages:
         if isinstance(m, dict):
             text = tokenize(content_text(m.get("content"))) or tokenize(" ")
-            out += [BEGIN, ROLES.get(str(m.get("role")), OTHER_ROLE), BEGIN, *text, END]
-    return out + [REPLY, ROLES["assistant"]]
+            out += [BEGIN, ROLES.get(str(m.get("role")), OTHER_ROLE), *text, END, NEWLINE]
+    return out + [BEGIN, ROLES["assistant"]]
 
 
 def prompt_tokens(prompt: Any) -> list[int] | None:
