@@ -8,7 +8,7 @@ import threading
 import time
 
 from simengine import multinode
-from simengine.cli import multinode_problems, parser
+from simengine.cli import kv_events, multinode_problems, parser
 from simengine.core import SimConfig
 from simengine.server import ServerOptions, build_server, log
 
@@ -36,7 +36,11 @@ def main(argv: list[str] | None = None) -> int:
         max_tokens_default=args.max_tokens_default, metrics_style=args.metrics_style, seed=args.seed,
         crash_after=args.crash_after, hang_after=args.hang_after, slow_start=args.slow_start, error_rate=args.error_rate,
         log_requests=args.log_requests, api_key=args.api_key, log_headers=args.log_headers,
+        stream_start=args.stream_start, prefix_caching=args.enable_prefix_caching, block_size=args.block_size,
+        slot_similarity=args.slot_prompt_similarity, kv_events=kv_events(args),
     )
+    if opts.kv_events is not None and (opts.metrics_style != "vllm" or not opts.prefix_caching):
+        p.error("KV events come from vLLM's prefix cache: they need --metrics-style vllm and prefix caching on")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     if args.startup_delay and stop.wait(args.startup_delay):
@@ -54,12 +58,28 @@ def main(argv: list[str] | None = None) -> int:
             log(f"cannot listen for members on {args.host}:{args.master_port}: {e.strerror or e}")
             return 1
         log(f"head of {args.nnodes} nodes: members join on port {rendezvous.port}")
+    publisher = None
+    if opts.kv_events is not None:
+        try:
+            from simengine.kvevents import Publisher
+
+            publisher = Publisher(opts.kv_events, opts.block_size, log)
+        except ImportError as e:
+            log(f"KV events need pyzmq and msgpack ({e.name} is missing): pip install pyzmq msgpack")
+            return 1
+        except OSError as e:
+            log(str(e))
+            return 1
+        log(f"publishing KV events on {opts.kv_events.endpoint}"
+            + (f", replay on {opts.kv_events.replay_endpoint}" if opts.kv_events.replay_endpoint else ""))
     try:
-        server, app = build_server(opts)
+        server, app = build_server(opts, publisher.publish if publisher else None)
     except OSError as e:
         log(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}")
         if rendezvous is not None:
             rendezvous.close()
+        if publisher is not None:
+            publisher.close()
         return 1
     app.rendezvous = rendezvous
     app.started = time.monotonic()
@@ -79,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         app.engine.stop()
         server.server_close()
+        if publisher is not None:
+            publisher.close()
         if rendezvous is not None:
             rendezvous.close()
     log("stopped")

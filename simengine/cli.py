@@ -4,7 +4,11 @@ checks a profile's args against them when the catalog is applied). Only ever add
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
+
+from simengine.sse import STREAM_STARTS
+from simengine.kvevents import LAYOUTS, KvEventsConfig, parse_config
 
 
 def _number(text: str, kind=float):
@@ -63,6 +67,27 @@ def _positive(text: str) -> float:
     return v
 
 
+def _kv_events_config(text: str) -> KvEventsConfig:
+    try:
+        return parse_config(text)
+    except (ValueError, TypeError) as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def kv_events(args: argparse.Namespace) -> KvEventsConfig | None:
+    """The KV events configuration the flags ask for (--kv-events-config, then the shorthands over it)."""
+    cfg = args.kv_events_config
+    if args.kv_events_endpoint:
+        cfg = dataclasses.replace(cfg or KvEventsConfig(), enable_kv_cache_events=True, endpoint=args.kv_events_endpoint)
+    if cfg is None:
+        return None
+    for name in ("replay_endpoint", "topic", "layout"):
+        value = getattr(args, "kv_events_" + name)
+        if value is not None:
+            cfg = dataclasses.replace(cfg, **{name: value})
+    return cfg if cfg.enabled else None
+
+
 def parser(exit_on_error: bool = True) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m simengine", exit_on_error=exit_on_error,
                                 description="A simulated OpenAI-compatible LLM engine (vLLM-like metrics).")
@@ -88,7 +113,29 @@ def parser(exit_on_error: bool = True) -> argparse.ArgumentParser:
                    help="seconds after the first completion request arrived when --slow-to takes effect")
     g.add_argument("--max-tokens-default", type=_positive_int, default=16,
                    help="output length when a request sets no max_tokens")
-    g.add_argument("--metrics-style", choices=("vllm", "llamacpp"), default="vllm")
+    g.add_argument("--metrics-style", choices=("vllm", "llamacpp"), default="vllm",
+                   help="the engine it stands for: its /metrics names, its cache (vLLM's prefix cache or "
+                        "llama.cpp's slots) and when a stream's first bytes leave")
+    c = p.add_argument_group("prefix caching and stream timing (see simengine/prefix.py, simengine/slots.py)")
+    c.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                   help="vLLM's automatic prefix caching, or llama.cpp's cache_prompt in its slots (default on)")
+    c.add_argument("--block-size", type=_positive_int, default=16, help="tokens per KV block (vLLM's)")
+    c.add_argument("-sps", "--slot-prompt-similarity", type=_fraction, default=0.1,
+                   help="llama.cpp: a slot whose prompt shares more than this fraction is reused")
+    c.add_argument("--stream-start", choices=STREAM_STARTS, default=None,
+                   help="when a stream's response head and role chunk leave: vllm (head at once, role chunk "
+                        "with the first token), llamacpp (all with the first token), early (head and role chunk "
+                        "at once); default: the --metrics-style engine's")
+    k = p.add_argument_group("KV cache events (vLLM's, over ZMQ; needs pyzmq and msgpack)")
+    k.add_argument("--kv-events-config", type=_kv_events_config, default=None, metavar="JSON",
+                   help='vLLM\'s: {"enable_kv_cache_events": true, "endpoint": "tcp://*:5557", '
+                        '"replay_endpoint": "tcp://*:5558", "topic": "", "buffer_steps": 10000}')
+    k.add_argument("--kv-events-endpoint", default=None, metavar="URL",
+                   help="shorthand: enable KV events on this PUB endpoint (bound when it has *, else connected)")
+    k.add_argument("--kv-events-replay-endpoint", default=None, metavar="URL", help="the replay ROUTER (bound)")
+    k.add_argument("--kv-events-topic", default=None)
+    k.add_argument("--kv-events-layout", choices=LAYOUTS, default=None,
+                   help="map (vLLM's current event layout, default) or array (earlier releases)")
     f = p.add_argument_group("fault injection")
     f.add_argument("--seed", type=int, default=0)
     f.add_argument("--fail-start", action="store_true", help="log a line and exit 1 at start")

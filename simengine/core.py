@@ -2,7 +2,10 @@
 
 It models what makes a real engine's load numbers move: continuous batching of up to `max_seqs`
 running sequences (the rest wait, FIFO), a decode step that gets slower as the batch grows, prefill
-time proportional to the prompt, and a KV-cache budget in tokens. The HTTP server drives it with the
+time proportional to the prompt, and a KV-cache budget in tokens. A request that comes with its
+tokens may find part of its prompt already computed, and skips that part of the prefill: in vLLM's
+prefix cache (simengine.prefix: blocks shared with running sequences within the KV budget) or in
+llama.cpp's slots (simengine.slots: each keeps its last prompt). The HTTP server drives it with the
 real clock (plan a step, sleep its duration, finish it); tests drive it with `simulate()`.
 """
 
@@ -10,6 +13,9 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+
+from simengine.prefix import PrefixCache, chain
+from simengine.slots import Slot, Slots
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,14 @@ class _Seq:
     arrival: float
     generated: int = 0
     prefilled: bool = False
+    tokens: list[int] | None = None  # the prompt's tokens, when known (then caches can match it)
+    output: list[int] | None = None  # the answer's tokens, generated one per step
+    salt: str | None = None
+    cached: int = 0  # prompt tokens found computed at admission (their prefill is skipped)
+    hashes: list[bytes] = field(default_factory=list)  # cached blocks this sequence references
+    caching: bool = True  # false once a block of its chain was cached by another sequence first
+    slot: Slot | None = None
+    private: int = 0  # KV tokens reserved beyond the shared cached blocks it references
 
     @property
     def reserved(self) -> int:
@@ -89,22 +103,35 @@ class Emit:
     done: bool
     ttft: float | None = None
     e2e: float | None = None
+    cached: int | None = None  # on the first token: prompt tokens reused from a cache
 
 
 @dataclass
 class SimCore:
     config: SimConfig
+    prefix: PrefixCache | None = None  # vLLM's prefix cache, or
+    slots: Slots | None = None  # llama.cpp's slots (one of the two at most)
     waiting: deque[_Seq] = field(default_factory=deque)
     running: dict[str, _Seq] = field(default_factory=dict)
     prompt_tokens_total: int = 0
+    prompt_cached_total: int = 0  # of which found computed in a cache
     generation_tokens_total: int = 0
     requests_finished: int = 0
     max_seq_tokens: int = 0  # longest prompt + output seen (llama.cpp's n_tokens_max)
     first_arrival: float | None = None  # when the first request arrived (the slowdown counts from it)
+    last_now: float = 0.0  # the latest step's end (a slot freed by a cancel counts as used then)
+
+    def __post_init__(self) -> None:
+        if self.prefix is not None and self.slots is not None:
+            raise ValueError("an engine models either a prefix cache or slots, not both")
+        if self.slots is not None and self.slots.n != self.config.max_seqs:
+            raise ValueError("llama.cpp runs one sequence per slot: slots must equal max_seqs")
 
     # --- intake -----------------------------------------------------------------------------
-    def submit(self, rid: str, prompt_tokens: int, max_tokens: int, now: float) -> None:
-        """Queue a request. Raises RequestTooLarge if it could never fit the KV budget."""
+    def submit(self, rid: str, prompt_tokens: int, max_tokens: int, now: float, tokens: list[int] | None = None,
+               output: list[int] | None = None, salt: str | None = None) -> None:
+        """Queue a request; `tokens` (its prompt) and `output` (its answer, `max_tokens` long) let the
+        caches match it. Raises RequestTooLarge if it could never fit the KV budget."""
         if max_tokens < 1:
             raise ValueError("max_tokens must be at least 1")
         need = max(1, prompt_tokens) + max_tokens
@@ -113,13 +140,19 @@ class SimCore:
                 f"this request needs {need} tokens of KV cache (prompt {prompt_tokens} + max_tokens "
                 f"{max_tokens}) but the engine holds at most {self.config.kv_tokens}"
             )
+        if tokens is not None and len(tokens) != prompt_tokens:
+            raise ValueError("tokens must hold the prompt's tokens")
+        if output is not None and len(output) != max_tokens:
+            raise ValueError("output must hold max_tokens tokens")
         if self.first_arrival is None:
             self.first_arrival = now
-        self.waiting.append(_Seq(rid, max(1, prompt_tokens), max_tokens, now))
+        self.waiting.append(_Seq(rid, max(1, prompt_tokens), max_tokens, now, tokens=tokens, output=output, salt=salt))
 
     def cancel(self, rid: str) -> None:
         """Forget a request (client went away); frees its slot and KV at once."""
-        self.running.pop(rid, None)
+        seq = self.running.pop(rid, None)
+        if seq is not None:
+            self._leave(seq, self.last_now)
         for s in list(self.waiting):
             if s.rid == rid:
                 self.waiting.remove(s)
@@ -134,44 +167,105 @@ class SimCore:
     def plan_step(self, now: float | None = None) -> Step | None:
         """Admit waiting requests (FIFO, while a slot and KV are free) and plan the next step, which
         starts at `now` (only the slowdown needs it). None when nothing is running."""
-        reserved = sum(s.reserved for s in self.running.values())
         while self.waiting and len(self.running) < self.config.max_seqs:
-            head = self.waiting[0]
-            if reserved + head.reserved > self.config.kv_tokens:
+            if not self._admit(self.waiting[0]):
                 break  # strict FIFO: the head waits for KV, nobody overtakes it
-            self.waiting.popleft()
+            head = self.waiting.popleft()
             self.running[head.rid] = head
-            reserved += head.reserved
         if not self.running:
             return None
         prefill = tuple(s.rid for s in self.running.values() if not s.prefilled)
         stretch = 1.0 / self.config.slow_to if self.slowed(now) else 1.0
         decode = self.config.decode_seconds(len(self.running)) * stretch
-        duration = decode + stretch * sum(self.config.prefill_seconds(self.running[r].prompt_tokens) for r in prefill)
+        duration = decode + stretch * sum(
+            self.config.prefill_seconds(self.running[r].prompt_tokens - self.running[r].cached) for r in prefill)
         return Step(duration=duration, batch=tuple(self.running), prefill=prefill, decode=decode)
+
+    def _used(self) -> int:
+        """KV tokens held for running sequences: their private reservations and the cached blocks
+        they reference (unreferenced cached blocks are free space that still holds content)."""
+        shared = (len(self.prefix.blocks) - len(self.prefix.free)) * self.prefix.block_size if self.prefix else 0
+        return sum(s.private for s in self.running.values()) + shared
+
+    def _admit(self, seq: _Seq) -> bool:
+        """Whether `seq` fits now; if so, look it up in the cache and take its share of the budget."""
+        hits: list[bytes] = []
+        if self.prefix is not None and seq.tokens is not None:
+            bs = self.prefix.block_size
+            hashes = chain(seq.tokens, bs, seq.salt)
+            hits = hashes[:self.prefix.match(hashes, seq.prompt_tokens)]
+            need = seq.reserved - bs * len(hits) + bs * self.prefix.unreferenced(hits)
+        else:
+            need = seq.reserved
+        if self._used() + need > self.config.kv_tokens:
+            return False
+        seq.private = seq.reserved
+        if self.prefix is not None and seq.tokens is not None:
+            self.prefix.record(seq.prompt_tokens, len(hits))
+            self.prefix.acquire(hits)
+            seq.hashes, seq.cached = hits, len(hits) * self.prefix.block_size
+            seq.private -= seq.cached
+            self.prefix.fit(self.config.kv_tokens - sum(s.private for s in self.running.values()) - seq.private)
+        elif self.slots is not None and seq.tokens is not None:
+            slot = self.slots.choose(seq.tokens)
+            if slot is None:
+                return False
+            seq.slot, seq.cached = slot, self.slots.take(slot, seq.tokens)
+        return True
+
+    def _cache_blocks(self, seq: _Seq) -> None:
+        """Cache the full blocks of what `seq` has computed (its prompt, then its answer so far)."""
+        assert self.prefix is not None and seq.tokens is not None
+        bs = self.prefix.block_size
+        done = seq.prompt_tokens + max(0, seq.generated - 1)  # the newest token has no KV yet
+        if not seq.caching or done // bs <= len(seq.hashes):
+            return
+        computed = seq.tokens + (seq.output or [])[:max(0, seq.generated - 1)]
+        start = seq.hashes[-1] if seq.hashes else None
+        new = chain(computed[:done], bs, seq.salt, start=start, first=len(seq.hashes))
+        first = len(seq.hashes) * bs
+        added = self.prefix.insert(new, start, computed[first:first + len(new) * bs], seq.salt)
+        seq.hashes += added
+        seq.private -= len(added) * bs
+        if len(added) < len(new):
+            seq.caching = False
+
+    def _leave(self, seq: _Seq, now: float) -> None:
+        if self.prefix is not None:
+            self.prefix.release(seq.hashes)
+            seq.hashes = []
+        if self.slots is not None and seq.slot is not None:
+            self.slots.release(seq.slot, now)
 
     def finish_step(self, step: Step, now: float) -> list[Emit]:
         """Apply a planned step at time `now`: one token for each sequence still running."""
+        self.last_now = now
         emits = []
         for rid in step.batch:
             seq = self.running.get(rid)
             if seq is None:  # cancelled during the step
                 continue
-            ttft = None
+            ttft = cached = None
             if not seq.prefilled:
                 seq.prefilled = True
                 self.prompt_tokens_total += seq.prompt_tokens
-                ttft = now - seq.arrival
+                self.prompt_cached_total += seq.cached
+                ttft, cached = now - seq.arrival, seq.cached
             seq.generated += 1
             self.generation_tokens_total += 1
             self.max_seq_tokens = max(self.max_seq_tokens, seq.prompt_tokens + seq.generated)
+            if self.prefix is not None and seq.tokens is not None:
+                self._cache_blocks(seq)
+            if seq.slot is not None and seq.output is not None:
+                self.slots.grow(seq.slot, seq.output[seq.generated - 1])  # type: ignore[union-attr]
             done = seq.generated >= seq.max_tokens
             e2e = None
             if done:
                 del self.running[rid]
+                self._leave(seq, now)
                 self.requests_finished += 1
                 e2e = now - seq.arrival
-            emits.append(Emit(rid, seq.generated - 1, done, ttft, e2e))
+            emits.append(Emit(rid, seq.generated - 1, done, ttft, e2e, cached))
         return emits
 
     # --- what /metrics shows -------------------------------------------------------------------

@@ -66,6 +66,9 @@ class Snapshot:
     busy_seconds_decode: float = 0.0
     n_decode_total: int = 0
     max_seq_tokens: int = 0
+    prompt_cached_total: int = 0  # prompt tokens found computed (a prefix-cache hit, a slot's reuse)
+    prefix_queries: int = 0  # vLLM's prefix cache: prompt tokens looked up, and found
+    prefix_hits: int = 0
 
 
 class _VllmCollector:
@@ -86,6 +89,14 @@ class _VllmCollector:
         yield g
         c = CounterMetricFamily("vllm:prompt_tokens", "Number of prefill tokens processed.", labels=labels)
         c.add_metric(lv, s.prompt_tokens_total, created=s.started)
+        yield c
+        c = CounterMetricFamily("vllm:prefix_cache_queries",
+                                "Prefix cache queries, in terms of number of queried tokens.", labels=labels)
+        c.add_metric(lv, s.prefix_queries, created=s.started)
+        yield c
+        c = CounterMetricFamily("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
+                                labels=labels)
+        c.add_metric(lv, s.prefix_hits, created=s.started)
         yield c
         c = CounterMetricFamily("vllm:generation_tokens", "Number of generation tokens processed.", labels=labels)
         c.add_metric(lv, s.generation_tokens_total, created=s.started)
@@ -116,12 +127,13 @@ def _num(v: float) -> str:
 
 def render_llamacpp(snap: Snapshot) -> str:
     """The text llama-server (0.6.0-dev, 2025) writes: counters, then gauges, HELP/TYPE for each."""
-    prompt_tps = snap.prompt_tokens_total / snap.busy_seconds_prompt if snap.busy_seconds_prompt else 0.0
+    processed = snap.prompt_tokens_total - snap.prompt_cached_total
+    prompt_tps = processed / snap.busy_seconds_prompt if snap.busy_seconds_prompt else 0.0
     gen_tps = snap.generation_tokens_total / snap.busy_seconds_decode if snap.busy_seconds_decode else 0.0
     busy_per_decode = snap.generation_tokens_total / snap.n_decode_total if snap.n_decode_total else 0.0
     counters = [
-        ("prompt_tokens_total", "Number of prompt tokens processed, excluding cached tokens", snap.prompt_tokens_total),
-        ("prompt_tokens_cached_total", "Number of prompt tokens reused from the cache", 0),
+        ("prompt_tokens_total", "Number of prompt tokens processed, excluding cached tokens", processed),
+        ("prompt_tokens_cached_total", "Number of prompt tokens reused from the cache", snap.prompt_cached_total),
         ("prompt_seconds_total", "Total time spent processing prompts", snap.busy_seconds_prompt),
         ("tokens_predicted_total", "Number of generation tokens processed", snap.generation_tokens_total),
         ("tokens_predicted_seconds_total", "Total time spent generating tokens", snap.busy_seconds_decode),

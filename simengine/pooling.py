@@ -1,10 +1,6 @@
-"""The simulated engine's answers that generate nothing: rerank, score, (de)tokenize, transcription.
-Pure, in vLLM's shapes.
-
-Tokens are the text's UTF-8 bytes four at a time (so a count matches the server's estimate of one
-token per four characters of ASCII text), each as an integer that `detokenize` turns back into the
-same bytes. Relevance is the share of the query's words a document holds: deterministic, and higher
-for the document that repeats the query.
+"""The simulated engine's answers that generate nothing: rerank, score, transcription. Pure, in
+vLLM's shapes; token counts are simengine.tokens'. Relevance is the share of the query's words a
+document holds: deterministic, and higher for the document that repeats the query.
 """
 
 from __future__ import annotations
@@ -15,21 +11,10 @@ import re
 import uuid
 from typing import Any
 
+from simengine.tokens import tokenize
+
 TRANSCRIPT = "the simulated engine heard this audio"
 _WORD = re.compile(r"\w+")
-
-
-def tokenize(text: str) -> list[int]:
-    raw = text.encode()
-    return [int.from_bytes(b"\x01" + raw[i:i + 4], "big") for i in range(0, len(raw), 4)]
-
-
-def detokenize(tokens: list[int]) -> str:
-    out = b""
-    for t in tokens:
-        piece = t.to_bytes(max(1, (t.bit_length() + 7) // 8), "big")
-        out += piece[1:] if piece[:1] == b"\x01" else piece
-    return out.decode(errors="replace")
 
 
 def relevance(query: str, document: str) -> float:

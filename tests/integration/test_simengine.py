@@ -304,3 +304,54 @@ def test_api_key_from_the_environment(procs):
     wait_until(lambda: requests.get(url + "/health", timeout=1).status_code == 200, 15, what="sim /health 200")
     assert requests.get(url + "/v1/models", timeout=5).status_code == 401
     assert requests.get(url + "/v1/models", headers={"Authorization": "Bearer from-env"}, timeout=5).status_code == 200
+
+
+# --- what each engine's personality does ----------------------------------------------------------
+
+
+def _held_stream(url):
+    """A stream sent while the only slot is busy: (seconds to its head, to its first content token)."""
+    t0 = time.monotonic()
+    with requests.post(url + "/v1/chat/completions", stream=True, timeout=20, json={
+            "model": "sim-model", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "stream": True}) as r:
+        head = time.monotonic() - t0
+        for line in r.iter_lines():
+            if b'"content": "' in line and b'"content": ""' not in line:
+                return head, time.monotonic() - t0
+    raise AssertionError("no content token")
+
+
+@pytest.mark.parametrize("style", ["vllm", "llamacpp"])
+def test_stream_head_leaves_when_the_engine_it_stands_for_sends_it(procs, style):
+    _, url = start(procs, "--max-seqs", "1", "--step-ms", "20", "--metrics-style", style)
+    busy = threading.Thread(target=lambda: client(url).chat.completions.create(
+        model="sim-model", messages=[{"role": "user", "content": "x"}], max_tokens=40))
+    busy.start()  # holds the only slot for ~0.8 s
+    try:
+        wait_until(lambda: load(url, Profile(name="s", engine="sim", args=["--metrics-style", style])).running == 1,
+                   5, interval=0.01, what="the slot taken")
+        head, first = _held_stream(url)
+    finally:
+        busy.join(30)
+    assert first > 0.4  # it waited for the slot
+    if style == "vllm":
+        assert head < first / 2  # vLLM answers its head before the engine has the request
+    else:
+        assert head > 0.4  # llama-server writes nothing until its first token
+
+
+def test_llamacpp_answers_report_the_prompt_their_slot_kept(procs):
+    _, url = start(procs, "--metrics-style", "llamacpp", "--max-seqs", "2", "--step-ms", "1")
+    system = {"role": "system", "content": "a long shared system prompt " * 20}
+    first = requests.post(url + "/v1/chat/completions", timeout=10, json={
+        "model": "sim-model", "messages": [system, {"role": "user", "content": "hi"}], "max_tokens": 5}).json()
+    assert first["timings"]["cache_n"] == 0 and first["timings"]["prompt_n"] == first["usage"]["prompt_tokens"]
+    history = [system, {"role": "user", "content": "hi"}, first["choices"][0]["message"],
+               {"role": "user", "content": "and then?"}]
+    second = requests.post(url + "/v1/chat/completions", timeout=10, json={
+        "model": "sim-model", "messages": history, "max_tokens": 5}).json()
+    kept = first["usage"]["prompt_tokens"] + 5 - 1  # its prompt and answer, all but the answer's last token
+    assert second["timings"]["cache_n"] >= kept - 1 and second["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    text = requests.get(url + "/metrics", timeout=2).text
+    cached = float(text.split("\nllamacpp:prompt_tokens_cached_total ")[1].split()[0])
+    assert cached == second["timings"]["cache_n"]

@@ -1,0 +1,297 @@
+"""Conversations with shared system prompts on engines with a prefix cache: llmgw against the
+cache-aware peers, same run, side by side.
+
+    python bench/prefix.py [--quick] [--routers llmgw,nginx,vllm-cache,smg] [--conversations 80]
+                           [--rate 2.0] [--mix 0.2] [--uneven] [--seed 1]
+
+The traffic: conversations of 3-8 turns, each over one of 24 system prompts of hundreds to thousands
+of tokens; a conversation's next turn resends its whole history (the answers as received) after a
+think time, and conversations start open loop (Poisson, `--rate` a second); `--mix` of the requests
+are one-shot prompts that share nothing. All streamed. The fleet: 4 identical simulated engines in
+vLLM's personality (`python -m simengine`: prefix cache of 16-token blocks within a KV budget shared
+with running sequences, `vllm:prefix_cache_*` counters, head at once and role chunk with the first
+token), or with `--uneven` speeds 2, 1, 1 and 0.5. Routers, each in front of freshly started engines
+(cold caches, same traffic): llmgw's gateway as bench/routing.py starts it (redis, a static endpoint
+list, the agent's scraper), nginx `least_conn`, vLLM's router `--policy cache_aware` and SGLang's
+`smg launch --policy cache_aware` (pip extra `bench`), each when installed.
+
+Printed per router: time to the first content token p50/p90/p99, end to end p50/p99, errors, the
+fleet's prompt-token hit ratio from the engines' own counters (Δhits / Δqueries), and each engine's
+share of the requests. The default run takes a few minutes; `--quick` is a smoke test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import re
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, ROOT / "bench")]
+
+from bench.fleetsim import Engine, Fleet  # noqa: E402
+from bench.routing import CHAT, CLIENT_TIMEOUT, Router, RunningFleet, nginx_binary, pct  # noqa: E402
+from simengine.core import SimConfig  # noqa: E402
+from tests.support.cluster import Cluster  # noqa: E402
+from tests.support.procs import bin_path, free_port, wait_until  # noqa: E402
+
+ROUTERS = ("llmgw", "nginx", "vllm-cache", "smg")
+TOPICS = ("billing", "shipping", "returns", "accounts", "security", "pricing", "support", "legal", "travel",
+          "health", "energy", "banking", "retail", "media", "games", "school", "farming", "housing", "transit",
+          "insurance", "telecom", "payroll", "hiring", "weather")
+FILLER = ("policy", "customer", "request", "answer", "always", "never", "polite", "precise", "context", "detail",
+          "example", "refund", "account", "order", "number", "agent", "support", "escalate", "summary", "tone")
+
+
+def engines(uneven: bool) -> tuple[Engine, ...]:
+    """Four engines with a prefix cache; KV for a few dozen conversations each, so the cache evicts."""
+    speeds = (2.0, 1.0, 1.0, 0.5) if uneven else (1.0, 1.0, 1.0, 1.0)
+    return tuple(Engine(f"e{i}", SimConfig(max_seqs=8, kv_tokens=24576, step_ms=20.0, batch_alpha=0.08,
+                                           prefill_ms_per_token=0.25, speed=s), capacity=8)
+                 for i, s in enumerate(speeds))
+
+
+# --- the traffic ------------------------------------------------------------------------------------
+def words(rng: random.Random, tokens: int) -> str:
+    """Text of about `tokens` of the sim's tokens (four bytes each)."""
+    out, n = [], 0
+    while n < 4 * tokens:
+        w = rng.choice(FILLER)
+        out.append(w)
+        n += len(w) + 1
+    return " ".join(out)
+
+
+def system_prompts(seed: int, n: int = 24) -> list[str]:
+    rng = random.Random(seed)
+    return [f"You are the {TOPICS[i % len(TOPICS)]} assistant number {i}. " + words(rng, rng.randint(300, 2500))
+            for i in range(n)]
+
+
+@dataclass
+class Conversation:
+    start: float
+    system: str
+    turns: int
+    one_shot: bool = False
+    user: list[str] = field(default_factory=list)
+    max_tokens: list[int] = field(default_factory=list)
+    think: list[float] = field(default_factory=list)
+
+
+def workload(n: int, rate: float, mix: float, seed: int) -> list[Conversation]:
+    """`n` conversations starting as a Poisson process at `rate`, and one-shot requests making up
+    `mix` of all requests, at random times over the same span."""
+    rng, prompts = random.Random(seed), system_prompts(seed)
+    out, t = [], 0.0
+    for _ in range(n):
+        t += rng.expovariate(rate)
+        turns = rng.randint(3, 8)
+        out.append(Conversation(t, rng.choice(prompts), turns, user=[words(rng, rng.randint(10, 60)) for _ in range(turns)],
+                                max_tokens=[rng.randint(16, 64) for _ in range(turns)],
+                                think=[rng.uniform(0.3, 1.5) for _ in range(turns)]))
+    requests = sum(c.turns for c in out)
+    for _ in range(int(requests * mix / max(1e-9, 1 - mix))):
+        out.append(Conversation(rng.uniform(0, t), words(rng, rng.randint(100, 1500)), 1, one_shot=True,
+                                user=[words(rng, rng.randint(10, 60))], max_tokens=[rng.randint(16, 64)], think=[0.0]))
+    return sorted(out, key=lambda c: c.start)
+
+
+# --- the client -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Result:
+    status: int
+    ttft: float | None
+    latency: float
+    server: str
+    text: str
+
+
+_CONTENT = re.compile(r'"(?:content|text)": ?"(?!")')
+
+
+async def chat(host: str, port: int, body: dict, timeout: float) -> Result:
+    """One streamed chat request; the answer's text, time to its first content token, its engine."""
+    start = time.monotonic()
+    status, ttft, server, text = 0, None, "", []
+    writer = None
+    try:
+        async with asyncio.timeout(timeout):
+            reader, writer = await asyncio.open_connection(host, port)
+            raw = json.dumps(body).encode()
+            writer.write(b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+                         b"Connection: close\r\n\r\n%s" % (CHAT.encode(), host.encode(), len(raw), raw))
+            status = int((await reader.readuntil(b"\r\n\r\n")).split(b" ", 2)[1])
+            buf = b""
+            while chunk := await reader.read(65536):
+                buf += chunk
+                *lines, buf = buf.split(b"\n")
+                for line in lines:
+                    if not line.startswith(b"data: {"):
+                        continue
+                    event = json.loads(line[6:])
+                    server = server or event.get("system_fingerprint") or ""
+                    for choice in event.get("choices") or []:
+                        piece = (choice.get("delta") or {}).get("content") or ""
+                        if piece and ttft is None:
+                            ttft = time.monotonic() - start
+                        text.append(piece)
+    except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError, IndexError):
+        status = 0 if status == 200 else status
+    finally:
+        if writer is not None:
+            writer.close()
+    return Result(status, ttft, time.monotonic() - start, server, "".join(text))
+
+
+def run_traffic(url: str, convs: list[Conversation]) -> list[Result]:
+    host, port = url.split("//", 1)[1].split(":")
+
+    async def conversation(t0: float, c: Conversation, out: list[Result]) -> None:
+        await asyncio.sleep(max(0.0, t0 + c.start - time.monotonic()))
+        messages = [{"role": "system", "content": c.system}]
+        for i in range(c.turns):
+            messages.append({"role": "user", "content": c.user[i]})
+            r = await chat(host, int(port), {"model": "m", "stream": True, "max_tokens": c.max_tokens[i],
+                                             "messages": messages}, CLIENT_TIMEOUT)
+            out.append(r)
+            if r.status != 200:
+                return  # a conversation whose turn failed ends there
+            messages = messages + [{"role": "assistant", "content": r.text}]
+            await asyncio.sleep(c.think[i])
+
+    async def main() -> list[Result]:
+        out: list[Result] = []
+        t0 = time.monotonic()
+        await asyncio.gather(*(conversation(t0, c, out) for c in convs))
+        return out
+
+    return asyncio.run(main())
+
+
+# --- the peers this benchmark adds ------------------------------------------------------------------
+class Smg:
+    """SGLang's gateway (`smg launch`) with its cache-aware policy in front of the engines."""
+
+    def __init__(self, cluster: Cluster, fleet: RunningFleet):
+        import requests
+
+        self.cluster, self.port = cluster, free_port()
+        self.url, self.name = f"http://127.0.0.1:{self.port}", f"router-smg-{self.port}"
+        cluster.procs.start(self.name, [smg_binary(), "launch", "--host", "127.0.0.1", "--port", str(self.port),
+                                        "--worker-urls", *fleet.urls.values(), "--policy", "cache_aware"])
+        wait_until(lambda: requests.get(self.url + "/v1/models", timeout=1).status_code == 200, 60, what="smg")
+
+    def stop(self) -> None:
+        self.cluster.procs.get(self.name).stop()
+
+
+def smg_binary() -> str | None:
+    return shutil.which(bin_path("smg")) or shutil.which("smg")
+
+
+def counters(urls: dict[str, str]) -> dict[str, tuple[float, float]]:
+    """Each engine's (prefix_cache_hits, prefix_cache_queries) from its /metrics."""
+    import requests
+
+    out = {}
+    for name, u in urls.items():
+        text = requests.get(u + "/metrics", timeout=5).text
+        got = {m.group(1): float(m.group(2)) for m in
+               re.finditer(r"^vllm:prefix_cache_(hits|queries)_total\{[^}]*\} (\S+)$", text, re.M)}
+        out[name] = (got.get("hits", 0.0), got.get("queries", 0.0))
+    return out
+
+
+# --- one router, and the table ----------------------------------------------------------------------
+@dataclass
+class Row:
+    router: str
+    results: list[Result]
+    shares: dict[str, int]
+    hit_ratio: float
+
+    def line(self) -> str:
+        ok = [r for r in self.results if r.status == 200]
+        ttft, lat = [r.ttft for r in ok if r.ttft is not None], [r.latency for r in ok]
+        share = "/".join(str(v) for v in self.shares.values())
+        return (f"  {self.router:11} {pct(ttft, .5):7.3f} {pct(ttft, .9):7.3f} {pct(ttft, .99):7.3f} "
+                f"{pct(lat, .5):7.2f} {pct(lat, .99):7.2f} {len(self.results) - len(ok):5}/{len(self.results):<5} "
+                f"{100 * self.hit_ratio:5.1f}%  {share}")
+
+
+def run_router(kind: str, cluster: Cluster, fleet: Fleet, convs: list[Conversation], workdir: Path) -> Row:
+    rf = RunningFleet(cluster, fleet, f"prefix-{kind}")
+    router = None
+    try:
+        router = Smg(cluster, rf) if kind == "smg" else Router(kind, cluster, rf, workdir, None)
+        before = counters(rf.urls)
+        results = run_traffic(router.url, convs)
+        after = counters(rf.urls)
+        hits = sum(after[n][0] - before[n][0] for n in after)
+        queries = sum(after[n][1] - before[n][1] for n in after)
+        shares = {n: 0 for n in rf.names}
+        for r in results:
+            if r.status == 200:
+                n = rf.engine_of(r.server)
+                shares[n] = shares.get(n, 0) + 1
+        return Row(kind, results, shares, hits / queries if queries else 0.0)
+    finally:
+        if router is not None:
+            router.stop()
+        rf.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--routers", default=",".join(ROUTERS), help=f"subset of {', '.join(ROUTERS)}")
+    ap.add_argument("--conversations", type=int, default=None, help="default 80, --quick 8")
+    ap.add_argument("--rate", type=float, default=2.0, help="conversations started per second")
+    ap.add_argument("--mix", type=float, default=0.2, help="share of one-shot requests, 0 to below 1")
+    ap.add_argument("--uneven", action="store_true", help="engine speeds 2, 1, 1, 0.5 instead of four equal ones")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--quick", action="store_true", help="a smoke test: 8 conversations")
+    a = ap.parse_args(argv)
+    unknown = [r for r in a.routers.split(",") if r not in ROUTERS]
+    if unknown:
+        ap.error(f"unknown router(s) {', '.join(unknown)}; choose from {', '.join(ROUTERS)}")
+    if not 0 <= a.mix < 1 or a.rate <= 0:
+        ap.error("--mix must be in [0, 1) and --rate positive")
+    n = a.conversations or (8 if a.quick else 80)
+    routers = a.routers.split(",")
+    missing = {"nginx": nginx_binary() is None, "vllm-cache": not shutil.which(bin_path("vllm-router")),
+               "smg": smg_binary() is None}
+    for r in [r for r in routers if missing.get(r)]:
+        print(f"{r} not found (nginx: apt-get install nginx; the others: pip install -e '.[bench]'): left out")
+        routers.remove(r)
+    fleet = Fleet("prefix-uneven" if a.uneven else "prefix", engines(a.uneven))
+    convs = workload(n, a.rate, a.mix, a.seed)
+    requests_n = sum(c.turns for c in convs)
+    print(f"{n} conversations + {sum(c.one_shot for c in convs)} one-shot requests ({requests_n} requests), "
+          f"{len(fleet.engines)} engines, speeds {[e.sim.speed for e in fleet.engines]}")
+    print(f"  {'router':11} {'ttft50':>7} {'ttft90':>7} {'ttft99':>7} {'e2e50':>7} {'e2e99':>7} {'err/n':>11} "
+          f"{'hits':>6}  served ({'/'.join(e.name for e in fleet.engines)})", flush=True)
+    workdir = Path(tempfile.mkdtemp(prefix="llmgw-bench-prefix-"))
+    cluster = Cluster(workdir)
+    started = time.monotonic()
+    try:
+        cluster.start_redis()
+        for kind in routers:
+            print(run_router(kind, cluster, fleet, convs, workdir).line(), flush=True)
+        print(f"\n{len(routers)} routers in {time.monotonic() - started:.0f} s")
+    finally:
+        cluster.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
