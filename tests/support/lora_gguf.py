@@ -2,7 +2,7 @@
 
 `write_lora(path, base, seed=...)` reads the base model's architecture and tensor shapes and writes
 an adapter llama.cpp loads (`src/llama-adapter.cpp`): `general.type = adapter`, `adapter.type = lora`,
-`adapter.lora.alpha`, the base's `general.architecture`, and for each targeted weight `W` (ggml shape
+`adapter.lora.alpha`, the base's `general.architecture` (read from the base's header), and for each targeted weight `W` (ggml shape
 `[n_in, n_out]`) a pair `W.lora_a` of ggml shape `[n_in, rank]` and `W.lora_b` of `[rank, n_out]`, in
 F32. The weights are seeded normal noise, large enough to change a greedy answer, so two seeds give
 two adapters a test can tell apart. `smollm2_base()` finds the SmolLM2 GGUF the way llmgw does.
@@ -10,6 +10,7 @@ two adapters a test can tell apart. `smollm2_base()` finds the SmolLM2 GGUF the 
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -28,11 +29,61 @@ def smollm2_base() -> Path:
     return Path(LlamaCppAdapter().model_file(DEFAULT_MODEL))
 
 
+# GGUF value types of fixed size (gguf.GGUFValueType): bytes per value. 8 is a string, 9 an array.
+_FIXED = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+
+
 def _base_shapes(base: Path) -> tuple[str, dict[str, tuple[int, int]]]:
-    """The base model's architecture and the ggml shape `(n_in, n_out)` of each 2-D weight."""
-    reader = gguf.GGUFReader(str(base))
-    arch = reader.fields["general.architecture"].contents()
-    shapes = {t.name: (int(t.shape[0]), int(t.shape[1])) for t in reader.tensors if len(t.shape) == 2}
+    """The base model's architecture and the ggml shape `(n_in, n_out)` of each 2-D weight, from the
+    GGUF header alone (gguf.GGUFReader parses every vocabulary entry and takes tens of seconds)."""
+    with open(base, "rb") as f:
+        data = f.read(64 << 20)  # the header, vocabulary included, is far smaller
+    pos = 0
+
+    def take(fmt: str):
+        nonlocal pos
+        value = struct.unpack_from("<" + fmt, data, pos)
+        pos += struct.calcsize("<" + fmt)
+        return value[0]
+
+    def string() -> str:
+        nonlocal pos
+        n = take("Q")
+        pos += n
+        return data[pos - n:pos].decode()
+
+    def skip(kind: int) -> None:
+        nonlocal pos
+        if kind == 8:
+            string()
+        elif kind == 9:
+            inner, count = take("I"), take("Q")
+            if inner in _FIXED:
+                pos += _FIXED[inner] * count
+            else:
+                for _ in range(count):
+                    skip(inner)
+        else:
+            pos += _FIXED[kind]
+
+    if data[:4] != b"GGUF":
+        raise ValueError(f"{base} is not a GGUF file")
+    pos = 8
+    n_tensors, n_kv = take("Q"), take("Q")
+    arch = ""
+    for _ in range(n_kv):
+        key, kind = string(), take("I")
+        if key == "general.architecture" and kind == 8:
+            arch = string()
+        else:
+            skip(kind)
+    shapes = {}
+    for _ in range(n_tensors):
+        name = string()
+        dims = [take("Q") for _ in range(take("I"))]
+        pos += 4 + 8  # type, offset
+        if len(dims) == 2:
+            shapes[name] = (dims[0], dims[1])
     return arch, shapes
 
 

@@ -183,3 +183,4 @@ def test_a_request_selects_its_adapter_by_id_every_other_at_zero():
 def test_llamacpp_loads_adapters_only_at_launch():
     a = get_engine("llamacpp")
     assert a.adapters_at_launch and a.adapter_load_call("x", "/x.gguf") is None and a.adapter_unload_call("x") is None
+
