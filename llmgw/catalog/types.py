@@ -284,59 +284,15 @@ class Profile(_Strict):
         return self.gpu.count * self.nodes if self.gpu else 0
 
 
-class Adapter(_Strict):
-    """A LoRA adapter on its model's weights, served under its own name by the model's profiles
-    that have `lora:` (or the ones it names in `profiles`). `replicas` is how many replicas hold it
-    at least (`all`: every replica of those profiles); busier adapters get more. `scale` is what a
-    llama.cpp replica applies it at."""
+class _Served(_Strict):
+    """Something clients name as `model`: a name and more names (aliases) for it."""
 
     name: str = Field(min_length=1)
     aliases: list[str] = Field(default_factory=list)
-    source: str = Field(min_length=1)
-    rank: SInt = Field(ge=1)
-    replicas: SInt | Literal["all"] = 1
-    profiles: list[str] = Field(default_factory=list)  # empty: every profile of the model with `lora:`
-    scale: SFloat = Field(default=1.0, allow_inf_nan=False)
 
     @field_validator("name")
     @classmethod
-    def _adapter_name(cls, v: str) -> str:
-        return _check_served_name(v)
-
-    @field_validator("aliases")
-    @classmethod
-    def _adapter_aliases(cls, v: list[str]) -> list[str]:
-        for a in v:
-            _check_served_name(a)
-        return v
-
-    @field_validator("replicas", mode="before")
-    @classmethod
-    def _count_or_all(cls, v: Any) -> Any:
-        if v == "all" or (type(v) is int and v >= 0):
-            return v
-        raise ValueError("must be a whole number >= 0 or `all` (every replica of the profiles that serve it)")
-
-    @property
-    def names(self) -> list[str]:
-        return [self.name, *self.aliases]
-
-    @property
-    def pinned(self) -> bool:
-        """Held by every replica of the profiles that serve it."""
-        return self.replicas == "all"
-
-
-class Model(_Strict):
-    name: str = Field(min_length=1)
-    aliases: list[str] = Field(default_factory=list)
-    source: str = ""
-    profiles: list[Profile] = Field(default_factory=list)
-    adapters: list[Adapter] = Field(default_factory=list)
-
-    @field_validator("name")
-    @classmethod
-    def _model_name(cls, v: str) -> str:
+    def _served_name(cls, v: str) -> str:
         return _check_served_name(v)
 
     @field_validator("aliases")
@@ -349,6 +305,37 @@ class Model(_Strict):
     @property
     def names(self) -> list[str]:
         return [self.name, *self.aliases]
+
+
+class Adapter(_Served):
+    """A LoRA adapter on its model's weights, served under its own name by the model's profiles
+    that have `lora:` (or the ones it names in `profiles`). `replicas` is how many replicas hold it
+    at least (`all`: every replica of those profiles); busier adapters get more. `scale` is what a
+    llama.cpp replica applies it at."""
+
+    source: str = Field(min_length=1)
+    rank: SInt = Field(ge=1)
+    replicas: SInt | Literal["all"] = 1
+    profiles: list[str] = Field(default_factory=list)  # empty: every profile of the model with `lora:`
+    scale: SFloat = Field(default=1.0, allow_inf_nan=False)
+
+    @field_validator("replicas", mode="before")
+    @classmethod
+    def _count_or_all(cls, v: Any) -> Any:
+        if v == "all" or (type(v) is int and v >= 0):
+            return v
+        raise ValueError("must be a whole number >= 0 or `all` (every replica of the profiles that serve it)")
+
+    @property
+    def pinned(self) -> bool:
+        """Held by every replica of the profiles that serve it."""
+        return self.replicas == "all"
+
+
+class Model(_Served):
+    source: str = ""
+    profiles: list[Profile] = Field(default_factory=list)
+    adapters: list[Adapter] = Field(default_factory=list)
 
     def profile(self, name: str) -> Profile | None:
         return next((p for p in self.profiles if p.name == name), None)

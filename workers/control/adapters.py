@@ -5,7 +5,7 @@ the actions that get there (`LoadAdapter`, `UnloadAdapter` on engines that load 
 `RelaunchWithAdapters` on those whose adapters are part of the launch), and the adapters it could not
 place as many times as wanted, with why.
 
-Rules (docs/control-plane.md): an adapter with `replicas: all` goes on every replica that serves it,
+Rules (docs/catalog.md#adapters-lora): an adapter with `replicas: all` goes on every replica that serves it,
 before anything else; one with `replicas: N` on N of them, spread over nodes first; with demand
 known, each adapter's target is its share of all adapter slots by requests per second (at least one
 replica while it is requested), so busier adapters get more replicas. A replica never holds more
