@@ -4,8 +4,8 @@ Other packages import the public names from here (`from llmgw.catalog import Cat
 The types are imported at once; every other name on first use (PEP 562). That is not a cycle between
 modules but how Python imports packages: the engine adapters import `llmgw.catalog.types`, which runs
 this file first, and validation imports the adapters, so importing `validate` here eagerly would import
-the adapters in the middle of their own import. The layering (types < engines < validate < load, diff,
-store < watch) is declared in pyproject.toml and checked by import-linter.
+the adapters in the middle of their own import. The layering (types < engines < lora < validate < load,
+diff, store < watch) is declared in pyproject.toml and checked by import-linter.
 """
 
 from __future__ import annotations
@@ -19,8 +19,10 @@ from llmgw.catalog.types import (
     EXTERNAL_FIELDS,
     LAUNCH_FIELDS,
     SERVER_KINDS,
+    Adapter,
     Catalog,
     GPURequest,
+    LoraSlots,
     MetricMapping,
     Model,
     Profile,
@@ -45,7 +47,7 @@ _LAZY = {
     "sync_from_file": "watch",
 }
 
-__all__ = ["DRAIN_TIMEOUT", "ENGINE_DEFAULTS", "ENGINE_NAMES", "EXTERNAL_FIELDS", "LAUNCH_FIELDS", "SERVER_KINDS", "Catalog", "GPURequest", "MetricMapping", "Model", "Profile",
+__all__ = ["DRAIN_TIMEOUT", "ENGINE_DEFAULTS", "ENGINE_NAMES", "EXTERNAL_FIELDS", "LAUNCH_FIELDS", "SERVER_KINDS", "Adapter", "Catalog", "GPURequest", "LoraSlots", "MetricMapping", "Model", "Profile",
            "profile_spec_hash", *_LAZY]
 
 

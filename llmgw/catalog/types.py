@@ -1,7 +1,7 @@
 """The catalog's types: what operators write (YAML), as frozen, fully resolved pydantic models.
 
 This is the contract every part reads: `Catalog` > `Model` > `Profile` (> `GPURequest`,
-`MetricMapping`). Field-level rules (names, numbers, labels) live on the models; the rules across
+`MetricMapping`, `LoraSlots`) and `Model` > `Adapter` (a LoRA adapter on the model's weights). Field-level rules (names, numbers, labels) live on the models; the rules across
 fields and the engines' own refusals are in `llmgw.catalog.validate`, which builds these types.
 `profile_spec_hash` says which changes roll a profile's replicas.
 """
@@ -145,6 +145,24 @@ class Autoscale(_Strict):
         return data
 
 
+# vLLM's `--max-lora-rank` default; the engines state which values they take (llmgw.engines).
+MAX_LORA_RANK = 16
+# Engines whose replica loads its adapters at launch (llama.cpp's --lora-scaled): a change of the
+# adapters a profile serves restarts its replicas. The others load and unload them at run time.
+ADAPTERS_AT_LAUNCH = frozenset({"llamacpp"})
+
+
+class LoraSlots(_Strict):
+    """`lora:` of a profile: its replicas serve LoRA adapters. `max_loras` is how many one replica
+    holds at once (vLLM: adapters in one batch, its GPU slots; llama.cpp: adapters it is launched
+    with); `max_lora_rank` the largest rank it takes; `max_cpu_loras` (vLLM only) how many it keeps
+    in CPU memory, ready to swap in."""
+
+    max_loras: SInt = Field(default=1, ge=1)
+    max_lora_rank: SInt = Field(default=MAX_LORA_RANK, ge=1)
+    max_cpu_loras: SInt | None = Field(default=None, ge=1)
+
+
 class Profile(_Strict):
     """One way to serve a model: engine, replica count, hardware and routing tier."""
 
@@ -169,6 +187,8 @@ class Profile(_Strict):
     env: dict[str, str] = Field(default_factory=dict)
     capacity: SInt | None = Field(default=None, ge=1)  # filled from ENGINE_DEFAULTS when omitted
     metrics: MetricMapping | None = None
+    # None: serves no LoRA adapters. Set: its replicas hold the model's adapters (Model.adapters).
+    lora: LoraSlots | None = None
     start_timeout: Duration = Field(default=120.0, gt=0, allow_inf_nan=False)
     # A planned stop (rolling update, scale-down, drain, removal) lets in-flight requests finish for up
     # to this long (seconds) after every gateway stopped sending new ones; 0 = stop at once.
@@ -264,15 +284,15 @@ class Profile(_Strict):
         return self.gpu.count * self.nodes if self.gpu else 0
 
 
-class Model(_Strict):
+class _Served(_Strict):
+    """Something clients name as `model`: a name and more names (aliases) for it."""
+
     name: str = Field(min_length=1)
     aliases: list[str] = Field(default_factory=list)
-    source: str = ""
-    profiles: list[Profile] = Field(default_factory=list)
 
     @field_validator("name")
     @classmethod
-    def _model_name(cls, v: str) -> str:
+    def _served_name(cls, v: str) -> str:
         return _check_served_name(v)
 
     @field_validator("aliases")
@@ -286,12 +306,53 @@ class Model(_Strict):
     def names(self) -> list[str]:
         return [self.name, *self.aliases]
 
+
+class Adapter(_Served):
+    """A LoRA adapter on its model's weights, served under its own name by the model's profiles
+    that have `lora:` (or the ones it names in `profiles`). `replicas` is how many replicas hold it
+    at least (`all`: every replica of those profiles); busier adapters get more. `scale` is what a
+    llama.cpp replica applies it at."""
+
+    source: str = Field(min_length=1)
+    rank: SInt = Field(ge=1)
+    replicas: SInt | Literal["all"] = 1
+    profiles: list[str] = Field(default_factory=list)  # empty: every profile of the model with `lora:`
+    scale: SFloat = Field(default=1.0, allow_inf_nan=False)
+
+    @field_validator("replicas", mode="before")
+    @classmethod
+    def _count_or_all(cls, v: Any) -> Any:
+        if v == "all" or (type(v) is int and v >= 0):
+            return v
+        raise ValueError("must be a whole number >= 0 or `all` (every replica of the profiles that serve it)")
+
+    @property
+    def pinned(self) -> bool:
+        """Held by every replica of the profiles that serve it."""
+        return self.replicas == "all"
+
+
+class Model(_Served):
+    source: str = ""
+    profiles: list[Profile] = Field(default_factory=list)
+    adapters: list[Adapter] = Field(default_factory=list)
+
     def profile(self, name: str) -> Profile | None:
         return next((p for p in self.profiles if p.name == name), None)
 
     def source_for(self, profile: Profile) -> str:
         """What `profile`'s engine loads: the profile's own source, else the model's."""
         return profile.source or self.source
+
+    def adapter(self, name_or_alias: str) -> Adapter | None:
+        return next((a for a in self.adapters if name_or_alias in a.names), None)
+
+    def adapters_for(self, profile: Profile) -> list[Adapter]:
+        """The adapters `profile`'s replicas serve: none without `lora:`; else those naming it in
+        `profiles`, and those naming no profile."""
+        if profile.lora is None:
+            return []
+        return [a for a in self.adapters if not a.profiles or profile.name in a.profiles]
 
 
 def _check_served_name(v: str) -> str:
@@ -311,6 +372,10 @@ class Catalog(_Strict):
     def resolve(self, name_or_alias: str) -> Model | None:
         return next((m for m in self.models if name_or_alias in m.names), None)
 
+    def resolve_adapter(self, name_or_alias: str) -> tuple[Model, Adapter] | None:
+        """The adapter a client names (by its name or an alias), with its base model."""
+        return next(((m, a) for m in self.models for a in m.adapters if name_or_alias in a.names), None)
+
     def profiles(self) -> list[tuple[Model, Profile]]:
         return [(m, p) for m in self.models for p in m.profiles]
 
@@ -327,22 +392,27 @@ class Catalog(_Strict):
 
 # Profile fields that shape the launched process: a change of any of them rolls the replicas; every
 # other field is read live by the router, the planner or the agent.
-LAUNCH_FIELDS = frozenset({"engine", "gpu", "tensor_parallel", "pipeline_parallel", "nodes", "args", "env", "capacity"})
+LAUNCH_FIELDS = frozenset({"engine", "gpu", "tensor_parallel", "pipeline_parallel", "nodes", "args", "env", "capacity",
+                           "lora"})
 
 
 def profile_spec_hash(model: Model, profile: Profile) -> str:
     """Hash of what shapes the launched process, so a change of it (and only that) rolls the replicas.
 
     Covered: engine, source (the profile's own or the model's), gpu, tensor/pipeline parallelism,
-    nodes, args, env, capacity (it becomes -np / --max-num-seqs) and the model's name and aliases (they
-    become served names). Not covered, because the router, planner or agent read them live: replicas,
+    nodes, args, env, capacity (it becomes -np / --max-num-seqs), `lora` (flags), the model's name and
+    aliases (they become served names), and on an engine that loads adapters at launch
+    (ADAPTERS_AT_LAUNCH) the name and source of each adapter the profile serves. Not covered, because the router, planner or agent read them live: replicas,
     autoscale, priority, scheduling_priority, weight, pool and node_selector (a node that no longer matches is handled as outdated by
     the planner), metrics, start_timeout and drain_timeout."""
     spec = profile.model_dump(
         mode="json",
         by_alias=True,
-        include=set(LAUNCH_FIELDS),
+        # A profile without `lora` hashes as it did before profiles had one: nothing restarts.
+        include=set(LAUNCH_FIELDS) - ({"lora"} if profile.lora is None else set()),
     )
     spec["_model"] = {"name": model.name, "aliases": model.aliases, "source": model.source_for(profile)}
+    if profile.engine in ADAPTERS_AT_LAUNCH and model.adapters_for(profile):
+        spec["_adapters"] = sorted([a.name, a.source] for a in model.adapters_for(profile))
     blob = json.dumps(spec, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:12]

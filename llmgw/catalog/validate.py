@@ -15,7 +15,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from llmgw.catalog.types import ENGINE_DEFAULTS, ENGINE_NAMES, SERVER_KINDS, Autoscale, Catalog, Model, Profile
+from llmgw.catalog import lora
+from llmgw.catalog.types import (ENGINE_DEFAULTS, ENGINE_NAMES, SERVER_KINDS, Adapter, Autoscale, Catalog, LoraSlots,
+                                 Model, Profile)
 from llmgw.engines import ENGINES
 from llmgw.errors import CatalogInvalid, Problem
 
@@ -53,11 +55,13 @@ _RESERVED_ENV: dict[str, str] = {
 PROFILE_FIELDS: tuple[str, ...] = tuple(Profile.model_fields)
 _KNOWN_KEYS: dict[str, tuple[str, ...]] = {
     "catalog": ("models", "defaults"),
-    "model": ("name", "aliases", "source", "profiles"),
+    "model": ("name", "aliases", "source", "profiles", "adapters"),
     "profile": PROFILE_FIELDS,
+    "adapter": tuple(Adapter.model_fields),
     "gpu": ("class", "count"),
     "metrics": ("running", "waiting", "kv_usage"),
     "autoscale": tuple(Autoscale.model_fields),
+    "lora": tuple(LoraSlots.model_fields),
 }
 
 
@@ -104,10 +108,10 @@ def join_path(prefix: str, rest: str) -> str:
 
 def _known_for(loc: tuple[Any, ...], kind: str) -> tuple[str, ...]:
     parents = [p for p in loc[:-1] if isinstance(p, str)]
-    if parents and parents[-1] in ("gpu", "metrics", "autoscale"):
+    if parents and parents[-1] in ("gpu", "metrics", "autoscale", "lora"):
         return _KNOWN_KEYS[parents[-1]]
-    if kind == "model" and parents and parents[0] == "profiles":
-        return _KNOWN_KEYS["profile"]
+    if kind == "model" and parents and parents[0] in ("profiles", "adapters"):
+        return _KNOWN_KEYS[parents[0][:-1]]
     return _KNOWN_KEYS.get(kind, ())
 
 
@@ -435,8 +439,11 @@ def parse_catalog(data: Any, source: str = "<catalog>") -> Catalog:
                     pname = rawp.get("name") if isinstance(rawp.get("name"), str) else f"#{j}"
                     problems += _source_problems(raw.get("source", ""), engine, f"{mpath}.source", pname)
         if header is not None and len(profiles) == len(raw_profiles):
-            models.append(header.model_copy(update={"profiles": profiles}))
+            model = header.model_copy(update={"profiles": profiles})
+            problems += lora.model_problems(model, mpath)
+            models.append(model)
     problems += _name_problems(raw_models)
+    problems += lora.name_problems(raw_models)
     if problems:
         raise CatalogInvalid(source, problems)
     return Catalog(models=models)

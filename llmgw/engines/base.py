@@ -3,7 +3,10 @@
 An adapter turns (replica, profile, port, GPU indexes, node) into a command line and environment,
 declares whether it can serve without a GPU, states its own rules (the parallelism it supports, the
 model sources it loads: the catalog's validation asks `refusals` and `source_problems`), and names
-its default metric mapping. Adapters are pure: they build data, the node agent runs it.
+its default metric mapping. It also says how the engine serves LoRA adapters: whether it does, the
+ranks it takes, whether adapters are loaded at launch or at run time (the calls for that, and what
+their answers mean), and how a request for an adapter is rewritten. Adapters are pure: they build
+data, the node agent runs it.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import ClassVar, Mapping
 
-from llmgw.catalog.types import EXTERNAL_FIELDS, MetricMapping, Model, Profile
+from llmgw.catalog.types import EXTERNAL_FIELDS, Adapter, MetricMapping, Model, Profile
 from llmgw.errors import EngineRefused, Problem
 
 # A model file shipped inside an installed Python package (a wheel): `pkg:<package>/<file>`.
@@ -40,6 +43,9 @@ class LaunchContext:
     master_port: int | None = None  # the head's torch.distributed rendezvous port (chosen by its agent)
     # The replica's engine credential (head only: members serve no HTTP); None: start without one.
     api_key: str | None = field(default=None, repr=False)
+    # The LoRA adapters (names of ctx.model's) this replica is launched with, in id order; only an
+    # engine that loads adapters at launch (`adapters_at_launch`) reads it.
+    adapters: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # A profile may override its model's `source` (e.g. a GGUF file for the llama.cpp tier of a
@@ -47,6 +53,24 @@ class LaunchContext:
         source = getattr(self.profile, "source", None)
         if source and source != self.model.source:
             object.__setattr__(self, "model", self.model.model_copy(update={"source": source}))
+
+
+@dataclass(frozen=True)
+class AdapterCall:
+    """One HTTP request that loads or unloads a LoRA adapter in a running engine."""
+
+    path: str
+    body: dict
+    method: str = "POST"
+
+
+@dataclass(frozen=True)
+class AdapterOutcome:
+    """What the engine's answer to an AdapterCall means: done (the adapter is, or is no longer,
+    held; "already loaded" and "not loaded" count as done), or failed and why."""
+
+    done: bool
+    reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -75,12 +99,21 @@ class EngineAdapter(ABC):
     # profile may therefore not set.
     credential_env: ClassVar[str]
     credential_flags: ClassVar[tuple[str, ...]] = ("--api-key",)
+    # LoRA: whether a profile may say `lora:`, the `max_lora_rank` values the engine takes (None: any),
+    # whether a replica's adapters are part of its launch (a change restarts it) rather than loaded at
+    # run time, and the flags llmgw sets from `lora:` (so `args` may not).
+    supports_lora: ClassVar[bool] = False
+    lora_ranks: ClassVar[tuple[int, ...] | None] = None
+    adapters_at_launch: ClassVar[bool] = False
+    lora_flags: ClassVar[tuple[str, ...]] = ()
 
     def field_refusal(self, field: str) -> str | None:
         """Why a profile of this engine may not set `field` (None: it may). Asked for each field the
         profile itself writes; `defaults:` values this refuses are not applied to its profiles."""
         if field in EXTERNAL_FIELDS:
             return f"'{field}' is for engine: external (a server llmgw does not run); {self.name} replicas are started by llmgw"
+        if field == "lora" and not self.supports_lora:
+            return f"{self.name} does not serve LoRA adapters"
         return None
 
     @abstractmethod
@@ -108,7 +141,48 @@ class EngineAdapter(ABC):
         if self.credential_env in profile.env:
             problems.append(Problem(f"env.{self.credential_env}", "set by llmgw: each replica gets its own engine "
                                                                   "credential (docs/engines.md)"))
+        return problems + self.lora_refusals(profile)
+
+    # --- LoRA adapters ------------------------------------------------------------------------
+    def lora_refusals(self, profile: Profile) -> list[Problem]:
+        """What this engine refuses in a profile's `lora:` and in the LoRA flags of its `args`."""
+        problems = []
+        for flag in self.lora_flags:
+            if any(a == flag or a.startswith(flag + "=") for a in profile.args):
+                problems.append(Problem("args", f"'{flag}' is set by llmgw from the profile's `lora:` "
+                                                "(docs/catalog.md#adapters)"))
+        lora = profile.lora
+        if lora is None:
+            return problems
+        if not self.supports_lora:
+            return problems + [Problem("lora", f"{self.name} does not serve LoRA adapters")]
+        if self.lora_ranks is not None and lora.max_lora_rank not in self.lora_ranks:
+            problems.append(Problem("lora.max_lora_rank", f"{self.name} takes a max_lora_rank of "
+                                    f"{', '.join(map(str, self.lora_ranks))}; got {lora.max_lora_rank}"))
         return problems
+
+    def adapter_source_refusal(self, source: str) -> str | None:
+        """Why this engine cannot load a well-formed adapter `source`, or None."""
+        return None
+
+    def adapter_load_call(self, name: str, path: str) -> AdapterCall | None:
+        """The request that loads adapter `name` from `path` (on the node) into a running replica;
+        None: this engine loads adapters only at launch."""
+        return None
+
+    def adapter_unload_call(self, name: str) -> AdapterCall | None:
+        """The request that unloads adapter `name` from a running replica; None: only a relaunch does."""
+        return None
+
+    def adapter_outcome(self, call: AdapterCall, status: int, text: str) -> AdapterOutcome:
+        """What the engine's answer (HTTP status, body) to `call` means."""
+        return AdapterOutcome(True) if 200 <= status < 300 else AdapterOutcome(False, f"HTTP {status}: {text[:300]}")
+
+    def adapter_body(self, body: dict, adapter: Adapter | None, held: tuple[str, ...]) -> dict:
+        """`body` (a request for the model, or for `adapter` on it) as this engine must receive it
+        on a replica holding the adapters `held` (in id order). Default: the adapter's name as the
+        model, as vLLM serves a loaded adapter."""
+        return body if adapter is None else {**body, "model": adapter.name}
 
     def source_problems(self, source: str, path: str, profile: str = "") -> list[Problem]:
         """Whether this engine can load `source`, named at `path` of the catalog; `profile` is set when

