@@ -74,7 +74,8 @@ def source_key(source: str) -> str:
 
 
 def gib(n: float) -> str:
-    return f"{n / GIB:.1f} GiB"
+    """Bytes for a person: GiB with one decimal, MiB below 1 GiB ("14.2 GiB", "93.8 MiB")."""
+    return f"{n / GIB:.1f} GiB" if abs(n) >= GIB else f"{n / 1024 ** 2:.1f} MiB"
 
 
 def used_bytes(entries: Iterable[Entry]) -> int:

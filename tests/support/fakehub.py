@@ -23,6 +23,7 @@ file or blob is cut after N body bytes), `rate` (bytes per second, per response)
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import socket
@@ -60,6 +61,18 @@ class Blob:
 
 
 def make_blob(name: str, data: bytes | Path, lfs: bool | None = None) -> Blob:
+    if isinstance(data, Path):
+        st = data.stat()
+        return _file_blob(name, data, st.st_size, st.st_mtime_ns, lfs)
+    return _make_blob(name, data, lfs)
+
+
+@functools.lru_cache(maxsize=16)
+def _file_blob(name: str, data: Path, size: int, mtime: int, lfs: bool | None) -> Blob:
+    return _make_blob(name, data, lfs)  # a large file is hashed once per test session
+
+
+def _make_blob(name: str, data: bytes | Path, lfs: bool | None) -> Blob:
     sha, size = hashlib.sha256(), 0
     if isinstance(data, bytes):
         sha.update(data)
@@ -436,3 +449,38 @@ class FakeHub:
                     self.wfile.write(data)
 
         return Handler
+
+
+def tiny_model_files(layers: int = 2, hidden: int = 64, heads: int = 4, kv_heads: int = 2, vocab: int = 256,
+                     ff: int = 128, dtype: str = "BF16") -> dict[str, bytes]:
+    """A small Llama-shaped Hugging Face model: config.json and model.safetensors (zeros), written here
+    so a test knows every number in it."""
+    size = {"BF16": 2, "F16": 2, "F32": 4}[dtype]
+    head_dim = hidden // heads
+    shapes = {"model.embed_tokens.weight": (vocab, hidden), "lm_head.weight": (vocab, hidden),
+              "model.norm.weight": (hidden,)}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        shapes.update({p + "self_attn.q_proj.weight": (hidden, hidden),
+                       p + "self_attn.k_proj.weight": (kv_heads * head_dim, hidden),
+                       p + "self_attn.v_proj.weight": (kv_heads * head_dim, hidden),
+                       p + "self_attn.o_proj.weight": (hidden, hidden),
+                       p + "mlp.gate_proj.weight": (ff, hidden), p + "mlp.up_proj.weight": (ff, hidden),
+                       p + "mlp.down_proj.weight": (hidden, ff),
+                       p + "input_layernorm.weight": (hidden,), p + "post_attention_layernorm.weight": (hidden,)})
+    header, offset = {"__metadata__": {"format": "pt"}}, 0
+    for name, shape in shapes.items():
+        n = size
+        for d in shape:
+            n *= d
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + n]}
+        offset += n
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    blob = len(raw).to_bytes(8, "little") + raw + bytes(offset)
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": hidden,
+              "intermediate_size": ff, "num_hidden_layers": layers, "num_attention_heads": heads,
+              "num_key_value_heads": kv_heads, "vocab_size": vocab, "max_position_embeddings": 4096,
+              "torch_dtype": {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}[dtype]}
+    return {"config.json": json.dumps(config, indent=2).encode(), "model.safetensors": blob,
+            "tokenizer.json": b'{"version": "1.0"}', "generation_config.json": b"{}"}
