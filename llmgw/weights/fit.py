@@ -128,8 +128,10 @@ def cpu_device(memory_mb: int, free_mb: int | None = None) -> Device:
 
 
 def _article(cls: str) -> str:
-    # Letters whose names start with a vowel sound: an A100, an H100, an L4, an RTX4090, an MI300X.
-    return "an" if cls[:1].lower() in "aefhilmnorsx" else "a"
+    """A class with a digit is read letter by letter (an A100, an H100, an L4, an RTX4090, a T4);
+    a word is read as a word (a fake)."""
+    vowels = "aefhilmnorsx" if any(c.isdigit() for c in cls) else "aeiou"
+    return "an" if cls[:1].lower() in vowels else "a"
 
 
 def estimate(shape: Shape, w: Workload) -> Estimate:

@@ -262,3 +262,35 @@ def test_a_safetensors_repository_for_vllm_is_a_snapshot_directory(tmp_path, hub
     assert (snap / "config.json").read_bytes() == files["config.json"]  # git-sha1 verified
     assert hf_hub_download("org/tiny", "model.safetensors", cache_dir=tmp_path / "hub", local_files_only=True) == \
         str(snap / "model.safetensors")
+
+
+def test_a_server_that_ignores_range_is_started_over_not_appended(tmp_path, hub, smol, smol_sha):
+    sha = next(b.sha256 for b in hub.blobs.values())
+    hub.cut_after[sha] = 20 * MIB
+    hub.ignore_range = True
+    local = downloader(tmp_path, hub).ensure("hf://org/smol-gguf/*Q4_1.gguf", "llamacpp")
+    assert _sha(local.path) == smol_sha  # the 200 answer to a ranged GET replaced the partial
+    assert [e["status"] for e in hub.requests("GET", f"/blobs/{sha}")] == [200, 200]
+
+
+def test_fit_from_remote_headers_reads_the_headers_not_the_weights(tmp_path, hub, smol):
+    from llmgw.weights.fit import Workload, estimate
+    from llmgw.weights.meta import local_shape
+
+    d = downloader(tmp_path, hub)
+    remote = d.shape("hf://org/smol-gguf/*Q4_1.gguf", "llamacpp")
+    assert remote == local_shape(smol)
+    sha = next(b.sha256 for b in hub.blobs.values())
+    assert 0 < hub.body_bytes(sha) < 8 * MIB and all(e["range"] for e in hub.requests("GET", "/blobs/"))
+    assert estimate(remote, Workload("llamacpp", context=8192, sequences=4)).kv == 180 * MIB
+    # A safetensors repository: config.json, and the 8-byte length then the JSON of the header.
+    tiny = d.shape("hf://org/tiny", "vllm")
+    files = tiny_model_files()
+    for name, data in files.items():
+        (tmp_path / "local" / name).parent.mkdir(exist_ok=True)
+        (tmp_path / "local" / name).write_bytes(data)
+    assert tiny == local_shape(tmp_path / "local")
+    st_sha = hashlib.sha256(files["model.safetensors"]).hexdigest()
+    ranges = [e["range"] for e in hub.requests("GET", st_sha)]
+    assert ranges[0] == "bytes=0-7" and ranges[1].startswith("bytes=8-") and len(ranges) == 2
+    assert not list(tmp_path.rglob("blobs/*"))  # nothing was downloaded
