@@ -2,10 +2,10 @@
 
 Bytes already on disk are never fetched again: a partial file left by a kill or a broken connection is
 continued from its length (the server must answer 206 from that offset; a 200 means it ignored the
-range or the file changed under `If-Range`, and the partial is started over). After the last byte
-the file is hashed once (sha256, or the hub's git-sha1 for small files) and a mismatch removes the
-partial. Only a verified file is renamed to its final name, so a half-written file is never taken for
-complete.
+range or the file changed under `If-Range`, and the partial is started over). The digest (sha256, or
+the hub's git-sha1 for small files) is computed as the bytes arrive, the partial's own bytes first on
+a resume, so a finished file needs no second read; a mismatch removes the partial. Only a verified
+file is renamed to its final name, so a half-written file is never taken for complete.
 """
 
 from __future__ import annotations
@@ -105,10 +105,11 @@ def fetch(session: requests.Session, url: str, final: Path, *, source: str, size
     partial = final.with_name(final.name + ".incomplete")
     final.parent.mkdir(parents=True, exist_ok=True)
     fetched, tries = 0, 0
+    running = _Running(digest, size) if digest is not None else None
     while True:
         try:
             fetched += _one_pass(session, url, partial, source=source, size=size, headers=headers or {},
-                                 if_range=if_range, on_bytes=on_bytes, cancel=cancel)
+                                 if_range=if_range, on_bytes=on_bytes, cancel=cancel, running=running)
             break
         except _Transient as t:
             fetched += t.fetched
@@ -121,7 +122,8 @@ def fetch(session: requests.Session, url: str, final: Path, *, source: str, size
         raise DownloadFailed(source, "connection", f"the server sent {got} bytes of {size}", retryable=True)
     if digest is not None:
         on_verify()
-        actual = _hash_file(partial, digest, got)
+        running.cover(partial, got)
+        actual = running.h.hexdigest()
         if actual != digest.hexdigest:
             partial.unlink(missing_ok=True)
             raise DownloadFailed(source, "checksum", f"checksum mismatch for {final.name}: expected {digest.algo} "
@@ -136,7 +138,30 @@ class _Transient(Exception):
         self.failure, self.fetched = failure, fetched
 
 
-def _one_pass(session, url, partial: Path, *, source, size, headers, if_range, on_bytes, cancel) -> int:
+class _Running:
+    """A digest kept up to date with the partial file: `cover(partial, n)` makes it cover exactly the
+    first n bytes (re-reading them from disk only when it does not already)."""
+
+    def __init__(self, digest: Digest, size: int | None):
+        self.digest, self.size = digest, size
+        self.h, self.n = None, -1
+
+    def cover(self, partial: Path, n: int) -> None:
+        if self.h is not None and self.n == n:
+            return
+        self.h, self.n = self.digest.hasher(self.size), 0
+        if n:
+            with open(partial, "rb") as f:
+                while self.n < n and (block := f.read(min(8 * CHUNK, n - self.n))):
+                    self.update(block)
+
+    def update(self, chunk: bytes) -> None:
+        self.h.update(chunk)
+        self.n += len(chunk)
+
+
+def _one_pass(session, url, partial: Path, *, source, size, headers, if_range, on_bytes, cancel,
+              running: _Running | None) -> int:
     offset = partial.stat().st_size if partial.exists() else 0
     if size is not None and offset > size:
         partial.unlink()
@@ -166,10 +191,12 @@ def _one_pass(session, url, partial: Path, *, source, size, headers, if_range, o
             raise DownloadFailed(source, "server", f"the server answered a resume at byte {offset} with "
                                                    f"Content-Range {r.headers.get('Content-Range')!r}")
         mode = "ab" if offset and r.status_code == 206 else "wb"  # 200: the whole file, from byte 0
-        return _write_body(r, partial, mode, source=source, on_bytes=on_bytes, cancel=cancel)
+        if running is not None:
+            running.cover(partial, offset if mode == "ab" else 0)
+        return _write_body(r, partial, mode, source=source, on_bytes=on_bytes, cancel=cancel, running=running)
 
 
-def _write_body(r, partial: Path, mode: str, *, source, on_bytes, cancel) -> int:
+def _write_body(r, partial: Path, mode: str, *, source, on_bytes, cancel, running: _Running | None) -> int:
     fetched = 0
     try:
         with open(partial, mode) as f:
@@ -178,6 +205,8 @@ def _write_body(r, partial: Path, mode: str, *, source, on_bytes, cancel) -> int
                     raise DownloadFailed(source, "cancelled", "the download was cancelled")
                 if chunk:
                     f.write(chunk)
+                    if running is not None:
+                        running.update(chunk)
                     fetched += len(chunk)
                     on_bytes(len(chunk))
             f.flush()
@@ -200,14 +229,6 @@ def _range_starts_at(content_range: str, offset: int) -> bool:
         return int(content_range.split()[1].split("-")[0]) == offset
     except (IndexError, ValueError):
         return False
-
-
-def _hash_file(path: Path, digest: Digest, size: int) -> str:
-    h = digest.hasher(size)
-    with open(path, "rb") as f:
-        while block := f.read(8 * CHUNK):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _short(e: BaseException) -> str:

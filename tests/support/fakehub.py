@@ -484,3 +484,33 @@ def tiny_model_files(layers: int = 2, hidden: int = 64, heads: int = 4, kv_heads
               "torch_dtype": {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}[dtype]}
     return {"config.json": json.dumps(config, indent=2).encode(), "model.safetensors": blob,
             "tokenizer.json": b'{"version": "1.0"}', "generation_config.json": b"{}"}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m tests.support.fakehub FILE...`: serve each file as a plain URL and as the only file
+    of the repository `bench/<its name>`; print {"endpoint", "urls"} as one JSON line; stop on SIGTERM."""
+    import argparse
+    import signal
+    import sys
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("files", nargs="+", type=Path)
+    args = ap.parse_args(argv)
+    hub = FakeHub().start()
+    urls = {}
+    for f in args.files:
+        urls[f.name] = hub.add_file(f.name, f)
+        hub.add_repo(f"bench/{f.stem}", {f.name: f})
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *a: stop.set())
+    print(json.dumps({"endpoint": hub.endpoint, "urls": urls}), flush=True)
+    try:
+        stop.wait()
+    except KeyboardInterrupt:
+        pass
+    hub.stop()
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()
