@@ -77,9 +77,19 @@ class Downloader:
                  report_every: float = 1.0, sleep: Callable[[float], object] = time.sleep):
         self.root = Path(root)
         self.environ = os.environ if environ is None else environ
-        self.session = session or requests.Session()
+        self._session, self._local = session, threading.local()
         self.clock, self.wall, self.free_bytes = clock, wall, free_bytes
         self.report_every, self.sleep = report_every, sleep
+
+    @property
+    def session(self) -> requests.Session:
+        """The injected session, else one per thread (the agent fetches several sources at once, and
+        a requests Session is not meant to be shared between threads)."""
+        if self._session is not None:
+            return self._session
+        if not hasattr(self._local, "session"):
+            self._local.session = requests.Session()
+        return self._local.session
 
     @property
     def hub_cache(self) -> Path:
