@@ -294,3 +294,22 @@ def test_fit_from_remote_headers_reads_the_headers_not_the_weights(tmp_path, hub
     ranges = [e["range"] for e in hub.requests("GET", st_sha)]
     assert ranges[0] == "bytes=0-7" and ranges[1].startswith("bytes=8-") and len(ranges) == 2
     assert not list(tmp_path.rglob("blobs/*"))  # nothing was downloaded
+
+
+def test_an_unreachable_hub_or_url_is_a_retryable_connection_failure(tmp_path):
+    from llmgw.proc.ports import free_port
+
+    closed = f"http://127.0.0.1:{free_port()}"
+    for source in ("hf://org/smol-gguf/*Q4_1.gguf", f"{closed}/files/x.gguf"):
+        with pytest.raises(DownloadFailed) as e:
+            Downloader(tmp_path, environ={"HF_ENDPOINT": closed}).ensure(source, "llamacpp")
+        assert e.value.kind == "connection" and e.value.retryable and closed in e.value.reason
+
+
+def test_offline_mode_uses_the_cache_or_says_so(tmp_path, hub):
+    with pytest.raises(DownloadFailed) as e:
+        downloader(tmp_path, hub, env={"HF_HUB_OFFLINE": "1"}).ensure("hf://org/smol-gguf/*Q4_1.gguf", "llamacpp")
+    assert e.value.kind == "offline" and not hub.log
+    downloader(tmp_path, hub).ensure("hf://org/smol-gguf/*Q4_1.gguf", "llamacpp")
+    local = downloader(tmp_path, hub, env={"HF_HUB_OFFLINE": "1"}).ensure("hf://org/smol-gguf/*Q4_1.gguf", "llamacpp")
+    assert Path(local.path).is_file()
