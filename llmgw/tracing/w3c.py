@@ -42,20 +42,23 @@ def parse_traceparent(value: str | None) -> TraceParent | None:
 
     Version 00 is exactly 55 characters. A higher version (never `ff`) is read for its first four
     fields, which must be followed by the end or a dash; whatever follows is not ours to read."""
-    if not value:
-        return None
-    value = value.strip(OWS)
-    m = _TRACEPARENT.match(value)
+    m = _valid(value.strip(OWS)) if value else None
     if m is None:
         return None
     version, trace_id, span_id, flags = m.groups()
+    return TraceParent(int(version, 16), trace_id, span_id, int(flags, 16))
+
+
+def _valid(value: str) -> re.Match | None:
+    m = _TRACEPARENT.match(value)
+    if m is None:
+        return None
+    version, trace_id, span_id, _flags = m.groups()
     if version == "ff" or trace_id == _ZERO_TRACE or span_id == _ZERO_SPAN:
         return None
-    if version == "00" and len(value) != 55:
+    if len(value) != 55 and (version == "00" or value[55] != "-"):
         return None
-    if len(value) > 55 and value[55] != "-":
-        return None
-    return TraceParent(int(version, 16), trace_id, span_id, int(flags, 16))
+    return m
 
 
 def format_traceparent(trace_id: int | str, span_id: int | str, sampled: bool) -> str:
@@ -96,12 +99,14 @@ def forwardable(traceparent: str | None, tracestate: str | None) -> tuple[str, s
     caller's headers as received when the traceparent is valid, else nothing. The tracestate goes
     with it untouched (an unchanged traceparent must keep its tracestate), unless it is not
     printable ASCII or prohibitively large."""
-    if parse_traceparent(traceparent) is None:
+    if not traceparent:
         return None
-    assert traceparent is not None
-    if len(traceparent) > MAX_FORWARDED or not _HEADER_TEXT.fullmatch(traceparent):
+    traceparent = traceparent.strip(OWS)
+    if _valid(traceparent) is None:
+        return None
+    if len(traceparent) > 55 and (len(traceparent) > MAX_FORWARDED or not _HEADER_TEXT.fullmatch(traceparent)):
         return None  # a higher version's unknown fields, passed on only if they fit in a request head
     state = tracestate.strip(OWS) if tracestate else None
     if state and (len(state) > MAX_FORWARDED or not _HEADER_TEXT.fullmatch(state)):
         state = None
-    return traceparent.strip(OWS), state or None
+    return traceparent, state or None
