@@ -36,11 +36,12 @@ def cmd_rotate(args) -> int:
         if model is None:
             raise NotFound("model in the applied catalog", args.model)
         name = model.name
+    # Counted before the rotation: the reconcile it kicks may add the first replacement at once.
+    live = [r for r in s.all_replicas() if r.stop_requested_at is None and (name is None or r.model == name)]
     generation = s.rotate_credentials(name)
     s.emit("credentials_rotated", f"llmgw engines rotate-credentials {name or '(all models)'}", source="cli",
            model=name or "", generation=generation, ts=time.time())
     kick(cfg, s, RECONCILE)
-    live = [r for r in s.all_replicas() if r.stop_requested_at is None and (name is None or r.model == name)]
     print(f"engine credentials of {name or 'every model'} rotated: {len(live)} replica(s) will be replaced by a "
           "rolling update, each with a fresh secret (watch with `llmgw status`)")
     return 0
