@@ -22,6 +22,7 @@ from llmgw.catalog.types import Adapter, MetricMapping, Profile
 from llmgw import surface as op
 from llmgw.engines.base import PKG_SOURCE, EngineAdapter, EngineUnavailable, LaunchContext, LaunchSpec
 from llmgw.errors import Problem
+from llmgw.weights.sources import engine_refusal, parse_source
 
 # kv_cache_usage_ratio is absent from current builds (removed upstream in 2025): mapped anyway,
 # so builds that have it report it, and the others read as unknown (None), never as 0.
@@ -110,11 +111,11 @@ class LlamaCppAdapter(EngineAdapter):
         return out
 
     def source_refusal(self, source: str, who: str) -> str | None:
-        if not source:
-            return f"{who} needs a source: a .gguf file path or pkg:<package>/<file>"
-        if not source.lower().endswith(".gguf"):
-            return f"{who} loads a GGUF file: {source!r} must end in .gguf (a profile may set its own `source`)"
-        return None
+        """One GGUF file: a path, `pkg:`, `hf://ORG/REPO/FILE.gguf` (or a pattern), an https:// URL."""
+        return engine_refusal(parse_source(source), self.name, who)
+
+    def weights_layout(self, source: str) -> str | None:
+        return "llamacpp"
 
     # --- LoRA adapters ------------------------------------------------------------------------
     def lora_refusals(self, profile: Profile) -> list[Problem]:

@@ -21,6 +21,7 @@ from llmgw.catalog.types import MetricMapping, Profile
 from llmgw import surface as op
 from llmgw.engines.base import PKG_SOURCE, AdapterCall, AdapterOutcome, EngineAdapter, LaunchContext, LaunchSpec
 from llmgw.errors import Problem
+from llmgw.weights.sources import engine_refusal, parse_source
 
 VLLM_METRICS = MetricMapping(
     running="vllm:num_requests_running",
@@ -178,10 +179,12 @@ class VllmAdapter(EngineAdapter):
         return dict(VLLM_PATHS)
 
     def source_refusal(self, source: str, who: str) -> str | None:
-        # An empty source is fine: vLLM loads the model's name from Hugging Face.
-        if PKG_SOURCE.match(source):
-            return f"{who} loads a Hugging Face id or a directory, not pkg:<package>/<file>"
-        return None
+        """A whole repository (hf://ORG/REPO[@REV]), a directory, or a name vLLM resolves itself (an
+        empty source: the model's name)."""
+        return engine_refusal(parse_source(source), self.name, who)
+
+    def weights_layout(self, source: str) -> str | None:
+        return "vllm"
 
     def command(self, ctx: LaunchContext) -> LaunchSpec:
         p = ctx.profile
