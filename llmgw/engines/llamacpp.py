@@ -22,6 +22,8 @@ from llmgw.catalog.types import Adapter, MetricMapping, Profile
 from llmgw import surface as op
 from llmgw.engines.base import PKG_SOURCE, EngineAdapter, EngineUnavailable, LaunchContext, LaunchSpec
 from llmgw.errors import Problem
+from llmgw.weights.fit import KV_TYPE_BYTES, Workload
+from llmgw.weights.meta import Shape
 from llmgw.weights.sources import engine_refusal, parse_source
 
 # kv_cache_usage_ratio is absent from current builds (removed upstream in 2025): mapped anyway,
@@ -116,6 +118,21 @@ class LlamaCppAdapter(EngineAdapter):
 
     def weights_layout(self, source: str) -> str | None:
         return "llamacpp"
+
+    def fit_workload(self, profile: Profile, shape: Shape) -> Workload | None:
+        """`-c` over `-np` slots (as `command` sets them; `-c 0` is the model's own context), `-ctk`,
+        spread over the profile's GPUs (0: the CPU)."""
+        args = list(profile.args)
+        try:
+            slots = int(_flag_value(args, "-np", "--parallel") or profile.capacity or DEFAULT_SLOTS)
+            ctx_arg = _flag_value(args, "-c", "--ctx-size")
+            ctx = int(ctx_arg) if ctx_arg is not None else slots * CTX_PER_SLOT
+        except ValueError:
+            return None
+        kv = _flag_value(args, "-ctk", "--cache-type-k")
+        return Workload("llamacpp", context=ctx or shape.context_length or slots * CTX_PER_SLOT, sequences=slots,
+                        devices=profile.gpu.count if profile.gpu else 0,
+                        kv_bytes=KV_TYPE_BYTES.get(kv) if kv else None)
 
     # --- LoRA adapters ------------------------------------------------------------------------
     def lora_refusals(self, profile: Profile) -> list[Problem]:

@@ -21,6 +21,8 @@ from llmgw.catalog.types import MetricMapping, Profile
 from llmgw import surface as op
 from llmgw.engines.base import PKG_SOURCE, AdapterCall, AdapterOutcome, EngineAdapter, LaunchContext, LaunchSpec
 from llmgw.errors import Problem
+from llmgw.weights.fit import KV_TYPE_BYTES, Workload
+from llmgw.weights.meta import Shape
 from llmgw.weights.sources import engine_refusal, parse_source
 
 VLLM_METRICS = MetricMapping(
@@ -78,6 +80,17 @@ def read_lora_activity(metrics_text: str) -> LoraActivity | None:
     return LoraActivity(running=_names(labels.get("running_lora_adapters", "")),
                         waiting=_names(labels.get("waiting_lora_adapters", "")),
                         max_loras=int(raw_max) if raw_max.isdigit() else None)
+
+
+def _arg(args: list[str], name: str) -> str | None:
+    """The last value of `--name V` or `--name=V` in `args`."""
+    found = None
+    for i, a in enumerate(args):
+        if a == name and i + 1 < len(args):
+            found = args[i + 1]
+        elif a.startswith(name + "="):
+            found = a.split("=", 1)[1]
+    return found
 
 
 def _error_message(text: str) -> str:
@@ -185,6 +198,25 @@ class VllmAdapter(EngineAdapter):
 
     def weights_layout(self, source: str) -> str | None:
         return "vllm"
+
+    def fit_workload(self, profile: Profile, shape: Shape) -> Workload | None:
+        """`--max-model-len` (default: the model's context), `--max-num-seqs` (256, the API server's
+        default), `--gpu-memory-utilization` (0.9), `--kv-cache-dtype`, `--max-num-batched-tokens`
+        (2048), and the profile's tensor and pipeline parallelism."""
+        args = list(profile.args)
+        try:
+            ctx = int(_arg(args, "--max-model-len") or shape.context_length or 0)
+            seqs = int(_arg(args, "--max-num-seqs") or 256)
+            util = float(_arg(args, "--gpu-memory-utilization") or 0.9)
+            batched = int(_arg(args, "--max-num-batched-tokens") or 2048)
+        except ValueError:
+            return None
+        if ctx <= 0:
+            return None
+        kv = _arg(args, "--kv-cache-dtype")
+        return Workload("vllm", context=ctx, sequences=seqs, tensor_parallel=profile.tensor_parallel,
+                        pipeline_parallel=profile.pipeline_parallel, gpu_memory_utilization=util,
+                        max_batched_tokens=batched, kv_bytes=KV_TYPE_BYTES.get(kv) if kv and kv != "auto" else None)
 
     def command(self, ctx: LaunchContext) -> LaunchSpec:
         p = ctx.profile
