@@ -66,9 +66,10 @@ def test_status_reports_nodes_replicas_and_endpoints(store, capsys):
     assert a["live"] and a["cordoned"] and not a["draining"]
     assert a["gpus"] == {"h100": {"total": 3, "used": 2, "free": 1}}
     (launching,) = [r for r in store.all_replicas() if r.model == "llama" and r.node]
-    assert a["devices"] == [{"index": 0, "class": "h100", "replica": launching.id, "model": "llama"},
-                            {"index": 1, "class": "h100", "replica": launching.id, "model": "llama"},
-                            {"index": 2, "class": "h100", "replica": None, "model": None}]
+    ok = {"healthy": True, "health": ""}
+    assert a["devices"] == [{"index": 0, "class": "h100", "replica": launching.id, "model": "llama", **ok},
+                            {"index": 1, "class": "h100", "replica": launching.id, "model": "llama", **ok},
+                            {"index": 2, "class": "h100", "replica": None, "model": None, **ok}]
     states = {r["model"] + "/" + r["state"] for r in report["replicas"]}
     assert states == {"llama/Launching", "llama/Pending", "tiny/Ready"}
     pending = next(r for r in report["replicas"] if r["state"] == "Pending")
