@@ -133,23 +133,10 @@ class Downloader:
         return self._url(source, on_progress, cancel)
 
     def shape(self, source_text: str, engine: str | None = None) -> meta.Shape | None:
-        """The model's shape for a fit estimate, without downloading the weights: from the local files
-        when the source is complete here, else from ranged GETs of the remote headers (GGUF header;
-        config.json and each safetensors header). None for a local path or pkg: (read those with
-        `meta.local_shape`)."""
-        source = parse_source(source_text)
-        if not isinstance(source, (HubSource, UrlSource)):
-            return None
-        done = cache.lookup(self.root, str(source))
-        if done is not None:
-            return meta.local_shape(Path(done.path))
-        if isinstance(source, UrlSource):
-            return meta.shape_of({source.filename: meta.http_fetch(self.session, source.url)})
-        env = hub.HubEnv.from_environ(self.environ)
-        plan = hub.resolve(source, engine or "", self.hub_cache, env)
-        headers = env.headers()
-        wanted = [f for f in plan.files if f.path.endswith((".gguf", ".safetensors")) or f.path == "config.json"]
-        return meta.shape_of({f.path: meta.http_fetch(self.session, f.url, headers) for f in wanted})
+        """The model's shape for a fit estimate, without downloading the weights (`survey`'s); None for a
+        local path or pkg: (read those with `meta.local_shape`), or when the headers cannot be read."""
+        got = self.survey(source_text, engine)
+        return got.shape if got is not None else None
 
     def survey(self, source_text: str, engine: str | None = None) -> Survey | None:
         """The source's size and shape (`shape`), from the cache when it is complete here, else from one

@@ -284,3 +284,44 @@ def test_the_engine_loads_the_downloaded_path_offline(tmp_path, monkeypatch):
     launcher = Launcher(agent_settings(node_name="a"), store, CatalogCache(store, FakeClock()), (), lambda p: True)
     spec = launcher.command(rec(), model, profile, 30000, weights_path=str(gguf))
     assert spec.argv[spec.argv.index("-m") + 1] == str(gguf) and spec.env["HF_HUB_OFFLINE"] == "1"
+
+
+def test_vllm_loads_the_snapshot_directory_offline_under_its_served_names(tmp_path):
+    import fakeredis
+
+    from llmgw.catalog import parse_catalog
+    from llmgw.state.store import Store
+    from tests.support.clock import FakeClock
+    from tests.unit.test_agent_loop import agent_settings
+    from workers.agent.launch import CatalogCache, Launcher
+
+    cat = parse_catalog({"models": [{"name": "qwen", "aliases": ["q"], "source": "hf://Qwen/Qwen2.5-7B-Instruct",
+                                     "profiles": [{"name": "g", "engine": "vllm", "gpu": {"class": "l4"}}]}]})
+    store = Store(fakeredis.FakeRedis(decode_responses=True))
+    launcher = Launcher(agent_settings(node_name="a"), store, CatalogCache(store, FakeClock()), (), lambda p: True)
+    snap = str(tmp_path / "hub" / "models--Qwen--Qwen2.5-7B-Instruct" / "snapshots" / "abc")
+    spec = launcher.command(rec(model="qwen", profile="g"), cat.model("qwen"), cat.model("qwen").profile("g"), 30000,
+                            weights_path=snap)
+    assert spec.argv[1:3] == ("serve", snap) and spec.env["HF_HUB_OFFLINE"] == "1"
+    names = spec.argv[spec.argv.index("--served-model-name") + 1:]
+    assert names[:2] == ("qwen", "q")
+
+
+def test_engines_fit_workloads_come_from_the_profiles_args():
+    from llmgw.catalog import parse_catalog
+    from llmgw.engines import get_engine
+    from llmgw.weights.meta import Shape
+
+    shape = Shape(weights_bytes=1, layers=1, heads=1, kv_heads=1, head_dim=1, kv_elems_per_token=2,
+                  context_length=32768)
+    cat = parse_catalog({"models": [{"name": "m", "source": "hf://o/r", "profiles": [
+        {"name": "v", "engine": "vllm", "gpu": {"class": "l4", "count": 2}, "tensor_parallel": 2,
+         "args": ["--max-model-len=8192", "--gpu-memory-utilization", "0.8", "--kv-cache-dtype", "fp8"]},
+        {"name": "c", "engine": "llamacpp", "source": "hf://o/r/x.gguf", "capacity": 3, "args": ["-ctk", "q8_0"]},
+        {"name": "s", "engine": "sim"}]}]})
+    m = cat.model("m")
+    v = get_engine("vllm").fit_workload(m.profile("v"), shape)
+    assert (v.context, v.sequences, v.tensor_parallel, v.gpu_memory_utilization, v.kv_bytes) == (8192, 256, 2, 0.8, 1)
+    c = get_engine("llamacpp").fit_workload(m.profile("c"), shape)
+    assert (c.context, c.sequences, c.devices, c.kv_bytes) == (3 * 2048, 3, 0, 34 / 32)
+    assert get_engine("sim").fit_workload(m.profile("s"), shape) is None
