@@ -164,6 +164,7 @@ def build_status(
             "listed": rec.id in listed,  # in the published endpoint list: the gateways route to it
             "download": _download(rec),
             "fit": (estimates or {}).get((rec.model, rec.profile)),
+            "engine_memory": rec.engine_memory,
         })
     nodes = []
     for name in sorted(set(known) | set(live)):
@@ -297,7 +298,11 @@ def render(report: dict) -> str:
     ]
     if report.get("estimates"):
         parts += ["", "FIT ESTIMATES (from the weights' headers, per replica)"]
-        parts += [f"  {e['model']}/{e['profile']}: {e['fit']}" for e in report["estimates"]]
+        for e in report["estimates"]:
+            took = sorted({r["engine_memory"] for r in report["replicas"] if r.get("engine_memory")
+                           and (r["model"], r["profile"]) == (e["model"], e["profile"])})
+            parts.append(f"  {e['model']}/{e['profile']}: {e['fit']}" + (f"; the engine reports {'; '.join(took)}"
+                                                                      if took else ""))
     if report.get("autoscale"):
         scale_rows = [[a["model"], a["profile"], str(a["wanted"]), "-" if a["min"] is None else str(a["min"]),
                        "-" if a["max"] is None else str(a["max"]), str(a["replicas"]), _age(a["changed_age"]) + " ago",

@@ -211,6 +211,11 @@ class EngineAdapter(ABC):
         GGUF file), "vllm" (a repository snapshot), or None when this engine loads no weights."""
         return None
 
+    def memory_report(self, log: str) -> str | None:
+        """What the engine's log says it took (weights, KV cache, ...) once it started, in a few words
+        for `llmgw status` beside the fit estimate; None when the log does not say."""
+        return None
+
     def fit_workload(self, profile: Profile, shape: Shape) -> Workload | None:
         """What the profile asks of its device for a fit estimate (`llmgw.weights.fit`): context,
         sequences, parallelism, KV cache type, from its args and the engine's defaults; None when

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import re
 import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -118,6 +119,19 @@ class LlamaCppAdapter(EngineAdapter):
 
     def weights_layout(self, source: str) -> str | None:
         return "llamacpp"
+
+    def memory_report(self, log: str) -> str | None:
+        """llama.cpp's buffer sizes, summed over devices (logged at `-lv 4` and above):
+        "model 92.1 MiB, KV cache 180.0 MiB, compute 16.6 MiB"."""
+        parts = []
+        kv_total = re.findall(r"llama_kv_cache(?:_unified)?: size =\s*([\d.]+) MiB", log)  # the total, when logged
+        for label, pattern in (("model", r"model buffer size =\s*([\d.]+) MiB"),
+                               ("KV cache", None if kv_total else r"KV buffer size =\s*([\d.]+) MiB"),
+                               ("compute", r"compute buffer size =\s*([\d.]+) MiB")):
+            found = [float(x) for x in (re.findall(pattern, log) if pattern else kv_total)]
+            if found:
+                parts.append(f"{label} {sum(found):.1f} MiB")
+        return ", ".join(parts) or None
 
     def fit_workload(self, profile: Profile, shape: Shape) -> Workload | None:
         """`-c` over `-np` slots (as `command` sets them; `-c 0` is the model's own context), `-ctk`,

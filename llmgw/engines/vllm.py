@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -198,6 +199,16 @@ class VllmAdapter(EngineAdapter):
 
     def weights_layout(self, source: str) -> str | None:
         return "vllm"
+
+    def memory_report(self, log: str) -> str | None:
+        """vLLM's start-up lines: "weights 14.99 GiB, KV cache 38.59 GiB (1,264,528 tokens)"."""
+        weights = re.findall(r"Model loading took ([\d.]+) GiB", log)
+        kv = re.findall(r"Available KV cache memory: ([\d.]+) GiB", log)
+        tokens = re.findall(r"GPU KV cache size: ([\d,]+) tokens", log)
+        parts = [f"weights {float(weights[-1]):.2f} GiB"] if weights else []
+        if kv:
+            parts.append(f"KV cache {float(kv[-1]):.2f} GiB" + (f" ({tokens[-1]} tokens)" if tokens else ""))
+        return ", ".join(parts) or None
 
     def fit_workload(self, profile: Profile, shape: Shape) -> Workload | None:
         """`--max-model-len` (default: the model's context), `--max-num-seqs` (256, the API server's

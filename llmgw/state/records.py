@@ -107,7 +107,7 @@ AGENT_FIELDS = (
     "master_port", "drained_at", "drain_note", "log_path",
     "weights_source", "weights_phase", "weights_done", "weights_total", "weights_rate", "weights_eta",
     "weights_file", "weights_started_at", "weights_local_at", "weights_path", "weights_error_kind",
-    "weights_error", "weights_failed_at",
+    "weights_error", "weights_failed_at", "engine_memory",
 )
 # Plus one field per node, `stopped_on:<node>` (llmgw.state.keys.replica_stopped_on), written by each node's
 # agent of a multi-node replica; read back as `ReplicaRecord.stopped_nodes`.
@@ -190,6 +190,8 @@ class ReplicaRecord:
     weights_error_kind: str | None = None  # auth | not_found | disk_full | checksum | connection | ...
     weights_error: str | None = None
     weights_failed_at: float | None = None
+    # What the engine's log said it took once Ready (`EngineAdapter.memory_report`), beside the fit estimate.
+    engine_memory: str | None = None
     # --- loaded, never stored under this name ------------------------------------------------------
     # Nodes whose agent confirmed its part stopped (the `stopped_on:<node>` fields), sorted.
     stopped_nodes: list[str] = field(default_factory=list)

@@ -325,3 +325,20 @@ def test_engines_fit_workloads_come_from_the_profiles_args():
     c = get_engine("llamacpp").fit_workload(m.profile("c"), shape)
     assert (c.context, c.sequences, c.devices, c.kv_bytes) == (3 * 2048, 3, 0, 34 / 32)
     assert get_engine("sim").fit_workload(m.profile("s"), shape) is None
+
+
+def test_what_the_engine_reports_it_took_is_read_from_its_log():
+    from llmgw.engines import get_engine
+
+    llama = ("load_tensors:   CPU_Mapped model buffer size =    92.10 MiB\n"
+             "llama_kv_cache:        CPU KV buffer size =   180.00 MiB\n"
+             "llama_kv_cache: size =  180.00 MiB (  2048 cells,  30 layers,  4/4 seqs), K (f16):   90.00 MiB\n"
+             "sched_reserve:        CPU compute buffer size =    16.64 MiB\n")
+    assert get_engine("llamacpp").memory_report(llama) == "model 92.1 MiB, KV cache 180.0 MiB, compute 16.6 MiB"
+    two_gpus = "CUDA0 KV buffer size =    90.00 MiB\nCUDA1 KV buffer size =    90.00 MiB\n"
+    assert get_engine("llamacpp").memory_report(two_gpus) == "KV cache 180.0 MiB"
+    vllm = ("INFO [gpu_model_runner.py:1234] Model loading took 14.9934 GiB and 5.12 seconds\n"
+            "INFO [gpu_worker.py:240] Available KV cache memory: 38.59 GiB\n"
+            "INFO [kv_cache_utils.py:716] GPU KV cache size: 1,264,528 tokens\n")
+    assert get_engine("vllm").memory_report(vllm) == "weights 14.99 GiB, KV cache 38.59 GiB (1,264,528 tokens)"
+    assert get_engine("llamacpp").memory_report("srv load_model: initializing") is None

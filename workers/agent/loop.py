@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 
+from llmgw.engines import get_engine
 from llmgw.proc.ports import can_bind
 from llmgw.state.clock import Clock
 from llmgw.state.records import GPUDevice, ReplicaRecord
@@ -263,9 +264,24 @@ class Agent:
             if facts_.message:
                 log.log(facts_.level, "replica %s: %s", rec.id, facts_.message)
         writes = sv.merge(facts, self.node, tails)
+        for rec, facts_ in facts:
+            if isinstance(facts_, sv.Probed) and facts_.became_ready and rec.id in writes.records:
+                memory = self._memory_report(rec.id)
+                if memory:
+                    writes.records[rec.id]["engine_memory"] = memory
         for rid, fields in writes.members.items():
             self.members.setdefault(rid, {}).update(fields)
         return writes, self.store.update_replicas(writes.records)
+
+    def _memory_report(self, rid: str) -> str | None:
+        """What a just-Ready engine's log says it took (the log's first MiB), for status beside the estimate."""
+        loc = self.local.get(rid)
+        try:
+            with open(self.runner.log_path(rid), errors="replace") as f:
+                head = f.read(1 << 20)
+            return get_engine(loc.launch.engine).memory_report(head) if loc and loc.launch else None
+        except Exception:  # noqa: BLE001 - a report without it
+            return None
 
     def _announce(self, actions: list[sv.Action], by_id: dict[str, ReplicaRecord]) -> None:
         """Events for the history, and kicks for the control passes a fact concerns (after the facts
