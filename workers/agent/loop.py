@@ -161,7 +161,7 @@ class Agent:
             loc = None
         if not view.running:
             return sv.Observed(known=loc is not None and loc.memory.known, **member,
-                               **self.weights.observe(view, self.catalog.lookup(view)))
+                               **self.weights.observe(view, lambda: self.catalog.lookup(view)))
         seen = self.runner.observe(view.id, view.attempt, view.pid, view.pid_start)
         if loc is None:
             loc = self.local[view.id] = Local(sv.Attempt(attempt=view.attempt))

@@ -295,11 +295,12 @@ class NodeWeights:
                    Pulls(fetcher, store, node))
 
     # --- the loop's pass ---------------------------------------------------------------------------
-    def observe(self, view: ReplicaRecord, found: tuple[Model, Profile] | None) -> dict:
-        """The `Observed` fields of a part that is not running: its remote source (if any) and the
-        node's download of it."""
+    def observe(self, view: ReplicaRecord, lookup: Callable[[], tuple[Model, Profile] | None]) -> dict:
+        """The `Observed` fields of a part that is not running: its remote source (if any; `lookup`
+        finds its catalog entry, asked only of a part not asked to stop) and the node's download of it."""
         fetch = self.fetcher.view(view.id)
-        src = part_source(*found) if found is not None and view.stop_requested_at is None else None
+        found = lookup() if view.stop_requested_at is None else None
+        src = part_source(*found) if found is not None else None
         if src is None:
             return {"fetch": fetch}
         return {"weights_source": src[0], "weights_layout": src[1], "fetch": fetch}
