@@ -8,7 +8,7 @@ from typing import Mapping
 
 from llmgw.catalog import Catalog
 from llmgw.engines import get_engine
-from llmgw.state.records import WeightsFacts
+from llmgw.state.weights import WeightsFacts
 from llmgw.weights import fit
 from llmgw.weights.errors import SourceInvalid
 from llmgw.weights.meta import Shape

@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from llmgw.state.records import ExternalRecord, GatewayReport, NodeAdmin, NodeInfo, ReplicaRecord, WeightsFacts
+from llmgw.state.records import ExternalRecord, GatewayReport, NodeAdmin, NodeInfo, ReplicaRecord
+from llmgw.state.weights import WeightsFacts
 
 
 @dataclass(frozen=True)

@@ -128,7 +128,7 @@ def test_downloads_resume_fail_with_reasons_and_placement_checks_room_and_fit(cl
     with open(huge, "wb") as f:  # a sparse GiB: more than the node's weights budget
         f.truncate(1024 ** 3)
     hub.add_repo("org/huge", {"huge.gguf": huge})
-    hub.rate = 8 * 1024 ** 2  # bytes/s: the download takes long enough to be killed in the middle
+    hub.rate = 4 * 1024 ** 2  # bytes/s: the download takes long enough to be killed in the middle
     cluster.extra_env["LLMGW_HEARTBEAT_TTL"] = "15"  # an agent restart is not a lost node
     agent = {**FAST_AGENT, "HF_ENDPOINT": hub.endpoint, "HF_TOKEN": "a-wrong-token", "LLMGW_WEIGHTS_BUDGET": "512MiB"}
     cluster.start_system(CATALOG, nodes=("a",), gpus="fake:1:8", gateways=0, node_env=agent)
@@ -142,14 +142,17 @@ def test_downloads_resume_fail_with_reasons_and_placement_checks_room_and_fit(cl
         r = rec(model)
         return (r, derive(r, True, time.time())) if r else (None, None)
 
-    # Downloading, with its figures in `llmgw status`; then the agent is killed -9 in the middle.
+    # The agent is killed -9 in the middle of the download; the next one resumes it, shown Downloading
+    # with its figures in `llmgw status`.
     size = smol.stat().st_size
     before = wait_until(lambda: (r := rec("smol")) and r.weights_done > size // 5 and r, 60,
                         what="a fifth of the download")
-    status = cluster.llmgw("status").stdout
-    assert "Downloading" in status and "MiB/s" in status and "ETA" in status, status
     cluster.procs.get("node-a").kill9()
     cluster.start_node("a", gpus="fake:1:8", **agent)
+    wait_until(lambda: (r := rec("smol")) and r.weights_done > before.weights_done + 1024 ** 2
+               and r.weights_rate, 60, what="the download to go on")
+    status = cluster.llmgw("status").stdout
+    assert "Downloading" in status and "MiB/s" in status and "ETA" in status, status
     hub.rate = None
     wait_until(lambda: state("smol")[1] and state("smol")[1].state is State.READY, 120,
                what="smol to be Ready after the resumed download")

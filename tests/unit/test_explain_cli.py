@@ -153,7 +153,7 @@ def test_events_bad_arguments_are_one_clear_line(store, capsys, argv, message):
 
 
 def test_a_download_is_told_with_its_figures_its_failure_and_the_fit_estimate(store, capsys):
-    from llmgw.state.records import WeightsFacts
+    from llmgw.state.weights import WeightsFacts
 
     hf = "hf://org/smol-gguf/*Q4_1.gguf"
     shape = dict(weights_bytes=96_576_768, layers=30, heads=9, kv_heads=3, head_dim=64, kv_elems_per_token=11_520,

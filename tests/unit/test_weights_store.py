@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import fakeredis
 
-from llmgw.state.records import PullStatus, WeightsFacts
+from llmgw.state.weights import PullStatus, WeightsFacts
 from llmgw.state.store import Store
 
 

@@ -8,7 +8,7 @@ import time
 from typing import Iterable, Iterator, Sequence
 
 from llmgw.state import keys
-from llmgw.state.records import PullStatus, WeightsFacts
+from llmgw.state.weights import PullStatus, WeightsFacts
 from llmgw.state.store.base import Aggregate, Pipeline, decoded, ms
 
 PULL_STATUS_TTL = 24 * 3600.0
