@@ -5,7 +5,8 @@
 Writes a file of --size-mb MiB to a temp dir, serves it from the loopback hub of the tests
 (tests/support/fakehub.py, in its own process) as a plain URL and as a hub repository, then times,
 alternately, `curl -o` of the URL, the downloader on the URL source (with #sha256 verification) and
-on the hf:// source (model-info call, redirect to the CDN listener, sha256 against the ETag). Each
+on the hf:// source (model-info call, redirect to the CDN listener, sha256 against the ETag); and
+curl followed by an fsync of its file, since llmgw syncs a file before it names it complete. Each
 run starts from an empty cache; huggingface_hub is imported before the clock starts (the agent
 imports it once). Prints the median MiB/s of each and the range.
 """
@@ -71,9 +72,15 @@ def main() -> None:
             env = {"HF_ENDPOINT": info["endpoint"]}
             session = requests.Session()  # the agent keeps one (connection reuse), as curl's one run has one
 
-            def curl():
-                subprocess.run(["curl", "-s", "-f", "-o", str(tmp / "curl.out"), url], check=True)
-                (tmp / "curl.out").unlink()
+            def curl(sync=False):
+                def run():
+                    subprocess.run(["curl", "-s", "-f", "-o", str(tmp / "curl.out"), url], check=True)
+                    if sync:  # on disk for sure, as llmgw makes a file before it names it complete
+                        fd = os.open(tmp / "curl.out", os.O_RDONLY)
+                        os.fsync(fd)
+                        os.close(fd)
+                    (tmp / "curl.out").unlink()
+                return run
 
             def ours(source):
                 def run():
@@ -83,7 +90,7 @@ def main() -> None:
                     shutil.rmtree(cache)
                 return run
 
-            cases = {"curl -o": curl, "llmgw, https:// source (#sha256)": ours(f"{url}#sha256={sha}"),
+            cases = {"curl -o": curl(), "curl -o, then fsync": curl(sync=True), "llmgw, https:// source (#sha256)": ours(f"{url}#sha256={sha}"),
                      "llmgw, hf:// source (sha256 = ETag)": ours(f"hf://bench/{src.stem}/{src.name}")}
             times: dict[str, list[float]] = {k: [] for k in cases}
             for _ in range(args.runs):

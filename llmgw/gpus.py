@@ -119,25 +119,51 @@ def _from_table(raw: str) -> str:
     return cleaned.replace(" ", "") or raw.lower()
 
 
+# Nominal memory of each GPU class (GiB), for fit estimates where a node does not report its GPUs'
+# memory (nvidia-smi does; `LLMGW_NODE_GPUS` may, as `class:count:GiB`). Where a class comes in two
+# sizes (a100 40/80, v100 16/32), the smaller.
+GPU_MEMORY_GIB: dict[str, float] = {
+    "b200": 180, "b100": 180, "gb200": 186, "h200": 141, "gh200": 96, "h100": 80, "h800": 80, "h20": 96,
+    "a100": 40, "a800": 80, "a10g": 24, "a10": 24, "a30": 24, "a40": 48, "l40s": 48, "l40": 48, "l4": 24,
+    "t4": 16, "v100": 16, "p100": 16, "rtx6000ada": 48, "a6000": 48, "a5000": 24, "a4000": 16,
+    "rtx4090": 24, "rtx4080": 16, "rtx3090": 24, "rtx3090ti": 24, "rtx5090": 32, "mi300x": 192, "mi250": 128,
+}
+
+
+def gpu_memory_mb(gpu_class: str, reported_mb: int = 0) -> int:
+    """A GPU's memory in MiB: what its node reported, else its class's nominal memory (0: unknown)."""
+    return reported_mb or int(GPU_MEMORY_GIB.get(gpu_class, 0) * 1024)
+
+
 def parse_gpu_spec(spec: str) -> tuple[GPUDevice, ...]:
-    """`"h100:8"` or `"a10g:1,l4:2"` -> devices with consecutive indexes; `""` -> none.
+    """`"h100:8"`, `"a10g:1,l4:2"` or `"fake:1:8"` (CLASS:COUNT[:GiB of memory each]) -> devices with
+    consecutive indexes; `""` -> none.
 
     Raises ConfigError (variable LLMGW_NODE_GPUS) for a malformed part, so a typo stops the agent
     with a clear message instead of advertising the wrong fleet."""
     devices: list[GPUDevice] = []
     for part in filter(None, (p.strip() for p in spec.split(","))):
-        cls, _, count = part.partition(":")
+        cls, _, rest = part.partition(":")
+        count, _, mem = rest.partition(":")
         cls = cls.strip()
         if not cls:
             raise ConfigError("LLMGW_NODE_GPUS", f"missing GPU class in {part!r}")
         try:
             n = int(count) if count.strip() else 1
         except ValueError:
-            raise ConfigError("LLMGW_NODE_GPUS", f"expected CLASS:COUNT, got {part!r}") from None
+            raise ConfigError("LLMGW_NODE_GPUS", f"expected CLASS:COUNT[:GiB], got {part!r}") from None
         if n < 0:
             raise ConfigError("LLMGW_NODE_GPUS", f"negative GPU count in {part!r}")
+        memory_mb = 0
+        if mem.strip():
+            try:
+                memory_mb = int(float(mem) * 1024)
+            except ValueError:
+                raise ConfigError("LLMGW_NODE_GPUS", f"expected CLASS:COUNT:GiB (a number of GiB), got {part!r}") from None
+            if memory_mb <= 0:
+                raise ConfigError("LLMGW_NODE_GPUS", f"GPU memory must be positive in {part!r}")
         for _ in range(n):
-            devices.append(GPUDevice(index=len(devices), gpu_class=normalize_gpu_class(cls)))
+            devices.append(GPUDevice(index=len(devices), gpu_class=normalize_gpu_class(cls), memory_mb=memory_mb))
     return tuple(devices)
 
 

@@ -21,7 +21,7 @@ from llmgw.cli.status import _age, gather_status
 from llmgw.proc.exitstatus import describe_exit
 from llmgw.state import events
 from llmgw.state.records import EndpointInfo, GatewayReport, LoadRecord, ReplicaRecord
-from llmgw.state.replica_state import CrashPolicy, recent_failures
+from llmgw.state.replica_state import CrashPolicy, download_failed, recent_failures
 
 LOG_LINES = 10  # of a failing engine's log
 SATURATION_WINDOW = 600.0  # seconds of event history the gateways' saturation is read from
@@ -84,6 +84,10 @@ def explain(
         ready_total += min(len(ready), profile.replicas)
         ok = ok and len(ready) >= profile.replicas
         out.append(f"Profile {profile.name} ({profile.engine}): {profile.replicas} asked for, {len(ready)} Ready.")
+        estimate = next((e["fit"] for e in report.get("estimates", ())
+                         if (e["model"], e["profile"]) == (model.name, profile.name)), None)
+        if estimate:
+            out.append(_indent(f"Fit estimate from its weights' headers: {estimate}."))
         others = [r for r in mine if r["state"] not in ("Stopped",)]
         active = [r for r in others if not records.get(r["id"]) or records[r["id"]].stop_requested_at is None]
         if len(active) < profile.replicas:
@@ -124,8 +128,13 @@ def _replica(row: dict, rec: ReplicaRecord | None, report: dict, last_seen: Mapp
                   else f"{n} sends no heartbeat" for n in rec.all_nodes if not _live(report, n)]
         return (f"{rid} is Lost: node {'; node '.join(silent) or reason}. It is replaced on another node where "
                 "there is room, and asked to stop once the replacement is Ready or the node stays gone.")
+    if state in ("Failed", "CrashLoop") and download_failed(rec):
+        return _download_failing(rid, row, rec, now)
     if state in ("Failed", "CrashLoop") or (state == "Starting" and _crash_looping(rec, now)):
         return _failing(rid, row, rec, now)
+    if state == "Downloading":
+        return (f"{rid} is Downloading{_on(row)} {rec.weights_source}: {reason}. Its engine starts once the weights "
+                "are local; its start timeout counts from then.")
     if state == "Launching":
         placed = _age(now - (rec.launch_dispatched_at or rec.created_at))
         return (f"{rid} is Launching{_on(row)}: placed {placed} ago, waiting for the node agent to start it "
@@ -189,6 +198,22 @@ def _failing(rid: str, row: dict, rec: ReplicaRecord, now: float) -> str:
     tail = [ln for ln in (rec.log_tail or "").splitlines() if ln.strip()][-LOG_LINES:]
     if tail:
         text += "\nThe last lines of its log (llmgw logs " + rid + "):\n" + "\n".join(f"    | {ln}" for ln in tail)
+    return text
+
+
+def _download_failing(rid: str, row: dict, rec: ReplicaRecord, now: float) -> str:
+    """A replica whose weights could not be downloaded: the reason, and when the agent tries again."""
+    why = f"the download of {rec.weights_source} failed ({rec.weights_error_kind}): {rec.weights_error}"
+    if row["state"] == "CrashLoop":
+        policy = CrashPolicy()
+        text = (f"{rid} is in a crash loop{_on(row)}: {recent_failures(rec, now, policy)} failures in the last "
+                f"{policy.window:g}s; {why}. The agent keeps retrying with a growing backoff; the control plane "
+                "moves the replica when another node can take it.")
+    else:
+        text = f"{rid} Failed{_on(row)}: {why}."
+    if rec.next_restart_at is not None:
+        wait = rec.next_restart_at - now
+        text += f" Next try {'in ' + _age(wait) if wait > 0 else 'due now'}."
     return text
 
 

@@ -11,6 +11,7 @@ from typing import Collection, Iterable, Mapping
 
 from llmgw.catalog import read_applied
 from llmgw.cli.common import print_json, settings, store
+from llmgw.cli.fitview import fit_estimates
 from llmgw.state.records import (
     ExternalRecord,
     GatewayReport,
@@ -20,7 +21,15 @@ from llmgw.state.records import (
     ReplicaRecord,
     ScaleState,
 )
-from llmgw.state.replica_state import State, derive, derive_external, drain_progress, nodes_alive
+from llmgw.state.replica_state import (
+    State,
+    derive,
+    derive_external,
+    download_failed,
+    downloading,
+    drain_progress,
+    nodes_alive,
+)
 from llmgw.state.store import RedisError, Store
 
 
@@ -61,7 +70,8 @@ def gather_status(s: Store, now: float) -> dict:
     report = build_status(live, known, admin, replicas, version, len(endpoints), catalog_version, now,
                           listed={e.id for e in endpoints}, gateways=s.gateway_reports(),
                           loads=s.loads(draining), last_seen=s.nodes_last_seen(),
-                          scaling=s.scale_states(), bounds=bounds, externals=s.external_records())
+                          scaling=s.scale_states(), bounds=bounds, externals=s.external_records(),
+                          estimates=fit_estimates(cat, s.weights_facts()))
     if catalog_problem:
         report["catalog"]["problem"] = f"this llmgw cannot read it: {catalog_problem}"
     return report
@@ -111,11 +121,13 @@ def build_status(
     scaling: Mapping[tuple[str, str], ScaleState] | None = None,
     bounds: Mapping[tuple[str, str], tuple[int, int]] | None = None,
     externals: Iterable[ExternalRecord] = (),
+    estimates: Mapping[tuple[str, str], str] | None = None,
 ) -> dict:
     """`listed`: ids in the published endpoint list (a Lost replica still in it shows as Ready, its
     node agent lost); `gateways` and `loads` tell how far a Draining replica's drain has come;
     `scaling` is the autoscaler's record per profile and `bounds` each autoscaled profile's (min, max);
-    `externals`: the health-check records of external server urls."""
+    `externals`: the health-check records of external server urls; `estimates`: the fit estimate of
+    each profile with a remote source ((model, profile) -> text, `llmgw.cli.fitview`)."""
     gateways = list(gateways)
     loads = loads or {}
     last_seen = last_seen or {}
@@ -150,6 +162,9 @@ def build_status(
             "age": now - rec.created_at if rec.created_at else None,
             "url": rec.url,
             "listed": rec.id in listed,  # in the published endpoint list: the gateways route to it
+            "download": _download(rec),
+            "fit": (estimates or {}).get((rec.model, rec.profile)),
+            "engine_memory": rec.engine_memory,
         })
     nodes = []
     for name in sorted(set(known) | set(live)):
@@ -176,9 +191,13 @@ def build_status(
             # Each GPU and the replica holding it (None: free), for the console's row of boxes.
             "devices": [{"index": g.index, "class": g.gpu_class,
                          "replica": h.id if (h := holder.get((name, g.index))) else None,
-                         "model": h.model if h else None}
+                         "model": h.model if h else None, "healthy": g.healthy, "health": g.health}
                         for g in sorted(info.gpus if info else (), key=lambda g: g.index)],
             "replicas": sum(1 for r in rows if name in r["nodes"] and r["state"] != State.STOPPED.value),
+            "weights": None if info is None or info.weights_free is None else {
+                "dir": info.weights_dir, "free": info.weights_free, "room": info.weights_room,
+                "budget": info.weights_budget, "sources": len(info.weights),
+                "bytes": sum(w.size for w in info.weights)},
         })
     counts: dict[str, int] = {}
     for r in rows:
@@ -207,8 +226,19 @@ def build_status(
         "replica_states": counts,
         "autoscale": autoscale,
         "endpoints": {"version": endpoints_version, "count": endpoints_count},
+        "estimates": [{"model": m, "profile": p, "fit": text} for (m, p), text in sorted((estimates or {}).items())],
         "time": now,
     }
+
+
+def _download(rec: ReplicaRecord) -> dict | None:
+    """A replica's download while it runs or after it failed: the figures the console draws a bar from."""
+    if not (downloading(rec) or download_failed(rec)):
+        return None
+    return {"source": rec.weights_source, "phase": rec.weights_phase, "done": rec.weights_done,
+            "total": rec.weights_total, "rate": rec.weights_rate, "eta": rec.weights_eta,
+            "error_kind": rec.weights_error_kind if download_failed(rec) else None,
+            "error": rec.weights_error if download_failed(rec) else None}
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> str:
@@ -224,6 +254,9 @@ def render(report: dict) -> str:
     for n in report["nodes"]:
         admin = "draining" if n["draining"] else ("cordoned" if n["cordoned"] else "-")
         gpus = ", ".join(f"{c} {g['used']}/{g['total']} used" for c, g in sorted(n["gpus"].items())) or "-"
+        sick = [d for d in n["devices"] if not d.get("healthy", True)]
+        if sick:
+            gpus += " (" + ", ".join(f"GPU {d['index']} unhealthy: {d['health']}" for d in sick) + ")"
         node_rows.append([
             n["name"], n["pool"] or "?", "yes" if n["live"] else "NO", _age(n["heartbeat_age"]) if n["live"] else "gone",
             admin, gpus, str(n["replicas"]),
@@ -263,6 +296,13 @@ def render(report: dict) -> str:
         _table(["ID", "MODEL", "PROFILE", "NODE", "GPUS", "STATE", "RESTARTS", "AGE", "URL", "REASON"], rep_rows)
         if rep_rows else "  none",
     ]
+    if report.get("estimates"):
+        parts += ["", "FIT ESTIMATES (from the weights' headers, per replica)"]
+        for e in report["estimates"]:
+            took = sorted({r["engine_memory"] for r in report["replicas"] if r.get("engine_memory")
+                           and (r["model"], r["profile"]) == (e["model"], e["profile"])})
+            parts.append(f"  {e['model']}/{e['profile']}: {e['fit']}" + (f"; the engine reports {'; '.join(took)}"
+                                                                      if took else ""))
     if report.get("autoscale"):
         scale_rows = [[a["model"], a["profile"], str(a["wanted"]), "-" if a["min"] is None else str(a["min"]),
                        "-" if a["max"] is None else str(a["max"]), str(a["replicas"]), _age(a["changed_age"]) + " ago",

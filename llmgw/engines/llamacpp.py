@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import re
 import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -22,6 +23,9 @@ from llmgw.catalog.types import Adapter, MetricMapping, Profile
 from llmgw import surface as op
 from llmgw.engines.base import PKG_SOURCE, EngineAdapter, EngineUnavailable, LaunchContext, LaunchSpec
 from llmgw.errors import Problem
+from llmgw.weights.fit import KV_TYPE_BYTES, Workload
+from llmgw.weights.meta import Shape
+from llmgw.weights.sources import engine_refusal, parse_source
 
 # kv_cache_usage_ratio is absent from current builds (removed upstream in 2025): mapped anyway,
 # so builds that have it report it, and the others read as unknown (None), never as 0.
@@ -110,11 +114,39 @@ class LlamaCppAdapter(EngineAdapter):
         return out
 
     def source_refusal(self, source: str, who: str) -> str | None:
-        if not source:
-            return f"{who} needs a source: a .gguf file path or pkg:<package>/<file>"
-        if not source.lower().endswith(".gguf"):
-            return f"{who} loads a GGUF file: {source!r} must end in .gguf (a profile may set its own `source`)"
-        return None
+        """One GGUF file: a path, `pkg:`, `hf://ORG/REPO/FILE.gguf` (or a pattern), an https:// URL."""
+        return engine_refusal(parse_source(source), self.name, who)
+
+    def weights_layout(self, source: str) -> str | None:
+        return "llamacpp"
+
+    def memory_report(self, log: str) -> str | None:
+        """llama.cpp's buffer sizes, summed over devices (logged at `-lv 4` and above):
+        "model 92.1 MiB, KV cache 180.0 MiB, compute 16.6 MiB"."""
+        parts = []
+        kv_total = re.findall(r"llama_kv_cache(?:_unified)?: size =\s*([\d.]+) MiB", log)  # the total, when logged
+        for label, pattern in (("model", r"model buffer size =\s*([\d.]+) MiB"),
+                               ("KV cache", None if kv_total else r"KV buffer size =\s*([\d.]+) MiB"),
+                               ("compute", r"compute buffer size =\s*([\d.]+) MiB")):
+            found = [float(x) for x in (re.findall(pattern, log) if pattern else kv_total)]
+            if found:
+                parts.append(f"{label} {sum(found):.1f} MiB")
+        return ", ".join(parts) or None
+
+    def fit_workload(self, profile: Profile, shape: Shape) -> Workload | None:
+        """`-c` over `-np` slots (as `command` sets them; `-c 0` is the model's own context), `-ctk`,
+        spread over the profile's GPUs (0: the CPU)."""
+        args = list(profile.args)
+        try:
+            slots = int(_flag_value(args, "-np", "--parallel") or profile.capacity or DEFAULT_SLOTS)
+            ctx_arg = _flag_value(args, "-c", "--ctx-size")
+            ctx = int(ctx_arg) if ctx_arg is not None else slots * CTX_PER_SLOT
+        except ValueError:
+            return None
+        kv = _flag_value(args, "-ctk", "--cache-type-k")
+        return Workload("llamacpp", context=ctx or shape.context_length or slots * CTX_PER_SLOT, sequences=slots,
+                        devices=profile.gpu.count if profile.gpu else 0,
+                        kv_bytes=KV_TYPE_BYTES.get(kv) if kv else None)
 
     # --- LoRA adapters ------------------------------------------------------------------------
     def lora_refusals(self, profile: Profile) -> list[Problem]:

@@ -65,6 +65,11 @@ class SimAdapter(EngineAdapter):
     def paths(self, profile: Profile) -> dict[str, str]:
         return dict(SIM_PATHS)
 
+    def weights_layout(self, source: str) -> str | None:
+        """The sim loads nothing, but a remote source is downloaded as the engine it stands in for
+        would: one GGUF file when the source names one, else a repository snapshot."""
+        return "llamacpp" if source.split("#")[0].lower().endswith(".gguf") else "vllm"
+
     def effective_metrics(self, profile: Profile) -> MetricMapping:
         if _metrics_style(profile.args) == "llamacpp" and (profile.metrics is None or profile.metrics.is_empty()):
             return LLAMACPP_METRICS

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -21,6 +22,9 @@ from llmgw.catalog.types import MetricMapping, Profile
 from llmgw import surface as op
 from llmgw.engines.base import PKG_SOURCE, AdapterCall, AdapterOutcome, EngineAdapter, LaunchContext, LaunchSpec
 from llmgw.errors import Problem
+from llmgw.weights.fit import KV_TYPE_BYTES, Workload
+from llmgw.weights.meta import Shape
+from llmgw.weights.sources import engine_refusal, parse_source
 
 VLLM_METRICS = MetricMapping(
     running="vllm:num_requests_running",
@@ -77,6 +81,17 @@ def read_lora_activity(metrics_text: str) -> LoraActivity | None:
     return LoraActivity(running=_names(labels.get("running_lora_adapters", "")),
                         waiting=_names(labels.get("waiting_lora_adapters", "")),
                         max_loras=int(raw_max) if raw_max.isdigit() else None)
+
+
+def _arg(args: list[str], name: str) -> str | None:
+    """The last value of `--name V` or `--name=V` in `args`."""
+    found = None
+    for i, a in enumerate(args):
+        if a == name and i + 1 < len(args):
+            found = args[i + 1]
+        elif a.startswith(name + "="):
+            found = a.split("=", 1)[1]
+    return found
 
 
 def _error_message(text: str) -> str:
@@ -178,10 +193,41 @@ class VllmAdapter(EngineAdapter):
         return dict(VLLM_PATHS)
 
     def source_refusal(self, source: str, who: str) -> str | None:
-        # An empty source is fine: vLLM loads the model's name from Hugging Face.
-        if PKG_SOURCE.match(source):
-            return f"{who} loads a Hugging Face id or a directory, not pkg:<package>/<file>"
-        return None
+        """A whole repository (hf://ORG/REPO[@REV]), a directory, or a name vLLM resolves itself (an
+        empty source: the model's name)."""
+        return engine_refusal(parse_source(source), self.name, who)
+
+    def weights_layout(self, source: str) -> str | None:
+        return "vllm"
+
+    def memory_report(self, log: str) -> str | None:
+        """vLLM's start-up lines: "weights 14.99 GiB, KV cache 38.59 GiB (1,264,528 tokens)"."""
+        weights = re.findall(r"Model loading took ([\d.]+) GiB", log)
+        kv = re.findall(r"Available KV cache memory: ([\d.]+) GiB", log)
+        tokens = re.findall(r"GPU KV cache size: ([\d,]+) tokens", log)
+        parts = [f"weights {float(weights[-1]):.2f} GiB"] if weights else []
+        if kv:
+            parts.append(f"KV cache {float(kv[-1]):.2f} GiB" + (f" ({tokens[-1]} tokens)" if tokens else ""))
+        return ", ".join(parts) or None
+
+    def fit_workload(self, profile: Profile, shape: Shape) -> Workload | None:
+        """`--max-model-len` (default: the model's context), `--max-num-seqs` (256, the API server's
+        default), `--gpu-memory-utilization` (0.9), `--kv-cache-dtype`, `--max-num-batched-tokens`
+        (2048), and the profile's tensor and pipeline parallelism."""
+        args = list(profile.args)
+        try:
+            ctx = int(_arg(args, "--max-model-len") or shape.context_length or 0)
+            seqs = int(_arg(args, "--max-num-seqs") or 256)
+            util = float(_arg(args, "--gpu-memory-utilization") or 0.9)
+            batched = int(_arg(args, "--max-num-batched-tokens") or 2048)
+        except ValueError:
+            return None
+        if ctx <= 0:
+            return None
+        kv = _arg(args, "--kv-cache-dtype")
+        return Workload("vllm", context=ctx, sequences=seqs, tensor_parallel=profile.tensor_parallel,
+                        pipeline_parallel=profile.pipeline_parallel, gpu_memory_utilization=util,
+                        max_batched_tokens=batched, kv_bytes=KV_TYPE_BYTES.get(kv) if kv and kv != "auto" else None)
 
     def command(self, ctx: LaunchContext) -> LaunchSpec:
         p = ctx.profile

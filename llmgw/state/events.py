@@ -22,6 +22,8 @@ KINDS = (
     "credentials_rotated",
     "endpoints_published", "external_ready", "external_unreachable",
     "model_saturated", "model_recovered", "model_cold_start",
+    "weights_download_started", "weights_download_progress", "weights_download_failed", "weights_download_complete",
+    "weights_evicted", "gpu_unhealthy", "gpu_healthy",
 )
 
 

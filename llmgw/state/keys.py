@@ -152,6 +152,39 @@ def kick_dirty(task: str) -> str:
     return f"{PREFIX}:dirty:{task}"
 
 
+# --- model weights (docs/weights.md) ---------------------------------------------------------------
+# Set of the remote sources (as written in the catalog) that have a facts record below.
+WEIGHTS_SOURCES = f"{PREFIX}:weights:sources"
+
+
+def _source_id(source: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(source.encode()).hexdigest()[:20]
+
+
+def weights_source(source: str) -> str:
+    """JSON WeightsFacts of a remote source: its size and shape (for placement's disk and fit checks),
+    or why they could not be read; written by the node agent that read its headers (an error with a
+    short TTL, so it is read again)."""
+    return f"{PREFIX}:weights:source:{_source_id(source)}"
+
+
+def weights_claim(source: str) -> str:
+    """String (NX, TTL): the node agent reading a source's headers now, so the others do not."""
+    return f"{PREFIX}:weights:claim:{_source_id(source)}"
+
+
+def weights_pulls(node: str) -> str:
+    """Hash: source -> JSON {"layout", "requested_at"}: what `llmgw models pull` asks `node` to download."""
+    return f"{PREFIX}:node:{node}:pulls"
+
+
+def weights_pull_status(node: str) -> str:
+    """Hash: source -> JSON PullStatus: how each pull on `node` is going (its agent writes it)."""
+    return f"{PREFIX}:node:{node}:pull-status"
+
+
 # --- Celery queues (the broker is this Redis: each queue is a list of that name) ------------------
 # The control plane's tasks (reconcile, publish, housekeeping), consumed by the control workers.
 CONTROL_QUEUE = "control"

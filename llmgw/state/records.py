@@ -26,6 +26,9 @@ class GPUDevice:
     index: int
     gpu_class: str  # normalised, e.g. "h100"
     memory_mb: int = 0
+    # GPU health (llmgw.weights.gpuhealth): an unhealthy GPU gets no new replica; `health` says why.
+    healthy: bool = True
+    health: str = ""
 
     @classmethod
     def from_dict(cls, d: dict) -> "GPUDevice":
@@ -46,17 +49,40 @@ class NodeInfo:
     heartbeat_at: float = 0.0
     agent_started_at: float = 0.0
     agent_pid: int = 0
+    # The node's weights cache (docs/weights.md): the complete sources, where they live, the bytes free
+    # there and the bytes a new download may take (free disk and LLMGW_WEIGHTS_BUDGET, once unused
+    # weights are evicted). None: not reported (an older agent, or not read yet).
+    weights: tuple["CachedWeights", ...] = ()
+    weights_dir: str = ""
+    weights_free: int | None = None
+    weights_room: int | None = None
+    weights_budget: int | None = None
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["gpus"] = [asdict(g) for g in self.gpus]
+        d["weights"] = [[w.source, w.size, w.last_used] for w in self.weights]
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "NodeInfo":
         d = dict(d)
         d["gpus"] = tuple(GPUDevice.from_dict(g) for g in d.get("gpus") or ())
+        d["weights"] = tuple(CachedWeights(str(w[0]), int(w[1]), float(w[2])) for w in d.get("weights") or ())
         return _from_dict(cls, d)
+
+    def holds(self, source: str) -> bool:
+        """The node has `source` complete in its cache."""
+        return any(w.source == source for w in self.weights)
+
+
+@dataclass(frozen=True)
+class CachedWeights:
+    """One complete source in a node's cache, as its heartbeat reports it."""
+
+    source: str
+    size: int  # bytes
+    last_used: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -79,6 +105,9 @@ AGENT_FIELDS = (
     "exit_signal", "exited_at", "last_probe_at", "last_probe_ok", "probe_error", "first_ready_at",
     "restarts", "failure_times", "next_restart_at", "log_tail", "stopped_at", "adopted_at",
     "master_port", "drained_at", "drain_note", "log_path",
+    "weights_source", "weights_phase", "weights_done", "weights_total", "weights_rate", "weights_eta",
+    "weights_file", "weights_started_at", "weights_local_at", "weights_path", "weights_error_kind",
+    "weights_error", "weights_failed_at", "engine_memory",
 )
 # Plus one field per node, `stopped_on:<node>` (llmgw.state.keys.replica_stopped_on), written by each node's
 # agent of a multi-node replica; read back as `ReplicaRecord.stopped_nodes`.
@@ -145,6 +174,24 @@ class ReplicaRecord:
     # The agent judged the drain of a planned stop over (and sent SIGTERM) at this time, and why.
     drained_at: float | None = None
     drain_note: str | None = None
+    # The download of a remote source's weights before the engine starts (docs/weights.md): what is
+    # fetched, how far it is (phase: queued, resolving, waiting, downloading, verifying, failed), when
+    # the weights became local and the path the engine loads; a failed download's kind and reason.
+    weights_source: str | None = None  # None: the source is local (a path, pkg:), nothing to download
+    weights_phase: str | None = None
+    weights_done: int = 0  # bytes on disk
+    weights_total: int | None = None
+    weights_rate: float | None = None  # bytes per second
+    weights_eta: float | None = None  # seconds
+    weights_file: str | None = None  # the file being fetched
+    weights_started_at: float | None = None  # of the current download attempt
+    weights_local_at: float | None = None  # complete on the node: the engine may start
+    weights_path: str | None = None
+    weights_error_kind: str | None = None  # auth | not_found | disk_full | checksum | connection | ...
+    weights_error: str | None = None
+    weights_failed_at: float | None = None
+    # What the engine's log said it took once Ready (`EngineAdapter.memory_report`), beside the fit estimate.
+    engine_memory: str | None = None
     # --- loaded, never stored under this name ------------------------------------------------------
     # Nodes whose agent confirmed its part stopped (the `stopped_on:<node>` fields), sorted.
     stopped_nodes: list[str] = field(default_factory=list)
@@ -366,3 +413,4 @@ class ScaleState:
     @classmethod
     def from_dict(cls, d: dict) -> "ScaleState":
         return _from_dict(cls, d)
+

@@ -29,6 +29,7 @@ class State(str, enum.Enum):
     LOST = "Lost"  # its node's heartbeat expired
     CHECKING = "Checking"  # an external url not health-checked yet
     UNREACHABLE = "Unreachable"  # an external url whose checks fail
+    DOWNLOADING = "Downloading"  # placed; its node agent makes the weights local before the engine starts
 
 
 @dataclass(frozen=True)
@@ -82,11 +83,14 @@ def derive(
         return StateView(State.LOST, f"node {rec.node} stopped sending heartbeats")
     failures = recent_failures(rec, now, policy)
     if not rec.running:
+        if downloading(rec):
+            return StateView(State.DOWNLOADING, download_text(rec))
+        fetch_failed = download_failed(rec)
         if failures >= policy.max_failures:
-            return StateView(
-                State.CRASHLOOP,
-                f"{failures} failures in {policy.window:g}s; last exit {_exit_text(rec)}",
-            )
+            last = f"last: {_download_error(rec)}" if fetch_failed else f"last exit {_exit_text(rec)}"
+            return StateView(State.CRASHLOOP, f"{failures} failures in {policy.window:g}s; {last}")
+        if fetch_failed:
+            return StateView(State.FAILED, _download_error(rec))
         if rec.exited_at is not None:
             return StateView(State.FAILED, _exit_text(rec))
         return StateView(State.LAUNCHING, "waiting for the node agent")
@@ -95,6 +99,57 @@ def derive(
             return StateView(State.READY)
         return StateView(State.UNHEALTHY, rec.probe_error or "health probe failing")
     return StateView(State.STARTING, rec.probe_error or "")
+
+
+def downloading(rec: ReplicaRecord) -> bool:
+    """Its node agent is making a remote source's weights local (the engine starts once they are)."""
+    return rec.weights_source is not None and rec.weights_local_at is None and \
+        rec.weights_phase not in (None, "failed")
+
+
+def download_failed(rec: ReplicaRecord) -> bool:
+    """The last download of its weights failed (and the agent tries again after a backoff)."""
+    return rec.weights_phase == "failed" and rec.weights_local_at is None
+
+
+def download_text(rec: ReplicaRecord) -> str:
+    """"41% 3.2 of 7.8 GiB, 110.0 MiB/s, ETA 42s", or what the download waits for."""
+    phase = rec.weights_phase
+    if phase == "queued":
+        return f"queued: other downloads of this node come first ({rec.weights_source})"
+    if phase == "resolving":
+        return f"resolving {rec.weights_source}"
+    done, total = rec.weights_done, rec.weights_total
+    size = _bytes(done)
+    if total:
+        whole = _bytes(total)
+        unit = whole.rsplit(" ", 1)[1]
+        size = f"{size.rsplit(' ', 1)[0] if size.endswith(unit) else size} of {whole}"
+    text = (f"{done / total:.0%} " if total else "") + size
+    if rec.weights_rate is not None:
+        text += f", {_bytes(rec.weights_rate)}/s"
+    if rec.weights_eta is not None:
+        text += f", ETA {_seconds(rec.weights_eta)}"
+    if phase == "waiting":
+        text += f"; another download of {rec.weights_file or 'the same file'} on this node holds it"
+    elif phase == "verifying":
+        text += "; verifying the checksum"
+    return text
+
+
+def _download_error(rec: ReplicaRecord) -> str:
+    return f"download failed ({rec.weights_error_kind or 'error'}): {rec.weights_error or 'no reason given'}"
+
+
+def _bytes(n: float | None) -> str:
+    if n is None:
+        return "?"
+    return f"{n / 1024 ** 3:.1f} GiB" if abs(n) >= 1024 ** 3 else f"{n / 1024 ** 2:.1f} MiB"
+
+
+def _seconds(s: float) -> str:
+    s = max(0.0, s)
+    return f"{s:.0f}s" if s < 120 else (f"{s / 60:.0f}m" if s < 7200 else f"{s / 3600:.1f}h")
 
 
 def served_this_attempt(rec: ReplicaRecord) -> bool:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from llmgw.state.records import ExternalRecord, GatewayReport, NodeAdmin, NodeInfo, ReplicaRecord
+from llmgw.state.weights import WeightsFacts
 
 
 @dataclass(frozen=True)
@@ -19,6 +20,7 @@ class FleetView:
     admin: Mapping[str, NodeAdmin] = field(default_factory=dict)  # operator flags of every known node
     last_seen: Mapping[str, float] = field(default_factory=dict)  # node -> time of its last heartbeat
     credentials: Mapping[str, int] = field(default_factory=dict)  # model or ALL_MODELS -> rotations
+    weights: Mapping[str, WeightsFacts] = field(default_factory=dict)  # remote source -> its size and shape
 
 
 @dataclass(frozen=True)

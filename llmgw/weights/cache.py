@@ -127,6 +127,18 @@ def room(needed: int, free: int, where: str, *, entries: Iterable[Entry] = (), i
     return Room(needed, free, budget_left, to_evict)
 
 
+def headroom(entries: Iterable[Entry], in_use: set[str], free: int, budget: int | None = None) -> int:
+    """Bytes a new download may take on the node (what its heartbeat reports, for placement): the
+    free disk plus what evicting every unused entry would free, within the budget less what the
+    entries in use hold."""
+    entries = list(entries)
+    kept = [e for e in entries if e.key in in_use]
+    room = free + used_bytes(entries) - used_bytes(kept)
+    if budget is not None:
+        room = min(room, budget - used_bytes(kept))
+    return max(room, 0)
+
+
 # --- the shell: manifests on disk --------------------------------------------------------------------
 def index_dir(root: Path) -> Path:
     return root / "index"

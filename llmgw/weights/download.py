@@ -70,16 +70,35 @@ class Meter:
         return rate, eta
 
 
+@dataclass(frozen=True)
+class Survey:
+    """What placement needs of a source before any download: the bytes it takes on disk, and the
+    model's shape for a fit estimate (None, with `problem`, when its headers cannot be read)."""
+
+    source: str
+    size: int | None
+    shape: meta.Shape | None
+    problem: str | None = None
+
+
 class Downloader:
+    """`budget` (bytes, LLMGW_WEIGHTS_BUDGET) and `in_use` (the cache keys of sources a replica on the
+    node runs or is about to start) let a download evict unused sources first (`cache.room`);
+    `on_evict` hears of each one removed."""
+
     def __init__(self, root: Path, environ: Mapping[str, str] | None = None,
                  session: requests.Session | None = None, clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time, free_bytes: Callable[[Path], int] = cache.free_bytes,
-                 report_every: float = 1.0, sleep: Callable[[float], object] = time.sleep):
+                 report_every: float = 1.0, sleep: Callable[[float], object] = time.sleep,
+                 budget: int | None = None, in_use: Callable[[], set[str]] = set,
+                 on_evict: Callable[[cache.Entry], None] = lambda e: None):
         self.root = Path(root)
         self.environ = os.environ if environ is None else environ
         self._session, self._local = session, threading.local()
         self.clock, self.wall, self.free_bytes = clock, wall, free_bytes
         self.report_every, self.sleep = report_every, sleep
+        self.budget, self.in_use, self.on_evict = budget, in_use, on_evict
+        self._evicting = threading.Lock()
 
     @property
     def session(self) -> requests.Session:
@@ -114,23 +133,33 @@ class Downloader:
         return self._url(source, on_progress, cancel)
 
     def shape(self, source_text: str, engine: str | None = None) -> meta.Shape | None:
-        """The model's shape for a fit estimate, without downloading the weights: from the local files
-        when the source is complete here, else from ranged GETs of the remote headers (GGUF header;
-        config.json and each safetensors header). None for a local path or pkg: (read those with
-        `meta.local_shape`)."""
+        """The model's shape for a fit estimate, without downloading the weights (`survey`'s); None for a
+        local path or pkg: (read those with `meta.local_shape`), or when the headers cannot be read."""
+        got = self.survey(source_text, engine)
+        return got.shape if got is not None else None
+
+    def survey(self, source_text: str, engine: str | None = None) -> Survey | None:
+        """The source's size and shape (`shape`), from the cache when it is complete here, else from one
+        resolve and ranged header reads. Raises DownloadFailed when the source cannot be resolved (401,
+        404, ...); a header that cannot be read leaves the shape None and says why. None for a local
+        path or pkg:."""
         source = parse_source(source_text)
         if not isinstance(source, (HubSource, UrlSource)):
             return None
-        done = cache.lookup(self.root, str(source))
+        name = str(source)
+        done = cache.lookup(self.root, name)
         if done is not None:
-            return meta.local_shape(Path(done.path))
+            return _with_shape(name, done.size, lambda: meta.local_shape(Path(done.path)))
         if isinstance(source, UrlSource):
-            return meta.shape_of({source.filename: meta.http_fetch(self.session, source.url)})
+            h = url.head(self.session, source.url, {"User-Agent": "llmgw"}, name)
+            return _with_shape(name, h.size, lambda: meta.shape_of(
+                {source.filename: meta.http_fetch(self.session, source.url)}))
         env = hub.HubEnv.from_environ(self.environ)
         plan = hub.resolve(source, engine or "", self.hub_cache, env)
-        headers = env.headers()
         wanted = [f for f in plan.files if f.path.endswith((".gguf", ".safetensors")) or f.path == "config.json"]
-        return meta.shape_of({f.path: meta.http_fetch(self.session, f.url, headers) for f in wanted})
+        headers = env.headers()
+        return _with_shape(name, plan.total, lambda: meta.shape_of(
+            {f.path: meta.http_fetch(self.session, f.url, headers) for f in wanted}))
 
     # --- hub ----------------------------------------------------------------------------------
     def _hub(self, source: HubSource, engine: str, on_progress, cancel) -> Local:
@@ -187,10 +216,19 @@ class Downloader:
 
     # --- shared -------------------------------------------------------------------------------
     def _check_room(self, name: str, targets: list[tuple[Path, int | None]]) -> None:
+        """Room for what is still missing: the free disk, and the budget once unused sources (least
+        recently used first, never one in `in_use`) are evicted; those are removed before the fetch."""
         needed = sum(max((n or 0) - _on_disk(p), 0) for p, n in targets)
-        r = cache.room(needed, self.free_bytes(self.root), str(self.root))
-        if not r.ok:
-            raise DownloadFailed(name, "disk_full", r.problem or "no room")
+        with self._evicting:  # two downloads must not both count the same evictions
+            entries = cache.read_index(self.root) if self.budget is not None else []
+            keep = set(self.in_use()) | {cache.source_key(name)}
+            r = cache.room(needed, self.free_bytes(self.root), str(self.root), entries=entries, in_use=keep,
+                           budget=self.budget)
+            if not r.ok:
+                raise DownloadFailed(name, "disk_full", r.problem or "no room")
+            for e in r.evict:
+                cache.remove(self.root, e, [x for x in entries if x.key != e.key and x not in r.evict])
+                self.on_evict(e)
 
     def _locked_fetch(self, lock_path: Path, final: Path, link: str, name: str, size: int | None,
                       digest, headers, validator, report: "_Reporter", cancel, label: str) -> int:
@@ -231,6 +269,15 @@ class _Reporter:
     def finish(self) -> None:
         done = self.done()
         self.out(Progress(self.name, "complete", done, self.total if self.total is not None else done))
+
+
+def _with_shape(name: str, size: int | None, read: Callable[[], meta.Shape]) -> Survey:
+    try:
+        return Survey(name, size, read())
+    except DownloadFailed:
+        raise
+    except (meta.MetaError, requests.RequestException, OSError, ValueError, KeyError) as e:
+        return Survey(name, size, None, f"cannot read the model's shape from its headers: {e}")
 
 
 def _complete(p: Path, size: int | None) -> bool:

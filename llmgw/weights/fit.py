@@ -27,18 +27,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from llmgw.gpus import gpu_memory_mb
 from llmgw.weights.meta import Shape
 
 GIB = 1024 ** 3
 MIB = 1024 ** 2
-# Nominal memory of each GPU class (GiB); a node's reported memory (nvidia-smi) wins over this. Where a
-# class comes in two sizes (a100 40/80, v100 16/32), the smaller.
-GPU_MEMORY_GIB: dict[str, float] = {
-    "b200": 180, "b100": 180, "gb200": 186, "h200": 141, "gh200": 96, "h100": 80, "h800": 80, "h20": 96,
-    "a100": 40, "a800": 80, "a10g": 24, "a10": 24, "a30": 24, "a40": 48, "l40s": 48, "l40": 48, "l4": 24,
-    "t4": 16, "v100": 16, "p100": 16, "rtx6000ada": 48, "a6000": 48, "a5000": 24, "a4000": 16,
-    "rtx4090": 24, "rtx4080": 16, "rtx3090": 24, "rtx3090ti": 24, "rtx5090": 32, "mi300x": 192, "mi250": 128,
-}
 # Bytes per element of a KV cache type (llama.cpp's -ctk/-ctv names, vLLM's --kv-cache-dtype).
 KV_TYPE_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "auto": 2, "q8_0": 34 / 32, "q5_1": 24 / 32, "q5_0": 22 / 32,
                  "q4_1": 20 / 32, "q4_0": 18 / 32, "iq4_nl": 18 / 32, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
@@ -117,7 +110,7 @@ class DoesNotFit:
 
 def gpu_device(gpu_class: str, memory_mb: int = 0, free_mb: int | None = None) -> Device:
     """One GPU of `gpu_class`: its reported memory when known, else the class's nominal memory."""
-    memory = memory_mb * MIB if memory_mb else int(GPU_MEMORY_GIB.get(gpu_class, 0) * GIB)
+    memory = gpu_memory_mb(gpu_class, memory_mb) * MIB
     return Device(label=f"{_article(gpu_class)} {gpu_class.upper()}", memory=memory,
                   free=free_mb * MIB if free_mb is not None else None)
 

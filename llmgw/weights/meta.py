@@ -53,6 +53,13 @@ class Shape:
     architecture: str = ""
     by_dtype: tuple[tuple[str, int], ...] = ()  # (dtype, bytes)
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Shape":
+        """A shape as stored (JSON): unknown keys are ignored, the dtype pairs become tuples again."""
+        known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        known["by_dtype"] = tuple((str(k), int(n)) for k, n in known.get("by_dtype") or ())
+        return cls(**known)
+
 
 # --- GGUF -----------------------------------------------------------------------------------------
 class _Cursor:

@@ -313,3 +313,39 @@ def test_offline_mode_uses_the_cache_or_says_so(tmp_path, hub):
     downloader(tmp_path, hub).ensure("hf://org/smol-gguf/*Q4_1.gguf", "llamacpp")
     local = downloader(tmp_path, hub, env={"HF_HUB_OFFLINE": "1"}).ensure("hf://org/smol-gguf/*Q4_1.gguf", "llamacpp")
     assert Path(local.path).is_file()
+
+
+def test_survey_reads_size_and_shape_without_the_weights(tmp_path, hub, smol):
+    from llmgw.weights.meta import local_shape
+
+    d = downloader(tmp_path, hub)
+    got = d.survey("hf://org/smol-gguf/*Q4_1.gguf", "llamacpp")
+    assert got.size == smol.stat().st_size and got.shape == local_shape(smol) and got.problem is None
+    sha = next(b.sha256 for b in hub.blobs.values() if b.name == GGUF_NAME)
+    assert hub.body_bytes(sha) < 8 * MIB  # the header, not the file
+    tiny = d.survey("hf://org/tiny", "vllm")
+    assert tiny.size == sum(len(b) for n, b in tiny_model_files().items()) and tiny.shape.layers == 2
+    url = d.survey(hub.add_file("notgguf.gguf", b"not a gguf header at all" * 10), "llamacpp")
+    assert url.size == 240 and url.shape is None and "cannot read the model's shape" in url.problem
+    with pytest.raises(DownloadFailed) as e:
+        d.survey("hf://org/nothing/x.gguf", "llamacpp")
+    assert e.value.kind == "not_found"
+
+
+def test_a_budget_evicts_the_least_recently_used_source_never_one_in_use(tmp_path, hub, smol):
+    hub.add_repo("org/a", {"a.gguf": b"a" * MIB})
+    hub.add_repo("org/b", {"b.gguf": b"b" * MIB})
+    evicted = []
+    d = downloader(tmp_path, hub, budget=int(2.5 * MIB), on_evict=evicted.append)
+    a = d.ensure("hf://org/a/a.gguf", "llamacpp")
+    d.ensure("hf://org/b/b.gguf", "llamacpp")
+    cache.touch(tmp_path, cache.lookup(tmp_path, "hf://org/b/b.gguf"), 1e12)  # b used last
+    hub.add_repo("org/c", {"c.gguf": b"c" * MIB})
+    d.ensure("hf://org/c/c.gguf", "llamacpp")
+    assert [e.source for e in evicted] == ["hf://org/a/a.gguf"] and not Path(a.path).exists()
+    assert {e.source for e in cache.read_index(tmp_path)} == {"hf://org/b/b.gguf", "hf://org/c/c.gguf"}
+    d.in_use = lambda: {cache.source_key("hf://org/b/b.gguf"), cache.source_key("hf://org/c/c.gguf")}
+    with pytest.raises(DownloadFailed) as e:
+        d.ensure("hf://org/a/a.gguf", "llamacpp")
+    assert e.value.kind == "disk_full"
+    assert "needs 1.0 MiB, the weights budget has 0.5 MiB left of 2.5 MiB" in e.value.reason

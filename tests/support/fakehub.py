@@ -17,7 +17,8 @@ The CDN listener also serves plain files for URL sources: `hub.file_url(name)` a
 Every GET and HEAD honours `Range: bytes=N-` (206) and `If-Range`. `log` records each request
 (method, path, range, status, body bytes sent, whether a token came) to prove a resume fetched only
 the rest. Faults: `require_token` (401 without `Bearer <it>`, as a private repo), unknown repos,
-revisions and files (404 with the hub's X-Error-Code), `cut_after[name] = N` (the next GET of that
+revisions and files (404 with the hub's X-Error-Code), `private` (only those repositories need the
+token), `cut_after[name] = N` (the next GET of that
 file or blob is cut after N body bytes), `rate` (bytes per second, per response), `ignore_range`.
 """
 
@@ -116,6 +117,8 @@ class FakeHub:
         self.lock = threading.Lock()
         self.log: list[dict] = []
         self.require_token: str | None = None
+        # With `require_token`: only these repositories need it (empty: every one does, a private hub).
+        self.private: set[str] = set()
         self.cut_after: dict[str, int] = {}
         self.rate: float | None = None
         self.ignore_range = False
@@ -243,7 +246,7 @@ class FakeHub:
                 try:
                     if role == "cdn":
                         return self._cdn(path, head)
-                    if not self._authorised():
+                    if not self._authorised(path):
                         return
                     if path.startswith("/api/models/"):
                         return self._api(path[len("/api/models/"):])
@@ -254,9 +257,10 @@ class FakeHub:
                 except (BrokenPipeError, ConnectionResetError):
                     self.close_connection = True
 
-            def _authorised(self) -> bool:
+            def _authorised(self, path: str) -> bool:
                 want = fake.require_token
-                if want is None:
+                parts = path.removeprefix("/api/models/").strip("/").split("/")
+                if want is None or (fake.private and "/".join(parts[:2]) not in fake.private):
                     return True
                 got = self.headers.get("Authorization")
                 if got == f"Bearer {want}":

@@ -70,13 +70,14 @@ class Sim:
     credentials: dict[str, int] = field(default_factory=dict)  # model or "*" -> rotations
     wanted: dict[tuple[str, str], int] = field(default_factory=dict)  # the autoscaler's counts
     replica_load: dict[str, float] = field(default_factory=dict)
+    weights: dict = field(default_factory=dict)  # remote source -> WeightsFacts
 
     def snapshot(self) -> Snapshot:
         return Snapshot(nodes=dict(self.nodes), replicas=tuple(self.records.values()), admin=dict(self.admin),
                         known=frozenset(self.nodes) | frozenset(self.last_seen), taken_at=self.now,
                         last_seen={**self.last_seen, **{n: self.now for n in self.nodes}},
                         credentials=dict(self.credentials), wanted=dict(self.wanted),
-                        replica_load=dict(self.replica_load))
+                        replica_load=dict(self.replica_load), weights=dict(self.weights))
 
     def lose(self, name: str) -> NodeInfo:
         """The node stops heartbeating now (its last heartbeat is remembered)."""

@@ -17,12 +17,24 @@ def test_defaults_and_overrides():
     assert c.policy.backoff_cap == 30
 
 
+@pytest.mark.parametrize("text,size", [("500GiB", 500 * 1024 ** 3), ("800G", 800 * 10 ** 9), ("1.5TiB", int(1.5 * 1024 ** 4)),
+                                       ("123", 123), ("64 MiB", 64 * 1024 ** 2)])
+def test_weights_knobs(text, size, tmp_path):
+    c = AgentSettings.from_env({"LLMGW_WEIGHTS_BUDGET": text, "LLMGW_STATE_DIR": str(tmp_path), "LLMGW_DOWNLOADS": "3"})
+    assert (c.weights_budget, c.downloads, c.weights_dir) == (size, 3, tmp_path / "weights")
+    assert AgentSettings.from_env({"LLMGW_WEIGHTS_DIR": "/w"}).weights_dir.as_posix() == "/w"
+    assert AgentSettings.from_env({}).weights_budget is None
+
+
 @pytest.mark.parametrize("env,var", [
     ({"LLMGW_AGENT_TICK": "x"}, "LLMGW_AGENT_TICK"),
     ({"LLMGW_AGENT_TICK": "0"}, "LLMGW_AGENT_TICK"),
     ({"LLMGW_AGENT_KEEP_ENGINES": "maybe"}, "LLMGW_AGENT_KEEP_ENGINES"),
     ({"LLMGW_AGENT_BACKOFF_CAP": "0.5"}, "LLMGW_AGENT_BACKOFF_CAP"),
     ({"LLMGW_AGENT_LOG_MAX_BYTES": "1MB"}, "LLMGW_AGENT_LOG_MAX_BYTES"),
+    ({"LLMGW_WEIGHTS_BUDGET": "lots"}, "LLMGW_WEIGHTS_BUDGET"),
+    ({"LLMGW_WEIGHTS_BUDGET": "0"}, "LLMGW_WEIGHTS_BUDGET"),
+    ({"LLMGW_DOWNLOADS": "0"}, "LLMGW_DOWNLOADS"),
 ])
 def test_bad_values_name_the_variable(env, var):
     with pytest.raises(ConfigError, match=var):

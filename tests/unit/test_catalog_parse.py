@@ -223,3 +223,19 @@ def test_an_external_profile_inherits_only_the_defaults_that_apply_and_never_ech
             {"name": "api", "engine": "external", "url": "https://user:sk-SECRET1@api.example",
              "api_key_env": "sk-SECRET2"}]}]})
     assert "SECRET" not in str(e.value) and len(e.value.problems) == 2
+
+
+def test_remote_sources_are_valid_where_their_engine_loads_them():
+    cat = parse_catalog_text("""
+models:
+  - name: qwen
+    source: hf://Qwen/Qwen2.5-7B-Instruct@v1
+    profiles:
+      - {name: gpu, engine: vllm, gpu: {class: l4}}
+      - {name: cpu, engine: llamacpp, source: "hf://bartowski/Qwen2.5-7B-Instruct-GGUF/*Q4_K_M.gguf"}
+      - {name: url, engine: llamacpp, source: "https://mirror.lan/qwen.gguf#sha256=""" + "a" * 64 + """"}
+""")
+    model = cat.model("qwen")
+    assert [model.source_for(p) for p in model.profiles] == [
+        "hf://Qwen/Qwen2.5-7B-Instruct@v1", "hf://bartowski/Qwen2.5-7B-Instruct-GGUF/*Q4_K_M.gguf",
+        "https://mirror.lan/qwen.gguf#sha256=" + "a" * 64]

@@ -107,7 +107,7 @@ def test_fleet_is_llmgw_status(store, fleet):
     assert set(body) >= {"nodes", "replicas", "replica_states", "endpoints", "catalog"}
     (a,) = body["nodes"]
     assert a["name"] == "a" and a["live"] and a["devices"] == [{"index": 0, "class": "h100", "replica": None,
-                                                               "model": None}]
+                                                               "model": None, "healthy": True, "health": ""}]
     assert {r["model"]: r["state"] for r in body["replicas"]} == {"chat": "Ready", "big": "Pending"}
 
 

@@ -66,9 +66,10 @@ def test_status_reports_nodes_replicas_and_endpoints(store, capsys):
     assert a["live"] and a["cordoned"] and not a["draining"]
     assert a["gpus"] == {"h100": {"total": 3, "used": 2, "free": 1}}
     (launching,) = [r for r in store.all_replicas() if r.model == "llama" and r.node]
-    assert a["devices"] == [{"index": 0, "class": "h100", "replica": launching.id, "model": "llama"},
-                            {"index": 1, "class": "h100", "replica": launching.id, "model": "llama"},
-                            {"index": 2, "class": "h100", "replica": None, "model": None}]
+    ok = {"healthy": True, "health": ""}
+    assert a["devices"] == [{"index": 0, "class": "h100", "replica": launching.id, "model": "llama", **ok},
+                            {"index": 1, "class": "h100", "replica": launching.id, "model": "llama", **ok},
+                            {"index": 2, "class": "h100", "replica": None, "model": None, **ok}]
     states = {r["model"] + "/" + r["state"] for r in report["replicas"]}
     assert states == {"llama/Launching", "llama/Pending", "tiny/Ready"}
     pending = next(r for r in report["replicas"] if r["state"] == "Pending")
@@ -167,3 +168,23 @@ def test_llmgw_up_tells_about_a_crash_loop_once_with_the_log_and_what_to_do():
     reporter = CrashReporter(parse_catalog_text("models:\n  - name: m\n    profiles:\n      - {name: p, engine: sim}\n"))
     assert len(reporter.check(store)) == 1
     assert reporter.check(store) == []  # once
+
+
+def test_status_shows_downloads_fit_estimates_and_what_the_engine_reports():
+    from llmgw.cli.status import build_status, render
+    from llmgw.state.records import GPUDevice, NodeInfo, ReplicaRecord
+
+    a = NodeInfo("a", gpus=(GPUDevice(0, "l4", healthy=False, health="GPU is lost"), GPUDevice(1, "l4")),
+                 weights_dir="/w", weights_free=10, weights_room=10)
+    down = ReplicaRecord(id="m-p-1", model="m", profile="p", node="a", nodes=["a"], weights_source="hf://o/r/x.gguf",
+                         weights_phase="downloading", weights_done=50 * 1024 ** 2, weights_total=100 * 1024 ** 2)
+    ready = ReplicaRecord(id="m-p-2", model="m", profile="p", node="a", nodes=["a"], started_at=1, first_ready_at=2,
+                          last_probe_ok=True, engine_memory="model 92.1 MiB, KV cache 180.0 MiB")
+    report = build_status({"a": a}, ["a"], {}, [down, ready], 1, 1, 1, 10.0,
+                          estimates={("m", "p"): "~0.3 GiB of memory (weights 0.1, KV cache 0.2, overhead 0.0)"})
+    row = next(r for r in report["replicas"] if r["id"] == "m-p-1")
+    assert row["state"] == "Downloading" and row["download"]["done"] == 50 * 1024 ** 2
+    text = render(report)
+    assert "50% 50.0 of 100.0 MiB" in text and "GPU 0 unhealthy: GPU is lost" in text
+    assert ("m/p: ~0.3 GiB of memory (weights 0.1, KV cache 0.2, overhead 0.0); the engine reports model 92.1 MiB, "
+            "KV cache 180.0 MiB") in text

@@ -150,3 +150,29 @@ def test_events_bad_arguments_are_one_clear_line(store, capsys, argv, message):
     assert cli.main(["events", *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith(message) and "Traceback" not in err
+
+
+def test_a_download_is_told_with_its_figures_its_failure_and_the_fit_estimate(store, capsys):
+    from llmgw.state.weights import WeightsFacts
+
+    hf = "hf://org/smol-gguf/*Q4_1.gguf"
+    shape = dict(weights_bytes=96_576_768, layers=30, heads=9, kv_heads=3, head_dim=64, kv_elems_per_token=11_520,
+                 hidden=576, ff=1536, vocab=49_152, context_length=8192)
+    cat = catalog(model("smol", {"name": "cpu", "engine": "llamacpp"}) | {"source": hf})
+    apply_catalog(store, cat, source="t", applied_by="t")
+    store.write_heartbeat(node("a"), ttl=60)
+    store.write_weights_facts(WeightsFacts(hf, "llamacpp", size=100_000_000, shape=shape))
+    reconcile_once(store, NullDispatcher(), lambda: NOW)
+    (rec,) = store.all_replicas()
+    store.update_replica(rec.id, weights_source=hf, weights_phase="downloading", weights_done=50 * 1024 ** 2,
+                         weights_total=100 * 1024 ** 2, weights_rate=10 * 1024 ** 2, weights_eta=5.0)
+    code, out = explain(capsys, "smol")
+    assert code == 1
+    assert (f"{rec.id} is Downloading on a {hf}: 50% 50.0 of 100.0 MiB, 10.0 MiB/s, ETA 5s. Its engine starts once "
+            "the weights are local; its start timeout counts from then.") in out
+    assert "Fit estimate from its weights' headers: ~0.3 GiB of memory (weights 0.1, KV cache 0.2" in out
+    store.update_replica(rec.id, weights_phase="failed", weights_error_kind="auth", failure_times=[NOW],
+                         weights_error="the hub refused the token (HF_TOKEN) for org/smol-gguf", next_restart_at=NOW + 70)
+    code, out = explain(capsys, "smol")
+    assert (f"{rec.id} Failed on a: the download of {hf} failed (auth): the hub refused the token (HF_TOKEN) for "
+            "org/smol-gguf. Next try in 40s.") in out

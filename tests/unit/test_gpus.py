@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from llmgw.errors import ConfigError
-from llmgw.gpus import normalize_gpu_class, parse_class_map, parse_gpu_spec, parse_nvidia_smi
+from llmgw.gpus import gpu_memory_mb, normalize_gpu_class, parse_class_map, parse_gpu_spec, parse_nvidia_smi
 from llmgw.state.records import GPUDevice
 
 
@@ -62,9 +62,17 @@ def test_parse_spec():
     assert parse_gpu_spec("h100:2") == (GPUDevice(0, "h100"), GPUDevice(1, "h100"))
     assert [(g.index, g.gpu_class) for g in parse_gpu_spec("a10g:1, L4:2")] == [(0, "a10g"), (1, "l4"), (2, "l4")]
     assert parse_gpu_spec("t4") == (GPUDevice(0, "t4"),)
+    # A memory figure per GPU (GiB), as nvidia-smi would report it: what fit estimates compare with.
+    assert parse_gpu_spec("fake:1:8,l4:1:23.5") == (GPUDevice(0, "fake", 8192), GPUDevice(1, "l4", 24064))
 
 
-@pytest.mark.parametrize("bad", ["h100:x", ":2", "h100:-1"])
+def test_gpu_memory_is_the_reported_figure_else_the_class_nominal():
+    assert gpu_memory_mb("l4", 23034) == 23034
+    assert gpu_memory_mb("l4") == 24 * 1024
+    assert gpu_memory_mb("fake") == 0
+
+
+@pytest.mark.parametrize("bad", ["h100:x", ":2", "h100:-1", "fake:1:x", "fake:1:0"])
 def test_bad_spec(bad):
     with pytest.raises(ConfigError, match="LLMGW_NODE_GPUS"):
         parse_gpu_spec(bad)

@@ -3,6 +3,7 @@ redrawn in place on a terminal, one line per change when piped."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 
 from llmgw.cli.progress import Progress, Row, changes, frame, lines, rows
@@ -128,3 +129,19 @@ def test_progress_writes_plain_lines_to_a_pipe_and_redraws_on_a_terminal():
     out = term.getvalue()
     assert out.count("\r\x1b[1A\x1b[J") == 2 and out.count(lines([A])[0]) == 3
     assert "llmgw up: something happened\n" + lines([A])[0] in out
+
+
+def test_a_download_shows_its_figures_on_a_terminal_and_tens_of_percent_when_piped():
+    hf = "hf://org/smol-gguf/*Q4_1.gguf"
+    d = rec("m-cpu-08", node="a", nodes=["a"], weights_source=hf, weights_phase="downloading",
+            weights_started_at=NOW - 9, weights_done=3_435_973_837, weights_total=8_375_186_227,
+            weights_rate=115_343_360.0, weights_eta=42.4)
+    report, records = report_of(d)
+    (row,) = rows(report, records, NOW)
+    assert row.status() == f"Downloading 9.0s: downloading {hf} 40%"
+    assert row.status(detail=True) == f"Downloading 9.0s: downloading {hf} 40% (41% 3.2 of 7.8 GiB, 110.0 MiB/s, ETA 42s)"
+    assert lines([row], detail=True)[0].endswith("ETA 42s)")
+    faster = dataclasses.replace(d, weights_done=3_500_000_000, weights_eta=40.0)
+    printed, seen = changes([row], {})
+    again, _ = changes(rows(*report_of(faster), NOW), seen)
+    assert len(printed) == 1 and again == []  # the bytes moved, the step did not: no new line

@@ -7,6 +7,7 @@ from llmgw.state.replica_state import CrashPolicy, State, derive
 
 NOW = 1_000.0
 POLICY = CrashPolicy(max_failures=3, window=60.0)
+HF = "hf://org/smol-gguf/*Q4_1.gguf"
 
 
 def rec(**facts) -> ReplicaRecord:
@@ -62,6 +63,35 @@ CASES = [
      stop_requested_at=NOW - 2, stopped_at=NOW - 1, stopped_nodes=["a"]), False, State.LOST, "b"),
     ("single node: stopped_at alone still suffices", dict(started_at=NOW - 5, stop_requested_at=NOW - 2,
      stopped_at=NOW - 1, stopped_nodes=[]), True, State.STOPPED, ""),
+    # the download of a remote source's weights, before the engine starts (docs/weights.md)
+    ("download queued", dict(weights_source=HF, weights_phase="queued"), True, State.DOWNLOADING,
+     "queued: other downloads of this node come first"),
+    ("download resolving", dict(weights_source=HF, weights_phase="resolving"), True, State.DOWNLOADING,
+     f"resolving {HF}"),
+    ("downloading", dict(weights_source=HF, weights_phase="downloading", weights_done=3_435_973_837,
+     weights_total=8_375_186_227, weights_rate=115_343_360.0, weights_eta=42.4), True, State.DOWNLOADING,
+     "41% 3.2 of 7.8 GiB, 110.0 MiB/s, ETA 42s"),
+    ("download waits on another replica's", dict(weights_source=HF, weights_phase="waiting", weights_done=10,
+     weights_total=100, weights_file="m.gguf"), True, State.DOWNLOADING, "another download of m.gguf on this node"),
+    ("download verifying", dict(weights_source=HF, weights_phase="verifying", weights_done=100, weights_total=100),
+     True, State.DOWNLOADING, "100% 0.0 of 0.0 MiB; verifying the checksum"),
+    ("download failed", dict(weights_source=HF, weights_phase="failed", weights_error_kind="auth",
+     weights_error="the hub refused the token", weights_failed_at=NOW - 1, failure_times=[NOW - 1],
+     next_restart_at=NOW + 1), True, State.FAILED, "download failed (auth): the hub refused the token"),
+    ("downloads failing too often", dict(weights_source=HF, weights_phase="failed", weights_error_kind="not_found",
+     weights_error="no repository o/r", failure_times=[NOW - 30, NOW - 10, NOW - 1]), True, State.CRASHLOOP,
+     "3 failures in 60s; last: download failed (not_found): no repository o/r"),
+    ("retrying a failed download", dict(weights_source=HF, weights_phase="resolving", weights_error_kind="auth",
+     weights_error="x", failure_times=[NOW - 30, NOW - 10, NOW - 1]), True, State.DOWNLOADING, "resolving"),
+    ("weights local, engine not started yet", dict(weights_source=HF, weights_phase="complete",
+     weights_local_at=NOW - 1, weights_path="/w/m.gguf"), True, State.LAUNCHING, "agent"),
+    ("weights local, engine starting", dict(weights_source=HF, weights_phase="complete", weights_local_at=NOW - 2,
+     started_at=NOW - 1, pid=10), True, State.STARTING, ""),
+    ("weights local, engine exited", dict(weights_source=HF, weights_phase="complete", weights_local_at=NOW - 9,
+     started_at=NOW - 5, exited_at=NOW - 1, exit_code=1, failure_times=[NOW - 1]), True, State.FAILED, "code 1"),
+    ("stop requested while downloading", dict(weights_source=HF, weights_phase="downloading",
+     stop_requested_at=NOW - 1, stopped_at=NOW - 0.5), True, State.STOPPED, ""),
+    ("downloading, node gone", dict(weights_source=HF, weights_phase="downloading"), False, State.LOST, "heartbeats"),
 ]
 
 

@@ -81,3 +81,15 @@ def test_a_manifest_whose_files_are_gone_is_not_complete(tmp_path: Path):
     assert cache.lookup(tmp_path, "hf://o/x") is None
     (tmp_path / "index" / "garbage.json").write_text("{not json")
     assert cache.read_index(tmp_path) == [entry]
+
+
+def test_headroom_is_free_disk_plus_what_eviction_frees_within_the_budget():
+    from llmgw.weights.cache import Entry, headroom
+
+    a = Entry("a", "hf://o/a", "/w/a", (("hub/x", 40),))
+    b = Entry("b", "hf://o/b", "/w/b", (("hub/x", 40), ("hub/y", 10)))  # shares x with a
+    c = Entry("c", "hf://o/c", "/w/c", (("hub/z", 30),))
+    assert headroom([a, b, c], set(), free=100) == 180  # everything evictable
+    assert headroom([a, b, c], {"a"}, free=100) == 140  # x stays with a: b frees only y
+    assert headroom([a, b, c], {"a"}, free=100, budget=120) == 80  # the budget less what a holds
+    assert headroom([a, b, c], {"a", "b", "c"}, free=5, budget=50) == 0

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Annotated, ClassVar
 
 from pydantic import BeforeValidator, model_validator
@@ -38,6 +40,21 @@ def _port_range(value: object) -> object:
     if not sep or not (0 < start <= end < 65536):
         raise ValueError(f"expected START-END within 1..65535, got {value!r}")
     return start, end
+
+
+_UNITS = {"": 1, "k": 1000, "m": 1000 ** 2, "g": 1000 ** 3, "t": 1000 ** 4, "ki": 1024, "mi": 1024 ** 2,
+          "gi": 1024 ** 3, "ti": 1024 ** 4}
+
+
+def _byte_size(value: object) -> object:
+    """`500GiB`, `1.5T`, `800G`, `123456789` (bytes) -> bytes; `k/M/G/T` are powers of 1000, `Ki/Mi/Gi/Ti`
+    of 1024, a trailing `B` optional."""
+    if not isinstance(value, str):
+        return value
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]i?)?[bB]?\s*", value)
+    if not m:
+        raise ValueError(f"expected a size such as 500GiB or 800G, got {value!r}")
+    return int(float(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
 
 
 class AgentSettings(Settings):
@@ -93,6 +110,22 @@ class AgentSettings(Settings):
     log_keep: int = env("LLMGW_AGENT_LOG_KEEP", default=3, ge=0, meaning="rotated log files kept")
     dir_retention: Seconds = env("LLMGW_AGENT_DIR_RETENTION", default=3600.0, ge=0,
                                  meaning="keep a deleted replica's files this long")
+
+    # --- weights (docs/weights.md) ------------------------------------------------------------------
+    weights_dir_setting: Path | None = env(
+        "LLMGW_WEIGHTS_DIR", default=None,
+        meaning="where this node keeps downloaded weights (`hub/`: huggingface_hub's cache layout); "
+                "default `<LLMGW_STATE_DIR>/weights`")
+    weights_budget: Annotated[int | None, NoDecode, BeforeValidator(_byte_size)] = env(
+        "LLMGW_WEIGHTS_BUDGET", default=None, gt=0,
+        meaning="most bytes of weights kept on this node (`500GiB`); unused weights are evicted by least "
+                "recent use to stay under it; none: only the free disk limits")
+    downloads: int = env("LLMGW_DOWNLOADS", default=2, ge=1,
+                         meaning="sources this node downloads at once (two replicas of one source share one)")
+
+    @property
+    def weights_dir(self) -> Path:
+        return (self.weights_dir_setting or Path(self.state_dir) / "weights").absolute()
 
     @model_validator(mode="after")
     def _cap_above_base(self) -> AgentSettings:

@@ -67,10 +67,11 @@ class Launcher:
         self.gpus, self.bindable = gpus, bindable
         self.node = settings.node_name
 
-    def prepare(self, rec: ReplicaRecord, reserved: set[int]) -> Launch | None:
+    def prepare(self, rec: ReplicaRecord, reserved: set[int], weights_path: str | None = None) -> Launch | None:
         """The next attempt of this node's part: ports chosen (never one in `reserved`, held by other
-        records on this node) and its command built. None when the replica's model or profile is not
-        in the applied catalog; raises (NoFreePort, EngineUnavailable, ...) when it cannot be built."""
+        records on this node) and its command built (on `weights_path`, the downloaded weights, when
+        the source is remote). None when the replica's model or profile is not in the applied catalog;
+        raises (NoFreePort, EngineUnavailable, ...) when it cannot be built."""
         found = self.catalog.lookup(rec)
         if found is None:
             return None
@@ -81,7 +82,7 @@ class Launcher:
             # The rendezvous port the members join, from this node's range like the HTTP port.
             master_port = choose_port(self.settings.port_range, (reserved - {rec.master_port}) | {port},
                                       self.bindable, prefer=rec.master_port)
-        spec = self.command(rec, model, profile, port, master_port)
+        spec = self.command(rec, model, profile, port, master_port, weights_path)
         return Launch(spec, profile.engine, profile, port, f"http://{self.settings.node_address}:{port}", master_port)
 
     def rebuild(self, rec: ReplicaRecord) -> Launch | None:
@@ -91,12 +92,18 @@ class Launcher:
         if found is None or not rec.port:
             return None
         model, profile = found
-        return Launch(self.command(rec, model, profile, rec.port), profile.engine, profile, rec.port, rec.url or "")
+        path = rec.weights_path if rec.weights_local_at is not None else None
+        return Launch(self.command(rec, model, profile, rec.port, weights_path=path), profile.engine, profile,
+                      rec.port, rec.url or "")
 
     def command(self, rec: ReplicaRecord, model: Model, profile: Profile, port: int,
-                master_port: int | None = None) -> LaunchSpec:
+                master_port: int | None = None, weights_path: str | None = None) -> LaunchSpec:
         """The engine command for this node's part. `master_port`: the head's rendezvous port (the head
-        passes the one it just chose; a member part uses the one the head recorded)."""
+        passes the one it just chose; a member part uses the one the head recorded). `weights_path`:
+        the engine loads the downloaded weights there, offline (HF_HUB_OFFLINE: vLLM never downloads
+        by itself)."""
+        if weights_path:
+            profile = profile.model_copy(update={"source": weights_path})
         nodes = rec.all_nodes
         rank = nodes.index(self.node) if self.node in nodes else 0
         master = None
@@ -113,6 +120,8 @@ class Launcher:
             api_key=rec.engine_secret if rank == 0 else None,  # only the head serves HTTP
         )
         spec = get_engine(profile.engine).command(ctx)
+        if weights_path:
+            spec = dataclasses.replace(spec, env={**spec.env, "HF_HUB_OFFLINE": "1"})
         if self.gpus and "CUDA_VISIBLE_DEVICES" not in spec.env:
             # On a GPU node, an engine sees only the GPUs placement gave it (none for a CPU replica), so
             # a CUDA build of llama.cpp cannot wander onto another replica's card.

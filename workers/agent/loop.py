@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 
+from llmgw.engines import get_engine
 from llmgw.proc.ports import can_bind
 from llmgw.state.clock import Clock
 from llmgw.state.records import GPUDevice, ReplicaRecord
@@ -38,6 +39,7 @@ from workers.agent.inventory import node_info
 from workers.agent.launch import CatalogCache, Launch, Launcher
 from workers.agent.scrape import ScrapeTarget, scrape_targets
 from workers.agent.shutdown import stop_engines
+from workers.agent.weights import NodeWeights
 
 log = logging.getLogger("llmgw.agent")
 
@@ -62,7 +64,8 @@ class Prepared(NamedTuple):
 class Agent:
     def __init__(self, settings: AgentSettings, store: Store, runner: Any, prober: Any, clock: Clock | None = None,
                  gpus: tuple[GPUDevice, ...] = (), bindable=None, sleep=None,
-                 kick: Callable[[str], object] = lambda task: None):
+                 kick: Callable[[str], object] = lambda task: None, weights: NodeWeights | None = None,
+                 gpu_health: Any = None):
         self.settings, self.store, self.runner, self.prober = settings, store, runner, prober
         self.kick = kick  # tells the control plane a fact changed (llmgw.state.kicks)
         self.clock = clock or Clock()
@@ -83,6 +86,9 @@ class Agent:
         self.stopping = threading.Event()  # set when the agent shuts down (workers.agent.step)
         self._warned: dict[str, float] = {}
         self._probe_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="llmgw-probe")
+        # Downloads, header reads and pulls (workers.agent.weights); GPU health for the heartbeat.
+        self.weights = weights or NodeWeights.for_agent(settings, store, kick)
+        self.gpu_health = gpu_health
 
     # --- one pass --------------------------------------------------------------------------------
     def tick(self) -> list[sv.Action]:
@@ -94,6 +100,7 @@ class Agent:
         for memory in (self.local, self.members):
             for rid in [k for k in memory if k not in ids]:
                 del memory[rid]
+        self.weights.forget_except(ids)
         found = self.runner.discover()
         views, observed = self._observe(records, found, now)
         rest = self._leftovers(ids, found, now)
@@ -153,7 +160,8 @@ class Agent:
             del self.local[view.id]
             loc = None
         if not view.running:
-            return sv.Observed(known=loc is not None and loc.memory.known, **member)
+            return sv.Observed(known=loc is not None and loc.memory.known, **member,
+                               **self.weights.observe(view, lambda: self.catalog.lookup(view)))
         seen = self.runner.observe(view.id, view.attempt, view.pid, view.pid_start)
         if loc is None:
             loc = self.local[view.id] = Local(sv.Attempt(attempt=view.attempt))
@@ -233,6 +241,7 @@ class Agent:
         # What the scraper reads: Ready heads, as this pass leaves them.
         heads = [sv.with_fields(v, writes.records.get(v.id, {})) for v in views if v.node == self.node]
         self.targets = scrape_targets(heads, {rid: loc.launch for rid, loc in self.local.items()})
+        self.weights.act(actions, views)
         for action in actions:
             if isinstance(action, sv.Signal):
                 self._signal(action, now)
@@ -255,9 +264,24 @@ class Agent:
             if facts_.message:
                 log.log(facts_.level, "replica %s: %s", rec.id, facts_.message)
         writes = sv.merge(facts, self.node, tails)
+        for rec, facts_ in facts:
+            if isinstance(facts_, sv.Probed) and facts_.became_ready and rec.id in writes.records:
+                memory = self._memory_report(rec.id)
+                if memory:
+                    writes.records[rec.id]["engine_memory"] = memory
         for rid, fields in writes.members.items():
             self.members.setdefault(rid, {}).update(fields)
         return writes, self.store.update_replicas(writes.records)
+
+    def _memory_report(self, rid: str) -> str | None:
+        """What a just-Ready engine's log says it took (the log's first MiB), for status beside the estimate."""
+        loc = self.local.get(rid)
+        try:
+            with open(self.runner.log_path(rid), errors="replace") as f:
+                head = f.read(1 << 20)
+            return get_engine(loc.launch.engine).memory_report(head) if loc and loc.launch else None
+        except Exception:  # noqa: BLE001 - a report without it
+            return None
 
     def _announce(self, actions: list[sv.Action], by_id: dict[str, ReplicaRecord]) -> None:
         """Events for the history, and kicks for the control passes a fact concerns (after the facts
@@ -308,7 +332,7 @@ class Agent:
                 break  # shutting down: stop_engines() may already have made its list
             rec = by_id[start.replica_id]
             try:
-                launch = self.launcher.prepare(rec, reserved)
+                launch = self.launcher.prepare(rec, reserved, start.weights_path)
             except Exception as e:  # noqa: BLE001 - e.g. no free port, an engine binary missing
                 failed.append((rec, sv.launch_failed(rec, start.attempt, now, f"cannot build the launch: {e}",
                                                      self.policy)))
@@ -327,6 +351,8 @@ class Agent:
         """Spawn an attempt whose intent is recorded; the facts of how that went (its pid, or a failure)."""
         rec, start, launch = prepared.rec, prepared.start, prepared.launch
         self.local[rec.id] = Local(sv.Attempt(attempt=start.attempt, known=True), launch)
+        if start.weights_path:
+            self.weights.started(rec, now)
         try:
             if rec.node == self.node:  # the record it starts with, kept beside it (supervisor.restored)
                 self.runner.save_record(rec.id, sv.with_fields(rec, prepared.intent).to_dict())
@@ -355,10 +381,17 @@ class Agent:
     # --- heartbeat and shutdown ------------------------------------------------------------------
     def close(self) -> None:
         self._probe_pool.shutdown(wait=False)
+        self.weights.close()
 
     def heartbeat(self) -> None:
-        info = node_info(self.settings, self.gpus, self.started_at, self.clock.time())
+        now = self.clock.time()
+        gpus = self.gpu_health.step(self.gpus, now) if self.gpu_health is not None else self.gpus
+        info = node_info(self.settings, gpus, self.started_at, now, self.weights.report())
         self.store.write_heartbeat(info, self.settings.heartbeat_ttl)
+
+    def weights_pass(self) -> None:
+        """Read the headers placement waits for, and serve `llmgw models pull` (its own thread)."""
+        self.weights.side_pass(self.catalog.get())
 
     def stop_engines(self) -> None:
         """Stop every engine on this node and record the exits (workers.agent.shutdown)."""

@@ -72,15 +72,15 @@ def acquire_node_lock(state_dir, node: str):
 
 class _AgentService:
     """What the step starts and stops: the agent's threads in this process. Beside the loop, the
-    heartbeat and the `/metrics` scraper run in their own threads, so neither a slow Redis write nor a
-    hung engine can stall supervision."""
+    heartbeat, the `/metrics` scraper and the weights' side pass (header reads, pulls) run in their own
+    threads, so neither a slow Redis write nor a hung engine can stall supervision."""
 
     def __init__(self, app):
         # Imported here, not at the top: every Celery process (beat, control workers) loads this module
         # for the step, and only node workers run an agent.
         from llmgw.gpus import parse_class_map
         from workers.agent.config import AgentSettings
-        from workers.agent.inventory import discover_gpus
+        from workers.agent.inventory import GpuHealth, discover_gpus, health_reader
         from workers.agent.loop import Agent
         from workers.agent.probe import HttpProber
         from llmgw.state.kicks import Kicker, celery_sender
@@ -95,9 +95,14 @@ class _AgentService:
         # worker shutdown (after this service has stopped).
         store = STORES.get(settings.redis_url)
         self.kicker = Kicker(store, celery_sender(app), enabled=settings.event_driven)
+        gpus = discover_gpus(settings.node_gpus)
+        reader = health_reader(settings.node_gpus) if gpus else None
+        node = settings.node_name
+        health = GpuHealth(reader, lambda kind, msg: store.emit(kind, msg, source=f"agent:{node}", node=node)) \
+            if reader else None
         self.agent = Agent(
             settings, store, ShimRunner(settings.state_dir, settings.log_max_bytes, settings.log_keep),
-            HttpProber(), gpus=discover_gpus(settings.node_gpus), kick=self.kicker.kick,
+            HttpProber(), gpus=gpus, kick=self.kicker.kick, gpu_health=health,
         )
         self.threads: list[threading.Thread] = []
 
@@ -107,7 +112,8 @@ class _AgentService:
         a = self.agent
         scraper = Scraper(a.store, a.prober, lambda: a.targets, a.settings, a.clock)
         for name, target in (("llmgw-agent-loop", self._run_loop), ("llmgw-agent-heartbeat", self._run_heartbeat),
-                             ("llmgw-agent-scrape", lambda: scraper.run(a.stopping))):
+                             ("llmgw-agent-scrape", lambda: scraper.run(a.stopping)),
+                             ("llmgw-agent-weights", self._run_weights)):
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
             self.threads.append(t)
@@ -159,6 +165,16 @@ class _AgentService:
                 else:
                     a.warn("*", f"heartbeats still failing: {e}", interval=30)
                 failing = True
+            a.stopping.wait(a.settings.heartbeat_interval)
+
+    def _run_weights(self) -> None:
+        """The header reads placement waits for and `llmgw models pull`, every heartbeat interval."""
+        a = self.agent
+        while not a.stopping.is_set():
+            try:
+                a.weights_pass()
+            except Exception as e:  # noqa: BLE001 - e.g. Redis down: the next round tries again
+                a.warn("*", f"weights pass failed: {e}", interval=30)
             a.stopping.wait(a.settings.heartbeat_interval)
 
     def stop(self) -> None:

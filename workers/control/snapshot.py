@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Mapping
 from llmgw.catalog import Catalog, parse_applied
 from llmgw.state.keys import ALL_MODELS
 from llmgw.state.records import NodeAdmin, NodeInfo, ReplicaRecord
+from llmgw.state.weights import WeightsFacts
 
 if TYPE_CHECKING:  # the decisions import Snapshot; only the shells hand a Store in
     from llmgw.state.store import Store
@@ -38,6 +39,8 @@ class Snapshot:
     # Requests each replica holds (gateways' in flight, or its engine's running + waiting if more), where
     # known: a scale-down stops the least loaded first, and preemption takes the least loaded victim.
     replica_load: Mapping[str, float] = field(default_factory=dict)
+    # Remote sources -> their size and shape as a node agent read them (placement's disk and fit checks).
+    weights: Mapping[str, WeightsFacts] = field(default_factory=dict)
 
     def credential_generation(self, model: str) -> int:
         """A replica of `model` made at a lower generation is outdated (rotated for all or for it)."""
@@ -47,7 +50,7 @@ class Snapshot:
 def load_snapshot(store: Store, now: float) -> Snapshot:
     v = store.fleet_view()
     return Snapshot(nodes=v.live, replicas=v.replicas, admin=v.admin, known=v.known, taken_at=now,
-                    last_seen=v.last_seen, credentials=v.credentials)
+                    last_seen=v.last_seen, credentials=v.credentials, weights=v.weights)
 
 
 # What the control plane says when Redis holds no catalog (the passes then do nothing).

@@ -118,18 +118,20 @@ async function renderFleet(view) {
     ];
     const labels = Object.entries(n.labels || {}).map(([k, v]) => el("span", { class: "chip" }, `${k}=${v}`));
     const gpus = el("div", { class: "gpus" }, (n.devices || []).map((d) => el("div", {
-      class: "gpu" + (d.replica ? "" : " free"),
+      class: "gpu" + (d.replica ? "" : " free") + (d.healthy === false ? " unhealthy" : ""),
       "data-gpu": `${n.name}:${d.index}`,
       "data-replica": d.replica,
       style: d.replica ? `background:${colour(d.replica)}` : null,
-      title: d.replica ? `${d.class} ${d.index}: ${d.replica} (${d.model})` : `${d.class} ${d.index}: free`,
+      title: (d.replica ? `${d.class} ${d.index}: ${d.replica} (${d.model})` : `${d.class} ${d.index}: free`)
+        + (d.healthy === false ? ` · unhealthy: ${d.health}` : ""),
     }, d.index)));
     const cpu = r.replicas.filter((x) => x.nodes.includes(n.name) && !(x.gpus[n.name] || []).length && x.state !== "Stopped");
     const gpuHolders = [...new Set((n.devices || []).filter((d) => d.replica).map((d) => d.replica))];
     cards.append(el("div", { class: "card", "data-node": n.name, "data-live": String(n.live) },
       el("div", { class: "row" }, el("h3", {}, n.name), badges),
       el("div", { class: "row muted" }, n.live ? `heartbeat ${age(n.heartbeat_age)} ago` : "no heartbeat",
-        n.address ? ` · ${n.address}` : ""),
+        n.address ? ` · ${n.address}` : "",
+      n.weights ? ` · weights ${size(n.weights.bytes)} in ${n.weights.sources}, ${size(n.weights.free)} free` : ""),
       labels.length ? el("div", { class: "row" }, labels) : null,
       (n.devices || []).length ? el("div", { class: "row" }, el("span", { class: "muted" },
         Object.entries(n.gpus).map(([c, g]) => `${c} ${g.used}/${g.total} used`).join(", ")), gpus)
@@ -141,7 +143,8 @@ async function renderFleet(view) {
       })) : null,
       cpu.length ? el("div", {}, el("div", { class: "muted" }, "CPU replicas"),
         cpu.map((x) => el("div", { class: "row", "data-replica": x.id, "data-state": x.state },
-          el("span", { class: "chip" }, x.id), stateBadge(x.state), el("span", { class: "muted" }, x.reason || ""))))
+          el("span", { class: "chip" }, x.id), stateBadge(x.state), downloadBar(x.download),
+          el("span", { class: "muted" }, x.reason || ""))))
         : null));
   }
   const unplaced = r.replicas.filter((x) => !x.nodes.length && x.state !== "Stopped");
@@ -163,6 +166,19 @@ function bar(label, value, max, opts) {
       o.limit !== undefined && max ? el("i", { style: `left:${Math.min(100, (100 * o.limit) / max)}%` }) : null),
     el("span", {}, known ? (o.text ? o.text(value) : String(value)) : "?"),
   ];
+}
+
+function size(n) {
+  if (n === null || n === undefined) return "?";
+  return n >= 1024 ** 3 ? (n / 1024 ** 3).toFixed(1) + " GiB" : (n / 1024 ** 2).toFixed(1) + " MiB";
+}
+
+function downloadBar(d) {
+  // A replica's download of its weights: bytes done of the total, the rate and ETA beside it.
+  if (!d || d.phase === "failed") return null;
+  const text = (v) => `${d.total ? Math.floor((100 * v) / d.total) + "% " : ""}${size(v)} of ${size(d.total)}`
+    + (d.rate ? `, ${size(d.rate)}/s` : "") + (d.eta !== null && d.eta !== undefined ? `, ETA ${age(d.eta)}` : "");
+  return el("div", { class: "bars download", "data-download": d.source }, bar(d.phase, d.done, d.total || 1, { text }));
 }
 
 function loadBars(row, capacity, th) {
@@ -230,8 +246,10 @@ async function renderModels(view) {
         el("td", {}, x.id), el("td", {}, stateBadge(x.state)), el("td", {}, x.reason || ""), el("td", {}, x.restarts),
         el("td", {}, age(x.age)), el("td", {}, x.nodes.join(", ") || "-"),
         el("td", {}, Object.entries(x.gpus).map(([n, ix]) => `${n}:${ix.join(",")}`).join("; ") || "-"),
-        el("td", {}, x.state === "Ready" || x.state === "Draining" ? loadBars(x, p.capacity, th) : "")));
-      section.append(el("h4", {}, `profile ${p.name}`, p.engine ? ` (${p.engine})` : "", ` · ${p.ready}/${p.wanted} Ready`),
+        el("td", {}, x.state === "Ready" || x.state === "Draining" ? loadBars(x, p.capacity, th) : downloadBar(x.download) || "")));
+      const fit = p.replicas.map((x) => x.fit).find((f) => f);
+      section.append(el("h4", {}, `profile ${p.name}`, p.engine ? ` (${p.engine})` : "", ` · ${p.ready}/${p.wanted} Ready`,
+        fit ? el("span", { class: "muted", "data-fit": "" }, ` · fit estimate ${fit}`) : null),
         rows.length ? el("table", {}, el("tr", {}, ["replica", "state", "reason", "restarts", "age", "node", "GPUs", "load"]
           .map((h) => el("th", {}, h))), rows) : el("div", { class: "muted" }, "no replicas"));
     }

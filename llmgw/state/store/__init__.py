@@ -2,8 +2,8 @@
 
 A module per aggregate owns its keys (named in `llmgw.state.keys`) and how its records are encoded:
 `nodes`, `replicas`, `loads`, `externals`, `endpoints`, `gateways`, `traffic`, `autoscale`,
-`catalog`, `apikeys`, `events`, `kicks`, `agents` (wake-ups), `credentials`, `passes` (counters) and
-`locks`; `snapshots` composes their batched reads into what one control pass decides on. `Store` is
+`catalog`, `apikeys`, `events`, `kicks`, `agents` (wake-ups), `credentials`, `passes` (counters),
+`weights` (sources' sizes and shapes, pulls) and `locks`; `snapshots` composes their batched reads into what one control pass decides on. `Store` is
 all of them over one client, so callers keep one flat set of methods (`store.live_nodes()`,
 `store.create_key(...)`). No decisions here, and no other module holds a Redis client: adding a
 record means adding its key to `keys` and its reads and writes to its aggregate's module.
@@ -32,6 +32,7 @@ from llmgw.state.store.passes import Passes
 from llmgw.state.store.replicas import Replicas
 from llmgw.state.store.snapshots import Snapshots
 from llmgw.state.store.traffic import Traffic
+from llmgw.state.store.weights import Weights
 
 __all__ = ["HISTORY_LIMIT", "CatalogOutline", "RedisError", "Store", "connect"]
 
@@ -45,7 +46,7 @@ def connect(url: str, **kw) -> redis.Redis:
 
 
 class Store(Nodes, Replicas, Loads, Externals, Endpoints, Gateways, Traffic, Autoscale, Catalogs, ApiKeys,
-            Events, Kicks, Agents, Credentials, Passes, Locks, Snapshots):
+            Events, Kicks, Agents, Credentials, Passes, Locks, Snapshots, Weights):
     """Every aggregate over one client. `r` is that client: for the aggregates, and for tests that
     check what landed in Redis."""
 

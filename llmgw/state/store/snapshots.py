@@ -5,7 +5,7 @@ The views are plain data (`llmgw.state.views`)."""
 
 from __future__ import annotations
 
-from llmgw.state.store import catalog, credentials, endpoints, externals, gateways, nodes, replicas
+from llmgw.state.store import catalog, credentials, endpoints, externals, gateways, nodes, replicas, weights
 from llmgw.state.store.base import Aggregate
 from llmgw.state.views import FleetView, PublishView
 
@@ -17,20 +17,25 @@ class Snapshots(Aggregate):
         replicas.queue_ids(pipe)
         nodes.queue_last_seen(pipe)
         credentials.queue_generations(pipe)
+        weights.queue_sources(pipe)
         replies = iter(pipe.execute())
         names, rids = sorted(next(replies)), sorted(next(replies))
         last_seen, creds = nodes.take_last_seen(replies), credentials.take_generations(replies)
+        sources = sorted(next(replies))
 
         pipe = self.r.pipeline(transaction=False)
         nodes.queue_heartbeats(pipe, names)
         replicas.queue_records(pipe, rids)
         nodes.queue_admin(pipe, names)
+        weights.queue_facts(pipe, sources)
         replies = iter(pipe.execute())
         live = nodes.take_live(names, replies)
         recs, stale = replicas.take_records(rids, replies)
         admin = nodes.take_admin(names, replies)
+        facts, expired = weights.take_facts(sources, replies)
         self.tidy_replica_ids(stale)  # type: ignore[attr-defined]
-        return FleetView(frozenset(names), live, tuple(recs), admin, last_seen, creds)
+        self.tidy_weights_sources(expired)  # type: ignore[attr-defined]
+        return FleetView(frozenset(names), live, tuple(recs), admin, last_seen, creds, facts)
 
     def publish_view(self) -> PublishView:
         """Ids whose record or report is gone are tidied from their sets, as `all_replicas` and

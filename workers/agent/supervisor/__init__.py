@@ -15,6 +15,9 @@ Rules, per replica record on this node:
   group after `stop_grace` (`stop_signals`, the one escalation, also used when the agent shuts
   down); a member part of a multi-node replica waits for its head's drain. Once the process is gone,
   mark it stopped (`stopped_at`; each node of a multi-node replica confirms its own part).
+- not running, its source remote (hf://, https://) and not local yet: make it local first
+  (`weights.fetch_step`: the node's fetcher downloads, the record shows how far; a failed download
+  backs off like a crash), then start on the local path. A stop while it downloads cancels it.
 - running and not known to this agent (it was started by a previous agent): adopt it, no restart.
   A member part of a multi-node replica is adopted from the attempt found in the state dir
   (`part_view`), since only the head writes the record's agent fields.
@@ -35,14 +38,17 @@ again from the copy saved when the attempt started (`restored`); a deleted repli
 Modules: `decide` (the rules above, and `remember`), `probes` (`due_probes`: which replicas to probe
 now; `probed`: what one result means), `parts` (multi-node member parts), `rules` (the facts of a
 start, a failed launch, a shutdown; `stop_signals`), `leftovers`, `news` (events and kicks),
-`writes` (one pass's facts merged per record), `policy`, `observed` and `actions` (the data).
+`writes` (one pass's facts merged per record), `weights` (the download phase), `policy`, `observed` and
+`actions` (the data).
 """
 
 from workers.agent.supervisor.actions import (
     Action,
     Adopt,
+    CancelFetch,
     Drained,
     Facts,
+    FetchWeights,
     LaunchFailed,
     Learned,
     MarkStopped,
@@ -51,15 +57,19 @@ from workers.agent.supervisor.actions import (
     Rejoin,
     Signal,
     Start,
+    WeightsFailed,
+    WeightsLocal,
+    WeightsProgress,
 )
 from workers.agent.supervisor.decide import decide, decide_one, remember
 from workers.agent.supervisor.leftovers import Leftovers, leftovers, restored
 from workers.agent.supervisor.news import News, news
-from workers.agent.supervisor.observed import Attempt, ExitFacts, Found, Observed, Orphan
+from workers.agent.supervisor.observed import Attempt, ExitFacts, Fetch, Found, Observed, Orphan
 from workers.agent.supervisor.parts import PART_FIELDS, head_of_part, part_view
 from workers.agent.supervisor.policy import LOG_TAIL_BYTES, MAX_FAILURE_TIMES, Policy, backoff
 from workers.agent.supervisor.probes import Probe, due_probes, probed
 from workers.agent.supervisor.rules import launch_failed, ready_this_attempt, shutdown_exit, starting, stop_signals
+from workers.agent.supervisor.weights import fetch_step, needs_weights
 from workers.agent.supervisor.writes import Writes, merge, with_fields
 
 __all__ = [
@@ -68,4 +78,6 @@ __all__ = [
     "Attempt", "ExitFacts", "Found", "Observed", "Orphan", "PART_FIELDS", "head_of_part", "part_view",
     "LOG_TAIL_BYTES", "MAX_FAILURE_TIMES", "Policy", "backoff", "Probe", "due_probes", "probed", "launch_failed",
     "ready_this_attempt", "shutdown_exit", "starting", "stop_signals", "Writes", "merge", "with_fields",
+    "CancelFetch", "FetchWeights", "WeightsFailed", "WeightsLocal", "WeightsProgress", "Fetch", "fetch_step",
+    "needs_weights",
 ]

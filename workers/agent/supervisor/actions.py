@@ -33,6 +33,7 @@ class Start:
     attempt: int
     restart: bool  # an earlier attempt existed
     head_attempt: int | None = None  # a member part: the head attempt it joins
+    weights_path: str | None = None  # the downloaded weights the engine loads (None: the catalog's source)
 
 
 @dataclass(frozen=True)
@@ -120,4 +121,53 @@ class Probed(Facts):
     became_ready: bool = False
 
 
-Action = Start | Adopt | Learned | Drained | Signal | RecordExit | MarkStopped | Rejoin | LaunchFailed | Probed
+@dataclass(frozen=True)
+class FetchWeights(Facts):
+    """Make the part's remote source local (the agent's fetcher: one download per source on the node,
+    resumed from what is on disk); `fields` mark the download begun."""
+
+    replica_id: str
+    source: str
+    layout: str  # llamacpp | vllm: which files of the source, laid out how
+
+
+@dataclass(frozen=True)
+class WeightsProgress(Facts):
+    """How far the download is (`fields`: phase, bytes, rate, ETA); `milestone`: the 25/50/75 % it passed."""
+
+    replica_id: str
+    milestone: int | None = None
+
+
+@dataclass(frozen=True)
+class WeightsLocal(Facts):
+    """The weights are complete on the node: the engine may start on `path`."""
+
+    replica_id: str
+    path: str
+    size: int
+    fetched: int = 0  # bytes this download fetched (0: they were here already)
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class WeightsFailed(Facts):
+    """The download failed (`kind`: auth, not_found, disk_full, checksum, connection, ...): a failure like
+    an engine's exit, with the same streak and backoff before the next try."""
+
+    replica_id: str
+    kind: str
+    reason: str
+    next_restart_at: float
+
+
+@dataclass(frozen=True)
+class CancelFetch:
+    """The part stopped (or its download ended): drop its interest in the download, which stops once no
+    other replica of the node wants the source."""
+
+    replica_id: str
+
+
+Action = (Start | Adopt | Learned | Drained | Signal | RecordExit | MarkStopped | Rejoin | LaunchFailed | Probed
+          | FetchWeights | WeightsProgress | WeightsLocal | WeightsFailed | CancelFetch)

@@ -10,10 +10,11 @@ from typing import Any
 
 from llmgw.proc.exitstatus import describe_exit
 from llmgw.state.records import ReplicaRecord
-from workers.agent.supervisor import parts, probes
+from workers.agent.supervisor import parts, probes, weights
 from workers.agent.supervisor.actions import (
     Action,
     Adopt,
+    CancelFetch,
     Drained,
     LaunchFailed,
     Learned,
@@ -23,6 +24,7 @@ from workers.agent.supervisor.actions import (
     Rejoin,
     Signal,
     Start,
+    WeightsLocal,
 )
 from workers.agent.supervisor.observed import Attempt, ExitFacts, Observed, Orphan
 from workers.agent.supervisor.policy import Policy, next_failure
@@ -62,6 +64,8 @@ def decide_one(rec: ReplicaRecord, obs: Observed, now: float, policy: Policy, no
 def _decide(rec: ReplicaRecord, obs: Observed, now: float, policy: Policy, node: str) -> list[Action]:
     rid = rec.id
     if rec.stop_requested_at is not None:
+        if obs.fetch is not None:
+            return [CancelFetch(rid), *_decide(rec, dataclasses.replace(obs, fetch=None), now, policy, node)]
         if rec.stopped_at is not None:
             return []
         if obs.alive:
@@ -107,10 +111,23 @@ def _decide(rec: ReplicaRecord, obs: Observed, now: float, policy: Policy, node:
         ended = parts.part_ended(rec, obs, exit, now, policy)
         return ended if ended is not None else [_record_exit(rec, obs, exit, now, policy)]
 
+    if weights.needs_weights(rec, obs):
+        # Its weights first (a member part too, without waiting for its head): `weights.fetch_step`.
+        step = weights.fetch_step(rec, obs, now, policy)
+        local = next((a for a in step if isinstance(a, WeightsLocal)), None)
+        if local is None:
+            return step
+        return step + _start(dataclasses.replace(rec, **local.fields), obs, now)
+    return _start(rec, obs, now)
+
+
+def _start(rec: ReplicaRecord, obs: Observed, now: float) -> list[Action]:
     if obs.member and not obs.head_attempt:
         return []  # a member part joins a running head attempt only (it needs the head's rendezvous)
     if rec.next_restart_at is None or now >= rec.next_restart_at:
-        return [Start(rid, rec.attempt + 1, restart=rec.attempt > 0, head_attempt=obs.head_attempt)]
+        path = rec.weights_path if obs.weights_source is not None else None
+        return [Start(rec.id, rec.attempt + 1, restart=rec.attempt > 0, head_attempt=obs.head_attempt,
+                      weights_path=path)]
     return []
 
 

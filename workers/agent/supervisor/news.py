@@ -8,7 +8,19 @@ from llmgw.proc.exitstatus import describe_exit
 from llmgw.state.kicks import PUBLISH, RECONCILE
 from llmgw.state.records import ReplicaRecord
 from llmgw.state.replica_state import CrashPolicy
-from workers.agent.supervisor.actions import Action, Adopt, LaunchFailed, MarkStopped, Probed, RecordExit, Start
+from workers.agent.supervisor.actions import (
+    Action,
+    Adopt,
+    FetchWeights,
+    LaunchFailed,
+    MarkStopped,
+    Probed,
+    RecordExit,
+    Start,
+    WeightsFailed,
+    WeightsLocal,
+    WeightsProgress,
+)
 from workers.agent.supervisor.rules import ready_this_attempt
 
 
@@ -51,4 +63,31 @@ def news(rec: ReplicaRecord, action: Action, crash: CrashPolicy = CrashPolicy())
         return [News("replica_stopped", rec.stop_reason or "stopped", (RECONCILE,))]
     if isinstance(action, Adopt):
         return [News("replica_adopted", f"attempt {rec.attempt} adopted by a restarted agent (pid {action.pid})")]
+    return _weights_news(rec, action)
+
+
+def _weights_news(rec: ReplicaRecord, action: Action) -> list[News]:
+    """A download's start, its 25/50/75 % marks, its failure (reconcile: a crash loop may move the
+    replica) and its completion."""
+    if isinstance(action, FetchWeights):
+        resume = f", resuming from {_size(rec.weights_done)} on disk" if rec.weights_done else ""
+        return [News("weights_download_started", f"downloading {action.source}{resume}")]
+    if isinstance(action, WeightsProgress) and action.milestone is not None:
+        total = action.fields.get("weights_total", rec.weights_total)
+        return [News("weights_download_progress", f"{action.milestone}% of {_size(total)} ({rec.weights_source})")]
+    if isinstance(action, WeightsFailed):
+        return [News("weights_download_failed", f"{rec.weights_source}: {action.kind}: {action.reason}",
+                     (RECONCILE,))]
+    if isinstance(action, WeightsLocal):
+        if not action.fetched:
+            return [News("weights_download_complete", f"{rec.weights_source}: {_size(action.size)} already on the node")]
+        rate = action.fetched / action.seconds / 1024 ** 2 if action.seconds > 0 else 0.0
+        return [News("weights_download_complete", f"{rec.weights_source}: {_size(action.fetched)} in "
+                                                   f"{action.seconds:.1f}s ({rate:.1f} MiB/s) to {action.path}")]
     return []
+
+
+def _size(n: float | None) -> str:
+    if n is None:
+        return "? bytes"
+    return f"{n / 1024 ** 3:.1f} GiB" if n >= 1024 ** 3 else f"{n / 1024 ** 2:.1f} MiB"

@@ -42,6 +42,23 @@ class Attempt:
 
 
 @dataclass(frozen=True)
+class Fetch:
+    """The node's download of the source a part needs, as the agent's fetcher last saw it."""
+
+    phase: str  # queued | resolving | waiting | downloading | verifying | complete | failed
+    done: int = 0
+    total: int | None = None
+    rate: float | None = None  # bytes per second
+    eta: float | None = None
+    file: str = ""
+    path: str | None = None  # complete: what the engine loads
+    fetched: int = 0  # complete: bytes this download fetched
+    seconds: float = 0.0  # complete: how long it took
+    kind: str | None = None  # failed: auth | not_found | disk_full | checksum | connection | ...
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
 class Observed:
     """What the agent knows locally about a replica's current attempt, this pass."""
 
@@ -66,6 +83,11 @@ class Observed:
     probe_ok: bool | None = None
     probe_error: str | None = None
     probe_failures: int = 0
+    # The remote source (hf://, https://) this part loads, normalised, and how its files are laid out
+    # (None: a local source, nothing to download); the node's download of it, if one is under way.
+    weights_source: str | None = None
+    weights_layout: str | None = None
+    fetch: Fetch | None = None
 
     @property
     def member(self) -> bool:

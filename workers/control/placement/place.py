@@ -11,6 +11,8 @@ from workers.control.placement.view import ClusterView
 
 def place(req: PlacementRequest, view: ClusterView) -> Placement | NoPlacement:
     """Where one replica of `req` goes in `view`, or why it cannot go anywhere. Does not change `view`."""
+    if req.hold:
+        return NoPlacement(req.hold)
     if req.gpu_class:
         return _place_gpu(req, view)
     return _place_cpu(req, view, peek=True)
@@ -18,15 +20,19 @@ def place(req: PlacementRequest, view: ClusterView) -> Placement | NoPlacement:
 
 def place_and_allocate(req: PlacementRequest, view: ClusterView) -> Placement | NoPlacement:
     """`place`, then `view.allocate` when it succeeded: what the planner does for each request."""
+    if req.hold:
+        return NoPlacement(req.hold)
     if req.gpu_class:
         result = _place_gpu(req, view)
     else:
         result = _place_cpu(req, view, peek=False)
         if isinstance(result, Placement):  # _place_cpu already updated its heap; count the rest
             view.allocate(req.model, result)
+            view.reserve_weights(req, result)
         return result
     if isinstance(result, Placement):
         view.allocate(req.model, result, req.gpu_class)
+        view.reserve_weights(req, result)
     return result
 
 
@@ -34,19 +40,29 @@ def place_and_allocate(req: PlacementRequest, view: ClusterView) -> Placement | 
 # --- GPU: bin-packing ------------------------------------------------------------------------------
 def _place_gpu(req: PlacementRequest, view: ClusterView) -> Placement | NoPlacement:
     assert req.gpu_class
+    if req.weights:  # nodes that hold the weights first (no download), tightest fit among them
+        holding = _pack(req, view, lambda n: view.holds(n, req.weights))
+        if isinstance(holding, Placement):
+            return holding
+    found = _pack(req, view, None)
+    return found if isinstance(found, Placement) else refused(req, view, gpu_reason(req, view, found))
+
+
+def _pack(req: PlacementRequest, view: ClusterView, only) -> Placement | int:
+    """The tightest fit (the smallest free count that still holds the request, then by name) among the
+    eligible nodes (`only` narrows them), or how many nodes fit when there are too few."""
     buckets = view.buckets.get((req.pool, req.gpu_class), {})
     chosen: list[str] = []
-    # Tightest fit first: the smallest free count that still holds the request, then by name.
     plain = req.plain  # bucket members are schedulable nodes of the pool: eligible unless filtered
     cls_, need = req.gpu_class, req.gpu_count
     for count in range(need, max(buckets, default=0) + 1):  # a handful of counts (GPUs per node)
         for name in buckets.get(count, ()):
-            if plain or view.eligible(name, req):
+            if (only is None or only(name)) and (plain or view.eligible(name, req)):
                 chosen.append(name)
                 if len(chosen) == req.nodes:
                     gpus = tuple((n, tuple(view.free[n][cls_][:need])) for n in chosen)
                     return Placement(nodes=tuple(chosen), gpus=gpus)
-    return refused(req, view, gpu_reason(req, view, len(chosen)))
+    return len(chosen)
 
 
 
@@ -64,6 +80,8 @@ def _spread_heap(req: PlacementRequest, view: ClusterView) -> list[tuple[int, in
 def _place_cpu(req: PlacementRequest, view: ClusterView, peek: bool) -> Placement | NoPlacement:
     """Fewest replicas of this model, then fewest overall, then name; a lazy heap per request key keeps
     a pass over thousands of replicas at O(log nodes) each instead of a scan of every node."""
+    if req.weights:
+        return _place_cpu_weights(req, view)
     heap = view._spread_heaps.get(req.key)
     if heap is None:
         heap = _spread_heap(req, view)
@@ -95,10 +113,26 @@ def _place_cpu(req: PlacementRequest, view: ClusterView, peek: bool) -> Placemen
     return Placement(nodes=tuple(n for _, _, n in chosen))
 
 
+def _place_cpu_weights(req: PlacementRequest, view: ClusterView) -> Placement | NoPlacement:
+    """A CPU replica with a remote source: spread first (fewest of this model), then the nodes that
+    hold its weights, then fewest replicas overall: one scan of the eligible nodes (the room and the
+    holders change as the pass places, which a heap would not see)."""
+    names = [n for n in view.pool_nodes.get(req.pool, ()) if view.eligible(n, req)]
+    if len(names) < req.nodes:
+        problem = eligibility_problem(req, view)
+        return refused(req, view, problem or f'needs {req.nodes} nodes in pool "{req.pool}", only {len(names)} '
+                                             "are eligible" + excluded_note(req, view))
+    order = sorted(names, key=lambda n: (view.per_model_node.get((req.model, n), 0),
+                                         not view.holds(n, req.weights), view.per_node.get(n, 0), n))
+    return Placement(nodes=tuple(order[:req.nodes]))
+
+
 def spread_many(req: PlacementRequest, view: ClusterView, k: int) -> tuple[list[Placement], NoPlacement | None]:
     """Place `k` replicas of a CPU request one after another (each sees the ones before), allocating
     them; returns the placements and, if fewer than `k` fit, why the rest did not."""
-    if req.gpu_class or req.nodes != 1:
+    if req.hold:
+        return [], NoPlacement(req.hold)
+    if req.gpu_class or req.nodes != 1 or req.weights:
         out: list[Placement] = []
         for _ in range(k):
             res = place_and_allocate(req, view)

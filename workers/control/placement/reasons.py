@@ -58,7 +58,22 @@ def eligibility_problem(req: PlacementRequest, view: ClusterView) -> str | None:
         return f'no node in pool "{req.pool}" matches node_selector {_fmt_selector(req.selector)}'
     if req.exclude and not any(view.eligible(n, req) for n in pool):
         return f'no node in pool "{req.pool}" other than {", ".join(sorted(req.exclude))}'
+    if (req.weights_size or req.too_small) and not any(view.eligible(n, req) for n in pool):
+        return weights_problem(req, view, pool)
     return None
+
+
+def weights_problem(req: PlacementRequest, view: ClusterView, pool: list[str]) -> str:
+    """Why no node of the pool takes the weights: the fit estimate against the largest device that
+    does not fit (with what would), else the node with the most room's disk."""
+    found = [(kind, why, n) for n in pool if (r := view.weights_refusal(n, req)) is not None for kind, why in [r]]
+    fits = sorted(((view.device_memory(n, req.gpu_class) or 0, why) for kind, why, n in found if kind == "fit"),
+                  reverse=True)
+    if fits:
+        return fits[0][1]
+    disks = sorted(((view.room_left(n) or 0, why) for kind, why, n in found if kind == "disk"), reverse=True)
+    return disks[0][1] if disks else f'no node in pool "{req.pool}" takes its weights'
+
 
 
 def excluded_note(req: PlacementRequest, view: ClusterView, always: bool = False) -> str:
@@ -96,9 +111,15 @@ def node_refusal(name: str, req: PlacementRequest, view: ClusterView) -> str | N
         if total == 0:
             others = sorted(view.total.get(name, {}))
             return f"has no {cls_} GPUs ({'it has ' + ', '.join(others) if others else 'it has no GPUs'})"
+    weights = view.weights_refusal(name, req) if (req.weights_size or req.too_small) else None
+    if weights is not None:
+        return weights[1]
+    if req.gpu_class:
         free = view.free_gpus(name, cls_)
         if free < req.gpu_count:
-            return f"{free} of {total} {cls_} free, needs {req.gpu_count}"
+            sick = view.unhealthy.get(name)
+            note = "; " + "; ".join(f"GPU {i} is unhealthy: {why}" for i, why in sorted(sick.items())) if sick else ""
+            return f"{free} of {total} {cls_} free, needs {req.gpu_count}{note}"
     return None
 
 

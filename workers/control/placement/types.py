@@ -21,6 +21,14 @@ class PlacementRequest:
     gpu_count: int = 0
     nodes: int = 1
     exclude: frozenset[str] = frozenset()
+    # Weights (docs/weights.md): `hold` places nothing yet and says why (a remote source's headers are
+    # not read yet); `weights` is the remote source, preferred where a node holds it; `weights_size` the
+    # bytes a node without it must have room for; `too_small`: device memories (MiB: one GPU of the
+    # class, or a CPU node's memory) the profile does not fit, each with the fit estimate's message.
+    hold: str | None = None
+    weights: str | None = None
+    weights_size: int = 0
+    too_small: tuple[tuple[int, str], ...] = ()
 
     @classmethod
     def for_profile(cls, model: str, profile, exclude: Iterable[str] = ()) -> "PlacementRequest":
@@ -39,13 +47,14 @@ class PlacementRequest:
 
     @property
     def plain(self) -> bool:
-        """No selector and no exclusion: every schedulable node of the pool is eligible."""
-        return not self.selector and not self.exclude
+        """No selector, no exclusion, no disk or fit check: every schedulable node of the pool is eligible."""
+        return not self.selector and not self.exclude and not self.weights_size and not self.too_small
 
     @cached_property
     def key(self) -> tuple:
         """Requests with the same key get the same answer from the same view."""
-        return (self.model, self.pool, self.selector, self.gpu_class, self.gpu_count, self.nodes, self.exclude)
+        return (self.model, self.pool, self.selector, self.gpu_class, self.gpu_count, self.nodes, self.exclude,
+                self.hold, self.weights, self.weights_size, self.too_small)
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@ and which placements to attempt (new replicas, Pending records, crash loops to m
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from typing import Callable, Iterable, Mapping
@@ -15,6 +16,7 @@ from workers.control.placement import ClusterView, PlacementRequest
 from workers.control.plan.actions import Action, planned_stop, rec_nodes
 from workers.control.plan.config import PlanConfig
 from workers.control.plan.requests import Kind, Order, Request
+from workers.control.plan.weights import on_unhealthy_gpu, weights_terms
 from workers.control.publish import lost_since
 from workers.control.snapshot import Snapshot
 
@@ -106,7 +108,8 @@ def plan_profile(
             lost.append(rec)  # not counted toward `desired`: replaced at once, stopped below
             continue
         nodes = node_lists[rec.id] if node_lists is not None else rec.all_nodes
-        why = _outdated(rec, profile, is_current, snap, nodes, generation)
+        why = _outdated(rec, profile, is_current, snap, nodes, generation) or \
+            on_unhealthy_gpu(rec, view.unhealthy)
         if why:
             old.append((rec, why))
         else:
@@ -124,7 +127,7 @@ def plan_profile(
         cur = [r for r in cur if r.id not in gone]
 
     ready_cur = sum(1 for r in cur if is_ready(r))
-    req = PlacementRequest.for_profile(model.name, profile)
+    req = weights_terms(PlacementRequest.for_profile(model.name, profile), model, profile, snap)
     if old:
         # Rolling: at most one replica above `desired` (surge of one), and an old replica is kept
         # for every new one that is not Ready yet.
@@ -171,7 +174,7 @@ def _requests(model: Model, profile: Profile, cur: list[ReplicaRecord], states: 
             requests.append(Request(order(Kind.PENDING), Kind.PENDING, model, profile, target, req, rec=r))
             ordinal += 1
         elif st is State.CRASHLOOP:
-            move = PlacementRequest.for_profile(model.name, profile, exclude=rec_nodes(r))
+            move = dataclasses.replace(req, exclude=frozenset(rec_nodes(r)))
             requests.append(Request(order(Kind.MOVE), Kind.MOVE, model, profile, target, move, rec=r,
                                     credential_generation=generation))
             ordinal += 1
