@@ -21,7 +21,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
-from llmgw.catalog.types import ADAPTERS_AT_LAUNCH, Model
+from llmgw.catalog.types import ADAPTERS_AT_LAUNCH, Model, Profile
+from llmgw.state.records import ReplicaRecord
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,12 @@ class ReplicaSlots:
     loading: frozenset[str] = frozenset()
     ready: bool = True
     at_launch: bool = False
+    # What it was told to hold and may not hold yet (its `adapters_wanted`): kept there, like what it
+    # holds, unless a load failed there and its backoff has not ended.
+    assigned: frozenset[str] = frozenset()
+    # About to be created: its adapters are chosen now for free (where adapters are part of the launch,
+    # changing those of an existing replica takes a replacement).
+    fresh: bool = False
 
 
 @dataclass(frozen=True)
@@ -126,6 +133,21 @@ def slots_for(model: Model, profile_name: str) -> tuple[int, frozenset[str], boo
     return p.lora.max_loras, frozenset(a.name for a in model.adapters_for(p)), p.engine in ADAPTERS_AT_LAUNCH
 
 
+def published_adapters(rec: ReplicaRecord, model: Model, profile: Profile) -> tuple[str, ...]:
+    """The adapters a Ready replica is published with: those its engine holds. Where adapters are
+    part of the launch (llama.cpp) all of them, in id order (the positions are the ids a request's
+    `lora` list names); elsewhere only those still wanted there and served by its profile, so an
+    adapter about to be unloaded gets no new requests."""
+    held = rec.holds
+    if not held or profile.lora is None:
+        return ()
+    if profile.engine in ADAPTERS_AT_LAUNCH:
+        return tuple(held)
+    serves = {a.name for a in model.adapters_for(profile)}
+    wanted = set(rec.adapters_wanted)
+    return tuple(a for a in held if a in wanted and a in serves)
+
+
 class _State:
     """The assignment being built, with the counts the rules read."""
 
@@ -182,7 +204,8 @@ def place_adapters(wants: Iterable[AdapterWant], replicas: Iterable[ReplicaSlots
 
     st = _State(reps)
     for r in reps:  # pinned adapters first, then keep what is held (or loading) and still wanted, up to max_loras
-        current = (r.held | r.loading) & r.serves & set(targets)
+        kept = {a for a in r.assigned if (r.replica_id, a) not in blocked}
+        current = (r.held | r.loading | kept) & r.serves & set(targets)
         pins = {a for a in pinned & r.serves if (r.replica_id, a) not in blocked}
         for a in sorted(current | pins, key=rank)[:max(0, r.max_loras)]:
             st.add(r, a)
@@ -206,11 +229,14 @@ def place_adapters(wants: Iterable[AdapterWant], replicas: Iterable[ReplicaSlots
 def _place_one(st: _State, a: str, eligible: list[ReplicaSlots], blocked: set, targets: dict[str, int],
                rank) -> bool:
     """Give adapter `a` one more replica: a free slot, else one taken from an adapter above its
-    target. Nodes with fewer holders of `a` first, then Ready, then runtime loads, then more room."""
+    target. Nodes with fewer holders of `a` first, then those that need no replacement to take it,
+    then Ready (or about to launch with it), then runtime loads, then more room."""
     candidates = [r for r in eligible if a not in st.assigned[r.replica_id] and (r.replica_id, a) not in blocked]
 
     def order(r: ReplicaSlots) -> tuple:
-        return (st.on_node[(a, r.node)], not r.ready, r.at_launch, -st.free(r), r.replica_id)
+        launched = r.at_launch and not r.fresh
+        return (st.on_node[(a, r.node)], launched, not (r.ready or r.fresh and r.at_launch), r.at_launch,
+                -st.free(r), r.replica_id)
 
     free = [r for r in candidates if st.free(r) > 0]
     if free:
@@ -246,7 +272,7 @@ def _actions(reps: list[ReplicaSlots], desired: Mapping[str, frozenset[str]], fa
     out: list[Action] = []
     for r in reps:
         want = desired[r.replica_id]
-        if not r.ready:
+        if not r.ready or r.fresh:
             continue
         if r.at_launch:
             if want != r.held:
