@@ -157,12 +157,13 @@ class AdapterKeeper:
                             grace=self.grace)
 
     # --- after the loop's write: act ---------------------------------------------------------------
-    def act(self, existing: set[str]) -> None:
-        """Make the calls of replicas whose record still exists, tell the history, kick a publish."""
+    def act(self, gone: set[str]) -> None:
+        """Make the calls (but for replicas whose record the write found `gone`), tell the history,
+        kick a publish."""
         jobs, self._jobs = self._jobs, []
         news, self._news = self._news, []
         for rec, job in jobs:
-            if rec.id in existing:
+            if rec.id not in gone:
                 self.pool.submit(self._run, rec, job)
         for rec, (kind, adapter, message) in news:
             log.log(logging.WARNING if kind.endswith("failed") else logging.INFO, "replica %s: %s", rec.id, message)

@@ -232,7 +232,7 @@ class Agent:
         intents = [(s.rec, sv.Facts(fields=s.intent)) for s in launches]
         writes, existing = self.record([(by_id[a.replica_id], a) for a in recorded] + intents + failed
                                        + self.adapters.step(views, now))
-        self.adapters.act(existing)  # the LoRA adapters' loads and unloads, once their facts are in
+        self.adapters.act(set(writes.records) - existing)  # LoRA loads and unloads, once their facts are in
         for action in recorded:
             self._remember(action, now)
         # What the scraper reads: Ready heads, as this pass leaves them.

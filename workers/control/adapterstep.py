@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 
 from llmgw.catalog import Catalog
-from llmgw.state.kicks import RECONCILE, Kicker
+from llmgw.state.kicks import PUBLISH, RECONCILE, Kicker
 from llmgw.state.store import Store
 from workers.control.adapterplan import AdapterDecision, AdapterRow, adapter_demand, decide_adapters
 from workers.control.plan import Action
@@ -48,6 +48,8 @@ def apply_adapters(store: Store, decision: AdapterDecision | None, now: float, k
                     store.wake_agent(node, rid)
         except Exception:  # noqa: BLE001 - the next pass writes it again
             log.exception("replica %s: cannot write its adapters", rid)
+    if decision.wanted and kicker is not None:
+        kicker.kick(PUBLISH)  # an adapter no longer wanted somewhere is unpublished there at once
     for rid, adapters in decision.relaunch.items():
         try:
             if store.update_replica(rid, adapters_relaunch=list(adapters)):
