@@ -8,7 +8,9 @@ place as many times as wanted, with why.
 Rules (docs/catalog.md#adapters-lora): an adapter with `replicas: all` goes on every replica that serves it,
 before anything else; one with `replicas: N` on N of them, spread over nodes first; with demand
 known, each adapter's target is its share of all adapter slots by requests per second (at least one
-replica while it is requested), so busier adapters get more replicas. A replica never holds more
+replica while it is requested), so busier adapters get more replicas; such an extra replica is never
+one whose adapters are part of its launch, unless it is about to be created (no replacement for
+demand alone). A replica never holds more
 than `max_loras`. What a replica holds stays where it is while it is still wanted (no churn when
 nothing changed): an adapter above its target gives up a slot only when another adapter below its
 own target needs it. A load that failed is not retried on that replica before its backoff ends;
@@ -173,14 +175,14 @@ class _State:
 
 def _targets(wants: list[AdapterWant], eligible: dict[str, list[ReplicaSlots]], total_slots: int,
              demand: Mapping[str, float]) -> tuple[dict[str, int], dict[str, int]]:
-    """(floor, target) per adapter: the floor is `replicas` (all: every replica that serves it); the
-    target adds the adapter's share of all slots by demand, at least 1 while it is requested."""
+    """(floor, target) per adapter: the floor is `replicas` (all: every replica that serves it), and
+    at least 1 while it is requested; the target adds the adapter's share of all slots by demand."""
     floors, targets = {}, {}
     total = sum(max(0.0, demand.get(w.name, 0.0)) for w in wants)
     for w in wants:
         n = len(eligible[w.name])
-        floor = n if w.replicas is None else min(w.replicas, n)
         d = max(0.0, demand.get(w.name, 0.0))
+        floor = n if w.replicas is None else min(max(w.replicas, 1 if d > 0 else 0), n)
         share = max(1, int(total_slots * d / total)) if d > 0 else 0
         floors[w.name], targets[w.name] = floor, min(n, max(floor, share))
     return floors, targets
@@ -214,7 +216,8 @@ def place_adapters(wants: Iterable[AdapterWant], replicas: Iterable[ReplicaSlots
     for stage in (floors, targets):  # every floor before any demand extra
         for w in sorted(wants, key=lambda w: rank(w.name)):
             a = w.name
-            while st.count[a] < stage[a] and _place_one(st, a, eligible[a], blocked, targets, rank):
+            while st.count[a] < stage[a] and _place_one(st, a, eligible[a], blocked, targets, rank,
+                                                         extra=stage is targets):
                 pass
             if stage is floors and st.count[a] < floors[a]:
                 shortfalls.append(Shortfall(a, floors[a], st.count[a], _why(a, eligible[a], st, blocked, failed, backoff)))
@@ -227,11 +230,13 @@ def place_adapters(wants: Iterable[AdapterWant], replicas: Iterable[ReplicaSlots
 
 
 def _place_one(st: _State, a: str, eligible: list[ReplicaSlots], blocked: set, targets: dict[str, int],
-               rank) -> bool:
+               rank, extra: bool = False) -> bool:
     """Give adapter `a` one more replica: a free slot, else one taken from an adapter above its
     target. Nodes with fewer holders of `a` first, then those that need no replacement to take it,
-    then Ready (or about to launch with it), then runtime loads, then more room."""
-    candidates = [r for r in eligible if a not in st.assigned[r.replica_id] and (r.replica_id, a) not in blocked]
+    then Ready (or about to launch with it), then runtime loads, then more room. An `extra` replica
+    (for demand, above the floor) never costs a replacement: a launched llama.cpp replica keeps its set."""
+    candidates = [r for r in eligible if a not in st.assigned[r.replica_id] and (r.replica_id, a) not in blocked
+                  and not (extra and r.at_launch and not r.fresh)]
 
     def order(r: ReplicaSlots) -> tuple:
         launched = r.at_launch and not r.fresh
