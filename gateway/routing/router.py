@@ -104,13 +104,15 @@ class Router:
         """A request for a LoRA adapter: only the endpoints holding it, chosen among as usual."""
         if not ad.holders:
             return Rejection(NO_ADAPTER, req.model, no_holder(ad))
-        sub = replace(req, model=ad.model)
+        # (Built directly: dataclasses.replace costs microseconds on the request path.)
+        sub = RouteRequest(ad.model, req.priority, req.affinity, req.exclude, req.queued, op=req.op, pin=req.pin,
+                           waited=req.waited)
         with self.lock:
             res = choose(ad.holders, snap.loads, self.counts.held(ad.holders, now, ad.model), sub, now,
                          stats=snap.stats, cfg=self.routing, rng=self.rng, rr_counter=self.rr_counter)
             if isinstance(res, Choice):
                 self.rr_counter += 1
-                res = replace(res, adapter=ad.name)
+                res = Choice(res.endpoint, res.score, res.ahead, res.saturated, res.reason, ad.name)
                 self.counts.add(res.endpoint, self.clock.time(), now, ad.name)
         if isinstance(res, Rejection):
             if res.kind == "unknown_model":  # none of them is the one its response id pins it to
