@@ -57,7 +57,8 @@ def test_a_failed_load_is_kept_with_its_reason_and_retried_after_the_backoff():
     r = rec(adapters_wanted=["a1"], adapters_loading=["a1"], adapters_attempt=1)
     mem = Memory(1, synced=True, busy=frozenset({"a1"}))
     s = step(r, mem, [Result("r1", 1, "load", "a1", done=False, reason="vLLM answered 500: boom")])
-    assert s.fields["adapter_failures"] == {"a1": {"reason": "vLLM answered 500: boom", "at": NOW, "attempts": 1}}
+    assert s.fields["adapter_failures"] == {"a1": {"reason": "vLLM answered 500: boom", "at": NOW, "attempts": 1,
+                                                   "retry_at": NOW + 5}}
     assert s.jobs == () and s.news[0][0] == "adapter_load_failed"
     failed = rec(adapters_wanted=["a1"], adapters_attempt=1, adapter_failures=s.fields["adapter_failures"])
     assert step(failed, s.memory, now=NOW + 4).jobs == ()  # Backoff: 5 s after the first failure
@@ -65,6 +66,7 @@ def test_a_failed_load_is_kept_with_its_reason_and_retried_after_the_backoff():
     assert [j.adapter for j in again.jobs] == ["a1"]
     s2 = step(failed, again.memory, [Result("r1", 1, "load", "a1", done=False, reason="still")], now=NOW + 6)
     assert s2.fields["adapter_failures"]["a1"]["attempts"] == 2
+    assert s2.fields["adapter_failures"]["a1"]["retry_at"] == NOW + 6 + 10  # 5 s, then 10 s
     ok = step(failed, again.memory, [Result("r1", 1, "load", "a1", done=True)], now=NOW + 6)
     assert ok.fields["adapter_failures"] == {}
 

@@ -76,10 +76,12 @@ def launch_step(rec: ReplicaRecord) -> Step:
     return Step({"adapters_held": list(rec.adapters_wanted), "adapters_loading": [], "adapters_attempt": rec.attempt})
 
 
-def _failure(failures: dict, adapter: str, reason: str, now: float) -> dict:
+def _failure(failures: dict, rid: str, adapter: str, reason: str, now: float, backoff: Backoff) -> dict:
+    """`failures` with one more failed load of `adapter`, and when it is tried again (for status)."""
     prev = failures.get(adapter)
     attempts = int(prev.get("attempts") or 0) + 1 if isinstance(prev, dict) else 1
-    return {**failures, adapter: {"reason": reason, "at": now, "attempts": attempts}}
+    retry_at = backoff.retry_at(LoadFailure(rid, adapter, reason, now, attempts))
+    return {**failures, adapter: {"reason": reason, "at": now, "attempts": attempts, "retry_at": retry_at}}
 
 
 def _blocked(failures: Mapping, rid: str, adapter: str, now: float, backoff: Backoff) -> bool:
@@ -118,7 +120,7 @@ def runtime_step(rec: ReplicaRecord, memory: Memory | None, results: Iterable[Re
             failures.pop(r.adapter, None)
             news.append(("adapter_loaded", r.adapter, f"adapter {r.adapter} loaded"))
         elif r.kind == "load":
-            failures = _failure(failures, r.adapter, r.reason, now)
+            failures = _failure(failures, rec.id, r.adapter, r.reason, now, backoff)
             news.append(("adapter_load_failed", r.adapter, f"loading adapter {r.adapter} failed "
                          f"({failures[r.adapter]['attempts']}x): {r.reason}"))
         elif r.done:
@@ -134,7 +136,7 @@ def runtime_step(rec: ReplicaRecord, memory: Memory | None, results: Iterable[Re
             if a in held or a in busy or _blocked(failures, rec.id, a, now, backoff):
                 continue
             if a in unresolved or a not in paths:
-                failures = _failure(failures, a, unresolved.get(a, "its source is not on this node"), now)
+                failures = _failure(failures, rec.id, a, unresolved.get(a, "its source is not on this node"), now, backoff)
                 news.append(("adapter_load_failed", a, f"adapter {a} cannot be loaded: {failures[a]['reason']}"))
                 continue
             call = engine.adapter_load_call(a, paths[a])
