@@ -4,7 +4,8 @@ the gateway under gunicorn, sim engines serving adapters as vLLM does (runtime l
 - three adapters on two replicas with `max_loras: 2`: a request for each is answered by a replica
   that holds it (the sim's answer names the adapter that served it), `/v1/models` lists them with
   their `parent`, and a replica's engine is asked for nothing it does not hold;
-- an engine killed: the agent restarts it and loads its adapters again;
+- an engine killed: the agent restarts it and loads its adapters again; the agent killed: the next
+  one adopts the engine and keeps what it holds;
 - an adapter added and then removed by a catalog apply while clients loop over the others: no
   request fails, and the removed one ends unloaded everywhere.
 """
@@ -99,8 +100,17 @@ def test_an_engine_killed_gets_its_adapters_back_after_the_restart(cluster, tmp_
     again = cluster.store().get_replica(rec.id)
     assert engine_holds(again) == ["a1"]
     wait_until(lambda: ask(url, "a1")[0] == 200, 30, what="a1 to be served again")
-    kinds = [e.kind for e in cluster.store().read_events() if e.replica == rec.id and e.kind.startswith("adapter_")]
-    assert kinds.count("adapter_loaded") >= 2, kinds
+    loaded = [e for e in cluster.store().read_events() if e.replica == rec.id and e.kind == "adapter_loaded"]
+    assert len(loaded) == 2, loaded
+    # kill -9 the agent and start it again: it adopts the engine, asks it what it holds, loads nothing again.
+    cluster.procs.get("node-a").kill9()
+    assert ask(url, "a1")[0] == 200  # the engine serves on while its agent is gone
+    cluster.start_node("a", **AGENT)
+    adopted = wait_until(lambda: (r := cluster.store().get_replica(rec.id)).adopted_at and r, 60,
+                         what="the engine to be adopted")
+    assert adopted.attempt == again.attempt and adopted.holds == ["a1"] and engine_holds(adopted) == ["a1"]
+    wait_until(lambda: ask(url, "a1")[0] == 200, 30, what="a1 served after the adoption")
+    assert [e for e in cluster.store().read_events() if e.replica == rec.id and e.kind == "adapter_loaded"] == loaded
 
 
 def test_an_adapter_added_and_removed_by_apply_with_clients_running_fails_no_request(cluster, tmp_path):
