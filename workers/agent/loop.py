@@ -11,6 +11,8 @@ Each pass (`Agent.tick`) observes, decides and acts:
    head writes the record's agent fields), then the signals and spawns. A started replica's shim pid
    is the one later write: its intent must be in Redis before the process exists, and the pid exists
    only after.
+The LoRA adapters of Ready replicas (`workers.agent.adapters`) add their facts to that one write and
+make their engine calls after it, off the loop's thread.
 The loop never dies: a replica that cannot be observed or acted on is logged with its id and skipped.
 Launches are built in `launch.py`; the loop's thread, the heartbeat's and the scraper's are run by
 `step.py`.
