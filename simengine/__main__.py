@@ -8,7 +8,7 @@ import threading
 import time
 
 from simengine import multinode
-from simengine.cli import kv_events, multinode_problems, parser
+from simengine.cli import kv_events, lora_options, multinode_problems, parser
 from simengine.core import SimConfig
 from simengine.server import ServerOptions, build_server, log
 
@@ -32,12 +32,14 @@ def main(argv: list[str] | None = None) -> int:
         host=args.host, port=args.port, names=names,
         core=SimConfig(max_seqs=args.max_seqs, kv_tokens=args.kv_tokens, step_ms=args.step_ms,
                        batch_alpha=args.batch_alpha, prefill_ms_per_token=args.prefill_ms_per_token,
-                       speed=args.speed, slow_to=args.slow_to, slow_after=args.slow_after),
+                       speed=args.speed, slow_to=args.slow_to, slow_after=args.slow_after,
+                       max_loras=args.max_loras if args.enable_lora else 0),
         max_tokens_default=args.max_tokens_default, metrics_style=args.metrics_style, seed=args.seed,
         crash_after=args.crash_after, hang_after=args.hang_after, slow_start=args.slow_start, error_rate=args.error_rate,
         log_requests=args.log_requests, api_key=args.api_key, log_headers=args.log_headers,
         stream_start=args.stream_start, prefix_caching=args.enable_prefix_caching, block_size=args.block_size,
         slot_similarity=args.slot_prompt_similarity, kv_events=kv_events(args),
+        lora=lora_options(args),
     )
     if opts.kv_events is not None and (opts.metrics_style != "vllm" or not opts.prefix_caching):
         p.error("KV events come from vLLM's prefix cache: they need --metrics-style vllm and prefix caching on")

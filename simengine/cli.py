@@ -9,6 +9,7 @@ import os
 
 from simengine.sse import STREAM_STARTS
 from simengine.kvevents import LAYOUTS, KvEventsConfig, parse_config
+from simengine.lora import LoraOptions, runtime_allowed
 
 
 def _number(text: str, kind=float):
@@ -88,6 +89,15 @@ def kv_events(args: argparse.Namespace) -> KvEventsConfig | None:
     return cfg if cfg.enabled else None
 
 
+def lora_options(args: argparse.Namespace) -> LoraOptions | None:
+    """The LoRA options the flags ask for (None without --enable-lora); runtime loading as vLLM's, by
+    its environment variable."""
+    if not args.enable_lora:
+        return None
+    return LoraOptions(max_loras=args.max_loras, max_lora_rank=args.max_lora_rank, max_cpu_loras=args.max_cpu_loras,
+                       load_time=args.lora_load_time, runtime=runtime_allowed(os.environ))
+
+
 def parser(exit_on_error: bool = True) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m simengine", exit_on_error=exit_on_error,
                                 description="A simulated OpenAI-compatible LLM engine (vLLM-like metrics).")
@@ -136,6 +146,15 @@ def parser(exit_on_error: bool = True) -> argparse.ArgumentParser:
     k.add_argument("--kv-events-topic", default=None)
     k.add_argument("--kv-events-layout", choices=LAYOUTS, default=None,
                    help="map (vLLM's current event layout, default) or array (earlier releases)")
+    lo = p.add_argument_group("LoRA adapters (like vLLM's; see simengine/lora.py)")
+    lo.add_argument("--enable-lora", action="store_true",
+                    help="serve LoRA adapters; with VLLM_ALLOW_RUNTIME_LORA_UPDATING=true they are loaded and "
+                         "unloaded at run time (POST /v1/load_lora_adapter, /v1/unload_lora_adapter)")
+    lo.add_argument("--max-loras", type=_positive_int, default=1, help="distinct adapters in one batch")
+    lo.add_argument("--max-lora-rank", type=_positive_int, default=16, help="the largest adapter rank it loads")
+    lo.add_argument("--max-cpu-loras", type=_positive_int, default=None,
+                    help="adapters it holds loaded at most (default: --max-loras)")
+    lo.add_argument("--lora-load-time", type=_non_negative, default=0.0, help="seconds one adapter load takes")
     f = p.add_argument_group("fault injection")
     f.add_argument("--seed", type=int, default=0)
     f.add_argument("--fail-start", action="store_true", help="log a line and exit 1 at start")

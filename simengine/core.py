@@ -32,6 +32,8 @@ class SimConfig:
     # request arrived, every duration is divided by `slow_to` as well (0.3 = 30 % of its speed).
     slow_to: float = 1.0
     slow_after: float = 0.0
+    # LoRA: at most this many distinct adapters in the running batch (vLLM's max_loras; 0: no limit).
+    max_loras: int = 0
 
     def __post_init__(self) -> None:
         if self.max_seqs < 1:
@@ -73,6 +75,7 @@ class _Seq:
     caching: bool = True  # false once a block of its chain was cached by another sequence first
     slot: Slot | None = None
     private: int = 0  # KV tokens reserved beyond the shared cached blocks it references
+    adapter: str | None = None  # the LoRA adapter it runs with (None: the base model)
 
     @property
     def reserved(self) -> int:
@@ -129,7 +132,7 @@ class SimCore:
 
     # --- intake -----------------------------------------------------------------------------
     def submit(self, rid: str, prompt_tokens: int, max_tokens: int, now: float, tokens: list[int] | None = None,
-               output: list[int] | None = None, salt: str | None = None) -> None:
+               output: list[int] | None = None, salt: str | None = None, adapter: str | None = None) -> None:
         """Queue a request; `tokens` (its prompt) and `output` (its answer, `max_tokens` long) let the
         caches match it. Raises RequestTooLarge if it could never fit the KV budget."""
         if max_tokens < 1:
@@ -146,7 +149,8 @@ class SimCore:
             raise ValueError("output must hold max_tokens tokens")
         if self.first_arrival is None:
             self.first_arrival = now
-        self.waiting.append(_Seq(rid, max(1, prompt_tokens), max_tokens, now, tokens=tokens, output=output, salt=salt))
+        self.waiting.append(_Seq(rid, max(1, prompt_tokens), max_tokens, now, tokens=tokens, output=output, salt=salt,
+                                 adapter=adapter))
 
     def cancel(self, rid: str) -> None:
         """Forget a request (client went away); frees its slot and KV at once."""
@@ -166,12 +170,24 @@ class SimCore:
 
     def plan_step(self, now: float | None = None) -> Step | None:
         """Admit waiting requests (FIFO, while a slot and KV are free) and plan the next step, which
-        starts at `now` (only the slowdown needs it). None when nothing is running."""
+        starts at `now` (only the slowdown needs it). None when nothing is running. A request whose
+        adapter would make more than `max_loras` distinct adapters in the batch is passed over (and
+        keeps its place), as vLLM's scheduler does."""
+        loras = {s.adapter for s in self.running.values() if s.adapter} if self.config.max_loras else set()
+        skipped: list[_Seq] = []
         while self.waiting and len(self.running) < self.config.max_seqs:
-            if not self._admit(self.waiting[0]):
+            head = self.waiting[0]
+            if self.config.max_loras and head.adapter and head.adapter not in loras \
+                    and len(loras) >= self.config.max_loras:
+                skipped.append(self.waiting.popleft())
+                continue
+            if not self._admit(head):
                 break  # strict FIFO: the head waits for KV, nobody overtakes it
-            head = self.waiting.popleft()
+            self.waiting.popleft()
             self.running[head.rid] = head
+            if head.adapter:
+                loras.add(head.adapter)
+        self.waiting.extendleft(reversed(skipped))
         if not self.running:
             return None
         prefill = tuple(s.rid for s in self.running.values() if not s.prefilled)
@@ -276,6 +292,15 @@ class SimCore:
     @property
     def num_waiting(self) -> int:
         return len(self.waiting)
+
+    @property
+    def lora_running(self) -> tuple[str, ...]:
+        """The adapters with requests in the running batch (vllm:lora_requests_info's running list)."""
+        return tuple(sorted({s.adapter for s in self.running.values() if s.adapter}))
+
+    @property
+    def lora_waiting(self) -> tuple[str, ...]:
+        return tuple(sorted({s.adapter for s in self.waiting if s.adapter}))
 
     @property
     def kv_usage(self) -> float:

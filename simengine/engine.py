@@ -21,6 +21,7 @@ from typing import Any, Callable
 from simengine import responses as rapi
 from simengine import tokens as tok
 from simengine.core import Emit, SimConfig, SimCore
+from simengine.lora import Adapters, LoraInfo, LoraOptions
 from simengine.metrics import MetricsState, Snapshot, render_llamacpp, render_vllm
 from simengine.prefix import PrefixCache
 from simengine.slots import Slots
@@ -47,6 +48,7 @@ class ServerOptions:
     block_size: int = 16
     slot_similarity: float = 0.1
     kv_events: Any = None  # simengine.kvevents.KvEventsConfig, or None
+    lora: LoraOptions | None = None  # --enable-lora
 
     @property
     def start(self) -> str:
@@ -62,8 +64,10 @@ class Engine:
 
     def __init__(self, config: SimConfig, clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep, prefix: PrefixCache | None = None,
-                 slots: Slots | None = None, publish: Callable[[list], None] | None = None):
+                 slots: Slots | None = None, publish: Callable[[list], None] | None = None,
+                 lora_info: LoraInfo | None = None):
         self.core = SimCore(config, prefix=prefix, slots=slots)
+        self.lora_info = lora_info
         self.stats = MetricsState(started=time.time())
         self._clock, self._sleep, self._publish = clock, sleep, publish
         self._cond = threading.Condition()
@@ -87,11 +91,13 @@ class Engine:
             self._cond.notify_all()
 
     def submit(self, prompt_tokens: int, max_tokens: int, tokens: list[int] | None = None,
-               output: list[int] | None = None, salt: str | None = None) -> tuple[str, queue.SimpleQueue[Emit]]:
+               output: list[int] | None = None, salt: str | None = None,
+               adapter: str | None = None) -> tuple[str, queue.SimpleQueue[Emit]]:
         rid = uuid.uuid4().hex
         q: queue.SimpleQueue[Emit] = queue.SimpleQueue()
         with self._cond:
-            self.core.submit(rid, prompt_tokens, max_tokens, self._clock(), tokens=tokens, output=output, salt=salt)
+            self.core.submit(rid, prompt_tokens, max_tokens, self._clock(), tokens=tokens, output=output, salt=salt,
+                             adapter=adapter)
             self._queues[rid] = q
             self._cond.notify_all()
         return rid, q
@@ -124,6 +130,8 @@ class Engine:
                 busy_seconds_prompt=s.busy_prompt, busy_seconds_decode=s.busy_decode, n_decode_total=s.n_decode,
                 max_seq_tokens=c.max_seq_tokens, prompt_cached_total=c.prompt_cached_total,
                 prefix_queries=c.prefix.queries if c.prefix else 0, prefix_hits=c.prefix.hits if c.prefix else 0,
+                lora_info=tuple(self.lora_info.observe(c.lora_running, c.lora_waiting, time.time()))
+                if self.lora_info else (),
             )
 
     def _flush_events(self) -> None:
@@ -178,7 +186,10 @@ class SimApp:
         llamacpp = opts.metrics_style == "llamacpp"
         prefix = PrefixCache(opts.block_size) if opts.prefix_caching and not llamacpp else None
         slots = Slots(opts.core.max_seqs, opts.slot_similarity) if opts.prefix_caching and llamacpp else None
-        self.engine = Engine(opts.core, prefix=prefix, slots=slots, publish=publish)
+        lora = opts.lora
+        self.engine = Engine(opts.core, prefix=prefix, slots=slots, publish=publish,
+                             lora_info=LoraInfo(lora.max_loras) if lora else None)
+        self.adapters = Adapters(lora) if lora else None  # the LoRA adapters it holds
         self.started = time.monotonic()
         self._lock = threading.Lock()
         self._rng = random.Random(opts.seed)
@@ -221,10 +232,22 @@ class SimApp:
             log(f"crashing after {self._answered} requests (--crash-after)")
             os._exit(1)
 
-    def answer(self, seq: int, n: int) -> list[str]:
-        """The words of request `seq`'s answer, one token each."""
-        words = tok.answer_words(f"{self.opts.seed}:{seq}")
-        return [next(words) for _ in range(n)]
+    def served(self) -> tuple[str, ...]:
+        """What a request may name: the model's names, then the adapters loaded now."""
+        return self.opts.names + (self.adapters.names() if self.adapters else ())
+
+    def adapter_of(self, model: str) -> str | None:
+        """The adapter a request for `model` runs with (None: the base model)."""
+        return model if self.adapters is not None and model not in self.opts.names else None
+
+    def answer(self, seq: int, n: int, adapter: str | None = None) -> list[str]:
+        """The words of request `seq`'s answer, one token each; an adapter's answer starts with its
+        name in brackets, so a test can tell which adapter served it."""
+        words = tok.answer_words(f"{self.opts.seed}:{adapter or ''}:{seq}" if adapter else f"{self.opts.seed}:{seq}")
+        out = [next(words) for _ in range(n)]
+        if adapter:
+            out[0] = f"[{adapter}] {out[0]}"
+        return out
 
     def metrics_text(self) -> str:
         snap = self.engine.snapshot()

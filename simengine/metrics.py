@@ -69,6 +69,8 @@ class Snapshot:
     prompt_cached_total: int = 0  # prompt tokens found computed (a prefix-cache hit, a slot's reuse)
     prefix_queries: int = 0  # vLLM's prefix cache: prompt tokens looked up, and found
     prefix_hits: int = 0
+    # vllm:lora_requests_info's series: (labels, value) each; empty without --enable-lora.
+    lora_info: tuple[tuple[dict, float], ...] = ()
 
 
 class _VllmCollector:
@@ -112,6 +114,12 @@ class _VllmCollector:
         h = HistogramMetricFamily("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", labels=labels)
         h.add_metric(lv, s.e2e.cumulative(), s.e2e.total)
         yield h
+        if s.lora_info:
+            names = ["max_lora", "waiting_lora_adapters", "running_lora_adapters"]
+            g = GaugeMetricFamily("vllm:lora_requests_info", "Running stats on lora requests.", labels=names)
+            for found, value in s.lora_info:
+                g.add_metric([found[n] for n in names], value)
+            yield g
 
 
 def render_vllm(snap: Snapshot, model_name: str) -> str:

@@ -23,6 +23,7 @@ from simengine import sse
 from simengine import tokens as tok
 from simengine.core import RequestTooLarge
 from simengine.engine import ServerOptions, SimApp, log
+from simengine.lora import LOAD_PATH, UNLOAD_PATH
 from simengine.openai import BadRequest
 
 __all__ = ["ServerOptions", "SimApp", "build_server", "log"]
@@ -145,10 +146,11 @@ class Handler(BaseHTTPRequestHandler):
         elif path == "/v1/models":
             if not self._loading():
                 created = int(time.time())
+                adapters = self.app.adapters.cards(self.app.opts.names[0], created) if self.app.adapters else []
                 self._json(200, {"object": "list", "data": [
                     {"id": n, "object": "model", "created": created, "owned_by": "llmgw-sim",
                      "root": self.app.opts.names[0], "parent": None,
-                     "max_model_len": self.app.opts.core.kv_tokens} for n in self.app.opts.names]})
+                     "max_model_len": self.app.opts.core.kv_tokens} for n in self.app.opts.names] + adapters})
         else:
             self._error(404, f"no route {path}", "NotFoundError")
 
@@ -166,6 +168,9 @@ class Handler(BaseHTTPRequestHandler):
         if not self._authorized(path):
             return
         handler = POST_ROUTES.get(path)
+        lora = self.app.opts.lora
+        if path in (LOAD_PATH, UNLOAD_PATH) and lora is not None and lora.runtime:
+            handler = "_lora"
         if handler is None:
             self.close_connection = True  # its body was not read: the connection cannot be reused
             self._error(404, f"no route {path}", "NotFoundError")
@@ -190,6 +195,12 @@ class Handler(BaseHTTPRequestHandler):
             if generates:
                 self.app.answered()
 
+    def _lora(self, body: dict) -> None:
+        assert self.app.adapters is not None
+        path = self.path.split("?", 1)[0]
+        reply = self.app.adapters.load(body) if path == LOAD_PATH else self.app.adapters.unload(body)
+        self._send(reply.status, reply.body, reply.ctype)
+
     def _chat(self, body: dict) -> None:
         self._complete(True, body)
 
@@ -197,10 +208,10 @@ class Handler(BaseHTTPRequestHandler):
         self._complete(False, body)
 
     def _model(self, body: dict) -> str:
-        return oa.model_of(body, self.app.opts.names)
+        return oa.model_of(body, self.app.served())
 
     def _job(self, chat: bool, body: dict) -> oa.Job:
-        return oa.parse(chat, body, self.app.opts.names, self.app.opts.max_tokens_default)
+        return oa.parse(chat, body, self.app.served(), self.app.opts.max_tokens_default)
 
     def _render_chat(self, body: dict) -> None:
         self._json(200, oa.render(self._job(True, body), f"chatcmpl-{uuid.uuid4().hex}"))
@@ -214,10 +225,11 @@ class Handler(BaseHTTPRequestHandler):
         seq, fail = app.next_request()
         if fail:
             raise BadRequest(500, "simulated engine error (--error-rate)", "InternalServerError")
-        words = app.answer(seq, job.max_tokens)
+        adapter = app.adapter_of(job.model)
+        words = app.answer(seq, job.max_tokens, adapter)
         try:
             rid, q = app.engine.submit(len(job.tokens), job.max_tokens, job.tokens,
-                                       [tok.word_token(w) for w in words], job.salt)
+                                       [tok.word_token(w) for w in words], job.salt, adapter)
         except RequestTooLarge as e:
             raise BadRequest(400, str(e), "BadRequestError") from None
         ident = ("chatcmpl-" if chat else "cmpl-") + rid
@@ -271,11 +283,11 @@ class Handler(BaseHTTPRequestHandler):
         if fail:
             raise BadRequest(500, "simulated engine error (--error-rate)", "InternalServerError")
         try:
-            core_id, q = app.engine.submit(prompt, mt)
+            core_id, q = app.engine.submit(prompt, mt, adapter=app.adapter_of(model))
         except RequestTooLarge as e:
             raise BadRequest(400, str(e), "BadRequestError") from None
         rid, msg_id = rapi.new_ids()
-        created, words = int(time.time()), app.answer(seq, mt)
+        created, words = int(time.time()), app.answer(seq, mt, app.adapter_of(model))
         finish = "length" if explicit else "stop"
         keep = body.get("store", True) is not False
 

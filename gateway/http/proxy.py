@@ -20,6 +20,7 @@ from gateway.observe.saturation import SaturationSignals
 from gateway.observe.traffic import TrafficCounter
 from gateway.request.call import Call, forward_headers, read_call
 from gateway.request.surface import Route
+from gateway.routing.adapters import NO_ADAPTER, load_hold
 from gateway.routing.admission import Send, Shed, Wait, admit, drain_time
 from gateway.routing.choice import Choice, Rejection, RouteRequest
 from gateway.routing.coldstart import hold
@@ -70,6 +71,7 @@ class Proxy:
         if not route.by_id:
             router.requested(model)
         canon = environ["llmgw.model"] = tables.canonical.get(model, model)  # known: charts may count it
+        call.adapter = tables.adapters.get(model) if tables.adapters else None  # a LoRA adapter's name
         if key is not None:
             gate.limit(key, model)
         affinity = environ.get("HTTP_X_SESSION_ID") or call.affinity
@@ -137,6 +139,8 @@ class Proxy:
             timeout = router.tables.cold_start.get(req.model)
             if timeout is not None:
                 return self._cold_start(req, q, timeout)
+        if isinstance(res, Rejection) and res.kind == NO_ADAPTER:
+            return self._adapter_load(req, q, res)
         # How long the queue would take to reach this request; only worth computing when it may wait.
         drain = (drain_time(len(q) + 1, router.completion_rate(req.model))
                  if isinstance(res, Rejection) and res.kind == "saturated" else None)
@@ -177,6 +181,24 @@ class Proxy:
             return res
         self.metrics.shed.labels(req.model, "cold_start_timeout").inc()
         raise refusal(TimedOut(decision.timeout), req, self.router.tables, cold_start=timeout)
+
+    def _adapter_load(self, req: RouteRequest, q: WaitQueue, why: Rejection) -> Choice:
+        """No endpoint holds the adapter: hold the request until one has loaded it (the control plane
+        is told at once), when one can (gateway.routing.adapters); else refuse with the reason."""
+        route = self.router.tables.adapters[req.model]
+        decision = load_hold(route, len(q), self.cfg.queue_max)
+        if decision is None or isinstance(decision, Shed):
+            self.metrics.shed.labels(req.model, "adapter_load").inc()
+            raise refusal(decision or why, req, self.router.tables, adapter_load=route.wait)
+        self.demand.demand(route.name, len(q) + 1)
+        if route.can_cold_start and not route.servers:
+            self.demand.demand(route.model, len(q) + 1)  # its model has no replica: start one
+        res = self._wait(q, req, lambda: self.router.route(replace(req, queued=1)), decision.timeout,
+                         keep=("saturated", "unknown_model", NO_ADAPTER))
+        if isinstance(res, Choice):
+            return res
+        self.metrics.shed.labels(req.model, "adapter_load_timeout").inc()
+        raise refusal(res or TimedOut(decision.timeout), req, self.router.tables, adapter_load=route.wait)
 
     def _wait(self, q: WaitQueue, req: RouteRequest, attempt: Callable[[], Choice | Rejection], timeout: float,
               keep: Collection[str] = ("saturated",)) -> Choice | Rejection | None:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from gateway.errors import ApiError
 from gateway.keys.policy import unknown_model
+from gateway.routing.adapters import NO_ADAPTER
 from gateway.routing.admission import Shed
 from gateway.routing.choice import Rejection, RouteRequest
 from gateway.routing.coldstart import retry_after
@@ -25,11 +26,21 @@ class TimedOut:
 
 
 def refusal(why: Rejection | Shed | TimedOut, req: RouteRequest, tables: Tables, *,
-            last_error: ApiError | None = None, cold_start: float | None = None) -> ApiError:
+            last_error: ApiError | None = None, cold_start: float | None = None,
+            adapter_load: float | None = None) -> ApiError:
     """The answer to a request routing or admission turned away. `cold_start`: the model's
-    cold-start timeout when the request was held for one; `last_error`: the failure of its last
+    cold-start timeout when the request was held for one; `adapter_load`: how long a request for a
+    LoRA adapter no replica holds waits for one to load it; `last_error`: the failure of its last
     attempt, when every endpoint failed it."""
     model = req.model
+    if adapter_load is not None:
+        if isinstance(why, Shed):
+            return ApiError("shed", f"adapter {model!r} is being loaded: {why.reason}", why.retry_after)
+        if isinstance(why, TimedOut):
+            return ApiError("no_replica", f"adapter {model!r} was not loaded on any replica within "
+                            f"{adapter_load:g}s; retry shortly", retry_after(adapter_load))
+        if why.kind == NO_ADAPTER:
+            return ApiError("no_replica", f"adapter {model!r} cannot be served now: {why.detail}", 5)
     if isinstance(why, Shed):
         doing = "starting" if cold_start is not None else "saturated"
         return ApiError("shed", f"model {model!r} is {doing}: {why.reason}", why.retry_after)

@@ -20,6 +20,7 @@ from gateway.observe import fleetmetrics
 from gateway.observe.fleet import FleetView
 from gateway.observe.health import REDIS_ERRORS
 from gateway.request.surface import flask_rules
+from gateway.routing.adapters import unique
 from gateway.routing.tables import Snapshot
 from gateway.ui import console_blueprint
 from llmgw.state.keypolicy import budget_status, usage_by_model
@@ -49,7 +50,21 @@ def model_cards(snap: Snapshot) -> list[dict]:
     listed = {c["id"] for c in cards}
     return cards + [{"id": m, "object": "model", "created": 0, "owned_by": "llmgw", "aliases": [], "engines": [],
                      "ready_replicas": 0, "context_length": None}
-                    for m in sorted(set(snap.tables.cold_start) - listed)]
+                    for m in sorted(set(snap.tables.cold_start) - listed)] + adapter_cards(snap)
+
+
+def adapter_cards(snap: Snapshot) -> list[dict]:
+    """The LoRA adapters that are loaded, or can be (a replica serves them, or their model starts
+    from zero), each with its base model as `parent` (as vLLM lists them)."""
+    cards = []
+    for a in unique(snap.tables.adapters):
+        if not (a.holders or a.loadable):
+            continue
+        lengths = [rec.context_length for e in a.holders if (rec := snap.loads.get(e.id)) and rec.context_length]
+        cards.append({"id": a.name, "object": "model", "created": 0, "owned_by": "llmgw", "parent": a.model,
+                      "root": a.model, "aliases": list(a.names[1:]), "engines": sorted({e.engine for e in a.holders}),
+                      "ready_replicas": len(a.holders), "context_length": min(lengths) if lengths else None})
+    return cards
 
 
 def list_models(gw) -> dict:

@@ -15,8 +15,10 @@ from gateway.errors import ApiError
 from gateway.request.forms import FormError, find_field
 from gateway.request.surface import Route, engine_path
 from gateway.response_ids import IdRewrite, unwrap
+from gateway.routing.adapters import AdapterRoute
 from gateway.routing.tables import Tables
 from llmgw import surface as op
+from llmgw.engines import get_engine
 from llmgw.state.records import EndpointInfo
 
 RESPONSE_OPS = frozenset({op.RESPONSES, op.RESPONSES_GET, op.RESPONSES_DELETE, op.RESPONSES_CANCEL})
@@ -31,7 +33,7 @@ class Call:
     """One proxied request as the gateway read it: the model it names, and what to send to whichever
     endpoint takes it (the body with the endpoint's served name, the engine's path)."""
 
-    __slots__ = ("route", "model", "data", "body", "form_at", "pin", "response_id", "previous", "query")
+    __slots__ = ("route", "model", "data", "body", "form_at", "pin", "response_id", "previous", "query", "adapter")
 
     def __init__(self, route: Route, model: str, data: bytes | None = None, body: dict | None = None,
                  form_at: tuple[int, int] | None = None, pin: str | None = None,
@@ -42,6 +44,7 @@ class Call:
         self.response_id = response_id  # (client id, engine id) named by the path
         self.previous = previous  # (client id, engine id) of a JSON body's previous_response_id
         self.query = query
+        self.adapter: AdapterRoute | None = None  # the LoRA adapter it names (set by the proxy)
 
     @property
     def affinity(self) -> str | None:
@@ -65,11 +68,15 @@ class Call:
         served = ep.served_name or ep.model or self.model
         if self.body is not None:
             changes = {}
-            if served != self.model:
+            if self.adapter is not None or ep.adapters:
+                changes = adapter_changes(self.body, self.adapter, ep, served)
+            elif served != self.model:
                 changes["model"] = served
             if self.previous is not None:
                 changes["previous_response_id"] = self.previous[1]
             return path, (json.dumps({**self.body, **changes}).encode() if changes else self.data)
+        if self.form_at is not None and self.adapter is not None:
+            served = self.adapter.name  # a form names the adapter as vLLM serves it
         if self.form_at is not None and served != self.model:
             start, end = self.form_at
             return path, self.data[:start] + served.encode() + self.data[end:]
@@ -81,6 +88,15 @@ class Call:
             return None
         known = {pair[1]: pair[0] for pair in (self.response_id, self.previous) if pair is not None}
         return IdRewrite(ep.id, known, learn=True)
+
+
+def adapter_changes(body: dict, adapter: AdapterRoute | None, ep: EndpointInfo, served: str) -> dict:
+    """What a request for `adapter` (None: for the model) changes in its body on an endpoint that may
+    hold adapters: as its engine must receive it (`EngineAdapter.adapter_body`: vLLM and the sim name
+    the adapter as `model`; llama.cpp keeps the model and gets a `lora` list of every adapter it
+    holds, all at scale 0 but this one)."""
+    out = get_engine(ep.engine).adapter_body({**body, "model": served}, adapter, ep.adapters)
+    return {k: v for k, v in out.items() if k not in body or body[k] != v}
 
 
 def with_stream_usage(body: dict, data: bytes) -> tuple[dict, bytes]:

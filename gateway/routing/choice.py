@@ -58,6 +58,7 @@ class Choice:
     ahead: int  # requests the endpoint holds before this one (for learning the service time)
     saturated: bool = False  # True when sent past saturation (critical traffic)
     reason: str = ""
+    adapter: str = ""  # the LoRA adapter it was routed for (gateway.routing.adapters), counted by name
 
 
 @dataclass(frozen=True)

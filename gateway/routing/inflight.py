@@ -49,16 +49,20 @@ class InFlight:
         self.fail_at: dict[str, float] = {}  # ... of the last connection failure or first-byte timeout
         self.last_request_at: dict[str, float] = {}  # by canonical name (the requested one if unpublished)
 
-    def add(self, ep: EndpointInfo, wall: float, now: float) -> None:
+    def add(self, ep: EndpointInfo, wall: float, now: float, adapter: str = "") -> None:
         n = self.counts[ep.id] = self.counts.get(ep.id, 0) + 1
         self._changed(ep.id, n - 1, n, wall, now)
         m = model_of(ep)
         self.by_model[m] = self.by_model.get(m, 0) + 1
+        if adapter:  # a LoRA adapter's requests count under its name too (its demand, for placement)
+            self.by_model[adapter] = self.by_model.get(adapter, 0) + 1
 
-    def remove(self, ep: EndpointInfo, wall: float, now: float) -> int:
+    def remove(self, ep: EndpointInfo, wall: float, now: float, adapter: str = "") -> int:
         """One request left `ep`; returns what we held on it before."""
         m = model_of(ep)
         self.by_model[m] = max(0, self.by_model.get(m, 0) - 1)
+        if adapter:
+            self.by_model[adapter] = max(0, self.by_model.get(adapter, 0) - 1)
         ours = self.counts.get(ep.id, 0)
         self.counts[ep.id] = max(0, ours - 1)
         self._changed(ep.id, ours, self.counts[ep.id], wall, now)

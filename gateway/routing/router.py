@@ -19,6 +19,7 @@ from dataclasses import replace
 from typing import Callable, Mapping
 
 from gateway.config import RoutingConfig
+from gateway.routing.adapters import NO_ADAPTER, AdapterRoute, no_holder
 from gateway.routing.choice import Choice, Rejection, RouteRequest, choose, fleet_rate
 from gateway.routing.inflight import InFlight
 from gateway.routing.learn import Learning, answer_sample, fold_answers, is_new, observe_loads
@@ -85,6 +86,9 @@ class Router:
         """Choose and reserve (in-flight + 1) atomically, so concurrent requests see each other."""
         now = self.clock.monotonic()
         snap = self.snapshot
+        adapters = snap.tables.adapters
+        if adapters and req.model in adapters:
+            return self._route_adapter(adapters[req.model], req, snap, now)
         endpoints = snap.tables.endpoints
         with self.lock:
             res = choose(endpoints, snap.loads, self.counts.held(endpoints, now, req.model), req, now,
@@ -96,6 +100,28 @@ class Router:
             self.metrics.child(self.metrics.inflight, res.endpoint.id).inc()
         return res
 
+    def _route_adapter(self, ad: AdapterRoute, req: RouteRequest, snap: Snapshot, now: float) -> Choice | Rejection:
+        """A request for a LoRA adapter: only the endpoints holding it, chosen among as usual."""
+        if not ad.holders:
+            return Rejection(NO_ADAPTER, req.model, no_holder(ad))
+        # (Built directly: dataclasses.replace costs microseconds on the request path.)
+        sub = RouteRequest(ad.model, req.priority, req.affinity, req.exclude, req.queued, op=req.op, pin=req.pin,
+                           waited=req.waited)
+        with self.lock:
+            res = choose(ad.holders, snap.loads, self.counts.held(ad.holders, now, ad.model), sub, now,
+                         stats=snap.stats, cfg=self.routing, rng=self.rng, rr_counter=self.rr_counter)
+            if isinstance(res, Choice):
+                self.rr_counter += 1
+                res = Choice(res.endpoint, res.score, res.ahead, res.saturated, res.reason, ad.name)
+                self.counts.add(res.endpoint, self.clock.time(), now, ad.name)
+        if isinstance(res, Rejection):
+            if res.kind == "unknown_model":  # none of them is the one its response id pins it to
+                return Rejection(NO_ADAPTER, req.model, f"the endpoint {req.pin} does not hold adapter {ad.name!r}")
+            return replace(res, model=req.model)
+        if self.metrics:
+            self.metrics.child(self.metrics.inflight, res.endpoint.id).inc()
+        return res
+
     def release(self, choice: Choice, service_time: float | None, tokens: int | None = None,
                 ttfb: float | None = None) -> None:
         """The request left the endpoint. If it completed normally it is learned from once, on the
@@ -104,7 +130,7 @@ class Router:
         now = self.clock.monotonic()
         snap = self.snapshot
         with self.lock:
-            ours = self.counts.remove(ep, self.clock.time(), now)
+            ours = self.counts.remove(ep, self.clock.time(), now, choice.adapter)
             if service_time is not None and service_time > 0:
                 held = ours + self.counts.siblings(ep.id, now)  # what the whole gateway held, as choice.ahead
                 self.counts.answers.append(answer_sample(ep, choice.ahead, held, service_time, tokens, ttfb,

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Protocol, Sequence
 
 from gateway.response_ids import endpoint_ref
+from gateway.routing.adapters import AdapterRoute, adapter_table
 from gateway.routing.load import EndpointStats
 from llmgw.state.records import EndpointInfo, LoadRecord
 
@@ -20,6 +21,7 @@ class CatalogNames(Protocol):
     canonical: Mapping[str, str]  # name or alias -> its model's name
     groups: Sequence[tuple[str, ...]]  # each model's names
     cold_start: Mapping[str, float]  # names of models that scale to zero -> seconds a request waits
+    # (Optional) LoRA adapters by name: llmgw.state.store.CatalogOutline.adapters.
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,8 @@ class Tables:
     canonical: Mapping[str, str] = field(default_factory=dict)  # alias or name -> canonical model name
     # Names of models that scale to zero -> how long a request waits for a cold start.
     cold_start: Mapping[str, float] = field(default_factory=dict)
+    # LoRA adapters by name and alias -> which endpoints hold them (gateway.routing.adapters).
+    adapters: Mapping[str, AdapterRoute] = field(default_factory=dict)
 
     def names_of(self, model: str) -> frozenset[str]:
         """Every name of the model called `model` (just that name when it is unknown)."""
@@ -104,4 +108,5 @@ def tables_from(version: int, fingerprint: str, endpoints: Sequence[EndpointInfo
         api_keys=api_keys, missing_keys=missing, names=names, known_models=frozenset(names),
         canonical={**catalog.canonical, **{n: e.model or e.models[0] for e in endpoints for n in e.models}},
         cold_start=dict(catalog.cold_start),
+        adapters=adapter_table(getattr(catalog, "adapters", None) or {}, endpoints, catalog.cold_start),
     )

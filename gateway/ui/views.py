@@ -70,6 +70,8 @@ def models_view(catalog: Catalog | None, report: dict, gateways: list[GatewayRep
             "gateway": {"inflight": sum(d.inflight for d in demand), "queued": sum(d.queued for d in demand),
                         "processes": len(gateways)},
             "traffic": traffic.get(name, []),
+            # Its LoRA adapters: where each is held, loading or failing (llmgw.cli.adapterview).
+            "adapters": [a for a in report.get("adapters") or () if a["model"] == name],
         })
     return {"time": now, "models": models, "thresholds": thresholds, "traffic_slot": slot}
 

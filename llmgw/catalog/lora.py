@@ -15,6 +15,9 @@ from llmgw.engines import ENGINES
 from llmgw.engines.base import PKG_SOURCE
 from llmgw.errors import Problem
 
+# Sources `llmgw.weights` downloads for models; an adapter's are not fetched (yet).
+REMOTE_SCHEMES = ("hf://", "http://", "https://")
+
 
 def _most_replicas(p: Profile) -> int:
     """The most replicas a profile may run: its fixed count, or `autoscale.max`."""
@@ -49,6 +52,10 @@ def _serving(model: Model, a: Adapter, path: str) -> tuple[list[Profile], list[P
 def _source_problems(a: Adapter, serving: list[Profile], path: str) -> list[Problem]:
     if a.source.startswith("pkg:") and not PKG_SOURCE.match(a.source):
         return [Problem(path, f"{a.source!r} must be written pkg:<package>/<file>")]
+    if a.source.lower().startswith(REMOTE_SCHEMES):
+        return [Problem(path, f"{a.source!r}: adapters from a hub or a URL are not downloaded by llmgw yet: put the "
+                              "adapter on the nodes and name its path (or pkg:<package>/<file>); a vLLM profile also "
+                              "loads a Hugging Face id written ORG/NAME itself")]
     out: dict[str, Problem] = {}
     for p in serving:
         reason = ENGINES[p.engine].adapter_source_refusal(a.source)

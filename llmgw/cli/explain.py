@@ -1,5 +1,6 @@
 """`llmgw explain MODEL`: in plain sentences, why a model has fewer Ready replicas than asked, or why its
-requests are shed.
+requests are shed. `llmgw explain ADAPTER`: where a LoRA adapter is held, loading or failing, and why it
+is on fewer replicas than wanted (llmgw.cli.adapterview).
 
 Per replica: its state and why (a Pending one: the placement reason and why each live node refused it;
 a crash loop: the exit and the last lines of the engine's log; a Lost one: since when its node is
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 from llmgw.catalog import Catalog, read_applied
+from llmgw.cli.adapterview import explain_adapter
 from llmgw.cli.common import settings, store
 from llmgw.cli.status import _age, gather_status
 from llmgw.proc.exitstatus import describe_exit
@@ -28,8 +30,9 @@ SATURATION_WINDOW = 600.0  # seconds of event history the gateways' saturation i
 
 
 def register(sub) -> None:
-    p = sub.add_parser("explain", help="why a model has fewer Ready replicas than asked, or sheds requests")
-    p.add_argument("model", metavar="MODEL", help="a model name or alias of the applied catalog")
+    p = sub.add_parser("explain", help="why a model has fewer Ready replicas than asked, or sheds requests; "
+                                       "where a LoRA adapter is loaded")
+    p.add_argument("model", metavar="MODEL", help="a model or LoRA adapter name (or alias) of the applied catalog")
     p.set_defaults(func=cmd_explain)
 
 
@@ -70,6 +73,9 @@ def explain(
     """`report`: `llmgw status`'s (`build_status`), whose derived states and reasons it words; `records`
     the replica records by id (pending refusals, exits, log tails); `history` this model's recent events."""
     model = catalog.resolve(name) if catalog else None
+    found = catalog.resolve_adapter(name) if catalog and model is None else None
+    if found is not None:
+        return _adapter(found[1].name, report)
     if model is None:
         known = ", ".join(m.name for m in catalog.models) if catalog and catalog.models else "none"
         return Explanation(False, f"{name} is not a model or alias of the applied catalog (models: {known}).")
@@ -103,6 +109,16 @@ def explain(
     head = f"{model.name}: {ready_total} of {wanted_total} replicas asked for are Ready" + (
         "." if ok else "; what is missing and why:")
     return Explanation(ok, "\n".join([head, *out]))
+
+
+def _adapter(name: str, report: dict) -> Explanation:
+    """`llmgw explain ADAPTER`: where it is held, loading, failing, and why it is short."""
+    row = next((a for a in report.get("adapters") or () if a["adapter"] == name), None)
+    if row is None:
+        return Explanation(False, f"Adapter {name}: the control plane has not placed it yet (is a control worker "
+                                  "running? it places adapters every reconcile pass).")
+    ok, text = explain_adapter(row, {r["id"]: r for r in report["replicas"]})
+    return Explanation(ok, text)
 
 
 def _indent(text: str, by: str = "  ") -> str:

@@ -10,6 +10,8 @@ import time
 from typing import Collection, Iterable, Mapping
 
 from llmgw.catalog import read_applied
+from llmgw.cli.adapterview import adapter_rows
+from llmgw.cli.adapterview import render as render_adapters
 from llmgw.cli.common import print_json, settings, store
 from llmgw.cli.fitview import fit_estimates
 from llmgw.state.records import (
@@ -71,7 +73,8 @@ def gather_status(s: Store, now: float) -> dict:
                           listed={e.id for e in endpoints}, gateways=s.gateway_reports(),
                           loads=s.loads(draining), last_seen=s.nodes_last_seen(),
                           scaling=s.scale_states(), bounds=bounds, externals=s.external_records(),
-                          estimates=fit_estimates(cat, s.weights_facts()))
+                          estimates=fit_estimates(cat, s.weights_facts()),
+                          adapters=s.adapter_rows()[1])
     if catalog_problem:
         report["catalog"]["problem"] = f"this llmgw cannot read it: {catalog_problem}"
     return report
@@ -122,12 +125,14 @@ def build_status(
     bounds: Mapping[tuple[str, str], tuple[int, int]] | None = None,
     externals: Iterable[ExternalRecord] = (),
     estimates: Mapping[tuple[str, str], str] | None = None,
+    adapters: Iterable[dict] = (),
 ) -> dict:
     """`listed`: ids in the published endpoint list (a Lost replica still in it shows as Ready, its
     node agent lost); `gateways` and `loads` tell how far a Draining replica's drain has come;
     `scaling` is the autoscaler's record per profile and `bounds` each autoscaled profile's (min, max);
     `externals`: the health-check records of external server urls; `estimates`: the fit estimate of
-    each profile with a remote source ((model, profile) -> text, `llmgw.cli.fitview`)."""
+    each profile with a remote source ((model, profile) -> text, `llmgw.cli.fitview`); `adapters`: how the last reconcile pass placed each
+    LoRA adapter (`Store.adapter_rows`)."""
     gateways = list(gateways)
     loads = loads or {}
     last_seen = last_seen or {}
@@ -225,6 +230,7 @@ def build_status(
         "externals": external_rows,
         "replica_states": counts,
         "autoscale": autoscale,
+        "adapters": adapter_rows(adapters, replicas, now),
         "endpoints": {"version": endpoints_version, "count": endpoints_count},
         "estimates": [{"model": m, "profile": p, "fit": text} for (m, p), text in sorted((estimates or {}).items())],
         "time": now,
@@ -315,6 +321,9 @@ def render(report: dict) -> str:
                      x["reason"] or ""] for x in report["externals"]]
         parts += ["", f"EXTERNAL SERVERS ({len(ext_rows)})",
                   _table(["ID", "MODEL", "PROFILE", "URL", "STATE", "CHECKED", "REASON"], ext_rows)]
+    if report.get("adapters"):
+        headers, ad_rows = render_adapters(report["adapters"])
+        parts += ["", f"ADAPTERS ({len(ad_rows)})", _table(headers, ad_rows)]
     parts += [
         "",
         f"ENDPOINTS version {ep['version']}, {ep['count']} routable",

@@ -6,6 +6,9 @@ reports llama.cpp's, and then its default mapping follows (see `effective_metric
 Multi-node replicas work as vLLM's do: every node runs the sim with `--nnodes/--node-rank/--master-addr/
 --master-port`; the head (rank 0) serves HTTP and is healthy once all members joined its rendezvous,
 the others are `--headless` (see simengine/multinode.py).
+
+A profile with `lora:` serves LoRA adapters as vLLM does (simengine/lora.py): the same flags, the
+runtime load and unload calls and their answers; a profile's args may add `--lora-load-time`.
 """
 
 from __future__ import annotations
@@ -14,9 +17,19 @@ import sys
 
 from llmgw.catalog.types import MetricMapping, Profile
 from llmgw import surface as op
-from llmgw.engines.base import EngineAdapter, LaunchContext, LaunchSpec
+from llmgw.engines.base import AdapterCall, AdapterOutcome, EngineAdapter, LaunchContext, LaunchSpec
 from llmgw.engines.llamacpp import LLAMACPP_METRICS, LlamaCppAdapter
-from llmgw.engines.vllm import VLLM_KV_FALLBACKS, VLLM_METRICS, VllmAdapter
+from llmgw.engines.vllm import (
+    VLLM_KV_FALLBACKS,
+    VLLM_LORA_RANKS,
+    VLLM_METRICS,
+    VllmAdapter,
+    runtime_lora_launch,
+    runtime_lora_problems,
+    vllm_adapter_outcome,
+    vllm_load_call,
+    vllm_unload_call,
+)
 from llmgw.errors import Problem
 from simengine.cli import check_args
 
@@ -54,6 +67,22 @@ class SimAdapter(EngineAdapter):
     prompt_tokens_metric = VllmAdapter.prompt_tokens_metric
     generation_tokens_metric = VllmAdapter.generation_tokens_metric
     credential_env = "SIMENGINE_API_KEY"  # guards /v1, like vLLM
+    # LoRA as vLLM serves it: loaded and unloaded at run time, with vLLM's calls, answers and flags.
+    supports_lora = True
+    lora_ranks = VLLM_LORA_RANKS
+    lora_flags = ("--enable-lora", "--max-loras", "--max-lora-rank", "--max-cpu-loras")
+
+    def lora_refusals(self, profile: Profile) -> list[Problem]:
+        return super().lora_refusals(profile) + runtime_lora_problems(profile)
+
+    def adapter_load_call(self, name: str, path: str) -> AdapterCall | None:
+        return vllm_load_call(name, path)
+
+    def adapter_unload_call(self, name: str) -> AdapterCall | None:
+        return vllm_unload_call(name)
+
+    def adapter_outcome(self, call: AdapterCall, status: int, text: str) -> AdapterOutcome:
+        return vllm_adapter_outcome(call, status, text)
 
     def refusals(self, profile: Profile) -> list[Problem]:
         problems = super().refusals(profile) + [Problem("args", reason) for reason in check_args(profile.args)]
@@ -89,6 +118,8 @@ class SimAdapter(EngineAdapter):
             argv += ["--max-seqs", str(p.capacity)]
         multi, headless = self.multi_node_args(ctx)
         argv += multi
+        lora_argv, lora_env = runtime_lora_launch(p)
+        argv += lora_argv
         argv += p.args
-        return LaunchSpec(argv=tuple(argv), env=self.engine_env(ctx, p), serves_http=not headless,
+        return LaunchSpec(argv=tuple(argv), env={**self.engine_env(ctx, p), **lora_env}, serves_http=not headless,
                           health_path="/health", start_timeout=p.start_timeout)

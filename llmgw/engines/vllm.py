@@ -108,6 +108,59 @@ def _error_message(text: str) -> str:
     return text.strip()[:300]
 
 
+def runtime_lora_problems(profile: Profile) -> list[Problem]:
+    """The rules of an engine that loads adapters at run time as vLLM does: `max_cpu_loras` holds at
+    least `max_loras`, and llmgw sets the variable that allows runtime loading."""
+    problems = []
+    lora = profile.lora
+    if lora is not None and lora.max_cpu_loras is not None and lora.max_cpu_loras < lora.max_loras:
+        problems.append(Problem("lora.max_cpu_loras", f"must be at least max_loras ({lora.max_loras}), "
+                                                      f"got {lora.max_cpu_loras}"))
+    if lora is not None and RUNTIME_LORA_ENV in profile.env:
+        problems.append(Problem(f"env.{RUNTIME_LORA_ENV}", "set by llmgw for a profile with `lora:` (llmgw "
+                                                          "loads and unloads its adapters at run time)"))
+    return problems
+
+
+def runtime_lora_launch(profile: Profile) -> tuple[list[str], dict[str, str]]:
+    """vLLM's LoRA flags from the profile's `lora:`, and the variable that allows runtime loading. No
+    --lora-modules: the agent loads adapters after /health, since one that fails to load at start
+    would stop the whole server from starting."""
+    lora = profile.lora
+    if lora is None:
+        return [], {}
+    argv = ["--enable-lora", "--max-loras", str(lora.max_loras), "--max-lora-rank", str(lora.max_lora_rank)]
+    if lora.max_cpu_loras is not None:
+        argv += ["--max-cpu-loras", str(lora.max_cpu_loras)]
+    return argv, {RUNTIME_LORA_ENV: "True"}
+
+
+def vllm_load_call(name: str, path: str) -> AdapterCall:
+    return AdapterCall("/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
+
+
+def vllm_unload_call(name: str) -> AdapterCall:
+    return AdapterCall("/v1/unload_lora_adapter", {"lora_name": name})
+
+
+def vllm_adapter_outcome(call: AdapterCall, status: int, text: str) -> AdapterOutcome:
+    """What vLLM's answer to a load or unload means. 200 is done. vLLM answers 400 "has already been
+    loaded" to a second load of a name and 404 "cannot be found" to an unload of one it does not
+    hold: both mean the wanted state. Anything else (404 "No adapter found for PATH", a rank above
+    max_lora_rank, ...) failed."""
+    if 200 <= status < 300:
+        return AdapterOutcome(True)
+    message = _error_message(text)
+    loading = call.path.endswith("/load_lora_adapter")
+    if loading and status == 400 and "already been loaded" in message:
+        return AdapterOutcome(True)
+    if not loading and status == 404:
+        return AdapterOutcome(True)
+    if status == 404 and loading:
+        return AdapterOutcome(False, f"vLLM found no adapter at {call.body.get('lora_path')!r}: {message}")
+    return AdapterOutcome(False, f"vLLM answered {status}: {message}")
+
+
 class VllmAdapter(EngineAdapter):
     name = "vllm"
     needs_gpu = True
@@ -148,17 +201,7 @@ class VllmAdapter(EngineAdapter):
         return problems
 
     def lora_refusals(self, profile: Profile) -> list[Problem]:
-        """Besides the base rules: `max_cpu_loras` holds at least `max_loras`, and llmgw sets the
-        variable that allows runtime loading."""
-        problems = super().lora_refusals(profile)
-        lora = profile.lora
-        if lora is not None and lora.max_cpu_loras is not None and lora.max_cpu_loras < lora.max_loras:
-            problems.append(Problem("lora.max_cpu_loras", f"must be at least max_loras ({lora.max_loras}), "
-                                                          f"got {lora.max_cpu_loras}"))
-        if lora is not None and RUNTIME_LORA_ENV in profile.env:
-            problems.append(Problem(f"env.{RUNTIME_LORA_ENV}", "set by llmgw for a profile with `lora:` (llmgw "
-                                                              "loads and unloads its adapters at run time)"))
-        return problems
+        return super().lora_refusals(profile) + runtime_lora_problems(profile)
 
     def adapter_source_refusal(self, source: str) -> str | None:
         if PKG_SOURCE.match(source):
@@ -168,26 +211,13 @@ class VllmAdapter(EngineAdapter):
         return None
 
     def adapter_load_call(self, name: str, path: str) -> AdapterCall | None:
-        return AdapterCall("/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
+        return vllm_load_call(name, path)
 
     def adapter_unload_call(self, name: str) -> AdapterCall | None:
-        return AdapterCall("/v1/unload_lora_adapter", {"lora_name": name})
+        return vllm_unload_call(name)
 
     def adapter_outcome(self, call: AdapterCall, status: int, text: str) -> AdapterOutcome:
-        """200 is done. vLLM answers 400 "has already been loaded" to a second load of a name and
-        404 "cannot be found" to an unload of one it does not hold: both mean the wanted state.
-        Anything else (404 "No adapter found for PATH", a rank above max_lora_rank, ...) failed."""
-        if 200 <= status < 300:
-            return AdapterOutcome(True)
-        message = _error_message(text)
-        loading = call.path.endswith("/load_lora_adapter")
-        if loading and status == 400 and "already been loaded" in message:
-            return AdapterOutcome(True)
-        if not loading and status == 404:
-            return AdapterOutcome(True)
-        if status == 404 and loading:
-            return AdapterOutcome(False, f"vLLM found no adapter at {call.body.get('lora_path')!r}: {message}")
-        return AdapterOutcome(False, f"vLLM answered {status}: {message}")
+        return vllm_adapter_outcome(call, status, text)
 
     def paths(self, profile: Profile) -> dict[str, str]:
         return dict(VLLM_PATHS)
@@ -240,14 +270,9 @@ class VllmAdapter(EngineAdapter):
             argv += ["--pipeline-parallel-size", str(p.pipeline_parallel)]
         multi, headless = self.multi_node_args(ctx)
         argv += multi
-        env = self.engine_env(ctx, p)
-        if p.lora is not None:
-            # Adapters are loaded after /health by the agent, never with --lora-modules: one that
-            # fails to load would stop the whole server from starting.
-            argv += ["--enable-lora", "--max-loras", str(p.lora.max_loras), "--max-lora-rank", str(p.lora.max_lora_rank)]
-            if p.lora.max_cpu_loras is not None:
-                argv += ["--max-cpu-loras", str(p.lora.max_cpu_loras)]
-            env[RUNTIME_LORA_ENV] = "True"
+        lora_argv, lora_env = runtime_lora_launch(p)
+        argv += lora_argv
+        env = {**self.engine_env(ctx, p), **lora_env}
         argv += p.args
         return LaunchSpec(argv=tuple(argv), env=env, serves_http=not headless, health_path="/health",
                           start_timeout=p.start_timeout)

@@ -119,6 +119,12 @@ def demand_hint(model: str) -> str:
     Ready replica (a cold start)."""
     return f"{PREFIX}:demand:{model}"
 
+
+# --- LoRA adapters (docs/catalog.md#adapters-lora) ------------------------------------------------------
+# JSON {"at", "rows": [{"adapter", "model", "wanted", "placed", "reason", "demand"}]}: how the last
+# reconcile pass placed each adapter and why one is short. Written by it; read by status and explain.
+ADAPTERS = f"{PREFIX}:adapters"
+
 # --- external servers (engine: external) ----------------------------------------------------------
 EXTERNALS = f"{PREFIX}:externals"  # set of the endpoint ids of external server urls
 

@@ -98,7 +98,8 @@ class NodeAdmin:
 CONTROL_FIELDS = (
     "id", "model", "profile", "spec_hash", "node", "nodes", "gpus", "created_at",
     "pending_reason", "pending_refusals", "stop_requested_at", "stop_reason", "launch_dispatched_at",
-    "drain_timeout", "unpublished_version", "engine_secret", "credential_generation",
+    "drain_timeout", "unpublished_version", "engine_secret", "credential_generation", "adapters_wanted",
+    "adapters_relaunch",
 )
 AGENT_FIELDS = (
     "port", "url", "pid", "pid_start", "engine_pid", "started_at", "attempt", "exit_code",
@@ -108,6 +109,7 @@ AGENT_FIELDS = (
     "weights_source", "weights_phase", "weights_done", "weights_total", "weights_rate", "weights_eta",
     "weights_file", "weights_started_at", "weights_local_at", "weights_path", "weights_error_kind",
     "weights_error", "weights_failed_at", "engine_memory",
+    "adapters_held", "adapters_loading", "adapter_failures", "adapters_attempt",
 )
 # Plus one field per node, `stopped_on:<node>` (llmgw.state.keys.replica_stopped_on), written by each node's
 # agent of a multi-node replica; read back as `ReplicaRecord.stopped_nodes`.
@@ -195,6 +197,21 @@ class ReplicaRecord:
     # --- loaded, never stored under this name ------------------------------------------------------
     # Nodes whose agent confirmed its part stopped (the `stopped_on:<node>` fields), sorted.
     stopped_nodes: list[str] = field(default_factory=list)
+    # --- LoRA adapters (docs/catalog.md#adapters-lora) ------------------------------------------------
+    # Control plane: the adapters this replica should hold (`workers.control.adapters.place_adapters`).
+    # On an engine that loads adapters at launch (llama.cpp) it is the launch set, in id order, written
+    # with the record and never changed in place (a different set is a replacement replica).
+    adapters_wanted: list[str] = field(default_factory=list)
+    # Control plane, llama.cpp: the adapters this replica's replacement is launched with; set, the
+    # replica is outdated and rolled like any spec change.
+    adapters_relaunch: list[str] | None = None
+    # Agent: what the engine of attempt `adapters_attempt` holds (in id order), what it is loading now,
+    # and the last failed load of each adapter: {name: {"reason", "at", "attempts"}}. Held adapters of
+    # another attempt are held no more (an engine forgets runtime adapters when it restarts).
+    adapters_held: list[str] = field(default_factory=list)
+    adapters_loading: list[str] = field(default_factory=list)
+    adapter_failures: dict[str, dict] = field(default_factory=dict)
+    adapters_attempt: int | None = None
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -213,6 +230,11 @@ class ReplicaRecord:
     def all_nodes(self) -> list[str]:
         """Every node this replica runs on, head first (one for all but multi-node replicas)."""
         return list(self.nodes) or ([self.node] if self.node else [])
+
+    @property
+    def holds(self) -> list[str]:
+        """The adapters the current attempt's engine holds (none when they were held by another)."""
+        return list(self.adapters_held) if self.adapters_attempt == self.attempt and self.attempt else []
 
     @property
     def running(self) -> bool:
@@ -242,6 +264,11 @@ class LoadRecord:
     # The longest sequence (prompt + output) the engine takes, as its GET /v1/models says; None when
     # it does not say (or was not asked yet).
     context_length: int | None = None
+    # LoRA activity (vLLM's `vllm:lora_requests_info`, the sim's too): the adapters with requests
+    # running and waiting, and `max_loras`; None when the engine does not say.
+    lora_running: list[str] | None = None
+    lora_waiting: list[str] | None = None
+    lora_max: int | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -276,6 +303,10 @@ class EndpointInfo:
     # The NAME of the gateway's environment variable holding this endpoint's API key (external
     # servers); the gateway sends its value to this endpoint only. Never the key itself.
     api_key_env: str | None = None
+    # LoRA: the adapters the replica holds and may be sent requests for (in id order: llama.cpp's
+    # per-request `lora` list indexes them), and how many it holds at most (its `max_loras`; 0: none).
+    adapters: tuple[str, ...] = ()
+    adapter_slots: int = 0
 
     def serves(self, op: str) -> bool:
         return op in self.paths if self.paths is not None else op in LEGACY_OPERATIONS
@@ -287,12 +318,14 @@ class EndpointInfo:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["models"] = list(self.models)
+        d["adapters"] = list(self.adapters)
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "EndpointInfo":
         d = dict(d)
         d["models"] = tuple(d.get("models") or ())
+        d["adapters"] = tuple(d.get("adapters") or ())
         return _from_dict(cls, d)
 
 

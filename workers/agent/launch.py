@@ -118,6 +118,7 @@ class Launcher:
             gpus=tuple(rec.gpus.get(self.node, [])), node=self.node, node_rank=rank, nnodes=len(nodes),
             master_addr=master, master_port=master_port if master_port is not None else rec.master_port,
             api_key=rec.engine_secret if rank == 0 else None,  # only the head serves HTTP
+            adapters=tuple(rec.adapters_wanted),  # an engine that loads adapters at launch (llama.cpp) reads it
         )
         spec = get_engine(profile.engine).command(ctx)
         if weights_path:

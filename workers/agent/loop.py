@@ -11,6 +11,8 @@ Each pass (`Agent.tick`) observes, decides and acts:
    head writes the record's agent fields), then the signals and spawns. A started replica's shim pid
    is the one later write: its intent must be in Redis before the process exists, and the pid exists
    only after.
+The LoRA adapters of Ready replicas (`workers.agent.adapters`) add their facts to that one write and
+make their engine calls after it, off the loop's thread.
 The loop never dies: a replica that cannot be observed or acted on is logged with its id and skipped.
 Launches are built in `launch.py`; the loop's thread, the heartbeat's and the scraper's are run by
 `step.py`.
@@ -34,6 +36,7 @@ from llmgw.state.records import GPUDevice, ReplicaRecord
 from llmgw.state.replica_state import drain_progress, head_drained
 from llmgw.state.store import Store
 from workers.agent import supervisor as sv
+from workers.agent.adapters import AdapterKeeper
 from workers.agent.config import AgentSettings
 from workers.agent.inventory import node_info
 from workers.agent.launch import CatalogCache, Launch, Launcher
@@ -77,6 +80,8 @@ class Agent:
         self.catalog = CatalogCache(store, self.clock)
         self.launcher = Launcher(settings, store, self.catalog, gpus,
                                  bindable or (lambda port: can_bind(settings.engine_host, port)))
+        self.adapters = AdapterKeeper(store, self.catalog, self.node, prober, kick, settings.adapter_timeout,
+                                      settings.adapter_unload_grace)
         self.local: dict[str, Local] = {}
         self.members: dict[str, dict] = {}  # facts of multi-node member parts (never in Redis)
         self.orphan_terms: dict[str, float] = {}  # when SIGTERM went to an attempt without a record
@@ -235,7 +240,9 @@ class Agent:
         launches, failed = self._prepare([a for a in actions if isinstance(a, sv.Start)], by_id, records, now)
         # One write of the pass's facts, the starts' intents included: bookkeeping before side effects.
         intents = [(s.rec, sv.Facts(fields=s.intent)) for s in launches]
-        writes, existing = self.record([(by_id[a.replica_id], a) for a in recorded] + intents + failed)
+        writes, existing = self.record([(by_id[a.replica_id], a) for a in recorded] + intents + failed
+                                       + self.adapters.step(views, now))
+        self.adapters.act(set(writes.records) - existing)  # LoRA loads and unloads, once their facts are in
         for action in recorded:
             self._remember(action, now)
         # What the scraper reads: Ready heads, as this pass leaves them.
@@ -382,6 +389,7 @@ class Agent:
     def close(self) -> None:
         self._probe_pool.shutdown(wait=False)
         self.weights.close()
+        self.adapters.close()
 
     def heartbeat(self) -> None:
         now = self.clock.time()

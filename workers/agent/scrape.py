@@ -20,6 +20,7 @@ from llmgw.engines import get_engine
 from llmgw.engines.metrics import read_load
 from llmgw.engines.modelcard import context_length
 from llmgw.state.records import LoadRecord, ReplicaRecord
+from workers.agent.adapters import lora_fields
 from workers.agent.launch import Launch
 from workers.agent.supervisor import ready_this_attempt
 
@@ -76,7 +77,8 @@ def scrape_one(target, fetch: Callable[..., str], timeout: float, now: float,
                           context_length=context)
     known = ("running", "waiting", "kv_usage", "prompt_tokens_total", "generation_tokens_total")
     return LoadRecord(replica_id=target.replica_id, ts=now, ok=True, context_length=context,
-                      **{k: (float(v) if v is not None else None) for k, v in values.items() if k in known})
+                      **{k: (float(v) if v is not None else None) for k, v in values.items() if k in known},
+                      **lora_fields(text, target.profile))
 
 
 class Scraper:

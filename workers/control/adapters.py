@@ -8,7 +8,9 @@ place as many times as wanted, with why.
 Rules (docs/catalog.md#adapters-lora): an adapter with `replicas: all` goes on every replica that serves it,
 before anything else; one with `replicas: N` on N of them, spread over nodes first; with demand
 known, each adapter's target is its share of all adapter slots by requests per second (at least one
-replica while it is requested), so busier adapters get more replicas. A replica never holds more
+replica while it is requested), so busier adapters get more replicas; such an extra replica is never
+one whose adapters are part of its launch, unless it is about to be created (no replacement for
+demand alone). A replica never holds more
 than `max_loras`. What a replica holds stays where it is while it is still wanted (no churn when
 nothing changed): an adapter above its target gives up a slot only when another adapter below its
 own target needs it. A load that failed is not retried on that replica before its backoff ends;
@@ -21,7 +23,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
-from llmgw.catalog.types import ADAPTERS_AT_LAUNCH, Model
+from llmgw.catalog.types import ADAPTERS_AT_LAUNCH, Model, Profile
+from llmgw.state.records import ReplicaRecord
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,12 @@ class ReplicaSlots:
     loading: frozenset[str] = frozenset()
     ready: bool = True
     at_launch: bool = False
+    # What it was told to hold and may not hold yet (its `adapters_wanted`): kept there, like what it
+    # holds, unless a load failed there and its backoff has not ended.
+    assigned: frozenset[str] = frozenset()
+    # About to be created: its adapters are chosen now for free (where adapters are part of the launch,
+    # changing those of an existing replica takes a replacement).
+    fresh: bool = False
 
 
 @dataclass(frozen=True)
@@ -126,6 +135,21 @@ def slots_for(model: Model, profile_name: str) -> tuple[int, frozenset[str], boo
     return p.lora.max_loras, frozenset(a.name for a in model.adapters_for(p)), p.engine in ADAPTERS_AT_LAUNCH
 
 
+def published_adapters(rec: ReplicaRecord, model: Model, profile: Profile) -> tuple[str, ...]:
+    """The adapters a Ready replica is published with: those its engine holds. Where adapters are
+    part of the launch (llama.cpp) all of them, in id order (the positions are the ids a request's
+    `lora` list names); elsewhere only those still wanted there and served by its profile, so an
+    adapter about to be unloaded gets no new requests."""
+    held = rec.holds
+    if not held or profile.lora is None:
+        return ()
+    if profile.engine in ADAPTERS_AT_LAUNCH:
+        return tuple(held)
+    serves = {a.name for a in model.adapters_for(profile)}
+    wanted = set(rec.adapters_wanted)
+    return tuple(a for a in held if a in wanted and a in serves)
+
+
 class _State:
     """The assignment being built, with the counts the rules read."""
 
@@ -151,14 +175,14 @@ class _State:
 
 def _targets(wants: list[AdapterWant], eligible: dict[str, list[ReplicaSlots]], total_slots: int,
              demand: Mapping[str, float]) -> tuple[dict[str, int], dict[str, int]]:
-    """(floor, target) per adapter: the floor is `replicas` (all: every replica that serves it); the
-    target adds the adapter's share of all slots by demand, at least 1 while it is requested."""
+    """(floor, target) per adapter: the floor is `replicas` (all: every replica that serves it), and
+    at least 1 while it is requested; the target adds the adapter's share of all slots by demand."""
     floors, targets = {}, {}
     total = sum(max(0.0, demand.get(w.name, 0.0)) for w in wants)
     for w in wants:
         n = len(eligible[w.name])
-        floor = n if w.replicas is None else min(w.replicas, n)
         d = max(0.0, demand.get(w.name, 0.0))
+        floor = n if w.replicas is None else min(max(w.replicas, 1 if d > 0 else 0), n)
         share = max(1, int(total_slots * d / total)) if d > 0 else 0
         floors[w.name], targets[w.name] = floor, min(n, max(floor, share))
     return floors, targets
@@ -182,7 +206,8 @@ def place_adapters(wants: Iterable[AdapterWant], replicas: Iterable[ReplicaSlots
 
     st = _State(reps)
     for r in reps:  # pinned adapters first, then keep what is held (or loading) and still wanted, up to max_loras
-        current = (r.held | r.loading) & r.serves & set(targets)
+        kept = {a for a in r.assigned if (r.replica_id, a) not in blocked}
+        current = (r.held | r.loading | kept) & r.serves & set(targets)
         pins = {a for a in pinned & r.serves if (r.replica_id, a) not in blocked}
         for a in sorted(current | pins, key=rank)[:max(0, r.max_loras)]:
             st.add(r, a)
@@ -191,7 +216,8 @@ def place_adapters(wants: Iterable[AdapterWant], replicas: Iterable[ReplicaSlots
     for stage in (floors, targets):  # every floor before any demand extra
         for w in sorted(wants, key=lambda w: rank(w.name)):
             a = w.name
-            while st.count[a] < stage[a] and _place_one(st, a, eligible[a], blocked, targets, rank):
+            while st.count[a] < stage[a] and _place_one(st, a, eligible[a], blocked, targets, rank,
+                                                         extra=stage is targets):
                 pass
             if stage is floors and st.count[a] < floors[a]:
                 shortfalls.append(Shortfall(a, floors[a], st.count[a], _why(a, eligible[a], st, blocked, failed, backoff)))
@@ -204,13 +230,18 @@ def place_adapters(wants: Iterable[AdapterWant], replicas: Iterable[ReplicaSlots
 
 
 def _place_one(st: _State, a: str, eligible: list[ReplicaSlots], blocked: set, targets: dict[str, int],
-               rank) -> bool:
+               rank, extra: bool = False) -> bool:
     """Give adapter `a` one more replica: a free slot, else one taken from an adapter above its
-    target. Nodes with fewer holders of `a` first, then Ready, then runtime loads, then more room."""
-    candidates = [r for r in eligible if a not in st.assigned[r.replica_id] and (r.replica_id, a) not in blocked]
+    target. Nodes with fewer holders of `a` first, then those that need no replacement to take it,
+    then Ready (or about to launch with it), then runtime loads, then more room. An `extra` replica
+    (for demand, above the floor) never costs a replacement: a launched llama.cpp replica keeps its set."""
+    candidates = [r for r in eligible if a not in st.assigned[r.replica_id] and (r.replica_id, a) not in blocked
+                  and not (extra and r.at_launch and not r.fresh)]
 
     def order(r: ReplicaSlots) -> tuple:
-        return (st.on_node[(a, r.node)], not r.ready, r.at_launch, -st.free(r), r.replica_id)
+        launched = r.at_launch and not r.fresh
+        return (st.on_node[(a, r.node)], launched, not (r.ready or r.fresh and r.at_launch), r.at_launch,
+                -st.free(r), r.replica_id)
 
     free = [r for r in candidates if st.free(r) > 0]
     if free:
@@ -246,7 +277,7 @@ def _actions(reps: list[ReplicaSlots], desired: Mapping[str, frozenset[str]], fa
     out: list[Action] = []
     for r in reps:
         want = desired[r.replica_id]
-        if not r.ready:
+        if not r.ready or r.fresh:
             continue
         if r.at_launch:
             if want != r.held:

@@ -29,6 +29,7 @@ from workers.control.plan import (
     UpdatePending,
     plan,
 )
+from workers.control.adapterstep import adapter_step, apply_adapters
 from workers.control.external import external_endpoints
 from workers.control.gcpause import paused_gc
 from workers.control.migrations import run_pending
@@ -228,7 +229,9 @@ def _reconcile(p: ReconcilePass) -> ApplyResult | None:
     # plan makes many small objects and no cycles: GC sweeps amid it cost a third of it (bench/scheduler.py)
     with paused_gc():
         actions = plan(catalog, snap, t, p.config)
+    actions, adapters = adapter_step(p.store, catalog, snap, actions, t)
     result = apply_actions(actions, p.store, p.dispatcher, t, p.out_of_time, p.kicker)
+    apply_adapters(p.store, adapters, t, p.kicker)
     if result.applied or result.failed or result.deferred:
         log.info("reconcile: %s applied, %s failed, %s deferred %s", result.applied, result.failed,
                  result.deferred, result.counts)

@@ -26,6 +26,7 @@ from llmgw.engines import ENGINES
 from llmgw.state.records import EndpointInfo, GatewayReport, NodeInfo, ReplicaRecord
 from llmgw.state.replica_state import CrashPolicy, State, derive, nodes_alive, served_this_attempt
 from llmgw.state.views import PublishView
+from workers.control.adapters import published_adapters
 
 # How long a Lost node's Ready replicas stay routable without contrary evidence (seconds); the
 # planner asks them to stop after the same time (PlanConfig.lost_grace).
@@ -136,6 +137,8 @@ def endpoints_from(
                 node=rec.node or "",
                 engine_secret=rec.engine_secret or "",
                 paths=served,
+                adapters=published_adapters(rec, model, profile),
+                adapter_slots=profile.lora.max_loras if profile.lora else 0,
             )
         )
     out.sort(key=lambda e: e.id)

@@ -241,6 +241,7 @@ async function renderModels(view) {
         chart("TTFT", m.traffic, [["ttft_p50", "#2563eb", "p50", secs], ["ttft_p99", "#dc2626", "p99", secs]]),
         chart("sheds & errors", m.traffic, [["sheds", "#c2410c", "shed", rate], ["errors", "#dc2626", "err", rate]]))
         : el("div", { class: "muted" }, "no traffic in the last minutes"));
+    if ((m.adapters || []).length) section.append(adapterTable(m.adapters));
     for (const p of m.profiles) {
       const rows = p.replicas.map((x) => el("tr", { "data-replica": x.id, "data-state": x.state },
         el("td", {}, x.id), el("td", {}, stateBadge(x.state)), el("td", {}, x.reason || ""), el("td", {}, x.restarts),
@@ -256,6 +257,27 @@ async function renderModels(view) {
     out.push(section);
   }
   show(view, out.length ? out : el("p", { class: "muted" }, "No model in the catalog."));
+}
+
+function adapterTable(adapters) {
+  // Where each LoRA adapter lives: its holders, loads in progress, failed loads with their next try.
+  const rows = adapters.map((a) => {
+    const notes = [
+      a.loading.length ? "loading on " + a.loading.join(", ") : null,
+      a.waiting.length ? "to load on " + a.waiting.join(", ") : null,
+      ...a.failures.map((f) => `failed on ${f.replica} (${f.attempts}x, next try ${f.retry_in === null ? "?" :
+        f.retry_in <= 0 ? "due now" : "in " + age(f.retry_in)}): ${f.reason}`),
+      a.short ? "short: " + a.short : null,
+    ].filter(Boolean);
+    return el("tr", { "data-adapter": a.adapter, "data-held": String(a.holders.length) },
+      el("td", {}, a.adapter), el("td", {}, a.wanted === null ? "all" : a.wanted),
+      el("td", {}, a.holders.map((h) => el("span", { class: "chip", style: `background:${colour(h.replica)}` },
+        `${h.replica}@${h.node}`))),
+      el("td", {}, a.demand ? a.demand.toFixed(a.demand < 10 ? 2 : 0) : "-"),
+      el("td", { class: a.short || a.failures.length ? "error" : "muted" }, notes.join("; ")));
+  });
+  return el("div", {}, el("h4", {}, "LoRA adapters"),
+    el("table", {}, el("tr", {}, ["adapter", "wanted", "held by", "demand", "note"].map((h) => el("th", {}, h))), rows));
 }
 
 function eventsQuery(after) {

@@ -3,9 +3,10 @@
 A module per aggregate owns its keys (named in `llmgw.state.keys`) and how its records are encoded:
 `nodes`, `replicas`, `loads`, `externals`, `endpoints`, `gateways`, `traffic`, `autoscale`,
 `catalog`, `apikeys`, `events`, `kicks`, `agents` (wake-ups), `credentials`, `passes` (counters),
-`weights` (sources' sizes and shapes, pulls) and `locks`; `snapshots` composes their batched reads into what one control pass decides on. `Store` is
-all of them over one client, so callers keep one flat set of methods (`store.live_nodes()`,
-`store.create_key(...)`). No decisions here, and no other module holds a Redis client: adding a
+`weights` (sources' sizes and shapes, pulls), `adapters` (LoRA placement rows) and `locks`; `snapshots`
+composes their batched reads into what one control pass decides on. `Store` is all of them over one
+client, so callers keep one flat set of methods (`store.live_nodes()`, `store.create_key(...)`). No
+decisions here, and no other module holds a Redis client: adding a
 record means adding its key to `keys` and its reads and writes to its aggregate's module.
 docs/store.md has the layout.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 import redis
 from redis import RedisError
 
+from llmgw.state.store.adapters import Adapters
 from llmgw.state.store.agents import Agents
 from llmgw.state.store.apikeys import ApiKeys
 from llmgw.state.store.autoscale import Autoscale
@@ -46,7 +48,7 @@ def connect(url: str, **kw) -> redis.Redis:
 
 
 class Store(Nodes, Replicas, Loads, Externals, Endpoints, Gateways, Traffic, Autoscale, Catalogs, ApiKeys,
-            Events, Kicks, Agents, Credentials, Passes, Locks, Snapshots, Weights):
+            Events, Kicks, Agents, Credentials, Passes, Locks, Snapshots, Weights, Adapters):
     """Every aggregate over one client. `r` is that client: for the aggregates, and for tests that
     check what landed in Redis."""
 

@@ -32,6 +32,10 @@ class CatalogOutline:
     canonical: dict[str, str] = field(default_factory=dict)
     groups: list[tuple[str, ...]] = field(default_factory=list)
     cold_start: dict[str, float] = field(default_factory=dict)
+    # LoRA adapters by name: {"model", "names" (name, then aliases), "scale", "replicas" (a count or
+    # "all"), "profiles" (of its model, that serve it), "wait" (seconds a request waits for it to be
+    # loaded)}. An adapter's names are in `canonical` (mapped to the adapter's name) and `groups` too.
+    adapters: dict[str, dict] = field(default_factory=dict)
 
 
 def meta(doc: Mapping[str, Any]) -> dict:
@@ -45,6 +49,29 @@ def queue_document(pipe: Pipeline) -> None:
 
 def take_document(replies: Iterator) -> str | None:
     return next(replies) or None
+
+
+# How long a request for an adapter no replica holds waits for one to load it: a runtime load takes
+# seconds; llama.cpp relaunches a replica with it (its start_timeout); a model scaled to zero starts first.
+ADAPTER_LOAD_WAIT = 60.0
+_AT_LAUNCH = ("llamacpp",)  # llmgw.catalog.types.ADAPTERS_AT_LAUNCH (the store reads no catalog types)
+
+
+def _adapter_outline(m: dict, cold_start: float | None) -> dict[str, dict]:
+    """A stored model's adapters, as the gateway reads them (see CatalogOutline.adapters)."""
+    lora = {p["name"]: p for p in m.get("profiles") or [] if isinstance(p, dict) and p.get("lora")}
+    out = {}
+    for a in m.get("adapters") or []:
+        if not isinstance(a, dict) or not isinstance(a.get("name"), str) or not a["name"]:
+            continue
+        profiles = [n for n in (a.get("profiles") or list(lora)) if n in lora]
+        waits = [float(lora[n].get("start_timeout") or ADAPTER_LOAD_WAIT) if lora[n].get("engine") in _AT_LAUNCH
+                 else ADAPTER_LOAD_WAIT for n in profiles] + ([cold_start] if cold_start else [])
+        out[a["name"]] = {"model": m["name"],
+                          "names": [a["name"], *(x for x in (a.get("aliases") or []) if isinstance(x, str) and x)],
+                          "scale": float(a.get("scale", 1.0)), "replicas": a.get("replicas", 1),
+                          "profiles": profiles, "wait": max(waits, default=ADAPTER_LOAD_WAIT)}
+    return out
 
 
 class Catalogs(Aggregate):
@@ -86,6 +113,10 @@ class Catalogs(Aggregate):
                     out.canonical[n] = m["name"]
                     if waits:
                         out.cold_start[n] = max(waits)
+                for name, entry in _adapter_outline(m, max(waits) if waits else None).items():
+                    out.adapters[name] = entry
+                    out.groups.append(tuple(entry["names"]))
+                    out.canonical.update({n: name for n in entry["names"]})
         except (ValueError, AttributeError, TypeError):
             pass  # a malformed document names nothing; reading it as a Catalog reports it
         return out

@@ -26,6 +26,7 @@ class CreateReplica:
     credential_generation: int = 0  # its model's, from the snapshot
     refusals: tuple[Refusal, ...] = ()  # when Pending: why each live node refused it
     moved_from: str | None = None  # the crash-looping replica this one replaces elsewhere
+    adapters: tuple[str, ...] = ()  # the LoRA adapters it holds (llama.cpp: launches with), from the adapter step
 
     def record(self, now: float, engine_secret: str | None = None) -> ReplicaRecord:
         """The control fields of the new record; `launch_dispatched_at` marks the intent to launch.
@@ -45,6 +46,7 @@ class CreateReplica:
             launch_dispatched_at=now if p else None,
             engine_secret=engine_secret,
             credential_generation=self.credential_generation,
+            adapters_wanted=list(self.adapters),
         )
 
 

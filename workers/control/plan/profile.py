@@ -53,6 +53,8 @@ def _outdated(
         return "spec changed"
     if rec.credential_generation < credential_generation:
         return "engine credentials rotated"
+    if rec.adapters_relaunch is not None:
+        return f"its LoRA adapters change to {', '.join(rec.adapters_relaunch) or 'none'}"
     for n in nodes:
         admin = snap.admin.get(n)
         if admin is not None and admin.draining:

@@ -1,0 +1,86 @@
+"""LoRA adapters on the request path: which endpoints hold each adapter, built with the routing tables
+(`adapter_table`, pure, called by `tables_from`) and read by the router.
+
+A request naming an adapter (or an alias) goes only to the endpoints that hold it loaded: the router
+chooses among them as among any model's endpoints (least loaded first). When none holds it, it may
+wait for one to load it (`load_hold`): when an endpoint of a profile that serves it is published, or
+its model can start from zero; then the control plane is told at once (a demand hint). Otherwise it
+is refused with the reason (`no_holder`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from gateway.routing.admission import Shed
+from gateway.routing.coldstart import Hold, hold
+from llmgw.state.records import EndpointInfo
+
+NO_ADAPTER = "no_adapter"  # the Rejection kind: no endpoint holds the adapter now
+
+
+@dataclass(frozen=True)
+class AdapterRoute:
+    """One adapter as the router reads it: its names, its model, the scale a llama.cpp endpoint
+    applies it at, the endpoints holding it (in list order), how many published endpoints serve it
+    (could load it), whether it is loaded only on demand (`replicas: 0`), and how long a request
+    waits for a load."""
+
+    name: str
+    model: str
+    names: tuple[str, ...]
+    scale: float = 1.0
+    holders: tuple[EndpointInfo, ...] = ()
+    servers: int = 0
+    on_demand: bool = False
+    wait: float = 60.0
+    can_cold_start: bool = False  # its model scales to zero: a replica starts first
+
+    @property
+    def loadable(self) -> bool:
+        """Whether waiting can end in a holder: some replica serves it, or one starts."""
+        return self.servers > 0 or self.can_cold_start
+
+
+def adapter_table(adapters: Mapping[str, Mapping], endpoints: Sequence[EndpointInfo],
+                  cold_start: Mapping[str, float]) -> dict[str, AdapterRoute]:
+    """Name or alias -> its AdapterRoute, from the catalog outline's adapters and the endpoint list."""
+    holders: dict[str, list[EndpointInfo]] = {}
+    serving: dict[tuple[str, str], int] = {}
+    for e in endpoints:
+        for a in e.adapters:
+            holders.setdefault(a, []).append(e)
+        serving[(e.model, e.profile)] = serving.get((e.model, e.profile), 0) + 1
+    out: dict[str, AdapterRoute] = {}
+    for name, entry in adapters.items():
+        model = str(entry.get("model") or "")
+        own = [e for e in holders.get(name, ()) if e.model == model]
+        route = AdapterRoute(
+            name=name, model=model, names=tuple(entry.get("names") or (name,)), scale=float(entry.get("scale", 1.0)),
+            holders=tuple(own), servers=sum(serving.get((model, p), 0) for p in entry.get("profiles") or ()),
+            on_demand=entry.get("replicas") == 0, wait=float(entry.get("wait") or 60.0),
+            can_cold_start=model in cold_start)
+        for n in route.names:
+            out[n] = route
+    return out
+
+
+def unique(table: Mapping[str, AdapterRoute]) -> list[AdapterRoute]:
+    """Each adapter once (the table has one entry per name and alias), by name."""
+    return sorted({r.name: r for r in table.values()}.values(), key=lambda r: r.name)
+
+
+def no_holder(route: AdapterRoute) -> str:
+    """Why a request for the adapter cannot be served now, for its 503."""
+    if not route.loadable:
+        return (f"no replica of model {route.model!r} that serves adapter {route.name!r} is Ready, so none can "
+                "load it")
+    return f"no replica holds adapter {route.name!r} loaded yet"
+
+
+def load_hold(route: AdapterRoute, queue_len: int, queue_max: int) -> Hold | Shed | None:
+    """Whether a request for an adapter no endpoint holds waits for a load (None: it cannot end well)."""
+    if not route.loadable:
+        return None
+    return hold(route.wait, queue_len, queue_max)
