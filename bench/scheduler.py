@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from llmgw.catalog import parse_catalog  # noqa: E402
 from llmgw.gpus import parse_gpu_spec  # noqa: E402
-from llmgw.state.records import NodeAdmin, NodeInfo  # noqa: E402
+from llmgw.state.node_records import NodeAdmin, NodeInfo  # noqa: E402
 from workers.control.gcpause import paused_gc  # noqa: E402
 from workers.control.plan import CreateReplica, plan  # noqa: E402
 from workers.control.snapshot import Snapshot  # noqa: E402

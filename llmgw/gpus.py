@@ -39,7 +39,7 @@ from functools import lru_cache
 from typing import Mapping
 
 from llmgw.errors import ConfigError
-from llmgw.state.records import GPUDevice
+from llmgw.state.node_records import GPUDevice
 
 # Words that carry no class information.
 _NOISE = re.compile(

@@ -13,7 +13,7 @@ import threading
 from typing import Callable
 
 from llmgw.state.kicks import RECONCILE, Kicker
-from llmgw.state.records import DemandHint
+from llmgw.state.demand_records import DemandHint
 from llmgw.state.store import Store
 
 log = logging.getLogger("llmgw.gateway")

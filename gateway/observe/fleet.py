@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from llmgw.catalog import Catalog, read_applied
 from llmgw.cli.status import gather_status
 from llmgw.state.clock import Clock
-from llmgw.state.records import GatewayReport
+from llmgw.state.demand_records import GatewayReport
 from llmgw.state.store import Store
 
 FLEET_CACHE = 1.0  # seconds

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from llmgw.state.records import EndpointUse, GatewayReport, ModelDemand
+from llmgw.state.demand_records import EndpointUse, GatewayReport, ModelDemand
 
 # Endpoints with nothing in flight are reported while their evidence is this recent (seconds).
 EVIDENCE_WINDOW = 600.0

@@ -20,7 +20,7 @@ from gateway.observe.traffic import TrafficCounter
 from gateway.routing.queue import WaitQueues
 from gateway.routing.router import Router
 from llmgw.state.clock import Clock
-from llmgw.state.records import GatewayReport
+from llmgw.state.demand_records import GatewayReport
 from llmgw.state.store import Store
 
 log = logging.getLogger("llmgw.gateway")

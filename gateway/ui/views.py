@@ -12,7 +12,8 @@ from typing import Iterable, Mapping
 import yaml
 
 from llmgw.catalog import Catalog
-from llmgw.state.records import GatewayReport, LoadRecord
+from llmgw.state.demand_records import GatewayReport
+from llmgw.state.records import LoadRecord
 
 # Engine figures older than this (seconds) are shown as unknown, not as the engine's state now.
 LOAD_FRESH_FOR = 10.0

@@ -17,7 +17,6 @@ from llmgw.catalog.types import (
     ENGINE_DEFAULTS,
     ENGINE_NAMES,
     EXTERNAL_FIELDS,
-    LAUNCH_FIELDS,
     SERVER_KINDS,
     Adapter,
     Catalog,
@@ -26,8 +25,9 @@ from llmgw.catalog.types import (
     MetricMapping,
     Model,
     Profile,
-    profile_spec_hash,
 )
+from llmgw.catalog.spec import LAUNCH_FIELDS, profile_spec_hash
+
 
 _LAZY = {
     "parse_catalog": "validate",

@@ -11,7 +11,8 @@ from pathlib import Path
 import yaml
 
 from llmgw.catalog.types import Catalog
-from llmgw.catalog.validate import join_path, parse_catalog
+from llmgw.catalog.problems import join_path
+from llmgw.catalog.validate import parse_catalog
 from llmgw.errors import CatalogInvalid, Problem
 
 # Far above any fleet's catalog (a model with a few profiles is about a hundred nodes and a few KB).

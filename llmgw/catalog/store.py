@@ -11,15 +11,14 @@ import time
 
 from pydantic import ValidationError
 
+from llmgw.catalog.problems import pydantic_problems
 from llmgw.catalog.types import Catalog
-from llmgw.catalog.validate import pydantic_problems
 from llmgw.errors import CatalogInvalid
 from llmgw.state import keys
-from llmgw.state.store import HISTORY_LIMIT, CatalogOutline, Store
+from llmgw.state.store import HISTORY_LIMIT, Store
 from llmgw.state.store.catalog import meta
 
-__all__ = ["HISTORY_LIMIT", "apply_catalog", "catalog_from_doc", "parse_applied", "read_applied", "read_version",
-           "catalog_outline", "history", "key_variables"]
+__all__ = ["HISTORY_LIMIT", "apply_catalog", "catalog_from_doc", "parse_applied", "read_applied", "read_version"]
 
 
 def catalog_from_doc(doc: dict, where: str) -> Catalog:

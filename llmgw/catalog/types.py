@@ -3,18 +3,19 @@
 This is the contract every part reads: `Catalog` > `Model` > `Profile` (> `GPURequest`,
 `MetricMapping`, `LoraSlots`) and `Model` > `Adapter` (a LoRA adapter on the model's weights). Field-level rules (names, numbers, labels) live on the models; the rules across
 fields and the engines' own refusals are in `llmgw.catalog.validate`, which builds these types.
-`profile_spec_hash` says which changes roll a profile's replicas.
+Its field primitives are in `llmgw.catalog.fields`; `llmgw.catalog.spec` says which changes roll a
+profile's replicas.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import re
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from llmgw.catalog.fields import ENV_RE, METRIC_RE, NAME_RE, Duration, SFloat, SInt, StrictModel
 from llmgw.gpus import normalize_gpu_class
 
 EngineName = Literal["vllm", "llamacpp", "sim", "external"]
@@ -41,49 +42,8 @@ ENGINE_DEFAULTS: dict[str, dict[str, Any]] = {
     "external": {"replicas": 0, "capacity": 32},
 }
 
-# Profile fields whose `defaults:` value is merged key by key with the profile's (profile wins per key).
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-_METRIC_RE = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
-_ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-
-# Strict numbers: YAML's `replicas: yes` or `replicas: "2"` is a type error, not a silent coercion.
-# (Strings are never coerced from numbers by pydantic; lists stay lax so Python callers may pass tuples.)
-SInt = Annotated[int, Strict()]
-SFloat = Annotated[float, Strict()]
-
-# A duration: a number of seconds, or a string of units largest first: `5s`, `2m`, `1h30m`, `500ms`.
-_DURATION_RE = re.compile(
-    r"^(?:(?P<h>\d+(?:\.\d+)?)h)?(?:(?P<m>\d+(?:\.\d+)?)m(?!s))?(?:(?P<s>\d+(?:\.\d+)?)s)?"
-    r"(?:(?P<ms>\d+(?:\.\d+)?)ms)?$"
-)
-_UNIT_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
-
-
-def parse_duration(value: Any) -> float:
-    """Seconds from a number or a string such as `90s`, `2m`, `1h30m`; ValueError says what is wrong."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        what = f"the boolean {str(value).lower()}" if isinstance(value, bool) else type(value).__name__
-        raise ValueError(f"must be a duration (seconds, or a string like 5s, 2m, 1h30m), got {what}")
-    if not isinstance(value, str):
-        return float(value)
-    m = _DURATION_RE.match(value.strip())
-    if not value.strip() or m is None or not any(m.groupdict().values()):
-        raise ValueError(f"{value!r} is not a duration: write seconds (30) or units largest first (5s, 2m, 1h30m, 500ms)")
-    return sum(float(n) * _UNIT_SECONDS[u] for u, n in m.groupdict().items() if n)
-
-
-Duration = Annotated[float, BeforeValidator(parse_duration)]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
-
-
-
-class GPURequest(_Strict):
+class GPURequest(StrictModel):
     """GPUs one replica needs on each node it spans: `{class: h100, count: 2}`."""
 
     gpu_class: str = Field(alias="class", min_length=1)
@@ -101,7 +61,7 @@ class GPURequest(_Strict):
         return out
 
 
-class MetricMapping(_Strict):
+class MetricMapping(StrictModel):
     """Names of the three series the router needs. None/blank = not reported (unknown)."""
 
     running: str | None = None
@@ -111,7 +71,7 @@ class MetricMapping(_Strict):
     @field_validator("running", "waiting", "kv_usage")
     @classmethod
     def _prometheus_name(cls, v: str | None) -> str | None:
-        if v and not _METRIC_RE.match(v):
+        if v and not METRIC_RE.match(v):
             raise ValueError(f"{v!r} is not a legal Prometheus metric name ([a-zA-Z_:][a-zA-Z0-9_:]*)")
         return v
 
@@ -123,7 +83,7 @@ class MetricMapping(_Strict):
 IDLE_AFTER = 300.0
 
 
-class Autoscale(_Strict):
+class Autoscale(StrictModel):
     """`autoscale:` of a profile: the replica count follows the load (docs/autoscaling.md). The rules
     across fields (min <= max, idle_after only with min 0) are checked by `llmgw.catalog.validate`,
     which can point at the field; the stored (resolved) form only has to be well-typed."""
@@ -152,7 +112,7 @@ MAX_LORA_RANK = 16
 ADAPTERS_AT_LAUNCH = frozenset({"llamacpp"})
 
 
-class LoraSlots(_Strict):
+class LoraSlots(StrictModel):
     """`lora:` of a profile: its replicas serve LoRA adapters. `max_loras` is how many one replica
     holds at once (vLLM: adapters in one batch, its GPU slots; llama.cpp: adapters it is launched
     with); `max_lora_rank` the largest rank it takes; `max_cpu_loras` (vLLM only) how many it keeps
@@ -163,7 +123,7 @@ class LoraSlots(_Strict):
     max_cpu_loras: SInt | None = Field(default=None, ge=1)
 
 
-class Profile(_Strict):
+class Profile(StrictModel):
     """One way to serve a model: engine, replica count, hardware and routing tier."""
 
     name: str = Field(min_length=1)
@@ -229,7 +189,7 @@ class Profile(_Strict):
     @field_validator("name", "pool")
     @classmethod
     def _simple_name(cls, v: str) -> str:
-        if not _NAME_RE.match(v):
+        if not NAME_RE.match(v):
             raise ValueError(f"{v!r} must be 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit")
         return v
 
@@ -248,7 +208,7 @@ class Profile(_Strict):
     @classmethod
     def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
         for key in v:
-            if not _ENV_RE.match(key):
+            if not ENV_RE.match(key):
                 raise ValueError(f"{key!r} is not a valid environment variable name")
         return v
 
@@ -284,7 +244,7 @@ class Profile(_Strict):
         return self.gpu.count * self.nodes if self.gpu else 0
 
 
-class _Served(_Strict):
+class _Served(StrictModel):
     """Something clients name as `model`: a name and more names (aliases) for it."""
 
     name: str = Field(min_length=1)
@@ -363,7 +323,7 @@ def _check_served_name(v: str) -> str:
     return v
 
 
-class Catalog(_Strict):
+class Catalog(StrictModel):
     models: list[Model] = Field(default_factory=list)
 
     def model(self, name: str) -> Model | None:
@@ -388,31 +348,3 @@ class Catalog(_Strict):
     def hash(self) -> str:
         blob = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-# Profile fields that shape the launched process: a change of any of them rolls the replicas; every
-# other field is read live by the router, the planner or the agent.
-LAUNCH_FIELDS = frozenset({"engine", "gpu", "tensor_parallel", "pipeline_parallel", "nodes", "args", "env", "capacity",
-                           "lora"})
-
-
-def profile_spec_hash(model: Model, profile: Profile) -> str:
-    """Hash of what shapes the launched process, so a change of it (and only that) rolls the replicas.
-
-    Covered: engine, source (the profile's own or the model's), gpu, tensor/pipeline parallelism,
-    nodes, args, env, capacity (it becomes -np / --max-num-seqs), `lora` (flags), the model's name and
-    aliases (they become served names), and on an engine that loads adapters at launch
-    (ADAPTERS_AT_LAUNCH) the name and source of each adapter the profile serves. Not covered, because the router, planner or agent read them live: replicas,
-    autoscale, priority, scheduling_priority, weight, pool and node_selector (a node that no longer matches is handled as outdated by
-    the planner), metrics, start_timeout and drain_timeout."""
-    spec = profile.model_dump(
-        mode="json",
-        by_alias=True,
-        # A profile without `lora` hashes as it did before profiles had one: nothing restarts.
-        include=set(LAUNCH_FIELDS) - ({"lora"} if profile.lora is None else set()),
-    )
-    spec["_model"] = {"name": model.name, "aliases": model.aliases, "source": model.source_for(profile)}
-    if profile.engine in ADAPTERS_AT_LAUNCH and model.adapters_for(profile):
-        spec["_adapters"] = sorted([a.name, a.source] for a in model.adapters_for(profile))
-    blob = json.dumps(spec, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(blob.encode()).hexdigest()[:12]

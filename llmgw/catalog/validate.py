@@ -16,8 +16,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from llmgw.catalog import lora
-from llmgw.catalog.types import (ENGINE_DEFAULTS, ENGINE_NAMES, SERVER_KINDS, Adapter, Autoscale, Catalog, LoraSlots,
-                                 Model, Profile)
+from llmgw.catalog.problems import KNOWN_KEYS, PROFILE_FIELDS, describe, join_path, pydantic_problems
+from llmgw.catalog.types import ENGINE_DEFAULTS, ENGINE_NAMES, Catalog, Model, Profile
 from llmgw.engines import ENGINES
 from llmgw.errors import CatalogInvalid, Problem
 
@@ -50,129 +50,6 @@ _RESERVED_ENV: dict[str, str] = {
     "CUDA_VISIBLE_DEVICES": "llmgw pins each replica to the GPUs it allocated",
 }
 
-# --- turning pydantic's errors into one clear line each ------------------------------------------
-
-PROFILE_FIELDS: tuple[str, ...] = tuple(Profile.model_fields)
-_KNOWN_KEYS: dict[str, tuple[str, ...]] = {
-    "catalog": ("models", "defaults"),
-    "model": ("name", "aliases", "source", "profiles", "adapters"),
-    "profile": PROFILE_FIELDS,
-    "adapter": tuple(Adapter.model_fields),
-    "gpu": ("class", "count"),
-    "metrics": ("running", "waiting", "kv_usage"),
-    "autoscale": tuple(Autoscale.model_fields),
-    "lora": tuple(LoraSlots.model_fields),
-}
-
-
-def _describe(value: Any) -> str:
-    if value is None:
-        return "nothing (null)"
-    if isinstance(value, bool):
-        return f"the boolean {str(value).lower()}"
-    if isinstance(value, (int, float)):
-        return f"the number {value}"
-    if isinstance(value, str):
-        return f"the string {value!r}"
-    if isinstance(value, dict):
-        return "a mapping"
-    if isinstance(value, (list, tuple)):
-        return "a list"
-    return type(value).__name__
-
-
-def _num(v: Any) -> Any:
-    """1.0 reads as 1 in a message (a duration written `0s` arrives as 0.0)."""
-    return f"{v:g}" if isinstance(v, float) else v
-
-
-def _loc_to_path(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for part in loc:
-        if part == "[key]":
-            continue
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += ("." if out else "") + str(part)
-    return out
-
-
-def join_path(prefix: str, rest: str) -> str:
-    if not rest:
-        return prefix
-    if not prefix:
-        return rest
-    return prefix + ("" if rest.startswith("[") else ".") + rest
-
-
-def _known_for(loc: tuple[Any, ...], kind: str) -> tuple[str, ...]:
-    parents = [p for p in loc[:-1] if isinstance(p, str)]
-    if parents and parents[-1] in ("gpu", "metrics", "autoscale", "lora"):
-        return _KNOWN_KEYS[parents[-1]]
-    if kind == "model" and parents and parents[0] in ("profiles", "adapters"):
-        return _KNOWN_KEYS[parents[0][:-1]]
-    return _KNOWN_KEYS.get(kind, ())
-
-
-# Unknown keys that would hold a credential: the catalog is stored in Redis and shown by the CLI.
-_KEY_LIKE = frozenset({"api_key", "apikey", "api-key", "key", "token", "api_token", "secret", "password",
-                       "authorization", "bearer"})
-
-
-def _reason(err: dict, kind: str) -> str:
-    """One line a person can act on, from one pydantic error (never its wording or its URL)."""
-    t, value, ctx = err["type"], err.get("input"), err.get("ctx") or {}
-    loc = err["loc"]
-    if t == "extra_forbidden":
-        key = str(loc[-1])
-        if key.lower() in _KEY_LIKE:
-            return (f"unknown field '{key}': a key is never written in the catalog (it is stored in Redis); put it "
-                    "in an environment variable of the gateway and name that variable in `api_key_env`")
-        known = _known_for(loc, kind)
-        close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-        hint = f" (did you mean '{close[0]}'?)" if close else (f" (known: {', '.join(known)})" if known else "")
-        return f"unknown field '{key}'{hint}"
-    if t == "missing":
-        return "required field is missing"
-    if t == "literal_error" and loc and loc[-1] == "server":
-        return f"unknown server {value!r} (expected one of: {', '.join(SERVER_KINDS)})"
-    if t == "literal_error":
-        return f"unknown engine {value!r} (expected one of: {', '.join(ENGINE_NAMES)})"
-    if t in ("int_type", "int_parsing", "int_from_float"):
-        return f"must be a whole number, got {_describe(value)}"
-    if t in ("float_type", "float_parsing"):
-        return f"must be a number, got {_describe(value)}"
-    if t == "string_type":
-        where = "a key" if loc and loc[-1] == "[key]" else "a string"
-        hint = " (quote it in YAML)" if isinstance(value, (int, float)) else ""
-        return f"must be {where}, got {_describe(value)}{hint}"
-    if t in ("dict_type", "model_type", "model_attributes_type", "mapping_type"):
-        return f"must be a mapping, got {_describe(value)}"
-    if t in ("list_type", "tuple_type"):
-        return f"must be a list, got {_describe(value)}"
-    if t == "greater_than_equal":
-        return f"must be at least {_num(ctx.get('ge'))}, got {_num(value)}"
-    if t == "greater_than":
-        return f"must be greater than {_num(ctx.get('gt'))}, got {_num(value)}"
-    if t == "less_than_equal":
-        return f"must be at most {_num(ctx.get('le'))}, got {_num(value)}"
-    if t == "string_too_short":
-        return "must not be empty"
-    if t == "value_error":
-        return str(ctx.get("error", err["msg"]))
-    if t in ("finite_number",):
-        return f"must be a finite number, got {value}"
-    return str(err["msg"]).rstrip(".")
-
-
-def pydantic_problems(e: ValidationError, prefix: str, kind: str) -> list[Problem]:
-    return [
-        Problem(join_path(prefix, _loc_to_path(err["loc"])), _reason(err, kind))
-        for err in e.errors(include_url=False)
-    ]
-
-
 # --- the rules ---------------------------------------------------------------------------------
 
 
@@ -203,7 +80,7 @@ def _validate_defaults(raw: Any, problems: list[Problem]) -> dict:
     if raw is None:
         return {}
     if not isinstance(raw, dict):
-        problems.append(Problem("defaults", f"must be a mapping of profile fields, got {_describe(raw)}"))
+        problems.append(Problem("defaults", f"must be a mapping of profile fields, got {describe(raw)}"))
         return {}
     out = dict(raw)
     for key, why in (("name", "a profile's name cannot have a default"),
@@ -372,11 +249,11 @@ def parse_catalog(data: Any, source: str = "<catalog>") -> Catalog:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise CatalogInvalid(source, [Problem("", f"the catalog must be a mapping with a `models` list, got {_describe(data)}")])
+        raise CatalogInvalid(source, [Problem("", f"the catalog must be a mapping with a `models` list, got {describe(data)}")])
     problems: list[Problem] = []
     for key in data:
-        if key not in _KNOWN_KEYS["catalog"]:
-            close = difflib.get_close_matches(str(key), _KNOWN_KEYS["catalog"], n=1, cutoff=0.6)
+        if key not in KNOWN_KEYS["catalog"]:
+            close = difflib.get_close_matches(str(key), KNOWN_KEYS["catalog"], n=1, cutoff=0.6)
             hint = f" (did you mean '{close[0]}'?)" if close else " (known: models, defaults)"
             problems.append(Problem(str(key), f"unknown field '{key}'{hint}"))
     defaults = _validate_defaults(data.get("defaults"), problems)
@@ -384,14 +261,14 @@ def parse_catalog(data: Any, source: str = "<catalog>") -> Catalog:
     if raw_models is None:
         raw_models = []
     if not isinstance(raw_models, list):
-        problems.append(Problem("models", f"must be a list, got {_describe(raw_models)}"))
+        problems.append(Problem("models", f"must be a list, got {describe(raw_models)}"))
         raw_models = []
 
     models: list[Model] = []
     for i, raw in enumerate(raw_models):
         mpath = f"models[{i}]"
         if not isinstance(raw, dict):
-            problems.append(Problem(mpath, f"must be a mapping (name, source, profiles), got {_describe(raw)}"))
+            problems.append(Problem(mpath, f"must be a mapping (name, source, profiles), got {describe(raw)}"))
             continue
         header = None
         try:
@@ -400,7 +277,7 @@ def parse_catalog(data: Any, source: str = "<catalog>") -> Catalog:
             problems += pydantic_problems(e, mpath, "model")
         raw_profiles = raw.get("profiles", [])
         if not isinstance(raw_profiles, list):
-            problems.append(Problem(f"{mpath}.profiles", f"must be a list, got {_describe(raw_profiles)}"))
+            problems.append(Problem(f"{mpath}.profiles", f"must be a list, got {describe(raw_profiles)}"))
             raw_profiles = []
         if not raw_profiles:
             problems.append(Problem(f"{mpath}.profiles", "a model needs at least one profile (use replicas: 0 to keep it idle)"))
@@ -409,7 +286,7 @@ def parse_catalog(data: Any, source: str = "<catalog>") -> Catalog:
         for j, rawp in enumerate(raw_profiles):
             ppath = f"{mpath}.profiles[{j}]"
             if not isinstance(rawp, dict):
-                problems.append(Problem(ppath, f"must be a mapping of profile fields, got {_describe(rawp)}"))
+                problems.append(Problem(ppath, f"must be a mapping of profile fields, got {describe(rawp)}"))
                 continue
             pname = rawp.get("name")
             if isinstance(pname, str) and pname:

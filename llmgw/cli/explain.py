@@ -22,7 +22,8 @@ from llmgw.cli.common import settings, store
 from llmgw.cli.status import _age, gather_status
 from llmgw.proc.exitstatus import describe_exit
 from llmgw.state import events
-from llmgw.state.records import EndpointInfo, GatewayReport, LoadRecord, ReplicaRecord
+from llmgw.state.demand_records import GatewayReport
+from llmgw.state.records import EndpointInfo, LoadRecord, ReplicaRecord
 from llmgw.state.replica_state import CrashPolicy, download_failed, recent_failures
 
 LOG_LINES = 10  # of a failing engine's log

@@ -18,7 +18,7 @@ from llmgw.cli.common import print_json, settings, store
 from llmgw.cli.status import _age, _table
 from llmgw.engines import get_engine
 from llmgw.gpus import normalize_gpu_class
-from llmgw.state.records import NodeInfo
+from llmgw.state.node_records import NodeInfo
 from llmgw.state.weights import PullStatus
 from llmgw.weights.cache import gib
 from llmgw.weights.errors import SourceInvalid

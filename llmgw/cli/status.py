@@ -14,15 +14,9 @@ from llmgw.cli.adapterview import adapter_rows
 from llmgw.cli.adapterview import render as render_adapters
 from llmgw.cli.common import print_json, settings, store
 from llmgw.cli.fitview import fit_estimates
-from llmgw.state.records import (
-    ExternalRecord,
-    GatewayReport,
-    LoadRecord,
-    NodeAdmin,
-    NodeInfo,
-    ReplicaRecord,
-    ScaleState,
-)
+from llmgw.state.demand_records import GatewayReport, ScaleState
+from llmgw.state.node_records import NodeAdmin, NodeInfo
+from llmgw.state.records import ExternalRecord, LoadRecord, ReplicaRecord
 from llmgw.state.replica_state import (
     State,
     derive,

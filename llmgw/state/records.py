@@ -1,4 +1,5 @@
-"""The records llmgw keeps in Redis: nodes, replicas, load samples and published endpoints.
+"""The records llmgw keeps in Redis: replicas, load samples and published endpoints (a node's are in
+`llmgw.state.node_records`, the gateways' reports and the autoscaler's in `llmgw.state.demand_records`).
 
 They are plain dataclasses with `to_dict`/`from_dict`; unknown keys from a newer writer are ignored
 so a mixed-version fleet keeps working. Records hold facts only; the state a user sees is derived
@@ -16,81 +17,10 @@ from llmgw.surface import LEGACY_OPERATIONS, OPERATIONS
 T = TypeVar("T")
 
 
-def _from_dict(cls: type[T], data: dict[str, Any]) -> T:
+def from_known(cls: type[T], data: dict[str, Any]) -> T:
+    """`cls` from a stored dict, ignoring keys a newer writer added."""
     known = {f.name for f in fields(cls)}  # type: ignore[arg-type]
     return cls(**{k: v for k, v in data.items() if k in known})
-
-
-@dataclass(frozen=True)
-class GPUDevice:
-    index: int
-    gpu_class: str  # normalised, e.g. "h100"
-    memory_mb: int = 0
-    # GPU health (llmgw.weights.gpuhealth): an unhealthy GPU gets no new replica; `health` says why.
-    healthy: bool = True
-    health: str = ""
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "GPUDevice":
-        return _from_dict(cls, d)
-
-
-@dataclass(frozen=True)
-class NodeInfo:
-    """What a node agent reports in its heartbeat (key with TTL: absent means not live)."""
-
-    name: str
-    address: str = "127.0.0.1"  # where other machines reach this node's engines
-    cpu_cores: int = 1
-    memory_mb: int = 0
-    gpus: tuple[GPUDevice, ...] = ()
-    pool: str = "default"
-    labels: dict[str, str] = field(default_factory=dict)
-    heartbeat_at: float = 0.0
-    agent_started_at: float = 0.0
-    agent_pid: int = 0
-    # The node's weights cache (docs/weights.md): the complete sources, where they live, the bytes free
-    # there and the bytes a new download may take (free disk and LLMGW_WEIGHTS_BUDGET, once unused
-    # weights are evicted). None: not reported (an older agent, or not read yet).
-    weights: tuple["CachedWeights", ...] = ()
-    weights_dir: str = ""
-    weights_free: int | None = None
-    weights_room: int | None = None
-    weights_budget: int | None = None
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["gpus"] = [asdict(g) for g in self.gpus]
-        d["weights"] = [[w.source, w.size, w.last_used] for w in self.weights]
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "NodeInfo":
-        d = dict(d)
-        d["gpus"] = tuple(GPUDevice.from_dict(g) for g in d.get("gpus") or ())
-        d["weights"] = tuple(CachedWeights(str(w[0]), int(w[1]), float(w[2])) for w in d.get("weights") or ())
-        return _from_dict(cls, d)
-
-    def holds(self, source: str) -> bool:
-        """The node has `source` complete in its cache."""
-        return any(w.source == source for w in self.weights)
-
-
-@dataclass(frozen=True)
-class CachedWeights:
-    """One complete source in a node's cache, as its heartbeat reports it."""
-
-    source: str
-    size: int  # bytes
-    last_used: float = 0.0
-
-
-@dataclass(frozen=True)
-class NodeAdmin:
-    """Operator intent for a node, kept without TTL: survives the node going away and coming back."""
-
-    cordoned: bool = False
-    draining: bool = False
 
 
 # Fields of a replica record, by who writes them. Each side writes only its own fields (HSET of
@@ -222,7 +152,7 @@ class ReplicaRecord:
     def from_dict(cls, d: dict) -> "ReplicaRecord":
         stopped = sorted(k[len(REPLICA_STOPPED_ON_PREFIX):] for k, v in d.items()
                          if k.startswith(REPLICA_STOPPED_ON_PREFIX) and v is not None)
-        rec = _from_dict(cls, {k: v for k, v in d.items() if k != "stopped_nodes"})
+        rec = from_known(cls, {k: v for k, v in d.items() if k != "stopped_nodes"})
         rec.stopped_nodes = stopped
         return rec
 
@@ -275,7 +205,7 @@ class LoadRecord:
 
     @classmethod
     def from_dict(cls, d: dict) -> "LoadRecord":
-        return _from_dict(cls, d)
+        return from_known(cls, d)
 
 
 @dataclass(frozen=True)
@@ -326,7 +256,7 @@ class EndpointInfo:
         d = dict(d)
         d["models"] = tuple(d.get("models") or ())
         d["adapters"] = tuple(d.get("adapters") or ())
-        return _from_dict(cls, d)
+        return from_known(cls, d)
 
 
 @dataclass(frozen=True)
@@ -355,95 +285,4 @@ class ExternalRecord:
 
     @classmethod
     def from_dict(cls, d: dict) -> "ExternalRecord":
-        return _from_dict(cls, d)
-
-
-@dataclass(frozen=True)
-class EndpointUse:
-    """One gateway process's view of one endpoint: its requests in flight there now, and the wall
-    clock of its last success and last failure to reach it (connection refused, reset or timed out).
-    The failures and successes are the evidence the publisher weighs for a replica whose node agent
-    is gone (docs/lifecycle.md)."""
-
-    inflight: int = 0
-    ok_at: float | None = None
-    fail_at: float | None = None
-
-
-@dataclass(frozen=True)
-class ModelDemand:
-    """One gateway process's demand for one model: requests in flight, waiting in its queue (or for
-    a cold start), and when the last one arrived (wall clock)."""
-
-    inflight: int = 0
-    queued: int = 0
-    last_request_at: float | None = None
-
-
-@dataclass(frozen=True)
-class GatewayReport:
-    """What one gateway process reports about itself, every fraction of a second, with a TTL: a
-    dead gateway's report expires and stops counting. `version` is the endpoint list it routes by."""
-
-    id: str
-    at: float
-    version: int = 0
-    host: str = ""
-    pid: int = 0
-    started_at: float = 0.0
-    keys_loaded: bool = False
-    endpoints: dict[str, EndpointUse] = field(default_factory=dict)
-    models: dict[str, ModelDemand] = field(default_factory=dict)
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        # Compact: a report is rewritten several times a second by every gateway process.
-        d["endpoints"] = {k: [u.inflight, u.ok_at, u.fail_at] for k, u in self.endpoints.items()}
-        d["models"] = {k: [m.inflight, m.queued, m.last_request_at] for k, m in self.models.items()}
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "GatewayReport":
-        d = dict(d)
-        d["endpoints"] = {k: EndpointUse(*v) for k, v in (d.get("endpoints") or {}).items()}
-        d["models"] = {k: ModelDemand(*v) for k, v in (d.get("models") or {}).items()}
-        return _from_dict(cls, d)
-
-
-@dataclass(frozen=True)
-class DemandHint:
-    """A gateway holds requests for a model that has no Ready replica (a cold start): written at once,
-    with a short TTL, so the control plane need not wait for the next gateway report."""
-
-    at: float
-    queued: int = 1
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "DemandHint":
-        return _from_dict(cls, d)
-
-
-@dataclass(frozen=True)
-class ScaleState:
-    """The autoscaler's record of one profile: the replica count it wants (`count`, since `since`,
-    because `reason`; `previous` before that), the latest pass (`decided_at`, `note`: its reason even
-    when it held the count), and the latest evidence of work (`last_active`, for `idle_after`)."""
-
-    count: int
-    since: float
-    reason: str = ""
-    previous: int | None = None
-    decided_at: float = 0.0
-    last_active: float | None = None
-    note: str = ""
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "ScaleState":
-        return _from_dict(cls, d)
-
+        return from_known(cls, d)

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Container, Iterable
 
 from llmgw.proc.exitstatus import describe_exit
-from llmgw.state.records import ExternalRecord, GatewayReport, LoadRecord, ReplicaRecord
+from llmgw.state.demand_records import GatewayReport
+from llmgw.state.records import ExternalRecord, LoadRecord, ReplicaRecord
 
 
 class State(str, enum.Enum):

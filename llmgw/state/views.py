@@ -6,7 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from llmgw.state.records import ExternalRecord, GatewayReport, NodeAdmin, NodeInfo, ReplicaRecord
+from llmgw.state.demand_records import GatewayReport
+from llmgw.state.node_records import NodeAdmin, NodeInfo
+from llmgw.state.records import ExternalRecord, ReplicaRecord
 from llmgw.state.weights import WeightsFacts
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from llmgw.state.records import _from_dict
+from llmgw.state.records import from_known
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class WeightsFacts:
 
     @classmethod
     def from_dict(cls, d: dict) -> "WeightsFacts":
-        return _from_dict(cls, d)
+        return from_known(cls, d)
 
 
 @dataclass(frozen=True)
@@ -50,4 +50,4 @@ class PullStatus:
 
     @classmethod
     def from_dict(cls, d: dict) -> "PullStatus":
-        return _from_dict(cls, d)
+        return from_known(cls, d)

@@ -22,7 +22,7 @@ import redis as redis_lib
 
 from llmgw.catalog import apply_catalog, parse_catalog_text
 from llmgw.state import keys as K
-from llmgw.state.records import GPUDevice, NodeInfo
+from llmgw.state.node_records import GPUDevice, NodeInfo
 from tests.faults.fleet import (
     AGENT,
     catalog,

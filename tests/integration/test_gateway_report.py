@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
-from llmgw.state.records import EndpointUse, ModelDemand
+from llmgw.state.demand_records import EndpointUse, ModelDemand
 from tests.support.gateway_app import (  # noqa: F401 - server, store: fixtures
     CHAT,
     bare_app,

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 from llmgw.catalog import Catalog, parse_catalog
 from llmgw.gpus import parse_gpu_spec
-from llmgw.state.records import NodeAdmin, NodeInfo, ReplicaRecord
+from llmgw.state.node_records import NodeAdmin, NodeInfo
+from llmgw.state.records import ReplicaRecord
 from llmgw.state.replica_state import State, derive, nodes_alive
 from workers.control.plan import (
     CreateReplica,

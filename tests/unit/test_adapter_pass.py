@@ -9,7 +9,9 @@ from __future__ import annotations
 import fakeredis
 
 from llmgw.catalog import Catalog, parse_catalog_text, profile_spec_hash
-from llmgw.state.records import DemandHint, GatewayReport, ModelDemand, NodeInfo, ReplicaRecord
+from llmgw.state.demand_records import DemandHint, GatewayReport, ModelDemand
+from llmgw.state.node_records import NodeInfo
+from llmgw.state.records import ReplicaRecord
 from llmgw.state.store import Store
 from workers.control.adapterplan import AdapterRow, adapter_demand, decide_adapters
 from workers.control.adapters import published_adapters

@@ -13,7 +13,8 @@ from llmgw import cli
 from llmgw.catalog import apply_catalog, parse_catalog
 from llmgw.cli.adapterview import adapter_rows
 from llmgw.cli.status import build_status, render
-from llmgw.state.records import NodeInfo, ReplicaRecord
+from llmgw.state.node_records import NodeInfo
+from llmgw.state.records import ReplicaRecord
 from llmgw.state.store import Store
 
 NOW = 5000.0

@@ -370,7 +370,7 @@ def record_engine_commands(monkeypatch) -> list:
 
 def test_multi_node_member_part_starts_with_rank_and_master_addr(env, monkeypatch):
     """Node b runs rank 1 of a two-node replica headed by a; only the head writes agent fields."""
-    from llmgw.state.records import NodeInfo
+    from llmgw.state.node_records import NodeInfo
 
     store, runner, clock, make_agent = env
     contexts = record_engine_commands(monkeypatch)
@@ -499,7 +499,7 @@ def test_engines_on_a_gpu_node_see_only_their_gpus(env):
 
 def two_node_env(env, monkeypatch):
     """A head agent on a and a member agent on b, each with its own runner, sharing one Redis."""
-    from llmgw.state.records import NodeInfo
+    from llmgw.state.node_records import NodeInfo
 
     store, _runner, clock, _make = env
     contexts = record_engine_commands(monkeypatch)

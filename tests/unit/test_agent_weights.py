@@ -7,7 +7,8 @@ import threading
 
 import pytest
 
-from llmgw.state.records import GPUDevice, ReplicaRecord
+from llmgw.state.node_records import GPUDevice
+from llmgw.state.records import ReplicaRecord
 from llmgw.state.replica_state import State, derive
 from llmgw.weights.download import Local, Progress
 from llmgw.weights.errors import DownloadFailed

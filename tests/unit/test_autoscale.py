@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from llmgw.catalog import parse_catalog
-from llmgw.state.records import DemandHint, EndpointUse, GatewayReport, LoadRecord, ModelDemand, ScaleState
+from llmgw.state.demand_records import DemandHint, EndpointUse, GatewayReport, ModelDemand, ScaleState
+from llmgw.state.records import LoadRecord
 from tests.unit.control_support import ready_record
 from workers.control.autoscale import Decision, Sample, ScaleSpec, decide_all, desired, observe
 

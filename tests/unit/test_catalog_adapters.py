@@ -11,7 +11,8 @@ import pytest
 
 from llmgw.catalog import apply_catalog, parse_catalog_text, profile_spec_hash
 from llmgw.state.store import Store
-from llmgw.catalog.types import LAUNCH_FIELDS, ADAPTERS_AT_LAUNCH, Model, Profile
+from llmgw.catalog.spec import LAUNCH_FIELDS
+from llmgw.catalog.types import ADAPTERS_AT_LAUNCH, Model, Profile
 from llmgw.cli import catalog as cli_catalog
 from llmgw.cli import main
 from llmgw.engines import ENGINES

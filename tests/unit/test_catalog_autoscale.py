@@ -7,7 +7,8 @@ import fakeredis
 import pytest
 
 from llmgw.catalog import apply_catalog, diff_catalogs, format_diff, parse_catalog_text
-from llmgw.catalog.types import IDLE_AFTER, Catalog, parse_duration
+from llmgw.catalog.fields import parse_duration
+from llmgw.catalog.types import IDLE_AFTER, Catalog
 from llmgw.cli import catalog as cli_catalog
 from llmgw.cli import main
 from llmgw.errors import CatalogInvalid

@@ -18,7 +18,8 @@ from gateway.observe.traffic import SLOT, slot_of
 from llmgw.catalog import apply_catalog
 from llmgw.state import events, keys
 from llmgw.state.keypolicy import new_key
-from llmgw.state.records import EndpointUse, GatewayReport, LoadRecord, ModelDemand
+from llmgw.state.demand_records import EndpointUse, GatewayReport, ModelDemand
+from llmgw.state.records import LoadRecord
 from llmgw.state.store import Store
 from tests.support.clock import FakeClock
 from tests.unit.control_support import catalog, cpu_profile, gpu_profile, model, node

@@ -9,7 +9,7 @@ import pytest
 
 from llmgw import cli
 from llmgw.catalog import apply_catalog
-from llmgw.state.records import NodeAdmin
+from llmgw.state.node_records import NodeAdmin
 from llmgw.state.store import Store
 from tests.unit.control_support import catalog, cpu_profile, gpu_profile, model, node
 from workers.control.apply import publish_once, reconcile_once
@@ -172,7 +172,8 @@ def test_llmgw_up_tells_about_a_crash_loop_once_with_the_log_and_what_to_do():
 
 def test_status_shows_downloads_fit_estimates_and_what_the_engine_reports():
     from llmgw.cli.status import build_status, render
-    from llmgw.state.records import GPUDevice, NodeInfo, ReplicaRecord
+    from llmgw.state.node_records import GPUDevice, NodeInfo
+    from llmgw.state.records import ReplicaRecord
 
     a = NodeInfo("a", gpus=(GPUDevice(0, "l4", healthy=False, health="GPU is lost"), GPUDevice(1, "l4")),
                  weights_dir="/w", weights_free=10, weights_room=10)

@@ -12,7 +12,8 @@ import pytest
 from llmgw import cli
 from llmgw.catalog import apply_catalog
 from llmgw.state import events, keys
-from llmgw.state.records import EndpointUse, GatewayReport, LoadRecord, ModelDemand
+from llmgw.state.demand_records import EndpointUse, GatewayReport, ModelDemand
+from llmgw.state.records import LoadRecord
 from llmgw.state.store import Store
 from tests.unit.control_support import catalog, cpu_profile, gpu_profile, model, node
 from workers.control.apply import publish_once, reconcile_once

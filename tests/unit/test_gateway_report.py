@@ -9,7 +9,7 @@ import pytest
 from gateway.config import GatewaySettings
 from gateway.observe.report import EVIDENCE_WINDOW, Identity, gateway_report, report_ttl
 from gateway.server.boot import FD_RESERVE, HEADROOM, connection_cap
-from llmgw.state.records import EndpointUse, ModelDemand
+from llmgw.state.demand_records import EndpointUse, ModelDemand
 
 WHO = Identity("host:1", "host", 1, 100.0)
 

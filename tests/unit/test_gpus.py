@@ -6,7 +6,7 @@ import pytest
 
 from llmgw.errors import ConfigError
 from llmgw.gpus import gpu_memory_mb, normalize_gpu_class, parse_class_map, parse_gpu_spec, parse_nvidia_smi
-from llmgw.state.records import GPUDevice
+from llmgw.state.node_records import GPUDevice
 
 
 @pytest.mark.parametrize("name,cls", [

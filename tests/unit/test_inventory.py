@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llmgw.state.records import GPUDevice
+from llmgw.state.node_records import GPUDevice
 from workers.agent.config import AgentSettings
 from workers.agent.inventory import discover_gpus, memory_mb, node_info
 

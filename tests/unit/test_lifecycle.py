@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from llmgw.state.kicks import SCHEDULED_TTL, KickRule, KickState
-from llmgw.state.records import EndpointUse, GatewayReport, LoadRecord, ModelDemand, ReplicaRecord
+from llmgw.state.demand_records import EndpointUse, GatewayReport, ModelDemand
+from llmgw.state.records import LoadRecord, ReplicaRecord
 from llmgw.state.replica_state import State, derive, drain_progress
 from workers.control.publish import Evidence, merge_evidence, routable
 

@@ -9,7 +9,7 @@ from llmgw.catalog import apply_catalog, parse_catalog
 from llmgw.cli import main
 from llmgw.cli.models import Target, cache_report, pull_line, render, targets
 from llmgw.gpus import parse_gpu_spec
-from llmgw.state.records import CachedWeights, NodeInfo
+from llmgw.state.node_records import CachedWeights, NodeInfo
 from llmgw.state.weights import PullStatus
 from llmgw.state.store import Store
 

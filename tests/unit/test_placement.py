@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmgw.state.records import NodeAdmin
+from llmgw.state.node_records import NodeAdmin
 from tests.unit.control_support import node
 from workers.control.placement import (
     ClusterView,
@@ -203,7 +203,7 @@ def test_cpu_spread_many_with_no_eligible_node_says_why():
 
 def test_gpu_class_names_are_normalised_on_both_sides():
     # A node reporting the nvidia-smi name still matches a catalog's short class.
-    from llmgw.state.records import GPUDevice, NodeInfo
+    from llmgw.state.node_records import GPUDevice, NodeInfo
 
     n = NodeInfo(name="a", gpus=(GPUDevice(0, "NVIDIA H100 80GB HBM3"),))
     got = place(gpu_req(1, cls="h100"), ClusterView.build({"a": n}, {}))

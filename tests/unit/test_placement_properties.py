@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from llmgw.catalog import profile_spec_hash
-from llmgw.state.records import NodeAdmin
+from llmgw.state.node_records import NodeAdmin
 from tests.unit.control_support import Sim, catalog, node
 from workers.control.plan import CreateReplica
 

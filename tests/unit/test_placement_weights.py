@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 from llmgw.gpus import parse_gpu_spec
-from llmgw.state.records import CachedWeights, GPUDevice, NodeInfo
+from llmgw.state.node_records import CachedWeights, GPUDevice, NodeInfo
 from llmgw.state.weights import WeightsFacts
 from tests.unit.control_support import Sim, catalog, model, ready_record
 from workers.control.plan import CreateReplica, StopReplica, plan

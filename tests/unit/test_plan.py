@@ -6,7 +6,7 @@ import dataclasses
 import logging
 
 from llmgw.catalog import profile_spec_hash
-from llmgw.state.records import NodeAdmin
+from llmgw.state.node_records import NodeAdmin
 from llmgw.state.replica_state import State
 from tests.unit.control_support import (
     Sim,

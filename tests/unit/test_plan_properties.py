@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llmgw.state.records import NodeAdmin
+from llmgw.state.node_records import NodeAdmin
 from tests.unit.control_support import Sim, catalog, node
 
 

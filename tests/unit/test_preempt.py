@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmgw.state.records import NodeAdmin
+from llmgw.state.node_records import NodeAdmin
 from tests.unit.control_support import Sim, catalog, gpu_profile, model, node
 from workers.control.placement import ClusterView, PlacementRequest
 from workers.control.plan import CreateReplica, PlaceReplica, StopReplica, UpdatePending

@@ -109,7 +109,7 @@ def test_publish_pass_skips_while_another_holds_the_lock():
 
 def test_a_lost_nodes_ready_replica_stays_routable_until_the_gateways_fail_to_reach_it_or_the_grace_ends():
     """The engines are the data plane: an agent's death alone does not unpublish them (#17)."""
-    from llmgw.state.records import EndpointUse, GatewayReport
+    from llmgw.state.demand_records import EndpointUse, GatewayReport
     from workers.control.publish import merge_evidence
 
     rec = dataclasses.replace(ready_record("r", "tiny", "cpu", "gone", NOW))
@@ -140,7 +140,7 @@ def test_the_publish_pass_stamps_the_version_from_which_a_stopping_replica_is_un
 
 
 def test_the_publish_pass_weighs_the_gateways_evidence_for_a_lost_nodes_replica():
-    from llmgw.state.records import EndpointUse, GatewayReport
+    from llmgw.state.demand_records import EndpointUse, GatewayReport
 
     r = fakeredis.FakeRedis(decode_responses=True)
     store = Store(r)

@@ -12,7 +12,7 @@ import pytest
 from llmgw.catalog import apply_catalog
 from llmgw.state import events, keys
 from llmgw.state.kicks import Kicker
-from llmgw.state.records import DemandHint, EndpointUse, GatewayReport, ModelDemand
+from llmgw.state.demand_records import DemandHint, EndpointUse, GatewayReport, ModelDemand
 from llmgw.state.store import Store
 from tests.support.clock import FakeClock
 from tests.unit.control_support import catalog, cpu_profile, model, node

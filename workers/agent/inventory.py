@@ -19,7 +19,7 @@ from typing import Callable
 import dataclasses
 
 from llmgw.gpus import parse_gpu_spec, parse_nvidia_smi
-from llmgw.state.records import GPUDevice, NodeInfo
+from llmgw.state.node_records import GPUDevice, NodeInfo
 from llmgw.weights import gpuhealth
 from llmgw.weights.gpuhealth import Health, Reading
 from workers.agent.config import AgentSettings

@@ -13,7 +13,8 @@ from llmgw.catalog import Catalog, Model, Profile, read_applied
 from llmgw.engines import get_engine
 from llmgw.engines.base import LaunchContext, LaunchSpec
 from llmgw.state.clock import Clock
-from llmgw.state.records import GPUDevice, ReplicaRecord
+from llmgw.state.node_records import GPUDevice
+from llmgw.state.records import ReplicaRecord
 from llmgw.state.store import Store
 from workers.agent.config import AgentSettings
 from workers.agent.ports import choose_port

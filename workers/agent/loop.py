@@ -32,7 +32,8 @@ from typing import Any, Callable, NamedTuple
 from llmgw.engines import get_engine
 from llmgw.proc.ports import can_bind
 from llmgw.state.clock import Clock
-from llmgw.state.records import GPUDevice, ReplicaRecord
+from llmgw.state.node_records import GPUDevice
+from llmgw.state.records import ReplicaRecord
 from llmgw.state.replica_state import drain_progress, head_drained
 from llmgw.state.store import Store
 from workers.agent import supervisor as sv

@@ -25,7 +25,8 @@ from typing import Callable, Iterable
 from llmgw.catalog import Catalog, Model, Profile
 from llmgw.engines import get_engine
 from llmgw.state.kicks import RECONCILE
-from llmgw.state.records import CachedWeights, ReplicaRecord
+from llmgw.state.node_records import CachedWeights
+from llmgw.state.records import ReplicaRecord
 from llmgw.state.weights import PullStatus, WeightsFacts
 from llmgw.state.store import Store
 from llmgw.weights import cache

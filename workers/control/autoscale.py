@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
 from llmgw.catalog import Catalog, Profile
-from llmgw.state.records import DemandHint, GatewayReport, LoadRecord, ReplicaRecord, ScaleState
+from llmgw.state.demand_records import DemandHint, GatewayReport, ScaleState
+from llmgw.state.records import LoadRecord, ReplicaRecord
 from llmgw.state.replica_state import LOAD_FRESH_FOR
 
 log = logging.getLogger("llmgw.control.autoscale")

@@ -23,7 +23,9 @@ from typing import Iterable, Mapping
 
 from llmgw.catalog import Catalog
 from llmgw.engines import ENGINES
-from llmgw.state.records import EndpointInfo, GatewayReport, NodeInfo, ReplicaRecord
+from llmgw.state.demand_records import GatewayReport
+from llmgw.state.node_records import NodeInfo
+from llmgw.state.records import EndpointInfo, ReplicaRecord
 from llmgw.state.replica_state import CrashPolicy, State, derive, nodes_alive, served_this_attempt
 from llmgw.state.views import PublishView
 from workers.control.adapters import published_adapters

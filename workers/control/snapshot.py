@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Mapping
 
 from llmgw.catalog import Catalog, parse_applied
 from llmgw.state.keys import ALL_MODELS
-from llmgw.state.records import NodeAdmin, NodeInfo, ReplicaRecord
+from llmgw.state.node_records import NodeAdmin, NodeInfo
+from llmgw.state.records import ReplicaRecord
 from llmgw.state.weights import WeightsFacts
 
 if TYPE_CHECKING:  # the decisions import Snapshot; only the shells hand a Store in

@@ -7,7 +7,7 @@ import json
 from typing import Iterable, Mapping
 
 from llmgw.state import keys
-from llmgw.state.records import DemandHint, ScaleState
+from llmgw.state.demand_records import DemandHint, ScaleState
 from llmgw.state.store.base import Aggregate, compact, ms
 
 

@@ -7,7 +7,7 @@ import json
 from typing import Iterator, Sequence
 
 from llmgw.state import keys
-from llmgw.state.records import GatewayReport
+from llmgw.state.demand_records import GatewayReport
 from llmgw.state.store.base import Aggregate, Pipeline, compact, ms
 
 

@@ -7,7 +7,7 @@ import json
 from typing import Iterable, Iterator, Mapping, Sequence
 
 from llmgw.state import keys
-from llmgw.state.records import NodeAdmin, NodeInfo
+from llmgw.state.node_records import NodeAdmin, NodeInfo
 from llmgw.state.store.base import Aggregate, Pipeline, floats, ms
 
 

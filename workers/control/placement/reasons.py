@@ -3,7 +3,7 @@ and per live node why it refused (`llmgw explain` shows both)."""
 
 from __future__ import annotations
 
-from llmgw.state.records import NodeAdmin
+from llmgw.state.node_records import NodeAdmin
 from workers.control.placement.types import NoPlacement, PlacementRequest, Refusal
 from workers.control.placement.view import ClusterView
 

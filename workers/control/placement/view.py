@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
 from llmgw.gpus import gpu_memory_mb, normalize_gpu_class
-from llmgw.state.records import NodeAdmin, NodeInfo
+from llmgw.state.node_records import NodeAdmin, NodeInfo
 from workers.control.placement.types import Placement, PlacementRequest
 
 

@@ -1,0 +1,97 @@
+"""What gateways report (their in-flight requests and queues per endpoint and model, a cold start's
+demand hint) and what the autoscaler decided from it. Plain dataclasses, as `llmgw.state.records`."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from llmgw.state.records import from_known
+
+@dataclass(frozen=True)
+class EndpointUse:
+    """One gateway process's view of one endpoint: its requests in flight there now, and the wall
+    clock of its last success and last failure to reach it (connection refused, reset or timed out).
+    The failures and successes are the evidence the publisher weighs for a replica whose node agent
+    is gone (docs/lifecycle.md)."""
+
+    inflight: int = 0
+    ok_at: float | None = None
+    fail_at: float | None = None
+
+
+@dataclass(frozen=True)
+class ModelDemand:
+    """One gateway process's demand for one model: requests in flight, waiting in its queue (or for
+    a cold start), and when the last one arrived (wall clock)."""
+
+    inflight: int = 0
+    queued: int = 0
+    last_request_at: float | None = None
+
+
+@dataclass(frozen=True)
+class GatewayReport:
+    """What one gateway process reports about itself, every fraction of a second, with a TTL: a
+    dead gateway's report expires and stops counting. `version` is the endpoint list it routes by."""
+
+    id: str
+    at: float
+    version: int = 0
+    host: str = ""
+    pid: int = 0
+    started_at: float = 0.0
+    keys_loaded: bool = False
+    endpoints: dict[str, EndpointUse] = field(default_factory=dict)
+    models: dict[str, ModelDemand] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        # Compact: a report is rewritten several times a second by every gateway process.
+        d["endpoints"] = {k: [u.inflight, u.ok_at, u.fail_at] for k, u in self.endpoints.items()}
+        d["models"] = {k: [m.inflight, m.queued, m.last_request_at] for k, m in self.models.items()}
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "GatewayReport":
+        d = dict(d)
+        d["endpoints"] = {k: EndpointUse(*v) for k, v in (d.get("endpoints") or {}).items()}
+        d["models"] = {k: ModelDemand(*v) for k, v in (d.get("models") or {}).items()}
+        return from_known(cls, d)
+
+
+@dataclass(frozen=True)
+class DemandHint:
+    """A gateway holds requests for a model that has no Ready replica (a cold start): written at once,
+    with a short TTL, so the control plane need not wait for the next gateway report."""
+
+    at: float
+    queued: int = 1
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DemandHint":
+        return from_known(cls, d)
+
+
+@dataclass(frozen=True)
+class ScaleState:
+    """The autoscaler's record of one profile: the replica count it wants (`count`, since `since`,
+    because `reason`; `previous` before that), the latest pass (`decided_at`, `note`: its reason even
+    when it held the count), and the latest evidence of work (`last_active`, for `idle_after`)."""
+
+    count: int
+    since: float
+    reason: str = ""
+    previous: int | None = None
+    decided_at: float = 0.0
+    last_active: float | None = None
+    note: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ScaleState":
+        return from_known(cls, d)
