@@ -1,0 +1,261 @@
+"""Tracing through the real gateway app (llmgw.tracing, docs/tracing.md) in front of real sim engines
+that log the headers they get: a proxied request retried after a refused connection is one trace
+(the client's), with its admissions, endpoint choices and both attempts, and the engine is handed the
+answering attempt's span as its parent; with tracing off the client's context is passed on as it was
+sent, and nothing is added. One test runs the gateway under gunicorn and reads its OTLP export: each
+worker configures tracing from the OpenTelemetry environment."""
+
+from __future__ import annotations
+
+import gzip
+import threading
+import time
+
+import pytest
+import requests
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+from llmgw.tracing import OFF, Tracing
+from tests.support.gateway_app import CHAT, dead_url, endpoint, make_app, store, server  # noqa: F401 - fixtures
+from tests.support.procs import ProcessSet, free_port, python, wait_until
+
+TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+CLIENT_SPAN = "00f067aa0ba902b7"
+TP = f"00-{TRACE}-{CLIENT_SPAN}-01"
+STATE = "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7"
+
+
+def sim(procs, name="sim"):
+    """A sim engine serving `served-m` that logs every request's headers."""
+    port = free_port()
+    p = procs.start(name, [python(), "-m", "simengine", "--host", "127.0.0.1", "--port", str(port),
+                           "--served-model-name", "served-m", "--log-headers", "--step-ms", "1"])
+    url = f"http://127.0.0.1:{port}"
+    wait_until(lambda: requests.get(url + "/health", timeout=1).status_code == 200, 15, what=f"sim /health\n{p.log()}")
+    return p, url
+
+
+def logged_headers(p, rid: str) -> dict[str, str]:
+    """The headers the engine logged for the request `rid` (lowercase names)."""
+    for line in p.log().splitlines():
+        if "headers of POST /v1/chat/completions:" in line and f"X-Request-Id: {rid}" in line.replace("x-request-id", "X-Request-Id"):
+            fields = line.split("headers of POST /v1/chat/completions: ", 1)[1].split(" | ")
+            return {k.lower(): v for k, _, v in (f.partition(": ") for f in fields)}
+    return {}
+
+
+def engine_saw(p, rid: str) -> dict[str, str]:
+    wait_until(lambda: logged_headers(p, rid), 5, what=f"the engine's log of request {rid}\n{p.log()}")
+    return logged_headers(p, rid)
+
+
+@pytest.fixture
+def procs(tmp_path):
+    ps = ProcessSet(tmp_path / "logs")
+    yield ps
+    ps.stop_all()
+
+
+@pytest.fixture
+def traced():
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    yield Tracing(provider, "test"), exporter
+    provider.shutdown()
+
+
+def test_a_retried_request_is_one_trace_and_the_engine_gets_the_answering_attempt_as_parent(procs, store, traced):
+    t, exporter = traced
+    p, url = sim(procs)
+    # The dead endpoint is in the higher tier, so it is tried first; the refused connect is retried.
+    eps = [endpoint("dead", dead_url(), priority=1), endpoint("sim", url)]
+    _, gw, c = make_app(store, eps, retries=2, tracing=t)
+    _, key = store.create_key("alice")  # a named key: its name is on the span, never the key
+    gw.keys.refresh()
+    r = c.post(CHAT, json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+               headers={"traceparent": TP, "tracestate": STATE, "X-Request-Id": "rid-retry",
+                        "Authorization": f"Bearer {key}"})
+    assert r.status_code == 200, r.get_data(as_text=True)
+    assert r.headers["X-LLMGW-Endpoint"] == "sim"
+    spans = exporter.get_finished_spans()
+    assert {s.context.trace_id for s in spans} == {int(TRACE, 16)}  # one trace: the client's
+    by = {}
+    for s in spans:
+        by.setdefault(s.name, []).append(s)
+    (root,) = by["POST /v1/chat/completions"]
+    assert root.kind == SpanKind.SERVER and root.parent.is_remote and f"{root.parent.span_id:016x}" == CLIENT_SPAN
+    assert root.attributes["gen_ai.request.model"] == "m" and root.attributes["llmgw.key.name"] == "alice"
+    assert root.attributes["llmgw.priority"] == "standard" and root.attributes["llmgw.request_id"] == "rid-retry"
+    assert root.attributes["http.response.status_code"] == 200 and root.attributes["llmgw.completed"] is True
+    assert root.attributes["gen_ai.usage.output_tokens"] == 3 and root.attributes["gen_ai.usage.input_tokens"] > 0
+    assert root.status.status_code == StatusCode.UNSET
+    assert key not in repr([dict(s.attributes) for s in spans])
+    # one admission per routing try, each with its choice under it
+    admissions = sorted(by["llmgw.admission"], key=lambda s: s.start_time)
+    choices = sorted(by["llmgw.endpoint_choice"], key=lambda s: s.start_time)
+    assert len(admissions) == 2 and len(choices) == 2
+    assert all(a.parent.span_id == root.context.span_id for a in admissions)
+    assert [c.parent.span_id for c in choices] == [a.context.span_id for a in admissions]
+    assert [c.attributes["llmgw.endpoint"] for c in choices] == ["dead", "sim"]
+    assert all(c.attributes["llmgw.route.reason"] for c in choices)
+    assert [a.attributes["llmgw.admission.decision"] for a in admissions] == ["send", "send"]
+    # both attempts, siblings under the request
+    first, second = sorted(by["llmgw.upstream_attempt"], key=lambda s: s.start_time)
+    assert first.kind == second.kind == SpanKind.CLIENT
+    assert first.parent.span_id == second.parent.span_id == root.context.span_id
+    assert dict(first.attributes) == {"llmgw.attempt": 0, "llmgw.endpoint": "dead",
+                                      "url.full": first.attributes["url.full"], "llmgw.outcome": "connect_error",
+                                      "llmgw.retried": True}
+    assert first.status.status_code == StatusCode.ERROR
+    assert second.attributes["llmgw.attempt"] == 1 and second.attributes["llmgw.endpoint"] == "sim"
+    assert second.attributes["url.full"] == url + "/v1/chat/completions"
+    assert second.attributes["llmgw.outcome"] == "answer" and second.attributes["http.response.status_code"] == 200
+    assert [e.name for e in second.events] == ["first_byte"] and not first.events
+    assert second.status.status_code == StatusCode.UNSET
+    # the engine's parent is the attempt that reached it; the client's tracestate goes along
+    saw = engine_saw(p, "rid-retry")
+    assert saw["traceparent"] == f"00-{TRACE}-{second.context.span_id:016x}-01"
+    assert saw["tracestate"] == STATE
+    assert key not in p.log()
+
+
+def test_a_stream_records_its_first_byte_and_a_request_without_context_starts_a_trace(procs, store, traced):
+    t, exporter = traced
+    p, url = sim(procs)
+    _, gw, c = make_app(store, [endpoint("sim", url)], tracing=t)
+    r = c.post(CHAT, json={"model": "m", "stream": True, "max_tokens": 4, "stream_options": {"include_usage": True},
+                           "messages": [{"role": "user", "content": "hi"}]}, headers={"X-Request-Id": "rid-s"})
+    assert r.status_code == 200 and b"[DONE]" in r.data
+    wait_until(lambda: any(s.name.startswith("POST") for s in exporter.get_finished_spans()), 5, what="the trace's end")
+    by = {s.name: s for s in exporter.get_finished_spans()}
+    root, up = by["POST /v1/chat/completions"], by["llmgw.upstream_attempt"]
+    assert root.parent is None  # no client context: the gateway started the trace
+    assert [e.name for e in root.events] == ["first_byte"] and [e.name for e in up.events] == ["first_byte"]
+    assert root.attributes["gen_ai.usage.output_tokens"] == 4 and root.attributes["llmgw.completed"] is True
+    assert "llmgw.key.name" not in root.attributes  # no key, no name
+    saw = engine_saw(p, "rid-s")
+    assert saw["traceparent"] == f"00-{root.context.trace_id:032x}-{up.context.span_id:016x}-01"
+    assert "tracestate" not in saw
+
+
+def test_a_refused_request_ends_its_trace_with_the_error(store, traced):
+    t, exporter = traced
+    _, gw, c = make_app(store, [endpoint("dead", dead_url())], retries=0, tracing=t)
+    r = c.post(CHAT, json={"model": "m"}, headers={"traceparent": TP})
+    assert r.status_code == 503
+    by = {s.name: s for s in exporter.get_finished_spans()}
+    root, up = by["POST /v1/chat/completions"], by["llmgw.upstream_attempt"]
+    assert root.attributes["error.type"] == "no_replica" and root.attributes["http.response.status_code"] == 503
+    assert root.status.status_code == StatusCode.ERROR
+    assert up.attributes["llmgw.outcome"] == "connect_error" and up.attributes["llmgw.retried"] is False
+    assert len(exporter.get_finished_spans()) == 4  # request, admission, choice, attempt: each ended once
+    r = c.post(CHAT, json={"model": "nope"})
+    assert r.status_code == 404
+    unknown = [s for s in exporter.get_finished_spans() if s.name.startswith("POST")][-1]
+    assert unknown.attributes["error.type"] == "model_not_found" or unknown.attributes["error.type"]
+    assert unknown.status.status_code == StatusCode.UNSET  # a 4xx is the client's
+
+
+def test_tracing_off_passes_a_valid_client_context_on_unchanged_and_adds_nothing(procs, store):
+    p, url = sim(procs)
+    _, gw, c = make_app(store, [endpoint("sim", url)], tracing=OFF)
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    odd = " a=1 ,, B=not-a-valid-member"  # passed on as sent: this gateway does not take part
+    cases = {
+        "rid-valid": ({"traceparent": TP, "tracestate": odd}, {"traceparent": TP, "tracestate": odd.strip()}),
+        "rid-none": ({}, {}),
+        "rid-bad": ({"traceparent": TP.upper(), "tracestate": STATE}, {}),  # invalid: neither goes on
+    }
+    for rid, (sent, _) in cases.items():
+        assert c.post(CHAT, json=body, headers={**sent, "X-Request-Id": rid}).status_code == 200
+    for rid, (_, expected) in cases.items():
+        saw = engine_saw(p, rid)
+        assert {k: v for k, v in saw.items() if k in ("traceparent", "tracestate")} == expected, (rid, saw)
+
+
+# --- under gunicorn, exported over OTLP ---------------------------------------------------------------
+class Collector:
+    """An OTLP/HTTP collector stand-in: decodes each export (opentelemetry-proto) into its spans."""
+
+    def __init__(self):
+        import http.server
+
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+        self.spans: list = []  # (service name, span)
+        got = self.spans
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(h):  # noqa: N802, N805 - stdlib name; `h` is the handler
+                body = h.rfile.read(int(h.headers.get("Content-Length") or 0))
+                if h.headers.get("Content-Encoding") == "gzip":
+                    body = gzip.decompress(body)
+                req = ExportTraceServiceRequest.FromString(body)
+                for rs in req.resource_spans:
+                    service = next((a.value.string_value for a in rs.resource.attributes if a.key == "service.name"), "")
+                    for ss in rs.scope_spans:
+                        got.extend((service, s) for s in ss.spans)
+                h.send_response(200)
+                h.send_header("Content-Length", "0")
+                h.end_headers()
+
+            def log_message(h, *args):  # noqa: N805
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(5)
+
+
+@pytest.fixture
+def collector():
+    c = Collector()
+    yield c
+    c.close()
+
+
+def test_gunicorn_workers_export_the_requests_they_serve_over_otlp(cluster, collector):
+    cluster.start_redis()
+    p, url = sim(cluster.procs)
+    cluster.store().write_endpoints([endpoint("sim", url)], "fp-sim", time.time())
+    gw = cluster.start_gateway(OTEL_EXPORTER_OTLP_ENDPOINT=collector.url, OTEL_BSP_SCHEDULE_DELAY="50",
+                               LLMGW_GATEWAY_WORKERS="2")
+    wait_until(lambda: requests.get(gw + "/healthz", timeout=2).json().get("endpoints") == 1, 10, what="endpoints")
+    rids = [f"rid-gunicorn-{i}" for i in range(6)]
+    for rid in rids:
+        r = requests.post(gw + CHAT, json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1},
+                          headers={"traceparent": TP, "X-Request-Id": rid, "Connection": "close"}, timeout=10)
+        assert r.status_code == 200, r.text
+
+    def roots():
+        return _roots(collector.spans)
+
+    wait_until(lambda: set(rids) <= set(roots()), 10, what=f"the requests' spans at the collector ({len(collector.spans)})")
+    for rid, (service, span) in roots().items():
+        assert service == "llmgw-gateway"
+        assert span.trace_id.hex() == TRACE and span.parent_span_id.hex() == CLIENT_SPAN
+        saw = engine_saw(p, rid)
+        attempt = [s for _, s in collector.spans if s.name == "llmgw.upstream_attempt" and s.trace_id == span.trace_id
+                   and s.parent_span_id == span.span_id]
+        assert len(attempt) == 1 and saw["traceparent"] == f"00-{TRACE}-{attempt[0].span_id.hex()}-01"
+
+
+def _roots(spans) -> dict:
+    out = {}
+    for service, s in spans:
+        if s.name != "POST /v1/chat/completions":
+            continue
+        rid = next((a.value.string_value for a in s.attributes if a.key == "llmgw.request_id"), None)
+        out[rid] = (service, s)
+    return out
