@@ -7,8 +7,6 @@ worker configures tracing from the OpenTelemetry environment."""
 
 from __future__ import annotations
 
-import gzip
-import threading
 import time
 
 import pytest
@@ -19,6 +17,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from llmgw.tracing import OFF, Tracing
+from tests.support.otlp import collector, roots  # noqa: F401 - collector: a fixture
 from tests.support.gateway_app import CHAT, dead_url, endpoint, make_app, store, server  # noqa: F401 - fixtures
 from tests.support.procs import ProcessSet, free_port, python, wait_until
 
@@ -178,53 +177,6 @@ def test_tracing_off_passes_a_valid_client_context_on_unchanged_and_adds_nothing
 
 
 # --- under gunicorn, exported over OTLP ---------------------------------------------------------------
-class Collector:
-    """An OTLP/HTTP collector stand-in: decodes each export (opentelemetry-proto) into its spans."""
-
-    def __init__(self):
-        import http.server
-
-        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-
-        self.spans: list = []  # (service name, span)
-        got = self.spans
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(h):  # noqa: N802, N805 - stdlib name; `h` is the handler
-                body = h.rfile.read(int(h.headers.get("Content-Length") or 0))
-                if h.headers.get("Content-Encoding") == "gzip":
-                    body = gzip.decompress(body)
-                req = ExportTraceServiceRequest.FromString(body)
-                for rs in req.resource_spans:
-                    service = next((a.value.string_value for a in rs.resource.attributes if a.key == "service.name"), "")
-                    for ss in rs.scope_spans:
-                        got.extend((service, s) for s in ss.spans)
-                h.send_response(200)
-                h.send_header("Content-Length", "0")
-                h.end_headers()
-
-            def log_message(h, *args):  # noqa: N805
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-        self.url = f"http://127.0.0.1:{self.server.server_port}"
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(5)
-
-
-@pytest.fixture
-def collector():
-    c = Collector()
-    yield c
-    c.close()
-
-
 def test_gunicorn_workers_export_the_requests_they_serve_over_otlp(cluster, collector):
     cluster.start_redis()
     p, url = sim(cluster.procs)
@@ -238,11 +190,8 @@ def test_gunicorn_workers_export_the_requests_they_serve_over_otlp(cluster, coll
                           headers={"traceparent": TP, "X-Request-Id": rid, "Connection": "close"}, timeout=10)
         assert r.status_code == 200, r.text
 
-    def roots():
-        return _roots(collector.spans)
-
-    wait_until(lambda: set(rids) <= set(roots()), 10, what=f"the requests' spans at the collector ({len(collector.spans)})")
-    for rid, (service, span) in roots().items():
+    wait_until(lambda: set(rids) <= set(roots(collector.spans)), 10, what=f"the requests' spans at the collector ({len(collector.spans)})")
+    for rid, (service, span) in roots(collector.spans).items():
         assert service == "llmgw-gateway"
         assert span.trace_id.hex() == TRACE and span.parent_span_id.hex() == CLIENT_SPAN
         saw = engine_saw(p, rid)
@@ -250,12 +199,3 @@ def test_gunicorn_workers_export_the_requests_they_serve_over_otlp(cluster, coll
                    and s.parent_span_id == span.span_id]
         assert len(attempt) == 1 and saw["traceparent"] == f"00-{TRACE}-{attempt[0].span_id.hex()}-01"
 
-
-def _roots(spans) -> dict:
-    out = {}
-    for service, s in spans:
-        if s.name != "POST /v1/chat/completions":
-            continue
-        rid = next((a.value.string_value for a in s.attributes if a.key == "llmgw.request_id"), None)
-        out[rid] = (service, s)
-    return out

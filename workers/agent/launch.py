@@ -128,3 +128,15 @@ class Launcher:
             # a CUDA build of llama.cpp cannot wander onto another replica's card.
             spec = dataclasses.replace(spec, env={**spec.env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, ctx.gpus))})
         return spec
+
+
+def launch_span(tracing, rec: ReplicaRecord, attempt: int, node: str, spec: LaunchSpec):
+    """The span of one engine launch on this node (llmgw.tracing; docs/tracing.md), child of the
+    control pass that created or placed the record (its `traceparent`), and the spec whose
+    environment hands that span to the engine as its parent (TRACEPARENT, TRACESTATE: the
+    OpenTelemetry convention for environment carriers). Tracing off: NO_SPAN and the spec as it was."""
+    span = tracing.start("llmgw.launch", parent=rec.traceparent, kind="consumer", attributes={
+        "llmgw.replica": rec.id, "llmgw.model": rec.model, "llmgw.profile": rec.profile, "llmgw.node": node,
+        "llmgw.attempt": attempt})
+    env = span.environment()
+    return span, (dataclasses.replace(spec, env={**spec.env, **env}) if env else spec)
