@@ -1,8 +1,8 @@
 """One catalog apply followed to the engine it started, in one trace (docs/tracing.md): the real CLI,
 control worker, beat and node agent, each exporting over OTLP to a collector stand-in. The apply's
 span is the parent of the reconcile it kicks (Celery task headers), that pass is the parent of the
-launch on the node (the replica record's traceparent), and the engine process is handed the launch
-as its parent (TRACEPARENT in its environment)."""
+launch on the node (the replica record's traceparent), the engine process is handed the launch as
+its parent (TRACEPARENT in its environment), and its start up to Ready is the launch's child."""
 
 from __future__ import annotations
 
@@ -55,6 +55,12 @@ def test_a_catalog_apply_is_one_trace_down_to_the_engine_it_started(cluster, col
     wait_until(lambda: store.get_replica(rec.id).engine_pid, 30, what="the engine's pid")
     env = environ_of(store.get_replica(rec.id).engine_pid)
     assert env["TRACEPARENT"] == f"00-{trace.hex()}-{launch.span_id.hex()}-01"
+    # the engine's start, from its spawn to Ready, seen by the agent's loop: the launch's child
+    wait_until(lambda: in_trace("llmgw.engine_start"), 30, what="the engine's start in the apply's trace")
+    ((_, ready),) = in_trace("llmgw.engine_start")
+    assert ready.parent_span_id == launch.span_id and attribute(ready, "llmgw.replica") == rec.id
+    assert ready.end_time_unix_nano > ready.start_time_unix_nano
+    assert attribute(ready, "llmgw.url") == store.get_replica(rec.id).url
     # the passes beat runs on its own are spans too, each the root of a trace of its own
     wait_until(lambda: collector.named("llmgw.publish"), 10, what="a publish pass's span")
     assert {svc for svc, _ in collector.named("llmgw.publish")} == {"llmgw-control"}

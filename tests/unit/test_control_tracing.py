@@ -20,7 +20,7 @@ from llmgw.tracing import NO_SPAN, OFF, Tracing
 from tests.support.clock import FakeClock
 from tests.unit.control_support import catalog, cpu_profile, gpu_profile, model, node
 from tests.unit.test_control_apply import FakeDispatcher, setup
-from workers.agent.launch import launch_span
+from workers.agent.launch import Launch, launch_span, ready_span
 from workers.control.apply import reconcile_once
 
 TP = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -91,3 +91,23 @@ def test_tracing_off_a_launch_changes_nothing():
     spec = LaunchSpec(argv=("engine",))
     span, out = launch_span(OFF, rec, 0, "a", spec)
     assert span is NO_SPAN and out is spec
+
+
+def test_an_engines_start_is_recorded_under_its_launch_or_else_its_records_pass(traced):
+    t, exporter = traced
+    rec = ReplicaRecord(id="r1", model="m", profile="cpu", node="a", traceparent=TP, started_at=100.0, attempt=1,
+                        url="http://127.0.0.1:9000")
+    launched = "00-4bf92f3577b34da6a3ce929d0e0e4736-2222222222222222-01"
+    launch = Launch(LaunchSpec(argv=("e",), env={"TRACEPARENT": launched, "LLMGW_ENGINE_SECRET": "s"}), "sim", None)
+    ready_span(t, rec, 104.5, "a", launch)
+    ready_span(t, rec, 104.5, "a", None)  # adopted: this agent did not launch it
+    under_launch, under_pass = exporter.get_finished_spans()
+    assert under_launch.name == "llmgw.engine_start" and f"{under_launch.parent.span_id:016x}" == "2222222222222222"
+    assert f"{under_pass.parent.span_id:016x}" == "00f067aa0ba902b7"
+    assert (under_launch.start_time, under_launch.end_time) == (100_000_000_000, 104_500_000_000)
+    assert under_launch.attributes["llmgw.url"] == "http://127.0.0.1:9000"
+    assert "s" not in under_launch.attributes.values()
+    # untraced records, or no times: nothing
+    assert ready_span(t, ReplicaRecord(id="r2", model="m", profile="cpu", started_at=1.0), 2.0, "a", None) is NO_SPAN
+    assert ready_span(t, rec, None, "a", launch) is NO_SPAN
+    assert len(exporter.get_finished_spans()) == 2

@@ -15,6 +15,7 @@ from llmgw.engines.base import LaunchContext, LaunchSpec
 from llmgw.state.clock import Clock
 from llmgw.state.records import GPUDevice, ReplicaRecord
 from llmgw.state.store import Store
+from llmgw.tracing import NO_SPAN
 from workers.agent.config import AgentSettings
 from workers.agent.ports import choose_port
 
@@ -140,3 +141,17 @@ def launch_span(tracing, rec: ReplicaRecord, attempt: int, node: str, spec: Laun
         "llmgw.attempt": attempt})
     env = span.environment()
     return span, (dataclasses.replace(spec, env={**spec.env, **env}) if env else spec)
+
+
+def ready_span(tracing, rec: ReplicaRecord, ready_at: float | None, node: str, launch: Launch | None):
+    """The engine's start, from its spawn to its first good health probe, recorded when the loop
+    sees it Ready (after the fact, from the recorded times): the child of its launch (the TRACEPARENT
+    the engine was given) or, when this agent did not launch it (adopted after a restart), of the
+    record's pass. Records that no traced pass made get none."""
+    carrier = launch.spec.env if launch is not None and "TRACEPARENT" in launch.spec.env else None
+    parent = carrier or rec.traceparent
+    if parent is None or ready_at is None or rec.started_at is None:
+        return NO_SPAN
+    return tracing.record("llmgw.engine_start", rec.started_at, ready_at, parent=parent, attributes={
+        "llmgw.replica": rec.id, "llmgw.model": rec.model, "llmgw.node": node, "llmgw.attempt": rec.attempt,
+        "llmgw.url": rec.url or ""})

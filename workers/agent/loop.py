@@ -40,7 +40,7 @@ from workers.agent import supervisor as sv
 from workers.agent.adapters import AdapterKeeper
 from workers.agent.config import AgentSettings
 from workers.agent.inventory import node_info
-from workers.agent.launch import CatalogCache, Launch, Launcher, launch_span
+from workers.agent.launch import CatalogCache, Launch, Launcher, launch_span, ready_span
 from workers.agent.scrape import ScrapeTarget, scrape_targets
 from workers.agent.shutdown import stop_engines
 from workers.agent.weights import NodeWeights
@@ -278,6 +278,9 @@ class Agent:
                 memory = self._memory_report(rec.id)
                 if memory:
                     writes.records[rec.id]["engine_memory"] = memory
+                loc = self.local.get(rec.id)
+                ready_span(self.tracing, rec, writes.records[rec.id].get("first_ready_at"), self.node,
+                           loc.launch if loc else None)
         for rid, fields in writes.members.items():
             self.members.setdefault(rid, {}).update(fields)
         return writes, self.store.update_replicas(writes.records)
@@ -359,10 +362,11 @@ class Agent:
     def _spawn(self, prepared: Prepared, now: float) -> sv.Facts:
         """Spawn an attempt whose intent is recorded; the facts of how that went (its pid, or a failure)."""
         rec, start, launch = prepared.rec, prepared.start, prepared.launch
-        self.local[rec.id] = Local(sv.Attempt(attempt=start.attempt, known=True), launch)
+        span, spec = launch_span(self.tracing, rec, start.attempt, self.node, launch.spec)
+        # Kept with the traced spec: its TRACEPARENT is the parent of the engine's start (`ready_span`).
+        self.local[rec.id] = Local(sv.Attempt(attempt=start.attempt, known=True), dataclasses.replace(launch, spec=spec))
         if start.weights_path:
             self.weights.started(rec, now)
-        span, spec = launch_span(self.tracing, rec, start.attempt, self.node, launch.spec)
         try:
             if rec.node == self.node:  # the record it starts with, kept beside it (supervisor.restored)
                 self.runner.save_record(rec.id, sv.with_fields(rec, prepared.intent).to_dict())
