@@ -155,7 +155,7 @@ def test_a_refused_request_ends_its_trace_with_the_error(store, traced):
     r = c.post(CHAT, json={"model": "nope"})
     assert r.status_code == 404
     unknown = [s for s in exporter.get_finished_spans() if s.name.startswith("POST")][-1]
-    assert unknown.attributes["error.type"] == "model_not_found" or unknown.attributes["error.type"]
+    assert unknown.attributes["error.type"] == "model_not_found" and unknown.attributes["llmgw.completed"] is False
     assert unknown.status.status_code == StatusCode.UNSET  # a 4xx is the client's
 
 
