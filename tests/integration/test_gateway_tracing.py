@@ -7,6 +7,7 @@ worker configures tracing from the OpenTelemetry environment."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -16,9 +17,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
+from llmgw.state.records import LoadRecord
 from llmgw.tracing import OFF, Tracing
 from tests.support.otlp import collector, roots  # noqa: F401 - collector: a fixture
-from tests.support.gateway_app import CHAT, dead_url, endpoint, make_app, store, server  # noqa: F401 - fixtures
+from tests.support.gateway_app import CHAT, NEVER_STALE, dead_url, endpoint, make_app, server, store  # noqa: F401 - fixtures
 from tests.support.procs import ProcessSet, free_port, python, wait_until
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -199,3 +201,46 @@ def test_gunicorn_workers_export_the_requests_they_serve_over_otlp(cluster, coll
                    and s.parent_span_id == span.span_id]
         assert len(attempt) == 1 and saw["traceparent"] == f"00-{TRACE}-{attempt[0].span_id.hex()}-01"
 
+
+
+def test_a_queued_request_shows_its_wait_and_how_it_ended(store, upstreams, traced):
+    t, exporter = traced
+    up = upstreams()
+    _, gw, c = make_app(store, [endpoint("e1", up.url)], queue_timeout=0.3, routing=NEVER_STALE, tracing=t)
+    store.write_load(LoadRecord("e1", time.time(), True, running=4, waiting=9))  # saturated
+    gw.router.refresh_loads()
+    assert c.post(CHAT, json={"model": "m"}, headers={"X-Request-Id": "rid-timeout"}).status_code == 429
+
+    def spans_of(rid):
+        roots = [s for s in exporter.get_finished_spans() if s.attributes.get("llmgw.request_id") == rid]
+        if not roots:
+            return {}
+        trace_id = roots[0].context.trace_id
+        return {s.name: s for s in exporter.get_finished_spans() if s.context.trace_id == trace_id}
+
+    s = spans_of("rid-timeout")
+    wait, adm = s["llmgw.queue_wait"], s["llmgw.admission"]
+    assert wait.parent.span_id == adm.context.span_id
+    assert dict(wait.attributes) == {"llmgw.queue.position": 1, "llmgw.queue.outcome": "timeout"}
+    assert adm.attributes["llmgw.admission.decision"] == "shed" and "llmgw.upstream_attempt" not in s
+    assert s["POST /v1/chat/completions"].attributes["error.type"] == "shed"
+    # a wait that ends with an endpoint free: admitted, and the admission says it waited
+    _, gw, c = make_app(store, [endpoint("e1", up.url)], queue_timeout=30, routing=NEVER_STALE, tracing=t)
+    gw.router.refresh_loads()
+    got = {}
+    th = threading.Thread(target=lambda: got.setdefault("r", c.post(CHAT, json={"model": "m"},
+                                                                       headers={"X-Request-Id": "rid-wait"})))
+    th.start()
+    try:
+        wait_until(lambda: len(gw.queues.get("m")) == 1, 5, what="the request to queue")
+        store.write_load(LoadRecord("e1", time.time(), True, running=0, waiting=0))
+        gw.router.refresh_loads()
+        gw.queues.wake()
+    finally:
+        th.join(15)
+    assert got["r"].status_code == 200
+    s = spans_of("rid-wait")
+    assert s["llmgw.queue_wait"].attributes["llmgw.queue.outcome"] == "admitted"
+    assert s["llmgw.admission"].attributes["llmgw.admission.decision"] == "wait"
+    assert s["llmgw.endpoint_choice"].attributes["llmgw.endpoint"] == "e1"
+    assert s["llmgw.upstream_attempt"].attributes["llmgw.outcome"] == "answer"
