@@ -19,7 +19,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from llmgw.state.records import LoadRecord
 from llmgw.tracing import OFF, Tracing
-from tests.support.otlp import collector, roots  # noqa: F401 - collector: a fixture
+from tests.support.otlp import attribute, collector, roots  # noqa: F401 - collector: a fixture
 from tests.support.gateway_app import CHAT, NEVER_STALE, dead_url, endpoint, make_app, server, store  # noqa: F401 - fixtures
 from tests.support.procs import ProcessSet, free_port, python, wait_until
 
@@ -187,9 +187,10 @@ def test_gunicorn_workers_export_the_requests_they_serve_over_otlp(cluster, coll
                                LLMGW_GATEWAY_WORKERS="2")
     wait_until(lambda: requests.get(gw + "/healthz", timeout=2).json().get("endpoints") == 1, 10, what="endpoints")
     rids = [f"rid-gunicorn-{i}" for i in range(6)]
-    for rid in rids:
-        r = requests.post(gw + CHAT, json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1},
-                          headers={"traceparent": TP, "X-Request-Id": rid, "Connection": "close"}, timeout=10)
+    for i, rid in enumerate(rids):  # odd ones streamed: relayed to the socket by the gevent worker
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stream": bool(i % 2)}
+        r = requests.post(gw + CHAT, json=body, headers={"traceparent": TP, "X-Request-Id": rid, "Connection": "close"},
+                          timeout=10)
         assert r.status_code == 200, r.text
 
     wait_until(lambda: set(rids) <= set(roots(collector.spans)), 10, what=f"the requests' spans at the collector ({len(collector.spans)})")
@@ -200,7 +201,8 @@ def test_gunicorn_workers_export_the_requests_they_serve_over_otlp(cluster, coll
         attempt = [s for _, s in collector.spans if s.name == "llmgw.upstream_attempt" and s.trace_id == span.trace_id
                    and s.parent_span_id == span.span_id]
         assert len(attempt) == 1 and saw["traceparent"] == f"00-{TRACE}-{attempt[0].span_id.hex()}-01"
-
+        assert attribute(span, "llmgw.completed") is True and attribute(span, "http.response.status_code") == 200
+        assert [e.name for e in span.events] == ["first_byte"]
 
 
 def test_a_queued_request_shows_its_wait_and_how_it_ended(store, upstreams, traced):
