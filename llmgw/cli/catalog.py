@@ -33,6 +33,7 @@ from llmgw import tracing
 from llmgw.state.store import RedisError, Store, connect
 
 EXIT_CONFLICT = 1
+EXPORT_TIMEOUT = 2.0  # seconds the command's spans may take to export at exit (docs/tracing.md)
 EXIT_INVALID = 2
 
 
@@ -156,8 +157,9 @@ def cmd_apply(args) -> int:
     started = time.monotonic()
     # The apply is a trace's root when tracing is on (docs/tracing.md): the reconcile it kicks is its
     # child through the task's headers, and the launches of the replicas that pass creates are the
-    # pass's children through their records.
-    with tracing.configure("llmgw").span("llmgw.catalog_apply", kind="producer",
+    # pass's children through their records. Its spans are exported as the command exits: within
+    # EXPORT_TIMEOUT seconds, so a collector that is down delays the command by that at most.
+    with tracing.configure("llmgw", export_timeout=EXPORT_TIMEOUT).span("llmgw.catalog_apply", kind="producer",
                                          attributes={"llmgw.catalog.hash": cat.hash()}) as span:
         try:
             new_version, changed = apply_catalog(
