@@ -46,6 +46,7 @@ from gateway.upstream.client import Upstream
 from llmgw.state.clock import Clock
 from llmgw.state.kicks import Kicker, broker_app, celery_sender
 from llmgw.state.store import Store, connect
+from llmgw.tracing import configure
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -55,8 +56,11 @@ class Gateway:
 
     def __init__(self, cfg: GatewaySettings, store: Store | None = None, clock: Clock | None = None,
                  request_store: Store | None = None, environ: Mapping[str, str] | None = None,
-                 siblings: SharedCounts | None = None):
+                 siblings: SharedCounts | None = None, tracing=None):
         self.cfg = cfg
+        # Once per process, in the process that serves: gunicorn loads the app in each worker after
+        # the fork, so each worker has its own provider and export thread (docs/tracing.md).
+        self.tracing = tracing if tracing is not None else configure("llmgw-gateway")
         self.clock = clock = clock or Clock()
         self.metrics = metrics = Metrics()
         self.store = store or Store(connect(cfg.redis_url))
@@ -89,7 +93,7 @@ class Gateway:
                                      saturation, self.router, self.queues, self.identity)
         answers = Answers(clock, metrics, self.traffic, self.usage, cfg.total_timeout, self.open_requests)
         self.proxy = Proxy(cfg, clock, self.router, self.gate, self.upstream, self.queues, answers, metrics,
-                           self.traffic, saturation, self.demand, self.not_ready)
+                           self.traffic, saturation, self.demand, self.not_ready, tracing=self.tracing)
         self.stopping = threading.Event()
         self.started = False
 
@@ -156,13 +160,17 @@ class Gateway:
 
 
 def create_app(config: GatewaySettings | None = None, *, store: Store | None = None, clock: Clock | None = None,
-               environ: Mapping[str, str] | None = None, siblings: SharedCounts | None = None) -> Flask:
+               environ: Mapping[str, str] | None = None, siblings: SharedCounts | None = None,
+               tracing=None) -> Flask:
     """Build the app. With no arguments (gunicorn) the config comes from the environment; tests pass a
     Store on fakeredis, and a sibling table to route as one of several workers. Nothing runs in the
-    background until `Gateway.serve` (gunicorn's post_worker_init, in the worker) or `Gateway.start`."""
+    background until `Gateway.serve` (gunicorn's post_worker_init, in the worker) or `Gateway.start`.
+    `tracing`: a `llmgw.tracing.Tracing` (tests: over an in-memory exporter); None configures the
+    process's from the OpenTelemetry environment."""
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    gw = Gateway(config or GatewaySettings.from_env(), store=store, clock=clock, environ=environ, siblings=siblings)
+    gw = Gateway(config or GatewaySettings.from_env(), store=store, clock=clock, environ=environ, siblings=siblings,
+                 tracing=tracing)
     app = flask_app(gw)
     app.wsgi_app = fast_path(gw.proxy, gw.open_requests, gw.metrics, app.wsgi_app)
     return app

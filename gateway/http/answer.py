@@ -22,6 +22,7 @@ from gateway.upstream.client import STREAM_REPLACED, UpstreamResponse, response_
 from gateway.upstream.stream import StreamBody, usage_from_json
 from llmgw.state.keypolicy import ANONYMOUS
 from llmgw.state.clock import Clock
+from llmgw.tracing import NOOP_REQUEST
 
 # Proxies in front (nginx) must not buffer a stream, nor anything cache it.
 SSE_HEADERS = [("Cache-Control", "no-cache"), ("X-Accel-Buffering", "no")]
@@ -82,9 +83,11 @@ class Answers:
         self.total_timeout, self.open = total_timeout, open_requests
 
     def respond(self, resp: UpstreamResponse, lease: Lease, model: str, canon: str, key: ApiKey | None, rid: str,
-                t0: float, t_send: float, route: Route, rewrite: IdRewrite | None = None) -> RawAnswer:
+                t0: float, t_send: float, route: Route, rewrite: IdRewrite | None = None,
+                trace=NOOP_REQUEST) -> RawAnswer:
         """Build the client's answer. On return the answer owns `resp` and `lease` (a stream releases
-        them when it ends or the client leaves); if this raises, the caller still owns both.
+        them when it ends or the client leaves); if this raises, the caller still owns both. `trace`
+        (llmgw.tracing) gets the first byte and the end.
 
         Only generating operations teach the router an endpoint's speed; a stored response read
         again (by id) is not usage again."""
@@ -115,6 +118,7 @@ class Answers:
             child(metrics.latency, model).observe(now - t0)
             if charted:  # else the error answer raised next is counted (Proxy.refused)
                 traffic.request(canon, error=not completed or status >= 500, seconds=now - t0)
+                trace.finish(status, completed, usage)
             if usage:
                 child(metrics.tokens, model, "prompt").inc(usage[0])
                 child(metrics.tokens, model, "completion").inc(usage[1])
@@ -127,6 +131,7 @@ class Answers:
 
             def first() -> None:
                 first_at.append(mono())
+                trace.first_byte()
                 waited = first_at[0] - t0
                 metrics.child(metrics.ttft, model).observe(waited)
                 traffic.first_byte(canon, waited)
@@ -139,10 +144,12 @@ class Answers:
             body = StreamBody(resp, t0 + self.total_timeout, first, finish_stream, monotonic=mono,
                               rewrite=rewrite.chunk if rewrite is not None else None)
             return RawAnswer(status, headers, body)
+        trace.first_byte()  # the head arrived (a whole answer's first byte); the body follows
         try:
             payload = resp.read()
         except Exception as e:  # noqa: BLE001 - reported as a clean 502/504 below
             resp.close()
+            trace.attempt_failed("broken", status, False)
             finish(False, None, charted=False)
             kind = "upstream_timeout" if "timed out" in str(e).lower() else "upstream_error"
             raise ApiError(kind, f"endpoint {ep.id} failed while answering: {type(e).__name__}") from None

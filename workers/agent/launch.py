@@ -16,6 +16,7 @@ from llmgw.state.clock import Clock
 from llmgw.state.node_records import GPUDevice
 from llmgw.state.records import ReplicaRecord
 from llmgw.state.store import Store
+from llmgw.tracing import NO_SPAN
 from workers.agent.config import AgentSettings
 from workers.agent.ports import choose_port
 
@@ -129,3 +130,29 @@ class Launcher:
             # a CUDA build of llama.cpp cannot wander onto another replica's card.
             spec = dataclasses.replace(spec, env={**spec.env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, ctx.gpus))})
         return spec
+
+
+def launch_span(tracing, rec: ReplicaRecord, attempt: int, node: str, spec: LaunchSpec):
+    """The span of one engine launch on this node (llmgw.tracing; docs/tracing.md), child of the
+    control pass that created or placed the record (its `traceparent`), and the spec whose
+    environment hands that span to the engine as its parent (TRACEPARENT, TRACESTATE: the
+    OpenTelemetry convention for environment carriers). Tracing off: NO_SPAN and the spec as it was."""
+    span = tracing.start("llmgw.launch", parent=rec.traceparent, kind="consumer", attributes={
+        "llmgw.replica": rec.id, "llmgw.model": rec.model, "llmgw.profile": rec.profile, "llmgw.node": node,
+        "llmgw.attempt": attempt})
+    env = span.environment()
+    return span, (dataclasses.replace(spec, env={**spec.env, **env}) if env else spec)
+
+
+def ready_span(tracing, rec: ReplicaRecord, ready_at: float | None, node: str, launch: Launch | None):
+    """The engine's start, from its spawn to its first good health probe, recorded when the loop
+    sees it Ready (after the fact, from the recorded times): the child of its launch (the TRACEPARENT
+    the engine was given) or, when this agent did not launch it (adopted after a restart), of the
+    record's pass. Records that no traced pass made get none."""
+    carrier = launch.spec.env if launch is not None and "TRACEPARENT" in launch.spec.env else None
+    parent = carrier or rec.traceparent
+    if parent is None or ready_at is None or rec.started_at is None:
+        return NO_SPAN
+    return tracing.record("llmgw.engine_start", rec.started_at, ready_at, parent=parent, attributes={
+        "llmgw.replica": rec.id, "llmgw.model": rec.model, "llmgw.node": node, "llmgw.attempt": rec.attempt,
+        "llmgw.url": rec.url or ""})
