@@ -90,7 +90,7 @@ class Router:
         if adapters and req.model in adapters:
             return self._route_adapter(adapters[req.model], req, snap, now)
         endpoints = snap.tables.endpoints
-        with self.lock:
+        with self.lock, self.counts.deciding():  # the sibling workers decide one at a time too
             res = choose(endpoints, snap.loads, self.counts.held(endpoints, now, req.model), req, now,
                          stats=snap.stats, cfg=self.routing, rng=self.rng, rr_counter=self.rr_counter)
             if isinstance(res, Choice):
@@ -107,7 +107,7 @@ class Router:
         # (Built directly: dataclasses.replace costs microseconds on the request path.)
         sub = RouteRequest(ad.model, req.priority, req.affinity, req.exclude, req.queued, op=req.op, pin=req.pin,
                            waited=req.waited)
-        with self.lock:
+        with self.lock, self.counts.deciding():
             res = choose(ad.holders, snap.loads, self.counts.held(ad.holders, now, ad.model), sub, now,
                          stats=snap.stats, cfg=self.routing, rng=self.rng, rr_counter=self.rr_counter)
             if isinstance(res, Choice):
