@@ -35,8 +35,9 @@ class Launch:
 
 class CatalogCache:
     """The applied catalog, re-read at most every `ttl` seconds (a pass may need it many times), and at
-    once when a record names a model or profile the cached copy lacks: a replica the control plane
-    placed right after a catalog apply must not wait for the cache to expire before it starts."""
+    once when a record names a model, profile or LoRA adapter the cached copy lacks: a replica the
+    control plane placed (or gave an adapter) right after a catalog apply must not wait for the cache
+    to expire before it starts (or loads it)."""
 
     def __init__(self, store: Store, clock: Clock, ttl: float = 2.0):
         self.store, self.clock, self.ttl = store, clock, ttl
@@ -51,8 +52,9 @@ class CatalogCache:
 
     def lookup(self, rec: ReplicaRecord) -> tuple[Model, Profile] | None:
         found = self._find(self.get(), rec)
-        if found is None and self.clock.monotonic() - self.fetched > 0.05:
-            found = self._find(self.get(fresh=True), rec)  # newer than our copy, or really gone
+        if (found is None or not _declares(found[0], rec.adapters_wanted)) and self.clock.monotonic() - self.fetched > 0.05:
+            # Newer than our copy (a model, profile or adapter just applied), or really gone.
+            found = self._find(self.get(fresh=True), rec)
         return found
 
     @staticmethod
@@ -60,6 +62,10 @@ class CatalogCache:
         model = cat.model(rec.model) if cat else None
         profile = model.profile(rec.profile) if model else None
         return (model, profile) if model and profile else None
+
+
+def _declares(model: Model, adapters) -> bool:
+    return all(model.adapter(name) is not None for name in adapters)
 
 
 class Launcher:
