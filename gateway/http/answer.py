@@ -19,6 +19,7 @@ from gateway.request.surface import Route
 from gateway.response_ids import IdRewrite
 from gateway.routing.router import Lease
 from gateway.upstream.client import STREAM_REPLACED, UpstreamResponse, response_headers
+from gateway.upstream.rewrite import AnswerRewrite
 from gateway.upstream.stream import StreamBody, usage_from_json
 from llmgw.state.keypolicy import ANONYMOUS
 from llmgw.state.clock import Clock
@@ -137,7 +138,7 @@ class Answers:
 
             headers += SSE_HEADERS
             body = StreamBody(resp, t0 + self.total_timeout, first, finish_stream, monotonic=mono,
-                              rewrite=rewrite.chunk if rewrite is not None else None)
+                              rewrite=AnswerRewrite(model, rewrite) if status < 400 else None)
             return RawAnswer(status, headers, body)
         try:
             payload = resp.read()
@@ -147,8 +148,8 @@ class Answers:
             kind = "upstream_timeout" if "timed out" in str(e).lower() else "upstream_error"
             raise ApiError(kind, f"endpoint {ep.id} failed while answering: {type(e).__name__}") from None
         resp.release()
-        if rewrite is not None and status < 400:
-            payload = rewrite.body(payload)
+        if status < 400 and (rewrite is not None or resp.content_type.startswith("application/json")):
+            payload = AnswerRewrite(model, rewrite).body(payload)
         metrics.child(metrics.ttft, model).observe(mono() - t0)
         traffic.first_byte(canon, mono() - t0)
         finish(True, usage_from_json(payload) if status < 400 else None)
