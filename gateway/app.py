@@ -70,7 +70,7 @@ class Gateway:
             else Store(connect(cfg.redis_url, socket_timeout=cfg.redis_timeout, socket_connect_timeout=cfg.redis_timeout))
         )
         self.health = RedisHealth(clock, lambda ok: metrics.redis_unavailable.set(0 if ok else 1))
-        self.queues = WaitQueues(cfg.queue_max, clock.monotonic)
+        self.queues = WaitQueues(cfg.queue_max, clock.monotonic, model_of=self._model_of)
         self.router = PolledRouter(self.store, cfg, clock, metrics, environ=environ, shared=siblings, health=self.health)
         self.router.on_release = self.queues.wake
         self.router.on_loaded = self._list_loaded
@@ -96,6 +96,12 @@ class Gateway:
                            self.traffic, saturation, self.demand, self.not_ready, tracing=self.tracing)
         self.stopping = threading.Event()
         self.started = False
+
+    def _model_of(self, name: str) -> str:
+        """The model a requested name is served by (an adapter's: its base model's)."""
+        tables = self.router.tables
+        adapter = tables.adapters.get(name) if tables.adapters else None
+        return adapter.model if adapter is not None else tables.canonical.get(name, name)
 
     @property
     def open(self) -> int:

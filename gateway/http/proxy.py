@@ -20,12 +20,13 @@ from gateway.observe.saturation import SaturationSignals
 from gateway.observe.tracing import queue_outcome, route_path
 from gateway.observe.traffic import TrafficCounter
 from gateway.request.call import Call, forward_headers, read_call
+from gateway.request.client import ClientConn
 from gateway.request.surface import Route
 from gateway.routing.adapters import NO_ADAPTER, load_hold
 from gateway.routing.admission import Send, Shed, Wait, admit, drain_time
 from gateway.routing.choice import Choice, Rejection, RouteRequest
 from gateway.routing.coldstart import hold
-from gateway.routing.queue import WaitQueue, WaitQueues
+from gateway.routing.queue import GONE, WaitQueue, WaitQueues
 from gateway.routing.retry import Deliver, GiveUp, Outcome, next_attempt
 from gateway.routing.router import Lease, Router
 from gateway.upstream.client import Upstream, UpstreamConnectError, UpstreamTimeout
@@ -123,7 +124,7 @@ class Proxy:
                 step = next_attempt(outcome, attempt, self.cfg.retries)
                 if isinstance(step, Deliver):
                     answer = self.answers.respond(resp, lease, model, canon, key, rid, t0, t_send, route,
-                                                  call.rewrite(ep), trace=trace)
+                                                  call.rewrite(ep), call.assembled(ep), trace=trace)
                     lease, resp = None, None  # handed over: the answer releases them when it ends
                     return answer
                 trace.attempt_failed(outcome.kind, outcome.status or None, not isinstance(step, GiveUp))
@@ -156,9 +157,9 @@ class Proxy:
         if isinstance(res, Rejection) and res.kind == "unknown_model":
             timeout = router.tables.cold_start.get(req.model)
             if timeout is not None:
-                return self._cold_start(req, q, timeout, trace)
+                return self._cold_start(req, q, timeout, call.client, trace)
         if isinstance(res, Rejection) and res.kind == NO_ADAPTER:
-            return self._adapter_load(req, q, res, trace)
+            return self._adapter_load(req, q, res, call.client, trace)
         # How long the queue would take to reach this request; only worth computing when it may wait.
         drain = (drain_time(len(q) + 1, router.completion_rate(req.model))
                  if isinstance(res, Rejection) and res.kind == "saturated" else None)
@@ -170,7 +171,7 @@ class Proxy:
             entered = self.clock.monotonic()
             # Only the head of the queue routes: it is first in line, whatever waits behind it.
             res = self._wait(q, req, lambda: router.route(replace(req, queued=1, waited=self.clock.monotonic() - entered)),
-                             cfg.queue_timeout, trace=trace)
+                             cfg.queue_timeout, client=call.client, trace=trace)
             if res is None:
                 self.metrics.shed.labels(req.model, "queue_timeout").inc()
                 raise refusal(TimedOut(cfg.queue_timeout), req, router.tables)
@@ -183,7 +184,8 @@ class Proxy:
             self.metrics.shed.labels(req.model, "saturated").inc()
         raise refusal(decision, req, router.tables, last_error=last_error)
 
-    def _cold_start(self, req: RouteRequest, q: WaitQueue, timeout: float, trace=NOOP_REQUEST) -> Choice:
+    def _cold_start(self, req: RouteRequest, q: WaitQueue, timeout: float, client: ClientConn | None = None,
+                    trace=NOOP_REQUEST) -> Choice:
         """The model has no endpoint and scales to zero: hold the request in its queue until a replica
         is published (gateway.routing.coldstart), telling the control plane at once."""
         decision = hold(timeout, len(q), self.cfg.queue_max)
@@ -194,13 +196,14 @@ class Proxy:
         if self.demand.demand(model, len(q) + 1):
             log.info("model %s has no Ready replica: holding its requests up to %gs for a cold start", model, timeout)
         res = self._wait(q, req, lambda: self.router.route(replace(req, queued=1)), decision.timeout,
-                         keep=("saturated", "unknown_model"), trace=trace)
+                         keep=("saturated", "unknown_model"), client=client, trace=trace)
         if isinstance(res, Choice):
             return res
         self.metrics.shed.labels(req.model, "cold_start_timeout").inc()
         raise refusal(TimedOut(decision.timeout), req, self.router.tables, cold_start=timeout)
 
-    def _adapter_load(self, req: RouteRequest, q: WaitQueue, why: Rejection, trace=NOOP_REQUEST) -> Choice:
+    def _adapter_load(self, req: RouteRequest, q: WaitQueue, why: Rejection, client: ClientConn | None = None,
+                      trace=NOOP_REQUEST) -> Choice:
         """No endpoint holds the adapter: hold the request until one has loaded it (the control plane
         is told at once), when one can (gateway.routing.adapters); else refuse with the reason."""
         route = self.router.tables.adapters[req.model]
@@ -212,25 +215,31 @@ class Proxy:
         if route.can_cold_start and not route.servers:
             self.demand.demand(route.model, len(q) + 1)  # its model has no replica: start one
         res = self._wait(q, req, lambda: self.router.route(replace(req, queued=1)), decision.timeout,
-                         keep=("saturated", "unknown_model", NO_ADAPTER), trace=trace)
+                         keep=("saturated", "unknown_model", NO_ADAPTER), client=client, trace=trace)
         if isinstance(res, Choice):
             return res
         self.metrics.shed.labels(req.model, "adapter_load_timeout").inc()
         raise refusal(res or TimedOut(decision.timeout), req, self.router.tables, adapter_load=route.wait)
 
     def _wait(self, q: WaitQueue, req: RouteRequest, attempt: Callable[[], Choice | Rejection], timeout: float,
-              keep: Collection[str] = ("saturated",), trace=NOOP_REQUEST) -> Choice | Rejection | None:
+              keep: Collection[str] = ("saturated",), client: ClientConn | None = None,
+              trace=NOOP_REQUEST) -> Choice | Rejection | None:
+        """Wait in `q`; a client that leaves meanwhile takes its request out of the queue (never sent)."""
         gauge = self.metrics.queue.labels(req.model)
         gauge.inc()
         trace.queued(len(q) + 1)
         outcome = "left"  # an exception ends the wait: the client went away, or the worker stops
         try:
-            res = q.wait(attempt, timeout, keep=keep)
+            res = q.wait(attempt, timeout, keep=keep, gone=client.gone if client else None,
+                         watch=client.when_readable if client else None)
             outcome = queue_outcome(res)
-            return res
         finally:
             gauge.dec()
             trace.dequeued(outcome)
+        if res is GONE:
+            self.metrics.client_gone.labels(req.model, "queued").inc()
+            raise ApiError("client_gone", "the client closed its connection while the request was queued")
+        return res
 
     def refused(self, environ: dict, err: ApiError) -> None:
         """A proxied request ended in an error answer: count it for its model's charts (only known

@@ -35,7 +35,7 @@ PROBE = 16  # entries from an endpoint's place where it may sit: bounds every lo
 PEAK_WINDOW = 3.0  # seconds a peak is remembered: a scrape is at most ~2 load intervals old when read
 DECIDE_WAIT = 0.005  # seconds a decision waits for the siblings' lock before it goes on alone
 
-_HEAD = 2  # int64s before a row's entries: owner pid (0 free, -1 claimed), spare
+_HEAD = 2  # int64s before a row's entries: owner pid (0 free, -1 claimed), requests it released
 _ENTRY = 4  # int64s per entry: key (0 empty), count, peak, peak_at (microseconds, monotonic)
 _ROW = _HEAD + ENDPOINTS * _ENTRY
 
@@ -137,6 +137,8 @@ class SharedCounts:
 
     def publish(self, endpoint_id: str, before: int, after: int, now: float) -> None:
         """Our count on the endpoint changed from `before` to `after` at `now` (monotonic seconds)."""
+        if after < before:  # a slot freed: the siblings' queues may go (`releases`)
+            self.buf[self.row * _ROW + 1] += 1
         i = self._slot(endpoint_id, now)
         if i is None:
             return
@@ -148,6 +150,11 @@ class SharedCounts:
         elif after > self.buf[at + 2]:
             self.buf[at + 2] = after
         self.buf[at + 1] = after
+
+    def releases(self) -> int:
+        """How many requests the sibling workers have released so far (it grows when one frees a
+        slot: what a worker's queued requests watch for, gateway.server.background)."""
+        return sum(self.buf[r * _ROW + 1] for r in range(self.rows) if r != self.row and self.buf[r * _ROW] != 0)
 
     def others(self, endpoint_ids, now: float, *, recent: bool = False) -> dict[str, int]:
         """What the sibling workers hold on each endpoint now, or with `recent`, the most each held in
