@@ -150,6 +150,10 @@ error_log {workdir}/nginx-{self.port}.err warn;
 events {{ worker_connections 16384; }}
 http {{
   access_log off;
+  # Request bodies stay in memory: past the default 16k buffer nginx writes them to a temp file, which
+  # its workers (user nobody when started as root) cannot create in the private temp dir: a 500.
+  client_body_buffer_size 16m;
+  client_max_body_size 16m;
   client_body_temp_path {workdir}/nginx-body;
   proxy_temp_path {workdir}/nginx-proxy;
   upstream fleet {{
