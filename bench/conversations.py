@@ -39,7 +39,7 @@ class Session:
     one_shot: bool = False
 
 
-def _prefix():
+def prefix_bench():
     # Imported when first used: bench.prefix imports bench.routing, which imports this module.
     from bench import prefix
 
@@ -57,7 +57,7 @@ def conversations(workload: str, requests_per_s: float, seconds: float, seed: in
     requests, every turn and one-shot counted, arrive at about `requests_per_s` on average."""
     if requests_per_s <= 0 or seconds <= 0:
         raise ValueError("the request rate and the length must be positive")
-    prefix, mix = _prefix(), mix_of(workload)
+    prefix, mix = prefix_bench(), mix_of(workload)
     # Requests per conversation started, from a sample of the generator itself (turns, one-shots).
     sample = prefix.workload(200, 1.0, mix, seed)
     per_conversation = sum(c.turns for c in sample) / 200

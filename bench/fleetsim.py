@@ -659,7 +659,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="a GatewaySettings or RoutingConfig field for llmgw (repeatable)")
     ap.add_argument("--workload", choices=conv.WORKLOADS, default="random",
                     help="random prompts (default), or bench/prefix.py's sessions over shared system prompts: "
-                         f"conversations, or mix ({conv.MIX:.0%} one-shot requests)")
+                         f"conversations, or mix ({100 * conv.MIX:.0f}%% one-shot requests)")
     ap.add_argument("--make", choices=conv.MAKES, default="vllm",
                     help="the engines' prefix cache and /metrics: vLLM's (default) or llama.cpp's slots")
     a = ap.parse_args(argv)

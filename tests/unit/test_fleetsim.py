@@ -128,3 +128,20 @@ def test_hit_counters_read_either_makes_metrics():
     assert metrics_counters(vllm, "vllm") == (640.0, 1000.0)
     assert metrics_counters(llama, "llamacpp") == (640.0, 1000.0)  # its prompt tokens leave the cached out
     assert metrics_counters("", "vllm") == (0.0, 0.0)
+
+
+def test_the_command_line_prints_the_hit_ratio_for_conversations_only(capsys):
+    from bench.fleetsim import main
+
+    assert main(["--fleets", "fleet-a", "--loads", "0.8", "--seeds", "1", "--seconds", "8",
+                 "--policies", "llmgw,round_robin", "--workload", "conversations", "--make", "vllm"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if line.startswith("  80%")]
+    assert [r[1] for r in rows] == ["llmgw", "round_robin"] and "conversations on vllm engines" in out
+    assert all(0 < float(r[7].rstrip("%")) < 100 for r in rows), out
+    assert main(["--fleets", "fleet-a", "--loads", "0.8", "--seeds", "1", "--seconds", "8",
+                 "--policies", "llmgw"]) == 0
+    assert "hits" not in capsys.readouterr().out  # the default table is the one it always was
+    with pytest.raises(SystemExit):
+        main(["--workload", "mix", "--loads", "burst"])
+    assert "steady rate" in capsys.readouterr().err
