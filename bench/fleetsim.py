@@ -689,7 +689,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"{fname}: capacity {fleet.capacity():.1f} req/s{(' (' + fleet.note + ')') if fleet.note else ''}")
         print(f"  {'load':6} {'policy':15} {'p50':>7} {'p90':>7} {'p99':>7} {'ttft50':>7} {'ttft99':>7}"
-              f"{'  hits ' if talk else ''} {'held99':>7} {'err/n':>11} served")
+              f"{' ' + format('hits', '>6') if talk else ''} {'held99':>7} {'err/n':>11} served")
         for lname in a.loads.split(","):
             load = LOADS[lname]
             if a.seconds:

@@ -319,9 +319,10 @@ def row(c: Cell) -> str:
     for r in c.results:
         if r.status != 200:
             failed[r.status] = failed.get(r.status, 0) + 1
-    hits = f" {100 * c.hits:5.1f}%" if c.hits is not None else ""
+    hits = f" {100 * c.hits:5.1f}%" if c.hits is not None else ""  # only beside the default table's columns
     return (f"  {c.load:6} {c.router:15} {f['p50']:7.2f} {f['p90']:7.2f} {f['p99']:7.2f} {f['ttft50']:7.3f} "
-            f"{f['ttft99']:7.3f}{hits} {f['errors']:5}/{f['n']:<5} {share}" + (f"  (statuses {failed})" if failed else ""))
+            f"{f['ttft99']:7.3f}{hits} {f['errors']:5}/{f['n']:<5} {share}"
+            + (f"  (statuses {failed})" if failed else ""))
 
 
 def verdict(cells: list[Cell]) -> list[str]:
@@ -376,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--fleets", default=",".join(FLEETS), help=f"subset of {', '.join(FLEETS)}")
     ap.add_argument("--loads", default=None,
-                    help="subset of 0.5, 0.8, 0.95, burst (default all; --quick 0.8,burst; no burst with conversations)")
+                    help="subset of 0.5, 0.8, 0.95, burst (default all; --quick 0.8,burst; conversations: no burst)")
     ap.add_argument("--routers", default=",".join(ROUTERS), help=f"subset of {', '.join(ROUTERS)}")
     ap.add_argument("--seconds", type=float, default=None,
                     help="length of each Poisson load (default 6, --quick 3; the burst is 3+10+3 s, --quick 2+4+2)")
@@ -437,8 +438,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\n{fleet.name}: {len(fleet.engines)} engines, speeds {[e.sim.speed for e in fleet.engines]}, "
                   f"capacity ~{cap:.1f} req/s{what}{(' (' + fleet.note + ')') if fleet.note else ''}")
             print(f"  {'load':6} {'router':15} {'p50':>7} {'p90':>7} {'p99':>7} {'ttft50':>7} {'ttft99':>7}"
-                  f"{'  hits ' if hits else ''} {'err/n':>11} served ({'/'.join(e.name for e in fleet.engines)})",
-                  flush=True)
+                  f"{' ' + format('hits', '>6') if hits else ''} {'err/n':>11} "
+                  f"served ({'/'.join(e.name for e in fleet.engines)})", flush=True)
             cells += run_fleet(cluster, fleet, loads, routers, workdir, a.warmup, a.gateway_workers, a.workload, hits)
         print("\nllmgw / best peer: p99 ratio, TTFT p99 ratio (<= 1 is the target), llmgw errors")
         print("\n".join(verdict(cells)))
