@@ -84,13 +84,12 @@ def engine_argv(e: Engine, port: int, make: str = "vllm") -> list[str]:
             "--speed", str(c.speed), "--seed", "1"]
     if c.slow_to < 1:
         argv += ["--slow-to", str(c.slow_to), "--slow-after", str(c.slow_after)]
-    if make != "vllm":
-        argv += ["--metrics-style", make]
-    return argv
+    return argv + make_args(make)
 
 
 def make_args(make: str) -> list[str]:
-    """The sim profile's args for the make, so the scraper maps that engine's /metrics."""
+    """The sim engine's args for the make (vLLM's is its default); also the profile the scraper maps
+    that engine's /metrics by."""
     return [] if make == "vllm" else ["--metrics-style", make]
 
 
