@@ -208,8 +208,11 @@ http {{
                                int(gateway_workers or os.cpu_count() or 1))  # llmgw's gateway: one per core
         else:
             policy = {"vllm-p2": "power_of_two", "vllm-cache": "cache_aware"}[kind]
+            # Its metrics port too: the default 29000 is taken by any other vllm-router or smg on the
+            # machine, and the second one then panics at start ("Address already in use").
             cluster.procs.start(self.name, [bin_path("vllm-router"), "--host", "127.0.0.1", "--port", str(self.port),
-                                            "--worker-urls", *urls, "--policy", policy, "--log-level", "warning"])
+                                            "--worker-urls", *urls, "--policy", policy, "--log-level", "warning",
+                                            "--prometheus-port", str(free_port())])
             wait_until(lambda: requests.get(self.url + "/v1/models", timeout=1).status_code == 200, 60,
                        what=f"vllm-router {policy}")
 
