@@ -79,9 +79,10 @@ faults: install
 	$(PY) -m pytest -m faults tests/faults $(PYTEST_ARGS)
 
 # Every benchmark script; bench/litellm_peer.py and bench/stream_floor.py are helpers that
-# bench/routing.py and bench/streams.py start.
+# bench/routing.py and bench/streams.py start, bench/conversations.py a module of bench/fleetsim.py's
+# and bench/routing.py's.
 bench: install
-	for b in bench/*.py; do case $$b in bench/litellm_peer.py|bench/stream_floor.py) ;; *) $(PY) $$b || exit 1;; esac; done
+	for b in bench/*.py; do case $$b in bench/litellm_peer.py|bench/stream_floor.py|bench/conversations.py) ;; *) $(PY) $$b || exit 1;; esac; done
 
 clean:
 	rm -rf $(VENV) .llmgw

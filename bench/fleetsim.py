@@ -2,6 +2,7 @@
 
     python bench/fleetsim.py [--fleets fleet-a,...] [--loads 0.5,0.8,0.95,burst] [--seeds 3]
                              [--policies llmgw,least_inflight,round_robin,power_of_two] [--held-out]
+                             [--workload random|conversations|mix] [--make vllm|llamacpp]
 
 Engines are the sim engine's own batching model (`simengine.core.SimCore`: continuous batching,
 FIFO wait, decode step `step_ms * (1 + batch_alpha * (running - 1)) / speed`, prefill per prompt
@@ -14,6 +15,14 @@ in seconds, without the CPU noise of real processes, and the same seed gives the
 
 Peers that are not llmgw code are modelled here: `power_of_two` (vLLM router's: two random engines,
 the one with fewer requests in flight from this router).
+
+The default traffic (`--workload random`) has prompts that share nothing. `conversations` and `mix`
+are bench/prefix.py's sessions (bench/conversations.py): each turn resends the history over one of
+24 shared system prompts, and a turn is sent a think time after the previous answer; the engines
+then keep a prefix cache, vLLM's (blocks within the KV budget) or, with `--make llamacpp`, llama.cpp's
+slots (one prompt each), and report their loads as that engine's /metrics would (llama.cpp: no KV
+gauge, prompt tokens without the cached ones). The table then has the fleet's hit ratio from the
+engines' counters (after the warm-up) beside the latencies.
 """
 
 from __future__ import annotations
@@ -41,7 +50,10 @@ from gateway.server.pollers import PolledRouter  # noqa: E402
 from llmgw.state.clock import Clock  # noqa: E402
 from llmgw.state.records import EndpointInfo, LoadRecord  # noqa: E402
 from llmgw.state.store import CatalogOutline  # noqa: E402
+from bench import conversations as conv  # noqa: E402
 from simengine.core import SimConfig, SimCore  # noqa: E402
+from simengine.prefix import PrefixCache  # noqa: E402
+from simengine.slots import Slots  # noqa: E402
 from tests.support.loadgen import poisson_times  # noqa: E402
 
 PEERS = ("power_of_two", "speed_weighted")  # modelled here; the others are llmgw's own policies (LLMGW_GATEWAY_POLICY)
@@ -94,6 +106,7 @@ class Fleet:
     gateways: int = 1  # gateway processes sharing the traffic (each sees the others only in scrapes)
     usage: bool = False  # whether answers report their usage (stream_options.include_usage)
     note: str = ""
+    make: str = "vllm"  # the engine the sim engines stand for (bench.conversations.MAKES)
 
     def capacity(self) -> float:
         """Requests per second the fleet completes with every batch full, at nominal speeds: a full
@@ -260,6 +273,10 @@ class Req:
     status: str = ""  # ok | shed | error
     endpoint: str = ""
     deadline: float = math.inf  # end of its wait in the gateway's queue
+    session: int = -1  # conversation workloads: its session's index, and which turn it is
+    turn: int = 0
+    tokens: tuple[int, ...] | None = None  # its prompt's and answer's tokens, for the engines' caches
+    out_tokens: tuple[int, ...] | None = None
 
 
 @dataclass
@@ -269,12 +286,17 @@ class Result:
     policy: str
     seed: int
     requests: list[Req] = field(default_factory=list)
+    cache: tuple[float, float] = (0.0, 0.0)  # prompt tokens the engines found cached, looked up (after warm-up)
 
     def ok(self) -> list[Req]:
         return [r for r in self.requests if r.status == "ok"]
 
     def measured(self, warmup: float) -> "Result":
-        return Result(self.fleet, self.load, self.policy, self.seed, [r for r in self.requests if r.arrival >= warmup])
+        return Result(self.fleet, self.load, self.policy, self.seed, [r for r in self.requests if r.arrival >= warmup],
+                      self.cache)
+
+    def hit_ratio(self) -> float:
+        return self.cache[0] / self.cache[1] if self.cache[1] else 0.0
 
     def pct(self, what: str, p: float) -> float:
         key = {"lat": lambda r: r.done - r.arrival, "ttft": lambda r: r.first - r.arrival,
@@ -392,9 +414,12 @@ class _Gateway:
 
 
 class _Engine:
-    def __init__(self, sim: "Simulation", spec: Engine):
+    def __init__(self, sim: "Simulation", spec: Engine, caching: bool = False):
         self.sim, self.spec = sim, spec
-        self.core = SimCore(spec.sim)
+        llamacpp = sim.fleet.make == "llamacpp"
+        # A prefix cache only where prompts come as tokens (conversations): as the engine defaults.
+        self.core = SimCore(spec.sim, prefix=PrefixCache() if caching and not llamacpp else None,
+                            slots=Slots(spec.sim.max_seqs) if caching and llamacpp else None)
         self.reqs: dict[str, Req] = {}
         self.busy = False
         self.gen = 0  # step generation: a failure invalidates the step in progress
@@ -404,7 +429,10 @@ class _Engine:
 
     def submit(self, req: Req, now: float) -> None:
         rid = str(req.rid)
-        self.core.submit(rid, req.prompt, req.output, now)
+        if req.tokens is not None:
+            self.core.submit(rid, req.prompt, req.output, now, tokens=list(req.tokens), output=list(req.out_tokens))
+        else:
+            self.core.submit(rid, req.prompt, req.output, now)
         self.reqs[rid] = req
         if not self.busy:
             self._plan(now)
@@ -445,6 +473,11 @@ class _Engine:
         if self.dead(now):
             return LoadRecord(replica_id=self.spec.name, ts=now, ok=False, error="connection refused")
         c = self.core
+        if self.sim.fleet.make == "llamacpp":  # llama-server's /metrics: no KV gauge, only computed prompt tokens
+            return LoadRecord(replica_id=self.spec.name, ts=now, ok=True, running=float(c.num_running),
+                              waiting=float(c.num_waiting), kv_usage=None,
+                              prompt_tokens_total=float(c.prompt_tokens_total - c.prompt_cached_total),
+                              generation_tokens_total=float(c.generation_tokens_total))
         return LoadRecord(replica_id=self.spec.name, ts=now, ok=True, running=float(c.num_running),
                           waiting=float(c.num_waiting), kv_usage=c.kv_usage,
                           prompt_tokens_total=float(c.prompt_tokens_total),
@@ -453,8 +486,11 @@ class _Engine:
 
 class Simulation:
     def __init__(self, fleet: Fleet, load: Load, policy: str, seed: int, cfg: GatewaySettings | None = None,
-                 scrape: float = 1.0, load_interval: float = 0.5):
-        self.fleet, self.load, self.policy, self.seed = fleet, load, policy, seed
+                 scrape: float = 1.0, load_interval: float = 0.5, workload: str = "random"):
+        if workload != "random" and load.burst_seconds:
+            raise ValueError("conversation workloads run at a steady rate: choose a load without a burst")
+        self.fleet, self.load, self.policy, self.seed, self.workload = fleet, load, policy, seed, workload
+        self.sessions: list[conv.Session] = []
         base = cfg or GatewaySettings()
         routing = base.routing.model_copy(update={"policy": policy if policy not in PEERS else "llmgw"})
         self.cfg = base.model_copy(update={"seed": seed, "routing": routing})
@@ -463,7 +499,7 @@ class Simulation:
         self.now = 0.0
         self.events: list = []
         self._seq = 0
-        self.engines = {e.name: _Engine(self, e) for e in fleet.engines}
+        self.engines = {e.name: _Engine(self, e, caching=workload != "random") for e in fleet.engines}
         eps = [EndpointInfo(id=e.name, url=f"sim://{e.name}", models=("m",), engine="sim", model="m", served_name="m",
                             capacity=e.capacity, priority=e.priority) for e in fleet.engines]
         self.store = _Store(eps)
@@ -486,10 +522,26 @@ class Simulation:
         self.pending -= 1
         if status != "ok":
             req.done = self.now
+        elif req.session >= 0 and req.turn + 1 < len(self.sessions[req.session].turns):
+            # The session's next turn, a think time after this answer (a failed turn ends the session).
+            turn = self.sessions[req.session].turns[req.turn]
+            nxt = self._turn(req.session, req.turn + 1, self.now + turn.think, len(self.result.requests))
+            self.result.requests.append(nxt)
+            self.pending += 1
+            self.at(nxt.arrival, "arrival", nxt)
+
+    def _turn(self, session: int, turn: int, at: float, rid: int) -> Req:
+        t = self.sessions[session].turns[turn]
+        return Req(rid, at, len(t.tokens), len(t.output), "standard", rid % self.fleet.gateways, session=session,
+                   turn=turn, tokens=t.tokens, out_tokens=t.output)
 
     def _arrivals(self) -> list[Req]:
         """The load's Poisson arrivals (tests.support.loadgen, as bench/routing.py sends them), each
         with its prompt and output length drawn from the fleet's distributions."""
+        if self.workload != "random":
+            _, convs = conv.sized(self.fleet, self.workload, self.load.fraction, self.load.seconds, self.seed)
+            self.sessions = conv.sessions(convs, self.seed)
+            return [self._turn(i, 0, s.start, i) for i, s in enumerate(self.sessions)]
         rng = random.Random(self.seed * 7919 + 1)
         times = poisson_times(self.load.rate_at(self.fleet.capacity()), self.load.peak(self.fleet.capacity()),
                               self.load.seconds, self.seed)
@@ -511,6 +563,9 @@ class Simulation:
                 self.at(e.spec.fail_at, "fail", e)
         for g in self.gateways:
             self.at(self.rng.uniform(0, self.load_interval), "poll", g)
+        if self.workload != "random":
+            self.at(self.load.warmup, "mark", None)
+        marked: dict[str, tuple[float, float]] = {}
         end = self.load.seconds + 600.0
         self.pending = len(reqs)
         while self.events and self.pending:
@@ -534,23 +589,36 @@ class Simulation:
                 payload[0].timeout(payload[1])
             elif kind == "fail":
                 payload.fail()
+            elif kind == "mark":  # the warm-up ends: the hit ratio counts from here
+                marked = self._counters()
+        if self.workload != "random":
+            after = self._counters()
+            self.result.cache = (sum(after[n][0] - marked.get(n, (0.0, 0.0))[0] for n in after),
+                                 sum(after[n][1] - marked.get(n, (0.0, 0.0))[1] for n in after))
         return self.result
 
+    def _counters(self) -> dict[str, tuple[float, float]]:
+        return {n: conv.core_counters(e.core, self.fleet.make) for n, e in self.engines.items()}
 
-def run(fleet: Fleet, load: Load, policy: str, seed: int = 1, cfg: GatewaySettings | None = None) -> Result:
+
+def run(fleet: Fleet, load: Load, policy: str, seed: int = 1, cfg: GatewaySettings | None = None,
+        workload: str = "random") -> Result:
     """The requests that arrived after the load's warm-up."""
-    return Simulation(fleet, load, policy, seed, cfg).run().measured(load.warmup)
+    return Simulation(fleet, load, policy, seed, cfg, workload=workload).run().measured(load.warmup)
 
 
 # --- command line ------------------------------------------------------------------------------------
-def table(results: list[Result], fleet: Fleet) -> list[str]:
+def table(results: list[Result], fleet: Fleet, hits: bool = False) -> list[str]:
+    """One row per result; `hits` adds the engines' hit ratio after the TTFT columns."""
     names = [e.name for e in fleet.engines]
     lines = []
     for r in results:
         n = len(r.requests)
         share = "/".join(str(x) for x in r.shares(names))
+        hit = f" {100 * r.hit_ratio():5.1f}%" if hits else ""
         lines.append(f"  {r.load:6} {r.policy:15} {r.pct('lat', .5):7.2f} {r.pct('lat', .9):7.2f} {r.pct('lat', .99):7.2f} "
-                     f"{r.pct('ttft', .5):7.3f} {r.pct('ttft', .99):7.3f} {r.pct('held', .99):7.3f} {r.errors():5}/{n:<5} {share}")
+                     f"{r.pct('ttft', .5):7.3f} {r.pct('ttft', .99):7.3f}{hit} {r.pct('held', .99):7.3f} "
+                     f"{r.errors():5}/{n:<5} {share}")
     return lines
 
 
@@ -583,13 +651,25 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--fleets", default="", help="comma-separated names (default: the benchmark's five)")
     ap.add_argument("--held-out", action="store_true", help="the fleets the policy was not designed on")
-    ap.add_argument("--loads", default="0.5,0.8,0.95,burst")
+    ap.add_argument("--loads", default=None, help="default 0.5,0.8,0.95,burst (conversation workloads: no burst)")
     ap.add_argument("--policies", default="llmgw,least_inflight,round_robin,power_of_two")
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--seconds", type=float, default=0.0, help="override each load's length")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                     help="a GatewaySettings or RoutingConfig field for llmgw (repeatable)")
+    ap.add_argument("--workload", choices=conv.WORKLOADS, default="random",
+                    help="random prompts (default), or bench/prefix.py's sessions over shared system prompts: "
+                         f"conversations, or mix ({100 * conv.MIX:.0f}%% one-shot requests)")
+    ap.add_argument("--make", choices=conv.MAKES, default="vllm",
+                    help="the engines' prefix cache and /metrics: vLLM's (default) or llama.cpp's slots")
     a = ap.parse_args(argv)
+    talk = a.workload != "random"
+    a.loads = a.loads or ("0.5,0.8,0.95" if talk else "0.5,0.8,0.95,burst")
+    for lname in a.loads.split(","):
+        if lname not in LOADS:
+            ap.error(f"unknown load {lname!r}; choose from {', '.join(LOADS)}")
+        if talk and LOADS[lname].burst_seconds:
+            ap.error("conversation workloads run at a steady rate: choose from 0.5, 0.8, 0.95")
     cfg = GatewaySettings()
     for item in a.set:
         k, v = item.split("=", 1)
@@ -601,9 +681,15 @@ def main(argv: list[str] | None = None) -> int:
     verdicts: list[Verdict] = []
     names = a.fleets.split(",") if a.fleets else list(HELD_OUT if a.held_out else FLEETS)
     for fname in names:
-        fleet = pool[fname]
-        print(f"{fname}: capacity {fleet.capacity():.1f} req/s{(' (' + fleet.note + ')') if fleet.note else ''}")
-        print(f"  {'load':6} {'policy':15} {'p50':>7} {'p90':>7} {'p99':>7} {'ttft50':>7} {'ttft99':>7} {'held99':>7} {'err/n':>11} served")
+        fleet = replace(pool[fname], make=a.make)
+        if talk:
+            sized, _ = conv.sized(fleet, a.workload, 0.8, a.seconds or LOADS["0.8"].seconds, 1)
+            print(f"{fname}: {a.workload} on {a.make} engines, capacity {sized.capacity():.1f} req/s for prompts of "
+                  f"~{sized.prompt.a:.0f} tokens{(' (' + fleet.note + ')') if fleet.note else ''}")
+        else:
+            print(f"{fname}: capacity {fleet.capacity():.1f} req/s{(' (' + fleet.note + ')') if fleet.note else ''}")
+        print(f"  {'load':6} {'policy':15} {'p50':>7} {'p90':>7} {'p99':>7} {'ttft50':>7} {'ttft99':>7}"
+              f"{' ' + format('hits', '>6') if talk else ''} {'held99':>7} {'err/n':>11} served")
         for lname in a.loads.split(","):
             load = LOADS[lname]
             if a.seconds:
@@ -612,13 +698,14 @@ def main(argv: list[str] | None = None) -> int:
             for policy in a.policies.split(","):
                 merged = None
                 for seed in range(1, a.seeds + 1):
-                    r = run(fleet, load, policy, seed, cfg)
+                    r = run(fleet, load, policy, seed, cfg, a.workload)
                     if merged is None:
                         merged = r
                     else:
                         merged.requests = merged.requests + r.requests
+                        merged.cache = (merged.cache[0] + r.cache[0], merged.cache[1] + r.cache[1])
                 cell[policy] = merged
-                print("\n".join(table([merged], fleet)), flush=True)
+                print("\n".join(table([merged], fleet, hits=talk)), flush=True)
             if "llmgw" in cell and len(cell) > 1:
                 verdicts.append(compare(cell))
     if verdicts:

@@ -187,7 +187,10 @@ class Smg:
         self.cluster, self.port = cluster, free_port()
         self.url, self.name = f"http://127.0.0.1:{self.port}", f"router-smg-{self.port}"
         cluster.procs.start(self.name, [smg_binary(), "launch", "--host", "127.0.0.1", "--port", str(self.port),
-                                        "--worker-urls", *fleet.urls.values(), "--policy", "cache_aware"])
+                                        "--worker-urls", *fleet.urls.values(), "--policy", "cache_aware",
+                                        "--log-level", "warn",  # as vllm-router's: no log line per request
+                                        # not the default 29000, which another smg or vllm-router may hold
+                                        "--prometheus-port", str(free_port())])
         wait_until(lambda: requests.get(self.url + "/v1/models", timeout=1).status_code == 200, 60, what="smg")
 
     def stop(self) -> None:

@@ -2,6 +2,7 @@
 
     python bench/routing.py [--quick] [--fleets fleet-a,...] [--loads 0.5,0.8,0.95,burst]
                             [--routers llmgw,least_inflight,...] [--seconds 8] [--plot docs/routing-p99.png]
+                            [--make vllm|llamacpp] [--workload random|conversations|mix]
 
 Fleets are bench/fleetsim.py's (the simulator and this benchmark share their definitions): simulated
 engines (`python -m simengine`) with continuous batching, a decode step that slows with the
@@ -23,6 +24,12 @@ the router's CPU per request (`cpu ms`: user + system of its process tree, from 
 each engine served (from the answers' `system_fingerprint`). Starts everything itself on loopback
 and stops it all. The full matrix took 35 minutes on 2 busy shared cores (before LiteLLM joined),
 `--quick` about 4 with every peer.
+
+`--make llamacpp` runs the engines in llama.cpp's personality (`--metrics-style llamacpp`: slots that
+keep one prompt each, llama-server's /metrics, nothing sent before the first token) instead of vLLM's.
+`--workload conversations` (or `mix`, with one-shot requests) sends bench/prefix.py's sessions over
+shared system prompts (bench/conversations.py) at the load's share of the fleet's capacity for them
+(no burst); either option adds the fleet's hit ratio from the engines' counters beside the latencies.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, ROOT / "bench")]
 
+from bench import conversations as conv  # noqa: E402
 from bench import litellm_peer  # noqa: E402
 from bench.fleetsim import FLEETS, HELD_OUT, LOADS, Engine, Fleet, Load  # noqa: E402
 from bench.streams import cpu_seconds, tree  # noqa: E402
@@ -69,7 +77,7 @@ def nginx_binary() -> str | None:
 
 
 # --- the fleet --------------------------------------------------------------------------------------
-def engine_argv(e: Engine, port: int) -> list[str]:
+def engine_argv(e: Engine, port: int, make: str = "vllm") -> list[str]:
     c = e.sim
     argv = [python(), "-m", "simengine", "--port", str(port), "--served-model-name", "m",
             "--max-seqs", str(c.max_seqs), "--kv-tokens", str(c.kv_tokens), "--step-ms", str(c.step_ms),
@@ -77,7 +85,13 @@ def engine_argv(e: Engine, port: int) -> list[str]:
             "--speed", str(c.speed), "--seed", "1"]
     if c.slow_to < 1:
         argv += ["--slow-to", str(c.slow_to), "--slow-after", str(c.slow_after)]
-    return argv
+    return argv + make_args(make)
+
+
+def make_args(make: str) -> list[str]:
+    """The sim engine's args for the make (vLLM's is its default); also the profile the scraper maps
+    that engine's /metrics by."""
+    return [] if make == "vllm" else ["--metrics-style", make]
 
 
 class RunningFleet:
@@ -88,7 +102,8 @@ class RunningFleet:
         self.ports = {e.name: free_port() for e in fleet.engines}
         self.names = [e.name for e in fleet.engines]
         for e in fleet.engines:
-            cluster.procs.start(f"engine-{e.name}-{tag}", engine_argv(e, self.ports[e.name]), env=cluster.env())
+            cluster.procs.start(f"engine-{e.name}-{tag}", engine_argv(e, self.ports[e.name], fleet.make),
+                                env=cluster.env())
         self.urls = {n: f"http://127.0.0.1:{p}" for n, p in self.ports.items()}
         import requests
 
@@ -106,9 +121,21 @@ class RunningFleet:
         from workers.agent.probe import HttpProber
         from workers.agent.scrape import Scraper, ScrapeTarget
 
-        targets = [ScrapeTarget(n, u + "/metrics", "sim", None) for n, u in self.urls.items()]
+        profile = None
+        if self.fleet.make != "vllm":
+            from llmgw.catalog.types import Profile
+
+            profile = Profile(name="bench", engine="sim", args=make_args(self.fleet.make))
+        targets = [ScrapeTarget(n, u + "/metrics", "sim", profile) for n, u in self.urls.items()]
         cfg = types.SimpleNamespace(scrape_interval=1.0, scrape_timeout=1.0)
         Scraper(self.cluster.store(), HttpProber(), lambda: targets, cfg, Clock()).run(self.stop_scrape)
+
+    def counters(self) -> dict[str, tuple[float, float]]:
+        """Each engine's (prompt tokens found cached, looked up), from its own /metrics."""
+        import requests
+
+        return {n: conv.metrics_counters(requests.get(u + "/metrics", timeout=5).text, self.fleet.make)
+                for n, u in self.urls.items()}
 
     def engine_of(self, fingerprint: str) -> str:
         port = fingerprint.rsplit("-", 1)[-1]
@@ -151,6 +178,10 @@ error_log {workdir}/nginx-{self.port}.err warn;
 events {{ worker_connections 16384; }}
 http {{
   access_log off;
+  # Request bodies stay in memory: past the default 16k buffer nginx writes them to a temp file, which
+  # its workers (user nobody when started as root) cannot create in the private temp dir: a 500.
+  client_body_buffer_size 16m;
+  client_max_body_size 16m;
   client_body_temp_path {workdir}/nginx-body;
   proxy_temp_path {workdir}/nginx-proxy;
   upstream fleet {{
@@ -178,8 +209,11 @@ http {{
                                int(gateway_workers or os.cpu_count() or 1))  # llmgw's gateway: one per core
         else:
             policy = {"vllm-p2": "power_of_two", "vllm-cache": "cache_aware"}[kind]
+            # Its metrics port too: the default 29000 is taken by any other vllm-router or smg on the
+            # machine, and the second one then panics at start ("Address already in use").
             cluster.procs.start(self.name, [bin_path("vllm-router"), "--host", "127.0.0.1", "--port", str(self.port),
-                                            "--worker-urls", *urls, "--policy", policy, "--log-level", "warning"])
+                                            "--worker-urls", *urls, "--policy", policy, "--log-level", "warning",
+                                            "--prometheus-port", str(free_port())])
             wait_until(lambda: requests.get(self.url + "/v1/models", timeout=1).status_code == 200, 60,
                        what=f"vllm-router {policy}")
 
@@ -200,6 +234,7 @@ class Cell:
     results: list[StreamResult]
     shares: dict[str, int]
     cpu_ms: float | None = None  # the router's CPU (its process tree, user + system) per request
+    hits: float | None = None  # the fleet's hit ratio from the engines' counters, when shown
 
     def ok(self) -> list[StreamResult]:
         return [r for r in self.results if r.status == 200]
@@ -228,14 +263,17 @@ def bodies(fleet: Fleet, n: int, seed: int) -> list[bytes]:
     return out
 
 
-def drive(url: str, fleet: Fleet, load: Load, seed: int) -> list[StreamResult]:
+def drive(url: str, fleet: Fleet, load: Load, seed: int, workload: str = "random") -> list[StreamResult]:
+    if workload != "random":  # bench/prefix.py's sessions and client; its results have the same fields
+        _, convs = conv.sized(fleet, workload, load.fraction, load.seconds, seed)
+        return conv.prefix_bench().run_traffic(url, convs)
     cap = fleet.capacity()
     times = poisson_times(load.rate_at(cap), load.peak(cap), load.seconds, seed)
     return open_loop_streams(url, CHAT, bodies(fleet, len(times), seed), times, timeout=CLIENT_TIMEOUT)
 
 
 def run_fleet(cluster: Cluster, fleet: Fleet, loads: list[Load], routers: list[str], workdir: Path, warmup: float,
-              gateway_workers: str | None) -> list[Cell]:
+              gateway_workers: str | None, workload: str = "random", hits: bool = False) -> list[Cell]:
     """Every router in front of the fleet for every load, one router at a time. The engines are
     started once, or once per run when one of them slows mid-run (so each run sees the slowdown at
     the same point); each router gets an unmeasured warm-up when it starts."""
@@ -265,14 +303,16 @@ def run_fleet(cluster: Cluster, fleet: Fleet, loads: list[Load], routers: list[s
                                                          fraction=min(load.fraction, 0.8)), seed=99)
                     pids = router.pids()
                     cpu0 = cpu_seconds(pids)
-                    results = drive(router.url, fleet, load, seed=1)
+                    before = rf.counters() if hits else {}
+                    results = drive(router.url, fleet, load, seed=1, workload=workload)
                     cpu_ms = (cpu_seconds(pids) - cpu0) * 1000 / len(results) if pids and results else None
+                    ratio = conv.hit_ratio(before, rf.counters()) if hits else None
                     shares = {n: 0 for n in rf.names}
                     for r in results:
                         if r.status == 200:
                             n = rf.engine_of(r.server)
                             shares[n] = shares.get(n, 0) + 1
-                    cells.append(Cell(fleet.name, load.name, kind, results, shares, cpu_ms))
+                    cells.append(Cell(fleet.name, load.name, kind, results, shares, cpu_ms, ratio))
                     print(row(cells[-1]), flush=True)
             finally:
                 if router is not None:
@@ -291,8 +331,9 @@ def row(c: Cell) -> str:
         if r.status != 200:
             failed[r.status] = failed.get(r.status, 0) + 1
     cpu = f"{c.cpu_ms:7.2f}" if c.cpu_ms is not None else f"{'-':>7}"
+    hits = f" {100 * c.hits:5.1f}%" if c.hits is not None else ""  # only beside the default table's columns
     return (f"  {c.load:6} {c.router:15} {f['p50']:7.2f} {f['p90']:7.2f} {f['p99']:7.2f} {f['ttft50']:7.3f} "
-            f"{f['ttft99']:7.3f} {cpu} {f['errors']:5}/{f['n']:<5} {share}"
+            f"{f['ttft99']:7.3f}{hits} {cpu} {f['errors']:5}/{f['n']:<5} {share}"
             + (f"  (statuses {failed})" if failed else ""))
 
 
@@ -348,7 +389,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--fleets", default=",".join(FLEETS),
                     help=f"subset of {', '.join(FLEETS)}, or of the held-out {', '.join(HELD_OUT)}")
-    ap.add_argument("--loads", default="0.5,0.8,0.95,burst", help="subset of 0.5, 0.8, 0.95, burst")
+    ap.add_argument("--loads", default=None,
+                    help="subset of 0.5, 0.8, 0.95, burst (default all; --quick 0.8,burst; conversations: no burst)")
     ap.add_argument("--routers", default=",".join(ROUTERS), help=f"subset of {', '.join(ROUTERS)}")
     ap.add_argument("--seconds", type=float, default=None,
                     help="length of each Poisson load (default 6, --quick 3; the burst is 3+10+3 s, --quick 2+4+2)")
@@ -357,17 +399,28 @@ def main(argv: list[str] | None = None) -> int:
                     help="by default only fleet-a at 80 %% and a short burst, with 3 s loads (~3 min)")
     ap.add_argument("--gateway-workers", default=None, help="LLMGW_GATEWAY_WORKERS (default: the gunicorn config's)")
     ap.add_argument("--plot", default=str(ROOT / "docs" / "routing-p99.png"), help="PNG of p99 vs load ('' for none)")
+    ap.add_argument("--make", choices=conv.MAKES, default="vllm",
+                    help="the engines' personality: vLLM's (default) or llama.cpp's (slots, its /metrics and "
+                         "stream start)")
+    ap.add_argument("--workload", choices=conv.WORKLOADS, default="random",
+                    help="random prompts (default), or bench/prefix.py's sessions over shared system prompts: "
+                         f"conversations, or mix ({100 * conv.MIX:.0f}%% one-shot requests); these take no burst")
     a = ap.parse_args(argv)
+    talk = a.workload != "random"
     if a.quick:
         a.fleets = "fleet-a" if a.fleets == ",".join(FLEETS) else a.fleets
-        a.loads = "0.8,burst" if a.loads == "0.5,0.8,0.95,burst" else a.loads
+    if a.loads is None:
+        a.loads = ("0.8" if a.quick else "0.5,0.8,0.95") + ("" if talk else ",burst")
+    elif talk and "burst" in a.loads.split(","):
+        ap.error("conversation workloads run at a steady rate: choose loads from 0.5, 0.8, 0.95")
     every_fleet = {**FLEETS, **HELD_OUT}
     for what, names, known in (("fleet", a.fleets, every_fleet), ("load", a.loads, LOADS), ("router", a.routers, ROUTERS)):
         unknown = [n for n in names.split(",") if n not in known]
         if unknown:
             ap.error(f"unknown {what}(s) {', '.join(unknown)}; choose from {', '.join(known)}")
     seconds = a.seconds or (3.0 if a.quick else 6.0)
-    fleets = [every_fleet[n] for n in a.fleets.split(",")]
+    fleets = [replace(every_fleet[n], make=a.make) for n in a.fleets.split(",")]
+    hits = talk or a.make != "vllm"  # the default run prints what it always did
     loads = []
     for name in a.loads.split(","):
         ld = LOADS[name]
@@ -394,11 +447,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cluster.start_redis()
         for fleet in fleets:
+            cap = conv.sized(fleet, a.workload, 0.8, seconds, 1)[0].capacity() if talk else fleet.capacity()
+            what = f", {a.workload} on {a.make} engines" if hits else ""
             print(f"\n{fleet.name}: {len(fleet.engines)} engines, speeds {[e.sim.speed for e in fleet.engines]}, "
-                  f"capacity ~{fleet.capacity():.1f} req/s{(' (' + fleet.note + ')') if fleet.note else ''}")
-            print(f"  {'load':6} {'router':15} {'p50':>7} {'p90':>7} {'p99':>7} {'ttft50':>7} {'ttft99':>7} "
-                  f"{'cpu ms':>7} {'err/n':>11} served ({'/'.join(e.name for e in fleet.engines)})", flush=True)
-            cells += run_fleet(cluster, fleet, loads, routers, workdir, a.warmup, a.gateway_workers)
+                  f"capacity ~{cap:.1f} req/s{what}{(' (' + fleet.note + ')') if fleet.note else ''}")
+            print(f"  {'load':6} {'router':15} {'p50':>7} {'p90':>7} {'p99':>7} {'ttft50':>7} {'ttft99':>7}"
+                  f"{' ' + format('hits', '>6') if hits else ''} {'cpu ms':>7} {'err/n':>11} "
+                  f"served ({'/'.join(e.name for e in fleet.engines)})", flush=True)
+            cells += run_fleet(cluster, fleet, loads, routers, workdir, a.warmup, a.gateway_workers, a.workload, hits)
         print("\nllmgw / best peer: p99 ratio, TTFT p99 ratio (<= 1 is the target), llmgw errors")
         print("\n".join(verdict(cells)))
         print(f"\n{len(cells)} cells in {time.monotonic() - started:.0f} s "

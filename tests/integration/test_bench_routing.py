@@ -31,3 +31,22 @@ def test_routing_benchmark_smoke(tmp_path):
     except ImportError:
         return
     assert plot.stat().st_size > 1000
+
+
+def test_routing_benchmark_conversations_on_llamacpp_engines_smoke():
+    """`--workload mix --make llamacpp`: bench/prefix.py's sessions and one-shot requests on engines in
+    llama.cpp's personality; each row has the hit ratio from the engines' own counters."""
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "routing.py"), "--quick", "--seconds", "1.5", "--warmup", "0.5",
+         "--workload", "mix", "--make", "llamacpp", "--routers", "llmgw,nginx", "--plot", ""],
+        capture_output=True, text=True, timeout=280, cwd=ROOT)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "mix on llamacpp engines" in out.stdout and "burst" not in out.stdout
+    rows = [line.split() for line in out.stdout.splitlines() if line.startswith("  80%")]
+    assert "llmgw" in {r[1] for r in rows}, out.stdout
+    for r in rows:
+        errors, n = r[8].split("/")
+        assert int(n) > 0 and int(errors) == 0, r
+        assert sum(int(x) for x in r[9].split("/")) == int(n), r
+    # later turns of a session that came back to the slot holding its history were reused
+    assert any(float(r[7].rstrip("%")) > 0 for r in rows), out.stdout

@@ -76,3 +76,72 @@ def test_a_burst_is_absorbed_by_the_queue_not_refused():
     sheddable = [r for r in res.requests if r.priority == "sheddable"]
     assert standard and all(r.status == "ok" for r in standard)
     assert any(r.status == "shed" for r in sheddable)
+
+
+# --- conversation workloads (bench/conversations.py: bench/prefix.py's sessions) ------------------------
+def test_a_sessions_next_turn_starts_with_its_last_prompt_and_answer():
+    """What a prefix cache can reuse: turn i+1's prompt is turn i's prompt, its answer, then more."""
+    from bench import conversations as conv
+
+    sess = conv.sessions(conv.conversations("conversations", 4.0, 5.0, seed=2), seed=2)
+    multi = [s for s in sess if len(s.turns) > 1]
+    assert multi and not any(s.one_shot for s in sess)
+    for s in multi:
+        for a, b in zip(s.turns, s.turns[1:]):
+            assert b.tokens[:len(a.tokens) + len(a.output)] == a.tokens + a.output
+            assert len(b.tokens) > len(a.tokens) + len(a.output)
+    mixed = conv.sessions(conv.conversations("mix", 4.0, 5.0, seed=2), seed=2)
+    shots = sum(len(s.turns) for s in mixed if s.one_shot) / sum(len(s.turns) for s in mixed)
+    assert 0.1 < shots < 0.3  # about MIX of the requests are one-shot
+
+
+@pytest.mark.parametrize("make", ["vllm", "llamacpp"])
+def test_conversations_run_every_turn_after_the_last_answer_and_hit_the_cache(make):
+    fleet = replace(FLEETS["fleet-a"], make=make)
+    sim = Simulation(fleet, replace(LOADS["0.8"], seconds=10.0, warmup=2.0), "llmgw", seed=1, workload="mix")
+    res = sim.run()
+    assert sum(len(s.turns) for s in sim.sessions) == len(res.requests)  # every turn of every session was sent
+    assert all(r.status == "ok" for r in res.requests)
+    by_turn = {(r.session, r.turn): r for r in res.requests}
+    for (s, t), r in by_turn.items():
+        if t:
+            before = by_turn[(s, t - 1)]
+            assert r.arrival == pytest.approx(before.done + sim.sessions[s].turns[t - 1].think)
+    hits, queries = res.cache
+    assert 0 < hits < queries  # the engines' own counters, after the warm-up
+    again = Simulation(fleet, replace(LOADS["0.8"], seconds=10.0, warmup=2.0), "llmgw", seed=1, workload="mix").run()
+    assert [(r.endpoint, r.done) for r in again.requests] == [(r.endpoint, r.done) for r in res.requests]
+    assert again.cache == res.cache
+
+
+def test_a_conversation_workload_refuses_a_burst():
+    with pytest.raises(ValueError, match="steady rate"):
+        Simulation(FLEETS["fleet-a"], LOADS["burst"], "llmgw", seed=1, workload="conversations")
+
+
+def test_hit_counters_read_either_makes_metrics():
+    from bench.conversations import metrics_counters
+
+    vllm = ('vllm:prefix_cache_queries_total{engine="0",model_name="m"} 1000.0\n'
+            'vllm:prefix_cache_hits_total{engine="0",model_name="m"} 640.0\n')
+    llama = "llamacpp:prompt_tokens_total 360\nllamacpp:prompt_tokens_cached_total 640\n"
+    assert metrics_counters(vllm, "vllm") == (640.0, 1000.0)
+    assert metrics_counters(llama, "llamacpp") == (640.0, 1000.0)  # its prompt tokens leave the cached out
+    assert metrics_counters("", "vllm") == (0.0, 0.0)
+
+
+def test_the_command_line_prints_the_hit_ratio_for_conversations_only(capsys):
+    from bench.fleetsim import main
+
+    assert main(["--fleets", "fleet-a", "--loads", "0.8", "--seeds", "1", "--seconds", "8",
+                 "--policies", "llmgw,round_robin", "--workload", "conversations", "--make", "vllm"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if line.startswith("  80%")]
+    assert [r[1] for r in rows] == ["llmgw", "round_robin"] and "conversations on vllm engines" in out
+    assert all(0 < float(r[7].rstrip("%")) < 100 for r in rows), out
+    assert main(["--fleets", "fleet-a", "--loads", "0.8", "--seeds", "1", "--seconds", "8",
+                 "--policies", "llmgw"]) == 0
+    assert "hits" not in capsys.readouterr().out  # the default table is the one it always was
+    with pytest.raises(SystemExit):
+        main(["--workload", "mix", "--loads", "burst"])
+    assert "steady rate" in capsys.readouterr().err
