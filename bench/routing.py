@@ -20,7 +20,7 @@ The load is open loop (asyncio, tests/support/loadgen.py): Poisson arrivals at 5
 fleet's capacity, and `burst`: 80 %, then 10 s at 150 %, then 80 % again; streamed chat requests
 of ~100-token prompts (random words, so no prefix cache helps) and the fleet's output lengths.
 Each router gets a short unmeasured warm-up. Figures per cell: p50/p90/p99 latency, TTFT p50/p99,
-the router's CPU per request (`cpu ms`: user + system of its process tree, from /proc), errors (non-200, broken streams, or no answer within 60 s, a client's usual timeout), and the share
+the router's CPU per request (`cpu_ms`: user + system of its process tree, from /proc), errors (non-200, broken streams, or no answer within 60 s, a client's usual timeout), and the share
 each engine served (from the answers' `system_fingerprint`). Starts everything itself on loopback
 and stops it all. The full matrix took 35 minutes on 2 busy shared cores (before LiteLLM joined),
 `--quick` about 4 with every peer.
@@ -452,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\n{fleet.name}: {len(fleet.engines)} engines, speeds {[e.sim.speed for e in fleet.engines]}, "
                   f"capacity ~{cap:.1f} req/s{what}{(' (' + fleet.note + ')') if fleet.note else ''}")
             print(f"  {'load':6} {'router':15} {'p50':>7} {'p90':>7} {'p99':>7} {'ttft50':>7} {'ttft99':>7}"
-                  f"{' ' + format('hits', '>6') if hits else ''} {'cpu ms':>7} {'err/n':>11} "
+                  f"{' ' + format('hits', '>6') if hits else ''} {'cpu_ms':>7} {'err/n':>11} "
                   f"served ({'/'.join(e.name for e in fleet.engines)})", flush=True)
             cells += run_fleet(cluster, fleet, loads, routers, workdir, a.warmup, a.gateway_workers, a.workload, hits)
         print("\nllmgw / best peer: p99 ratio, TTFT p99 ratio (<= 1 is the target), llmgw errors")

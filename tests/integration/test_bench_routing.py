@@ -10,6 +10,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def table(stdout: str) -> list[dict[str, str]]:
+    """The 80 % rows, by the header's column names (`load router p50 ... err/n served`)."""
+    lines = stdout.splitlines()
+    header = next(line.split() for line in lines if line.startswith("  load"))
+    return [dict(zip(header, line.split())) for line in lines if line.startswith("  80%")]
+
+
 def test_routing_benchmark_smoke(tmp_path):
     plot = tmp_path / "p99.png"
     out = subprocess.run(
@@ -17,14 +24,15 @@ def test_routing_benchmark_smoke(tmp_path):
          "--warmup", "0.5", "--routers", "llmgw,least_inflight,nginx,vllm-p2", "--plot", str(plot)],
         capture_output=True, text=True, timeout=280, cwd=ROOT)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    rows = [line.split() for line in out.stdout.splitlines() if line.startswith("  80%")]
-    routers = {r[1] for r in rows}
+    rows = table(out.stdout)
+    routers = {r["router"] for r in rows}
     assert {"llmgw", "least_inflight"} <= routers, out.stdout
     for r in rows:
-        errors, n = r[7].split("/")
+        errors, n = r["err/n"].split("/")
         assert int(n) > 0 and int(errors) == 0, r  # every request answered
-        served = [int(x) for x in r[8].split("/")]
+        served = [int(x) for x in r["served"].split("/")]
         assert sum(served) == int(n), r  # each answer's engine was identified
+    assert float(next(r for r in rows if r["router"] == "llmgw")["cpu_ms"]) > 0  # its CPU per request
     assert "llmgw / best peer" in out.stdout and "fleet-a" in out.stdout
     try:
         import matplotlib  # noqa: F401
@@ -42,11 +50,11 @@ def test_routing_benchmark_conversations_on_llamacpp_engines_smoke():
         capture_output=True, text=True, timeout=280, cwd=ROOT)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "mix on llamacpp engines" in out.stdout and "burst" not in out.stdout
-    rows = [line.split() for line in out.stdout.splitlines() if line.startswith("  80%")]
-    assert "llmgw" in {r[1] for r in rows}, out.stdout
+    rows = table(out.stdout)
+    assert "llmgw" in {r["router"] for r in rows}, out.stdout
     for r in rows:
-        errors, n = r[8].split("/")
+        errors, n = r["err/n"].split("/")
         assert int(n) > 0 and int(errors) == 0, r
-        assert sum(int(x) for x in r[9].split("/")) == int(n), r
+        assert sum(int(x) for x in r["served"].split("/")) == int(n), r
     # later turns of a session that came back to the slot holding its history were reused
-    assert any(float(r[7].rstrip("%")) > 0 for r in rows), out.stdout
+    assert any(float(r["hits"].rstrip("%")) > 0 for r in rows), out.stdout
