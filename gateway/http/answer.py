@@ -17,6 +17,7 @@ from gateway.observe.metrics import Metrics
 from gateway.observe.traffic import TrafficCounter
 from gateway.request.surface import Route
 from gateway.response_ids import IdRewrite
+from gateway.routing.choice import Choice
 from gateway.routing.router import Lease
 from gateway.upstream.client import STREAM_REPLACED, UpstreamResponse, response_headers
 from gateway.upstream.stream import StreamBody, usage_from_json
@@ -62,6 +63,17 @@ class RawAnswer:
         return self.body
 
 
+def prefix_note(c: Choice, metrics: Metrics) -> str:
+    """The prefix-cache routing of a request, for its answer's header, and counted in the metrics."""
+    ep = c.endpoint.id
+    metrics.child(metrics.prefix_prompt, ep).inc(c.prompt)
+    if c.matched:
+        metrics.child(metrics.prefix_predicted, ep).inc(c.matched)
+        metrics.child(metrics.prefix_saved, ep).inc(c.saved)
+    return (f"matched={int(c.matched)}/{int(c.prompt)} tokens; endpoint_hit={c.matched / c.prompt:.2f}; "
+            f"saved_ms={c.saved * 1000:.1f}")
+
+
 class OpenRequests:
     """Requests being proxied (parsed, queued, or streaming) in this process, and the most it takes
     before answering 503: each holds a client connection, and once routed an upstream one. The
@@ -95,6 +107,8 @@ class Answers:
         # otherwise send it twice), and a stream's caching headers are ours too.
         headers = response_headers(resp, STREAM_REPLACED if streamed else None)
         headers += [("X-Request-Id", rid), ("X-LLMGW-Endpoint", ep.id)]
+        if lease.choice.prompt:
+            headers.append(("X-LLMGW-Prefix", prefix_note(lease.choice, self.metrics)))
         status = resp.status
         key_id = key.id if key else ANONYMOUS
         limited = bool(key and key.tpm)

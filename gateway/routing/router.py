@@ -24,6 +24,7 @@ from gateway.routing.choice import Choice, Rejection, RouteRequest, choose, flee
 from gateway.routing.inflight import InFlight
 from gateway.routing.learn import Learning, answer_sample, fold_answers, is_new, observe_loads
 from gateway.routing.load import NO_STATS, EndpointStats
+from gateway.routing.prefixindex import PrefixIndex
 from gateway.routing.tables import EMPTY, Snapshot, Tables
 from llmgw.state.clock import Clock
 from llmgw.state.records import EndpointInfo, LoadRecord
@@ -39,6 +40,7 @@ class Router:
         self.counts = InFlight(shared)
         self._learning = Learning()
         self.rr_counter = 0
+        self.prefixes = PrefixIndex()  # the block keys sent to each endpoint (under `lock`)
         self.on_release = on_release  # a slot freed or the loads changed: wakes the wait queues
 
     def share(self, table) -> None:
@@ -91,11 +93,15 @@ class Router:
             return self._route_adapter(adapters[req.model], req, snap, now)
         endpoints = snap.tables.endpoints
         with self.lock:
+            matched = self.prefixes.matches(snap.tables.by_id, req.prefix) if req.prefix else None
             res = choose(endpoints, snap.loads, self.counts.held(endpoints, now, req.model), req, now,
-                         stats=snap.stats, cfg=self.routing, rng=self.rng, rr_counter=self.rr_counter)
+                         stats=snap.stats, cfg=self.routing, rng=self.rng, rr_counter=self.rr_counter,
+                         matched=matched)
             if isinstance(res, Choice):
                 self.rr_counter += 1
                 self.counts.add(res.endpoint, self.clock.time(), now)
+                if req.prefix:
+                    self.prefixes.sent(res.endpoint.id, req.prefix)
         if isinstance(res, Choice) and self.metrics:
             self.metrics.child(self.metrics.inflight, res.endpoint.id).inc()
         return res
@@ -106,14 +112,20 @@ class Router:
             return Rejection(NO_ADAPTER, req.model, no_holder(ad))
         # (Built directly: dataclasses.replace costs microseconds on the request path.)
         sub = RouteRequest(ad.model, req.priority, req.affinity, req.exclude, req.queued, op=req.op, pin=req.pin,
-                           waited=req.waited)
+                           waited=req.waited, prefix=req.prefix, prompt_tokens=req.prompt_tokens,
+                           objective=req.objective)
         with self.lock:
+            matched = self.prefixes.matches(snap.tables.by_id, req.prefix) if req.prefix else None
             res = choose(ad.holders, snap.loads, self.counts.held(ad.holders, now, ad.model), sub, now,
-                         stats=snap.stats, cfg=self.routing, rng=self.rng, rr_counter=self.rr_counter)
+                         stats=snap.stats, cfg=self.routing, rng=self.rng, rr_counter=self.rr_counter,
+                         matched=matched)
             if isinstance(res, Choice):
                 self.rr_counter += 1
-                res = Choice(res.endpoint, res.score, res.ahead, res.saturated, res.reason, ad.name)
+                res = Choice(res.endpoint, res.score, res.ahead, res.saturated, res.reason, ad.name,
+                             res.matched, res.saved, res.prompt)
                 self.counts.add(res.endpoint, self.clock.time(), now, ad.name)
+                if req.prefix:
+                    self.prefixes.sent(res.endpoint.id, req.prefix)
         if isinstance(res, Rejection):
             if res.kind == "unknown_model":  # none of them is the one its response id pins it to
                 return Rejection(NO_ADAPTER, req.model, f"the endpoint {req.pin} does not hold adapter {ad.name!r}")
@@ -172,6 +184,7 @@ class Router:
             listed = tables.by_id
             with self.lock:
                 self.counts.prune(listed)
+                self.prefixes.sizes({i: None for i in listed})
             self._learning = self._learning.keep(listed)
             self.snapshot = Snapshot(tables, {k: v for k, v in snap.loads.items() if k in listed},
                                      {k: v for k, v in snap.stats.items() if k in listed})

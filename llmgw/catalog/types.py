@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, field_validator, model_validator
 
+from llmgw.catalog.routing import RoutingSpec
 from llmgw.gpus import normalize_gpu_class
 
 EngineName = Literal["vllm", "llamacpp", "sim", "external"]
@@ -336,6 +337,7 @@ class Model(_Served):
     source: str = ""
     profiles: list[Profile] = Field(default_factory=list)
     adapters: list[Adapter] = Field(default_factory=list)
+    routing: RoutingSpec | None = None  # llmgw.catalog.routing
 
     def profile(self, name: str) -> Profile | None:
         return next((p for p in self.profiles if p.name == name), None)

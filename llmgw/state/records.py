@@ -307,6 +307,9 @@ class EndpointInfo:
     # per-request `lora` list indexes them), and how many it holds at most (its `max_loras`; 0: none).
     adapters: tuple[str, ...] = ()
     adapter_slots: int = 0
+    # What the gateway minimises for this model's requests (the catalog's `routing.objective`):
+    # "first_token" | "completion"; empty: from the request (streamed -> first_token).
+    objective: str = ""
 
     def serves(self, op: str) -> bool:
         return op in self.paths if self.paths is not None else op in LEGACY_OPERATIONS
