@@ -129,6 +129,10 @@ class Answers:
             child(metrics.latency, model).observe(now - t0)
             if charted:  # else the error answer raised next is counted (Proxy.refused)
                 traffic.request(canon, error=not completed or status >= 500, seconds=now - t0)
+            cached = getattr(usage, "cached", None)  # gateway.upstream.stream.Usage
+            if cached is not None and status < 400:
+                lease.router.reused(ep.id, usage[0], cached)
+                child(metrics.prefix_measured, ep.id).inc(cached)
             if usage:
                 child(metrics.tokens, model, "prompt").inc(usage[0])
                 child(metrics.tokens, model, "completion").inc(usage[1])

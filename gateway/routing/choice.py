@@ -90,6 +90,7 @@ class _Cand(NamedTuple):  # a tuple: built for every endpoint on every request
     speed: Speed
     slots: float
     matched: float = 0.0  # prompt tokens expected cached there
+    saved: float = 0.0  # the prefill seconds that saves there
 
 
 def effective_speed(st: EndpointStats | None, best: Speed | None, now: float, cfg: RoutingConfig) -> Speed | None:
@@ -176,7 +177,7 @@ def choose(
     known = [s.speed for e in tried if (s := stats.get(e.id)) is not None and s.speed is not None]
     best = min(known, key=_DECODE1) if known else None
     cands: list[_Cand] = []
-    total, per_token = request.prompt_tokens, cfg.prefill_ms_per_token / 1000.0
+    total, modelled = request.prompt_tokens, cfg.prefill_ms_per_token / 1000.0
     for e in tried:
         n = inflight.get(e.id, 0)
         st = stats.get(e.id)
@@ -192,9 +193,11 @@ def choose(
         slots = slots_of(e, st)
         kv = load.kv_usage if load is not None else None
         hit = min(total, matched[e.id] * TOKENS_PER_BLOCK) if matched and e.id in matched else 0.0
+        # the endpoint's own prefill rate once its engine showed one (gateway.routing.prefill)
+        per_token = (st.prefill if st is not None and st.prefill is not None else modelled) if modelled else 0.0
         cands.append(_Cand(e, ahead, hard or soft,
                            score(speed, ahead, slots, e.weight, kv, cfg, (total - hit) * per_token, request.objective),
-                           soft and not hard, speed, slots, hit))
+                           soft and not hard, speed, slots, hit, hit * per_token))
 
     # The benchmark baselines behave like the peers' routers: no saturation, no admission.
     if cfg.policy == "round_robin":
@@ -291,5 +294,4 @@ HEAD_BLOCKS = 4
 
 
 def _choice(c: _Cand, saturated: bool, why: str, cfg: RoutingConfig, request: RouteRequest) -> Choice:
-    saved = c.matched * cfg.prefill_ms_per_token / 1000.0
-    return Choice(c.ep, c.score, c.ahead, saturated, why, "", c.matched, saved, request.prompt_tokens)
+    return Choice(c.ep, c.score, c.ahead, saturated, why, "", c.matched, c.saved, request.prompt_tokens)

@@ -28,6 +28,8 @@ class EndpointStats:
     load_seen: float | None = None
     # Until when (the caller's monotonic clock) the endpoint is passed over: it refused a connection.
     down_until: float = 0.0
+    # Prefill seconds per prompt token, from the engine's counters (gateway.routing.prefill); None: not yet.
+    prefill: float | None = None
 
 
 NO_STATS = EndpointStats()

@@ -41,6 +41,9 @@ class Router:
         self._learning = Learning()
         self.rr_counter = 0
         self.prefixes = PrefixIndex()  # the block keys sent to each endpoint (under `lock`)
+        # Per endpoint: [prompt tokens routed with keys, expected cached, prompt tokens of answers that
+        # said what they reused, reused] (the gateway report carries them to `llmgw explain`).
+        self.prefix_tally: dict[str, list[float]] = {}
         self.on_release = on_release  # a slot freed or the loads changed: wakes the wait queues
 
     def share(self, table) -> None:
@@ -102,6 +105,8 @@ class Router:
                 self.counts.add(res.endpoint, self.clock.time(), now)
                 if req.prefix:
                     self.prefixes.sent(res.endpoint.id, req.prefix)
+                    self._tally(res)
+                    self._tally(res)
         if isinstance(res, Choice) and self.metrics:
             self.metrics.child(self.metrics.inflight, res.endpoint.id).inc()
         return res
@@ -152,6 +157,26 @@ class Router:
             self.metrics.child(self.metrics.inflight, ep.id).dec()
         self.on_release()
 
+    def _tally(self, c: Choice) -> None:
+        t = self.prefix_tally.get(c.endpoint.id)
+        if t is None:
+            t = self.prefix_tally[c.endpoint.id] = [0.0, 0.0, 0.0, 0.0]
+        t[0] += c.prompt
+        t[1] += c.matched
+
+    def reused(self, endpoint_id: str, prompt: int, cached: int) -> None:
+        """An answer said how much of its prompt the engine reused (llama.cpp's timings.cache_n)."""
+        with self.lock:
+            t = self.prefix_tally.get(endpoint_id)
+            if t is None:
+                t = self.prefix_tally[endpoint_id] = [0.0, 0.0, 0.0, 0.0]
+            t[2] += prompt
+            t[3] += cached
+
+    def prefix_facts(self) -> dict[str, tuple[float, float, float, float]]:
+        with self.lock:
+            return {i: (t[0], t[1], t[2], t[3]) for i, t in self.prefix_tally.items()}
+
     def mark_unreachable(self, endpoint_id: str) -> None:
         """The endpoint refused a connection: pass it over for `eject_for` seconds (choice.eligible)."""
         self.counts.fail_at[endpoint_id] = self.clock.time()
@@ -185,6 +210,8 @@ class Router:
             with self.lock:
                 self.counts.prune(listed)
                 self.prefixes.sizes({i: None for i in listed})
+                for i in [i for i in self.prefix_tally if i not in listed]:
+                    del self.prefix_tally[i]
             self._learning = self._learning.keep(listed)
             self.snapshot = Snapshot(tables, {k: v for k, v in snap.loads.items() if k in listed},
                                      {k: v for k, v in snap.stats.items() if k in listed})

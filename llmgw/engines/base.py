@@ -98,6 +98,10 @@ class EngineAdapter(ABC):
     # Cumulative token counters (for learning a replica's speed); None = the engine has none.
     prompt_tokens_metric: ClassVar[str | None] = None
     generation_tokens_metric: ClassVar[str | None] = None
+    # The prefix cache's counters in tokens (queried, hit), for predicted-vs-measured hits.
+    prefix_queries_metric: ClassVar[str | None] = None
+    prefix_hits_metric: ClassVar[str | None] = None
+    prefill_seconds_metric: ClassVar[str | None] = None  # seconds spent prefilling (a counter or a sum)
     # How the engine learns its API key: the environment variable that sets it (never a flag: argv is
     # world-readable in /proc and the shim logs it), and the flags that would override it, which a
     # profile may therefore not set.

@@ -36,6 +36,9 @@ class MappedLoad:
     kv_usage: float | None = None  # 0..1
     prompt_tokens_total: float | None = None
     generation_tokens_total: float | None = None
+    prefix_queries_total: float | None = None  # prompt tokens looked up in the prefix cache
+    prefix_hits_total: float | None = None  # of them found there
+    prefill_seconds_total: float | None = None  # seconds spent prefilling
 
 
 def parse_samples(text: str) -> dict[str, list[float]]:
@@ -99,4 +102,7 @@ def read_load(metrics_text: str, engine: EngineAdapter, profile: Profile) -> Map
         kv_usage=_mean(kv),
         prompt_tokens_total=_sum(_values(samples, prompt_name)),
         generation_tokens_total=_sum(_values(samples, gen_name)),
+        prefix_queries_total=_sum(_values(samples, engine.prefix_queries_metric)),
+        prefix_hits_total=_sum(_values(samples, engine.prefix_hits_metric)),
+        prefill_seconds_total=_sum(_values(samples, engine.prefill_seconds_metric)),
     )

@@ -261,6 +261,12 @@ class LoadRecord:
     kv_usage: float | None = None  # 0..1
     prompt_tokens_total: float | None = None
     generation_tokens_total: float | None = None
+    # The engine's prefix cache since it started (vLLM's vllm:prefix_cache_queries / _hits, in tokens).
+    prefix_queries_total: float | None = None
+    prefix_hits_total: float | None = None
+    # Seconds the engine spent prefilling prompts since it started (vLLM's request_prefill_time sum,
+    # llama.cpp's prompt_seconds_total): over the prompt tokens it computed, its prefill rate.
+    prefill_seconds_total: float | None = None
     # The longest sequence (prompt + output) the engine takes, as its GET /v1/models says; None when
     # it does not say (or was not asked yet).
     context_length: int | None = None
@@ -371,6 +377,10 @@ class EndpointUse:
     inflight: int = 0
     ok_at: float | None = None
     fail_at: float | None = None
+    # Prefix-cache routing since the process started: (prompt tokens routed with block keys, of them
+    # expected cached at this endpoint, prompt tokens of answers that said what they reused, of them
+    # reused as the engine said: llama.cpp's timings.cache_n). None: nothing to say.
+    prefix: tuple[float, float, float, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -401,14 +411,16 @@ class GatewayReport:
     def to_dict(self) -> dict:
         d = asdict(self)
         # Compact: a report is rewritten several times a second by every gateway process.
-        d["endpoints"] = {k: [u.inflight, u.ok_at, u.fail_at] for k, u in self.endpoints.items()}
+        d["endpoints"] = {k: [u.inflight, u.ok_at, u.fail_at, *([list(u.prefix)] if u.prefix else [])]
+                          for k, u in self.endpoints.items()}
         d["models"] = {k: [m.inflight, m.queued, m.last_request_at] for k, m in self.models.items()}
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "GatewayReport":
         d = dict(d)
-        d["endpoints"] = {k: EndpointUse(*v) for k, v in (d.get("endpoints") or {}).items()}
+        d["endpoints"] = {k: EndpointUse(*v[:3], tuple(v[3]) if len(v) > 3 and v[3] else None)
+                          for k, v in (d.get("endpoints") or {}).items()}
         d["models"] = {k: ModelDemand(*v) for k, v in (d.get("models") or {}).items()}
         return _from_dict(cls, d)
 

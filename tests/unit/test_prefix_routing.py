@@ -250,3 +250,33 @@ def test_empty_indexes_agree_on_the_replica():
     other = req(chat("hello", cache_salt="tenant-2"), objective=FIRST_TOKEN)
     assert {pick(other, seed=s).endpoint.id for s in range(20)} != set() and len(
         {pick(other, seed=s).endpoint.id for s in range(20)}) == 1
+
+
+# --- the prefill rate ---------------------------------------------------------------------------------
+def test_the_prefill_rate_is_learned_from_the_engines_counters():
+    from gateway.routing.prefill import prefill_seen
+    from llmgw.state.records import LoadRecord
+
+    a = LoadRecord("e", ts=1.0, ok=True, prompt_tokens_total=1000, prefix_hits_total=200, prefill_seconds_total=1.0)
+    # 3000 prompt tokens, 1000 of them cached: 2000 computed in 0.5 s
+    b = LoadRecord("e", ts=2.0, ok=True, prompt_tokens_total=4000, prefix_hits_total=1200, prefill_seconds_total=1.5)
+    assert prefill_seen(a, b, None) == 0.5 / 2000
+    assert prefill_seen(a, b, 0.001) == 0.001 + 0.3 * (0.5 / 2000 - 0.001)
+    assert prefill_seen(b, b, 0.001) == 0.001  # idle between the scrapes: nothing new
+    assert prefill_seen(None, b, None) is None
+    reset = LoadRecord("e", ts=3.0, ok=True, prompt_tokens_total=5000, prefix_hits_total=0, prefill_seconds_total=0.1)
+    assert prefill_seen(b, reset, 0.002) == 0.002  # the engine restarted
+    llama = LoadRecord("e", ts=2.0, ok=True, prompt_tokens_total=1400, prefill_seconds_total=3.0)
+    assert prefill_seen(LoadRecord("e", ts=1.0, ok=True, prompt_tokens_total=400, prefill_seconds_total=1.0),
+                        llama, None) == 2.0 / 1000  # llama.cpp counts the computed tokens only
+
+
+def test_a_learned_slow_prefill_makes_a_hit_worth_more():
+    long = {"model": "m", "messages": [{"role": "system", "content": "policy " * 1000}, {"role": "user", "content": "x"}]}
+    r = req(long)
+    full = len(r.prefix)
+    assert pick(r, inflight={"b": 3}, matched={"b": full}).endpoint.id != "b"  # at 0.1 ms a token: not worth it
+    slow = {i: EndpointStats(speed=Speed(1.0, 0.05), last_sample=NOW, prefill=0.001) for i in ("a", "b", "c")}
+    c = choose([ep("a"), ep("b"), ep("c")], {}, {"b": 3}, r, NOW, stats=slow, cfg=CFG, rng=random.Random(0),
+               matched={"b": full})
+    assert c.endpoint.id == "b" and c.saved == c.matched * 0.001
