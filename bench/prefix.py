@@ -113,15 +113,17 @@ class Result:
     latency: float
     server: str
     text: str
+    predicted: tuple[float, float] | None = None  # llmgw's X-LLMGW-Prefix: (matched, prompt) tokens
 
 
+_PREFIX = re.compile(rb"(?i)\r\nx-llmgw-prefix: matched=(\d+)/(\d+)")
 _CONTENT = re.compile(r'"(?:content|text)": ?"(?!")')
 
 
 async def chat(host: str, port: int, body: dict, timeout: float) -> Result:
     """One streamed chat request; the answer's text, time to its first content token, its engine."""
     start = time.monotonic()
-    status, ttft, server, text = 0, None, "", []
+    status, ttft, server, text, predicted = 0, None, "", [], None
     writer = None
     try:
         async with asyncio.timeout(timeout):
@@ -129,7 +131,10 @@ async def chat(host: str, port: int, body: dict, timeout: float) -> Result:
             raw = json.dumps(body).encode()
             writer.write(b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
                          b"Connection: close\r\n\r\n%s" % (CHAT.encode(), host.encode(), len(raw), raw))
-            status = int((await reader.readuntil(b"\r\n\r\n")).split(b" ", 2)[1])
+            head = await reader.readuntil(b"\r\n\r\n")
+            status = int(head.split(b" ", 2)[1])
+            if m := _PREFIX.search(head):
+                predicted = (float(m.group(1)), float(m.group(2)))
             buf = b""
             while chunk := await reader.read(65536):
                 buf += chunk
@@ -149,7 +154,7 @@ async def chat(host: str, port: int, body: dict, timeout: float) -> Result:
     finally:
         if writer is not None:
             writer.close()
-    return Result(status, ttft, time.monotonic() - start, server, "".join(text))
+    return Result(status, ttft, time.monotonic() - start, server, "".join(text), predicted)
 
 
 def run_traffic(url: str, convs: list[Conversation]) -> list[Result]:
@@ -225,7 +230,13 @@ class Row:
         share = "/".join(str(v) for v in self.shares.values())
         return (f"  {self.router:11} {pct(ttft, .5):7.3f} {pct(ttft, .9):7.3f} {pct(ttft, .99):7.3f} "
                 f"{pct(lat, .5):7.2f} {pct(lat, .99):7.2f} {len(self.results) - len(ok):5}/{len(self.results):<5} "
-                f"{100 * self.hit_ratio:5.1f}%  {share}")
+                f"{100 * self.hit_ratio:5.1f}%  {share}{self.expected()}")
+
+    def expected(self) -> str:
+        """llmgw's own prediction (its answers' X-LLMGW-Prefix), beside the engines' measured hits."""
+        got = [r.predicted for r in self.results if r.predicted is not None]
+        total = sum(p for _, p in got)
+        return f"  (expected {100 * sum(m for m, _ in got) / total:.1f}%)" if total else ""
 
 
 def run_router(kind: str, cluster: Cluster, fleet: Fleet, convs: list[Conversation], workdir: Path) -> Row:
