@@ -241,6 +241,10 @@ class EngineAdapter(ABC):
         """Names of the (prompt, generation) token counters this profile's engine process exports."""
         return self.prompt_tokens_metric, self.generation_tokens_metric
 
+    def cache_metrics(self, profile: Profile) -> tuple[str | None, str | None, str | None]:
+        """Names of the (prefix-cache queried tokens, hit tokens, prefill seconds) series it exports."""
+        return self.prefix_queries_metric, self.prefix_hits_metric, self.prefill_seconds_metric
+
     def multi_node_args(self, ctx: LaunchContext) -> tuple[list[str], bool]:
         """vLLM-style multi-node flags for this part of a replica, and whether it is headless (a
         member: no HTTP). Engines that take `--nnodes/--node-rank/--master-addr/--master-port/

@@ -96,13 +96,14 @@ def read_load(metrics_text: str, engine: EngineAdapter, profile: Profile) -> Map
             if kv is not None:
                 break
     prompt_name, gen_name = engine.token_metrics(profile)
+    queries_name, hits_name, prefill_name = engine.cache_metrics(profile)
     return MappedLoad(
         running=_sum(_values(samples, mapping.running)),
         waiting=_sum(_values(samples, mapping.waiting)),
         kv_usage=_mean(kv),
         prompt_tokens_total=_sum(_values(samples, prompt_name)),
         generation_tokens_total=_sum(_values(samples, gen_name)),
-        prefix_queries_total=_sum(_values(samples, engine.prefix_queries_metric)),
-        prefix_hits_total=_sum(_values(samples, engine.prefix_hits_metric)),
-        prefill_seconds_total=_sum(_values(samples, engine.prefill_seconds_metric)),
+        prefix_queries_total=_sum(_values(samples, queries_name)),
+        prefix_hits_total=_sum(_values(samples, hits_name)),
+        prefill_seconds_total=_sum(_values(samples, prefill_name)),
     )

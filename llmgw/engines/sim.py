@@ -112,6 +112,11 @@ class SimAdapter(EngineAdapter):
             return LlamaCppAdapter.prompt_tokens_metric, LlamaCppAdapter.generation_tokens_metric
         return super().token_metrics(profile)
 
+    def cache_metrics(self, profile: Profile) -> tuple[str | None, str | None, str | None]:
+        if _metrics_style(profile.args) == "llamacpp":
+            return None, None, LlamaCppAdapter.prefill_seconds_metric
+        return super().cache_metrics(profile)
+
     def command(self, ctx: LaunchContext) -> LaunchSpec:
         p = ctx.profile
         argv = [sys.executable, "-m", "simengine", "--host", ctx.host, "--port", str(ctx.port),

@@ -43,3 +43,4 @@ def test_llamacpp_style_looks_like_llama_server():
     load = read_load(text, get_engine("sim"), p)
     assert (load.running, load.waiting, load.kv_usage) == (3, 2, None)
     assert (load.prompt_tokens_total, load.generation_tokens_total) == (120, 48)
+    assert (load.prefix_queries_total, load.prefix_hits_total, load.prefill_seconds_total) == (None, None, 0.5)
