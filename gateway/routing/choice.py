@@ -16,6 +16,12 @@ engine's own queue or KV cache), or when a saturated endpoint frees a slot so so
 it beats every open one by `wait_margin`. Priority tiers: the highest tier that has an unsaturated
 endpoint takes the request. A request with an affinity key (session) goes to its rendezvous-hash
 endpoint while that one is not overloaded.
+
+Prefix caches (gateway.routing.prefixkeys, prefixindex): the prefill a request still needs at an
+endpoint, its prompt less what that endpoint is expected to hold, is part of the same cost, so a hit
+is traded against queueing; near-ties go by rendezvous hashing of the prompt's head, so gateways
+that have not seen a conversation agree on its replica. A streamed request minimises its expected
+first token, a non-streamed one its completion (`RouteRequest.objective`).
 """
 
 from __future__ import annotations

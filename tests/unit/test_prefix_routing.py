@@ -280,3 +280,28 @@ def test_a_learned_slow_prefill_makes_a_hit_worth_more():
     c = choose([ep("a"), ep("b"), ep("c")], {}, {"b": 3}, r, NOW, stats=slow, cfg=CFG, rng=random.Random(0),
                matched={"b": full})
     assert c.endpoint.id == "b" and c.saved == c.matched * 0.001
+
+
+def test_the_objective_comes_from_the_request_unless_the_catalog_fixes_it():
+    from gateway.request.call import Call
+    from gateway.request.surface import ROUTES
+    from gateway.routing.tables import tables_from
+
+    def planned(body, objective=None):
+        c = Call(ROUTES[CHAT], "m", b"", body)
+        c.plan_prefix("m", objective)
+        return c
+
+    assert planned(chat("hi", stream=True)).objective == FIRST_TOKEN
+    assert planned(chat("hi")).objective == COMPLETION
+    assert planned(chat("hi", stream=True), COMPLETION).objective == COMPLETION
+    c = planned(chat("hi"))
+    assert c.prefix == prefix_of(chat("hi"), CHAT, "m")[0] and c.prompt_tokens > 0
+    off = Call(ROUTES[CHAT], "m", b"", chat("hi"))
+    off.plan_prefix("m", None, enabled=False)
+    assert off.prefix == () and off.prompt_tokens == 0
+    # the catalog's routing.objective, published on the model's endpoints, reaches the tables
+    names = type("Names", (), {"canonical": {}, "groups": [], "cold_start": {}})()
+    eps = [EndpointInfo(id="a", url="u", models=("m",), engine="sim", model="m", objective=FIRST_TOKEN),
+           EndpointInfo(id="b", url="u", models=("n",), engine="sim", model="n")]
+    assert tables_from(1, "f", eps, names, {}).objectives == {"m": FIRST_TOKEN}
