@@ -198,7 +198,9 @@ def choose(
         speed = effective_speed(st, best, now, cfg) or NOTHING_KNOWN
         slots = slots_of(e, st)
         kv = load.kv_usage if load is not None else None
-        hit = min(total, matched[e.id] * TOKENS_PER_BLOCK) if matched and e.id in matched else 0.0
+        raw = min(total, matched[e.id] * TOKENS_PER_BLOCK) if matched and e.id in matched else 0.0
+        # priced at what that engine was seen to keep of what its index expected
+        hit = raw * st.prefix_trust if raw and st is not None else raw
         # the endpoint's own prefill rate once its engine showed one (gateway.routing.prefill)
         per_token = (st.prefill if st is not None and st.prefill is not None else modelled) if modelled else 0.0
         if soft and hit and not hard and e.capacity and e.capacity <= ahead < e.capacity + cfg.max_waiting:
@@ -208,7 +210,7 @@ def choose(
             soft = False
         cands.append(_Cand(e, ahead, hard or soft,
                            score(speed, ahead, slots, e.weight, kv, cfg, (total - hit) * per_token, request.objective),
-                           soft and not hard, speed, slots, hit, hit * per_token))
+                           soft and not hard, speed, slots, raw, hit * per_token))
 
     # The benchmark baselines behave like the peers' routers: no saturation, no admission.
     if cfg.policy == "round_robin":
@@ -281,6 +283,16 @@ def _pick(tier: list[_Cand], request: RouteRequest, rng: random.Random, cfg: Rou
         for c in sorted(tier, key=lambda c: _rendezvous(request.affinity, c.ep.id), reverse=True):
             if c.ahead <= bound:
                 return _choice(c, False, why + ", affinity", cfg, request)
+    if request.prefix and not any(c.matched for c in tier):
+        # Nobody here was sent this prompt's head: place it by rendezvous hashing of the head among
+        # the endpoints whose cost is within `affinity_load_factor` of the best (load-bounded, and a
+        # slow engine is not picked for a hash), so every gateway process, each with its own index,
+        # puts a new system prompt on the same replica and its later requests find it there.
+        head = _head(request.prefix)
+        low = min(c.score for c in tier)
+        within = [c for c in tier if c.score <= low * cfg.affinity_load_factor]
+        return _choice(max(within, key=lambda c: _rendezvous(head, c.ep.id)), False, why + ", prefix placed", cfg,
+                       request)
     low = min(c.score for c in tier)
     near = [c for c in tier if c.score <= low * (1 + cfg.tie_tolerance)]
     if len(near) == 1:

@@ -32,3 +32,19 @@ def prefill_seen(old: LoadRecord | None, rec: LoadRecord, prev: float | None) ->
         return prev
     sample = seconds / computed
     return sample if prev is None else prev + ALPHA * (sample - prev)
+
+
+TRUST_MIN_TOKENS = 20000.0  # prompt tokens the answers must have reported before the ratio is trusted
+
+
+def trust_of(tally: tuple[float, float, float, float] | list[float] | None) -> float:
+    """How much of an expected prefix hit the engine really kept, from the router's tally (prompt
+    tokens routed with keys, expected cached, prompt tokens of answers that reported reuse, reused):
+    the measured hit ratio over the expected one, at most 1. An engine that keeps less than the index
+    says (llama.cpp's slots keep one prompt each, not every block sent) then has its hits priced at
+    what they are worth, and the router stops piling requests onto it for hits that are not there."""
+    if not tally or tally[2] < TRUST_MIN_TOKENS or tally[0] <= 0 or tally[1] <= 0:
+        return 1.0
+    expected = tally[1] / tally[0]
+    measured = tally[3] / tally[2]
+    return max(0.0, min(1.0, measured / expected))

@@ -24,6 +24,7 @@ from gateway.routing.choice import Choice, Rejection, RouteRequest, choose, flee
 from gateway.routing.inflight import InFlight
 from gateway.routing.learn import Learning, answer_sample, fold_answers, is_new, observe_loads
 from gateway.routing.load import NO_STATS, EndpointStats
+from gateway.routing.prefill import trust_of
 from gateway.routing.prefixindex import PrefixIndex
 from gateway.routing.tables import EMPTY, Snapshot, Tables
 from llmgw.state.clock import Clock
@@ -240,6 +241,10 @@ class Router:
                 answers = counts.take_answers()
             self._learning, stats = observe_loads(self._learning, loads, snap.loads, snap.stats, held, answers,
                                                   snap.tables.by_id, seen, self.routing)
+            with self.lock:
+                trust = {i: trust_of(t) for i, t in self.prefix_tally.items()}
+            stats = {i: (replace(st, prefix_trust=trust[i]) if i in trust and trust[i] != st.prefix_trust else st)
+                     for i, st in stats.items()}
             self.snapshot = Snapshot(snap.tables, loads, stats)
         self.on_release()
 

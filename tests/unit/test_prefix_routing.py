@@ -305,3 +305,19 @@ def test_the_objective_comes_from_the_request_unless_the_catalog_fixes_it():
     eps = [EndpointInfo(id="a", url="u", models=("m",), engine="sim", model="m", objective=FIRST_TOKEN),
            EndpointInfo(id="b", url="u", models=("n",), engine="sim", model="n")]
     assert tables_from(1, "f", eps, names, {}).objectives == {"m": FIRST_TOKEN}
+
+
+def test_an_engine_that_keeps_less_than_expected_has_its_hits_discounted():
+    from gateway.routing.prefill import trust_of
+
+    assert trust_of(None) == 1.0 and trust_of((1e5, 7e4, 1000.0, 0.0)) == 1.0  # too few reports yet
+    assert trust_of((1e5, 7e4, 5e4, 1.75e4)) == 0.5  # expected 70 %, kept 35 %
+    assert trust_of((1e5, 5e4, 5e4, 4e4)) == 1.0  # kept more than expected: never above 1
+    long = {"model": "m", "messages": [{"role": "system", "content": "policy " * 2400}, {"role": "user", "content": "x"}]}
+    r = req(long)
+    full = len(r.prefix)
+    stats = lambda t: {i: EndpointStats(speed=Speed(1.0, 0.05), last_sample=NOW, prefix_trust=t) for i in "abc"}
+    kw = dict(cfg=CFG, rng=random.Random(0), matched={"b": full})
+    assert choose([ep("a"), ep("b"), ep("c")], {}, {"b": 2}, r, NOW, stats=stats(1.0), **kw).endpoint.id == "b"
+    c = choose([ep("a"), ep("b"), ep("c")], {}, {"b": 2}, r, NOW, stats=stats(0.1), **kw)
+    assert c.endpoint.id != "b"
