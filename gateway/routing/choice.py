@@ -203,10 +203,12 @@ def choose(
         hit = raw * st.prefix_trust if raw and st is not None else raw
         # the endpoint's own prefill rate once its engine showed one (gateway.routing.prefill)
         per_token = (st.prefill if st is not None and st.prefill is not None else modelled) if modelled else 0.0
-        if soft and hit and not hard and e.capacity and e.capacity <= ahead < e.capacity + cfg.max_waiting:
+        if (soft and hit and not hard and e.capacity and e.capacity <= ahead < e.capacity + cfg.max_waiting
+                and load is not None and load.waiting is not None):
             # It holds this prompt: the request may wait in its engine's queue, up to the engine's own
             # waiting limit past capacity, when the cost says that still beats a miss elsewhere (the
-            # wait for a slot is part of the cost: a hit is traded against queueing).
+            # wait for a slot is part of the cost: a hit is traded against queueing). Only where the
+            # engine shows its queue: blind, the gateway would pile requests onto it.
             soft = False
         cands.append(_Cand(e, ahead, hard or soft,
                            score(speed, ahead, slots, e.weight, kv, cfg, (total - hit) * per_token, request.objective),

@@ -321,3 +321,20 @@ def test_an_engine_that_keeps_less_than_expected_has_its_hits_discounted():
     assert choose([ep("a"), ep("b"), ep("c")], {}, {"b": 2}, r, NOW, stats=stats(1.0), **kw).endpoint.id == "b"
     c = choose([ep("a"), ep("b"), ep("c")], {}, {"b": 2}, r, NOW, stats=stats(0.1), **kw)
     assert c.endpoint.id != "b"
+
+
+def test_a_full_endpoint_holding_the_prompt_may_queue_it_only_where_its_engine_shows_its_queue():
+    from llmgw.state.records import LoadRecord
+
+    long = {"model": "m", "messages": [{"role": "system", "content": "policy " * 2400}, {"role": "user", "content": "x"}]}
+    r = req(long, objective=FIRST_TOKEN)
+    eps = [ep("a", capacity=2), ep("b", capacity=2)]
+    stats = {i: EndpointStats(speed=Speed(1.0, 0.05), last_sample=NOW, prefill=0.001) for i in "ab"}
+    kw = dict(stats=stats, cfg=CFG, rng=random.Random(0), matched={"b": len(r.prefix)})
+    shown = {i: LoadRecord(i, ts=NOW, ok=True, running=2 if i == "b" else 1, waiting=0) for i in "ab"}
+    assert choose(eps, shown, {"b": 2, "a": 1}, r, NOW, **kw).endpoint.id == "b"  # waits there for its hit
+    blind = choose(eps, {}, {"b": 2, "a": 1}, r, NOW, **kw)
+    assert not (isinstance(blind, Choice) and blind.endpoint.id == "b")  # blind: never sent past capacity
+    deep = {**shown, "b": LoadRecord("b", ts=NOW, ok=True, running=2, waiting=5)}
+    full = choose(eps, deep, {"b": 7, "a": 1}, r, NOW, **kw)
+    assert not (isinstance(full, Choice) and full.endpoint.id == "b")  # the engine's own waiting limit
