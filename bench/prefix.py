@@ -2,7 +2,7 @@
 cache-aware peers, same run, side by side.
 
     python bench/prefix.py [--quick] [--routers llmgw,nginx,vllm-cache,smg] [--conversations 80]
-                           [--rate 2.0] [--mix 0.2] [--uneven] [--seed 1]
+                           [--rate 2.0] [--mix 0.2] [--uneven] [--make vllm|llamacpp] [--seed 1]
 
 The traffic: conversations of 3-8 turns, each over one of 24 system prompts of hundreds to thousands
 of tokens; a conversation's next turn resends its whole history (the answers as received) after a
@@ -49,6 +49,14 @@ TOPICS = ("billing", "shipping", "returns", "accounts", "security", "pricing", "
           "insurance", "telecom", "payroll", "hiring", "weather")
 FILLER = ("policy", "customer", "request", "answer", "always", "never", "polite", "precise", "context", "detail",
           "example", "refund", "account", "order", "number", "agent", "support", "escalate", "summary", "tone")
+
+
+def personality(make: str) -> None:
+    """Start the sim engines as `make` (bench.routing starts them; its argv gains the flag)."""
+    import bench.routing as routing
+
+    base = routing.engine_argv
+    routing.engine_argv = lambda e, port: [*base(e, port), "--metrics-style", make]
 
 
 def engines(uneven: bool) -> tuple[Engine, ...]:
@@ -113,15 +121,18 @@ class Result:
     latency: float
     server: str
     text: str
+    predicted: tuple[float, float] | None = None  # llmgw's X-LLMGW-Prefix: (matched, prompt) tokens
+    reused: tuple[float, float] | None = None  # llama-server's timings: (cache_n, prompt tokens)
 
 
+_PREFIX = re.compile(rb"(?i)\r\nx-llmgw-prefix: matched=(\d+)/(\d+)")
 _CONTENT = re.compile(r'"(?:content|text)": ?"(?!")')
 
 
 async def chat(host: str, port: int, body: dict, timeout: float) -> Result:
     """One streamed chat request; the answer's text, time to its first content token, its engine."""
     start = time.monotonic()
-    status, ttft, server, text = 0, None, "", []
+    status, ttft, server, text, predicted, reused = 0, None, "", [], None, None
     writer = None
     try:
         async with asyncio.timeout(timeout):
@@ -129,7 +140,10 @@ async def chat(host: str, port: int, body: dict, timeout: float) -> Result:
             raw = json.dumps(body).encode()
             writer.write(b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
                          b"Connection: close\r\n\r\n%s" % (CHAT.encode(), host.encode(), len(raw), raw))
-            status = int((await reader.readuntil(b"\r\n\r\n")).split(b" ", 2)[1])
+            head = await reader.readuntil(b"\r\n\r\n")
+            status = int(head.split(b" ", 2)[1])
+            if m := _PREFIX.search(head):
+                predicted = (float(m.group(1)), float(m.group(2)))
             buf = b""
             while chunk := await reader.read(65536):
                 buf += chunk
@@ -139,6 +153,8 @@ async def chat(host: str, port: int, body: dict, timeout: float) -> Result:
                         continue
                     event = json.loads(line[6:])
                     server = server or event.get("system_fingerprint") or ""
+                    if isinstance(t := event.get("timings"), dict):
+                        reused = (float(t.get("cache_n") or 0), float(t.get("cache_n") or 0) + float(t.get("prompt_n") or 0))
                     for choice in event.get("choices") or []:
                         piece = (choice.get("delta") or {}).get("content") or ""
                         if piece and ttft is None:
@@ -149,7 +165,7 @@ async def chat(host: str, port: int, body: dict, timeout: float) -> Result:
     finally:
         if writer is not None:
             writer.close()
-    return Result(status, ttft, time.monotonic() - start, server, "".join(text))
+    return Result(status, ttft, time.monotonic() - start, server, "".join(text), predicted, reused)
 
 
 def run_traffic(url: str, convs: list[Conversation]) -> list[Result]:
@@ -228,7 +244,13 @@ class Row:
         share = "/".join(str(v) for v in self.shares.values())
         return (f"  {self.router:11} {pct(ttft, .5):7.3f} {pct(ttft, .9):7.3f} {pct(ttft, .99):7.3f} "
                 f"{pct(lat, .5):7.2f} {pct(lat, .99):7.2f} {len(self.results) - len(ok):5}/{len(self.results):<5} "
-                f"{100 * self.hit_ratio:5.1f}%  {share}")
+                f"{100 * self.hit_ratio:5.1f}%  {share}{self.expected()}")
+
+    def expected(self) -> str:
+        """llmgw's own prediction (its answers' X-LLMGW-Prefix), beside the engines' measured hits."""
+        got = [r.predicted for r in self.results if r.predicted is not None]
+        total = sum(p for _, p in got)
+        return f"  (expected {100 * sum(m for m, _ in got) / total:.1f}%)" if total else ""
 
 
 def run_router(kind: str, cluster: Cluster, fleet: Fleet, convs: list[Conversation], workdir: Path) -> Row:
@@ -241,6 +263,8 @@ def run_router(kind: str, cluster: Cluster, fleet: Fleet, convs: list[Conversati
         after = counters(rf.urls)
         hits = sum(after[n][0] - before[n][0] for n in after)
         queries = sum(after[n][1] - before[n][1] for n in after)
+        if not queries:  # llama.cpp's personality: no prefix-cache counters, its answers' timings say it
+            hits, queries = (sum(r.reused[i] for r in results if r.reused is not None) for i in (0, 1))
         shares = {n: 0 for n in rf.names}
         for r in results:
             if r.status == 200:
@@ -261,6 +285,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mix", type=float, default=0.2, help="share of one-shot requests, 0 to below 1")
     ap.add_argument("--uneven", action="store_true", help="engine speeds 2, 1, 1, 0.5 instead of four equal ones")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--make", choices=("vllm", "llamacpp"), default="vllm",
+                    help="the engines' personality: vLLM's prefix cache, or llama.cpp's slots that keep one prompt "
+                         "each (its /metrics names too: the agent's sim mapping then reads no load figures)")
     ap.add_argument("--quick", action="store_true", help="a smoke test: 8 conversations")
     a = ap.parse_args(argv)
     unknown = [r for r in a.routers.split(",") if r not in ROUTERS]
@@ -275,11 +302,13 @@ def main(argv: list[str] | None = None) -> int:
     for r in [r for r in routers if missing.get(r)]:
         print(f"{r} not found (nginx: apt-get install nginx; the others: pip install -e '.[bench]'): left out")
         routers.remove(r)
+    if a.make == "llamacpp":
+        personality("llamacpp")
     fleet = Fleet("prefix-uneven" if a.uneven else "prefix", engines(a.uneven))
     convs = workload(n, a.rate, a.mix, a.seed)
     requests_n = sum(c.turns for c in convs)
     print(f"{n} conversations + {sum(c.one_shot for c in convs)} one-shot requests ({requests_n} requests), "
-          f"{len(fleet.engines)} engines, speeds {[e.sim.speed for e in fleet.engines]}")
+          f"{len(fleet.engines)} {a.make} engines, speeds {[e.sim.speed for e in fleet.engines]}")
     print(f"  {'router':11} {'ttft50':>7} {'ttft90':>7} {'ttft99':>7} {'e2e50':>7} {'e2e99':>7} {'err/n':>11} "
           f"{'hits':>6}  served ({'/'.join(e.name for e in fleet.engines)})", flush=True)
     workdir = Path(tempfile.mkdtemp(prefix="llmgw-bench-prefix-"))

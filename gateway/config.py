@@ -72,6 +72,12 @@ class RoutingConfig(EnvSettings):
                                            "speed follows a changing engine")
     # An endpoint that refused a connection is passed over for this long (seconds) while its peers
     # can serve, instead of costing a retry on every request until the publisher drops it.
+    # Prefill seconds per prompt token assumed when routing by prefix match (gateway.routing.prefixkeys):
+    # what a cached token saves, and what an uncached one costs the request and the batch it joins.
+    # A GPU replica of a 7-8B model prefills ~5-20k tokens/s (0.05-0.2 ms); a CPU llama.cpp far slower.
+    prefill_ms_per_token: float = env("LLMGW_GATEWAY_PREFILL_MS_PER_TOKEN", default=0.1, ge=0,
+                                      meaning="milliseconds of prefill per prompt token, for the prefix-cache "
+                                              "term of the score (0: prefix matches are ignored)")
     eject_for: Seconds = env("LLMGW_GATEWAY_EJECT_FOR", default=5.0, ge=0,
                              meaning="seconds an endpoint that refused a connection is passed over while its peers can serve (0: never)")
 

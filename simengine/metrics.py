@@ -114,6 +114,12 @@ class _VllmCollector:
         h = HistogramMetricFamily("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", labels=labels)
         h.add_metric(lv, s.e2e.cumulative(), s.e2e.total)
         yield h
+        # The engine's prefill time (its steps' prefill share, summed): the sum is what a router reads
+        # as seconds per computed prompt token; the buckets are not modelled (only +Inf).
+        h = HistogramMetricFamily("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase "
+                                  "for request.", labels=labels)
+        h.add_metric(lv, [("+Inf", s.ttft.n)], s.busy_seconds_prompt)
+        yield h
         if s.lora_info:
             names = ["max_lora", "waiting_lora_adapters", "running_lora_adapters"]
             g = GaugeMetricFamily("vllm:lora_requests_info", "Running stats on lora requests.", labels=names)

@@ -18,6 +18,7 @@ from gateway.observe.traffic import TrafficCounter
 from gateway.request.client import ClientConn
 from gateway.request.surface import Route
 from gateway.response_ids import IdRewrite
+from gateway.routing.choice import Choice
 from gateway.routing.router import Lease
 from gateway.upstream.assemble import Assembler
 from gateway.upstream.client import STREAM_REPLACED, UpstreamResponse, response_headers
@@ -69,6 +70,17 @@ class RawAnswer:
         return self.body
 
 
+def prefix_note(c: Choice, metrics: Metrics) -> str:
+    """The prefix-cache routing of a request, for its answer's header, and counted in the metrics."""
+    ep = c.endpoint.id
+    metrics.child(metrics.prefix_prompt, ep).inc(c.prompt)
+    if c.matched:
+        metrics.child(metrics.prefix_predicted, ep).inc(c.matched)
+        metrics.child(metrics.prefix_saved, ep).inc(c.saved)
+    return (f"matched={int(c.matched)}/{int(c.prompt)} tokens; endpoint_hit={c.matched / c.prompt:.2f}; "
+            f"saved_ms={c.saved * 1000:.1f}")
+
+
 class OpenRequests:
     """Requests being proxied (parsed, queued, or streaming) in this process, and the most it takes
     before answering 503: each holds a client connection, and once routed an upstream one. The
@@ -110,6 +122,8 @@ class Answers:
         if assembling:
             headers.append(("Content-Type", "application/json"))
         headers += [("X-Request-Id", rid), ("X-LLMGW-Endpoint", ep.id)]
+        if lease.choice.prompt:
+            headers.append(("X-LLMGW-Prefix", prefix_note(lease.choice, self.metrics)))
         status = resp.status
         key_id = key.id if key else ANONYMOUS
         limited = bool(key and key.tpm)
@@ -131,6 +145,10 @@ class Answers:
             if charted:  # else the error answer raised next is counted (Proxy.refused)
                 traffic.request(canon, error=not completed or status >= 500, seconds=now - t0)
                 trace.finish(status, completed, usage)
+            cached = getattr(usage, "cached", None)  # gateway.upstream.stream.Usage
+            if cached is not None and status < 400:
+                lease.router.reused(ep.id, usage[0], cached)
+                child(metrics.prefix_measured, ep.id).inc(cached)
             if usage:
                 child(metrics.tokens, model, "prompt").inc(usage[0])
                 child(metrics.tokens, model, "completion").inc(usage[1])

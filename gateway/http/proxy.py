@@ -81,6 +81,7 @@ class Proxy:
             router.requested(model)
         canon = environ["llmgw.model"] = tables.canonical.get(model, model)  # known: charts may count it
         call.adapter = tables.adapters.get(model) if tables.adapters else None  # a LoRA adapter's name
+        call.plan_prefix(canon, tables.objectives.get(canon), self.cfg.routing.prefill_ms_per_token > 0)
         if key is not None:
             gate.limit(key, model)
         affinity = environ.get("HTTP_X_SESSION_ID") or call.affinity
@@ -152,7 +153,8 @@ class Proxy:
         router, cfg = self.router, self.cfg
         q = self.queues.get(call.model)
         trace.admitting(len(q))
-        req = RouteRequest(call.model, prio, affinity, exclude, len(q) + 1, op=call.route.op, pin=call.pin)
+        req = RouteRequest(call.model, prio, affinity, exclude, len(q) + 1, op=call.route.op, pin=call.pin,
+                           prefix=call.prefix, prompt_tokens=call.prompt_tokens, objective=call.objective)
         res = router.route(req)
         if isinstance(res, Rejection) and res.kind == "unknown_model":
             timeout = router.tables.cold_start.get(req.model)

@@ -49,6 +49,17 @@ class Metrics:
         self.retries = Counter("llmgw_gateway_retries", "Retries on another endpoint", ["model"], **kw)
         self.upstream_errors = Counter("llmgw_gateway_upstream_errors", "Upstream failures by endpoint and kind",
                                        ["endpoint", "kind"], **kw)
+        # Prefix-cache routing (gateway.routing.prefixkeys): what the gateway expected each endpoint to
+        # hold of the prompts it sent there, and the prefill it expected that to save; the engines'
+        # own counters (vllm:prefix_cache_hits, llama.cpp timings.cache_n) say what they kept.
+        self.prefix_prompt = Counter("llmgw_gateway_prefix_prompt_tokens", "Prompt tokens (estimated) of requests "
+                                     "routed with block keys, by endpoint", ["endpoint"], **kw)
+        self.prefix_predicted = Counter("llmgw_gateway_prefix_predicted_hit_tokens", "Prompt tokens the chosen "
+                                        "endpoint was expected to hold in its prefix cache", ["endpoint"], **kw)
+        self.prefix_saved = Counter("llmgw_gateway_prefix_saved_seconds", "Prefill seconds the expected prefix "
+                                    "hits save (at LLMGW_GATEWAY_PREFILL_MS_PER_TOKEN)", ["endpoint"], **kw)
+        self.prefix_measured = Counter("llmgw_gateway_prefix_measured_hit_tokens", "Prompt tokens the engine "
+                                       "reported it reused (llama.cpp timings.cache_n)", ["endpoint"], **kw)
         self.endpoints_version = Gauge("llmgw_gateway_endpoints_version", "Version of the endpoint list in use",
                                        multiprocess_mode="livemax", **kw)
         self.endpoints = Gauge("llmgw_gateway_endpoints", "Endpoints in the list in use",

@@ -44,6 +44,7 @@ def gateway_report(
     model_inflight: Mapping[str, int],
     queued: Mapping[str, int],
     last_request_at: Mapping[str, float],
+    prefix: Mapping[str, tuple[float, float, float, float]] | None = None,
 ) -> GatewayReport:
     """The report for this instant. Endpoints appear only when they have something to say: requests
     in flight, or a success or failure within EVIDENCE_WINDOW. Models appear once they were asked for
@@ -53,7 +54,7 @@ def gateway_report(
     for eid in inflight.keys() | ok_at.keys() | fail_at.keys():
         n, ok, fail = inflight.get(eid, 0), ok_at.get(eid), fail_at.get(eid)
         if n > 0 or (ok is not None and ok >= since) or (fail is not None and fail >= since):
-            endpoints[eid] = EndpointUse(n, ok, fail)
+            endpoints[eid] = EndpointUse(n, ok, fail, prefix.get(eid) if prefix else None)
     models = {}
     for name in model_inflight.keys() | queued.keys() | last_request_at.keys():
         n, q, last = model_inflight.get(name, 0), queued.get(name, 0), last_request_at.get(name)

@@ -17,6 +17,8 @@ from gateway.request.forms import FormError, find_field
 from gateway.request.surface import Route, engine_path
 from gateway.response_ids import IdRewrite, unwrap
 from gateway.routing.adapters import AdapterRoute
+from gateway.routing.choice import COMPLETION, FIRST_TOKEN
+from gateway.routing.prefixkeys import prefix_of
 from gateway.routing.tables import Tables
 from llmgw import surface as op
 from llmgw.engines import ENGINES, get_engine
@@ -36,7 +38,7 @@ class Call:
     endpoint takes it (the body with the endpoint's served name, the engine's path)."""
 
     __slots__ = ("route", "model", "data", "body", "form_at", "pin", "response_id", "previous", "query", "adapter",
-                 "client")
+                 "client", "prefix", "prompt_tokens", "objective")
 
     def __init__(self, route: Route, model: str, data: bytes | None = None, body: dict | None = None,
                  form_at: tuple[int, int] | None = None, pin: str | None = None,
@@ -49,6 +51,19 @@ class Call:
         self.query = query
         self.adapter: AdapterRoute | None = None  # the LoRA adapter it names (set by the proxy)
         self.client = ClientConn(None)  # the client's connection (read_call sets it)
+        # For prefix-cache routing (set by `plan_prefix`): block keys, prompt tokens, objective.
+        self.prefix: tuple[int, ...] = ()
+        self.prompt_tokens = 0.0
+        self.objective = COMPLETION
+
+    def plan_prefix(self, canon: str, objective: str | None, enabled: bool = True) -> None:
+        """What routing needs for the prefix cache: the prompt's block keys (seeded with the model's
+        canonical name and the adapter), and what the request minimises: the catalog's
+        `routing.objective` for the model, else its first token when it streams, else its completion."""
+        self.objective = objective or (FIRST_TOKEN if self.streams() else COMPLETION)
+        if enabled and self.body is not None:
+            self.prefix, self.prompt_tokens = prefix_of(self.body, self.route.op, canon,
+                                                        self.adapter.name if self.adapter is not None else "")
 
     @property
     def affinity(self) -> str | None:

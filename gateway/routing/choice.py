@@ -16,6 +16,12 @@ engine's own queue or KV cache), or when a saturated endpoint frees a slot so so
 it beats every open one by `wait_margin`. Priority tiers: the highest tier that has an unsaturated
 endpoint takes the request. A request with an affinity key (session) goes to its rendezvous-hash
 endpoint while that one is not overloaded.
+
+Prefix caches (gateway.routing.prefixkeys, prefixindex): the prefill a request still needs at an
+endpoint, its prompt less what that endpoint is expected to hold, is part of the same cost, so a hit
+is traded against queueing; near-ties go by rendezvous hashing of the prompt's head, so gateways
+that have not seen a conversation agree on its replica. A streamed request minimises its expected
+first token, a non-streamed one its completion (`RouteRequest.objective`).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from typing import Mapping, NamedTuple, Sequence
 
 from gateway.config import RoutingConfig
 from gateway.routing.load import EndpointStats, ahead_of, engine_saturated, fresh_load, slots_of
+from gateway.routing.prefixkeys import TOKENS_PER_BLOCK
 from gateway.routing.speed import PRIOR_SLOWDOWN, Speed
 from llmgw.state.records import EndpointInfo, LoadRecord
 from llmgw.surface import CHAT
@@ -36,6 +43,10 @@ from llmgw.surface import CHAT
 
 _DECODE1 = operator.attrgetter("decode1")
 NOTHING_KNOWN = Speed(1.0, PRIOR_SLOWDOWN)  # before any speed is learned: all alike, so the emptiest wins
+
+
+# What a request minimises (RouteRequest.objective): its expected first token, or its completion.
+FIRST_TOKEN, COMPLETION = "first_token", "completion"
 
 
 @dataclass(frozen=True)
@@ -49,6 +60,11 @@ class RouteRequest:
     op: str = CHAT  # the operation (llmgw.surface): only endpoints that serve it are candidates
     pin: str | None = None  # the one endpoint it may go to (a response's, by its id)
     waited: float = 0.0  # seconds this request has already waited in the gateway's queue
+    # Prefix-cache awareness (gateway.routing.prefixkeys): the prompt's block keys, its length in
+    # tokens (estimated), and what the request minimises: FIRST_TOKEN (streamed) or COMPLETION.
+    prefix: tuple[int, ...] = ()
+    prompt_tokens: float = 0.0
+    objective: str = COMPLETION
 
 
 @dataclass(frozen=True)
@@ -59,6 +75,9 @@ class Choice:
     saturated: bool = False  # True when sent past saturation (critical traffic)
     reason: str = ""
     adapter: str = ""  # the LoRA adapter it was routed for (gateway.routing.adapters), counted by name
+    matched: float = 0.0  # prompt tokens the chosen endpoint is expected to hold (prefix cache)
+    saved: float = 0.0  # prefill seconds that match is expected to save
+    prompt: float = 0.0  # the request's prompt tokens (estimated; 0: routed without block keys)
 
 
 @dataclass(frozen=True)
@@ -79,6 +98,8 @@ class _Cand(NamedTuple):  # a tuple: built for every endpoint on every request
     soft: bool  # saturated only by what it holds reaching capacity (not by the engine)
     speed: Speed
     slots: float
+    matched: float = 0.0  # prompt tokens expected cached there
+    saved: float = 0.0  # the prefill seconds that saves there
 
 
 def effective_speed(st: EndpointStats | None, best: Speed | None, now: float, cfg: RoutingConfig) -> Speed | None:
@@ -93,10 +114,20 @@ def effective_speed(st: EndpointStats | None, best: Speed | None, now: float, cf
     return st.speed.relaxed_toward(best, 0.5 ** (age / cfg.forget_half_life))
 
 
-def score(speed: Speed, held: float, slots: float, weight: float, kv: float | None, cfg: RoutingConfig) -> float:
-    """Seconds until a request sent now completes, plus `imposed_weight` times what it adds to the
-    others' completions; stretched by KV-cache pressure and divided by the catalog weight."""
-    cost = speed.completion(held, slots) + cfg.imposed_weight * speed.imposed(held, slots)
+def score(speed: Speed, held: float, slots: float, weight: float, kv: float | None, cfg: RoutingConfig,
+          prefill: float = 0.0, objective: str = COMPLETION) -> float:
+    """Seconds until a request sent now completes (its first token, for FIRST_TOKEN), plus
+    `imposed_weight` times what it adds to the others' completions; stretched by KV-cache pressure and
+    divided by the catalog weight. `prefill` is the seconds of prompt the engine must still compute
+    there (what its prefix cache does not hold): the request waits for it, and so does every
+    sequence running beside it (a prefill step stalls the batch)."""
+    if objective == FIRST_TOKEN:
+        cost = speed.first_token(held, slots)
+    else:
+        cost = speed.completion(held, slots)
+    cost += cfg.imposed_weight * speed.imposed(held, slots)
+    if prefill:
+        cost += prefill * (1.0 + cfg.imposed_weight * min(held, slots))
     if kv:
         cost *= 1.0 + cfg.kv_weight * kv
     return cost / max(weight, 1e-6)
@@ -138,13 +169,16 @@ def choose(
     cfg: RoutingConfig = RoutingConfig(),
     rng: random.Random,
     rr_counter: int = 0,
+    matched: Mapping[str, int] | None = None,
 ) -> Choice | Rejection:
     """Pick an endpoint for `request`, or say why none: unknown model, no endpoint serving the
     operation, none Ready, all saturated.
 
     `critical` requests are never rejected for saturation: they go to the least-loaded endpoint.
     `now` is the caller's monotonic clock (LoadRecord freshness via `stats[...].load_seen`, learned
-    speeds via `last_sample`); `rng` is always the caller's, so a seed reproduces every choice."""
+    speeds via `last_sample`); `rng` is always the caller's, so a seed reproduces every choice.
+    `matched` is how many of the request's leading prefix keys each endpoint was sent lately
+    (gateway.routing.prefixindex): the prefill it saves comes off that endpoint's cost."""
     stats = stats or {}
     tried = eligible(endpoints, request, stats, now)
     if isinstance(tried, Rejection):
@@ -152,6 +186,7 @@ def choose(
     known = [s.speed for e in tried if (s := stats.get(e.id)) is not None and s.speed is not None]
     best = min(known, key=_DECODE1) if known else None
     cands: list[_Cand] = []
+    total, modelled = request.prompt_tokens, cfg.prefill_ms_per_token / 1000.0
     for e in tried:
         n = inflight.get(e.id, 0)
         st = stats.get(e.id)
@@ -166,8 +201,21 @@ def choose(
         speed = effective_speed(st, best, now, cfg) or NOTHING_KNOWN
         slots = slots_of(e, st)
         kv = load.kv_usage if load is not None else None
-        cands.append(_Cand(e, ahead, hard or soft, score(speed, ahead, slots, e.weight, kv, cfg),
-                           soft and not hard, speed, slots))
+        raw = min(total, matched[e.id] * TOKENS_PER_BLOCK) if matched and e.id in matched else 0.0
+        # priced at what that engine was seen to keep of what its index expected
+        hit = raw * st.prefix_trust if raw and st is not None else raw
+        # the endpoint's own prefill rate once its engine showed one (gateway.routing.prefill)
+        per_token = (st.prefill if st is not None and st.prefill is not None else modelled) if modelled else 0.0
+        if (soft and hit and not hard and e.capacity and e.capacity <= ahead < e.capacity + cfg.max_waiting
+                and load is not None and load.waiting is not None):
+            # It holds this prompt: the request may wait in its engine's queue, up to the engine's own
+            # waiting limit past capacity, when the cost says that still beats a miss elsewhere (the
+            # wait for a slot is part of the cost: a hit is traded against queueing). Only where the
+            # engine shows its queue: blind, the gateway would pile requests onto it.
+            soft = False
+        cands.append(_Cand(e, ahead, hard or soft,
+                           score(speed, ahead, slots, e.weight, kv, cfg, (total - hit) * per_token, request.objective),
+                           soft and not hard, speed, slots, raw, hit * per_token))
 
     # The benchmark baselines behave like the peers' routers: no saturation, no admission.
     if cfg.policy == "round_robin":
@@ -192,7 +240,7 @@ def choose(
         return _pick(open_, request, rng, cfg, "tier %d" % prio)
     if request.priority == "critical":
         best_c = min(cands, key=lambda c: c.score)
-        return Choice(best_c.ep, best_c.score, best_c.ahead, True, "critical past saturation")
+        return _choice(best_c, True, "critical past saturation", cfg, request)
     return Rejection("saturated", request.model, f"all {len(cands)} endpoints saturated")
 
 
@@ -207,11 +255,17 @@ def _better_to_wait(tier: list[_Cand], open_: list[_Cand], request: RouteRequest
     if not full:
         return None
     best_open = min(c.score for c in open_)
-    better = [c for c in full if c.speed.ttfb + c.speed.decode(c.slots) < best_open]
+    # What a full endpoint gives once a slot frees there: the whole answer, or only its first token
+    # (a streamed request is held only when even that comes sooner than on the open endpoint).
+    if request.objective == FIRST_TOKEN:
+        served = [(c, c.speed.ttfb) for c in full]
+    else:
+        served = [(c, c.speed.ttfb + c.speed.decode(c.slots)) for c in full]
+    better = [(c, t) for c, t in served if t < best_open]
     if not better:
         return None
-    rate = sum(c.speed.rate(c.slots) for c in better)
-    serve = sum(c.speed.rate(c.slots) * (c.speed.ttfb + c.speed.decode(c.slots)) for c in better) / rate
+    rate = sum(c.speed.rate(c.slots) for c, _ in better)
+    serve = sum(c.speed.rate(c.slots) * t for c, t in better) / rate
     waited, ahead, m = request.waited, max(1, request.queued) / rate + serve, cfg.wait_margin
     if (waited + ahead) * m >= waited + best_open:
         return None
@@ -240,8 +294,39 @@ def _pick(tier: list[_Cand], request: RouteRequest, rng: random.Random, cfg: Rou
         bound = cfg.affinity_load_factor * mean + 1
         for c in sorted(tier, key=lambda c: _rendezvous(request.affinity, c.ep.id), reverse=True):
             if c.ahead <= bound:
-                return Choice(c.ep, c.score, c.ahead, False, why + ", affinity")
+                return _choice(c, False, why + ", affinity", cfg, request)
+    if request.prefix and not any(c.matched for c in tier):
+        # Nobody here was sent this prompt's head: place it by rendezvous hashing of the head among
+        # the endpoints whose cost is within `affinity_load_factor` of the best (load-bounded, and a
+        # slow engine is not picked for a hash), so every gateway process, each with its own index,
+        # puts a new system prompt on the same replica and its later requests find it there.
+        head = _head(request.prefix)
+        low = min(c.score for c in tier)
+        within = [c for c in tier if c.score <= low * cfg.affinity_load_factor]
+        return _choice(max(within, key=lambda c: _rendezvous(head, c.ep.id)), False, why + ", prefix placed", cfg,
+                       request)
     low = min(c.score for c in tier)
     near = [c for c in tier if c.score <= low * (1 + cfg.tie_tolerance)]
-    c = near[0] if len(near) == 1 else rng.choice(near)
-    return Choice(c.ep, c.score, c.ahead, False, why)
+    if len(near) == 1:
+        return _choice(near[0], False, why, cfg, request)
+    if request.prefix:
+        # Near-ties broken by the prompt's leading blocks, the same way in every gateway process:
+        # gateways that have not seen a conversation yet still send its turns (and every prompt
+        # sharing its head) to one replica, while it stays within the band of the best cost.
+        head = _head(request.prefix)
+        return _choice(max(near, key=lambda c: _rendezvous(head, c.ep.id)), False, why + ", prefix tie", cfg,
+                       request)
+    return _choice(rng.choice(near), False, why, cfg, request)
+
+
+def _head(keys: tuple[int, ...]) -> str:
+    """The key naming a prompt's head for the tie-break: its fourth block (256 bytes, past a common
+    preamble such as "You are a helpful assistant"), or its last when shorter."""
+    return str(keys[min(len(keys), HEAD_BLOCKS) - 1])
+
+
+HEAD_BLOCKS = 4
+
+
+def _choice(c: _Cand, saturated: bool, why: str, cfg: RoutingConfig, request: RouteRequest) -> Choice:
+    return Choice(c.ep, c.score, c.ahead, saturated, why, "", c.matched, c.saved, request.prompt_tokens)

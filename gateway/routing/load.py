@@ -28,6 +28,11 @@ class EndpointStats:
     load_seen: float | None = None
     # Until when (the caller's monotonic clock) the endpoint is passed over: it refused a connection.
     down_until: float = 0.0
+    # Prefill seconds per prompt token, from the engine's counters (gateway.routing.prefill); None: not yet.
+    prefill: float | None = None
+    # How far the engine kept what the gateway expected it to hold: reused / expected prompt tokens,
+    # from the answers that said (gateway.routing.prefill.trust_of); 1 until they have said enough.
+    prefix_trust: float = 1.0
 
 
 NO_STATS = EndpointStats()

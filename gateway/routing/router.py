@@ -24,6 +24,8 @@ from gateway.routing.choice import Choice, Rejection, RouteRequest, choose, flee
 from gateway.routing.inflight import InFlight
 from gateway.routing.learn import Learning, answer_sample, fold_answers, is_new, observe_loads
 from gateway.routing.load import NO_STATS, EndpointStats
+from gateway.routing.prefill import trust_of
+from gateway.routing.prefixindex import PrefixIndex
 from gateway.routing.tables import EMPTY, Snapshot, Tables
 from llmgw.state.clock import Clock
 from llmgw.state.records import EndpointInfo, LoadRecord
@@ -39,6 +41,10 @@ class Router:
         self.counts = InFlight(shared)
         self._learning = Learning()
         self.rr_counter = 0
+        self.prefixes = PrefixIndex()  # the block keys sent to each endpoint (under `lock`)
+        # Per endpoint: [prompt tokens routed with keys, expected cached, prompt tokens of answers that
+        # said what they reused, reused] (the gateway report carries them to `llmgw explain`).
+        self.prefix_tally: dict[str, list[float]] = {}
         # A slot of a model freed (its name), or the loads or tables changed (None): wakes the queues.
         self.on_release = on_release
 
@@ -92,11 +98,17 @@ class Router:
             return self._route_adapter(adapters[req.model], req, snap, now)
         endpoints = snap.tables.endpoints
         with self.lock, self.counts.deciding():  # the sibling workers decide one at a time too
+            matched = self.prefixes.matches(snap.tables.by_id, req.prefix) if req.prefix else None
             res = choose(endpoints, snap.loads, self.counts.held(endpoints, now, req.model), req, now,
-                         stats=snap.stats, cfg=self.routing, rng=self.rng, rr_counter=self.rr_counter)
+                         stats=snap.stats, cfg=self.routing, rng=self.rng, rr_counter=self.rr_counter,
+                         matched=matched)
             if isinstance(res, Choice):
                 self.rr_counter += 1
                 self.counts.add(res.endpoint, self.clock.time(), now)
+                if req.prefix:
+                    self.prefixes.sent(res.endpoint.id, req.prefix)
+                    self._tally(res)
+                    self._tally(res)
         if isinstance(res, Choice) and self.metrics:
             self.metrics.child(self.metrics.inflight, res.endpoint.id).inc()
         return res
@@ -107,14 +119,20 @@ class Router:
             return Rejection(NO_ADAPTER, req.model, no_holder(ad))
         # (Built directly: dataclasses.replace costs microseconds on the request path.)
         sub = RouteRequest(ad.model, req.priority, req.affinity, req.exclude, req.queued, op=req.op, pin=req.pin,
-                           waited=req.waited)
+                           waited=req.waited, prefix=req.prefix, prompt_tokens=req.prompt_tokens,
+                           objective=req.objective)
         with self.lock, self.counts.deciding():
+            matched = self.prefixes.matches(snap.tables.by_id, req.prefix) if req.prefix else None
             res = choose(ad.holders, snap.loads, self.counts.held(ad.holders, now, ad.model), sub, now,
-                         stats=snap.stats, cfg=self.routing, rng=self.rng, rr_counter=self.rr_counter)
+                         stats=snap.stats, cfg=self.routing, rng=self.rng, rr_counter=self.rr_counter,
+                         matched=matched)
             if isinstance(res, Choice):
                 self.rr_counter += 1
-                res = Choice(res.endpoint, res.score, res.ahead, res.saturated, res.reason, ad.name)
+                res = Choice(res.endpoint, res.score, res.ahead, res.saturated, res.reason, ad.name,
+                             res.matched, res.saved, res.prompt)
                 self.counts.add(res.endpoint, self.clock.time(), now, ad.name)
+                if req.prefix:
+                    self.prefixes.sent(res.endpoint.id, req.prefix)
         if isinstance(res, Rejection):
             if res.kind == "unknown_model":  # none of them is the one its response id pins it to
                 return Rejection(NO_ADAPTER, req.model, f"the endpoint {req.pin} does not hold adapter {ad.name!r}")
@@ -140,6 +158,26 @@ class Router:
         if self.metrics:
             self.metrics.child(self.metrics.inflight, ep.id).dec()
         self.on_release(ep.model or ep.models[0])
+
+    def _tally(self, c: Choice) -> None:
+        t = self.prefix_tally.get(c.endpoint.id)
+        if t is None:
+            t = self.prefix_tally[c.endpoint.id] = [0.0, 0.0, 0.0, 0.0]
+        t[0] += c.prompt
+        t[1] += c.matched
+
+    def reused(self, endpoint_id: str, prompt: int, cached: int) -> None:
+        """An answer said how much of its prompt the engine reused (llama.cpp's timings.cache_n)."""
+        with self.lock:
+            t = self.prefix_tally.get(endpoint_id)
+            if t is None:
+                t = self.prefix_tally[endpoint_id] = [0.0, 0.0, 0.0, 0.0]
+            t[2] += prompt
+            t[3] += cached
+
+    def prefix_facts(self) -> dict[str, tuple[float, float, float, float]]:
+        with self.lock:
+            return {i: (t[0], t[1], t[2], t[3]) for i, t in self.prefix_tally.items()}
 
     def mark_unreachable(self, endpoint_id: str) -> None:
         """The endpoint refused a connection: pass it over for `eject_for` seconds (choice.eligible)."""
@@ -174,6 +212,9 @@ class Router:
             listed = tables.by_id
             with self.lock:
                 self.counts.prune(listed)
+                self.prefixes.sizes({i: None for i in listed})
+                for i in [i for i in self.prefix_tally if i not in listed]:
+                    del self.prefix_tally[i]
             self._learning = self._learning.keep(listed)
             self.snapshot = Snapshot(tables, {k: v for k, v in snap.loads.items() if k in listed},
                                      {k: v for k, v in snap.stats.items() if k in listed})
@@ -203,6 +244,10 @@ class Router:
                 answers = counts.take_answers()
             self._learning, stats = observe_loads(self._learning, loads, snap.loads, snap.stats, held, answers,
                                                   snap.tables.by_id, seen, self.routing)
+            with self.lock:
+                trust = {i: trust_of(t) for i, t in self.prefix_tally.items()}
+            stats = {i: (replace(st, prefix_trust=trust[i]) if i in trust and trust[i] != st.prefix_trust else st)
+                     for i, st in stats.items()}
             self.snapshot = Snapshot(snap.tables, loads, stats)
         self.on_release(None)
 

@@ -165,6 +165,14 @@ class Speed:
         full = d1 * (1.0 + a * (slots - 1.0))
         return self.ttfb + (held + 1.0 - slots) * full / slots + full
 
+    def first_token(self, held: float, slots: float) -> float:
+        """Seconds until the first token of a request sent now: its time to first byte once a slot
+        is free, after the wait for one when the batch is full (as in `completion`)."""
+        if held + 1.0 <= slots:
+            return self.ttfb
+        full = self.decode1 * (1.0 + self.slowdown * (slots - 1.0))
+        return self.ttfb + (held + 1.0 - slots) * full / slots
+
     def imposed(self, held: float, slots: float) -> float:
         """Seconds the request adds to the others' completions: joining a batch of `held` running
         slows each of them by one step's increment for about half of what they have left. Joining

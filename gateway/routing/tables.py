@@ -47,6 +47,8 @@ class Tables:
     cold_start: Mapping[str, float] = field(default_factory=dict)
     # LoRA adapters by name and alias -> which endpoints hold them (gateway.routing.adapters).
     adapters: Mapping[str, AdapterRoute] = field(default_factory=dict)
+    # Canonical model -> the catalog's `routing.objective` for it (published on its endpoints).
+    objectives: Mapping[str, str] = field(default_factory=dict)
 
     def names_of(self, model: str) -> frozenset[str]:
         """Every name of the model called `model` (just that name when it is unknown)."""
@@ -109,4 +111,5 @@ def tables_from(version: int, fingerprint: str, endpoints: Sequence[EndpointInfo
         canonical={**catalog.canonical, **{n: e.model or e.models[0] for e in endpoints for n in e.models}},
         cold_start=dict(catalog.cold_start),
         adapters=adapter_table(getattr(catalog, "adapters", None) or {}, endpoints, catalog.cold_start),
+        objectives={e.model or e.models[0]: e.objective for e in endpoints if e.objective},
     )

@@ -130,4 +130,4 @@ class Background:
                 queued[m] = queued.get(m, 0) + n
         version, inflight, ok_at, fail_at, by_model, last = self.router.report_facts()
         return gateway_report(self.identity, self.clock.time(), version, self.keys.loaded, inflight, ok_at,
-                              fail_at, by_model, queued, last)
+                              fail_at, by_model, queued, last, self.router.prefix_facts())

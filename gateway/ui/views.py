@@ -12,6 +12,7 @@ from typing import Iterable, Mapping
 import yaml
 
 from llmgw.catalog import Catalog
+from llmgw.cli.prefixview import prefix_ratios
 from llmgw.state.demand_records import GatewayReport
 from llmgw.state.records import LoadRecord
 
@@ -25,6 +26,8 @@ def replica_load(rid: str, gateways: Iterable[GatewayReport], load: LoadRecord |
     waiting and KV use (its last scrape, when fresh), and the service time this gateway learned."""
     inflight = sum(u.inflight for g in gateways if (u := g.endpoints.get(rid)) is not None)
     fresh = load is not None and load.ok and now - load.ts <= LOAD_FRESH_FOR
+    gateways = list(gateways)
+    expected, measured, _sent = prefix_ratios(rid, gateways, load)
     return {
         "inflight": inflight,
         "running": load.running if fresh else None,
@@ -32,6 +35,8 @@ def replica_load(rid: str, gateways: Iterable[GatewayReport], load: LoadRecord |
         "kv": load.kv_usage if fresh else None,
         "load_error": load.error if load is not None and not load.ok else None,
         "service_time": unit,
+        # predicted vs measured prefix-cache hits (llmgw.cli.prefixview), None before any
+        "prefix": {"expected": expected, "measured": measured} if expected is not None or measured is not None else None,
     }
 
 

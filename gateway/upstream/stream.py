@@ -18,24 +18,50 @@ from gateway.upstream.rewrite import AnswerRewrite
 log = logging.getLogger("llmgw.gateway")
 
 
-def usage_from_json(body: bytes) -> tuple[int, int] | None:
+class Usage(tuple):
+    """(prompt, completion) tokens, as every reader unpacks them, plus `cached`: the prompt tokens
+    the engine says it reused from its prefix cache (llama.cpp's `timings.cache_n`, vLLM's
+    `usage.prompt_tokens_details.cached_tokens`), None when it does not say."""
+
+    cached: int | None = None
+
+
+def _usage(doc: dict) -> Usage | None:
+    u = doc.get("usage") or (doc.get("response") or {}).get("usage") or {}
+    t = doc.get("timings")
+    if not u and not isinstance(t, dict):
+        return None
+    if u:
+        out = Usage((int(u.get("prompt_tokens") or u.get("input_tokens") or 0),
+                     int(u.get("completion_tokens") or u.get("output_tokens") or 0)))
+        details = u.get("prompt_tokens_details")
+        if isinstance(details, dict) and details.get("cached_tokens") is not None:
+            out.cached = int(details["cached_tokens"])
+    else:  # llama-server's last stream event: its timings count the tokens too
+        out = Usage((int(t.get("prompt_n") or 0) + int(t.get("cache_n") or 0), int(t.get("predicted_n") or 0)))
+    if isinstance(t, dict) and t.get("cache_n") is not None:
+        out.cached = int(t["cache_n"])
+    return out
+
+
+def usage_from_json(body: bytes) -> Usage | None:
     """(prompt, completion) tokens from an OpenAI JSON answer or stream event, if it reports them: a
     chat answer's `usage`, or a response's (the Responses API calls them input and output tokens; a
-    stream's last event carries them in its `response`)."""
-    if b'"usage"' not in body:
+    stream's last event carries them in its `response`); llama-server's `timings` count them too."""
+    if b'"usage"' not in body and b'"timings"' not in body:
         return None
     try:
-        doc = json.loads(body)
-        u = doc.get("usage") or (doc.get("response") or {}).get("usage") or {}
-        return (int(u.get("prompt_tokens") or u.get("input_tokens") or 0),
-                int(u.get("completion_tokens") or u.get("output_tokens") or 0))
+        return _usage(json.loads(body))
     except (ValueError, AttributeError, TypeError, RecursionError):  # an engine's answer is input too
         return None
 
 
-def sse_usage(tail: bytes) -> tuple[int, int] | None:
-    """The `usage` an engine puts in a stream's last event (when asked to), from the stream's tail."""
+def sse_usage(tail: bytes) -> Usage | None:
+    """The `usage` an engine puts in a stream's last event (when asked to, or llama-server's
+    `timings`), from the stream's tail."""
     at = tail.rfind(b'"usage"')
+    if at < 0:
+        at = tail.rfind(b'"timings"')
     if at < 0:
         return None
     start = tail.rfind(b"data:", 0, at)

@@ -8,19 +8,21 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from llmgw.catalog.routing import RoutingSpec, objective_reason
 from llmgw.catalog.types import ENGINE_NAMES, SERVER_KINDS, Adapter, Autoscale, LoraSlots, Profile
 from llmgw.errors import Problem
 
 PROFILE_FIELDS: tuple[str, ...] = tuple(Profile.model_fields)
 KNOWN_KEYS: dict[str, tuple[str, ...]] = {
     "catalog": ("models", "defaults"),
-    "model": ("name", "aliases", "source", "profiles", "adapters"),
+    "model": ("name", "aliases", "source", "profiles", "adapters", "routing"),
     "profile": PROFILE_FIELDS,
     "adapter": tuple(Adapter.model_fields),
     "gpu": ("class", "count"),
     "metrics": ("running", "waiting", "kv_usage"),
     "autoscale": tuple(Autoscale.model_fields),
     "lora": tuple(LoraSlots.model_fields),
+    "routing": tuple(RoutingSpec.model_fields),
 }
 
 
@@ -67,7 +69,7 @@ def join_path(prefix: str, rest: str) -> str:
 
 def _known_for(loc: tuple[Any, ...], kind: str) -> tuple[str, ...]:
     parents = [p for p in loc[:-1] if isinstance(p, str)]
-    if parents and parents[-1] in ("gpu", "metrics", "autoscale", "lora"):
+    if parents and parents[-1] in ("gpu", "metrics", "autoscale", "lora", "routing"):
         return KNOWN_KEYS[parents[-1]]
     if kind == "model" and parents and parents[0] in ("profiles", "adapters"):
         return KNOWN_KEYS[parents[0][:-1]]
@@ -96,6 +98,8 @@ def _reason(err: dict, kind: str) -> str:
         return "required field is missing"
     if t == "literal_error" and loc and loc[-1] == "server":
         return f"unknown server {value!r} (expected one of: {', '.join(SERVER_KINDS)})"
+    if t == "literal_error" and loc and loc[-1] == "objective":
+        return objective_reason(value)
     if t == "literal_error":
         return f"unknown engine {value!r} (expected one of: {', '.join(ENGINE_NAMES)})"
     if t in ("int_type", "int_parsing", "int_from_float"):

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from llmgw.catalog.fields import ENV_RE, METRIC_RE, NAME_RE, Duration, SFloat, SInt, StrictModel
+from llmgw.catalog.routing import RoutingSpec
 from llmgw.gpus import normalize_gpu_class
 
 EngineName = Literal["vllm", "llamacpp", "sim", "external"]
@@ -296,6 +297,7 @@ class Model(_Served):
     source: str = ""
     profiles: list[Profile] = Field(default_factory=list)
     adapters: list[Adapter] = Field(default_factory=list)
+    routing: RoutingSpec | None = None  # llmgw.catalog.routing
 
     def profile(self, name: str) -> Profile | None:
         return next((p for p in self.profiles if p.name == name), None)

@@ -18,6 +18,7 @@ from typing import Iterable, Mapping
 
 from llmgw.catalog import Catalog, read_applied
 from llmgw.cli.adapterview import explain_adapter
+from llmgw.cli.prefixview import prefix_sentence
 from llmgw.cli.common import settings, store
 from llmgw.cli.status import _age, gather_status
 from llmgw.proc.exitstatus import describe_exit
@@ -252,6 +253,9 @@ def _gateways(model: str, endpoints: list[EndpointInfo], gateways: list[GatewayR
             elif load is not None:
                 engine = f"its metrics cannot be read: {load.error}"
             out.append(_indent(f"- {e.id} on {e.node or '?'}: {inflight} in flight from the gateways; {engine}", "    "))
+            cache = prefix_sentence(e.id, gateways, load)
+            if cache:
+                out.append(_indent(cache, "      "))
     demand = [g.models[model] for g in gateways if model in g.models]
     inflight = sum(d.inflight for d in demand)
     queued = sum(d.queued for d in demand)

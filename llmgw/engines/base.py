@@ -98,6 +98,10 @@ class EngineAdapter(ABC):
     # Cumulative token counters (for learning a replica's speed); None = the engine has none.
     prompt_tokens_metric: ClassVar[str | None] = None
     generation_tokens_metric: ClassVar[str | None] = None
+    # The prefix cache's counters in tokens (queried, hit), for predicted-vs-measured hits.
+    prefix_queries_metric: ClassVar[str | None] = None
+    prefix_hits_metric: ClassVar[str | None] = None
+    prefill_seconds_metric: ClassVar[str | None] = None  # seconds spent prefilling (a counter or a sum)
     # How the engine learns its API key: the environment variable that sets it (never a flag: argv is
     # world-readable in /proc and the shim logs it), and the flags that would override it, which a
     # profile may therefore not set.
@@ -240,6 +244,10 @@ class EngineAdapter(ABC):
     def token_metrics(self, profile: Profile) -> tuple[str | None, str | None]:
         """Names of the (prompt, generation) token counters this profile's engine process exports."""
         return self.prompt_tokens_metric, self.generation_tokens_metric
+
+    def cache_metrics(self, profile: Profile) -> tuple[str | None, str | None, str | None]:
+        """Names of the (prefix-cache queried tokens, hit tokens, prefill seconds) series it exports."""
+        return self.prefix_queries_metric, self.prefix_hits_metric, self.prefill_seconds_metric
 
     def multi_node_args(self, ctx: LaunchContext) -> tuple[list[str], bool]:
         """vLLM-style multi-node flags for this part of a replica, and whether it is headless (a

@@ -82,6 +82,7 @@ class LlamaCppAdapter(EngineAdapter):
     default_metrics = LLAMACPP_METRICS
     prompt_tokens_metric = "llamacpp:prompt_tokens_total"
     generation_tokens_metric = "llamacpp:tokens_predicted_total"
+    prefill_seconds_metric = "llamacpp:prompt_seconds_total"
     # llama-server guards every path but /health and /v1/health with it (/metrics too: the agent's
     # scraper sends it); see docs/engines.md.
     credential_env = "LLAMA_API_KEY"

@@ -36,6 +36,9 @@ class MappedLoad:
     kv_usage: float | None = None  # 0..1
     prompt_tokens_total: float | None = None
     generation_tokens_total: float | None = None
+    prefix_queries_total: float | None = None  # prompt tokens looked up in the prefix cache
+    prefix_hits_total: float | None = None  # of them found there
+    prefill_seconds_total: float | None = None  # seconds spent prefilling
 
 
 def parse_samples(text: str) -> dict[str, list[float]]:
@@ -93,10 +96,14 @@ def read_load(metrics_text: str, engine: EngineAdapter, profile: Profile) -> Map
             if kv is not None:
                 break
     prompt_name, gen_name = engine.token_metrics(profile)
+    queries_name, hits_name, prefill_name = engine.cache_metrics(profile)
     return MappedLoad(
         running=_sum(_values(samples, mapping.running)),
         waiting=_sum(_values(samples, mapping.waiting)),
         kv_usage=_mean(kv),
         prompt_tokens_total=_sum(_values(samples, prompt_name)),
         generation_tokens_total=_sum(_values(samples, gen_name)),
+        prefix_queries_total=_sum(_values(samples, queries_name)),
+        prefix_hits_total=_sum(_values(samples, hits_name)),
+        prefill_seconds_total=_sum(_values(samples, prefill_name)),
     )

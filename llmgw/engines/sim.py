@@ -66,6 +66,9 @@ class SimAdapter(EngineAdapter):
     kv_fallbacks = VLLM_KV_FALLBACKS
     prompt_tokens_metric = VllmAdapter.prompt_tokens_metric
     generation_tokens_metric = VllmAdapter.generation_tokens_metric
+    prefix_queries_metric = VllmAdapter.prefix_queries_metric
+    prefix_hits_metric = VllmAdapter.prefix_hits_metric
+    prefill_seconds_metric = VllmAdapter.prefill_seconds_metric
     credential_env = "SIMENGINE_API_KEY"  # guards /v1, like vLLM
     # LoRA as vLLM serves it: loaded and unloaded at run time, with vLLM's calls, answers and flags.
     supports_lora = True
@@ -108,6 +111,11 @@ class SimAdapter(EngineAdapter):
         if _metrics_style(profile.args) == "llamacpp":
             return LlamaCppAdapter.prompt_tokens_metric, LlamaCppAdapter.generation_tokens_metric
         return super().token_metrics(profile)
+
+    def cache_metrics(self, profile: Profile) -> tuple[str | None, str | None, str | None]:
+        if _metrics_style(profile.args) == "llamacpp":
+            return None, None, LlamaCppAdapter.prefill_seconds_metric
+        return super().cache_metrics(profile)
 
     def command(self, ctx: LaunchContext) -> LaunchSpec:
         p = ctx.profile

@@ -170,6 +170,9 @@ class VllmAdapter(EngineAdapter):
     kv_fallbacks = VLLM_KV_FALLBACKS
     prompt_tokens_metric = "vllm:prompt_tokens_total"
     generation_tokens_metric = "vllm:generation_tokens_total"
+    prefix_queries_metric = "vllm:prefix_cache_queries_total"
+    prefix_hits_metric = "vllm:prefix_cache_hits_total"
+    prefill_seconds_metric = "vllm:request_prefill_time_seconds_sum"
     # vLLM guards only its /v1 (and /v2, /inference, /cohere) paths with it; see docs/engines.md.
     credential_env = "VLLM_API_KEY"
     supports_lora = True

@@ -17,6 +17,10 @@ class EndpointUse:
     inflight: int = 0
     ok_at: float | None = None
     fail_at: float | None = None
+    # Prefix-cache routing since the process started: (prompt tokens routed with block keys, of them
+    # expected cached at this endpoint, prompt tokens of answers that said what they reused, of them
+    # reused as the engine said: llama.cpp's timings.cache_n). None: nothing to say.
+    prefix: tuple[float, float, float, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -47,14 +51,16 @@ class GatewayReport:
     def to_dict(self) -> dict:
         d = asdict(self)
         # Compact: a report is rewritten several times a second by every gateway process.
-        d["endpoints"] = {k: [u.inflight, u.ok_at, u.fail_at] for k, u in self.endpoints.items()}
+        d["endpoints"] = {k: [u.inflight, u.ok_at, u.fail_at, *([list(u.prefix)] if u.prefix else [])]
+                          for k, u in self.endpoints.items()}
         d["models"] = {k: [m.inflight, m.queued, m.last_request_at] for k, m in self.models.items()}
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "GatewayReport":
         d = dict(d)
-        d["endpoints"] = {k: EndpointUse(*v) for k, v in (d.get("endpoints") or {}).items()}
+        d["endpoints"] = {k: EndpointUse(*v[:3], tuple(v[3]) if len(v) > 3 and v[3] else None)
+                          for k, v in (d.get("endpoints") or {}).items()}
         d["models"] = {k: ModelDemand(*v) for k, v in (d.get("models") or {}).items()}
         return from_known(cls, d)
 

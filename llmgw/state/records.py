@@ -195,6 +195,12 @@ class LoadRecord:
     kv_usage: float | None = None  # 0..1
     prompt_tokens_total: float | None = None
     generation_tokens_total: float | None = None
+    # The engine's prefix cache since it started (vLLM's vllm:prefix_cache_queries / _hits, in tokens).
+    prefix_queries_total: float | None = None
+    prefix_hits_total: float | None = None
+    # Seconds the engine spent prefilling prompts since it started (vLLM's request_prefill_time sum,
+    # llama.cpp's prompt_seconds_total): over the prompt tokens it computed, its prefill rate.
+    prefill_seconds_total: float | None = None
     # The longest sequence (prompt + output) the engine takes, as its GET /v1/models says; None when
     # it does not say (or was not asked yet).
     context_length: int | None = None
@@ -241,6 +247,9 @@ class EndpointInfo:
     # per-request `lora` list indexes them), and how many it holds at most (its `max_loras`; 0: none).
     adapters: tuple[str, ...] = ()
     adapter_slots: int = 0
+    # What the gateway minimises for this model's requests (the catalog's `routing.objective`):
+    # "first_token" | "completion"; empty: from the request (streamed -> first_token).
+    objective: str = ""
 
     def serves(self, op: str) -> bool:
         return op in self.paths if self.paths is not None else op in LEGACY_OPERATIONS

@@ -121,7 +121,7 @@ def test_models_has_wanted_ready_load_and_traffic(store, fleet):
     (row,) = chat["profiles"][0]["replicas"]
     assert row["id"] == fleet.id and row["state"] == "Ready"
     assert row["load"] == {"inflight": 3, "running": 2, "waiting": 1, "kv": 0.5, "load_error": None,
-                           "service_time": None}
+                           "service_time": None, "prefix": None}
     assert chat["profiles"][0]["capacity"] == 16
     last = chat["traffic"][-1]
     assert last["rps"] == 10 / SLOT and last["p50"] is not None
@@ -202,3 +202,14 @@ def test_fleet_metrics_are_the_control_planes_facts(store, fleet):
     exposed = {name for name, _labels in samples}
     declared = {n + ("_total" if FAMILIES[n][0] == "counter" else "") for n in FAMILIES}
     assert exposed == declared
+
+
+def test_a_replicas_load_shows_the_prefix_hits_expected_and_measured():
+    from gateway.ui.views import replica_load
+    from llmgw.state.demand_records import EndpointUse, GatewayReport
+    from llmgw.state.records import LoadRecord
+
+    gws = [GatewayReport("g:1", at=1.0, endpoints={"r": EndpointUse(1, 1.0, None, (1000.0, 400.0, 0.0, 0.0))})]
+    load = LoadRecord("r", ts=1.0, ok=True, prefix_queries_total=200.0, prefix_hits_total=50.0)
+    assert replica_load("r", gws, load, None, 2.0)["prefix"] == {"expected": 0.4, "measured": 0.25}
+    assert replica_load("r", [], None, None, 2.0)["prefix"] is None

@@ -115,6 +115,27 @@ def test_a_healthy_model_exits_0_and_tells_the_gateways_view(store, capsys):
     assert "20s ago gateway:g:1 reported it saturated: every endpoint saturated: 1 queued, 0 shed." in out
 
 
+def test_explain_shows_the_prefix_cache_expected_by_the_gateways_and_measured_by_the_engine(store, capsys):
+    apply_catalog(store, catalog(model("chat", cpu_profile())), source="t", applied_by="t")
+    store.write_heartbeat(node("a"), ttl=60)
+    reconcile_once(store, NullDispatcher(), lambda: NOW)
+    (rec,) = store.all_replicas()
+    store.update_replica(rec.id, started_at=NOW, first_ready_at=NOW, last_probe_ok=True, url="http://a:1")
+    publish_once(store, lambda: NOW)
+    # two gateway processes: 3000 + 1000 prompt tokens sent, 2000 + 600 of them expected cached
+    for g, tally in (("g:1", (3000.0, 2000.0, 0.0, 0.0)), ("g:2", (1000.0, 600.0, 800.0, 500.0))):
+        store.write_gateway_report(GatewayReport(g, at=NOW, endpoints={rec.id: EndpointUse(0, NOW, None, tally)}),
+                                   ttl=60)
+    code, out = explain(capsys, "chat")
+    assert "prefix cache: the gateways expected 65% of the 4,000 prompt tokens they sent it cached; " \
+           "the engine reports 62% reused (its answers)" in out
+    # the engine's own counters (vLLM's, scraped) win over the answers' count
+    store.write_load(LoadRecord(rec.id, ts=NOW, ok=True, running=0, waiting=0, prefix_queries_total=1000.0,
+                                prefix_hits_total=700.0))
+    code, out = explain(capsys, "chat")
+    assert "the engine reports 70% reused (its prefix-cache counters)" in out
+
+
 def test_an_unknown_model_names_the_ones_there_are(store, capsys):
     apply_catalog(store, catalog(model("chat", cpu_profile())), source="t", applied_by="t")
     code, out = explain(capsys, "nope")

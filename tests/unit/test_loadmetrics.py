@@ -20,7 +20,8 @@ def text(name: str) -> str:
 def test_vllm_0_10_single_engine():
     load = read_load(text("vllm_0_10_single.txt"), get_engine("vllm"), VLLM)
     assert load == MappedLoad(running=7, waiting=3, kv_usage=pytest.approx(0.4213),
-                              prompt_tokens_total=182734, generation_tokens_total=93821)
+                              prompt_tokens_total=182734, generation_tokens_total=93821,
+                              prefix_queries_total=182734, prefix_hits_total=60911)  # the prefix cache, in tokens
 
 
 def test_vllm_data_parallel_sums_counts_and_averages_kv():
@@ -43,7 +44,8 @@ def test_new_kv_name_is_preferred_over_the_old_one():
 
 def test_llamacpp_recorded_busy_and_idle():
     busy = read_load(text("llamacpp_busy.txt"), get_engine("llamacpp"), LLAMA)
-    assert busy == MappedLoad(running=4, waiting=2, kv_usage=None, prompt_tokens_total=144, generation_tokens_total=16)
+    assert busy == MappedLoad(running=4, waiting=2, kv_usage=None, prompt_tokens_total=144, generation_tokens_total=16,
+                              prefill_seconds_total=pytest.approx(0.678502))
     idle = read_load(text("llamacpp_idle.txt"), get_engine("llamacpp"), LLAMA)
     assert (idle.running, idle.waiting, idle.kv_usage) == (0, 0, None)  # 0 is reported, KV is unknown
 

@@ -224,3 +224,11 @@ def test_the_publish_view_is_read_and_written_in_one_call_each():
     # Unchanged: nothing but the stamps of what is newly stopping, at the version in force.
     assert store.write_publish(None, d.fingerprint, ["x"], again.version, NOW) == 1
     assert store.get_replica("x").unpublished_version == 1 and store.endpoints_version() == 1
+
+
+def test_the_catalogs_routing_objective_is_published_on_every_endpoint_of_its_model():
+    c = catalog({**model("tiny", cpu_profile()), "routing": {"objective": "completion"}}, model("other", cpu_profile()))
+    recs = [ready_record("t1", "tiny", "cpu", "b", NOW), ready_record("o1", "other", "cpu", "b", NOW)]
+    eps = {e.id: e for e in endpoints_from(c, recs, {"b": node("b")}, NOW)}
+    assert eps["t1"].objective == "completion" and eps["o1"].objective == ""
+    assert EndpointInfo.from_dict(eps["t1"].to_dict()) == eps["t1"]

@@ -12,7 +12,8 @@ def snap(**kw) -> Snapshot:
         ttft.observe(v)
     base = dict(running=3, waiting=2, kv_usage=0.25, prompt_tokens_total=120, generation_tokens_total=48,
                 success_total={"length": 4}, ttft=ttft, e2e=Histogram(E2E_BUCKETS), started=1.7e9,
-                busy_seconds_prompt=0.5, busy_seconds_decode=2.0, n_decode_total=24, max_seq_tokens=40)
+                busy_seconds_prompt=0.5, busy_seconds_decode=2.0, n_decode_total=24, max_seq_tokens=40,
+                prefix_queries=100, prefix_hits=60)
     return Snapshot(**{**base, **kw})
 
 
@@ -23,6 +24,8 @@ def test_vllm_style_maps_with_the_vllm_defaults():
     load = read_load(text, get_engine("sim"), Profile(name="s", engine="sim"))
     assert (load.running, load.waiting, load.kv_usage) == (3, 2, 0.25)
     assert (load.prompt_tokens_total, load.generation_tokens_total) == (120, 48)
+    assert (load.prefix_queries_total, load.prefix_hits_total) == (100, 60)  # vLLM's prefix-cache counters
+    assert load.prefill_seconds_total == 0.5  # vllm:request_prefill_time_seconds_sum
 
 
 def test_ttft_histogram_is_cumulative():
@@ -40,3 +43,4 @@ def test_llamacpp_style_looks_like_llama_server():
     load = read_load(text, get_engine("sim"), p)
     assert (load.running, load.waiting, load.kv_usage) == (3, 2, None)
     assert (load.prompt_tokens_total, load.generation_tokens_total) == (120, 48)
+    assert (load.prefix_queries_total, load.prefix_hits_total, load.prefill_seconds_total) == (None, None, 0.5)

@@ -56,14 +56,18 @@ def scrape_targets(heads: list[ReplicaRecord], launches: Mapping[str, Launch | N
     return targets
 
 
+LOAD_FIELDS = ("running", "waiting", "kv_usage", "prompt_tokens_total", "generation_tokens_total",
+               "prefix_queries_total", "prefix_hits_total", "prefill_seconds_total")
+
+
 def map_load(text: str, engine: str, profile) -> dict:
-    """The five numbers from a /metrics body, through llmgw.engines.metrics (the engines' mapping)."""
+    """The load numbers from a /metrics body, through llmgw.engines.metrics (the engines' mapping)."""
     if profile is None:  # the model left the catalog: the engine's default mapping still applies
         profile = Profile(name="-", engine=engine)
     out = read_load(text, get_engine(engine), profile)
     if not isinstance(out, dict):
         out = {k: getattr(out, k, None) for k in
-               ("running", "waiting", "kv_usage", "prompt_tokens_total", "generation_tokens_total")}
+               LOAD_FIELDS}
     return out
 
 
@@ -75,7 +79,7 @@ def scrape_one(target, fetch: Callable[..., str], timeout: float, now: float,
     except Exception as e:  # noqa: BLE001 - any failure is a stale sample, described
         return LoadRecord(replica_id=target.replica_id, ts=now, ok=False, error=str(e) or type(e).__name__,
                           context_length=context)
-    known = ("running", "waiting", "kv_usage", "prompt_tokens_total", "generation_tokens_total")
+    known = LOAD_FIELDS
     return LoadRecord(replica_id=target.replica_id, ts=now, ok=True, context_length=context,
                       **{k: (float(v) if v is not None else None) for k, v in values.items() if k in known},
                       **lora_fields(text, target.profile))

@@ -141,6 +141,7 @@ def endpoints_from(
                 paths=served,
                 adapters=published_adapters(rec, model, profile),
                 adapter_slots=profile.lora.max_loras if profile.lora else 0,
+                objective=(model.routing.objective or "") if model.routing else "",
             )
         )
     out.sort(key=lambda e: e.id)

@@ -188,7 +188,14 @@ function loadBars(row, capacity, th) {
     bar("running", l.running, capacity || Math.max(1, l.running || 0)),
     bar("waiting", l.waiting, Math.max(th.max_waiting * 1.5, l.waiting || 0), { limit: th.max_waiting }),
     bar("KV", l.kv, 1, { limit: th.max_kv, text: (v) => Math.round(v * 100) + "%" }),
-    el("span", { class: "muted" }, "service"), el("span", {}), el("span", {}, secs(l.service_time)));
+    el("span", { class: "muted" }, "service"), el("span", {}), el("span", {}, secs(l.service_time)),
+    // prefix cache: the share of prompt tokens the gateways expected cached / the engine reused
+    ...(l.prefix ? [el("span", { class: "muted" }, "prefix hit"), el("span", {}),
+                    el("span", { "data-prefix": "" }, `${ratio(l.prefix.expected)} / ${ratio(l.prefix.measured)}`)] : []));
+}
+
+function ratio(v) {
+  return v === null || v === undefined ? "-" : Math.round(v * 100) + "%";
 }
 
 function chart(title, points, series) {

@@ -1,0 +1,50 @@
+"""An endpoint's prefill seconds per prompt token, learned from its engine's counters between two
+scrapes. Pure.
+
+What a prefix-cache hit saves is prefill, and engines prefill at very different rates (a GPU replica
+tens of thousands of tokens a second, llama.cpp on a CPU a few hundred), so the saving is priced at
+each endpoint's own rate: the engine's prefill seconds (vLLM's `vllm:request_prefill_time_seconds`
+sum, llama.cpp's `llamacpp:prompt_seconds_total`) over the prompt tokens it computed (its prompt
+tokens, less its prefix-cache hits where it counts them; llama.cpp counts only the ones it computed).
+Until an endpoint has shown one, `LLMGW_GATEWAY_PREFILL_MS_PER_TOKEN` stands in.
+"""
+
+from __future__ import annotations
+
+from llmgw.state.records import LoadRecord
+
+MIN_TOKENS = 256.0  # computed between two scrapes: fewer say too little (one step's rounding)
+ALPHA = 0.3  # weight of a new sample: follows a changed engine within a few scrapes
+
+
+def prefill_seen(old: LoadRecord | None, rec: LoadRecord, prev: float | None) -> float | None:
+    """The per-token prefill time after the scrape `rec` (the one before it: `old`); `prev` when the
+    two say nothing new."""
+    if old is None or not (old.ok and rec.ok):
+        return prev
+    s0, s1 = old.prefill_seconds_total, rec.prefill_seconds_total
+    p0, p1 = old.prompt_tokens_total, rec.prompt_tokens_total
+    if s0 is None or s1 is None or p0 is None or p1 is None:
+        return prev
+    computed = (p1 - p0) - ((rec.prefix_hits_total or 0.0) - (old.prefix_hits_total or 0.0))
+    seconds = s1 - s0
+    if computed < MIN_TOKENS or seconds <= 0:  # idle, or a counter reset (engine restarted)
+        return prev
+    sample = seconds / computed
+    return sample if prev is None else prev + ALPHA * (sample - prev)
+
+
+TRUST_MIN_TOKENS = 20000.0  # prompt tokens the answers must have reported before the ratio is trusted
+
+
+def trust_of(tally: tuple[float, float, float, float] | list[float] | None) -> float:
+    """How much of an expected prefix hit the engine really kept, from the router's tally (prompt
+    tokens routed with keys, expected cached, prompt tokens of answers that reported reuse, reused):
+    the measured hit ratio over the expected one, at most 1. An engine that keeps less than the index
+    says (llama.cpp's slots keep one prompt each, not every block sent) then has its hits priced at
+    what they are worth, and the router stops piling requests onto it for hits that are not there."""
+    if not tally or tally[2] < TRUST_MIN_TOKENS or tally[0] <= 0 or tally[1] <= 0:
+        return 1.0
+    expected = tally[1] / tally[0]
+    measured = tally[3] / tally[2]
+    return max(0.0, min(1.0, measured / expected))

@@ -1,0 +1,75 @@
+"""Prefix-cache-aware routing through the real gateway (gunicorn's gevent worker, redis-server) on two
+simulated engines with vLLM's prefix cache: a conversation's turns go to one replica, the answer says
+what the gateway expected it to hold, and the engine's own hit counter rises."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import requests
+
+from llmgw.state.records import EndpointInfo
+from tests.support.gateway_app import metric
+from tests.support.procs import free_port, python, wait_until
+
+CHAT = "/v1/chat/completions"
+SYSTEM = "You are the billing assistant. " + " ".join(f"rule {i}: refunds need an order number." for i in range(120))
+
+
+def start_sim(cluster, name: str) -> str:
+    port = free_port()
+    cluster.procs.start(name, [python(), "-m", "simengine", "--host", "127.0.0.1", "--port", str(port),
+                               "--served-model-name", "m", "--step-ms", "2", "--max-seqs", "4",
+                               "--max-tokens-default", "8"])
+    url = f"http://127.0.0.1:{port}"
+    wait_until(lambda: requests.get(url + "/health", timeout=1).status_code == 200, 15, what=f"{name} /health")
+    return url
+
+
+def hits(url: str) -> tuple[float, float]:
+    text = requests.get(url + "/metrics", timeout=5).text
+    got = {m.group(1): float(m.group(2)) for m in
+           re.finditer(r"^vllm:prefix_cache_(hits|queries)_total\{[^}]*\} (\S+)$", text, re.M)}
+    return got.get("hits", 0.0), got.get("queries", 0.0)
+
+
+def test_a_conversations_turns_go_to_one_replica_whose_prefix_cache_hits(cluster):
+    cluster.start_redis()
+    urls = {n: start_sim(cluster, f"engine-{n}") for n in ("a", "b")}
+    eps = [EndpointInfo(id=i, url=u, models=("m",), engine="sim", model="m", served_name="m", capacity=4)
+           for i, u in urls.items()]
+    cluster.store().write_endpoints(eps, "fp-prefix", time.time())
+    gw = cluster.start_gateway(port=free_port(), LLMGW_GATEWAY_SEED="1")
+    wait_until(lambda: requests.get(gw + "/healthz", timeout=5).json()["endpoints"] == 2, 10, what="endpoints")
+    before = {n: hits(u) for n, u in urls.items()}
+    s = requests.Session()
+    msgs = [{"role": "system", "content": SYSTEM}]
+    served, notes = [], []
+    for turn in range(4):
+        msgs.append({"role": "user", "content": f"question {turn} about my refund"})
+        stream = turn % 2 == 1  # both kinds of answer carry the header
+        r = s.post(gw + CHAT, json={"model": "m", "messages": msgs, "stream": stream}, timeout=30)
+        assert r.status_code == 200, r.text
+        served.append(r.headers["X-LLMGW-Endpoint"])
+        notes.append(r.headers["X-LLMGW-Prefix"])
+        if stream:
+            text = "".join(re.findall(r'"content": ?"([^"]*)"', r.text))
+        else:
+            text = r.json()["choices"][0]["message"]["content"]
+        msgs.append({"role": "assistant", "content": text})
+    assert len(set(served)) == 1, served
+    first = re.match(r"matched=(\d+)/(\d+) tokens; endpoint_hit=([\d.]+); saved_ms=([\d.]+)", notes[0])
+    assert first and first.group(1) == "0", notes[0]
+    for note in notes[1:]:
+        m = re.match(r"matched=(\d+)/(\d+) tokens; endpoint_hit=([\d.]+); saved_ms=([\d.]+)", note)
+        assert m and int(m.group(1)) > 0.8 * len(SYSTEM) / 4 and float(m.group(3)) > 0.5, note
+    one = served[0]
+    h0, q0 = before[one]
+    h1, q1 = hits(urls[one])
+    assert h1 - h0 > 0.5 * (q1 - q0) > 0  # the engine reused most of the prompts of turns 2-4
+    other = "b" if one == "a" else "a"
+    assert hits(urls[other]) == before[other]  # the other replica saw nothing of it
+    page = requests.get(gw + "/metrics", timeout=5).text
+    assert metric(page, f'llmgw_gateway_prefix_predicted_hit_tokens_total{{endpoint="{one}"}}') > len(SYSTEM) / 4
+    assert metric(page, f'llmgw_gateway_prefix_saved_seconds_total{{endpoint="{one}"}}') > 0

@@ -1,0 +1,340 @@
+"""Prefix-cache-aware routing, pure: block keys, the per-endpoint LRU index, the prefill a match saves
+traded against queueing in `choose`'s cost, the objective (first token or completion), and the
+rendezvous tie-break that makes gateways with separate indexes agree."""
+
+import random
+import timeit
+from collections import Counter, deque
+
+from gateway.config import RoutingConfig
+from gateway.routing.choice import COMPLETION, FIRST_TOKEN, Choice, RouteRequest, choose
+from gateway.routing.load import EndpointStats
+from gateway.routing.prefixindex import EndpointIndex, PrefixIndex, blocks_for
+from gateway.routing.prefixkeys import BLOCK_BYTES, MAX_BLOCKS, TOKENS_PER_BLOCK, prefix_of, prompt_text
+from gateway.routing.speed import Speed
+from llmgw.state.records import EndpointInfo
+from llmgw.surface import CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES
+
+NOW = 1000.0
+CFG = RoutingConfig()
+SYSTEM = "You are a careful assistant. " + "Answer with precise detail and polite tone. " * 60
+
+
+def chat(*turns, **extra):
+    msgs = [{"role": "system", "content": SYSTEM}]
+    for i, t in enumerate(turns):
+        msgs.append({"role": "user" if i % 2 == 0 else "assistant", "content": t})
+    return {"model": "m", "messages": msgs, **extra}
+
+
+def ep(i, capacity=8):
+    return EndpointInfo(id=i, url=f"http://e/{i}", models=("m",), engine="sim", capacity=capacity, model="m")
+
+
+def req(body, objective=COMPLETION, **kw):
+    keys, tokens = prefix_of(body, CHAT, "m")
+    return RouteRequest("m", prefix=keys, prompt_tokens=tokens, objective=objective, **kw)
+
+
+# --- keys ---------------------------------------------------------------------------------------
+def test_same_prefix_same_keys_and_a_later_turn_extends_them():
+    k1, t1 = prefix_of(chat("hello there"), CHAT, "m")
+    k2, t2 = prefix_of(chat("hello there", "an answer " * 20, "and more"), CHAT, "m")
+    assert k1 and len(k2) > len(k1) and t2 > t1
+    # every whole block of the first turn's text is a prefix of the second's (the last one, which
+    # ends mid-message, may differ)
+    assert k2[:len(k1) - 1] == k1[:-1]
+    assert prefix_of(chat("hello there"), CHAT, "m") == (k1, t1)  # deterministic
+
+
+def test_model_adapter_and_salt_keep_prefixes_apart():
+    body = chat("hi")
+    base = prefix_of(body, CHAT, "m")[0]
+    assert set(prefix_of(body, CHAT, "other")[0]).isdisjoint(base)
+    assert set(prefix_of(body, CHAT, "m", "lora-a")[0]).isdisjoint(base)
+    salted = prefix_of({**body, "cache_salt": "tenant-1"}, CHAT, "m")[0]
+    assert set(salted).isdisjoint(base)
+    assert salted == prefix_of({**body, "cache_salt": "tenant-1"}, CHAT, "m")[0]
+
+
+def test_text_the_engine_sees():
+    assert prompt_text({"prompt": "x" * 10}, COMPLETIONS) == b"x" * 10
+    assert prompt_text({"prompt": ["abc", "def"]}, COMPLETIONS) == b"abc"
+    parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}
+    assert prompt_text(parts, CHAT) == b"user\x1fab"
+    assert prompt_text({"input": "q", "instructions": "be brief"}, RESPONSES) == b"system\x1fbe brief\x1eq"
+    assert prompt_text({"input": "x"}, EMBEDDINGS) is None
+    assert prompt_text({"messages": "not a list"}, CHAT) is None
+    assert prefix_of({"messages": []}, CHAT, "m") == ((), 0.0)
+    short, tokens = prefix_of({"prompt": "y" * (BLOCK_BYTES - 1)}, COMPLETIONS, "m")
+    assert short == () and tokens > 0  # no whole block: nothing to match
+
+
+def test_long_prompts_keep_a_bounded_number_of_keys():
+    keys, tokens = prefix_of({"prompt": "z" * (BLOCK_BYTES * (MAX_BLOCKS + 100))}, COMPLETIONS, "m")
+    assert len(keys) == MAX_BLOCKS and tokens > MAX_BLOCKS * TOKENS_PER_BLOCK
+
+
+# --- index --------------------------------------------------------------------------------------
+def test_index_is_a_bounded_lru_that_keeps_heads_longest():
+    ix = EndpointIndex(cap=10)
+    ix.add([1, 2, 3, 4, 5, 6])
+    assert ix.match([1, 2, 3, 9]) == 3 and ix.match([9, 1]) == 0
+    ix.add([1, 2, 7, 8, 9, 10])  # a second conversation on the same head: the first one's tail goes
+    assert len(ix.keys) == 10
+    ix.add([11, 12])
+    assert len(ix.keys) == 10
+    assert ix.match([1, 2]) == 2  # the shared head was touched last: still there
+    assert 6 not in ix.keys  # the oldest tail went first
+    pi = PrefixIndex()
+    pi.sent("a", (1, 2, 3))
+    pi.sent("b", (1, 5))
+    assert pi.matches(["a", "b", "c"], (1, 2, 3, 4)) == {"a": 3, "b": 1}
+    pi.sizes({"a": None})  # b left the list
+    assert set(pi.by_ep) == {"a"}
+    assert blocks_for(1600) == 100 and blocks_for(None) > blocks_for(1600)
+
+
+def test_index_update_and_match_are_cheap():
+    pi = PrefixIndex()
+    bodies = [chat(f"question {i}", "answer " * 30, f"follow-up {i}") for i in range(50)]
+    keyed = [prefix_of(b, CHAT, "m")[0] for b in bodies]
+    for i, k in enumerate(keyed):
+        pi.sent(f"e{i % 4}", k)
+    ids = ["e0", "e1", "e2", "e3"]
+    n = 2000
+    it = iter(range(10 ** 9))
+
+    def one():
+        k = keyed[next(it) % 50]
+        pi.matches(ids, k)
+        pi.sent("e1", k)
+
+    per = timeit.timeit(one, number=n) / n
+    keys_per = timeit.timeit(lambda: prefix_of(bodies[7], CHAT, "m"), number=n) / n
+    print(f"\nprefix keys {keys_per * 1e6:.1f} us, index match x4 + update {per * 1e6:.1f} us "
+          f"({len(keyed[0])} keys of {len(SYSTEM) + 100} bytes)")
+    assert per < 500e-6 and keys_per < 500e-6  # generous: the shared test machine is noisy
+
+
+# --- the cost -------------------------------------------------------------------------------------
+STATS = {i: EndpointStats(speed=Speed(1.0, 0.05), last_sample=NOW) for i in ("a", "b", "c")}
+
+
+def pick(r, inflight=None, matched=None, seed=0, cfg=CFG):
+    return choose([ep("a"), ep("b"), ep("c")], {}, inflight or {}, r, NOW, stats=STATS, cfg=cfg,
+                  rng=random.Random(seed), matched=matched)
+
+
+def test_a_hit_wins_among_equals():
+    r = req(chat("hi"))
+    full = len(r.prefix)
+    for seed in range(10):
+        c = pick(r, matched={"b": full}, seed=seed)
+        assert c.endpoint.id == "b" and c.matched == full * TOKENS_PER_BLOCK and c.saved > 0
+        assert c.prompt == r.prompt_tokens
+
+
+def test_a_hit_does_not_beat_a_long_queue():
+    long = {"model": "m", "messages": [{"role": "system", "content": "policy " * 2400}, {"role": "user", "content": "hi"}]}
+    r = req(long)  # ~4200 tokens: 0.42 s of prefill at 0.1 ms a token
+    full = len(r.prefix)
+    # b holds the prefix but is past its batch: its queue costs more than the prefill it saves
+    c = pick(r, inflight={"b": 12}, matched={"b": full})
+    assert c.endpoint.id != "b" and c.matched == 0
+    # a small load difference is worth taking for the hit
+    assert pick(r, inflight={"b": 2}, matched={"b": full}).endpoint.id == "b"
+    # and a short prompt saves less than joining a batch of three costs its completion
+    short = req(chat("hi"))
+    assert pick(short, inflight={"b": 2}, matched={"b": len(short.prefix)}).endpoint.id != "b"
+    # while its first token still comes sooner where the prompt is cached
+    first = req(chat("hi"), objective=FIRST_TOKEN)
+    assert pick(first, inflight={"b": 2}, matched={"b": len(first.prefix)}).endpoint.id == "b"
+
+
+def test_a_longer_match_wins_over_a_shorter_one():
+    r = req(chat("hi", "answer " * 40, "more"))
+    assert pick(r, matched={"a": 3, "c": len(r.prefix)}).endpoint.id == "c"
+
+
+def test_prefix_ignored_when_the_prefill_cost_is_zero():
+    r = req(chat("hi"))
+    cfg = RoutingConfig(prefill_ms_per_token=0)
+    ids = Counter(pick(r, matched={"b": len(r.prefix)}, cfg=cfg, seed=s).endpoint.id for s in range(5))
+    assert ids  # still routed; the pick is the rendezvous tie-break among equals, not the hit
+    assert all(pick(r, matched={"b": len(r.prefix)}, cfg=cfg).saved == 0 for _ in range(2))
+
+
+# --- the objective --------------------------------------------------------------------------------
+def test_objective_first_token_never_holds_for_a_faster_full_endpoint():
+    """A fast endpoint at capacity and a slow one with free slots: waiting for the fast one beats the
+    slow one on completion (the request is held), but its first token would come later: a streamed
+    request goes to the slow one at once."""
+    eps = [ep("fast", capacity=2), ep("slow", capacity=4)]
+    stats = {"fast": EndpointStats(speed=Speed(0.5, 0.0), last_sample=NOW),
+             "slow": EndpointStats(speed=Speed(6.0, 0.0), last_sample=NOW)}
+    common = dict(stats=stats, cfg=CFG, rng=random.Random(0))
+    held = choose(eps, {}, {"fast": 2}, RouteRequest("m", objective=COMPLETION), NOW, **common)
+    assert not isinstance(held, Choice) and held.kind == "saturated"
+    sent = choose(eps, {}, {"fast": 2}, RouteRequest("m", objective=FIRST_TOKEN), NOW, **common)
+    assert isinstance(sent, Choice) and sent.endpoint.id == "slow"
+
+
+def test_objective_first_token_waits_when_the_free_engine_is_slower_even_to_its_first_token():
+    eps = [ep("fast", capacity=2), ep("slow", capacity=4)]
+    stats = {"fast": EndpointStats(speed=Speed(0.2, 0.0, ttfb=0.01), last_sample=NOW),
+             "slow": EndpointStats(speed=Speed(6.0, 0.0, ttfb=5.0), last_sample=NOW)}
+    r = choose(eps, {}, {"fast": 2}, RouteRequest("m", objective=FIRST_TOKEN), NOW, stats=stats, cfg=CFG,
+               rng=random.Random(0))
+    assert not isinstance(r, Choice) and r.kind == "saturated"
+
+
+# --- several gateways agree -----------------------------------------------------------------------
+def _fleet_run(gateways: int, seed: int = 3) -> tuple[float, Counter]:
+    """Conversations over shared system prompts, each request routed by gateway (i mod `gateways`),
+    each gateway with its own index; the engines' true caches (an LRU of what anyone sent them) say
+    what hit. Loads are what every gateway sees (a scrape): the requests of the last few rounds."""
+    rng = random.Random(seed)
+    eps = [ep(f"e{i}", capacity=8) for i in range(4)]
+    stats = {e.id: EndpointStats(speed=Speed(1.0, 0.05), last_sample=NOW) for e in eps}
+    systems = [f"You are assistant {i}. " + " ".join(rng.choice(("policy", "refund", "order", "tone"))
+                                                     for _ in range(rng.randint(150, 900))) for i in range(12)]
+    convs = [{"sys": rng.randrange(12), "turns": rng.randint(3, 8), "msgs": []} for _ in range(80)]
+    indexes = [PrefixIndex() for _ in range(gateways)]
+    truth = {e.id: EndpointIndex(blocks_for(12000)) for e in eps}
+    recent: deque = deque(maxlen=16)  # what is in flight: the last 16 requests
+    hit = total = 0.0
+    shares: Counter = Counter()
+    live = list(range(len(convs)))
+    n = 0
+    while live:
+        ci = rng.choice(live)
+        c = convs[ci]
+        c["msgs"].append({"role": "user", "content": f"question {len(c['msgs'])} of conversation {ci}"})
+        body = {"messages": [{"role": "system", "content": systems[c["sys"]]}, *c["msgs"]]}
+        keys, tokens = prefix_of(body, CHAT, "m")
+        gw = indexes[n % gateways]
+        inflight = Counter(recent)
+        r = RouteRequest("m", prefix=keys, prompt_tokens=tokens, objective=FIRST_TOKEN)
+        ch = choose(eps, {}, inflight, r, NOW, stats=stats, cfg=CFG, rng=random.Random(n),
+                    matched=gw.matches([e.id for e in eps], keys))
+        i = ch.endpoint.id
+        gw.sent(i, keys)
+        hit += min(tokens, truth[i].match(keys) * TOKENS_PER_BLOCK)
+        total += tokens
+        truth[i].add(keys)
+        recent.append(i)
+        shares[i] += 1
+        c["msgs"].append({"role": "assistant", "content": "an answer " * rng.randint(5, 40)})
+        if len(c["msgs"]) >= 2 * c["turns"]:
+            live.remove(ci)
+        n += 1
+    return hit / total, shares
+
+
+def test_two_gateways_round_robin_keep_one_gateways_hit_ratio():
+    one, shares1 = _fleet_run(1)
+    two, shares2 = _fleet_run(2)
+    print(f"\nhit ratio one gateway {one:.3f}, two {two:.3f}; shares {dict(shares1)} / {dict(shares2)}")
+    assert one > 0.5
+    assert two >= 0.9 * one
+    for shares in (shares1, shares2):  # and no hot spot
+        assert max(shares.values()) <= 1.5 * min(shares.values())
+
+
+def test_empty_indexes_agree_on_the_replica():
+    """Two gateways that saw nothing send the same conversation to the same idle replica."""
+    r = req(chat("hello"), objective=FIRST_TOKEN)
+    picks = {pick(r, seed=s).endpoint.id for s in range(20)}
+    assert len(picks) == 1
+    other = req(chat("hello", cache_salt="tenant-2"), objective=FIRST_TOKEN)
+    assert {pick(other, seed=s).endpoint.id for s in range(20)} != set() and len(
+        {pick(other, seed=s).endpoint.id for s in range(20)}) == 1
+
+
+# --- the prefill rate ---------------------------------------------------------------------------------
+def test_the_prefill_rate_is_learned_from_the_engines_counters():
+    from gateway.routing.prefill import prefill_seen
+    from llmgw.state.records import LoadRecord
+
+    a = LoadRecord("e", ts=1.0, ok=True, prompt_tokens_total=1000, prefix_hits_total=200, prefill_seconds_total=1.0)
+    # 3000 prompt tokens, 1000 of them cached: 2000 computed in 0.5 s
+    b = LoadRecord("e", ts=2.0, ok=True, prompt_tokens_total=4000, prefix_hits_total=1200, prefill_seconds_total=1.5)
+    assert prefill_seen(a, b, None) == 0.5 / 2000
+    assert prefill_seen(a, b, 0.001) == 0.001 + 0.3 * (0.5 / 2000 - 0.001)
+    assert prefill_seen(b, b, 0.001) == 0.001  # idle between the scrapes: nothing new
+    assert prefill_seen(None, b, None) is None
+    reset = LoadRecord("e", ts=3.0, ok=True, prompt_tokens_total=5000, prefix_hits_total=0, prefill_seconds_total=0.1)
+    assert prefill_seen(b, reset, 0.002) == 0.002  # the engine restarted
+    llama = LoadRecord("e", ts=2.0, ok=True, prompt_tokens_total=1400, prefill_seconds_total=3.0)
+    assert prefill_seen(LoadRecord("e", ts=1.0, ok=True, prompt_tokens_total=400, prefill_seconds_total=1.0),
+                        llama, None) == 2.0 / 1000  # llama.cpp counts the computed tokens only
+
+
+def test_a_learned_slow_prefill_makes_a_hit_worth_more():
+    long = {"model": "m", "messages": [{"role": "system", "content": "policy " * 1000}, {"role": "user", "content": "x"}]}
+    r = req(long)
+    full = len(r.prefix)
+    assert pick(r, inflight={"b": 3}, matched={"b": full}).endpoint.id != "b"  # at 0.1 ms a token: not worth it
+    slow = {i: EndpointStats(speed=Speed(1.0, 0.05), last_sample=NOW, prefill=0.001) for i in ("a", "b", "c")}
+    c = choose([ep("a"), ep("b"), ep("c")], {}, {"b": 3}, r, NOW, stats=slow, cfg=CFG, rng=random.Random(0),
+               matched={"b": full})
+    assert c.endpoint.id == "b" and c.saved == c.matched * 0.001
+
+
+def test_the_objective_comes_from_the_request_unless_the_catalog_fixes_it():
+    from gateway.request.call import Call
+    from gateway.request.surface import ROUTES
+    from gateway.routing.tables import tables_from
+
+    def planned(body, objective=None):
+        c = Call(ROUTES[CHAT], "m", b"", body)
+        c.plan_prefix("m", objective)
+        return c
+
+    assert planned(chat("hi", stream=True)).objective == FIRST_TOKEN
+    assert planned(chat("hi")).objective == COMPLETION
+    assert planned(chat("hi", stream=True), COMPLETION).objective == COMPLETION
+    c = planned(chat("hi"))
+    assert c.prefix == prefix_of(chat("hi"), CHAT, "m")[0] and c.prompt_tokens > 0
+    off = Call(ROUTES[CHAT], "m", b"", chat("hi"))
+    off.plan_prefix("m", None, enabled=False)
+    assert off.prefix == () and off.prompt_tokens == 0
+    # the catalog's routing.objective, published on the model's endpoints, reaches the tables
+    names = type("Names", (), {"canonical": {}, "groups": [], "cold_start": {}})()
+    eps = [EndpointInfo(id="a", url="u", models=("m",), engine="sim", model="m", objective=FIRST_TOKEN),
+           EndpointInfo(id="b", url="u", models=("n",), engine="sim", model="n")]
+    assert tables_from(1, "f", eps, names, {}).objectives == {"m": FIRST_TOKEN}
+
+
+def test_an_engine_that_keeps_less_than_expected_has_its_hits_discounted():
+    from gateway.routing.prefill import trust_of
+
+    assert trust_of(None) == 1.0 and trust_of((1e5, 7e4, 1000.0, 0.0)) == 1.0  # too few reports yet
+    assert trust_of((1e5, 7e4, 5e4, 1.75e4)) == 0.5  # expected 70 %, kept 35 %
+    assert trust_of((1e5, 5e4, 5e4, 4e4)) == 1.0  # kept more than expected: never above 1
+    long = {"model": "m", "messages": [{"role": "system", "content": "policy " * 2400}, {"role": "user", "content": "x"}]}
+    r = req(long)
+    full = len(r.prefix)
+    stats = lambda t: {i: EndpointStats(speed=Speed(1.0, 0.05), last_sample=NOW, prefix_trust=t) for i in "abc"}
+    kw = dict(cfg=CFG, rng=random.Random(0), matched={"b": full})
+    assert choose([ep("a"), ep("b"), ep("c")], {}, {"b": 2}, r, NOW, stats=stats(1.0), **kw).endpoint.id == "b"
+    c = choose([ep("a"), ep("b"), ep("c")], {}, {"b": 2}, r, NOW, stats=stats(0.1), **kw)
+    assert c.endpoint.id != "b"
+
+
+def test_a_full_endpoint_holding_the_prompt_may_queue_it_only_where_its_engine_shows_its_queue():
+    from llmgw.state.records import LoadRecord
+
+    long = {"model": "m", "messages": [{"role": "system", "content": "policy " * 2400}, {"role": "user", "content": "x"}]}
+    r = req(long, objective=FIRST_TOKEN)
+    eps = [ep("a", capacity=2), ep("b", capacity=2)]
+    stats = {i: EndpointStats(speed=Speed(1.0, 0.05), last_sample=NOW, prefill=0.001) for i in "ab"}
+    kw = dict(stats=stats, cfg=CFG, rng=random.Random(0), matched={"b": len(r.prefix)})
+    shown = {i: LoadRecord(i, ts=NOW, ok=True, running=2 if i == "b" else 1, waiting=0) for i in "ab"}
+    assert choose(eps, shown, {"b": 2, "a": 1}, r, NOW, **kw).endpoint.id == "b"  # waits there for its hit
+    blind = choose(eps, {}, {"b": 2, "a": 1}, r, NOW, **kw)
+    assert not (isinstance(blind, Choice) and blind.endpoint.id == "b")  # blind: never sent past capacity
+    deep = {**shown, "b": LoadRecord("b", ts=NOW, ok=True, running=2, waiting=5)}
+    full = choose(eps, deep, {"b": 7, "a": 1}, r, NOW, **kw)
+    assert not (isinstance(full, Choice) and full.endpoint.id == "b")  # the engine's own waiting limit
