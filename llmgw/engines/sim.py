@@ -69,6 +69,7 @@ class SimAdapter(EngineAdapter):
     credential_env = "SIMENGINE_API_KEY"  # guards /v1, like vLLM
     # LoRA as vLLM serves it: loaded and unloaded at run time, with vLLM's calls, answers and flags.
     supports_lora = True
+    supports_kv_events = True
     lora_ranks = VLLM_LORA_RANKS
     lora_flags = ("--enable-lora", "--max-loras", "--max-lora-rank", "--max-cpu-loras")
 
@@ -120,6 +121,7 @@ class SimAdapter(EngineAdapter):
         argv += multi
         lora_argv, lora_env = runtime_lora_launch(p)
         argv += lora_argv
+        argv += self.kv_events_args(ctx)
         argv += p.args
         return LaunchSpec(argv=tuple(argv), env={**self.engine_env(ctx, p), **lora_env}, serves_http=not headless,
                           health_path="/health", start_timeout=p.start_timeout)

@@ -173,6 +173,7 @@ class VllmAdapter(EngineAdapter):
     # vLLM guards only its /v1 (and /v2, /inference, /cohere) paths with it; see docs/engines.md.
     credential_env = "VLLM_API_KEY"
     supports_lora = True
+    supports_kv_events = True
     lora_ranks = VLLM_LORA_RANKS
     lora_flags = ("--enable-lora", "--max-loras", "--max-lora-rank", "--max-cpu-loras", "--lora-modules")
 
@@ -273,6 +274,7 @@ class VllmAdapter(EngineAdapter):
         lora_argv, lora_env = runtime_lora_launch(p)
         argv += lora_argv
         env = {**self.engine_env(ctx, p), **lora_env}
+        argv += self.kv_events_args(ctx)
         argv += p.args
         return LaunchSpec(argv=tuple(argv), env=env, serves_http=not headless, health_path="/health",
                           start_timeout=p.start_timeout)
