@@ -254,6 +254,12 @@ class EngineAdapter(ABC):
         """Names of the (prompt, generation) token counters this profile's engine process exports."""
         return self.prompt_tokens_metric, self.generation_tokens_metric
 
+    def tokenize_prompt(self, operation: str, body: Mapping) -> list[int] | None:
+        """The tokens this engine makes of a request's prompt, as its prefix cache sees them (chat
+        template applied), for precise prefix routing; None: the gateway cannot tell, and predicts
+        from what it sent instead."""
+        return None
+
     def kv_events_args(self, ctx: LaunchContext) -> list[str]:
         """vLLM's --kv-events-config for a replica whose agent chose its KV event ports: a ZMQ PUB
         socket and a replay socket, both bound on every address (the gateways connect)."""

@@ -14,6 +14,7 @@ runtime load and unload calls and their answers; a profile's args may add `--lor
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 
 from llmgw.catalog.types import MetricMapping, Profile
 from llmgw import surface as op
@@ -109,6 +110,16 @@ class SimAdapter(EngineAdapter):
         if _metrics_style(profile.args) == "llamacpp":
             return LlamaCppAdapter.prompt_tokens_metric, LlamaCppAdapter.generation_tokens_metric
         return super().token_metrics(profile)
+
+    def tokenize_prompt(self, operation: str, body: Mapping) -> list[int] | None:
+        # The simulated engine's own tokenizer and chat template (simengine.tokens): exact.
+        from simengine import tokens
+
+        if operation == op.CHAT and isinstance(body.get("messages"), list):
+            return tokens.chat_tokens(body["messages"])
+        if operation == op.COMPLETIONS:
+            return tokens.prompt_tokens(body.get("prompt"))
+        return None
 
     def command(self, ctx: LaunchContext) -> LaunchSpec:
         p = ctx.profile
