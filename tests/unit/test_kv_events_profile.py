@@ -3,6 +3,7 @@ agent chose), what the agent records and what the endpoint list tells the gatewa
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -71,8 +72,9 @@ def test_the_agent_records_the_ports_and_clears_them_when_an_attempt_has_none():
 
 def test_the_endpoint_list_says_where_to_subscribe():
     cat = catalog(model("m", cpu_profile("s", kv_events=True), cpu_profile("plain")))
-    recs = [ready_record("a", "m", "s", "n1", NOW, url="http://10.0.0.7:8101", kv_events_port=8102, kv_replay_port=8103),
-            ready_record("b", "m", "plain", "n1", NOW, url="http://10.0.0.7:8104")]
+    recs = [dataclasses.replace(ready_record("a", "m", "s", "n1", NOW, kv_events_port=8102, kv_replay_port=8103),
+                                url="http://10.0.0.7:8101"),
+            ready_record("b", "m", "plain", "n1", NOW)]
     from tests.unit.control_support import node
 
     eps = {e.id: e for e in endpoints_from(cat, recs, {"n1": node("n1")}, NOW)}
