@@ -4,7 +4,8 @@ One thread per gateway process holds a ZMQ SUB socket per endpoint that publishe
 endpoint list says where: `EndpointInfo.kv_events`), folds each batch into the shared
 `gateway.routing.kvindex.Index` under its lock, and on a gap asks that endpoint's replay socket for
 the missing batches (a DEALER, as vLLM's replay socket is a ROUTER). Endpoints that leave the list are
-unsubscribed and forgotten. pyzmq is imported only when an endpoint publishes events; under gunicorn's
+unsubscribed and forgotten; the tokenizers their prompts are matched with are loaded here too
+(gateway.server.tokenizers), never on the request path. pyzmq is imported only when an endpoint publishes events; under gunicorn's
 gevent worker its cooperative flavour (zmq.green) is used, so a wait never blocks other requests.
 
 The loop never dies: a failure is logged and the next pass goes on.
@@ -17,6 +18,7 @@ import threading
 from typing import Callable, Sequence
 
 from gateway.routing.kvindex import Index
+from gateway.server.tokenizers import Tokenizers
 from llmgw.engines.kvwire import WireError, decode_message, decode_replay, replay_request
 from llmgw.state.records import EndpointInfo
 
@@ -43,8 +45,9 @@ def _zmq():
 
 
 class KvSubscriber:
-    def __init__(self, index: Index, lock: threading.Lock, endpoints: Callable[[], Sequence[EndpointInfo]]):
-        self.index, self.lock, self.endpoints = index, lock, endpoints
+    def __init__(self, index: Index, lock: threading.Lock, endpoints: Callable[[], Sequence[EndpointInfo]],
+                 tokenizers: Tokenizers | None = None):
+        self.index, self.lock, self.endpoints, self.tokenizers = index, lock, endpoints, tokenizers
         self.stopping = threading.Event()
         self._subs: dict[str, tuple[str, object]] = {}  # endpoint id -> (its kv_events address, SUB socket)
         self._replay_at: dict[str, str] = {}
@@ -89,6 +92,8 @@ class KvSubscriber:
                     self.index.forget(eid)
         if not wanted:
             return
+        if self.tokenizers is not None:
+            self.tokenizers.want({e.tokenizer for e in wanted.values() if e.tokenizer})
         if self._zmq is None:
             self._zmq = _zmq()
             self._ctx = self._zmq.Context()

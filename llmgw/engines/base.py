@@ -260,6 +260,11 @@ class EngineAdapter(ABC):
         from what it sent instead."""
         return None
 
+    def tokenizer_source(self, model: Model, profile: Profile) -> str:
+        """Where a gateway gets this profile's tokenizer for precise prefix routing (`hf://org/repo`);
+        empty: the engine's own tokenizer is built in (`tokenize_prompt`), or none can be had."""
+        return ""
+
     def kv_events_args(self, ctx: LaunchContext) -> list[str]:
         """vLLM's --kv-events-config for a replica whose agent chose its KV event ports: a ZMQ PUB
         socket and a replay socket, both bound on every address (the gateways connect)."""

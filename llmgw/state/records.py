@@ -244,6 +244,9 @@ class EndpointInfo:
     # answers replays (tcp://node:port); empty: the gateway predicts from what it sent.
     kv_events: str = ""
     kv_replay: str = ""
+    # The tokenizer the gateway needs to match prompts against those events (`hf://org/repo[@rev]`);
+    # empty: the engine's own (the simulated engine), or none known.
+    tokenizer: str = ""
 
     def serves(self, op: str) -> bool:
         return op in self.paths if self.paths is not None else op in LEGACY_OPERATIONS
