@@ -19,7 +19,7 @@ The load is open loop (asyncio, tests/support/loadgen.py): Poisson arrivals at 5
 fleet's capacity, and `burst`: 80 %, then 10 s at 150 %, then 80 % again; streamed chat requests
 of ~100-token prompts (random words, so no prefix cache helps) and the fleet's output lengths.
 Each router gets a short unmeasured warm-up. Figures per cell: p50/p90/p99 latency, TTFT p50/p99,
-errors (non-200, broken streams, or no answer within 60 s, a client's usual timeout), and the share
+the router's CPU per request (`cpu ms`: user + system of its process tree, from /proc), errors (non-200, broken streams, or no answer within 60 s, a client's usual timeout), and the share
 each engine served (from the answers' `system_fingerprint`). Starts everything itself on loopback
 and stops it all. The full matrix took 35 minutes on 2 busy shared cores (before LiteLLM joined),
 `--quick` about 4 with every peer.
@@ -44,7 +44,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, ROOT / "bench")]
 
 from bench import litellm_peer  # noqa: E402
-from bench.fleetsim import FLEETS, LOADS, Engine, Fleet, Load  # noqa: E402
+from bench.fleetsim import FLEETS, HELD_OUT, LOADS, Engine, Fleet, Load  # noqa: E402
+from bench.streams import cpu_seconds, tree  # noqa: E402
 from llmgw.state.records import EndpointInfo  # noqa: E402
 from llmgw.state.clock import Clock  # noqa: E402
 from tests.support.cluster import Cluster  # noqa: E402
@@ -185,6 +186,10 @@ http {{
     def stop(self) -> None:
         self.cluster.procs.get(self.name).stop()
 
+    def pids(self) -> list[int]:
+        """The router's processes (gunicorn's master and workers, nginx's), for its CPU time."""
+        return tree(self.cluster.procs.get(self.name).popen.pid)
+
 
 # --- one cell ---------------------------------------------------------------------------------------
 @dataclass
@@ -194,6 +199,7 @@ class Cell:
     router: str
     results: list[StreamResult]
     shares: dict[str, int]
+    cpu_ms: float | None = None  # the router's CPU (its process tree, user + system) per request
 
     def ok(self) -> list[StreamResult]:
         return [r for r in self.results if r.status == 200]
@@ -257,13 +263,16 @@ def run_fleet(cluster: Cluster, fleet: Fleet, loads: list[Load], routers: list[s
                         router = Router(kind, cluster, rf, workdir, gateway_workers)
                         drive(router.url, fleet, replace(load, name="warm-up", seconds=warmup, burst_seconds=0,
                                                          fraction=min(load.fraction, 0.8)), seed=99)
+                    pids = router.pids()
+                    cpu0 = cpu_seconds(pids)
                     results = drive(router.url, fleet, load, seed=1)
+                    cpu_ms = (cpu_seconds(pids) - cpu0) * 1000 / len(results) if pids and results else None
                     shares = {n: 0 for n in rf.names}
                     for r in results:
                         if r.status == 200:
                             n = rf.engine_of(r.server)
                             shares[n] = shares.get(n, 0) + 1
-                    cells.append(Cell(fleet.name, load.name, kind, results, shares))
+                    cells.append(Cell(fleet.name, load.name, kind, results, shares, cpu_ms))
                     print(row(cells[-1]), flush=True)
             finally:
                 if router is not None:
@@ -281,8 +290,10 @@ def row(c: Cell) -> str:
     for r in c.results:
         if r.status != 200:
             failed[r.status] = failed.get(r.status, 0) + 1
+    cpu = f"{c.cpu_ms:7.2f}" if c.cpu_ms is not None else f"{'-':>7}"
     return (f"  {c.load:6} {c.router:15} {f['p50']:7.2f} {f['p90']:7.2f} {f['p99']:7.2f} {f['ttft50']:7.3f} "
-            f"{f['ttft99']:7.3f} {f['errors']:5}/{f['n']:<5} {share}" + (f"  (statuses {failed})" if failed else ""))
+            f"{f['ttft99']:7.3f} {cpu} {f['errors']:5}/{f['n']:<5} {share}"
+            + (f"  (statuses {failed})" if failed else ""))
 
 
 def verdict(cells: list[Cell]) -> list[str]:
@@ -335,7 +346,8 @@ def plot(points: list[tuple[str, str, str, float]], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--fleets", default=",".join(FLEETS), help=f"subset of {', '.join(FLEETS)}")
+    ap.add_argument("--fleets", default=",".join(FLEETS),
+                    help=f"subset of {', '.join(FLEETS)}, or of the held-out {', '.join(HELD_OUT)}")
     ap.add_argument("--loads", default="0.5,0.8,0.95,burst", help="subset of 0.5, 0.8, 0.95, burst")
     ap.add_argument("--routers", default=",".join(ROUTERS), help=f"subset of {', '.join(ROUTERS)}")
     ap.add_argument("--seconds", type=float, default=None,
@@ -349,12 +361,13 @@ def main(argv: list[str] | None = None) -> int:
     if a.quick:
         a.fleets = "fleet-a" if a.fleets == ",".join(FLEETS) else a.fleets
         a.loads = "0.8,burst" if a.loads == "0.5,0.8,0.95,burst" else a.loads
-    for what, names, known in (("fleet", a.fleets, FLEETS), ("load", a.loads, LOADS), ("router", a.routers, ROUTERS)):
+    every_fleet = {**FLEETS, **HELD_OUT}
+    for what, names, known in (("fleet", a.fleets, every_fleet), ("load", a.loads, LOADS), ("router", a.routers, ROUTERS)):
         unknown = [n for n in names.split(",") if n not in known]
         if unknown:
             ap.error(f"unknown {what}(s) {', '.join(unknown)}; choose from {', '.join(known)}")
     seconds = a.seconds or (3.0 if a.quick else 6.0)
-    fleets = [FLEETS[n] for n in a.fleets.split(",")]
+    fleets = [every_fleet[n] for n in a.fleets.split(",")]
     loads = []
     for name in a.loads.split(","):
         ld = LOADS[name]
@@ -384,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\n{fleet.name}: {len(fleet.engines)} engines, speeds {[e.sim.speed for e in fleet.engines]}, "
                   f"capacity ~{fleet.capacity():.1f} req/s{(' (' + fleet.note + ')') if fleet.note else ''}")
             print(f"  {'load':6} {'router':15} {'p50':>7} {'p90':>7} {'p99':>7} {'ttft50':>7} {'ttft99':>7} "
-                  f"{'err/n':>11} served ({'/'.join(e.name for e in fleet.engines)})", flush=True)
+                  f"{'cpu ms':>7} {'err/n':>11} served ({'/'.join(e.name for e in fleet.engines)})", flush=True)
             cells += run_fleet(cluster, fleet, loads, routers, workdir, a.warmup, a.gateway_workers)
         print("\nllmgw / best peer: p99 ratio, TTFT p99 ratio (<= 1 is the target), llmgw errors")
         print("\n".join(verdict(cells)))

@@ -46,6 +46,7 @@ from gateway.upstream.client import Upstream
 from llmgw.state.clock import Clock
 from llmgw.state.kicks import Kicker, broker_app, celery_sender
 from llmgw.state.store import Store, connect
+from llmgw.tracing import configure
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -55,8 +56,11 @@ class Gateway:
 
     def __init__(self, cfg: GatewaySettings, store: Store | None = None, clock: Clock | None = None,
                  request_store: Store | None = None, environ: Mapping[str, str] | None = None,
-                 siblings: SharedCounts | None = None):
+                 siblings: SharedCounts | None = None, tracing=None):
         self.cfg = cfg
+        # Once per process, in the process that serves: gunicorn loads the app in each worker after
+        # the fork, so each worker has its own provider and export thread (docs/tracing.md).
+        self.tracing = tracing if tracing is not None else configure("llmgw-gateway")
         self.clock = clock = clock or Clock()
         self.metrics = metrics = Metrics()
         self.store = store or Store(connect(cfg.redis_url))
@@ -66,7 +70,7 @@ class Gateway:
             else Store(connect(cfg.redis_url, socket_timeout=cfg.redis_timeout, socket_connect_timeout=cfg.redis_timeout))
         )
         self.health = RedisHealth(clock, lambda ok: metrics.redis_unavailable.set(0 if ok else 1))
-        self.queues = WaitQueues(cfg.queue_max, clock.monotonic)
+        self.queues = WaitQueues(cfg.queue_max, clock.monotonic, model_of=self._model_of)
         self.router = PolledRouter(self.store, cfg, clock, metrics, environ=environ, shared=siblings, health=self.health)
         self.router.on_release = self.queues.wake
         self.router.on_loaded = self._list_loaded
@@ -89,9 +93,15 @@ class Gateway:
                                      saturation, self.router, self.queues, self.identity)
         answers = Answers(clock, metrics, self.traffic, self.usage, cfg.total_timeout, self.open_requests)
         self.proxy = Proxy(cfg, clock, self.router, self.gate, self.upstream, self.queues, answers, metrics,
-                           self.traffic, saturation, self.demand, self.not_ready)
+                           self.traffic, saturation, self.demand, self.not_ready, tracing=self.tracing)
         self.stopping = threading.Event()
         self.started = False
+
+    def _model_of(self, name: str) -> str:
+        """The model a requested name is served by (an adapter's: its base model's)."""
+        tables = self.router.tables
+        adapter = tables.adapters.get(name) if tables.adapters else None
+        return adapter.model if adapter is not None else tables.canonical.get(name, name)
 
     @property
     def open(self) -> int:
@@ -156,13 +166,17 @@ class Gateway:
 
 
 def create_app(config: GatewaySettings | None = None, *, store: Store | None = None, clock: Clock | None = None,
-               environ: Mapping[str, str] | None = None, siblings: SharedCounts | None = None) -> Flask:
+               environ: Mapping[str, str] | None = None, siblings: SharedCounts | None = None,
+               tracing=None) -> Flask:
     """Build the app. With no arguments (gunicorn) the config comes from the environment; tests pass a
     Store on fakeredis, and a sibling table to route as one of several workers. Nothing runs in the
-    background until `Gateway.serve` (gunicorn's post_worker_init, in the worker) or `Gateway.start`."""
+    background until `Gateway.serve` (gunicorn's post_worker_init, in the worker) or `Gateway.start`.
+    `tracing`: a `llmgw.tracing.Tracing` (tests: over an in-memory exporter); None configures the
+    process's from the OpenTelemetry environment."""
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    gw = Gateway(config or GatewaySettings.from_env(), store=store, clock=clock, environ=environ, siblings=siblings)
+    gw = Gateway(config or GatewaySettings.from_env(), store=store, clock=clock, environ=environ, siblings=siblings,
+                 tracing=tracing)
     app = flask_app(gw)
     app.wsgi_app = fast_path(gw.proxy, gw.open_requests, gw.metrics, app.wsgi_app)
     return app

@@ -18,6 +18,8 @@ TABLE: dict[str, tuple[int, str, str]] = {
     "unsupported": (404, "invalid_request_error", "unsupported_endpoint"),
     "method_not_allowed": (405, "invalid_request_error", "method_not_allowed"),
     "too_large": (413, "invalid_request_error", "request_too_large"),
+    # nginx's "client closed request": logged and counted, never read by the client that left.
+    "client_gone": (499, "invalid_request_error", "client_closed_request"),
     "shed": (429, "rate_limit_error", "overloaded"),
     "rate_limited": (429, "rate_limit_error", "rate_limit_exceeded"),
     "budget_exceeded": (429, "insufficient_quota", "budget_exceeded"),

@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         log_requests=args.log_requests, api_key=args.api_key, log_headers=args.log_headers,
         stream_start=args.stream_start, prefix_caching=args.enable_prefix_caching, block_size=args.block_size,
         slot_similarity=args.slot_prompt_similarity, kv_events=kv_events(args),
-        lora=lora_options(args),
+        lora=lora_options(args), answer_model=args.answer_model,
     )
     if opts.kv_events is not None and (opts.metrics_style != "vllm" or not opts.prefix_caching):
         p.error("KV events come from vLLM's prefix cache: they need --metrics-style vllm and prefix caching on")

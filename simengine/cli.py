@@ -106,6 +106,9 @@ def parser(exit_on_error: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--served-model-name", nargs="+", default=["sim"], metavar="NAME",
                    help="the model name, then any aliases (all answer)")
     p.add_argument("--model", default="", help="ignored; accepted so the command looks like a real engine's")
+    p.add_argument("--answer-model", default=None, metavar="NAME",
+                   help="the `model` completions and responses name, whatever the request asked for "
+                        "(llama-server answers with its first alias, or 'default')")
     p.add_argument("--api-key", default=os.environ.get("SIMENGINE_API_KEY") or None, metavar="KEY",
                    help="refuse /v1 requests without 'Authorization: Bearer KEY' (401), like vLLM's --api-key; "
                         "/health and /metrics stay open (default: $SIMENGINE_API_KEY)")

@@ -49,6 +49,7 @@ class ServerOptions:
     slot_similarity: float = 0.1
     kv_events: Any = None  # simengine.kvevents.KvEventsConfig, or None
     lora: LoraOptions | None = None  # --enable-lora
+    answer_model: str | None = None  # the `model` every completion names, whatever was asked (llama-server's alias)
 
     @property
     def start(self) -> str:

@@ -13,6 +13,7 @@ import hmac
 import json
 import time
 import uuid
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -226,6 +227,8 @@ class Handler(BaseHTTPRequestHandler):
         if fail:
             raise BadRequest(500, "simulated engine error (--error-rate)", "InternalServerError")
         adapter = app.adapter_of(job.model)
+        if app.opts.answer_model:
+            job = replace(job, model=app.opts.answer_model)
         words = app.answer(seq, job.max_tokens, adapter)
         try:
             rid, q = app.engine.submit(len(job.tokens), job.max_tokens, job.tokens,
@@ -288,6 +291,7 @@ class Handler(BaseHTTPRequestHandler):
             raise BadRequest(400, str(e), "BadRequestError") from None
         rid, msg_id = rapi.new_ids()
         created, words = int(time.time()), app.answer(seq, mt, app.adapter_of(model))
+        model = app.opts.answer_model or model
         finish = "length" if explicit else "stop"
         keep = body.get("store", True) is not False
 

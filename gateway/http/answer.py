@@ -15,16 +15,23 @@ from gateway.keys.table import ApiKey
 from gateway.keys.usage import UsageRecorder
 from gateway.observe.metrics import Metrics
 from gateway.observe.traffic import TrafficCounter
+from gateway.request.client import ClientConn
 from gateway.request.surface import Route
 from gateway.response_ids import IdRewrite
 from gateway.routing.router import Lease
+from gateway.upstream.assemble import Assembler
 from gateway.upstream.client import STREAM_REPLACED, UpstreamResponse, response_headers
+from gateway.upstream.rewrite import AnswerRewrite
 from gateway.upstream.stream import StreamBody, usage_from_json
+from llmgw import surface as op
 from llmgw.state.keypolicy import ANONYMOUS
 from llmgw.state.clock import Clock
+from llmgw.tracing import NOOP_REQUEST
 
 # Proxies in front (nginx) must not buffer a stream, nor anything cache it.
 SSE_HEADERS = [("Cache-Control", "no-cache"), ("X-Accel-Buffering", "no")]
+# A stream answered as one JSON body: the stream's headers and its type are not the answer's.
+STREAMED_AS_JSON = STREAM_REPLACED | {"content-type"}
 
 
 def error_response(err: ApiError, request_id: str | None = None) -> Response:
@@ -82,18 +89,26 @@ class Answers:
         self.total_timeout, self.open = total_timeout, open_requests
 
     def respond(self, resp: UpstreamResponse, lease: Lease, model: str, canon: str, key: ApiKey | None, rid: str,
-                t0: float, t_send: float, route: Route, rewrite: IdRewrite | None = None) -> RawAnswer:
+                t0: float, t_send: float, route: Route, rewrite: IdRewrite | None = None,
+                assemble: ClientConn | None = None, trace=NOOP_REQUEST) -> RawAnswer:
         """Build the client's answer. On return the answer owns `resp` and `lease` (a stream releases
-        them when it ends or the client leaves); if this raises, the caller still owns both.
+        them when it ends or the client leaves); if this raises, the caller still owns both. With
+        `assemble` (the client) the engine was asked for a stream the client did not ask for: it is
+        read into one JSON answer while the client is watched (gateway.upstream.assemble). `trace`
+        (llmgw.tracing) gets the first byte and the end.
 
         Only generating operations teach the router an endpoint's speed; a stored response read
         again (by id) is not usage again."""
         ep = lease.choice.endpoint
         mono = self.clock.monotonic
-        streamed = resp.content_type.startswith("text/event-stream")
+        sse = resp.content_type.startswith("text/event-stream")
+        assembling = assemble is not None and sse
+        streamed = sse and not assembling
         # One pass over the engine's headers; X-Request-Id is ours (an engine echoing it would
         # otherwise send it twice), and a stream's caching headers are ours too.
-        headers = response_headers(resp, STREAM_REPLACED if streamed else None)
+        headers = response_headers(resp, STREAMED_AS_JSON if assembling else STREAM_REPLACED if streamed else None)
+        if assembling:
+            headers.append(("Content-Type", "application/json"))
         headers += [("X-Request-Id", rid), ("X-LLMGW-Endpoint", ep.id)]
         status = resp.status
         key_id = key.id if key else ANONYMOUS
@@ -115,6 +130,7 @@ class Answers:
             child(metrics.latency, model).observe(now - t0)
             if charted:  # else the error answer raised next is counted (Proxy.refused)
                 traffic.request(canon, error=not completed or status >= 500, seconds=now - t0)
+                trace.finish(status, completed, usage)
             if usage:
                 child(metrics.tokens, model, "prompt").inc(usage[0])
                 child(metrics.tokens, model, "completion").inc(usage[1])
@@ -127,6 +143,7 @@ class Answers:
 
             def first() -> None:
                 first_at.append(mono())
+                trace.first_byte()
                 waited = first_at[0] - t0
                 metrics.child(metrics.ttft, model).observe(waited)
                 traffic.first_byte(canon, waited)
@@ -137,20 +154,50 @@ class Answers:
 
             headers += SSE_HEADERS
             body = StreamBody(resp, t0 + self.total_timeout, first, finish_stream, monotonic=mono,
-                              rewrite=rewrite.chunk if rewrite is not None else None)
+                              rewrite=AnswerRewrite(model, rewrite) if status < 400 else None)
             return RawAnswer(status, headers, body)
+        trace.first_byte()  # the head arrived (a whole answer's first byte); the body follows
         try:
-            payload = resp.read()
+            if assembling:
+                status, payload = self._assemble(resp, assemble, route.op == op.CHAT)
+            else:
+                payload = resp.read()
         except Exception as e:  # noqa: BLE001 - reported as a clean 502/504 below
             resp.close()
+            trace.attempt_failed("broken", status, False)
             finish(False, None, charted=False)
+            if assembling and assemble.gone():
+                metrics.child(metrics.client_gone, model, "answering").inc()
+                raise ApiError("client_gone", f"the client left while endpoint {ep.id} answered") from None
             kind = "upstream_timeout" if "timed out" in str(e).lower() else "upstream_error"
             raise ApiError(kind, f"endpoint {ep.id} failed while answering: {type(e).__name__}") from None
         resp.release()
-        if rewrite is not None and status < 400:
-            payload = rewrite.body(payload)
+        if status < 400 and (rewrite is not None or assembling or resp.content_type.startswith("application/json")):
+            payload = AnswerRewrite(model, rewrite).body(payload)
         metrics.child(metrics.ttft, model).observe(mono() - t0)
         traffic.first_byte(canon, mono() - t0)
         finish(True, usage_from_json(payload) if status < 400 else None)
         headers.append(("Content-Length", str(len(payload))))
         return RawAnswer(status, headers, [payload])
+
+    @staticmethod
+    def _assemble(resp: UpstreamResponse, client: ClientConn, chat: bool) -> tuple[int, bytes]:
+        """The engine's stream read into one answer. The client is checked between pieces, and under
+        gevent watched meanwhile: when it leaves, the engine's connection is shut at once (also in
+        the middle of a long prefill, when no piece comes), so the read ends and the engine aborts."""
+        asm = Assembler(chat)
+
+        def left() -> None:  # from gevent's loop, when the client's socket turns readable
+            if client.gone():
+                resp.shutdown()
+
+        unwatch = client.when_readable(left)
+        try:
+            for piece in resp.chunks():
+                if client.gone():
+                    raise ConnectionAbortedError("the client left")
+                asm.feed(piece)
+        finally:
+            if unwatch is not None:
+                unwatch()
+        return asm.result()

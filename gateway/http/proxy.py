@@ -17,18 +17,21 @@ from gateway.keys.gate import KeyGate
 from gateway.observe.demand import DemandSignal
 from gateway.observe.metrics import Metrics
 from gateway.observe.saturation import SaturationSignals
+from gateway.observe.tracing import queue_outcome, route_path
 from gateway.observe.traffic import TrafficCounter
 from gateway.request.call import Call, forward_headers, read_call
+from gateway.request.client import ClientConn
 from gateway.request.surface import Route
 from gateway.routing.adapters import NO_ADAPTER, load_hold
 from gateway.routing.admission import Send, Shed, Wait, admit, drain_time
 from gateway.routing.choice import Choice, Rejection, RouteRequest
 from gateway.routing.coldstart import hold
-from gateway.routing.queue import WaitQueue, WaitQueues
+from gateway.routing.queue import GONE, WaitQueue, WaitQueues
 from gateway.routing.retry import Deliver, GiveUp, Outcome, next_attempt
 from gateway.routing.router import Lease, Router
 from gateway.upstream.client import Upstream, UpstreamConnectError, UpstreamTimeout
 from llmgw.state.clock import Clock
+from llmgw.tracing import NOOP_REQUEST, OFF
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -39,14 +42,19 @@ class Proxy:
 
     def __init__(self, cfg: GatewaySettings, clock: Clock, router: Router, gate: KeyGate, upstream: Upstream,
                  queues: WaitQueues, answers: Answers, metrics: Metrics, traffic: TrafficCounter,
-                 saturation: SaturationSignals, demand: DemandSignal, not_ready: Callable[[], str | None]):
+                 saturation: SaturationSignals, demand: DemandSignal, not_ready: Callable[[], str | None],
+                 tracing=OFF):
         self.cfg, self.clock, self.router, self.gate, self.upstream = cfg, clock, router, gate, upstream
         self.queues, self.answers, self.metrics, self.traffic = queues, answers, metrics, traffic
         self.saturation, self.demand, self.not_ready = saturation, demand, not_ready
+        self.tracing = tracing  # llmgw.tracing: Tracing, or OFF (its calls then do nothing)
 
     def __call__(self, route: Route, response_id: str | None, environ: dict, rid: str) -> RawAnswer:
         t0 = self.clock.monotonic()
         router, gate = self.router, self.gate
+        # Kept in the environ: whatever ends the request (an answer, a refusal) ends its trace.
+        trace = environ["llmgw.trace"] = self.tracing.request(
+            environ, rid, environ.get("REQUEST_METHOD", "POST"), route_path(route.op))
         if route.by_id:  # who asks, before saying whether a response exists
             key = gate.authenticate(environ)
             if not router.tables.loaded:
@@ -57,6 +65,7 @@ class Proxy:
             key = gate.authenticate(environ)
         # Reading, deleting or cancelling a stored response generates nothing: never queued or shed.
         prio = "critical" if route.by_id else gate.priority(environ.get("HTTP_X_LLMGW_PRIORITY") or None, key)
+        trace.identify(model, key.name if key is not None else None, prio)
         tables = router.tables
         if not tables.loaded:
             raise not_loaded(self.not_ready())
@@ -81,7 +90,13 @@ class Proxy:
         last_error: ApiError | None = None
         attempt = 0
         while True:
-            choice = self._admit(call, prio, affinity, exclude, attempt == 0, last_error)
+            try:
+                choice = self._admit(call, prio, affinity, exclude, attempt == 0, last_error, trace)
+            except ApiError as e:
+                trace.admitted(e.kind)
+                raise
+            trace.choice(choice.endpoint.id, choice.reason, choice.saturated)
+            trace.admitted("send")
             # From here the slot is ours: every path out of this block gives it back exactly once.
             lease = Lease(router, choice)
             resp = None
@@ -92,6 +107,8 @@ class Proxy:
                 # never the client's key (forward_headers drops it), never another endpoint's.
                 secret = router.tables.api_keys.get(ep.id) or ep.engine_secret
                 sent = {**headers, "authorization": f"Bearer {secret}"} if secret else headers
+                trace.attempt(attempt, ep.id, ep.url + path)
+                trace.inject(sent)  # the engine's parent: this attempt (tracing off: the client's, as sent)
                 t_send = self.clock.monotonic()
                 try:
                     resp = self.upstream.send(ep.url, path, out, sent, method)
@@ -107,9 +124,10 @@ class Proxy:
                 step = next_attempt(outcome, attempt, self.cfg.retries)
                 if isinstance(step, Deliver):
                     answer = self.answers.respond(resp, lease, model, canon, key, rid, t0, t_send, route,
-                                                  call.rewrite(ep))
+                                                  call.rewrite(ep), call.assembled(ep), trace=trace)
                     lease, resp = None, None  # handed over: the answer releases them when it ends
                     return answer
+                trace.attempt_failed(outcome.kind, outcome.status or None, not isinstance(step, GiveUp))
                 if isinstance(step, GiveUp):
                     timed_out = step.kind == "upstream_timeout"
                     self.metrics.upstream_errors.labels(ep.id, "timeout" if timed_out else "connect").inc()
@@ -128,19 +146,20 @@ class Proxy:
             attempt += 1
 
     def _admit(self, call: Call, prio: str, affinity: str | None, exclude: frozenset[str], first: bool,
-               last_error: ApiError | None) -> Choice:
+               last_error: ApiError | None, trace=NOOP_REQUEST) -> Choice:
         """A reserved endpoint for this attempt, after waiting in the model's queue if it must; else
         raises the refusal."""
         router, cfg = self.router, self.cfg
         q = self.queues.get(call.model)
+        trace.admitting(len(q))
         req = RouteRequest(call.model, prio, affinity, exclude, len(q) + 1, op=call.route.op, pin=call.pin)
         res = router.route(req)
         if isinstance(res, Rejection) and res.kind == "unknown_model":
             timeout = router.tables.cold_start.get(req.model)
             if timeout is not None:
-                return self._cold_start(req, q, timeout)
+                return self._cold_start(req, q, timeout, call.client, trace)
         if isinstance(res, Rejection) and res.kind == NO_ADAPTER:
-            return self._adapter_load(req, q, res)
+            return self._adapter_load(req, q, res, call.client, trace)
         # How long the queue would take to reach this request; only worth computing when it may wait.
         drain = (drain_time(len(q) + 1, router.completion_rate(req.model))
                  if isinstance(res, Rejection) and res.kind == "saturated" else None)
@@ -152,7 +171,7 @@ class Proxy:
             entered = self.clock.monotonic()
             # Only the head of the queue routes: it is first in line, whatever waits behind it.
             res = self._wait(q, req, lambda: router.route(replace(req, queued=1, waited=self.clock.monotonic() - entered)),
-                             cfg.queue_timeout)
+                             cfg.queue_timeout, client=call.client, trace=trace)
             if res is None:
                 self.metrics.shed.labels(req.model, "queue_timeout").inc()
                 raise refusal(TimedOut(cfg.queue_timeout), req, router.tables)
@@ -165,7 +184,8 @@ class Proxy:
             self.metrics.shed.labels(req.model, "saturated").inc()
         raise refusal(decision, req, router.tables, last_error=last_error)
 
-    def _cold_start(self, req: RouteRequest, q: WaitQueue, timeout: float) -> Choice:
+    def _cold_start(self, req: RouteRequest, q: WaitQueue, timeout: float, client: ClientConn | None = None,
+                    trace=NOOP_REQUEST) -> Choice:
         """The model has no endpoint and scales to zero: hold the request in its queue until a replica
         is published (gateway.routing.coldstart), telling the control plane at once."""
         decision = hold(timeout, len(q), self.cfg.queue_max)
@@ -176,13 +196,14 @@ class Proxy:
         if self.demand.demand(model, len(q) + 1):
             log.info("model %s has no Ready replica: holding its requests up to %gs for a cold start", model, timeout)
         res = self._wait(q, req, lambda: self.router.route(replace(req, queued=1)), decision.timeout,
-                         keep=("saturated", "unknown_model"))
+                         keep=("saturated", "unknown_model"), client=client, trace=trace)
         if isinstance(res, Choice):
             return res
         self.metrics.shed.labels(req.model, "cold_start_timeout").inc()
         raise refusal(TimedOut(decision.timeout), req, self.router.tables, cold_start=timeout)
 
-    def _adapter_load(self, req: RouteRequest, q: WaitQueue, why: Rejection) -> Choice:
+    def _adapter_load(self, req: RouteRequest, q: WaitQueue, why: Rejection, client: ClientConn | None = None,
+                      trace=NOOP_REQUEST) -> Choice:
         """No endpoint holds the adapter: hold the request until one has loaded it (the control plane
         is told at once), when one can (gateway.routing.adapters); else refuse with the reason."""
         route = self.router.tables.adapters[req.model]
@@ -194,24 +215,36 @@ class Proxy:
         if route.can_cold_start and not route.servers:
             self.demand.demand(route.model, len(q) + 1)  # its model has no replica: start one
         res = self._wait(q, req, lambda: self.router.route(replace(req, queued=1)), decision.timeout,
-                         keep=("saturated", "unknown_model", NO_ADAPTER))
+                         keep=("saturated", "unknown_model", NO_ADAPTER), client=client, trace=trace)
         if isinstance(res, Choice):
             return res
         self.metrics.shed.labels(req.model, "adapter_load_timeout").inc()
         raise refusal(res or TimedOut(decision.timeout), req, self.router.tables, adapter_load=route.wait)
 
     def _wait(self, q: WaitQueue, req: RouteRequest, attempt: Callable[[], Choice | Rejection], timeout: float,
-              keep: Collection[str] = ("saturated",)) -> Choice | Rejection | None:
+              keep: Collection[str] = ("saturated",), client: ClientConn | None = None,
+              trace=NOOP_REQUEST) -> Choice | Rejection | None:
+        """Wait in `q`; a client that leaves meanwhile takes its request out of the queue (never sent)."""
         gauge = self.metrics.queue.labels(req.model)
         gauge.inc()
+        trace.queued(len(q) + 1)
+        outcome = "left"  # an exception ends the wait: the client went away, or the worker stops
         try:
-            return q.wait(attempt, timeout, keep=keep)
+            res = q.wait(attempt, timeout, keep=keep, gone=client.gone if client else None,
+                         watch=client.when_readable if client else None)
+            outcome = queue_outcome(res)
         finally:
             gauge.dec()
+            trace.dequeued(outcome)
+        if res is GONE:
+            self.metrics.client_gone.labels(req.model, "queued").inc()
+            raise ApiError("client_gone", "the client closed its connection while the request was queued")
+        return res
 
     def refused(self, environ: dict, err: ApiError) -> None:
         """A proxied request ended in an error answer: count it for its model's charts (only known
         models have one), and a shed one as a sign of saturation."""
+        environ.get("llmgw.trace", NOOP_REQUEST).refused(err.status, err.kind, err.message)
         model = environ.get("llmgw.model")
         if model is None:
             return

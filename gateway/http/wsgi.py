@@ -16,6 +16,7 @@ from gateway.observe.metrics import Metrics
 from gateway.request.surface import match
 from gateway.upstream.relay import relay, relay_target
 from gateway.upstream.stream import StreamBody
+from llmgw.tracing import NOOP_REQUEST
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -43,7 +44,9 @@ def fast_path(proxy: Proxy, open_requests: OpenRequests, metrics: Metrics, flask
             resp = error_response(e, rid)
         except Exception:  # noqa: BLE001 - never a traceback to the client
             log.exception("unhandled error on %s %s", environ.get("REQUEST_METHOD"), path)
-            resp = error_response(ApiError("internal", "internal error in the gateway; see its log"), rid)
+            err = ApiError("internal", "internal error in the gateway; see its log")
+            environ.get("llmgw.trace", NOOP_REQUEST).refused(err.status, err.kind, err.message)
+            resp = error_response(err, rid)
         finally:
             if not handed_over:
                 open_requests.n -= 1

@@ -37,6 +37,9 @@ class Metrics:
                            multiprocess_mode="livesum", **kw)
         self.shed = Counter("llmgw_gateway_shed", "Requests rejected by admission or rate limits",
                             ["model", "reason"], **kw)
+        self.client_gone = Counter("llmgw_gateway_client_gone", "Requests whose client closed its connection "
+                                   "before the answer began (queued: left the queue, never sent; answering: "
+                                   "the engine's connection closed, so it aborts)", ["model", "phase"], **kw)
         self.denied = Counter("llmgw_gateway_denied", "Requests an API key's policy refused, by reason "
                               "(key_expired, model_not_found, budget_exceeded)", ["reason"], **kw)
         self.rejected_unknown = Counter("llmgw_gateway_unknown_model", "Requests for a model name nobody knows "

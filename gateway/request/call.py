@@ -12,16 +12,18 @@ from __future__ import annotations
 import json
 
 from gateway.errors import ApiError
+from gateway.request.client import ClientConn, client_of
 from gateway.request.forms import FormError, find_field
 from gateway.request.surface import Route, engine_path
 from gateway.response_ids import IdRewrite, unwrap
 from gateway.routing.adapters import AdapterRoute
 from gateway.routing.tables import Tables
 from llmgw import surface as op
-from llmgw.engines import get_engine
+from llmgw.engines import ENGINES, get_engine
 from llmgw.state.records import EndpointInfo
 
 RESPONSE_OPS = frozenset({op.RESPONSES, op.RESPONSES_GET, op.RESPONSES_DELETE, op.RESPONSES_CANCEL})
+ASSEMBLED_OPS = frozenset({op.CHAT, op.COMPLETIONS})  # answers gateway.upstream.assemble builds from a stream
 # Request headers an engine needs; everything else (the client's API key above all) stays here.
 FORWARD_REQUEST_HEADERS = (
     ("content-type", "CONTENT_TYPE"), ("accept", "HTTP_ACCEPT"), ("user-agent", "HTTP_USER_AGENT"),
@@ -33,7 +35,8 @@ class Call:
     """One proxied request as the gateway read it: the model it names, and what to send to whichever
     endpoint takes it (the body with the endpoint's served name, the engine's path)."""
 
-    __slots__ = ("route", "model", "data", "body", "form_at", "pin", "response_id", "previous", "query", "adapter")
+    __slots__ = ("route", "model", "data", "body", "form_at", "pin", "response_id", "previous", "query", "adapter",
+                 "client")
 
     def __init__(self, route: Route, model: str, data: bytes | None = None, body: dict | None = None,
                  form_at: tuple[int, int] | None = None, pin: str | None = None,
@@ -45,6 +48,7 @@ class Call:
         self.previous = previous  # (client id, engine id) of a JSON body's previous_response_id
         self.query = query
         self.adapter: AdapterRoute | None = None  # the LoRA adapter it names (set by the proxy)
+        self.client = ClientConn(None)  # the client's connection (read_call sets it)
 
     @property
     def affinity(self) -> str | None:
@@ -60,6 +64,15 @@ class Call:
         if self.streams() and self.route.op in (op.CHAT, op.COMPLETIONS):  # a Responses stream ends with usage
             self.body, self.data = with_stream_usage(self.body, self.data)
 
+    def assembled(self, ep: EndpointInfo) -> ClientConn | None:
+        """The client, when endpoint `ep` is asked for a stream the client did not ask for: its
+        engine would not stop a non-streamed answer for a client that left, so the gateway reads
+        the stream, watching the client, and answers with the whole body (gateway.upstream.assemble)."""
+        if self.body is None or self.route.op not in ASSEMBLED_OPS or self.streams():
+            return None
+        engine = ENGINES.get(ep.engine)
+        return self.client if engine is not None and not engine.aborts_unstreamed else None
+
     def request_for(self, ep: EndpointInfo) -> tuple[str, bytes | None]:
         """The engine's path and the body for endpoint `ep`."""
         path = engine_path(ep.path(self.route.op), self.response_id[1] if self.response_id else None)
@@ -68,8 +81,12 @@ class Call:
         served = ep.served_name or ep.model or self.model
         if self.body is not None:
             changes = {}
+            if self.assembled(ep) is not None:
+                opts = self.body.get("stream_options")
+                changes = {"stream": True,
+                           "stream_options": {**(opts if isinstance(opts, dict) else {}), "include_usage": True}}
             if self.adapter is not None or ep.adapters:
-                changes = adapter_changes(self.body, self.adapter, ep, served)
+                changes.update(adapter_changes(self.body, self.adapter, ep, served))
             elif served != self.model:
                 changes["model"] = served
             if self.previous is not None:
@@ -137,7 +154,13 @@ def read_body(environ: dict, limit: int) -> bytes:
 
 def read_call(route: Route, response_id: str | None, environ: dict, tables: Tables, limit: int) -> Call:
     """Read what routing needs from the request: the body's model (JSON or a form field), or the
-    endpoint a response id leads to."""
+    endpoint a response id leads to; and where its client is (gateway.request.client)."""
+    call = _read(route, response_id, environ, tables, limit)
+    call.client = client_of(environ)
+    return call
+
+
+def _read(route: Route, response_id: str | None, environ: dict, tables: Tables, limit: int) -> Call:
     if route.body == "none":
         ep, engine_id = response_endpoint(tables, response_id or "", "response")
         return Call(route, ep.model or ep.models[0], pin=ep.id, response_id=(response_id or "", engine_id),

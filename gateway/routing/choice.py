@@ -24,7 +24,7 @@ import hashlib
 import math
 import operator
 import random
-from dataclasses import KW_ONLY, dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Mapping, NamedTuple, Sequence
 
 from gateway.config import RoutingConfig
@@ -66,6 +66,9 @@ class Rejection:
     kind: str  # "unknown_model" | "unsupported" | "no_ready" | "saturated"
     model: str
     detail: str = ""
+    # A deferral that time alone ends: seconds until routing would send the request after all (the
+    # wait queue looks again then, not on a poll).
+    retry_in: float | None = field(default=None, compare=False)
 
 
 class _Cand(NamedTuple):  # a tuple: built for every endpoint on every request
@@ -182,8 +185,10 @@ def choose(
         open_ = [c for c in tier if not c.saturated]
         if not open_:
             continue
-        if request.priority == "standard" and _better_to_wait(tier, open_, request, cfg):
-            return Rejection("saturated", request.model, "deferred: a faster endpoint frees sooner")
+        if request.priority == "standard":
+            wait = _better_to_wait(tier, open_, request, cfg)
+            if wait is not None:
+                return Rejection("saturated", request.model, "deferred: a faster endpoint frees sooner", wait)
         return _pick(open_, request, rng, cfg, "tier %d" % prio)
     if request.priority == "critical":
         best_c = min(cands, key=lambda c: c.score)
@@ -191,22 +196,27 @@ def choose(
     return Rejection("saturated", request.model, f"all {len(cands)} endpoints saturated")
 
 
-def _better_to_wait(tier: list[_Cand], open_: list[_Cand], request: RouteRequest, cfg: RoutingConfig) -> bool:
+def _better_to_wait(tier: list[_Cand], open_: list[_Cand], request: RouteRequest,
+                    cfg: RoutingConfig) -> float | None:
     """Whether waiting in the gateway's queue for a full (by capacity) endpoint beats the best open
-    one by `wait_margin`. The request at queue position `queued` gets a slot once that many requests
-    have finished on the full endpoints that would serve it better (each completes `slots` per full
-    batch), then runs in a full batch there."""
+    one by `wait_margin`: None if not, else the seconds until it no longer does with no endpoint
+    freeing meanwhile (inf: never). The request at queue position `queued` gets a slot once that
+    many requests have finished on the full endpoints that would serve it better (each completes
+    `slots` per full batch), then runs in a full batch there."""
     full = [c for c in tier if c.soft and not math.isinf(c.slots)]
     if not full:
-        return False
+        return None
     best_open = min(c.score for c in open_)
     better = [c for c in full if c.speed.ttfb + c.speed.decode(c.slots) < best_open]
     if not better:
-        return False
+        return None
     rate = sum(c.speed.rate(c.slots) for c in better)
     serve = sum(c.speed.rate(c.slots) * (c.speed.ttfb + c.speed.decode(c.slots)) for c in better) / rate
-    waited = request.waited
-    return (waited + max(1, request.queued) / rate + serve) * cfg.wait_margin < waited + best_open
+    waited, ahead, m = request.waited, max(1, request.queued) / rate + serve, cfg.wait_margin
+    if (waited + ahead) * m >= waited + best_open:
+        return None
+    # (w + ahead) * m < w + best_open holds until w = (best_open - ahead * m) / (m - 1), for m > 1.
+    return (best_open - ahead * m) / (m - 1) - waited if m > 1 else math.inf
 
 
 def fleet_rate(endpoints: Sequence[EndpointInfo], stats: Mapping[str, EndpointStats], model: str) -> float | None:

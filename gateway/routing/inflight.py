@@ -10,6 +10,7 @@ holds. The change log lets a LoadRecord be compared with what we held when it wa
 from __future__ import annotations
 
 from collections import deque
+from contextlib import nullcontext
 from typing import Iterable, Mapping, NamedTuple
 
 from llmgw.state.records import EndpointInfo
@@ -28,6 +29,9 @@ class Answer(NamedTuple):
     decode: float  # seconds after its first byte
     tokens: int | None  # completion tokens, when the answer reported usage
     ttfb: float | None  # its time to first byte, when it found a free slot (else None)
+
+
+_ALONE = nullcontext()
 
 
 def model_of(ep: EndpointInfo) -> str:
@@ -79,6 +83,10 @@ class InFlight:
     def siblings(self, eid: str, now: float) -> int:
         """What the sibling workers hold on `eid` now."""
         return self.shared.others((eid,), now).get(eid, 0) if self.shared is not None else 0
+
+    def deciding(self):
+        """The siblings' lock around one routing decision (gateway.server.siblings), or none alone."""
+        return self.shared.deciding() if self.shared is not None else _ALONE
 
     def held(self, endpoints: Iterable[EndpointInfo], now: float, model: str | None = None) -> Mapping[str, int]:
         """What this gateway holds per endpoint (of `model`, or all): our own requests plus the

@@ -31,7 +31,7 @@ from llmgw.state.records import EndpointInfo, LoadRecord
 
 class Router:
     def __init__(self, cfg: RoutingConfig, clock: Clock, rng: random.Random, metrics=None, shared=None,
-                 on_release: Callable[[], None] = lambda: None):
+                 on_release: Callable[[str | None], None] = lambda model: None):
         self.routing, self.clock, self.rng, self.metrics = cfg, clock, rng, metrics
         self.lock = threading.Lock()  # the in-flight counts
         self.write_lock = threading.Lock()  # one writer of the snapshot and the learner at a time
@@ -39,7 +39,8 @@ class Router:
         self.counts = InFlight(shared)
         self._learning = Learning()
         self.rr_counter = 0
-        self.on_release = on_release  # a slot freed or the loads changed: wakes the wait queues
+        # A slot of a model freed (its name), or the loads or tables changed (None): wakes the queues.
+        self.on_release = on_release
 
     def share(self, table) -> None:
         """Count with the sibling workers' table (gateway.server.siblings): set before serving."""
@@ -90,7 +91,7 @@ class Router:
         if adapters and req.model in adapters:
             return self._route_adapter(adapters[req.model], req, snap, now)
         endpoints = snap.tables.endpoints
-        with self.lock:
+        with self.lock, self.counts.deciding():  # the sibling workers decide one at a time too
             res = choose(endpoints, snap.loads, self.counts.held(endpoints, now, req.model), req, now,
                          stats=snap.stats, cfg=self.routing, rng=self.rng, rr_counter=self.rr_counter)
             if isinstance(res, Choice):
@@ -107,7 +108,7 @@ class Router:
         # (Built directly: dataclasses.replace costs microseconds on the request path.)
         sub = RouteRequest(ad.model, req.priority, req.affinity, req.exclude, req.queued, op=req.op, pin=req.pin,
                            waited=req.waited)
-        with self.lock:
+        with self.lock, self.counts.deciding():
             res = choose(ad.holders, snap.loads, self.counts.held(ad.holders, now, ad.model), sub, now,
                          stats=snap.stats, cfg=self.routing, rng=self.rng, rr_counter=self.rr_counter)
             if isinstance(res, Choice):
@@ -138,7 +139,7 @@ class Router:
                                                          self.routing))
         if self.metrics:
             self.metrics.child(self.metrics.inflight, ep.id).dec()
-        self.on_release()
+        self.on_release(ep.model or ep.models[0])
 
     def mark_unreachable(self, endpoint_id: str) -> None:
         """The endpoint refused a connection: pass it over for `eject_for` seconds (choice.eligible)."""
@@ -168,6 +169,7 @@ class Router:
             snap = self.snapshot
             if not new_list:
                 self.snapshot = Snapshot(tables, snap.loads, snap.stats)
+                self.on_release(None)  # new names (an adapter loaded, a model renamed) may free a waiter
                 return
             listed = tables.by_id
             with self.lock:
@@ -175,6 +177,7 @@ class Router:
             self._learning = self._learning.keep(listed)
             self.snapshot = Snapshot(tables, {k: v for k, v in snap.loads.items() if k in listed},
                                      {k: v for k, v in snap.stats.items() if k in listed})
+        self.on_release(None)
 
     def renumber(self, version: int) -> None:
         """The list's version counter went backwards (Redis lost its data): keep the list, take the
@@ -201,7 +204,7 @@ class Router:
             self._learning, stats = observe_loads(self._learning, loads, snap.loads, snap.stats, held, answers,
                                                   snap.tables.by_id, seen, self.routing)
             self.snapshot = Snapshot(snap.tables, loads, stats)
-        self.on_release()
+        self.on_release(None)
 
     def fold_answers(self) -> None:
         """A refresh that read no loads still learns from the answers since the last one."""

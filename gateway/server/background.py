@@ -27,6 +27,9 @@ log = logging.getLogger("llmgw.gateway")
 
 # At most one model_saturated (model_recovered) event per model in this many seconds, fleet-wide.
 SATURATION_EVENT_EVERY = 5.0
+# While requests wait, how often a worker looks whether a sibling worker freed a slot: one read of
+# the shared table per process (not per waiter), and none at all while nothing waits.
+SIBLING_RECHECK = 0.01
 
 
 class Background:
@@ -43,10 +46,34 @@ class Background:
     def start(self) -> None:
         threading.Thread(target=self._slow_loop, name="llmgw-keys-usage", daemon=True).start()
         threading.Thread(target=self._report_loop, name="llmgw-report", daemon=True).start()
+        if self.router.counts.shared is not None:
+            threading.Thread(target=self._sibling_loop, name="llmgw-siblings", daemon=True).start()
 
     def stop(self) -> None:
         self.stopping.set()
         self.report_due.set()
+        self.queues.waiting.set()
+
+    def _sibling_loop(self) -> None:
+        """A slot a sibling worker frees wakes this worker's queues (its own releases wake them
+        directly, gateway.routing.router). Sleeps on `queues.waiting` while no request waits."""
+        shared, queues = self.router.counts.shared, self.queues
+        last = shared.releases()
+        while not self.stopping.is_set():
+            try:
+                if not queues.busy():
+                    queues.waiting.clear()
+                    if not queues.busy():  # (a request that joined before the clear set it first)
+                        queues.waiting.wait()
+                        continue
+                self.stopping.wait(SIBLING_RECHECK)
+                n = shared.releases()
+                if n != last:
+                    last = n
+                    queues.wake(None)
+            except Exception:  # noqa: BLE001 - the loop never dies
+                log.exception("watching the sibling workers' releases failed")
+                self.stopping.wait(1.0)
 
     def _slow_loop(self) -> None:
         last_keys = float("-inf")  # the table is read at once: readiness waits for it

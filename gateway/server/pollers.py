@@ -85,8 +85,7 @@ class PolledRouter(Router):
             self.metrics.endpoints_version.set(v)
             self.metrics.endpoints.set(len(eps))
         log.info("endpoint list version %d: %d endpoints", v, len(eps))
-        self.on_loaded()
-        self.on_release()
+        self.on_loaded()  # (apply_tables woke the queues)
         return True
 
     def _warn_missing_keys(self, wanted: list[tuple[str, str, str]]) -> None:

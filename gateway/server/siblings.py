@@ -11,8 +11,11 @@ is needed; a reader sums the other rows. A row holds, per endpoint (keyed by a 6
 id, in one of the PROBE entries from its hash's place), the count now and the highest count since
 `peak_at`: a scrape taken a moment ago is compared with what the siblings held then, not after
 their requests ended (gateway.routing.inflight).
-Aligned 8-byte stores on x86-64 and arm64 are not torn; a reader that races a writer sees the count
-before or after that one change, which the next decision corrects.
+Aligned 8-byte stores on x86-64 and arm64 are not torn. A routing decision (read the siblings' counts,
+choose, add our own) holds the table's one cross-process lock (`deciding`), so two workers never both
+take an endpoint's last free slot; the lock is held for microseconds and waited for at most
+DECIDE_WAIT, so a worker killed inside it (its lock is never released) costs its siblings that bounded
+wait per decision, and they then decide alone, as without a table.
 
 The master makes the table and assigns rows (gateway/gunicorn_conf.py: `claim_row` in pre_fork,
 `free_row` when a worker exits, which also drops its counts: its streams died with it); the worker's
@@ -24,13 +27,15 @@ from __future__ import annotations
 
 import hashlib
 import mmap
+import multiprocessing
 import os
 
 ENDPOINTS = 256  # endpoints one row can count (a gateway's whole fleet); past that, counted alone
 PROBE = 16  # entries from an endpoint's place where it may sit: bounds every lookup, whatever the churn
 PEAK_WINDOW = 3.0  # seconds a peak is remembered: a scrape is at most ~2 load intervals old when read
+DECIDE_WAIT = 0.005  # seconds a decision waits for the siblings' lock before it goes on alone
 
-_HEAD = 2  # int64s before a row's entries: owner pid (0 free, -1 claimed), spare
+_HEAD = 2  # int64s before a row's entries: owner pid (0 free, -1 claimed), requests it released
 _ENTRY = 4  # int64s per entry: key (0 empty), count, peak, peak_at (microseconds, monotonic)
 _ROW = _HEAD + ENDPOINTS * _ENTRY
 
@@ -43,8 +48,9 @@ def key_of(endpoint_id: str) -> int:
 class SharedCounts:
     """A view of the table from one worker (`row`), or from the master (`row` None: assigns rows)."""
 
-    def __init__(self, buf, rows: int, row: int | None = None):
+    def __init__(self, buf, rows: int, row: int | None = None, lock=None):
         self.raw = buf  # the shared bytes (an mmap); `buf` reads them as int64s
+        self.lock = lock if lock is not None else multiprocessing.get_context("fork").Lock()
         self.buf = memoryview(buf).cast("q")
         self.rows = rows
         self.row = row
@@ -57,7 +63,11 @@ class SharedCounts:
         return cls(mmap.mmap(-1, rows * _ROW * 8), rows)
 
     def for_row(self, row: int) -> "SharedCounts":
-        return SharedCounts(self.raw, self.rows, row)
+        return SharedCounts(self.raw, self.rows, row, self.lock)
+
+    def deciding(self) -> "_Deciding":
+        """Held around one routing decision (read, choose, reserve), across the worker processes."""
+        return _Deciding(self.lock)
 
     # --- the master ---------------------------------------------------------------------------------
     def claim_row(self) -> int | None:
@@ -127,6 +137,8 @@ class SharedCounts:
 
     def publish(self, endpoint_id: str, before: int, after: int, now: float) -> None:
         """Our count on the endpoint changed from `before` to `after` at `now` (monotonic seconds)."""
+        if after < before:  # a slot freed: the siblings' queues may go (`releases`)
+            self.buf[self.row * _ROW + 1] += 1
         i = self._slot(endpoint_id, now)
         if i is None:
             return
@@ -138,6 +150,11 @@ class SharedCounts:
         elif after > self.buf[at + 2]:
             self.buf[at + 2] = after
         self.buf[at + 1] = after
+
+    def releases(self) -> int:
+        """How many requests the sibling workers have released so far (it grows when one frees a
+        slot: what a worker's queued requests watch for, gateway.server.background)."""
+        return sum(self.buf[r * _ROW + 1] for r in range(self.rows) if r != self.row and self.buf[r * _ROW] != 0)
 
     def others(self, endpoint_ids, now: float, *, recent: bool = False) -> dict[str, int]:
         """What the sibling workers hold on each endpoint now, or with `recent`, the most each held in
@@ -160,6 +177,20 @@ class SharedCounts:
                 if n > 0:
                     out[e] = out.get(e, 0) + n
         return out
+
+
+class _Deciding:
+    __slots__ = ("lock", "held")
+
+    def __init__(self, lock):
+        self.lock, self.held = lock, False
+
+    def __enter__(self) -> None:
+        self.held = self.lock.acquire(timeout=DECIDE_WAIT)
+
+    def __exit__(self, *exc) -> None:
+        if self.held:
+            self.lock.release()
 
 
 def setup(rows: int) -> SharedCounts | None:

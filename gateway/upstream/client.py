@@ -192,6 +192,15 @@ class UpstreamResponse:
             self.done = True
             self.conn.close()
 
+    def shutdown(self) -> None:
+        """End the connection now, from anywhere (another greenlet, gevent's loop): a read waiting on
+        it returns, and the engine sees its client leave. `close` still follows, by the reader."""
+        if not self.done:
+            try:
+                self.conn.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # already closed by the engine
+
 
 class Target:
     """Where an endpoint's url points: the pool key (host, port, TLS), the Host header, and the path

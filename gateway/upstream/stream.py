@@ -13,6 +13,7 @@ import time
 from typing import Callable, Iterator
 
 from gateway.upstream.client import UpstreamResponse
+from gateway.upstream.rewrite import AnswerRewrite
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -53,7 +54,7 @@ class StreamBody:
     def __init__(self, resp: UpstreamResponse, deadline: float, on_first: Callable[[], None],
                  on_done: Callable[[bool, tuple[int, int] | None], None],
                  monotonic: Callable[[], float] = time.monotonic,
-                 rewrite: Callable[[bytes], bytes] | None = None):
+                 rewrite: AnswerRewrite | None = None):
         self.resp = resp
         self.done = False
         self.completed = False  # the engine's whole answer was passed on
@@ -79,17 +80,17 @@ class StreamBody:
 def stream_body(resp: UpstreamResponse, deadline: float, on_first: Callable[[], None],
                 on_done: Callable[[bool, tuple[int, int] | None], None],
                 monotonic: Callable[[], float] = time.monotonic,
-                rewrite: Callable[[bytes], bytes] | None = None) -> Iterator[bytes]:
-    """Yield the engine's bytes as they arrive (through `rewrite`, when given: a Responses stream's
-    ids). `on_done(completed, usage)` runs exactly once, in `finally`, after the upstream is
-    released (stream ended) or closed (client gone, error).
+                rewrite: AnswerRewrite | None = None) -> Iterator[bytes]:
+    """Yield the engine's bytes as they arrive (through `rewrite`, when given: the model's name, a
+    Responses stream's ids; gateway.upstream.rewrite). `on_done(completed, usage)` runs exactly
+    once, in `finally`, after the upstream is released (stream ended) or closed (client gone, error).
 
     Per chunk only a read, a write (the yield) and a clock check: usage is looked for once, at the
     end, in the last two chunks (the usage event and `[DONE]` may arrive apart)."""
     completed = False
     prev = last = b""
     try:
-        pieces = resp.chunks() if rewrite is None else map(rewrite, resp.chunks())
+        pieces = resp.chunks() if rewrite is None else rewrite.stream(resp.chunks())
         for chunk in pieces:
             on_first()
             yield chunk

@@ -29,9 +29,11 @@ from llmgw.cli.progress import Progress, Ticker
 from llmgw.errors import CatalogConflict, CatalogInvalid, RedisUnreachable
 from llmgw.settings import Settings
 from llmgw.state.kicks import RECONCILE
+from llmgw import tracing
 from llmgw.state.store import RedisError, Store, connect
 
 EXIT_CONFLICT = 1
+EXPORT_TIMEOUT = 2.0  # seconds the command's spans may take to export at exit (docs/tracing.md)
 EXIT_INVALID = 2
 
 
@@ -153,18 +155,27 @@ def cmd_apply(args) -> int:
         print("dry run: nothing applied")
         return 0
     started = time.monotonic()
-    try:
-        new_version, changed = apply_catalog(
-            r, cat, source=os.path.abspath(args.file), applied_by=_who(), expected_version=version
-        )
-    except CatalogConflict as e:
-        print(f"llmgw: {e}; nothing was applied", file=sys.stderr)
-        return EXIT_CONFLICT
-    if changed:
-        print(f"applied catalog version {new_version} (hash {cat.hash()})")
-        kick(s, r, RECONCILE)
-    else:
-        print(f"unchanged: catalog version {new_version} already has this content (hash {cat.hash()})")
+    # The apply is a trace's root when tracing is on (docs/tracing.md): the reconcile it kicks is its
+    # child through the task's headers, and the launches of the replicas that pass creates are the
+    # pass's children through their records. Its spans are exported as the command exits: within
+    # EXPORT_TIMEOUT seconds, so a collector that is down delays the command by that at most.
+    with tracing.configure("llmgw", export_timeout=EXPORT_TIMEOUT).span("llmgw.catalog_apply", kind="producer",
+                                         attributes={"llmgw.catalog.hash": cat.hash()}) as span:
+        try:
+            new_version, changed = apply_catalog(
+                r, cat, source=os.path.abspath(args.file), applied_by=_who(), expected_version=version
+            )
+        except CatalogConflict as e:
+            span.fail(str(e), "conflict")
+            print(f"llmgw: {e}; nothing was applied", file=sys.stderr)
+            return EXIT_CONFLICT
+        span.set("llmgw.catalog.version", new_version)
+        span.set("llmgw.catalog.changed", changed)
+        if changed:
+            print(f"applied catalog version {new_version} (hash {cat.hash()})")
+            kick(s, r, RECONCILE, headers=span.carrier())
+        else:
+            print(f"unchanged: catalog version {new_version} already has this content (hash {cat.hash()})")
     return wait_ready(r, cat, args.timeout, started) if args.wait else 0
 
 

@@ -66,15 +66,16 @@ def print_json(obj) -> None:
     sys.stdout.write("\n")
 
 
-def kick(s: Settings, st: Store, *tasks: str) -> None:
+def kick(s: Settings, st: Store, *tasks: str, headers: dict[str, str] | None = None) -> None:
     """Tell the control plane a fact changed, so it reacts now rather than at its next timer tick
-    (llmgw.kicks; best effort: the timer is the backstop)."""
+    (llmgw.kicks; best effort: the timer is the backstop). `headers`: a trace context carrier for
+    the tasks sent (llmgw.tracing)."""
     if not s.event_driven:
         return
     app = broker_app(s.redis_url)
     try:
         kicker = Kicker(st, celery_sender(app))
         for task in tasks:
-            kicker.kick(task)
+            kicker.kick(task, headers)
     finally:
         app.close()

@@ -113,6 +113,10 @@ class EngineAdapter(ABC):
     # profile may therefore not set.
     credential_env: ClassVar[str]
     credential_flags: ClassVar[tuple[str, ...]] = ("--api-key",)
+    # Whether the engine stops generating a NON-streamed answer when its client goes away. llama-server
+    # notices only between streamed tokens, so the gateway asks it for a stream and assembles the
+    # answer itself (gateway.upstream.assemble): a client that leaves then frees the slot at once.
+    aborts_unstreamed: ClassVar[bool] = True
     # LoRA: whether a profile may say `lora:`, the `max_lora_rank` values the engine takes (None: any),
     # whether a replica's adapters are part of its launch (a change restarts it) rather than loaded at
     # run time, and the flags llmgw sets from `lora:` (so `args` may not).

@@ -85,6 +85,7 @@ class LlamaCppAdapter(EngineAdapter):
     # llama-server guards every path but /health and /v1/health with it (/metrics too: the agent's
     # scraper sends it); see docs/engines.md.
     credential_env = "LLAMA_API_KEY"
+    aborts_unstreamed = False  # tools/server: only a stream checks its connection (between tokens)
     credential_flags = ("--api-key", "--api-key-file")
     supports_lora = True
     adapters_at_launch = True

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable, Mapping, Protocol
 
 from llmgw.state.keys import CONTROL_QUEUE
 from llmgw.state.store import RedisError, Store
@@ -70,14 +70,16 @@ class KickRule:
 
 
 class Sender(Protocol):
-    def __call__(self, task: str, countdown: float) -> None: ...
+    def __call__(self, task: str, countdown: float, headers: Mapping[str, str] | None = None) -> None: ...
 
 
 def celery_sender(app) -> Sender:
-    """Send by name on the control queue through a Celery app (the worker's own, or `broker_app`)."""
+    """Send by name on the control queue through a Celery app (the worker's own, or `broker_app`).
+    `headers`: message headers, a trace context carrier (the task reads it back with
+    `llmgw.tracing.from_task(self.request)`; docs/tracing.md)."""
 
-    def send(task: str, countdown: float) -> None:
-        app.send_task(task, queue=CONTROL_QUEUE, countdown=countdown or None)
+    def send(task: str, countdown: float, headers: Mapping[str, str] | None = None) -> None:
+        app.send_task(task, queue=CONTROL_QUEUE, countdown=countdown or None, headers=dict(headers) if headers else None)
 
     return send
 
@@ -96,14 +98,19 @@ class Kicker:
     def __init__(self, store: Store | None, send: Sender, debounce: float = DEBOUNCE, enabled: bool = True):
         self.store, self.send, self.debounce, self.enabled = store, send, debounce, enabled
 
-    def kick(self, task: str) -> bool:
-        """Mark `task` dirty and send it unless one is on its way. True if a task was sent."""
+    def kick(self, task: str, headers: Mapping[str, str] | None = None) -> bool:
+        """Mark `task` dirty and send it unless one is on its way. True if a task was sent. `headers`
+        go with the task sent (a trace context carrier: the pass it kicks is the kicker's child); a
+        kick folded into one already on its way carries none."""
         if not self.enabled:
             return False
         try:
             scheduled = self.store.mark_kicked(task, DIRTY_TTL, SCHEDULED_TTL)
             if scheduled:
-                self.send(task, self.debounce)
+                if headers:
+                    self.send(task, self.debounce, headers)
+                else:
+                    self.send(task, self.debounce)
             return scheduled
         except Exception as e:  # noqa: BLE001 - the fact is recorded; the timer will catch up
             log.warning("could not kick %s (%s); the periodic pass will run it", task, e)

@@ -77,6 +77,10 @@ class ReplicaRecord:
     # The model's credential generation when the record was made (`llmgw engines rotate-credentials`
     # bumps it; an older record is outdated and rolled).
     credential_generation: int = 0
+    # The W3C traceparent of the control pass that created or placed the record (docs/tracing.md):
+    # the agent's launch of it is that pass's child, so a catalog apply can be followed to the engine.
+    # None: that pass was not traced.
+    traceparent: str | None = None
     # --- written by the node agent (facts about the process) ------------------------------------
     port: int | None = None
     url: str | None = None  # http://address:port of the head's engine

@@ -24,7 +24,7 @@ from llmgw.tracing.spans import Span, remote_context
 class RequestTrace:
     """A traced request (tracing is on)."""
 
-    __slots__ = ("tracer", "kinds", "root", "ctx", "admission", "queue", "upstream", "done")
+    __slots__ = ("tracer", "kinds", "root", "ctx", "admission", "queue", "upstream", "done", "waited")
     on = True
 
     def __init__(self, tracer, kinds, name: str, rid: str, parent: w3c.TraceParent | None,
@@ -38,6 +38,7 @@ class RequestTrace:
         self.ctx = trace.set_span_in_context(self.root)
         self.admission = self.queue = self.upstream = None
         self.done = False
+        self.waited = False  # this admission queued: a "send" after it is recorded as "wait"
 
     def _child(self, name: str, parent, attributes: dict, kind: str = "internal"):
         from opentelemetry import trace
@@ -59,12 +60,14 @@ class RequestTrace:
         if self.done:
             return
         self._end_admission()
+        self.waited = False
         self.admission = self._child("llmgw.admission", None, {"llmgw.queue.length": queue_len})
 
     def queued(self, position: int) -> None:
         if self.done:
             return
         self._end_queue()
+        self.waited = True
         self.queue = self._child("llmgw.queue_wait", self.admission, {"llmgw.queue.position": position})
 
     def dequeued(self, outcome: str) -> None:
@@ -82,8 +85,11 @@ class RequestTrace:
         s.end()
 
     def admitted(self, decision: str) -> None:
-        """The admission's outcome: "send", "wait" then "send", "shed", or a rejection kind."""
+        """The admission's outcome: "send", or the refusal's kind ("shed", "no_replica", ...). A
+        "send" after the request waited in a queue (`queued`) is recorded as "wait"."""
         if self.admission is not None:
+            if decision == "send" and self.waited:
+                decision = "wait"
             self.admission.set_attribute("llmgw.admission.decision", decision)
             self._end_admission()
 

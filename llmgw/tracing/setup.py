@@ -72,11 +72,14 @@ def plan(environ: Mapping[str, str]) -> Plan:
     return Plan((), endpoint, why, tuple(problems))
 
 
-def _exporter(name: str):
+def _exporter(name: str, timeout: float | None = None):
+    """The exporter `name` (a Plan's); `timeout`: seconds an export may take, retries included (else
+    the exporter's own, from OTEL_EXPORTER_OTLP_TIMEOUT or 10)."""
+    kw = {} if timeout is None else {"timeout": timeout}
     if name == "otlp-http":
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-        return OTLPSpanExporter()
+        return OTLPSpanExporter(**kw)
     if name == "otlp-grpc":
         try:
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as Grpc
@@ -84,17 +87,22 @@ def _exporter(name: str):
             log.warning("OTLP over gRPC needs the package opentelemetry-exporter-otlp-proto-grpc, which is not "
                         "installed; spans are not exported over OTLP (or set OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf)")
             return None
-        return Grpc()
+        return Grpc(**kw)
     from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
     return ConsoleSpanExporter()
 
 
-def build(service: str, environ: Mapping[str, str] | None = None) -> Tracing | Off:
+def build(service: str, environ: Mapping[str, str] | None = None, export_timeout: float | None = None) -> Tracing | Off:
     """This process's tracing as the environment asks, service name `service` unless
     OTEL_SERVICE_NAME (or `service.name` in OTEL_RESOURCE_ATTRIBUTES) says otherwise. Never raises:
-    tracing that cannot be set up is logged and left off."""
-    p = plan(os.environ if environ is None else environ)
+    tracing that cannot be set up is logged and left off. `export_timeout`: the most seconds an
+    export may take, unless OTEL_EXPORTER_OTLP_(TRACES_)TIMEOUT says (a short-lived command exports
+    when it exits, and must not wait out a collector that is down)."""
+    environ = os.environ if environ is None else environ
+    p = plan(environ)
+    if _get(environ, "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT"):
+        export_timeout = None
     for problem in p.problems:
         log.warning("tracing: %s", problem)
     if not p.exporters:
@@ -109,7 +117,7 @@ def build(service: str, environ: Mapping[str, str] | None = None) -> Tracing | O
         if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
             resource = resource.merge(Resource({"service.name": service}))
         provider = TracerProvider(resource=resource)
-        exporters = [e for e in map(_exporter, p.exporters) if e is not None]
+        exporters = [e for e in (_exporter(name, export_timeout) for name in p.exporters) if e is not None]
         if not exporters:
             return OFF
         for e in exporters:
@@ -128,11 +136,12 @@ class _Process:
     tracing: Tracing | Off | None = None
 
 
-def configure(service: str) -> Tracing | Off:
+def configure(service: str, export_timeout: float | None = None) -> Tracing | Off:
     """Set up this process's tracing from its environment, once, and make its provider the global
-    one (so spans of libraries that use OpenTelemetry join the same traces)."""
+    one (so spans of libraries that use OpenTelemetry join the same traces). `export_timeout`: see
+    `build` (the CLI's)."""
     if _Process.tracing is None:
-        t = build(service)
+        t = build(service, export_timeout=export_timeout)
         if isinstance(t, Tracing):
             from opentelemetry import trace
 

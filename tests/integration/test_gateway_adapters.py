@@ -56,6 +56,7 @@ def test_an_adapter_goes_only_to_its_holders_under_its_name(gw):
     for name in ("a1", "x1", "a1", "x1"):
         r = c.post(CHAT, json={"model": name})
         assert r.status_code == 200 and r.headers["X-LLMGW-Endpoint"] == "e1", r.json
+        assert r.json["model"] == name  # the engine answered "a1": the client hears the name it sent
     assert up1.stats["models_seen"] == ["a1"] * 4  # the adapter's served name, also for its alias
     assert c.post(CHAT, json={"model": "a2"}).headers["X-LLMGW-Endpoint"] == "e2"
     assert up2.stats["models_seen"] == ["a2"]

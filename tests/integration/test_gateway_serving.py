@@ -226,8 +226,17 @@ def test_workers_count_each_others_requests_against_capacity(cluster):
         futs = [pool.submit(answered, c) for cs in conns.values() for c in cs]
         n = len(futs)
         text = lambda: requests.get(gw + "/metrics", timeout=5).text  # noqa: E731
-        wait_until(lambda: metric(text(), 'llmgw_gateway_queue_length{model="m"}') == n - 2, 20,
-                   what=f"{n - 2} requests queued in the gateway")
+        seen = {}
+
+        def queued() -> bool:
+            seen["queued"] = metric(text(), 'llmgw_gateway_queue_length{model="m"}')
+            seen["at the engine"] = requests.get(engine + "/stats", timeout=5).json()["open"]
+            return seen["queued"] == n - 2
+
+        try:
+            wait_until(queued, 20, what=f"{n - 2} requests queued in the gateway")
+        except AssertionError as e:
+            raise AssertionError(f"{e}; last seen: {seen}") from None
         assert requests.get(engine + "/stats", timeout=5).json()["open"] == 2
         requests.post(engine + "/gate", timeout=5)
         assert [f.result() for f in futs] == [200] * n

@@ -41,10 +41,10 @@ def wall_clock() -> FakeClock:
     return FakeClock(2_000_000_000.0, real_monotonic=True)
 
 
-def make_app(store, eps, clock=None, **cfg):
+def make_app(store, eps, clock=None, tracing=None, **cfg):
     routing = cfg.pop("routing", RoutingConfig())
     store.write_endpoints(eps, "fp", time.time())
-    app = create_app(GatewaySettings(routing=routing, **cfg), store=store, clock=clock)
+    app = create_app(GatewaySettings(routing=routing, **cfg), store=store, clock=clock, tracing=tracing)
     app.extensions["llmgw"].refresh()
     return app, app.extensions["llmgw"], app.test_client()
 

@@ -77,7 +77,13 @@ def test_standard_waits_for_a_full_fast_endpoint_rather_than_a_slow_one():
     eps = [ep("fast", capacity=4), ep("slow", capacity=4)]
     stats = {"fast": known(0.1), "slow": known(0.8)}
     r = pick(eps, inflight={"fast": 4}, stats=stats)
-    assert r == Rejection("saturated", "m", "deferred: a faster endpoint frees sooner")
+    assert (r.kind, r.detail) == ("saturated", "deferred: a faster endpoint frees sooner")
+    # The deferral says when time alone ends it (the queue looks again then, not on a poll).
+    assert r.retry_in is not None and 0 < r.retry_in < 5
+    before = pick(eps, inflight={"fast": 4}, stats=stats, req=RouteRequest("m", waited=r.retry_in - 0.01))
+    assert isinstance(before, Rejection) and abs(before.retry_in - 0.01) < 1e-6
+    assert pick(eps, inflight={"fast": 4}, stats=stats,
+                req=RouteRequest("m", waited=r.retry_in + 0.01)).endpoint.id == "slow"
     # sheddable traffic is better served slowly than shed; critical takes the open endpoint too
     assert pick(eps, inflight={"fast": 4}, stats=stats, req=RouteRequest("m", "sheddable")).endpoint.id == "slow"
     # once the gateway's queue is long, the overflow goes to the slow endpoint

@@ -508,3 +508,27 @@ def test_the_current_span_does_not_leak_between_threads(traced):
     release.set()
     th.join(5)
     assert seen == [False]
+
+
+def test_a_short_lived_command_waits_out_a_collector_that_is_down_for_its_export_timeout_only():
+    """A dead collector costs a process that exports at exit the exporter's retries: ~7 s with the
+    default 10 s timeout (1 + 2 + 4 s of backoff), at most `export_timeout` with one (the CLI's)."""
+    import os
+    import socket
+    import time
+
+    with socket.socket() as s:  # a port nothing listens on: connections are refused
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    code = ("from llmgw import tracing\n"
+            "t = tracing.configure('llmgw', export_timeout=1.0)\n"
+            "with t.span('llmgw.catalog_apply'): pass\n"
+            "print(t is not tracing.OFF)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{dead}"
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    took = time.monotonic() - t0
+    assert out.returncode == 0 and out.stdout.split() == ["True"], out.stderr
+    assert "Failed to export" in out.stderr  # it tried, and said so
+    assert took < 5.0, f"exiting took {took:.1f}s"

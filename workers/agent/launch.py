@@ -16,6 +16,7 @@ from llmgw.state.clock import Clock
 from llmgw.state.node_records import GPUDevice
 from llmgw.state.records import ReplicaRecord
 from llmgw.state.store import Store
+from llmgw.tracing import NO_SPAN
 from workers.agent.config import AgentSettings
 from workers.agent.ports import choose_port
 
@@ -40,8 +41,9 @@ class Launch:
 
 class CatalogCache:
     """The applied catalog, re-read at most every `ttl` seconds (a pass may need it many times), and at
-    once when a record names a model or profile the cached copy lacks: a replica the control plane
-    placed right after a catalog apply must not wait for the cache to expire before it starts."""
+    once when a record names a model, profile or LoRA adapter the cached copy lacks: a replica the
+    control plane placed (or gave an adapter) right after a catalog apply must not wait for the cache
+    to expire before it starts (or loads it)."""
 
     def __init__(self, store: Store, clock: Clock, ttl: float = 2.0):
         self.store, self.clock, self.ttl = store, clock, ttl
@@ -56,8 +58,9 @@ class CatalogCache:
 
     def lookup(self, rec: ReplicaRecord) -> tuple[Model, Profile] | None:
         found = self._find(self.get(), rec)
-        if found is None and self.clock.monotonic() - self.fetched > 0.05:
-            found = self._find(self.get(fresh=True), rec)  # newer than our copy, or really gone
+        if (found is None or not _declares(found[0], rec.adapters_wanted)) and self.clock.monotonic() - self.fetched > 0.05:
+            # Newer than our copy (a model, profile or adapter just applied), or really gone.
+            found = self._find(self.get(fresh=True), rec)
         return found
 
     @staticmethod
@@ -65,6 +68,10 @@ class CatalogCache:
         model = cat.model(rec.model) if cat else None
         profile = model.profile(rec.profile) if model else None
         return (model, profile) if model and profile else None
+
+
+def _declares(model: Model, adapters) -> bool:
+    return all(model.adapter(name) is not None for name in adapters)
 
 
 class Launcher:
@@ -149,3 +156,29 @@ class Launcher:
             # a CUDA build of llama.cpp cannot wander onto another replica's card.
             spec = dataclasses.replace(spec, env={**spec.env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, ctx.gpus))})
         return spec
+
+
+def launch_span(tracing, rec: ReplicaRecord, attempt: int, node: str, spec: LaunchSpec):
+    """The span of one engine launch on this node (llmgw.tracing; docs/tracing.md), child of the
+    control pass that created or placed the record (its `traceparent`), and the spec whose
+    environment hands that span to the engine as its parent (TRACEPARENT, TRACESTATE: the
+    OpenTelemetry convention for environment carriers). Tracing off: NO_SPAN and the spec as it was."""
+    span = tracing.start("llmgw.launch", parent=rec.traceparent, kind="consumer", attributes={
+        "llmgw.replica": rec.id, "llmgw.model": rec.model, "llmgw.profile": rec.profile, "llmgw.node": node,
+        "llmgw.attempt": attempt})
+    env = span.environment()
+    return span, (dataclasses.replace(spec, env={**spec.env, **env}) if env else spec)
+
+
+def ready_span(tracing, rec: ReplicaRecord, ready_at: float | None, node: str, launch: Launch | None):
+    """The engine's start, from its spawn to its first good health probe, recorded when the loop
+    sees it Ready (after the fact, from the recorded times): the child of its launch (the TRACEPARENT
+    the engine was given) or, when this agent did not launch it (adopted after a restart), of the
+    record's pass. Records that no traced pass made get none."""
+    carrier = launch.spec.env if launch is not None and "TRACEPARENT" in launch.spec.env else None
+    parent = carrier or rec.traceparent
+    if parent is None or ready_at is None or rec.started_at is None:
+        return NO_SPAN
+    return tracing.record("llmgw.engine_start", rec.started_at, ready_at, parent=parent, attributes={
+        "llmgw.replica": rec.id, "llmgw.model": rec.model, "llmgw.node": node, "llmgw.attempt": rec.attempt,
+        "llmgw.url": rec.url or ""})

@@ -36,11 +36,12 @@ from llmgw.state.node_records import GPUDevice
 from llmgw.state.records import ReplicaRecord
 from llmgw.state.replica_state import drain_progress, head_drained
 from llmgw.state.store import Store
+from llmgw.tracing import OFF
 from workers.agent import supervisor as sv
 from workers.agent.adapters import AdapterKeeper
 from workers.agent.config import AgentSettings
 from workers.agent.inventory import node_info
-from workers.agent.launch import CatalogCache, Launch, Launcher
+from workers.agent.launch import CatalogCache, Launch, Launcher, launch_span, ready_span
 from workers.agent.scrape import ScrapeTarget, scrape_targets
 from workers.agent.shutdown import stop_engines
 from workers.agent.weights import NodeWeights
@@ -69,8 +70,9 @@ class Agent:
     def __init__(self, settings: AgentSettings, store: Store, runner: Any, prober: Any, clock: Clock | None = None,
                  gpus: tuple[GPUDevice, ...] = (), bindable=None, sleep=None,
                  kick: Callable[[str], object] = lambda task: None, weights: NodeWeights | None = None,
-                 gpu_health: Any = None):
+                 gpu_health: Any = None, tracing: Any = None):
         self.settings, self.store, self.runner, self.prober = settings, store, runner, prober
+        self.tracing = tracing if tracing is not None else OFF  # llmgw.tracing: each launch is a span
         self.kick = kick  # tells the control plane a fact changed (llmgw.state.kicks)
         self.clock = clock or Clock()
         # Waiting during shutdown goes through the clock too (a fake clock's `sleep` advances it).
@@ -277,6 +279,9 @@ class Agent:
                 memory = self._memory_report(rec.id)
                 if memory:
                     writes.records[rec.id]["engine_memory"] = memory
+                loc = self.local.get(rec.id)
+                ready_span(self.tracing, rec, writes.records[rec.id].get("first_ready_at"), self.node,
+                           loc.launch if loc else None)
         for rid, fields in writes.members.items():
             self.members.setdefault(rid, {}).update(fields)
         return writes, self.store.update_replicas(writes.records)
@@ -360,16 +365,22 @@ class Agent:
     def _spawn(self, prepared: Prepared, now: float) -> sv.Facts:
         """Spawn an attempt whose intent is recorded; the facts of how that went (its pid, or a failure)."""
         rec, start, launch = prepared.rec, prepared.start, prepared.launch
-        self.local[rec.id] = Local(sv.Attempt(attempt=start.attempt, known=True), launch)
+        span, spec = launch_span(self.tracing, rec, start.attempt, self.node, launch.spec)
+        # Kept with the traced spec: its TRACEPARENT is the parent of the engine's start (`ready_span`).
+        self.local[rec.id] = Local(sv.Attempt(attempt=start.attempt, known=True), dataclasses.replace(launch, spec=spec))
         if start.weights_path:
             self.weights.started(rec, now)
         try:
             if rec.node == self.node:  # the record it starts with, kept beside it (supervisor.restored)
                 self.runner.save_record(rec.id, sv.with_fields(rec, prepared.intent).to_dict())
-            pid, pid_start = self.runner.spawn(rec.id, start.attempt, launch.spec)
+            pid, pid_start = self.runner.spawn(rec.id, start.attempt, spec)
         except Exception as e:  # noqa: BLE001
             self.local.pop(rec.id, None)
+            span.fail(f"cannot start the shim: {e}")
+            span.end()
             return sv.launch_failed(rec, start.attempt, now, f"cannot start the shim: {e}", self.policy)
+        span.set("process.pid", pid)
+        span.end()
         log.info("replica %s: %s attempt %d on port %d (pid %d): %s", rec.id,
                  "restarting," if start.restart else "starting,", start.attempt, launch.port, pid,
                  " ".join(launch.spec.argv))

@@ -86,6 +86,7 @@ class _AgentService:
         from llmgw.state.kicks import Kicker, celery_sender
         from workers.agent.runner import ShimRunner
         from workers.store_cache import STORES
+        from llmgw.tracing import configure
 
         # The node agent's own settings; the app carries only the shared and control ones.
         settings = AgentSettings.from_env()
@@ -103,6 +104,7 @@ class _AgentService:
         self.agent = Agent(
             settings, store, ShimRunner(settings.state_dir, settings.log_max_bytes, settings.log_keep),
             HttpProber(), gpus=gpus, kick=self.kicker.kick, gpu_health=health,
+            tracing=configure("llmgw-agent"),  # the worker's main process runs the loop: once, here
         )
         self.threads: list[threading.Thread] = []
 

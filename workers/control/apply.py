@@ -8,6 +8,7 @@ engine nobody knows about. Each action is applied on its own: one failure is log
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import secrets
 import time
@@ -81,9 +82,12 @@ def apply_actions(
     now: float,
     out_of_time: Callable[[], bool] = lambda: False,
     kicker: Kicker | None = None,
+    trace: str | None = None,
 ) -> ApplyResult:
     """Apply each action; stop early when `out_of_time()` says so (the rest is planned again next
-    pass from fresh facts, so deferring is safe, while overrunning the pass lock would not be)."""
+    pass from fresh facts, so deferring is safe, while overrunning the pass lock would not be).
+    `trace`: the pass's traceparent, stored with the records it creates or places (their launch's
+    parent, docs/tracing.md)."""
     result = ApplyResult()
     for i, action in enumerate(actions):
         if out_of_time():
@@ -91,7 +95,7 @@ def apply_actions(
             log.warning("apply budget spent: %d actions deferred to the next pass", result.deferred)
             break
         try:
-            _apply_one(action, store, dispatcher, now)
+            _apply_one(action, store, dispatcher, now, trace)
             result.add(action)
         except Exception:  # one bad action must not stop the others
             result.failed += 1
@@ -101,10 +105,11 @@ def apply_actions(
     return result
 
 
-def _apply_one(action: Action, store: Store, dispatcher: Dispatcher, now: float) -> None:
+def _apply_one(action: Action, store: Store, dispatcher: Dispatcher, now: float, trace: str | None = None) -> None:
     if isinstance(action, CreateReplica):
         # The record first, with the engine's new credential ...
-        store.create_replica(action.record(now, engine_secret=secrets.token_urlsafe(32)))
+        rec = action.record(now, engine_secret=secrets.token_urlsafe(32))
+        store.create_replica(dataclasses.replace(rec, traceparent=trace) if trace else rec)
         if action.placement is not None:
             where = ",".join(action.placement.nodes)
             log.info("launch %s (%s/%s) on %s: %s", action.id, action.model, action.profile, where, action.why)
@@ -123,7 +128,7 @@ def _apply_one(action: Action, store: Store, dispatcher: Dispatcher, now: float)
                         model=action.model, profile=action.profile, replica=action.id, ts=now)
     elif isinstance(action, PlaceReplica):
         p = action.placement
-        if store.update_replica(action.id, **action.fields(now)):
+        if store.update_replica(action.id, **action.fields(now), **({"traceparent": trace} if trace else {})):
             where = ",".join(p.nodes)
             log.info("launch %s on %s (was pending)", action.id, where)
             store.emit("replica_placed", f"placed on {where} (was Pending)", source="control",
@@ -173,6 +178,7 @@ class ReconcilePass:
     monotonic: Callable[[], float] = time.monotonic
     catalogs: CatalogKeeper = field(default_factory=CatalogKeeper)
     kicker: Kicker = field(default_factory=disabled)
+    trace: str | None = None  # the pass's traceparent (llmgw.tracing), given to the records it makes
 
     def out_of_time(self) -> bool:
         """Applying stops at half the lock's TTL, so the pass never outlives its lock."""
@@ -189,13 +195,14 @@ def reconcile_once(
     monotonic: Callable[[], float] = time.monotonic,
     catalogs: CatalogKeeper | None = None,
     kicker: Kicker | None = None,
+    trace: str | None = None,
 ) -> ApplyResult | None:
     """One reconcile pass under the reconcile lock; None when another pass holds it (or no readable
     catalog was ever seen by `catalogs`, the process's CatalogKeeper). Applying stops at half the
     lock's TTL, so a huge pass (a cold start of thousands of replicas) never outlives its lock and
     overlaps the next one. A fact kicked while the pass ran makes it kick itself again (llmgw.kicks)."""
     p = ReconcilePass(store, dispatcher, now, monotonic(), lock_ttl, config, catalog_sync, monotonic,
-                      catalogs or CatalogKeeper(), kicker or disabled())
+                      catalogs or CatalogKeeper(), kicker or disabled(), trace)
     with store.lock(keys.RECONCILE_LOCK, lock_ttl) as held:
         if not held:
             log.info("reconcile skipped: another pass holds the lock")
@@ -230,7 +237,7 @@ def _reconcile(p: ReconcilePass) -> ApplyResult | None:
     with paused_gc():
         actions = plan(catalog, snap, t, p.config)
     actions, adapters = adapter_step(p.store, catalog, snap, actions, t)
-    result = apply_actions(actions, p.store, p.dispatcher, t, p.out_of_time, p.kicker)
+    result = apply_actions(actions, p.store, p.dispatcher, t, p.out_of_time, p.kicker, p.trace)
     apply_adapters(p.store, adapters, t, p.kicker)
     if result.applied or result.failed or result.deferred:
         log.info("reconcile: %s applied, %s failed, %s deferred %s", result.applied, result.failed,

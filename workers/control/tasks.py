@@ -12,6 +12,7 @@ import time
 
 from celery import Task, shared_task
 
+from llmgw import tracing
 from llmgw.catalog import sync_from_file
 from llmgw.state.kicks import Kicker, celery_sender
 from llmgw.state.store import Store
@@ -61,19 +62,33 @@ class ControlTask(Task):
         return Kicker(store, celery_sender(self.app), enabled=self.app.settings.event_driven)
 
 
+def _tracing():
+    """The worker process's tracing, set up on its first pass (in the process that runs the tasks)."""
+    return tracing.configure("llmgw-control")
+
+
 @shared_task(name="llmgw.reconcile", bind=True, base=ControlTask)
 def reconcile(self) -> dict | None:
     settings = self.app.settings
     store = STORES.get(settings.redis_url)
-    result = reconcile_once(
-        store,
-        CeleryDispatcher(self.app),
-        time.time,
-        lock_ttl=max(10.0, 5 * settings.reconcile_interval),
-        catalog_sync=_catalog_sync(store, settings),
-        catalogs=self.catalogs,
-        kicker=self.kicker(store),
-    )
+    # A kicked pass is the child of what kicked it (a catalog apply: the task's headers); a timer's
+    # pass starts a trace of its own. The records it creates carry the pass to their launches.
+    with _tracing().span("llmgw.reconcile", parent=tracing.from_task(self.request), kind="consumer") as span:
+        result = reconcile_once(
+            store,
+            CeleryDispatcher(self.app),
+            time.time,
+            lock_ttl=max(10.0, 5 * settings.reconcile_interval),
+            catalog_sync=_catalog_sync(store, settings),
+            catalogs=self.catalogs,
+            kicker=self.kicker(store),
+            trace=span.traceparent,
+        )
+        span.set("llmgw.pass.ran", result is not None)
+        if result is not None:
+            span.set("llmgw.pass.applied", result.applied)
+            span.set("llmgw.pass.failed", result.failed)
+            span.set("llmgw.pass.deferred", result.deferred)
     return None if result is None else {"applied": result.applied, "failed": result.failed}
 
 
@@ -81,8 +96,11 @@ def reconcile(self) -> dict | None:
 def publish(self) -> int | None:
     settings = self.app.settings
     store = STORES.get(settings.redis_url)
-    return publish_once(store, time.time, lock_ttl=max(5.0, 5 * settings.publish_interval),
-                        catalogs=self.catalogs, kicker=self.kicker(store), memory=self.memory)
+    with _tracing().span("llmgw.publish", parent=tracing.from_task(self.request), kind="consumer") as span:
+        version = publish_once(store, time.time, lock_ttl=max(5.0, 5 * settings.publish_interval),
+                               catalogs=self.catalogs, kicker=self.kicker(store), memory=self.memory)
+        span.set("llmgw.publish.version", version)  # only when the list changed
+    return version
 
 
 @shared_task(name="llmgw.housekeeping", bind=True)
