@@ -12,10 +12,12 @@ import requests
 from gateway.routing.kvindex import Index
 from gateway.routing.precise import cached_tokens
 from gateway.server.kvevents import KvSubscriber
+from gateway.server.tokenizers import Tokenizers
 from llmgw.engines import tokenize_prompt
 from llmgw.state.records import EndpointInfo
 from tests.support.procs import ProcessSet, free_port, python, wait_until
 
+TOKENIZERS = Tokenizers({})  # the simulated engine's tokenizer is built in
 SYSTEM = {"role": "system", "content": "You are the billing assistant of a shop; answer politely. " * 20}
 
 
@@ -68,7 +70,7 @@ def subscriber():
 
 def held(index, lock, ep, messages) -> int:
     with lock:
-        return cached_tokens(index, [ep], "chat", {"messages": messages}, tokenize_prompt)[ep.id]
+        return cached_tokens(index, [ep], "chat", {"messages": messages}, TOKENIZERS.tokenize)[ep.id]
 
 
 def test_the_index_holds_what_the_engine_cached_even_before_the_gateway_listened(procs, subscriber):
