@@ -40,7 +40,9 @@ from gateway.observe.saturation import SaturationSignals
 from gateway.observe.traffic import TrafficCounter
 from gateway.routing.queue import WaitQueues
 from gateway.server.background import Background
+from gateway.server.kvevents import KvSubscriber
 from gateway.server.pollers import PolledRouter
+from gateway.server.tokenizers import Tokenizers
 from gateway.server.siblings import SharedCounts
 from gateway.upstream.client import Upstream
 from llmgw.state.clock import Clock
@@ -74,6 +76,11 @@ class Gateway:
         self.router = PolledRouter(self.store, cfg, clock, metrics, environ=environ, shared=siblings, health=self.health)
         self.router.on_release = self.queues.wake
         self.router.on_loaded = self._list_loaded
+        # Precise prefix routing: the engines' KV events and the tokenizers to match prompts with.
+        self.tokenizers = Tokenizers(environ if environ is not None else os.environ)
+        self.router.tokenize = self.tokenizers.tokenize
+        self.kv_events = KvSubscriber(self.router.kv, self.router.kv_lock, lambda: self.router.endpoints,
+                                      self.tokenizers)
         self.keys = KeyTable(self.store, self.health, cfg.auth)
         self.usage = UsageRecorder(self.store, self.health, clock)
         self.gate = KeyGate(self.keys, self.usage, RateLimiter(self.rstore, self.health, clock), clock, metrics,
@@ -137,6 +144,7 @@ class Gateway:
         self.started = True
         self.router.run_pollers()
         self.background.start()
+        self.kv_events.start()
         atexit.register(self.usage.flush)  # a graceful worker exit writes the last usage
 
     def serve(self, wait: float, tick=lambda: None) -> bool:
@@ -162,6 +170,7 @@ class Gateway:
         self.stopping.set()
         self.router.stop()
         self.background.stop()
+        self.kv_events.stop()
         self.usage.flush()
 
 

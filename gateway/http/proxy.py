@@ -154,7 +154,8 @@ class Proxy:
         q = self.queues.get(call.model)
         trace.admitting(len(q))
         req = RouteRequest(call.model, prio, affinity, exclude, len(q) + 1, op=call.route.op, pin=call.pin,
-                           prefix=call.prefix, prompt_tokens=call.prompt_tokens, objective=call.objective)
+                           prefix=call.prefix, prompt_tokens=call.prompt_tokens, objective=call.objective,
+                           body=call.body)
         res = router.route(req)
         if isinstance(res, Rejection) and res.kind == "unknown_model":
             timeout = router.tables.cold_start.get(req.model)

@@ -60,6 +60,8 @@ class RouteRequest:
     op: str = CHAT  # the operation (llmgw.surface): only endpoints that serve it are candidates
     pin: str | None = None  # the one endpoint it may go to (a response's, by its id)
     waited: float = 0.0  # seconds this request has already waited in the gateway's queue
+    # The request's parsed body, for precise prefix matching (endpoints that publish KV events).
+    body: Mapping | None = None
     # Prefix-cache awareness (gateway.routing.prefixkeys): the prompt's block keys, its length in
     # tokens (estimated), and what the request minimises: FIRST_TOKEN (streamed) or COMPLETION.
     prefix: tuple[int, ...] = ()
@@ -78,6 +80,7 @@ class Choice:
     matched: float = 0.0  # prompt tokens the chosen endpoint is expected to hold (prefix cache)
     saved: float = 0.0  # prefill seconds that match is expected to save
     prompt: float = 0.0  # the request's prompt tokens (estimated; 0: routed without block keys)
+    kv_events: bool = False  # `matched` is what the engine reported holding (precise mode), not a prediction
 
 
 @dataclass(frozen=True)
@@ -169,7 +172,8 @@ def choose(
     cfg: RoutingConfig = RoutingConfig(),
     rng: random.Random,
     rr_counter: int = 0,
-    matched: Mapping[str, int] | None = None,
+    matched: Mapping[str, float] | None = None,
+    exact: frozenset[str] = frozenset(),
 ) -> Choice | Rejection:
     """Pick an endpoint for `request`, or say why none: unknown model, no endpoint serving the
     operation, none Ready, all saturated.
@@ -178,7 +182,9 @@ def choose(
     `now` is the caller's monotonic clock (LoadRecord freshness via `stats[...].load_seen`, learned
     speeds via `last_sample`); `rng` is always the caller's, so a seed reproduces every choice.
     `matched` is how many of the request's leading prefix keys each endpoint was sent lately
-    (gateway.routing.prefixindex): the prefill it saves comes off that endpoint's cost."""
+    (gateway.routing.prefixindex): the prefill it saves comes off that endpoint's cost. For the
+    endpoints in `exact` it is what the engine reports holding (its KV events, gateway.routing.precise),
+    taken as it is rather than discounted by how well predictions held there."""
     stats = stats or {}
     tried = eligible(endpoints, request, stats, now)
     if isinstance(tried, Rejection):
@@ -203,7 +209,7 @@ def choose(
         kv = load.kv_usage if load is not None else None
         raw = min(total, matched[e.id] * TOKENS_PER_BLOCK) if matched and e.id in matched else 0.0
         # priced at what that engine was seen to keep of what its index expected
-        hit = raw * st.prefix_trust if raw and st is not None else raw
+        hit = raw * st.prefix_trust if raw and st is not None and e.id not in exact else raw
         # the endpoint's own prefill rate once its engine showed one (gateway.routing.prefill)
         per_token = (st.prefill if st is not None and st.prefill is not None else modelled) if modelled else 0.0
         if (soft and hit and not hard and e.capacity and e.capacity <= ahead < e.capacity + cfg.max_waiting

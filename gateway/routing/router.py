@@ -22,10 +22,13 @@ from gateway.config import RoutingConfig
 from gateway.routing.adapters import NO_ADAPTER, AdapterRoute, no_holder
 from gateway.routing.choice import Choice, Rejection, RouteRequest, choose, fleet_rate
 from gateway.routing.inflight import InFlight
+from gateway.routing.kvindex import Index
 from gateway.routing.learn import Learning, answer_sample, fold_answers, is_new, observe_loads
 from gateway.routing.load import NO_STATS, EndpointStats
+from gateway.routing.precise import Tokenize, cached_tokens, no_tokenizer
 from gateway.routing.prefill import trust_of
 from gateway.routing.prefixindex import PrefixIndex
+from gateway.routing.prefixkeys import TOKENS_PER_BLOCK
 from gateway.routing.tables import EMPTY, Snapshot, Tables
 from llmgw.state.clock import Clock
 from llmgw.state.records import EndpointInfo, LoadRecord
@@ -42,6 +45,11 @@ class Router:
         self._learning = Learning()
         self.rr_counter = 0
         self.prefixes = PrefixIndex()  # the block keys sent to each endpoint (under `lock`)
+        # Precise mode: what the engines that publish KV events report holding (fed by
+        # gateway.server.kvevents under `kv_lock`), and how a prompt is tokenized for each.
+        self.kv = Index()
+        self.kv_lock = threading.Lock()
+        self.tokenize: Tokenize = no_tokenizer
         # Per endpoint: [prompt tokens routed with keys, expected cached, prompt tokens of answers that
         # said what they reused, reused] (the gateway report carries them to `llmgw explain`).
         self.prefix_tally: dict[str, list[float]] = {}
@@ -97,14 +105,19 @@ class Router:
         if adapters and req.model in adapters:
             return self._route_adapter(adapters[req.model], req, snap, now)
         endpoints = snap.tables.endpoints
+        exact = self._engine_held(endpoints, req, None) if snap.tables.precise else None
         with self.lock, self.counts.deciding():  # the sibling workers decide one at a time too
             matched = self.prefixes.matches(snap.tables.by_id, req.prefix) if req.prefix else None
+            if exact:
+                matched = {**(matched or {}), **exact}
             res = choose(endpoints, snap.loads, self.counts.held(endpoints, now, req.model), req, now,
                          stats=snap.stats, cfg=self.routing, rng=self.rng, rr_counter=self.rr_counter,
-                         matched=matched)
+                         matched=matched, exact=frozenset(exact) if exact else frozenset())
             if isinstance(res, Choice):
                 self.rr_counter += 1
                 self.counts.add(res.endpoint, self.clock.time(), now)
+                if exact and res.endpoint.id in exact:
+                    res = _engine_reported(res)
                 if req.prefix:
                     self.prefixes.sent(res.endpoint.id, req.prefix)
                     self._tally(res)
@@ -121,15 +134,18 @@ class Router:
         sub = RouteRequest(ad.model, req.priority, req.affinity, req.exclude, req.queued, op=req.op, pin=req.pin,
                            waited=req.waited, prefix=req.prefix, prompt_tokens=req.prompt_tokens,
                            objective=req.objective)
+        exact = self._engine_held(ad.holders, req, ad.name) if snap.tables.precise else None
         with self.lock, self.counts.deciding():
             matched = self.prefixes.matches(snap.tables.by_id, req.prefix) if req.prefix else None
+            if exact:
+                matched = {**(matched or {}), **exact}
             res = choose(ad.holders, snap.loads, self.counts.held(ad.holders, now, ad.model), sub, now,
                          stats=snap.stats, cfg=self.routing, rng=self.rng, rr_counter=self.rr_counter,
-                         matched=matched)
+                         matched=matched, exact=frozenset(exact) if exact else frozenset())
             if isinstance(res, Choice):
                 self.rr_counter += 1
                 res = Choice(res.endpoint, res.score, res.ahead, res.saturated, res.reason, ad.name,
-                             res.matched, res.saved, res.prompt)
+                             res.matched, res.saved, res.prompt, bool(exact and res.endpoint.id in exact))
                 self.counts.add(res.endpoint, self.clock.time(), now, ad.name)
                 if req.prefix:
                     self.prefixes.sent(res.endpoint.id, req.prefix)
@@ -158,6 +174,16 @@ class Router:
         if self.metrics:
             self.metrics.child(self.metrics.inflight, ep.id).dec()
         self.on_release(ep.model or ep.models[0])
+
+    def _engine_held(self, endpoints, req: RouteRequest, adapter: str | None) -> dict[str, float] | None:
+        """Precise mode: per endpoint that publishes KV events (and was heard from), the prompt's
+        cached part by the engine's own account, in the block keys `choose` counts (a prompt's
+        prefix keys are TOKENS_PER_BLOCK tokens each)."""
+        if req.body is None:
+            return None
+        with self.kv_lock:
+            held = cached_tokens(self.kv, endpoints, req.op, req.body, self.tokenize, adapter)
+        return {i: n / TOKENS_PER_BLOCK for i, n in held.items()} if held else None
 
     def _tally(self, c: Choice) -> None:
         t = self.prefix_tally.get(c.endpoint.id)
@@ -262,6 +288,11 @@ class Router:
         """A consistent copy for the gateway report: the list's version, then `InFlight.facts`."""
         with self.lock:
             return (self.snapshot.tables.version, *self.counts.facts())
+
+
+def _engine_reported(c: Choice) -> Choice:
+    # (Built directly: dataclasses.replace costs microseconds on the request path.)
+    return Choice(c.endpoint, c.score, c.ahead, c.saturated, c.reason, c.adapter, c.matched, c.saved, c.prompt, True)
 
 
 class Lease:

@@ -49,6 +49,8 @@ class Tables:
     adapters: Mapping[str, AdapterRoute] = field(default_factory=dict)
     # Canonical model -> the catalog's `routing.objective` for it (published on its endpoints).
     objectives: Mapping[str, str] = field(default_factory=dict)
+    # Some endpoint publishes KV events: precise prefix matches are looked up (gateway.routing.precise).
+    precise: bool = False
 
     def names_of(self, model: str) -> frozenset[str]:
         """Every name of the model called `model` (just that name when it is unknown)."""
@@ -106,6 +108,7 @@ def tables_from(version: int, fingerprint: str, endpoints: Sequence[EndpointInfo
         version=version, fingerprint=fingerprint, loaded=True,
         endpoints=tuple(e for e in endpoints if e.id not in missing),
         by_id={e.id: e for e in endpoints},
+        precise=any(e.kv_events for e in endpoints),
         by_ref={endpoint_ref(e.id): e for e in endpoints},
         api_keys=api_keys, missing_keys=missing, names=names, known_models=frozenset(names),
         canonical={**catalog.canonical, **{n: e.model or e.models[0] for e in endpoints for n in e.models}},

@@ -150,6 +150,9 @@ class Profile(StrictModel):
     metrics: MetricMapping | None = None
     # None: serves no LoRA adapters. Set: its replicas hold the model's adapters (Model.adapters).
     lora: LoraSlots | None = None
+    # Precise prefix routing: the engine publishes its KV cache events (vLLM's --kv-events-config, on
+    # ports its agent chooses) and every gateway indexes what each replica holds from them.
+    kv_events: bool = False
     start_timeout: Duration = Field(default=120.0, gt=0, allow_inf_nan=False)
     # A planned stop (rolling update, scale-down, drain, removal) lets in-flight requests finish for up
     # to this long (seconds) after every gateway stopped sending new ones; 0 = stop at once.

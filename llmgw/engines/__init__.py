@@ -17,3 +17,9 @@ def get_engine(name: str) -> EngineAdapter:
 
 
 __all__ = ["ENGINES", "EngineAdapter", "LaunchContext", "LaunchSpec", "get_engine"]
+
+
+def tokenize_prompt(engine: str, operation: str, body) -> list[int] | None:
+    """The tokens engine `engine` makes of a request's prompt (precise prefix routing); None: unknown."""
+    adapter = ENGINES.get(engine)
+    return adapter.tokenize_prompt(operation, body) if adapter is not None else None

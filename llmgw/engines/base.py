@@ -11,6 +11,8 @@ data, the node agent runs it.
 
 from __future__ import annotations
 
+import json
+
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -45,6 +47,10 @@ class LaunchContext:
     nnodes: int = 1
     master_addr: str | None = None  # head node's address, for multi-node
     master_port: int | None = None  # the head's torch.distributed rendezvous port (chosen by its agent)
+    # `kv_events: true`: the ports the engine publishes its KV cache events on, and answers replays
+    # on (chosen by its agent; head only).
+    kv_events_port: int | None = None
+    kv_replay_port: int | None = None
     # The replica's engine credential (head only: members serve no HTTP); None: start without one.
     api_key: str | None = field(default=None, repr=False)
     # The LoRA adapters (names of ctx.model's) this replica is launched with, in id order; only an
@@ -87,6 +93,10 @@ class LaunchSpec:
     start_timeout: float = 120.0  # seconds from start until healthy before it counts as failed
 
 
+# vLLM's flag for its KV cache events (the simulated engine takes the same).
+KV_EVENTS_FLAG = "--kv-events-config"
+
+
 class EngineAdapter(ABC):
     name: ClassVar[str]
     needs_gpu: ClassVar[bool]  # True: a profile without `gpu` is an error
@@ -118,6 +128,8 @@ class EngineAdapter(ABC):
     lora_ranks: ClassVar[tuple[int, ...] | None] = None
     adapters_at_launch: ClassVar[bool] = False
     lora_flags: ClassVar[tuple[str, ...]] = ()
+    # Whether the engine publishes vLLM's KV cache events (a profile may say `kv_events: true`).
+    supports_kv_events: ClassVar[bool] = False
 
     def field_refusal(self, field: str) -> str | None:
         """Why a profile of this engine may not set `field` (None: it may). Asked for each field the
@@ -126,6 +138,8 @@ class EngineAdapter(ABC):
             return f"'{field}' is for engine: external (a server llmgw does not run); {self.name} replicas are started by llmgw"
         if field == "lora" and not self.supports_lora:
             return f"{self.name} does not serve LoRA adapters"
+        if field == "kv_events" and not self.supports_kv_events:
+            return f"{self.name} publishes no KV cache events (vLLM and the simulated engine do)"
         return None
 
     @abstractmethod
@@ -153,6 +167,9 @@ class EngineAdapter(ABC):
         if self.credential_env in profile.env:
             problems.append(Problem(f"env.{self.credential_env}", "set by llmgw: each replica gets its own engine "
                                                                   "credential (docs/engines.md)"))
+        if profile.kv_events and any(a == KV_EVENTS_FLAG or a.startswith(KV_EVENTS_FLAG + "=") for a in profile.args):
+            problems.append(Problem("args", f"'{KV_EVENTS_FLAG}' is set by llmgw when `kv_events` is true (each "
+                                            "replica publishes on ports its agent chooses)"))
         return problems + self.lora_refusals(profile)
 
     # --- LoRA adapters ------------------------------------------------------------------------
@@ -248,6 +265,26 @@ class EngineAdapter(ABC):
     def cache_metrics(self, profile: Profile) -> tuple[str | None, str | None, str | None]:
         """Names of the (prefix-cache queried tokens, hit tokens, prefill seconds) series it exports."""
         return self.prefix_queries_metric, self.prefix_hits_metric, self.prefill_seconds_metric
+
+    def tokenize_prompt(self, operation: str, body: Mapping) -> list[int] | None:
+        """The tokens this engine makes of a request's prompt, as its prefix cache sees them (chat
+        template applied), for precise prefix routing; None: the gateway cannot tell, and predicts
+        from what it sent instead."""
+        return None
+
+    def tokenizer_source(self, model: Model, profile: Profile) -> str:
+        """Where a gateway gets this profile's tokenizer for precise prefix routing (`hf://org/repo`);
+        empty: the engine's own tokenizer is built in (`tokenize_prompt`), or none can be had."""
+        return ""
+
+    def kv_events_args(self, ctx: LaunchContext) -> list[str]:
+        """vLLM's --kv-events-config for a replica whose agent chose its KV event ports: a ZMQ PUB
+        socket and a replay socket, both bound on every address (the gateways connect)."""
+        if not (ctx.profile.kv_events and ctx.kv_events_port and ctx.kv_replay_port):
+            return []
+        cfg = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{ctx.kv_events_port}",
+               "replay_endpoint": f"tcp://*:{ctx.kv_replay_port}", "topic": ""}
+        return [KV_EVENTS_FLAG, json.dumps(cfg, separators=(",", ":"))]
 
     def multi_node_args(self, ctx: LaunchContext) -> tuple[list[str], bool]:
         """vLLM-style multi-node flags for this part of a replica, and whether it is headless (a

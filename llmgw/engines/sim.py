@@ -14,6 +14,7 @@ runtime load and unload calls and their answers; a profile's args may add `--lor
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 
 from llmgw.catalog.types import MetricMapping, Profile
 from llmgw import surface as op
@@ -72,6 +73,7 @@ class SimAdapter(EngineAdapter):
     credential_env = "SIMENGINE_API_KEY"  # guards /v1, like vLLM
     # LoRA as vLLM serves it: loaded and unloaded at run time, with vLLM's calls, answers and flags.
     supports_lora = True
+    supports_kv_events = True
     lora_ranks = VLLM_LORA_RANKS
     lora_flags = ("--enable-lora", "--max-loras", "--max-lora-rank", "--max-cpu-loras")
 
@@ -117,6 +119,16 @@ class SimAdapter(EngineAdapter):
             return None, None, LlamaCppAdapter.prefill_seconds_metric
         return super().cache_metrics(profile)
 
+    def tokenize_prompt(self, operation: str, body: Mapping) -> list[int] | None:
+        # The simulated engine's own tokenizer and chat template (simengine.tokens): exact.
+        from simengine import tokens
+
+        if operation == op.CHAT and isinstance(body.get("messages"), list):
+            return tokens.chat_tokens(body["messages"])
+        if operation == op.COMPLETIONS:
+            return tokens.prompt_tokens(body.get("prompt"))
+        return None
+
     def command(self, ctx: LaunchContext) -> LaunchSpec:
         p = ctx.profile
         argv = [sys.executable, "-m", "simengine", "--host", ctx.host, "--port", str(ctx.port),
@@ -128,6 +140,7 @@ class SimAdapter(EngineAdapter):
         argv += multi
         lora_argv, lora_env = runtime_lora_launch(p)
         argv += lora_argv
+        argv += self.kv_events_args(ctx)
         argv += p.args
         return LaunchSpec(argv=tuple(argv), env={**self.engine_env(ctx, p), **lora_env}, serves_http=not headless,
                           health_path="/health", start_timeout=p.start_timeout)

@@ -18,13 +18,14 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from llmgw.catalog.types import MetricMapping, Profile
+from llmgw.catalog.types import MetricMapping, Model, Profile
 from llmgw import surface as op
 from llmgw.engines.base import PKG_SOURCE, AdapterCall, AdapterOutcome, EngineAdapter, LaunchContext, LaunchSpec
 from llmgw.errors import Problem
 from llmgw.weights.fit import KV_TYPE_BYTES, Workload
 from llmgw.weights.meta import Shape
-from llmgw.weights.sources import engine_refusal, parse_source
+from llmgw.weights.errors import SourceInvalid
+from llmgw.weights.sources import HubSource, engine_refusal, parse_source
 
 VLLM_METRICS = MetricMapping(
     running="vllm:num_requests_running",
@@ -176,6 +177,7 @@ class VllmAdapter(EngineAdapter):
     # vLLM guards only its /v1 (and /v2, /inference, /cohere) paths with it; see docs/engines.md.
     credential_env = "VLLM_API_KEY"
     supports_lora = True
+    supports_kv_events = True
     lora_ranks = VLLM_LORA_RANKS
     lora_flags = ("--enable-lora", "--max-loras", "--max-lora-rank", "--max-cpu-loras", "--lora-modules")
 
@@ -262,6 +264,22 @@ class VllmAdapter(EngineAdapter):
                         pipeline_parallel=profile.pipeline_parallel, gpu_memory_utilization=util,
                         max_batched_tokens=batched, kv_bytes=KV_TYPE_BYTES.get(kv) if kv and kv != "auto" else None)
 
+    def tokenizer_source(self, model: Model, profile: Profile) -> str:
+        # vLLM's --tokenizer (a hub id), else the model's own repository (hf:// or a bare org/name,
+        # which vLLM reads as a hub id). A local path lives on the node: no gateway can read it.
+        args = profile.args
+        named = next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "--tokenizer"), None)
+        named = named or next((a.split("=", 1)[1] for a in args if a.startswith("--tokenizer=")), None)
+        text = named or profile.source or model.source or model.name
+        try:
+            src = parse_source(text if text.startswith("hf://") or "/" not in text or text.startswith(("/", "."))
+                               else "hf://" + text)
+        except SourceInvalid:
+            return ""
+        if isinstance(src, HubSource):
+            return f"hf://{src.repo}" + (f"@{src.revision}" if src.revision else "")
+        return ""
+
     def command(self, ctx: LaunchContext) -> LaunchSpec:
         p = ctx.profile
         source = ctx.model.source or ctx.model.name
@@ -276,6 +294,7 @@ class VllmAdapter(EngineAdapter):
         lora_argv, lora_env = runtime_lora_launch(p)
         argv += lora_argv
         env = {**self.engine_env(ctx, p), **lora_env}
+        argv += self.kv_events_args(ctx)
         argv += p.args
         return LaunchSpec(argv=tuple(argv), env=env, serves_http=not headless, health_path="/health",
                           start_timeout=p.start_timeout)

@@ -35,7 +35,7 @@ AGENT_FIELDS = (
     "port", "url", "pid", "pid_start", "engine_pid", "started_at", "attempt", "exit_code",
     "exit_signal", "exited_at", "last_probe_at", "last_probe_ok", "probe_error", "first_ready_at",
     "restarts", "failure_times", "next_restart_at", "log_tail", "stopped_at", "adopted_at",
-    "master_port", "drained_at", "drain_note", "log_path",
+    "master_port", "kv_events_port", "kv_replay_port", "drained_at", "drain_note", "log_path",
     "weights_source", "weights_phase", "weights_done", "weights_total", "weights_rate", "weights_eta",
     "weights_file", "weights_started_at", "weights_local_at", "weights_path", "weights_error_kind",
     "weights_error", "weights_failed_at", "engine_memory",
@@ -105,6 +105,9 @@ class ReplicaRecord:
     # Multi-node: the torch.distributed rendezvous port the head chose for its current attempt (members
     # join `node address:master_port`, and restart their part when the head's `attempt` changes).
     master_port: int | None = None
+    # `kv_events: true`: the head's KV events (ZMQ PUB) and replay (ROUTER) ports on its node.
+    kv_events_port: int | None = None
+    kv_replay_port: int | None = None
     # The engine's log file on its node (`llmgw logs` reads it there; status and explain name it).
     log_path: str | None = None
     # The agent judged the drain of a planned stop over (and sent SIGTERM) at this time, and why.
@@ -250,6 +253,13 @@ class EndpointInfo:
     # What the gateway minimises for this model's requests (the catalog's `routing.objective`):
     # "first_token" | "completion"; empty: from the request (streamed -> first_token).
     objective: str = ""
+    # Precise prefix routing (`kv_events: true`): where the engine publishes its KV cache events and
+    # answers replays (tcp://node:port); empty: the gateway predicts from what it sent.
+    kv_events: str = ""
+    kv_replay: str = ""
+    # The tokenizer the gateway needs to match prompts against those events (`hf://org/repo[@rev]`);
+    # empty: the engine's own (the simulated engine), or none known.
+    tokenizer: str = ""
 
     def serves(self, op: str) -> bool:
         return op in self.paths if self.paths is not None else op in LEGACY_OPERATIONS

@@ -31,6 +31,12 @@ class Launch:
     port: int | None = None
     url: str = ""
     master_port: int | None = None  # a multi-node head's rendezvous port, chosen with `port`
+    kv_ports: tuple[int, int] | None = None  # `kv_events: true`: its KV events and replay ports
+
+    @property
+    def ports(self) -> set[int]:
+        """Every port this attempt holds on the node."""
+        return {p for p in (self.port, self.master_port, *(self.kv_ports or ())) if p is not None}
 
 
 class CatalogCache:
@@ -90,8 +96,19 @@ class Launcher:
             # The rendezvous port the members join, from this node's range like the HTTP port.
             master_port = choose_port(self.settings.port_range, (reserved - {rec.master_port}) | {port},
                                       self.bindable, prefer=rec.master_port)
-        spec = self.command(rec, model, profile, port, master_port, weights_path)
-        return Launch(spec, profile.engine, profile, port, f"http://{self.settings.node_address}:{port}", master_port)
+        kv_ports = None
+        if profile.kv_events and rec.node == self.node:
+            # The KV events (PUB) and replay (ROUTER) sockets, from the range like the HTTP port:
+            # two replicas on one machine never both take vLLM's default 5557.
+            held = {port} | ({master_port} if master_port else set())
+            pub = choose_port(self.settings.port_range, (reserved - {rec.kv_events_port}) | held, self.bindable,
+                              prefer=rec.kv_events_port)
+            replay = choose_port(self.settings.port_range, (reserved - {rec.kv_replay_port}) | held | {pub},
+                                 self.bindable, prefer=rec.kv_replay_port)
+            kv_ports = (pub, replay)
+        spec = self.command(rec, model, profile, port, master_port, weights_path, kv_ports)
+        return Launch(spec, profile.engine, profile, port, f"http://{self.settings.node_address}:{port}", master_port,
+                      kv_ports)
 
     def rebuild(self, rec: ReplicaRecord) -> Launch | None:
         """The launch of an attempt this agent did not start (adopted), for its probe paths and start
@@ -105,11 +122,12 @@ class Launcher:
                       rec.port, rec.url or "")
 
     def command(self, rec: ReplicaRecord, model: Model, profile: Profile, port: int,
-                master_port: int | None = None, weights_path: str | None = None) -> LaunchSpec:
+                master_port: int | None = None, weights_path: str | None = None,
+                kv_ports: tuple[int, int] | None = None) -> LaunchSpec:
         """The engine command for this node's part. `master_port`: the head's rendezvous port (the head
         passes the one it just chose; a member part uses the one the head recorded). `weights_path`:
         the engine loads the downloaded weights there, offline (HF_HUB_OFFLINE: vLLM never downloads
-        by itself)."""
+        by itself). `kv_ports`: the KV events ports just chosen (else the recorded ones)."""
         if weights_path:
             profile = profile.model_copy(update={"source": weights_path})
         nodes = rec.all_nodes
@@ -127,6 +145,8 @@ class Launcher:
             master_addr=master, master_port=master_port if master_port is not None else rec.master_port,
             api_key=rec.engine_secret if rank == 0 else None,  # only the head serves HTTP
             adapters=tuple(rec.adapters_wanted),  # an engine that loads adapters at launch (llama.cpp) reads it
+            kv_events_port=kv_ports[0] if kv_ports else rec.kv_events_port,
+            kv_replay_port=kv_ports[1] if kv_ports else rec.kv_replay_port,
         )
         spec = get_engine(profile.engine).command(ctx)
         if weights_path:

@@ -338,7 +338,8 @@ class Agent:
         even be built is a failed attempt (its facts are the second list)."""
         # Ports held by any record on this node, including this agent's member parts.
         reserved = ({r.port for r in records if r.port} | {v.port for v in by_id.values() if v.port}
-                    | {r.master_port for r in records if r.master_port and r.node == self.node})
+                    | {p for r in records if r.node == self.node
+                       for p in (r.master_port, r.kv_events_port, r.kv_replay_port) if p})
         ready, failed = [], []
         for start in starts:
             if self.stopping.is_set():
@@ -354,9 +355,10 @@ class Agent:
                 self.warn(rec.id, f"model {rec.model!r} profile {rec.profile!r} is not in the applied catalog; "
                                    "not starting")
                 continue
-            reserved |= {p for p in (launch.port, launch.master_port) if p is not None}
+            reserved |= launch.ports
             intent = sv.starting(rec, start, now, launch.port, launch.url, launch.master_port,
-                                 launch.spec.serves_http, log_path=str(self.runner.log_path(rec.id)))
+                                 launch.spec.serves_http, log_path=str(self.runner.log_path(rec.id)),
+                                 kv_ports=launch.kv_ports)
             ready.append(Prepared(rec, start, launch, intent))
         return ready, failed
 

@@ -20,8 +20,9 @@ import hashlib
 import json
 from dataclasses import dataclass
 from typing import Iterable, Mapping
+from urllib.parse import urlsplit
 
-from llmgw.catalog import Catalog
+from llmgw.catalog import Catalog, Model, Profile
 from llmgw.engines import ENGINES
 from llmgw.state.demand_records import GatewayReport
 from llmgw.state.node_records import NodeInfo
@@ -142,10 +143,22 @@ def endpoints_from(
                 adapters=published_adapters(rec, model, profile),
                 adapter_slots=profile.lora.max_loras if profile.lora else 0,
                 objective=(model.routing.objective or "") if model.routing else "",
+                **kv_event_addresses(rec, model, profile),
             )
         )
     out.sort(key=lambda e: e.id)
     return out
+
+
+def kv_event_addresses(rec: ReplicaRecord, model: Model, profile: Profile) -> dict[str, str]:
+    """Where the gateways subscribe to a replica's KV events (its ports on the host of its url), and
+    the tokenizer they match prompts with."""
+    if not (profile.kv_events and rec.kv_events_port and rec.kv_replay_port):
+        return {}
+    host = urlsplit(rec.url).hostname or "127.0.0.1"
+    host = f"[{host}]" if ":" in host else host
+    return {"kv_events": f"tcp://{host}:{rec.kv_events_port}", "kv_replay": f"tcp://{host}:{rec.kv_replay_port}",
+            "tokenizer": ENGINES[profile.engine].tokenizer_source(model, profile)}
 
 
 def fingerprint(endpoints: Iterable[EndpointInfo]) -> str:
