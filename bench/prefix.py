@@ -1,7 +1,7 @@
 """Conversations with shared system prompts on engines with a prefix cache: llmgw against the
 cache-aware peers, same run, side by side.
 
-    python bench/prefix.py [--quick] [--routers llmgw,nginx,vllm-cache,smg] [--conversations 80]
+    python bench/prefix.py [--quick] [--routers llmgw,llmgw-kv,nginx,vllm-cache,smg] [--conversations 80]
                            [--rate 2.0] [--mix 0.2] [--uneven] [--make vllm|llamacpp] [--seed 1]
 
 The traffic: conversations of 3-8 turns, each over one of 24 system prompts of hundreds to thousands
@@ -12,7 +12,8 @@ vLLM's personality (`python -m simengine`: prefix cache of 16-token blocks withi
 with running sequences, `vllm:prefix_cache_*` counters, head at once and role chunk with the first
 token), or with `--uneven` speeds 2, 1, 1 and 0.5. Routers, each in front of freshly started engines
 (cold caches, same traffic): llmgw's gateway as bench/routing.py starts it (redis, a static endpoint
-list, the agent's scraper), nginx `least_conn`, vLLM's router `--policy cache_aware` and SGLang's
+list, the agent's scraper), `llmgw-kv` the same in precise mode (the engines publish vLLM's KV events
+and the gateway routes by what each reports holding), nginx `least_conn`, vLLM's router `--policy cache_aware` and SGLang's
 `smg launch --policy cache_aware` (pip extra `bench`), each when installed.
 
 Printed per router: time to the first content token p50/p90/p99, end to end p50/p99, errors, the
@@ -43,20 +44,12 @@ from simengine.core import SimConfig  # noqa: E402
 from tests.support.cluster import Cluster  # noqa: E402
 from tests.support.procs import bin_path, free_port, wait_until  # noqa: E402
 
-ROUTERS = ("llmgw", "nginx", "vllm-cache", "smg")
+ROUTERS = ("llmgw", "llmgw-kv", "nginx", "vllm-cache", "smg")
 TOPICS = ("billing", "shipping", "returns", "accounts", "security", "pricing", "support", "legal", "travel",
           "health", "energy", "banking", "retail", "media", "games", "school", "farming", "housing", "transit",
           "insurance", "telecom", "payroll", "hiring", "weather")
 FILLER = ("policy", "customer", "request", "answer", "always", "never", "polite", "precise", "context", "detail",
           "example", "refund", "account", "order", "number", "agent", "support", "escalate", "summary", "tone")
-
-
-def personality(make: str) -> None:
-    """Start the sim engines as `make` (bench.routing starts them; its argv gains the flag)."""
-    import bench.routing as routing
-
-    base = routing.engine_argv
-    routing.engine_argv = lambda e, port: [*base(e, port), "--metrics-style", make]
 
 
 def engines(uneven: bool) -> tuple[Engine, ...]:
@@ -254,10 +247,12 @@ class Row:
 
 
 def run_router(kind: str, cluster: Cluster, fleet: Fleet, convs: list[Conversation], workdir: Path) -> Row:
-    rf = RunningFleet(cluster, fleet, f"prefix-{kind}")
+    # llmgw-kv: llmgw in precise mode, the engines publishing vLLM's KV events (docs/gateway.md).
+    rf = RunningFleet(cluster, fleet, f"prefix-{kind}", kv_events=kind == "llmgw-kv")
     router = None
     try:
-        router = Smg(cluster, rf) if kind == "smg" else Router(kind, cluster, rf, workdir, None)
+        router = Smg(cluster, rf) if kind == "smg" else Router(
+            "llmgw" if kind == "llmgw-kv" else kind, cluster, rf, workdir, None)
         before = counters(rf.urls)
         results = run_traffic(router.url, convs)
         after = counters(rf.urls)
@@ -287,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--make", choices=("vllm", "llamacpp"), default="vllm",
                     help="the engines' personality: vLLM's prefix cache, or llama.cpp's slots that keep one prompt "
-                         "each (its /metrics names too: the agent's sim mapping then reads no load figures)")
+                         "each (and its /metrics names, which the agent's scraper maps as for a llama.cpp profile)")
     ap.add_argument("--quick", action="store_true", help="a smoke test: 8 conversations")
     a = ap.parse_args(argv)
     unknown = [r for r in a.routers.split(",") if r not in ROUTERS]
@@ -302,9 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in [r for r in routers if missing.get(r)]:
         print(f"{r} not found (nginx: apt-get install nginx; the others: pip install -e '.[bench]'): left out")
         routers.remove(r)
-    if a.make == "llamacpp":
-        personality("llamacpp")
-    fleet = Fleet("prefix-uneven" if a.uneven else "prefix", engines(a.uneven))
+    # The engines' make (bench.routing starts them with its flags, and its scraper maps its /metrics).
+    fleet = Fleet("prefix-uneven" if a.uneven else "prefix", engines(a.uneven), make=a.make)
     convs = workload(n, a.rate, a.mix, a.seed)
     requests_n = sum(c.turns for c in convs)
     print(f"{n} conversations + {sum(c.one_shot for c in convs)} one-shot requests ({requests_n} requests), "

@@ -97,12 +97,17 @@ def make_args(make: str) -> list[str]:
 class RunningFleet:
     """The fleet's engines, published to Redis for llmgw, and the agent's scraper writing their loads."""
 
-    def __init__(self, cluster: Cluster, fleet: Fleet, tag: str):
+    def __init__(self, cluster: Cluster, fleet: Fleet, tag: str, kv_events: bool = False):
+        """`kv_events`: the engines publish vLLM's KV events and the list says where (precise mode)."""
         self.cluster, self.fleet = cluster, fleet
         self.ports = {e.name: free_port() for e in fleet.engines}
+        self.kv = {e.name: (free_port(), free_port()) for e in fleet.engines} if kv_events else {}
         self.names = [e.name for e in fleet.engines]
         for e in fleet.engines:
-            cluster.procs.start(f"engine-{e.name}-{tag}", engine_argv(e, self.ports[e.name], fleet.make),
+            kv = self.kv.get(e.name)
+            extra = ["--kv-events-endpoint", f"tcp://*:{kv[0]}", "--kv-events-replay-endpoint", f"tcp://*:{kv[1]}"] \
+                if kv else []
+            cluster.procs.start(f"engine-{e.name}-{tag}", engine_argv(e, self.ports[e.name], fleet.make) + extra,
                                 env=cluster.env())
         self.urls = {n: f"http://127.0.0.1:{p}" for n, p in self.ports.items()}
         import requests
@@ -111,10 +116,15 @@ class RunningFleet:
             wait_until(lambda u=u: requests.get(u + "/health", timeout=1).ok, 30, what=f"engine {n}")
         cluster.store().write_endpoints(
             [EndpointInfo(id=e.name, url=self.urls[e.name], models=("m",), engine="sim", model="m", served_name="m",
-                          capacity=e.capacity) for e in fleet.engines], f"bench-{tag}", time.time())
+                          capacity=e.capacity, **self._kv_addresses(e.name)) for e in fleet.engines],
+            f"bench-{tag}", time.time())
         self.stop_scrape = threading.Event()
         self.scraper = threading.Thread(target=self._scrape, name="bench-scrape", daemon=True)
         self.scraper.start()
+
+    def _kv_addresses(self, name: str) -> dict[str, str]:
+        kv = self.kv.get(name)
+        return {"kv_events": f"tcp://127.0.0.1:{kv[0]}", "kv_replay": f"tcp://127.0.0.1:{kv[1]}"} if kv else {}
 
     def _scrape(self) -> None:
         """The node agent's scraper (workers/agent/scrape.py), every second, as on a real node."""
