@@ -94,7 +94,9 @@ def test_the_index_holds_what_the_engine_cached_even_before_the_gateway_listened
     assert held(index, lock, ep, other) == 0
 
 
-def test_an_engine_started_again_is_known_empty(procs, subscriber):
+def conversation_held(procs, subscriber, content: str):
+    """A sim engine publishing, subscribed to and heard from, holding one conversation the index
+    knows of: (its process, its ports, the endpoint, the conversation)."""
     index, lock, endpoints = subscriber
     port, pub, replay = free_port(), free_port(), free_port()
     p, url = start_sim(procs, port, pub, replay)
@@ -102,28 +104,26 @@ def test_an_engine_started_again_is_known_empty(procs, subscriber):
                       kv_replay=f"tcp://127.0.0.1:{replay}")
     endpoints.append(ep)
     hear_from(url, index, ep)
-    conv = [SYSTEM, {"role": "user", "content": "first question"}]
+    conv = [SYSTEM, {"role": "user", "content": content}]
     ask(url, conv)
     wait_until(lambda: held(index, lock, ep, conv) > 0, 15, what="the index to hold the conversation")
+    return p, (port, pub, replay), ep, conv
+
+
+def test_an_engine_started_again_is_known_empty(procs, subscriber):
+    index, lock, _ = subscriber
+    p, ports, ep, conv = conversation_held(procs, subscriber, "first question")
     p.stop()
-    start_sim(procs, port, pub, replay, "sim-again")
+    start_sim(procs, *ports, "sim-again")
     fresh = [{"role": "user", "content": "a new engine's first prompt " * 8}]
-    ask(url, fresh)  # batch 0 of the new engine: below what the index expects
-    with_traffic(url, lambda: held(index, lock, ep, fresh + [{"role": "user", "content": "x"}]) > 0,
+    ask(ep.url, fresh)  # batch 0 of the new engine: below what the index expects
+    with_traffic(ep.url, lambda: held(index, lock, ep, fresh + [{"role": "user", "content": "x"}]) > 0,
                  "the index to hear from the new engine")
     assert held(index, lock, ep, conv) == 0
 
 
 def test_an_endpoint_that_leaves_the_list_is_forgotten(procs, subscriber):
-    index, lock, endpoints = subscriber
-    port, pub, replay = free_port(), free_port(), free_port()
-    _, url = start_sim(procs, port, pub, replay)
-    ep = EndpointInfo("e0", url, ("m",), "sim", kv_events=f"tcp://127.0.0.1:{pub}",
-                      kv_replay=f"tcp://127.0.0.1:{replay}")
-    endpoints.append(ep)
-    hear_from(url, index, ep)
-    conv = [SYSTEM, {"role": "user", "content": "a question"}]
-    ask(url, conv)
-    wait_until(lambda: held(index, lock, ep, conv) > 0, 15, what="a match")
+    index, _, endpoints = subscriber
+    _, _, ep, _ = conversation_held(procs, subscriber, "a question")
     endpoints.clear()
     wait_until(lambda: not index.listening(ep.id), 5, what="the endpoint forgotten")
