@@ -78,7 +78,7 @@ def prefix_note(c: Choice, metrics: Metrics) -> str:
         metrics.child(metrics.prefix_predicted, ep).inc(c.matched)
         metrics.child(metrics.prefix_saved, ep).inc(c.saved)
     return (f"matched={int(c.matched)}/{int(c.prompt)} tokens; endpoint_hit={c.matched / c.prompt:.2f}; "
-            f"saved_ms={c.saved * 1000:.1f}; source={'kv_events' if c.kv_events else 'sent'}")
+            f"saved_ms={c.saved * 1000:.1f}; via={'kv_events' if c.kv_events else 'sent'}")
 
 
 class OpenRequests:

@@ -36,7 +36,7 @@ def turn(gw: str, messages: list[dict]) -> tuple[str, int, str]:
     note = r.headers.get("X-LLMGW-Prefix", "")
     m = re.match(r"matched=(\d+)/", note)
     # Only a match the engine itself reported counts here (not one predicted from what was sent).
-    matched = int(m.group(1)) if m and "source=kv_events" in note else 0
+    matched = int(m.group(1)) if m and "via=kv_events" in note else 0
     return r.headers["X-LLMGW-Endpoint"], matched, r.json()["choices"][0]["message"]["content"]
 
 
