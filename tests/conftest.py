@@ -99,3 +99,19 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_sep("=", "what was skipped, and why")
         for reason, n in reasons.most_common():
             terminalreporter.write_line(f"skipped: {n} ({reason})")
+
+
+@pytest.fixture
+def traced():
+    """A Tracing over OpenTelemetry's in-memory exporter: (tracing, exporter)."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from llmgw.tracing import Tracing
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    yield Tracing(provider, "test"), exporter
+    provider.shutdown()

@@ -12,13 +12,10 @@ import time
 
 import pytest
 import requests
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
 from llmgw.state.records import LoadRecord
-from llmgw.tracing import OFF, Tracing
+from llmgw.tracing import OFF
 from tests.support.otlp import attribute, collector, roots  # noqa: F401 - collector: a fixture
 from tests.support.gateway_app import CHAT, NEVER_STALE, dead_url, endpoint, make_app, server, store  # noqa: F401 - fixtures
 from tests.support.procs import ProcessSet, free_port, python, wait_until
@@ -59,14 +56,6 @@ def procs(tmp_path):
     yield ps
     ps.stop_all()
 
-
-@pytest.fixture
-def traced():
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    yield Tracing(provider, "test"), exporter
-    provider.shutdown()
 
 
 def test_a_retried_request_is_one_trace_and_the_engine_gets_the_answering_attempt_as_parent(procs, store, traced):

@@ -7,16 +7,13 @@ from __future__ import annotations
 
 import fakeredis
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
 from llmgw.engines.base import LaunchSpec
 from llmgw.state.kicks import Kicker
 from llmgw.state.records import ReplicaRecord
 from llmgw.state.store import Store
-from llmgw.tracing import NO_SPAN, OFF, Tracing
+from llmgw.tracing import NO_SPAN, OFF
 from tests.support.clock import FakeClock
 from tests.unit.control_support import catalog, cpu_profile, gpu_profile, model, node
 from tests.unit.test_control_apply import FakeDispatcher, setup
@@ -30,14 +27,6 @@ TP = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 def store():
     return Store(fakeredis.FakeRedis(decode_responses=True))
 
-
-@pytest.fixture
-def traced():
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    yield Tracing(provider, "test"), exporter
-    provider.shutdown()
 
 
 def test_a_kick_sends_its_carrier_as_task_headers_and_a_folded_kick_sends_nothing(store):

@@ -10,9 +10,6 @@ import sys
 import threading
 
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
 from llmgw import tracing
@@ -36,15 +33,6 @@ PARENT = "00f067aa0ba902b7"
 TP = f"00-{TRACE}-{PARENT}-01"
 CHAT = ("POST", "/v1/chat/completions")
 
-
-@pytest.fixture
-def traced():
-    """A Tracing over an in-memory exporter: (tracing, exporter)."""
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    yield Tracing(provider, "test"), exporter
-    provider.shutdown()
 
 
 def spans_by_name(exporter) -> dict:
