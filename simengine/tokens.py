@@ -11,6 +11,7 @@ sent back as the next turn's history tokenizes to the very tokens that were gene
 from __future__ import annotations
 
 import math
+import struct
 import random
 from typing import Any, Iterator
 
@@ -25,9 +26,18 @@ WORDS = ("the", "and", "for", "one", "way", "can", "use", "all", "new", "now", "
          "fit", "sum", "per", "its", "low", "top", "end")
 
 
+_MARK = 1 << 32
+
+
 def tokenize(text: str) -> list[int]:
     raw = text.encode()
-    return [int.from_bytes(b"\x01" + raw[i:i + 4], "big") for i in range(0, len(raw), 4)]
+    # A full 4-byte piece is 0x01 then its bytes: 2**32 + the piece read big-endian (unpacked in one
+    # call: the gateway tokenizes every prompt for an engine that publishes KV events).
+    whole = len(raw) // 4
+    out = [_MARK + v for v in struct.unpack(f">{whole}I", raw[:4 * whole])]
+    if len(raw) % 4:
+        out.append(int.from_bytes(b"\x01" + raw[4 * whole:], "big"))
+    return out
 
 
 def detokenize(tokens: list[int]) -> str:

@@ -163,3 +163,17 @@ def test_tokens_round_trip_and_the_template_keeps_the_old_counts():
     words = tok.answer_words("seed")
     answer = "".join(next(words) for _ in range(5))
     assert len(answer.split()) == 5 and len(tok.tokenize(answer)) == 5
+
+
+def test_the_tokenizer_is_four_bytes_a_token_after_a_marker_byte_whatever_the_text():
+    """tokenize unpacks whole 4-byte pieces at once: the same tokens as reading each piece behind 0x01."""
+    import random
+
+    from simengine import tokens as tk
+
+    rng = random.Random(7)
+    for n in range(120):
+        text = "".join(rng.choice("ab é€😀 \n") for _ in range(n))
+        raw = text.encode()
+        assert tk.tokenize(text) == [int.from_bytes(b"\x01" + raw[i:i + 4], "big") for i in range(0, len(raw), 4)]
+        assert tk.detokenize(tk.tokenize(text)) == text
