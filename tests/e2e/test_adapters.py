@@ -115,10 +115,6 @@ def test_an_engine_killed_gets_its_adapters_back_after_the_restart(cluster, tmp_
     assert [e for e in cluster.store().read_events() if e.replica == rec.id and e.kind == "adapter_loaded"] == loaded
 
 
-@pytest.mark.xfail(strict=False, reason="known bug (issue 28, open): about one run in three, an adapter removed "
-                   "by a catalog apply stays held by one replica past 60 s: its record wants only a1, holds a1 and "
-                   "a2, records no failure, and its engine's scrape shows no a2 request; the agent's unload is never "
-                   "recorded. Kept running so its diagnostics (records and loads) show when it fails.")
 def test_an_adapter_added_and_removed_by_apply_with_clients_running_fails_no_request(cluster, tmp_path):
     [url] = cluster.start_system(catalog(tmp_path, ["a1"]), nodes=("a",), node_env=AGENT, routed=2)
     wait_until(lambda: ask(url, "a1")[0] == 200, 60, what="a1 served")

@@ -126,3 +126,22 @@ def test_the_scrape_reads_lora_activity_of_runtime_engines_only():
     assert lora_fields(text, Profile(name="p", engine="llamacpp", lora={"max_loras": 2})) == {}
     assert lora_fields("not { metrics", sim) == {}
     assert json.dumps(lora_fields("", sim)) == "{}"
+
+
+def test_a_call_not_made_for_a_deleted_record_is_not_left_counted_in_flight():
+    """The keeper skips the calls of a replica whose record the pass's write found deleted; the
+    adapter must not stay busy in its memory, or its call would never be made again."""
+    from workers.agent.adapterrules import Job
+    from workers.agent.adapters import AdapterKeeper
+
+    keeper = AdapterKeeper(store=None, catalog=None, node="n1", prober=None, kick=lambda task: None)
+    try:
+        r = rec(adapters_wanted=["a1"], adapters_held=["a1", "a2"], adapters_attempt=1)
+        keeper.memory["r1"] = Memory(1, synced=True, busy=frozenset({"a2"}), unwanted_since={"a2": NOW - 10})
+        keeper._jobs = [(r, Job("r1", 1, "unload", "a2", SIM.adapter_unload_call("a2")))]
+        keeper.act(gone={"r1"})
+        assert keeper.memory["r1"].busy == frozenset()
+        again = step(r, keeper.memory["r1"], now=NOW)
+        assert [(j.kind, j.adapter) for j in again.jobs] == [("unload", "a2")]
+    finally:
+        keeper.close()

@@ -678,3 +678,30 @@ def test_a_launch_that_fails_is_news_and_kicks_a_reconcile(env, monkeypatch):
     agent.tick()
     assert [k for k, m in emitted if "could not start" in m] == ["replica_failed"]
     assert RECONCILE in kicks
+
+
+
+def test_a_replica_with_nothing_to_write_is_not_taken_for_deleted(env, monkeypatch):
+    """The adapter calls of a pass are made for every replica but those whose record the write found
+    deleted. A replica whose facts this pass carry no field (a message only, say) is merged with
+    nothing to write: it was not written, so it is not gone. (Taken for gone, its adapter unload was
+    dropped while the keeper counted the call in flight forever: issue 28.)"""
+    store, runner, clock, make_agent = env
+    agent = make_agent()
+    create(store, "r1")
+    create(store, "r2")
+    agent.tick()
+    clock.advance(1)
+    runner.set_ready("r1")
+    runner.set_ready("r2")
+    agent.tick()
+    views = {r.id: r for r in store.all_replicas()}
+    gones: list[set] = []
+    monkeypatch.setattr(agent.adapters, "step", lambda _views, _now: [(views["r1"], sv.Facts(fields={})),
+                                                                    (views["r2"], sv.Facts(fields={"adapters_held": []}))])
+    monkeypatch.setattr(agent.adapters, "act", lambda gone: gones.append(set(gone)))
+    store.delete_replica("r2")
+    monkeypatch.setattr(sv, "decide", lambda *a, **k: [])  # no other fact this pass: r1 has nothing to write
+    clock.advance(1)
+    agent.tick()
+    assert gones == [{"r2"}]

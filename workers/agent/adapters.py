@@ -19,6 +19,7 @@ import threading
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -165,6 +166,9 @@ class AdapterKeeper:
         for rec, job in jobs:
             if rec.id not in gone:
                 self.pool.submit(self._run, rec, job)
+            elif (m := self.memory.get(rec.id)) is not None:
+                # Not made: the call must not stay counted as in flight, or it is never made again.
+                self.memory[rec.id] = replace(m, busy=m.busy - {job.adapter}, syncing=m.syncing and job.kind != "sync")
         for rec, (kind, adapter, message) in news:
             log.log(logging.WARNING if kind.endswith("failed") else logging.INFO, "replica %s: %s", rec.id, message)
             self.store.emit(kind, message, source=f"agent:{self.node}", model=rec.model, profile=rec.profile,

@@ -245,7 +245,9 @@ class Agent:
         intents = [(s.rec, sv.Facts(fields=s.intent)) for s in launches]
         writes, existing = self.record([(by_id[a.replica_id], a) for a in recorded] + intents + failed
                                        + self.adapters.step(views, now))
-        self.adapters.act(set(writes.records) - existing)  # LoRA loads and unloads, once their facts are in
+        # LoRA loads and unloads, once their facts are in. Gone: a record this write found deleted. A
+        # replica merged with no field to write was not written, so the write says nothing of it.
+        self.adapters.act({rid for rid, fields in writes.records.items() if fields} - existing)
         for action in recorded:
             self._remember(action, now)
         # What the scraper reads: Ready heads, as this pass leaves them.
