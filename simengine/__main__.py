@@ -38,7 +38,8 @@ def main(argv: list[str] | None = None) -> int:
         crash_after=args.crash_after, hang_after=args.hang_after, slow_start=args.slow_start, error_rate=args.error_rate,
         log_requests=args.log_requests, api_key=args.api_key, log_headers=args.log_headers,
         stream_start=args.stream_start, prefix_caching=args.enable_prefix_caching, block_size=args.block_size,
-        slot_similarity=args.slot_prompt_similarity, kv_events=kv_events(args),
+        slot_similarity=args.slot_prompt_similarity, cache_ram_mib=args.cache_ram,
+        kv_bytes_per_token=args.kv_bytes_per_token, kv_events=kv_events(args),
         lora=lora_options(args), answer_model=args.answer_model,
     )
     if opts.kv_events is not None and (opts.metrics_style != "vllm" or not opts.prefix_caching):

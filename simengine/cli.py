@@ -135,6 +135,11 @@ def parser(exit_on_error: bool = True) -> argparse.ArgumentParser:
     c.add_argument("--block-size", type=_positive_int, default=16, help="tokens per KV block (vLLM's)")
     c.add_argument("-sps", "--slot-prompt-similarity", type=_fraction, default=0.1,
                    help="llama.cpp: a slot whose prompt shares more than this fraction is reused")
+    c.add_argument("-cram", "--cache-ram", type=int, default=8192,
+                   help="llama.cpp: MiB of its host-memory prompt cache, which keeps the prompts slots gave "
+                        "up (default 8192, as llama-server's; -1: no limit; 0: none, each slot keeps only its last prompt)")
+    c.add_argument("--kv-bytes-per-token", type=_positive_int, default=131072,
+                   help="llama.cpp: KV bytes one token takes in that cache (default: an 8B model's in f16)")
     c.add_argument("--stream-start", choices=STREAM_STARTS, default=None,
                    help="when a stream's response head and role chunk leave: vllm (head at once, role chunk "
                         "with the first token), llamacpp (all with the first token), early (head and role chunk "

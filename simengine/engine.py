@@ -47,6 +47,8 @@ class ServerOptions:
     prefix_caching: bool = True  # vLLM's automatic prefix caching; llama.cpp's cache_prompt
     block_size: int = 16
     slot_similarity: float = 0.1
+    cache_ram_mib: int = 8192  # llama.cpp's host-memory prompt cache (-cram; 0: none)
+    kv_bytes_per_token: int = 131072  # what a token's KV takes there: an 8B model's in f16 (Llama 3 8B)
     kv_events: Any = None  # simengine.kvevents.KvEventsConfig, or None
     lora: LoraOptions | None = None  # --enable-lora
     answer_model: str | None = None  # the `model` every completion names, whatever was asked (llama-server's alias)
@@ -54,6 +56,16 @@ class ServerOptions:
     @property
     def start(self) -> str:
         return self.stream_start or self.metrics_style
+
+
+def prompt_cache_tokens(opts: ServerOptions) -> int:
+    """llama-server's prompt cache limit in tokens: its --cache-ram over a token's KV bytes, never
+    fewer than the context (as `server_prompt_cache::update` grows its token limit); 0: none."""
+    if opts.cache_ram_mib < 0:  # -1: no limit
+        return 1 << 62
+    if opts.cache_ram_mib == 0:
+        return 0
+    return max(opts.core.kv_tokens, opts.cache_ram_mib * (1 << 20) // max(1, opts.kv_bytes_per_token))
 
 
 def log(msg: str) -> None:
@@ -186,7 +198,8 @@ class SimApp:
         self.opts = opts
         llamacpp = opts.metrics_style == "llamacpp"
         prefix = PrefixCache(opts.block_size) if opts.prefix_caching and not llamacpp else None
-        slots = Slots(opts.core.max_seqs, opts.slot_similarity) if opts.prefix_caching and llamacpp else None
+        slots = Slots(opts.core.max_seqs, opts.slot_similarity, cache_tokens=prompt_cache_tokens(opts)) if (
+            opts.prefix_caching and llamacpp) else None
         lora = opts.lora
         self.engine = Engine(opts.core, prefix=prefix, slots=slots, publish=publish,
                              lora_info=LoraInfo(lora.max_loras) if lora else None)

@@ -145,6 +145,42 @@ def test_a_dissimilar_prompt_takes_the_least_recently_used_slot():
     assert slots.take(slots.slots[0], [1, 2, 3, 4]) == 3  # all four match, the last is computed again
 
 
+def test_the_prompt_cache_keeps_what_a_slot_gave_up_and_restores_it():
+    """llama-server's host-memory prompt cache (--cache-ram): one slot, two conversations taking turns;
+    each turn finds its conversation again (restored from the cache) instead of prefilling it."""
+    slots = Slots(1, cache_tokens=10_000)
+    conv_a, conv_b = list(range(1000, 1400)), list(range(5000, 5400))
+    s = slots.choose(conv_a)
+    assert slots.take(s, conv_a) == 0
+    slots.release(s, 1.0)
+    assert slots.take(slots.choose(conv_b), conv_b) == 0  # a saved, b prefilled
+    slots.release(s, 2.0)
+    assert [c[:1] for c in slots.cache] == [[1000]]
+    assert slots.take(slots.choose(conv_a + [1, 2]), conv_a + [1, 2]) == 400  # a restored, b saved
+    assert [c[:1] for c in slots.cache] == [[5000]]
+    slots.release(s, 3.0)
+    without = Slots(1)
+    t = without.choose(conv_a)
+    for p in (conv_a, conv_b, conv_a + [1, 2]):
+        cached = without.take(t, p)
+        without.release(t, 1.0)
+    assert cached == 0  # each slot keeping only its last prompt: lost
+
+
+def test_the_prompt_cache_drops_its_oldest_prompts_past_its_limit_and_skips_poor_matches():
+    slots = Slots(1, cache_tokens=900)
+    s = slots.slots[0]
+    for base in range(4):  # four prompts of 400 tokens each replace one another
+        p = list(range(base * 10_000, base * 10_000 + 400))
+        slots.take(s, p)
+        slots.release(s, float(base))
+    assert [c[0] for c in slots.cache] == [10_000, 20_000]  # 800 tokens kept, the oldest dropped
+    # a prompt sharing a tenth of a cached one (it would keep under a quarter of it) restores nothing
+    short = list(range(20_000, 20_040)) + [7] * 400
+    assert slots.take(s, short) == 0
+    assert [c[0] for c in slots.cache][-1] == 30_000  # what the slot held was saved
+
+
 def test_bad_cache_settings_are_refused():
     with pytest.raises(ValueError):
         PrefixCache(0)
