@@ -10,7 +10,8 @@ worker inherits the same pages): one row per worker, each written by its worker 
 is needed; a reader sums the other rows. A row holds, per endpoint (keyed by a 63-bit hash of its
 id, in one of the PROBE entries from its hash's place), the count now and the highest count since
 `peak_at`: a scrape taken a moment ago is compared with what the siblings held then, not after
-their requests ended (gateway.routing.inflight).
+their requests ended (gateway.routing.inflight). Beside it, in shared memory too, the log of what
+each worker sent where (gateway.server.sentlog), so the workers' prefix indexes agree.
 Aligned 8-byte stores on x86-64 and arm64 are not torn. A routing decision (read the siblings' counts,
 choose, add our own) holds the table's one cross-process lock (`deciding`), so two workers never both
 take an endpoint's last free slot; the lock is held for microseconds and waited for at most
@@ -30,6 +31,8 @@ import mmap
 import multiprocessing
 import os
 
+from gateway.server.sentlog import SentLog
+
 ENDPOINTS = 256  # endpoints one row can count (a gateway's whole fleet); past that, counted alone
 PROBE = 16  # entries from an endpoint's place where it may sit: bounds every lookup, whatever the churn
 PEAK_WINDOW = 3.0  # seconds a peak is remembered: a scrape is at most ~2 load intervals old when read
@@ -48,7 +51,7 @@ def key_of(endpoint_id: str) -> int:
 class SharedCounts:
     """A view of the table from one worker (`row`), or from the master (`row` None: assigns rows)."""
 
-    def __init__(self, buf, rows: int, row: int | None = None, lock=None):
+    def __init__(self, buf, rows: int, row: int | None = None, lock=None, sent: SentLog | None = None):
         self.raw = buf  # the shared bytes (an mmap); `buf` reads them as int64s
         self.lock = lock if lock is not None else multiprocessing.get_context("fork").Lock()
         self.buf = memoryview(buf).cast("q")
@@ -56,6 +59,8 @@ class SharedCounts:
         self.row = row
         self._slots: dict[str, int] = {}  # endpoint id -> entry index in our row (where we write)
         self._keys: dict[str, int] = {}  # endpoint id -> key_of(id): read on every routing decision
+        # What each worker sent where, for the siblings' prefix indexes (gateway.server.sentlog).
+        self.sent = sent if sent is not None else SentLog.create(key_of)
 
     @classmethod
     def create(cls, rows: int) -> "SharedCounts":
@@ -63,7 +68,7 @@ class SharedCounts:
         return cls(mmap.mmap(-1, rows * _ROW * 8), rows)
 
     def for_row(self, row: int) -> "SharedCounts":
-        return SharedCounts(self.raw, self.rows, row, self.lock)
+        return SharedCounts(self.raw, self.rows, row, self.lock, self.sent.for_row(row))
 
     def deciding(self) -> "_Deciding":
         """Held around one routing decision (read, choose, reserve), across the worker processes."""
@@ -185,8 +190,9 @@ class _Deciding:
     def __init__(self, lock):
         self.lock, self.held = lock, False
 
-    def __enter__(self) -> None:
+    def __enter__(self) -> "_Deciding":
         self.held = self.lock.acquire(timeout=DECIDE_WAIT)
+        return self
 
     def __exit__(self, *exc) -> None:
         if self.held:
