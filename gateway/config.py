@@ -47,6 +47,13 @@ class RoutingConfig(EnvSettings):
     # this factor times the mean load of its tier (plus one request).
     affinity_load_factor: float = env("LLMGW_GATEWAY_AFFINITY_LOAD_FACTOR", default=1.5, ge=1,
                                       meaning="bounded load for session affinity")
+    # What a prefix-cache miss evicts: the prompt it writes into the engine's cache pushes out as many
+    # tokens of cached prompts, worth what that cache saved lately. So a miss is charged its prefill
+    # again, times this weight times the share of prompt tokens the engine served from its cache (0:
+    # only its own prefill; traffic that shares nothing is not charged). Keeps a conversation on the
+    # engine that holds it and a system prompt on few engines, whose caches then hold more prompts.
+    evict_weight: float = env("LLMGW_GATEWAY_EVICT_WEIGHT", default=1.0, ge=0,
+                              meaning="prefill a miss is charged again, times the engine's cache hit share, for what it evicts")
     # A standard request waits in the gateway for a full but faster endpoint only when the expected
     # completion by waiting, times this margin, still beats the best open endpoint (holding a request
     # costs its time to first token for certain; the gain is an estimate).

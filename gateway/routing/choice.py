@@ -118,19 +118,21 @@ def effective_speed(st: EndpointStats | None, best: Speed | None, now: float, cf
 
 
 def score(speed: Speed, held: float, slots: float, weight: float, kv: float | None, cfg: RoutingConfig,
-          prefill: float = 0.0, objective: str = COMPLETION) -> float:
+          prefill: float = 0.0, objective: str = COMPLETION, evicts: float = 0.0) -> float:
     """Seconds until a request sent now completes (its first token, for FIRST_TOKEN), plus
     `imposed_weight` times what it adds to the others' completions; stretched by KV-cache pressure and
     divided by the catalog weight. `prefill` is the seconds of prompt the engine must still compute
     there (what its prefix cache does not hold): the request waits for it, and so does every
-    sequence running beside it (a prefill step stalls the batch)."""
+    sequence running beside it (a prefill step stalls the batch); and `evicts` times it again: what
+    the prompt written into the engine's cache pushes out of it, worth what that cache's prompts
+    saved lately (`evict_weight` times the share of prompt tokens the engine served from it)."""
     if objective == FIRST_TOKEN:
         cost = speed.first_token(held, slots)
     else:
         cost = speed.completion(held, slots)
     cost += cfg.imposed_weight * speed.imposed(held, slots)
     if prefill:
-        cost += prefill * (1.0 + cfg.imposed_weight * min(held, slots))
+        cost += prefill * (1.0 + cfg.imposed_weight * min(held, slots) + evicts)
     if kv:
         cost *= 1.0 + cfg.kv_weight * kv
     return cost / max(weight, 1e-6)
@@ -220,7 +222,8 @@ def choose(
             # engine shows its queue: blind, the gateway would pile requests onto it.
             soft = False
         cands.append(_Cand(e, ahead, hard or soft,
-                           score(speed, ahead, slots, e.weight, kv, cfg, (total - hit) * per_token, request.objective),
+                           score(speed, ahead, slots, e.weight, kv, cfg, (total - hit) * per_token, request.objective,
+                                 cfg.evict_weight * st.reuse if st is not None and st.reuse else 0.0),
                            soft and not hard, speed, slots, raw, hit * per_token))
 
     # The benchmark baselines behave like the peers' routers: no saturation, no admission.
@@ -301,7 +304,14 @@ def _pick(tier: list[_Cand], request: RouteRequest, rng: random.Random, cfg: Rou
         for c in sorted(tier, key=lambda c: _rendezvous(request.affinity, c.ep.id), reverse=True):
             if c.ahead <= bound:
                 return _choice(c, False, why + ", affinity", cfg, request)
-    if request.prefix and not any(c.matched for c in tier):
+    if request.prefix and any(c.matched for c in tier):
+        # A hit pulls requests to the endpoints that hold a prompt, and the charge for what a miss
+        # evicts pulls harder: bounded load, as for sessions, keeps that from making a hot spot (an
+        # endpoint holding more than `affinity_load_factor` times the tier's mean, plus one, takes
+        # a request only when every endpoint does).
+        bound = cfg.affinity_load_factor * sum(c.ahead for c in tier) / len(tier) + 1
+        tier = [c for c in tier if c.ahead <= bound] or tier
+    elif request.prefix:
         # Nobody here was sent this prompt's head: place it by rendezvous hashing of the head among
         # the endpoints whose cost is within `affinity_load_factor` of the best (load-bounded, and a
         # slow engine is not picked for a hash), so every gateway process, each with its own index,

@@ -21,7 +21,7 @@ from typing import Mapping, NamedTuple, Sequence
 from gateway.config import RoutingConfig
 from gateway.routing.inflight import Answer, model_of
 from gateway.routing.load import NO_STATS, EndpointStats, ahead_of, fresh_load, slots_of
-from gateway.routing.prefill import prefill_seen
+from gateway.routing.prefill import prefill_seen, reuse_seen
 from gateway.routing.speed import Fit, Speed, shrink
 from llmgw.state.records import EndpointInfo, LoadRecord
 
@@ -195,7 +195,8 @@ def observe_loads(state: Learning, loads: Mapping[str, LoadRecord], before: Mapp
             old, prev = before.get(i), out.get(i)
             out[i] = replace(prev or NO_STATS, scrape_inflight=held[i], load_seen=seen,
                              slots=slots_seen(old, rec, prev.slots if prev is not None else None),
-                             prefill=prefill_seen(old, rec, prev.prefill if prev is not None else None))
+                             prefill=prefill_seen(old, rec, prev.prefill if prev is not None else None),
+                             reuse=reuse_seen(old, rec, prev.reuse if prev is not None else None))
             lr = learn_scrape(learned.get(i), old, rec, seen, cfg.learn_half_life)
             if lr is not None:
                 learned[i] = lr

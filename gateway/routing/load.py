@@ -33,6 +33,10 @@ class EndpointStats:
     # How far the engine kept what the gateway expected it to hold: reused / expected prompt tokens,
     # from the answers that said (gateway.routing.prefill.trust_of); 1 until they have said enough.
     prefix_trust: float = 1.0
+    # The share of prompt tokens the engine served from its prefix cache lately (its counters, or its
+    # answers' reuse), gateway.routing.prefill.reuse_seen: what the cached prompts a miss evicts there
+    # are worth. None: not known yet (no charge).
+    reuse: float | None = None
 
 
 NO_STATS = EndpointStats()

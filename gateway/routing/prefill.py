@@ -34,6 +34,19 @@ def prefill_seen(old: LoadRecord | None, rec: LoadRecord, prev: float | None) ->
     return sample if prev is None else prev + ALPHA * (sample - prev)
 
 
+def reuse_seen(old: LoadRecord | None, rec: LoadRecord, prev: float | None) -> float | None:
+    """The share of prompt tokens the engine served from its prefix cache lately (vLLM's
+    `prefix_cache_hits` over `prefix_cache_queries` between two scrapes); `prev` when they say
+    nothing new or the engine does not count them."""
+    if old is None or not (old.ok and rec.ok):
+        return prev
+    h0, h1, q0, q1 = old.prefix_hits_total, rec.prefix_hits_total, old.prefix_queries_total, rec.prefix_queries_total
+    if h0 is None or h1 is None or q0 is None or q1 is None or q1 - q0 < MIN_TOKENS or h1 < h0:
+        return prev
+    sample = max(0.0, min(1.0, (h1 - h0) / (q1 - q0)))
+    return sample if prev is None else prev + ALPHA * (sample - prev)
+
+
 TRUST_MIN_TOKENS = 20000.0  # prompt tokens the answers must have reported before the ratio is trusted
 
 
@@ -48,3 +61,11 @@ def trust_of(tally: tuple[float, float, float, float] | list[float] | None) -> f
     expected = tally[1] / tally[0]
     measured = tally[3] / tally[2]
     return max(0.0, min(1.0, measured / expected))
+
+
+def reuse_of(tally: tuple[float, float, float, float] | list[float] | None) -> float | None:
+    """The share of prompt tokens reused by the answers that said (llama.cpp's `timings.cache_n`),
+    from the router's tally; None until they have said enough (TRUST_MIN_TOKENS)."""
+    if not tally or tally[2] < TRUST_MIN_TOKENS:
+        return None
+    return max(0.0, min(1.0, tally[3] / tally[2]))

@@ -26,7 +26,7 @@ from gateway.routing.kvindex import Index
 from gateway.routing.learn import Learning, answer_sample, fold_answers, is_new, observe_loads
 from gateway.routing.load import NO_STATS, EndpointStats
 from gateway.routing.precise import Tokenize, cached_tokens, no_tokenizer
-from gateway.routing.prefill import trust_of
+from gateway.routing.prefill import reuse_of, trust_of
 from gateway.routing.prefixindex import PrefixIndex
 from gateway.routing.prefixkeys import TOKENS_PER_BLOCK
 from gateway.routing.tables import EMPTY, Snapshot, Tables
@@ -106,7 +106,9 @@ class Router:
             return self._route_adapter(adapters[req.model], req, snap, now)
         endpoints = snap.tables.endpoints
         exact = self._engine_held(endpoints, req, None) if snap.tables.precise else None
-        with self.lock, self.counts.deciding():  # the sibling workers decide one at a time too
+        with self.lock, self.counts.deciding() as decision:  # the sibling workers decide one at a time too
+            if req.prefix:
+                self._learn_siblings_sent(decision, snap)
             matched = self.prefixes.matches(snap.tables.by_id, req.prefix) if req.prefix else None
             if exact:
                 matched = {**(matched or {}), **exact}
@@ -120,11 +122,17 @@ class Router:
                     res = _engine_reported(res)
                 if req.prefix:
                     self.prefixes.sent(res.endpoint.id, req.prefix)
-                    self._tally(res)
+                    self.counts.share_sent(decision, res.endpoint.id, req.prefix)
                     self._tally(res)
         if isinstance(res, Choice) and self.metrics:
             self.metrics.child(self.metrics.inflight, res.endpoint.id).inc()
         return res
+
+    def _learn_siblings_sent(self, decision, snap: Snapshot) -> None:
+        """What the sibling workers sent since the last decision, into our prefix index: the whole
+        gateway's traffic, so a conversation's next turn finds its history whichever worker takes it."""
+        for eid, keys in self.counts.siblings_sent(decision, snap.tables.by_id):
+            self.prefixes.sent(eid, keys)
 
     def _route_adapter(self, ad: AdapterRoute, req: RouteRequest, snap: Snapshot, now: float) -> Choice | Rejection:
         """A request for a LoRA adapter: only the endpoints holding it, chosen among as usual."""
@@ -135,7 +143,9 @@ class Router:
                            waited=req.waited, prefix=req.prefix, prompt_tokens=req.prompt_tokens,
                            objective=req.objective)
         exact = self._engine_held(ad.holders, req, ad.name) if snap.tables.precise else None
-        with self.lock, self.counts.deciding():
+        with self.lock, self.counts.deciding() as decision:
+            if req.prefix:
+                self._learn_siblings_sent(decision, snap)
             matched = self.prefixes.matches(snap.tables.by_id, req.prefix) if req.prefix else None
             if exact:
                 matched = {**(matched or {}), **exact}
@@ -149,6 +159,7 @@ class Router:
                 self.counts.add(res.endpoint, self.clock.time(), now, ad.name)
                 if req.prefix:
                     self.prefixes.sent(res.endpoint.id, req.prefix)
+                    self.counts.share_sent(decision, res.endpoint.id, req.prefix)
         if isinstance(res, Rejection):
             if res.kind == "unknown_model":  # none of them is the one its response id pins it to
                 return Rejection(NO_ADAPTER, req.model, f"the endpoint {req.pin} does not hold adapter {ad.name!r}")
@@ -271,9 +282,8 @@ class Router:
             self._learning, stats = observe_loads(self._learning, loads, snap.loads, snap.stats, held, answers,
                                                   snap.tables.by_id, seen, self.routing)
             with self.lock:
-                trust = {i: trust_of(t) for i, t in self.prefix_tally.items()}
-            stats = {i: (replace(st, prefix_trust=trust[i]) if i in trust and trust[i] != st.prefix_trust else st)
-                     for i, st in stats.items()}
+                trust = {i: (trust_of(t), reuse_of(t)) for i, t in self.prefix_tally.items()}
+            stats = {i: _with_tally(st, *trust[i]) if i in trust else st for i, st in stats.items()}
             self.snapshot = Snapshot(snap.tables, loads, stats)
         self.on_release(None)
 
@@ -309,3 +319,12 @@ class Lease:
         if not self.done:
             self.done = True
             self.router.release(self.choice, service_time, tokens, ttfb)
+
+
+def _with_tally(st: EndpointStats, trust: float, reuse: float | None) -> EndpointStats:
+    """`st` with what the answers said of the engine's prefix cache: how far it kept what was expected,
+    and how much of the prompts it reused (the same measure as its counters', which llama.cpp lacks)."""
+    reuse = reuse if reuse is not None else st.reuse
+    if trust == st.prefix_trust and reuse == st.reuse:
+        return st
+    return replace(st, prefix_trust=trust, reuse=reuse)

@@ -5,6 +5,9 @@ rendezvous tie-break that makes gateways with separate indexes agree."""
 import random
 import timeit
 from collections import Counter, deque
+from dataclasses import replace
+
+import pytest
 
 from gateway.config import RoutingConfig
 from gateway.routing.choice import COMPLETION, FIRST_TOKEN, Choice, RouteRequest, choose
@@ -12,11 +15,13 @@ from gateway.routing.load import EndpointStats
 from gateway.routing.prefixindex import EndpointIndex, PrefixIndex, blocks_for
 from gateway.routing.prefixkeys import BLOCK_BYTES, MAX_BLOCKS, TOKENS_PER_BLOCK, prefix_of, prompt_text
 from gateway.routing.speed import Speed
-from llmgw.state.records import EndpointInfo
+from llmgw.state.records import EndpointInfo, LoadRecord
 from llmgw.surface import CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES
 
 NOW = 1000.0
-CFG = RoutingConfig()
+# The trade of one request's hit against its queue, without the charge for what a miss evicts
+# (test_a_miss_is_charged_for_what_it_evicts has that).
+CFG = RoutingConfig(evict_weight=0)
 SYSTEM = "You are a careful assistant. " + "Answer with precise detail and polite tone. " * 60
 
 
@@ -275,9 +280,9 @@ def test_a_learned_slow_prefill_makes_a_hit_worth_more():
     long = {"model": "m", "messages": [{"role": "system", "content": "policy " * 1000}, {"role": "user", "content": "x"}]}
     r = req(long)
     full = len(r.prefix)
-    assert pick(r, inflight={"b": 3}, matched={"b": full}).endpoint.id != "b"  # at 0.1 ms a token: not worth it
+    assert pick(r, inflight={"b": 2}, matched={"b": full}).endpoint.id != "b"  # at 0.1 ms a token: not worth it
     slow = {i: EndpointStats(speed=Speed(1.0, 0.05), last_sample=NOW, prefill=0.001) for i in ("a", "b", "c")}
-    c = choose([ep("a"), ep("b"), ep("c")], {}, {"b": 3}, r, NOW, stats=slow, cfg=CFG, rng=random.Random(0),
+    c = choose([ep("a"), ep("b"), ep("c")], {}, {"b": 2}, r, NOW, stats=slow, cfg=CFG, rng=random.Random(0),
                matched={"b": full})
     assert c.endpoint.id == "b" and c.saved == c.matched * 0.001
 
@@ -338,3 +343,54 @@ def test_a_full_endpoint_holding_the_prompt_may_queue_it_only_where_its_engine_s
     deep = {**shown, "b": LoadRecord("b", ts=NOW, ok=True, running=2, waiting=5)}
     full = choose(eps, deep, {"b": 7, "a": 1}, r, NOW, **kw)
     assert not (isinstance(full, Choice) and full.endpoint.id == "b")  # the engine's own waiting limit
+
+
+def test_a_miss_is_charged_for_what_it_evicts():
+    """A miss writes its prompt into the engine's cache and pushes out as many tokens of cached
+    prompts, worth what that cache saved lately: charged `evict_weight` times the engine's hit share
+    times its prefill again. So on an engine whose cache serves most prompt tokens, a conversation
+    stays at a load difference where its own prefill alone would move it; where the cache saves
+    nothing (traffic that shares no prefix), nothing changes."""
+    long = {"model": "m", "messages": [{"role": "system", "content": "policy " * 1000}, {"role": "user", "content": "x"}]}
+    r = req(long)
+    full = len(r.prefix)
+    charged = RoutingConfig(evict_weight=1.0)
+    assert RoutingConfig().evict_weight == 1.0  # the default charges it
+
+    def pick_at(reuse, inflight, cfg=charged):
+        stats = {i: replace(st, reuse=reuse) for i, st in STATS.items()}
+        return choose([ep("a"), ep("b"), ep("c")], {}, inflight, r, NOW, stats=stats, cfg=cfg,
+                      rng=random.Random(0), matched={"b": full}).endpoint.id
+
+    assert pick_at(None, {"b": 2}) != "b"  # its own prefill: not worth the queue
+    assert pick_at(0.0, {"b": 2}) != "b"  # a cache that saves nothing: no charge
+    assert pick_at(0.8, {"b": 2}) == "b"
+    assert pick_at(0.8, {"b": 2}, RoutingConfig(evict_weight=0)) != "b"
+    assert pick_at(0.8, {"b": 12}) != "b"  # and still not past a long queue
+
+
+def test_the_share_served_from_the_cache_is_learned_from_counters_or_answers():
+    from gateway.routing.prefill import reuse_of, reuse_seen
+
+    old = LoadRecord(replica_id="b", ts=1.0, ok=True, prefix_queries_total=1000.0, prefix_hits_total=100.0)
+    new = LoadRecord(replica_id="b", ts=2.0, ok=True, prefix_queries_total=3000.0, prefix_hits_total=1700.0)
+    assert reuse_seen(old, new, None) == pytest.approx(0.8)
+    assert reuse_seen(old, new, 0.5) == pytest.approx(0.5 + 0.3 * 0.3)
+    assert reuse_seen(old, LoadRecord(replica_id="b", ts=2.0, ok=True), 0.4) == 0.4  # no counters: as it was
+    assert reuse_of([50000.0, 40000.0, 30000.0, 21000.0]) == pytest.approx(0.7)
+    assert reuse_of([500.0, 400.0, 300.0, 210.0]) is None  # too few tokens said
+
+
+def test_a_held_prompt_does_not_make_a_hot_spot():
+    """However much a hit is worth, an endpoint holding more than `affinity_load_factor` times the
+    mean (plus one) takes a request for its prompt only when every endpoint does (bounded load)."""
+    long = {"model": "m", "messages": [{"role": "system", "content": "policy " * 1000}, {"role": "user", "content": "x"}]}
+    r = req(long)
+    stats = {i: replace(st, reuse=1.0, prefill=0.01) for i, st in STATS.items()}  # a hit worth seconds
+
+    def to(inflight):
+        return choose([ep("a"), ep("b"), ep("c")], {}, inflight, r, NOW, stats=stats, cfg=RoutingConfig(),
+                      rng=random.Random(0), matched={"b": len(r.prefix)}).endpoint.id
+
+    assert to({"a": 2, "b": 4, "c": 2}) == "b"  # 4 <= 1.5 * 8/3 + 1
+    assert to({"a": 1, "b": 5, "c": 1}) != "b"  # 5 > 1.5 * 7/3 + 1
