@@ -17,8 +17,9 @@ and the gateway routes by what each reports holding), nginx `least_conn`, vLLM's
 `smg launch --policy cache_aware` (pip extra `bench`), each when installed.
 
 Printed per router: time to the first content token p50/p90/p99, end to end p50/p99, errors, the
-fleet's prompt-token hit ratio from the engines' own counters (Δhits / Δqueries), and each engine's
-share of the requests. The default run takes a few minutes; `--quick` is a smoke test.
+fleet's prompt-token hit ratio from the engines' own counters (Δhits / Δqueries), each engine's
+share of the requests, and how many of the conversations' later turns went to another engine than
+their previous turn. The default run takes a few minutes; `--quick` is a smoke test.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -116,6 +117,7 @@ class Result:
     text: str
     predicted: tuple[float, float] | None = None  # llmgw's X-LLMGW-Prefix: (matched, prompt) tokens
     reused: tuple[float, float] | None = None  # llama-server's timings: (cache_n, prompt tokens)
+    moved: bool | None = None  # a later turn served by another engine than its previous turn (None: a first turn)
 
 
 _PREFIX = re.compile(rb"(?i)\r\nx-llmgw-prefix: matched=(\d+)/(\d+)")
@@ -167,10 +169,14 @@ def run_traffic(url: str, convs: list[Conversation]) -> list[Result]:
     async def conversation(t0: float, c: Conversation, out: list[Result]) -> None:
         await asyncio.sleep(max(0.0, t0 + c.start - time.monotonic()))
         messages = [{"role": "system", "content": c.system}]
+        previous = ""
         for i in range(c.turns):
             messages.append({"role": "user", "content": c.user[i]})
             r = await chat(host, int(port), {"model": "m", "stream": True, "max_tokens": c.max_tokens[i],
                                              "messages": messages}, CLIENT_TIMEOUT)
+            if i and r.status == 200:
+                r = replace(r, moved=r.server != previous)
+            previous = r.server
             out.append(r)
             if r.status != 200:
                 return  # a conversation whose turn failed ends there
@@ -237,7 +243,12 @@ class Row:
         share = "/".join(str(v) for v in self.shares.values())
         return (f"  {self.router:11} {pct(ttft, .5):7.3f} {pct(ttft, .9):7.3f} {pct(ttft, .99):7.3f} "
                 f"{pct(lat, .5):7.2f} {pct(lat, .99):7.2f} {len(self.results) - len(ok):5}/{len(self.results):<5} "
-                f"{100 * self.hit_ratio:5.1f}%  {share}{self.expected()}")
+                f"{100 * self.hit_ratio:5.1f}%  {share}  {self.moved()}{self.expected()}")
+
+    def moved(self) -> str:
+        """How many later turns went to another engine than their conversation's previous turn."""
+        later = [r.moved for r in self.results if r.moved is not None]
+        return f"moved {sum(later)}/{len(later)}"
 
     def expected(self) -> str:
         """llmgw's own prediction (its answers' X-LLMGW-Prefix), beside the engines' measured hits."""
@@ -304,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{n} conversations + {sum(c.one_shot for c in convs)} one-shot requests ({requests_n} requests), "
           f"{len(fleet.engines)} {a.make} engines, speeds {[e.sim.speed for e in fleet.engines]}")
     print(f"  {'router':11} {'ttft50':>7} {'ttft90':>7} {'ttft99':>7} {'e2e50':>7} {'e2e99':>7} {'err/n':>11} "
-          f"{'hits':>6}  served ({'/'.join(e.name for e in fleet.engines)})", flush=True)
+          f"{'hits':>6}  served ({'/'.join(e.name for e in fleet.engines)})  moved (later turns)", flush=True)
     workdir = Path(tempfile.mkdtemp(prefix="llmgw-bench-prefix-"))
     cluster = Cluster(workdir)
     started = time.monotonic()

@@ -30,3 +30,5 @@ def test_prefix_benchmark_smoke():
         assert int(n) > 0 and int(errors) == 0, r
         assert sum(int(x) for x in r[8].split("/")) == int(n), r  # every answer's engine identified
         assert float(r[7].rstrip("%")) > 0, r  # later turns hit the cache
+        moved, later = r[10].split("/")
+        assert r[9] == "moved" and 0 <= int(moved) <= int(later), r
