@@ -29,34 +29,29 @@ _HEAD = 1  # words before the ring: how many words were ever written
 
 
 class SentLog:
-    """A view of the ring from one worker (`row`; None: the master's, which only makes it)."""
+    """A view of the ring from one worker (`row`; -1: the master's, which only makes it)."""
 
-    def __init__(self, buf, key_of, row: int | None = None, words: int = WORDS):
+    def __init__(self, buf, key_of, row: int = -1, words: int = WORDS):
         self.raw, self.key_of = buf, key_of  # key_of: an endpoint id's 63-bit key (as the table's)
         self.buf = memoryview(buf).cast("q")
         self.size = words
         self.row = row
         self.cursor = self.buf[0]  # what this view has read up to (words ever written)
-        self._keys: dict[str, int] = {}  # endpoint id -> key, of the endpoints sent to
         self._ids: dict[int, str] = {}  # endpoint key -> id, of the endpoints last asked about
         self._ids_of: object = None  # the mapping `_ids` was built from
 
     @classmethod
     def create(cls, key_of, words: int = WORDS) -> "SentLog":
-        return cls(mmap.mmap(-1, (_HEAD + words) * 8), key_of, None, words)
+        return cls(mmap.mmap(-1, (_HEAD + words) * 8), key_of, -1, words)
 
     def for_row(self, row: int) -> "SentLog":
         return SentLog(self.raw, self.key_of, row, self.size)
 
     def append(self, endpoint_id: str, keys: Sequence[int]) -> None:
         """Our request with prompt `keys` went to the endpoint (call under the decision lock)."""
-        key = self._keys.get(endpoint_id)
-        if key is None:
-            if len(self._keys) > 4096:  # endpoints come and go: keep the cache bounded
-                self._keys.clear()
-            key = self._keys[endpoint_id] = self.key_of(endpoint_id)
+        assert self.row >= 0, "the master's view writes nothing"
         n = min(len(keys), MAX_BLOCKS)
-        words = array("q", [((self.row or 0) + 1) << 32 | n, key])
+        words = array("q", [(self.row + 1) << 32 | n, self.key_of(endpoint_id)])
         words.extend(keys[:n])
         pos, size = self.buf[0], self.size
         start = pos % size
@@ -88,7 +83,7 @@ class SentLog:
         while at < pos:
             tag, ep = self._words(at, 2)
             n = tag & 0xFFFFFFFF
-            if (tag >> 32) - 1 != (self.row or 0) and (eid := self._ids.get(ep)) is not None:
+            if (tag >> 32) - 1 != self.row and (eid := self._ids.get(ep)) is not None:
                 out.append((eid, self._words(at + 2, n)))
             at += 2 + n
         self.cursor = pos
