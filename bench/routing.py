@@ -121,6 +121,23 @@ class RunningFleet:
         self.stop_scrape = threading.Event()
         self.scraper = threading.Thread(target=self._scrape, name="bench-scrape", daemon=True)
         self.scraper.start()
+        self._wait_for_loads()
+
+    def _wait_for_loads(self) -> None:
+        """Until every engine has a scrape that read its /metrics: a scraper that fails (an engine's
+        metrics the mapping cannot read) would leave llmgw routing without loads, and the figures
+        would not say so."""
+        store, deadline = self.cluster.store(), time.monotonic() + 15
+        while True:
+            loads = store.loads(self.names)
+            if all(r is not None and r.ok for r in (loads.get(n) for n in self.names)):
+                return
+            if time.monotonic() > deadline:
+                bad = {n: (r.error if r is not None else "no record") for n in self.names
+                       if (r := loads.get(n)) is None or not r.ok}
+                self.stop()
+                raise RuntimeError(f"the engines' loads are not being scraped: {bad}")
+            time.sleep(0.1)  # polling a condition with a deadline (the scraper writes once a second)
 
     def _kv_addresses(self, name: str) -> dict[str, str]:
         kv = self.kv.get(name)

@@ -705,3 +705,19 @@ def test_a_replica_with_nothing_to_write_is_not_taken_for_deleted(env, monkeypat
     clock.advance(1)
     agent.tick()
     assert gones == [{"r2"}]
+
+
+def test_an_engine_without_a_profile_is_read_by_its_engines_default_metric_names():
+    # A replica whose model left the catalog (and the benchmarks' static fleets) has no profile: its
+    # scrape still maps the engine's own names. It once built a stand-in profile whose name the
+    # catalog's rules refuse, so every such scrape failed and the gateway routed without loads.
+    from workers.agent.scrape import ScrapeTarget, scrape_one
+
+    text = ("vllm:num_requests_running 3\nvllm:num_requests_waiting 1\nvllm:kv_cache_usage_perc 0.25\n"
+            "vllm:prompt_tokens_total 4000\nvllm:prefix_cache_hits_total 1000\n"
+            "vllm:request_prefill_time_seconds_sum 0.75\n")
+    for engine in ("vllm", "sim"):
+        load = scrape_one(ScrapeTarget("r1", "http://e/metrics", engine, None), lambda *a, **k: text, 1.0, 5.0)
+        assert load.ok, load.error
+        assert (load.running, load.waiting, load.kv_usage) == (3, 1, 0.25)
+        assert (load.prompt_tokens_total, load.prefix_hits_total, load.prefill_seconds_total) == (4000, 1000, 0.75)

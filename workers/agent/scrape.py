@@ -60,10 +60,17 @@ LOAD_FIELDS = ("running", "waiting", "kv_usage", "prompt_tokens_total", "generat
                "prefix_queries_total", "prefix_hits_total", "prefill_seconds_total")
 
 
+def _default_profile(engine: str) -> Profile:
+    """A stand-in profile with nothing but the engine: its default metric names. Built without
+    validation (a catalog's rules, such as vLLM needing a GPU class, are about profiles users write),
+    so it can never be the reason a scrape fails."""
+    return Profile.model_construct(name="default", engine=engine)
+
+
 def map_load(text: str, engine: str, profile) -> dict:
     """The load numbers from a /metrics body, through llmgw.engines.metrics (the engines' mapping)."""
     if profile is None:  # the model left the catalog: the engine's default mapping still applies
-        profile = Profile(name="-", engine=engine)
+        profile = _default_profile(engine)
     out = read_load(text, get_engine(engine), profile)
     if not isinstance(out, dict):
         out = {k: getattr(out, k, None) for k in
