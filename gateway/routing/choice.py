@@ -81,6 +81,7 @@ class Choice:
     saved: float = 0.0  # prefill seconds that match is expected to save
     prompt: float = 0.0  # the request's prompt tokens (estimated; 0: routed without block keys)
     kv_events: bool = False  # `matched` is what the engine reported holding (precise mode), not a prediction
+    prefill: float = 0.0  # prefill seconds the request still needs there (its backlog, gateway.routing.backlog)
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,7 @@ class _Cand(NamedTuple):  # a tuple: built for every endpoint on every request
     slots: float
     matched: float = 0.0  # prompt tokens expected cached there
     saved: float = 0.0  # the prefill seconds that saves there
+    prefill: float = 0.0  # the prefill seconds it still needs there
 
 
 def effective_speed(st: EndpointStats | None, best: Speed | None, now: float, cfg: RoutingConfig) -> Speed | None:
@@ -118,18 +120,23 @@ def effective_speed(st: EndpointStats | None, best: Speed | None, now: float, cf
 
 
 def score(speed: Speed, held: float, slots: float, weight: float, kv: float | None, cfg: RoutingConfig,
-          prefill: float = 0.0, objective: str = COMPLETION, evicts: float = 0.0) -> float:
+          prefill: float = 0.0, objective: str = COMPLETION, evicts: float = 0.0, backlog: float = 0.0) -> float:
     """Seconds until a request sent now completes (its first token, for FIRST_TOKEN), plus
     `imposed_weight` times what it adds to the others' completions; stretched by KV-cache pressure and
     divided by the catalog weight. `prefill` is the seconds of prompt the engine must still compute
     there (what its prefix cache does not hold): the request waits for it, and so does every
     sequence running beside it (a prefill step stalls the batch); and `evicts` times it again: what
     the prompt written into the engine's cache pushes out of it, worth what that cache's prompts
-    saved lately (`evict_weight` times the share of prompt tokens the engine served from it)."""
+    saved lately (`evict_weight` times the share of prompt tokens the engine served from it).
+    `backlog` is the prefill seconds just sent there and likely not done (gateway.routing.backlog):
+    the request's own prefill starts after them, unless its wait for a slot outlasts them."""
     if objective == FIRST_TOKEN:
         cost = speed.first_token(held, slots)
     else:
         cost = speed.completion(held, slots)
+    if backlog:
+        # held + 1 <= slots: no wait for a slot, the whole backlog is ahead of the request
+        cost += backlog if held + 1.0 <= slots else max(0.0, backlog - (speed.first_token(held, slots) - speed.ttfb))
     cost += cfg.imposed_weight * speed.imposed(held, slots)
     if prefill:
         cost += prefill * (1.0 + cfg.imposed_weight * min(held, slots) + evicts)
@@ -176,6 +183,7 @@ def choose(
     rr_counter: int = 0,
     matched: Mapping[str, float] | None = None,
     exact: frozenset[str] = frozenset(),
+    backlog: Mapping[str, float] | None = None,
 ) -> Choice | Rejection:
     """Pick an endpoint for `request`, or say why none: unknown model, no endpoint serving the
     operation, none Ready, all saturated.
@@ -186,7 +194,8 @@ def choose(
     `matched` is how many of the request's leading prefix keys each endpoint was sent lately
     (gateway.routing.prefixindex): the prefill it saves comes off that endpoint's cost. For the
     endpoints in `exact` it is what the engine reports holding (its KV events, gateway.routing.precise),
-    taken as it is rather than discounted by how well predictions held there."""
+    taken as it is rather than discounted by how well predictions held there. `backlog` is each
+    endpoint's prefill seconds sent lately and likely not done (gateway.routing.backlog)."""
     stats = stats or {}
     tried = eligible(endpoints, request, stats, now)
     if isinstance(tried, Rejection):
@@ -221,10 +230,12 @@ def choose(
             # wait for a slot is part of the cost: a hit is traded against queueing). Only where the
             # engine shows its queue: blind, the gateway would pile requests onto it.
             soft = False
+        need = (total - hit) * per_token
         cands.append(_Cand(e, ahead, hard or soft,
-                           score(speed, ahead, slots, e.weight, kv, cfg, (total - hit) * per_token, request.objective,
-                                 cfg.evict_weight * st.reuse if st is not None and st.reuse else 0.0),
-                           soft and not hard, speed, slots, raw, hit * per_token))
+                           score(speed, ahead, slots, e.weight, kv, cfg, need, request.objective,
+                                 cfg.evict_weight * st.reuse if st is not None and st.reuse else 0.0,
+                                 backlog.get(e.id, 0.0) if backlog else 0.0),
+                           soft and not hard, speed, slots, raw, hit * per_token, need))
 
     # The benchmark baselines behave like the peers' routers: no saturation, no admission.
     if cfg.policy == "round_robin":
@@ -304,14 +315,12 @@ def _pick(tier: list[_Cand], request: RouteRequest, rng: random.Random, cfg: Rou
         for c in sorted(tier, key=lambda c: _rendezvous(request.affinity, c.ep.id), reverse=True):
             if c.ahead <= bound:
                 return _choice(c, False, why + ", affinity", cfg, request)
-    if request.prefix and any(c.matched for c in tier):
-        # A hit pulls requests to the endpoints that hold a prompt, and the charge for what a miss
-        # evicts pulls harder: bounded load, as for sessions, keeps that from making a hot spot (an
-        # endpoint holding more than `affinity_load_factor` times the tier's mean, plus one, takes
-        # a request only when every endpoint does).
-        bound = cfg.affinity_load_factor * sum(c.ahead for c in tier) / len(tier) + 1
-        tier = [c for c in tier if c.ahead <= bound] or tier
-    elif request.prefix:
+    # A request whose prompt an endpoint holds goes by cost alone, with no bound on load: the wait
+    # for a slot there, the prefill queued there (gateway.routing.backlog) and the engine's own
+    # saturation are in the cost or the candidates already, so a hit is traded against queueing. A
+    # bound at 1.5x the mean load moved 42 of 366 later turns on bench/prefix.py, each losing its
+    # whole history, and cost the fleet 2 points of hit ratio (docs/gateway.md).
+    if request.prefix and not any(c.matched for c in tier):
         # Nobody here was sent this prompt's head: place it by rendezvous hashing of the head among
         # the endpoints whose cost is within `affinity_load_factor` of the best (load-bounded, and a
         # slow engine is not picked for a hash), so every gateway process, each with its own index,
@@ -345,4 +354,5 @@ HEAD_BLOCKS = 4
 
 
 def _choice(c: _Cand, saturated: bool, why: str, cfg: RoutingConfig, request: RouteRequest) -> Choice:
-    return Choice(c.ep, c.score, c.ahead, saturated, why, "", c.matched, c.saved, request.prompt_tokens)
+    return Choice(c.ep, c.score, c.ahead, saturated, why, "", c.matched, c.saved, request.prompt_tokens,
+                  prefill=c.prefill)

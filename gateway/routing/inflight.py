@@ -88,17 +88,19 @@ class InFlight:
         """The siblings' lock around one routing decision (gateway.server.siblings), or none alone."""
         return self.shared.deciding() if self.shared is not None else _ALONE
 
-    def siblings_sent(self, decision, endpoints) -> list[tuple[str, list[int]]]:
-        """What the sibling workers sent each of `endpoints` since our last look (endpoint id, prompt
-        keys), read while `decision` (our `deciding()`) holds their lock; nothing otherwise."""
+    def siblings_sent(self, decision, endpoints) -> list:
+        """What the sibling workers sent each of `endpoints` since our last look (gateway.server.sentlog
+        `Sent`: endpoint id, prompt keys, when, prefill seconds), read while `decision` (our
+        `deciding()`) holds their lock; nothing otherwise."""
         if self.shared is None or not getattr(decision, "held", False):
             return []
         return self.shared.sent.siblings_sent(endpoints)
 
-    def share_sent(self, decision, endpoint_id: str, keys) -> None:
-        """Tell the sibling workers this request's prompt keys went to `endpoint_id` (under their lock)."""
+    def share_sent(self, decision, endpoint_id: str, keys, at: float = 0.0, prefill: float = 0.0) -> None:
+        """Tell the sibling workers this request's prompt keys went to `endpoint_id` at `at`, needing
+        `prefill` seconds there (under their lock)."""
         if self.shared is not None and getattr(decision, "held", False):
-            self.shared.sent.append(endpoint_id, keys)
+            self.shared.sent.append(endpoint_id, keys, at, prefill)
 
     def held(self, endpoints: Iterable[EndpointInfo], now: float, model: str | None = None) -> Mapping[str, int]:
         """What this gateway holds per endpoint (of `model`, or all): our own requests plus the

@@ -27,6 +27,7 @@ from gateway.routing.learn import Learning, answer_sample, fold_answers, is_new,
 from gateway.routing.load import NO_STATS, EndpointStats
 from gateway.routing.precise import Tokenize, cached_tokens, no_tokenizer
 from gateway.routing.prefill import reuse_of, trust_of
+from gateway.routing.backlog import PrefillBacklog
 from gateway.routing.prefixindex import PrefixIndex
 from gateway.routing.prefixkeys import TOKENS_PER_BLOCK
 from gateway.routing.tables import EMPTY, Snapshot, Tables
@@ -45,6 +46,7 @@ class Router:
         self._learning = Learning()
         self.rr_counter = 0
         self.prefixes = PrefixIndex()  # the block keys sent to each endpoint (under `lock`)
+        self.backlog = PrefillBacklog()  # the prefill sent to each endpoint lately (under `lock`)
         # Precise mode: what the engines that publish KV events report holding (fed by
         # gateway.server.kvevents under `kv_lock`), and how a prompt is tokenized for each.
         self.kv = Index()
@@ -114,15 +116,17 @@ class Router:
                 matched = {**(matched or {}), **exact}
             res = choose(endpoints, snap.loads, self.counts.held(endpoints, now, req.model), req, now,
                          stats=snap.stats, cfg=self.routing, rng=self.rng, rr_counter=self.rr_counter,
-                         matched=matched, exact=frozenset(exact) if exact else frozenset())
+                         matched=matched, exact=frozenset(exact) if exact else frozenset(),
+                         backlog=self.backlog.ahead(snap.tables.by_id, now))
             if isinstance(res, Choice):
                 self.rr_counter += 1
                 self.counts.add(res.endpoint, self.clock.time(), now)
+                self.backlog.add(res.endpoint.id, res.prefill, now)
                 if exact and res.endpoint.id in exact:
                     res = _engine_reported(res)
                 if req.prefix:
                     self.prefixes.sent(res.endpoint.id, req.prefix)
-                    self.counts.share_sent(decision, res.endpoint.id, req.prefix)
+                    self.counts.share_sent(decision, res.endpoint.id, req.prefix, now, res.prefill)
                     self._tally(res)
         if isinstance(res, Choice) and self.metrics:
             self.metrics.child(self.metrics.inflight, res.endpoint.id).inc()
@@ -130,9 +134,12 @@ class Router:
 
     def _learn_siblings_sent(self, decision, snap: Snapshot) -> None:
         """What the sibling workers sent since the last decision, into our prefix index: the whole
-        gateway's traffic, so a conversation's next turn finds its history whichever worker takes it."""
-        for eid, keys in self.counts.siblings_sent(decision, snap.tables.by_id):
-            self.prefixes.sent(eid, keys)
+        gateway's traffic, so a conversation's next turn finds its history whichever worker takes it.
+        And into the prefill backlog, from when each was sent (the workers share the host's
+        monotonic clock): a send long past has drained and adds nothing."""
+        for sent in self.counts.siblings_sent(decision, snap.tables.by_id):
+            self.prefixes.sent(sent.endpoint, sent.keys)
+            self.backlog.add(sent.endpoint, sent.prefill, sent.at)
 
     def _route_adapter(self, ad: AdapterRoute, req: RouteRequest, snap: Snapshot, now: float) -> Choice | Rejection:
         """A request for a LoRA adapter: only the endpoints holding it, chosen among as usual."""
@@ -151,15 +158,17 @@ class Router:
                 matched = {**(matched or {}), **exact}
             res = choose(ad.holders, snap.loads, self.counts.held(ad.holders, now, ad.model), sub, now,
                          stats=snap.stats, cfg=self.routing, rng=self.rng, rr_counter=self.rr_counter,
-                         matched=matched, exact=frozenset(exact) if exact else frozenset())
+                         matched=matched, exact=frozenset(exact) if exact else frozenset(),
+                         backlog=self.backlog.ahead([e.id for e in ad.holders], now))
             if isinstance(res, Choice):
                 self.rr_counter += 1
                 res = Choice(res.endpoint, res.score, res.ahead, res.saturated, res.reason, ad.name,
-                             res.matched, res.saved, res.prompt, bool(exact and res.endpoint.id in exact))
+                             res.matched, res.saved, res.prompt, bool(exact and res.endpoint.id in exact), res.prefill)
                 self.counts.add(res.endpoint, self.clock.time(), now, ad.name)
+                self.backlog.add(res.endpoint.id, res.prefill, now)
                 if req.prefix:
                     self.prefixes.sent(res.endpoint.id, req.prefix)
-                    self.counts.share_sent(decision, res.endpoint.id, req.prefix)
+                    self.counts.share_sent(decision, res.endpoint.id, req.prefix, now, res.prefill)
         if isinstance(res, Rejection):
             if res.kind == "unknown_model":  # none of them is the one its response id pins it to
                 return Rejection(NO_ADAPTER, req.model, f"the endpoint {req.pin} does not hold adapter {ad.name!r}")
@@ -250,6 +259,7 @@ class Router:
             with self.lock:
                 self.counts.prune(listed)
                 self.prefixes.sizes({i: None for i in listed})
+                self.backlog.keep(listed)
                 for i in [i for i in self.prefix_tally if i not in listed]:
                     del self.prefix_tally[i]
             self._learning = self._learning.keep(listed)
@@ -302,7 +312,8 @@ class Router:
 
 def _engine_reported(c: Choice) -> Choice:
     # (Built directly: dataclasses.replace costs microseconds on the request path.)
-    return Choice(c.endpoint, c.score, c.ahead, c.saturated, c.reason, c.adapter, c.matched, c.saved, c.prompt, True)
+    return Choice(c.endpoint, c.score, c.ahead, c.saturated, c.reason, c.adapter, c.matched, c.saved, c.prompt, True,
+                  c.prefill)
 
 
 class Lease:

@@ -15,6 +15,11 @@ from tests.unit.test_gateway_learning import Store, ep
 EPS = {"e1": None, "e2": None}
 
 
+def pairs(view):
+    """What `view` reads of its siblings' entries: (endpoint, keys) each."""
+    return [(s.endpoint, s.keys) for s in view.siblings_sent(EPS)]
+
+
 def views(n, words=64):
     master = SentLog.create(key_of, words)
     return [master.for_row(r) for r in range(n)]
@@ -24,40 +29,40 @@ def test_a_worker_reads_its_siblings_entries_once_and_never_its_own():
     a, b, c = views(3)
     a.append("e1", [1, 2, 3])
     b.append("e2", [4])
-    assert c.siblings_sent(EPS) == [("e1", [1, 2, 3]), ("e2", [4])]
-    assert c.siblings_sent(EPS) == []
-    assert a.siblings_sent(EPS) == [("e2", [4])]
-    assert b.siblings_sent(EPS) == [("e1", [1, 2, 3])]
+    assert pairs(c) == [("e1", [1, 2, 3]), ("e2", [4])]
+    assert pairs(c) == []
+    assert pairs(a) == [("e2", [4])]
+    assert pairs(b) == [("e1", [1, 2, 3])]
 
 
 def test_entries_for_unknown_endpoints_are_dropped():
     a, b = views(2)
     a.append("gone", [7, 8])
     a.append("e1", [9])
-    assert b.siblings_sent(EPS) == [("e1", [9])]
+    assert pairs(b) == [("e1", [9])]
 
 
 def test_entries_wrap_around_the_ring_end():
     a, b = views(2, words=16)
-    for i in range(10):  # 5 words each: the ring wraps every 3 entries
+    for i in range(10):  # 7 words each: the ring wraps every 2 or 3 entries
         a.append("e1", [i, i + 100, i + 200])
-        assert b.siblings_sent(EPS) == [("e1", [i, i + 100, i + 200])]
+        assert pairs(b) == [("e1", [i, i + 100, i + 200])]
 
 
 def test_a_reader_that_fell_a_ring_behind_loses_what_it_missed_and_goes_on():
     a, b = views(2, words=16)
     for i in range(5):
         a.append("e1", [i, i, i])
-    assert b.siblings_sent(EPS) == []  # overrun: nothing misread
+    assert pairs(b) == []  # overrun: nothing misread
     a.append("e2", [42])
-    assert b.siblings_sent(EPS) == [("e2", [42])]
+    assert pairs(b) == [("e2", [42])]
 
 
 def test_the_table_carries_the_log_to_every_workers_view():
     master = SharedCounts.create(2)
     a, b = (master.for_row(master.claim_row()) for _ in range(2))
     a.sent.append("e1", [5])
-    assert b.sent.siblings_sent(EPS) == [("e1", [5])]
+    assert pairs(b.sent) == [("e1", [5])]
 
 
 def test_two_workers_agree_on_where_a_conversation_went():
@@ -75,6 +80,14 @@ def test_two_workers_agree_on_where_a_conversation_went():
     assert isinstance(first, Choice)
     body["messages"] += [{"role": "assistant", "content": "an answer"}, {"role": "user", "content": "more"}]
     keys2, tokens2 = prefix_of(body, CHAT, "m")
+    clock.advance(2.0)  # the next turn comes once the first was answered (its prefill long done)
     second = two.route(RouteRequest("m", prefix=keys2, prompt_tokens=tokens2))
     assert isinstance(second, Choice)
     assert second.endpoint.id == first.endpoint.id and second.matched >= len(keys) * 16 * 0.9
+
+
+def test_an_entry_carries_when_it_was_sent_and_the_prefill_it_needed():
+    a, b = views(2)
+    a.append("e1", [1, 2], at=1234.5, prefill=0.375)
+    [sent] = b.siblings_sent(EPS)
+    assert (sent.endpoint, sent.keys, sent.at, sent.prefill) == ("e1", [1, 2], 1234.5, 0.375)

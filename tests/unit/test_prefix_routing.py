@@ -381,16 +381,77 @@ def test_the_share_served_from_the_cache_is_learned_from_counters_or_answers():
     assert reuse_of([500.0, 400.0, 300.0, 210.0]) is None  # too few tokens said
 
 
-def test_a_held_prompt_does_not_make_a_hot_spot():
-    """However much a hit is worth, an endpoint holding more than `affinity_load_factor` times the
-    mean (plus one) takes a request for its prompt only when every endpoint does (bounded load)."""
+def test_a_held_prompt_is_traded_against_the_queue_not_capped_by_a_bound():
+    """However much a hit is worth, it pulls a request only while that beats the wait there: no bound
+    on load moves a conversation whose history an endpoint holds (each move loses that history), and
+    the endpoint's capacity still stops the pull where its engine does not show its queue."""
     long = {"model": "m", "messages": [{"role": "system", "content": "policy " * 1000}, {"role": "user", "content": "x"}]}
     r = req(long)
-    stats = {i: replace(st, reuse=1.0, prefill=0.01) for i, st in STATS.items()}  # a hit worth seconds
 
-    def to(inflight):
-        return choose([ep("a"), ep("b"), ep("c")], {}, inflight, r, NOW, stats=stats, cfg=RoutingConfig(),
-                      rng=random.Random(0), matched={"b": len(r.prefix)}).endpoint.id
+    def to(inflight, prefill=0.01):  # 10 ms a token: a hit worth seconds
+        stats = {i: replace(st, reuse=1.0, prefill=prefill) for i, st in STATS.items()}
+        c = choose([ep("a"), ep("b"), ep("c")], {}, inflight, r, NOW, stats=stats, cfg=RoutingConfig(),
+                   rng=random.Random(0), matched={"b": len(r.prefix)})
+        return c.endpoint.id if isinstance(c, Choice) else "held"  # waits in the gateway for b
 
-    assert to({"a": 2, "b": 4, "c": 2}) == "b"  # 4 <= 1.5 * 8/3 + 1
-    assert to({"a": 1, "b": 5, "c": 1}) != "b"  # 5 > 1.5 * 7/3 + 1
+    assert to({"a": 1, "b": 5, "c": 1}) == "b"  # past 1.5x the mean load: still the quickest way out
+    assert to({"a": 0, "b": 7, "c": 0}) == "b"
+    assert to({"a": 0, "b": 8, "c": 0}) == "held"  # at capacity, blind to its queue: no pile-up on b
+    assert to({"a": 0, "b": 7, "c": 0}, prefill=0.00002) != "b"  # a hit worth little: the queue wins
+
+
+# --- the prefill backlog ------------------------------------------------------------------------------
+def test_a_prefill_just_sent_delays_the_next_first_token_there():
+    """Two idle endpoints alike but for a 2,000-token miss just sent to one: a new prompt goes to
+    the other; once that prefill has had time to finish, both are alike again."""
+    from gateway.routing.backlog import PrefillBacklog
+
+    one_shot = req({"model": "m", "messages": [{"role": "user", "content": "tell me " * 400}]}, objective=FIRST_TOKEN)
+    backlog = PrefillBacklog()
+    backlog.add("a", 0.5, NOW)  # 2,000 tokens at 0.25 ms
+    assert backlog.ahead(["a", "b"], NOW + 0.1) == pytest.approx({"a": 0.4})
+    assert backlog.ahead(["a", "b"], NOW + 0.6) == {}
+
+    def picks(at):
+        return Counter(choose([ep("a"), ep("b")], {}, {}, one_shot, at, stats=STATS, cfg=CFG, rng=random.Random(s),
+                              backlog=backlog.ahead(["a", "b"], at)).endpoint.id for s in range(10))
+
+    assert picks(NOW + 0.1) == {"b": 10}
+    assert set(picks(NOW + 0.6)) == {"a", "b"} or len(picks(NOW + 0.6)) == 1  # no backlog: the usual tie-break
+    c = choose([ep("a"), ep("b")], {}, {}, one_shot, NOW, stats=STATS, cfg=CFG, rng=random.Random(0))
+    assert c.prefill == pytest.approx(one_shot.prompt_tokens * CFG.prefill_ms_per_token / 1000)
+
+
+def test_a_backlog_does_not_move_a_conversation_whose_history_is_held():
+    """The backlog is weighed like any wait: a later turn whose history one endpoint holds stays
+    there behind a short backlog (its own prefill elsewhere would take longer)."""
+    r = req(chat("hi", "answer " * 200, "more"), objective=FIRST_TOKEN)
+    c = choose([ep("a"), ep("b")], {}, {}, r, NOW, stats=STATS, cfg=CFG, rng=random.Random(0),
+               matched={"a": len(r.prefix)}, backlog={"a": 0.05})
+    assert c.endpoint.id == "a"
+
+
+def test_the_router_keeps_the_backlog_of_what_it_sent_and_what_its_siblings_sent():
+    from gateway.routing.router import Router
+    from gateway.server.siblings import SharedCounts
+    from tests.support.clock import FakeClock
+
+    clock = FakeClock(mono=NOW)
+    master = SharedCounts.create(2)
+    one, two = (Router(CFG, clock, random.Random(0), shared=master.for_row(master.claim_row())) for _ in range(2))
+    from types import SimpleNamespace
+
+    from gateway.routing.tables import tables_from
+
+    tables = tables_from(1, "fp", [ep("a"), ep("b")], SimpleNamespace(canonical={}, groups=[("m",)], cold_start={}), {})
+    for r in (one, two):
+        r.apply_tables(tables, True)
+    first = one.route(req({"model": "m", "messages": [{"role": "user", "content": "tell me " * 400}]},
+                          objective=FIRST_TOKEN))
+    assert isinstance(first, Choice) and first.prefill > 0
+    assert one.backlog.ahead(["a", "b"], NOW) == pytest.approx({first.endpoint.id: first.prefill})
+    second = two.route(req({"model": "m", "messages": [{"role": "user", "content": "and now " * 400}]},
+                           objective=FIRST_TOKEN))
+    assert isinstance(second, Choice) and second.endpoint.id != first.endpoint.id  # it saw the sibling's send
+    clock.advance(5.0)
+    assert one.backlog.ahead(["a", "b"], clock.monotonic()) == {}  # drained by itself
