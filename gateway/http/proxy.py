@@ -155,7 +155,7 @@ class Proxy:
         trace.admitting(len(q))
         req = RouteRequest(call.model, prio, affinity, exclude, len(q) + 1, op=call.route.op, pin=call.pin,
                            prefix=call.prefix, prompt_tokens=call.prompt_tokens, objective=call.objective,
-                           body=call.body)
+                           body=call.body, opens=call.opens)
         res = router.route(req)
         if isinstance(res, Rejection) and res.kind == "unknown_model":
             timeout = router.tables.cold_start.get(req.model)

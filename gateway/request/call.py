@@ -18,7 +18,7 @@ from gateway.request.surface import Route, engine_path
 from gateway.response_ids import IdRewrite, unwrap
 from gateway.routing.adapters import AdapterRoute
 from gateway.routing.choice import COMPLETION, FIRST_TOKEN
-from gateway.routing.prefixkeys import prefix_of
+from gateway.routing.prefixkeys import opens_conversation, prefix_of
 from gateway.routing.tables import Tables
 from llmgw import surface as op
 from llmgw.engines import ENGINES, get_engine
@@ -38,7 +38,7 @@ class Call:
     endpoint takes it (the body with the endpoint's served name, the engine's path)."""
 
     __slots__ = ("route", "model", "data", "body", "form_at", "pin", "response_id", "previous", "query", "adapter",
-                 "client", "prefix", "prompt_tokens", "objective")
+                 "client", "prefix", "prompt_tokens", "opens", "objective")
 
     def __init__(self, route: Route, model: str, data: bytes | None = None, body: dict | None = None,
                  form_at: tuple[int, int] | None = None, pin: str | None = None,
@@ -54,6 +54,7 @@ class Call:
         # For prefix-cache routing (set by `plan_prefix`): block keys, prompt tokens, objective.
         self.prefix: tuple[int, ...] = ()
         self.prompt_tokens = 0.0
+        self.opens = False  # it starts a conversation (gateway.routing.prefixkeys.opens_conversation)
         self.objective = COMPLETION
 
     def plan_prefix(self, canon: str, objective: str | None, enabled: bool = True) -> None:
@@ -64,6 +65,7 @@ class Call:
         if enabled and self.body is not None:
             self.prefix, self.prompt_tokens = prefix_of(self.body, self.route.op, canon,
                                                         self.adapter.name if self.adapter is not None else "")
+            self.opens = opens_conversation(self.body, self.route.op)
 
     @property
     def affinity(self) -> str | None:

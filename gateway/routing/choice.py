@@ -67,6 +67,9 @@ class RouteRequest:
     prefix: tuple[int, ...] = ()
     prompt_tokens: float = 0.0
     objective: str = COMPLETION
+    # It starts a conversation (no earlier answer in its prompt, prefixkeys.opens_conversation): its
+    # later turns follow it, so it is placed with bounded load (see `_pick`).
+    opens: bool = False
 
 
 @dataclass(frozen=True)
@@ -315,12 +318,20 @@ def _pick(tier: list[_Cand], request: RouteRequest, rng: random.Random, cfg: Rou
         for c in sorted(tier, key=lambda c: _rendezvous(request.affinity, c.ep.id), reverse=True):
             if c.ahead <= bound:
                 return _choice(c, False, why + ", affinity", cfg, request)
-    # A request whose prompt an endpoint holds goes by cost alone, with no bound on load: the wait
-    # for a slot there, the prefill queued there (gateway.routing.backlog) and the engine's own
-    # saturation are in the cost or the candidates already, so a hit is traded against queueing. A
-    # bound at 1.5x the mean load moved 42 of 366 later turns on bench/prefix.py, each losing its
-    # whole history, and cost the fleet 2 points of hit ratio (docs/gateway.md).
-    if request.prefix and not any(c.matched for c in tier):
+    if request.prefix and any(c.matched for c in tier):
+        # A request whose history an endpoint holds goes by cost alone, with no bound on load: the
+        # wait for a slot there, the prefill queued there (gateway.routing.backlog) and the engine's
+        # own saturation are in the cost or the candidates already, and a move loses that history.
+        # One that opens a conversation matches only a shared head (a system prompt): a miss costs
+        # that head once, after which two endpoints hold it, while where it goes is where all its
+        # later turns will stay. So it is placed with bounded load, as sessions are: an endpoint
+        # holding more than `affinity_load_factor` times the tier's mean, plus one, takes it only
+        # when every endpoint does. (A bound on every request moved 42 of 366 later turns on
+        # bench/prefix.py; none at all let one engine take 1.9x another's share in one run of four.)
+        if request.opens:
+            bound = cfg.affinity_load_factor * sum(c.ahead for c in tier) / len(tier) + 1
+            tier = [c for c in tier if c.ahead <= bound] or tier
+    elif request.prefix:
         # Nobody here was sent this prompt's head: place it by rendezvous hashing of the head among
         # the endpoints whose cost is within `affinity_load_factor` of the best (load-bounded, and a
         # slow engine is not picked for a hash), so every gateway process, each with its own index,

@@ -118,7 +118,17 @@ def learn_scrape(lr: Learned | None, old: LoadRecord | None, rec: LoadRecord, no
 
 def slots_seen(old: LoadRecord | None, rec: LoadRecord, prev: int | None) -> int | None:
     """The engine's batch limit: the running count while requests waited in it, in two scrapes in a
-    row (a single scrape may catch a request between its arrival and the next engine step)."""
+    row (a single scrape may catch a request between its arrival and the next engine step); and
+    never less than it was ever seen running at once.
+
+    Requests wait for other reasons than a full batch: a long prompt's prefill (vLLM works through
+    it in chunks of its token budget while newer requests wait; the sim engine's prefill step holds
+    arrivals until it ends), or a KV cache too full for the next prompt. Such a wait once taught a
+    limit of 1 on an engine of 8 slots, which then looked saturated by one request and was starved
+    of the traffic that would have shown it runs more: so a scrape showing more running than the
+    limit learned raises it."""
+    if prev is not None and rec.ok and rec.running and rec.running > prev:
+        prev = int(rec.running)
     if (old is not None and old.ok and rec.ok and (old.waiting or 0) > 0 and (rec.waiting or 0) > 0
             and old.running and rec.running):
         return max(prev or 0, int(min(old.running, rec.running)))

@@ -84,6 +84,25 @@ def block_keys(text: bytes, seed: int, max_blocks: int = MAX_BLOCKS) -> tuple[in
     return tuple(keys)
 
 
+def opens_conversation(body: dict | None, op: str) -> bool:
+    """Whether the request starts a conversation: its prompt holds no earlier answer (a chat or a
+    Responses input with no assistant message, a Responses request without `previous_response_id`, a
+    plain completion prompt). What it matches anywhere is then a shared head (a system prompt), and
+    where it goes is where its later turns will find their history."""
+    if not isinstance(body, dict):
+        return False
+    if op == CHAT:
+        msgs = body.get("messages")
+        return isinstance(msgs, list) and not any(isinstance(m, dict) and m.get("role") == "assistant" for m in msgs)
+    if op == RESPONSES:
+        if body.get("previous_response_id"):
+            return False
+        items = body.get("input")
+        return not (isinstance(items, list) and any(isinstance(m, dict) and m.get("role") == "assistant"
+                                                    for m in items))
+    return op == COMPLETIONS
+
+
 def prefix_of(body: dict | None, op: str, model: str, adapter: str = "") -> tuple[tuple[int, ...], float]:
     """The block keys of a JSON request body for `model` (its canonical name) and `adapter`, and its
     prompt's length in tokens (estimated); ((), 0.0) when it has no readable prompt."""

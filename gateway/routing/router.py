@@ -148,7 +148,7 @@ class Router:
         # (Built directly: dataclasses.replace costs microseconds on the request path.)
         sub = RouteRequest(ad.model, req.priority, req.affinity, req.exclude, req.queued, op=req.op, pin=req.pin,
                            waited=req.waited, prefix=req.prefix, prompt_tokens=req.prompt_tokens,
-                           objective=req.objective)
+                           objective=req.objective, opens=req.opens)
         exact = self._engine_held(ad.holders, req, ad.name) if snap.tables.precise else None
         with self.lock, self.counts.deciding() as decision:
             if req.prefix:

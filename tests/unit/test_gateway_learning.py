@@ -80,6 +80,19 @@ def test_batch_limit_seen_while_requests_wait_in_two_scrapes_in_a_row():
     assert st.stats["a"].slots == 6
 
 
+def test_a_batch_limit_learned_too_low_is_raised_by_what_the_engine_runs():
+    """A long prefill holds newer requests waiting with one running, two scrapes in a row: that
+    looks like a limit of 1. The next scrape with more running at once shows it was not one."""
+    st, store, clock = setup(ep("a", capacity=None))
+    scrape(st, store, clock, "a", 1, 2, 0)
+    scrape(st, store, clock, "a", 1, 3, 0)
+    assert st.stats["a"].slots == 1
+    scrape(st, store, clock, "a", 4, 0, 60)
+    assert st.stats["a"].slots == 4
+    scrape(st, store, clock, "a", 2, 0, 100)  # fewer running later teaches nothing
+    assert st.stats["a"].slots == 4
+
+
 def test_each_answer_is_learned_once_at_its_end():
     st, store, clock = setup(ep("a"), ep("b"))
     for _ in range(4):

@@ -13,7 +13,8 @@ from gateway.config import RoutingConfig
 from gateway.routing.choice import COMPLETION, FIRST_TOKEN, Choice, RouteRequest, choose
 from gateway.routing.load import EndpointStats
 from gateway.routing.prefixindex import EndpointIndex, PrefixIndex, blocks_for
-from gateway.routing.prefixkeys import BLOCK_BYTES, MAX_BLOCKS, TOKENS_PER_BLOCK, prefix_of, prompt_text
+from gateway.routing.prefixkeys import (BLOCK_BYTES, MAX_BLOCKS, TOKENS_PER_BLOCK, opens_conversation, prefix_of,
+                                       prompt_text)
 from gateway.routing.speed import Speed
 from llmgw.state.records import EndpointInfo, LoadRecord
 from llmgw.surface import CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES
@@ -398,6 +399,38 @@ def test_a_held_prompt_is_traded_against_the_queue_not_capped_by_a_bound():
     assert to({"a": 0, "b": 7, "c": 0}) == "b"
     assert to({"a": 0, "b": 8, "c": 0}) == "held"  # at capacity, blind to its queue: no pile-up on b
     assert to({"a": 0, "b": 7, "c": 0}, prefill=0.00002) != "b"  # a hit worth little: the queue wins
+
+
+def test_a_request_that_opens_a_conversation_is_placed_with_bounded_load():
+    """A first turn matches only the shared system prompt: where it goes, its later turns stay, so an
+    endpoint holding more than 1.5x the mean load (plus one) does not take it for that head. A later
+    turn on the same loads stays with its history."""
+    first = {"model": "m", "messages": [{"role": "system", "content": "policy " * 1000}, {"role": "user", "content": "x"}]}
+    later = {"model": "m", "messages": [*first["messages"], {"role": "assistant", "content": "y"},
+                                        {"role": "user", "content": "z"}]}
+    stats = {i: replace(st, reuse=1.0, prefill=0.01) for i, st in STATS.items()}
+
+    def to(body, inflight):
+        keys, tokens = prefix_of(body, CHAT, "m")
+        r = RouteRequest("m", prefix=keys, prompt_tokens=tokens, opens=opens_conversation(body, CHAT))
+        c = choose([ep("a"), ep("b"), ep("c")], {}, inflight, r, NOW, stats=stats, cfg=RoutingConfig(),
+                   rng=random.Random(0), matched={"b": len(r.prefix)})
+        return c.endpoint.id
+
+    assert to(first, {"a": 2, "b": 4, "c": 2}) == "b"  # 4 <= 1.5 * 8/3 + 1
+    assert to(first, {"a": 1, "b": 5, "c": 1}) != "b"  # 5 > 1.5 * 7/3 + 1
+    assert to(later, {"a": 1, "b": 5, "c": 1}) == "b"
+
+
+def test_what_opens_a_conversation():
+    sys_user = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+    assert opens_conversation({"messages": sys_user}, CHAT)
+    assert not opens_conversation({"messages": [*sys_user, {"role": "assistant", "content": "a"}]}, CHAT)
+    assert opens_conversation({"input": "hi"}, RESPONSES)
+    assert not opens_conversation({"input": "hi", "previous_response_id": "resp_1"}, RESPONSES)
+    assert not opens_conversation({"input": [{"role": "assistant", "content": "a"}]}, RESPONSES)
+    assert opens_conversation({"prompt": "p"}, COMPLETIONS)
+    assert not opens_conversation({"input": "e"}, EMBEDDINGS) and not opens_conversation(None, CHAT)
 
 
 # --- the prefill backlog ------------------------------------------------------------------------------
