@@ -20,6 +20,7 @@ from typing import Callable, Mapping
 
 from gateway.config import RoutingConfig
 from gateway.routing.adapters import NO_ADAPTER, AdapterRoute, no_holder
+from gateway.routing.backlog import PrefillBacklog
 from gateway.routing.choice import Choice, Rejection, RouteRequest, choose, fleet_rate
 from gateway.routing.inflight import InFlight
 from gateway.routing.kvindex import Index
@@ -27,7 +28,6 @@ from gateway.routing.learn import Learning, answer_sample, fold_answers, is_new,
 from gateway.routing.load import NO_STATS, EndpointStats
 from gateway.routing.precise import Tokenize, cached_tokens, no_tokenizer
 from gateway.routing.prefill import reuse_of, trust_of
-from gateway.routing.backlog import PrefillBacklog
 from gateway.routing.prefixindex import PrefixIndex
 from gateway.routing.prefixkeys import TOKENS_PER_BLOCK
 from gateway.routing.tables import EMPTY, Snapshot, Tables
