@@ -85,6 +85,7 @@ class Choice:
     prompt: float = 0.0  # the request's prompt tokens (estimated; 0: routed without block keys)
     kv_events: bool = False  # `matched` is what the engine reported holding (precise mode), not a prediction
     prefill: float = 0.0  # prefill seconds the request still needs there (its backlog, gateway.routing.backlog)
+    behind: float = 0.0  # prefill seconds already queued there when it was sent (the backlog it waits for)
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,7 @@ class _Cand(NamedTuple):  # a tuple: built for every endpoint on every request
     matched: float = 0.0  # prompt tokens expected cached there
     saved: float = 0.0  # the prefill seconds that saves there
     prefill: float = 0.0  # the prefill seconds it still needs there
+    behind: float = 0.0  # the backlog of prefill queued there before it
 
 
 def effective_speed(st: EndpointStats | None, best: Speed | None, now: float, cfg: RoutingConfig) -> Speed | None:
@@ -234,11 +236,11 @@ def choose(
             # engine shows its queue: blind, the gateway would pile requests onto it.
             soft = False
         need = (total - hit) * per_token
+        behind = backlog.get(e.id, 0.0) if backlog else 0.0
         cands.append(_Cand(e, ahead, hard or soft,
                            score(speed, ahead, slots, e.weight, kv, cfg, need, request.objective,
-                                 cfg.evict_weight * st.reuse if st is not None and st.reuse else 0.0,
-                                 backlog.get(e.id, 0.0) if backlog else 0.0),
-                           soft and not hard, speed, slots, raw, hit * per_token, need))
+                                 cfg.evict_weight * st.reuse if st is not None and st.reuse else 0.0, behind),
+                           soft and not hard, speed, slots, raw, hit * per_token, need, behind))
 
     # The benchmark baselines behave like the peers' routers: no saturation, no admission.
     if cfg.policy == "round_robin":
@@ -366,4 +368,4 @@ HEAD_BLOCKS = 4
 
 def _choice(c: _Cand, saturated: bool, why: str, cfg: RoutingConfig, request: RouteRequest) -> Choice:
     return Choice(c.ep, c.score, c.ahead, saturated, why, "", c.matched, c.saved, request.prompt_tokens,
-                  prefill=c.prefill)
+                  prefill=c.prefill, behind=c.behind)

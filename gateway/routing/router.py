@@ -163,7 +163,8 @@ class Router:
             if isinstance(res, Choice):
                 self.rr_counter += 1
                 res = Choice(res.endpoint, res.score, res.ahead, res.saturated, res.reason, ad.name,
-                             res.matched, res.saved, res.prompt, bool(exact and res.endpoint.id in exact), res.prefill)
+                             res.matched, res.saved, res.prompt, bool(exact and res.endpoint.id in exact), res.prefill,
+                             res.behind)
                 self.counts.add(res.endpoint, self.clock.time(), now, ad.name)
                 self.backlog.add(res.endpoint.id, res.prefill, now)
                 if req.prefix:
@@ -184,6 +185,11 @@ class Router:
         ep = choice.endpoint
         now = self.clock.monotonic()
         snap = self.snapshot
+        if ttfb is not None and (choice.prefill or choice.behind):
+            # The time to first byte learned is the engine's own (a step, the network): the prompt
+            # work this request did and waited for there is what `choose` adds to it by itself, so
+            # an engine that was sent more misses does not look slower to every later request.
+            ttfb = max(0.0, ttfb - choice.prefill - choice.behind)
         with self.lock:
             ours = self.counts.remove(ep, self.clock.time(), now, choice.adapter)
             if service_time is not None and service_time > 0:
@@ -313,7 +319,7 @@ class Router:
 def _engine_reported(c: Choice) -> Choice:
     # (Built directly: dataclasses.replace costs microseconds on the request path.)
     return Choice(c.endpoint, c.score, c.ahead, c.saturated, c.reason, c.adapter, c.matched, c.saved, c.prompt, True,
-                  c.prefill)
+                  c.prefill, c.behind)
 
 
 class Lease:

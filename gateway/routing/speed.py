@@ -150,7 +150,7 @@ class Speed:
 
     decode1: float  # decode time of a typical request alone on the endpoint
     slowdown: float  # fractional increase of that time per extra running sequence
-    ttfb: float = 0.0  # time to first byte when a slot is free (network, prefill, first step)
+    ttfb: float = 0.0  # time to first byte when a slot is free (network, first step; prefill of prompts routed without keys)
 
     def decode(self, c: float) -> float:
         return self.decode1 * (1.0 + self.slowdown * max(0.0, c - 1.0))

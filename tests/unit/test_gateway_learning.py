@@ -93,6 +93,29 @@ def test_a_batch_limit_learned_too_low_is_raised_by_what_the_engine_runs():
     assert st.stats["a"].slots == 4
 
 
+def test_the_time_to_first_byte_is_learned_net_of_the_prompt_work_the_cost_adds_itself():
+    """A request that prefilled 2,000 tokens there (0.2 s at the default 0.1 ms a token) and answered
+    its first byte after 0.25 s teaches a time to first byte of 0.05 s: else an engine that was sent
+    the misses would look slower to every later request, on top of their own prefill."""
+    from gateway.routing.choice import RouteRequest
+    from gateway.routing.prefixkeys import prefix_of
+    from llmgw.surface import CHAT
+
+    st, store, clock = setup(ep("a"))
+    keys, tokens = prefix_of({"messages": [{"role": "user", "content": "word " * 1600}]}, CHAT, "m")
+    c = st.route(RouteRequest("m", prefix=keys, prompt_tokens=tokens))
+    assert c.prefill == pytest.approx(tokens * 0.0001) and c.behind == 0
+    st.release(c, 1.25, 51, c.prefill + 0.05)
+    hit = st.route(RouteRequest("m", prefix=keys, prompt_tokens=tokens))  # at once: behind the first's prefill
+    assert hit.prefill == pytest.approx(0, abs=0.001) and hit.behind == pytest.approx(c.prefill)
+    st.release(hit, 1.1, 51, hit.prefill + hit.behind + 0.05)
+    clock.advance(2.0)  # the backlog drained
+    other = st.route(RouteRequest("m", prefix=keys[:1] + (7,), prompt_tokens=tokens))
+    assert other.behind == 0 and other.prefill > 0.19
+    st.release(other, 1.5, 51, other.prefill + 0.05)
+    assert st.learning.learned["a"].ttfb == pytest.approx(0.05)
+
+
 def test_each_answer_is_learned_once_at_its_end():
     st, store, clock = setup(ep("a"), ep("b"))
     for _ in range(4):
