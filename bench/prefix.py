@@ -1,7 +1,7 @@
 """Conversations with shared system prompts on engines with a prefix cache: llmgw against the
 cache-aware peers, same run, side by side.
 
-    python bench/prefix.py [--quick] [--routers llmgw,llmgw-kv,nginx,vllm-cache,smg] [--conversations 80]
+    python bench/prefix.py [--quick] [--routers llmgw,llmgw-kv,llmgw-2gw,nginx,vllm-cache,smg] [--conversations 80]
                            [--rate 2.0] [--mix 0.2] [--uneven] [--make vllm|llamacpp] [--seed 1]
 
 The traffic: conversations of 3-8 turns, each over one of 24 system prompts of hundreds to thousands
@@ -13,7 +13,9 @@ with running sequences, `vllm:prefix_cache_*` counters, head at once and role ch
 token), or with `--uneven` speeds 2, 1, 1 and 0.5. Routers, each in front of freshly started engines
 (cold caches, same traffic): llmgw's gateway as bench/routing.py starts it (redis, a static endpoint
 list, the agent's scraper), `llmgw-kv` the same in precise mode (the engines publish vLLM's KV events
-and the gateway routes by what each reports holding), nginx `least_conn`, vLLM's router `--policy cache_aware` and SGLang's
+and the gateway routes by what each reports holding), `llmgw-2gw` two llmgw gateways (each its own
+gunicorn, sharing nothing but Redis) behind round robin per request, as an L4 load balancer spreads
+connections, nginx `least_conn`, vLLM's router `--policy cache_aware` and SGLang's
 `smg launch --policy cache_aware` (pip extra `bench`), each when installed.
 
 Printed per router: time to the first content token p50/p90/p99, end to end p50/p99, errors, the
@@ -45,7 +47,7 @@ from simengine.core import SimConfig  # noqa: E402
 from tests.support.cluster import Cluster  # noqa: E402
 from tests.support.procs import bin_path, free_port, wait_until  # noqa: E402
 
-ROUTERS = ("llmgw", "llmgw-kv", "nginx", "vllm-cache", "smg")
+ROUTERS = ("llmgw", "llmgw-kv", "llmgw-2gw", "nginx", "vllm-cache", "smg")
 TOPICS = ("billing", "shipping", "returns", "accounts", "security", "pricing", "support", "legal", "travel",
           "health", "energy", "banking", "retail", "media", "games", "school", "farming", "housing", "transit",
           "insurance", "telecom", "payroll", "hiring", "weather")
@@ -163,8 +165,15 @@ async def chat(host: str, port: int, body: dict, timeout: float) -> Result:
     return Result(status, ttft, time.monotonic() - start, server, "".join(text), predicted, reused)
 
 
-def run_traffic(url: str, convs: list[Conversation]) -> list[Result]:
-    host, port = url.split("//", 1)[1].split(":")
+def run_traffic(urls: str | list[str], convs: list[Conversation]) -> list[Result]:
+    """The conversations, each request to the next of `urls` in turn (round robin, per request)."""
+    addresses = [(u.split("//", 1)[1].split(":")[0], int(u.rsplit(":", 1)[1])) for u in
+                 ([urls] if isinstance(urls, str) else urls)]
+    sent = [0]
+
+    def address() -> tuple[str, int]:
+        sent[0] += 1
+        return addresses[sent[0] % len(addresses)]
 
     async def conversation(t0: float, c: Conversation, out: list[Result]) -> None:
         await asyncio.sleep(max(0.0, t0 + c.start - time.monotonic()))
@@ -172,7 +181,8 @@ def run_traffic(url: str, convs: list[Conversation]) -> list[Result]:
         previous = ""
         for i in range(c.turns):
             messages.append({"role": "user", "content": c.user[i]})
-            r = await chat(host, int(port), {"model": "m", "stream": True, "max_tokens": c.max_tokens[i],
+            host, port = address()
+            r = await chat(host, port, {"model": "m", "stream": True, "max_tokens": c.max_tokens[i],
                                              "messages": messages}, CLIENT_TIMEOUT)
             if i and r.status == 200:
                 r = replace(r, moved=r.server != previous)
@@ -193,6 +203,19 @@ def run_traffic(url: str, convs: list[Conversation]) -> list[Result]:
 
 
 # --- the peers this benchmark adds ------------------------------------------------------------------
+class TwoGateways:
+    """Two llmgw gateways over the same engines, each its own gunicorn (own indexes, own counts):
+    they see each other only in the engines' scrapes, as gateways behind an L4 load balancer do."""
+
+    def __init__(self, cluster: Cluster, fleet: RunningFleet, workdir: Path):
+        self.gateways = [Router("llmgw", cluster, fleet, workdir, None) for _ in range(2)]
+        self.url = [g.url for g in self.gateways]
+
+    def stop(self) -> None:
+        for g in self.gateways:
+            g.stop()
+
+
 class Smg:
     """SGLang's gateway (`smg launch`) with its cache-aware policy in front of the engines."""
 
@@ -262,8 +285,12 @@ def run_router(kind: str, cluster: Cluster, fleet: Fleet, convs: list[Conversati
     rf = RunningFleet(cluster, fleet, f"prefix-{kind}", kv_events=kind == "llmgw-kv")
     router = None
     try:
-        router = Smg(cluster, rf) if kind == "smg" else Router(
-            "llmgw" if kind == "llmgw-kv" else kind, cluster, rf, workdir, None)
+        if kind == "smg":
+            router = Smg(cluster, rf)
+        elif kind == "llmgw-2gw":
+            router = TwoGateways(cluster, rf, workdir)
+        else:
+            router = Router("llmgw" if kind == "llmgw-kv" else kind, cluster, rf, workdir, None)
         before = counters(rf.urls)
         results = run_traffic(router.url, convs)
         after = counters(rf.urls)

@@ -1,5 +1,6 @@
-"""bench/prefix.py runs end to end, tiny: engines with a prefix cache, llmgw's gateway and whichever
-cache-aware peers are installed; each prints a row with the engines' own hit ratio."""
+"""bench/prefix.py runs end to end, tiny: engines with a prefix cache, llmgw's gateway (one, and two
+behind round robin) and whichever cache-aware peers are installed; each prints a row with the engines'
+own hit ratio."""
 
 from __future__ import annotations
 
@@ -17,13 +18,13 @@ def test_prefix_benchmark_smoke():
     if os.environ.get("LLMGW_CI") and "vllm-router" not in peers:
         # CI installs the bench extra only when it runs the benchmarks: llmgw alone is still measured.
         peers = []
-    routers = ",".join(["llmgw"] + [{"vllm-router": "vllm-cache", "smg": "smg"}[p] for p in peers])
+    routers = ",".join(["llmgw", "llmgw-2gw"] + [{"vllm-router": "vllm-cache", "smg": "smg"}[p] for p in peers])
     out = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "prefix.py"), "--quick", "--conversations", "4", "--rate", "4",
          "--routers", routers], capture_output=True, text=True, timeout=280, cwd=ROOT)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rows = {line.split()[0]: line.split() for line in out.stdout.splitlines() if line.startswith("  ")
-            and line.split()[0] in ("llmgw", "vllm-cache", "smg")}
+            and line.split()[0] in ("llmgw", "llmgw-2gw", "vllm-cache", "smg")}
     assert set(rows) == set(routers.split(",")), out.stdout
     for r in rows.values():
         errors, n = r[6].split("/")
