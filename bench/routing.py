@@ -127,17 +127,20 @@ class RunningFleet:
         """Until every engine has a scrape that read its /metrics: a scraper that fails (an engine's
         metrics the mapping cannot read) would leave llmgw routing without loads, and the figures
         would not say so."""
-        store, deadline = self.cluster.store(), time.monotonic() + 15
-        while True:
+        store = self.cluster.store()
+
+        def scraped() -> bool:
             loads = store.loads(self.names)
-            if all(r is not None and r.ok for r in (loads.get(n) for n in self.names)):
-                return
-            if time.monotonic() > deadline:
-                bad = {n: (r.error if r is not None else "no record") for n in self.names
-                       if (r := loads.get(n)) is None or not r.ok}
-                self.stop()
-                raise RuntimeError(f"the engines' loads are not being scraped: {bad}")
-            time.sleep(0.1)  # polling a condition with a deadline (the scraper writes once a second)
+            return all(r is not None and r.ok for r in (loads.get(n) for n in self.names))
+
+        try:
+            wait_until(scraped, 15, interval=0.1, what="the engines' first good scrapes")
+        except Exception:
+            loads = store.loads(self.names)
+            bad = {n: (r.error if r is not None else "no record") for n in self.names
+                   if (r := loads.get(n)) is None or not r.ok}
+            self.stop()
+            raise RuntimeError(f"the engines' loads are not being scraped: {bad}") from None
 
     def _kv_addresses(self, name: str) -> dict[str, str]:
         kv = self.kv.get(name)
