@@ -33,7 +33,8 @@ from gateway.config import GunicornSettings
 from gateway.server import siblings
 
 _settings = GunicornSettings.from_env()
-worker_class = "gevent"
+# gunicorn's gevent worker that closes idle keep-alive connections when told to stop (gateway.server.worker).
+worker_class = "gateway.server.worker.GatewayWorker"
 workers = _settings.workers
 bind = _settings.address
 # The gevent worker tells the master it is alive every second from its own greenlet: a worker

@@ -104,6 +104,35 @@ def test_sigterm_lets_open_streams_finish_and_refuses_new_ones(cluster):
     assert requests.get(engine + "/stats", timeout=5).json()["cancelled"] == 0
 
 
+def test_sigterm_closes_idle_keepalive_connections_and_exits_when_the_last_stream_ends(cluster):
+    """A client's connection kept open between requests holds no request: a stopping gateway closes it
+    at once instead of waiting out its graceful timeout (30 s here) for it, and exits as soon as the
+    open stream has ended."""
+    import socket
+
+    cluster.start_redis()
+    engine = start_process(cluster.procs, "engine", base=1.0, tokens=5)
+    publish(cluster, {"e1": engine})
+    gw = cluster.start_gateway(graceful_timeout=30)
+    port = int(gw.rsplit(":", 1)[1])
+    idle = socket.create_connection(("127.0.0.1", port), timeout=20)
+    try:
+        idle.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert idle.recv(65536).startswith(b"HTTP/1.1 200")  # now idle, kept alive by the gateway
+        with requests.post(gw + CHAT, json={"model": "m", "stream": True}, stream=True, timeout=30) as r:
+            lines = r.iter_lines()
+            assert next(line for line in lines if line).startswith(b"data:")
+            proc = cluster.procs.get("gateway")
+            proc.popen.send_signal(signal.SIGTERM)
+            assert idle.recv(65536) == b""  # closed by the gateway while the stream still runs
+            assert proc.popen.poll() is None
+            rest = [line for line in lines if line]
+        assert rest[-1] == b"data: [DONE]" and len(rest) == 5  # the open stream ran to its end
+        proc.popen.wait(10)  # well before the 30 s graceful timeout: nothing else held it
+    finally:
+        idle.close()
+
+
 def _refused(gw: str) -> bool:
     try:
         requests.get(gw + "/healthz", timeout=2, headers={"Connection": "close"})

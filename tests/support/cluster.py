@@ -210,16 +210,19 @@ class Cluster:
         return self.procs.start(
             "flower", self.celery("flower", "--address=127.0.0.1", f"--port={port}"), env=self.env(**env))
 
-    def start_gateway(self, port: int | None = None, name: str = "gateway", **env: str) -> str:
+    def start_gateway(self, port: int | None = None, name: str = "gateway", graceful_timeout: int = 5,
+                      **env: str) -> str:
         """A gateway under gunicorn; several may run (give each its own `name`). Returns its URL; the
-        first one started is also `self.gateway_url`."""
+        first one started is also `self.gateway_url`. `graceful_timeout`: how long it lets open requests
+        finish once told to stop (gunicorn's default config says 30 s; tests use 5)."""
         port = port or free_port()
         self.procs.start(
             name,
             # The one gunicorn config users run (gevent worker, readiness before the first request).
             [
                 bin_path("gunicorn"), "-c", "python:gateway.gunicorn_conf",
-                "-b", f"127.0.0.1:{port}", "--graceful-timeout", "5", "gateway:create_app()",
+                "-b", f"127.0.0.1:{port}", "--graceful-timeout", str(graceful_timeout),
+                "gateway:create_app()",
             ],
             env=self.env(**{"LLMGW_GATEWAY_WORKERS": "1", **env}),
         )

@@ -29,7 +29,7 @@ def test_procfile_has_every_role():
     assert "-Q control" in procs["control"] and "-Q node-" in procs["node"]
     # gunicorn's settings (gevent, workers, bind) come from one file, gateway/gunicorn_conf.py
     assert "gateway:create_app()" in procs["gateway"] and "-c python:gateway.gunicorn_conf" in procs["gateway"]
-    assert 'worker_class = "gevent"' in (ROOT / "gateway" / "gunicorn_conf.py").read_text()
+    assert 'worker_class = "gateway.server.worker.GatewayWorker"' in (ROOT / "gateway" / "gunicorn_conf.py").read_text()
 
 
 def test_compose_services_match_procfile():

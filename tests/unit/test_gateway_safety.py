@@ -94,7 +94,7 @@ def test_gunicorn_conf_knobs_and_multiproc_dir(tmp_path):
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     d = conf_values({"LLMGW_GATEWAY_WORKERS": "2"}, tmp)
-    assert (d["workers"], d["bind"], d["k"]) == (2, "127.0.0.1:8080", "gevent")
+    assert (d["workers"], d["bind"], d["k"]) == (2, "127.0.0.1:8080", "gateway.server.worker.GatewayWorker")
     # 2 workers: /metrics aggregates through a fresh temporary directory
     assert d["prom"] and Path(d["prom"]).is_dir() and Path(d["prom"]).parent == tmp
     # prometheus_client picks its mode when first imported: loading the config must not import it
