@@ -45,12 +45,7 @@ class GatewayWorker(GeventWorker):
     @contextmanager
     def _waiting_for_a_request(self):
         me = gevent.getcurrent()
-        client = self._clients.get(me)
-        if client is None:  # not a connection of handle()'s: only the keep-alive timeout applies
-            with gevent.Timeout(self.cfg.keepalive, False):
-                yield
-            return
-        self._idle[me] = client
+        client = self._idle[me] = self._clients[me]  # gunicorn enters this only inside handle()
         if not self.alive:
             _close_for_reading(client)
         try:

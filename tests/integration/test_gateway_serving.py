@@ -118,7 +118,14 @@ def test_sigterm_closes_idle_keepalive_connections_and_exits_when_the_last_strea
     idle = socket.create_connection(("127.0.0.1", port), timeout=20)
     try:
         idle.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-        assert idle.recv(65536).startswith(b"HTTP/1.1 200")  # now idle, kept alive by the gateway
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            answer += _received(idle)
+        head, _, body = answer.partition(b"\r\n\r\n")
+        length = int(next(h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length:")).split(b":")[1])
+        while len(body) < length:
+            body += _received(idle)
+        assert head.startswith(b"HTTP/1.1 200")  # answered whole; the connection is now idle, kept alive
         with requests.post(gw + CHAT, json={"model": "m", "stream": True}, stream=True, timeout=30) as r:
             lines = r.iter_lines()
             assert next(line for line in lines if line).startswith(b"data:")
@@ -131,6 +138,12 @@ def test_sigterm_closes_idle_keepalive_connections_and_exits_when_the_last_strea
         proc.popen.wait(10)  # well before the 30 s graceful timeout: nothing else held it
     finally:
         idle.close()
+
+
+def _received(sock) -> bytes:
+    data = sock.recv(65536)
+    assert data, "the connection closed before its answer was whole"
+    return data
 
 
 def _refused(gw: str) -> bool:
