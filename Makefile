@@ -74,8 +74,8 @@ up: install
 # Tests run two at a time (pytest-xdist): most of the suite's time is spent waiting on real processes
 # (engines starting, heartbeats expiring, outages held), so two workers take about 13 minutes where one
 # took 24-30 on 2 cores. Each test has its own Redis, ports and process-leak token, so they do not see
-# each other. PYTEST_WORKERS=0 runs them one at a time (in this process: `pdb` works); more than the
-# machine's cores starves the tests that time real engines.
+# each other. PYTEST_WORKERS=0 runs them one at a time (in this process: `pdb` works). More workers than
+# cores were not tried: the tests that compare real engines' timings share those cores.
 PYTEST_WORKERS ?= 2
 test: install
 	$(VENV)/bin/lint-imports
