@@ -120,16 +120,20 @@ class Result:
     predicted: tuple[float, float] | None = None  # llmgw's X-LLMGW-Prefix: (matched, prompt) tokens
     reused: tuple[float, float] | None = None  # llama-server's timings: (cache_n, prompt tokens)
     moved: bool | None = None  # a later turn served by another engine than its previous turn (None: a first turn)
+    turn: int = 0  # its turn in the conversation (0: the first)
+    one_shot: bool = False
+    prompt_bytes: int = 0  # the messages' text it sent
+    note: str = ""  # the rest of llmgw's X-LLMGW-Prefix (its expected cost, backlog, rule)
 
 
-_PREFIX = re.compile(rb"(?i)\r\nx-llmgw-prefix: matched=(\d+)/(\d+)")
+_PREFIX = re.compile(rb"(?i)\r\nx-llmgw-prefix: matched=(\d+)/(\d+)([^\r]*)")
 _CONTENT = re.compile(r'"(?:content|text)": ?"(?!")')
 
 
 async def chat(host: str, port: int, body: dict, timeout: float) -> Result:
     """One streamed chat request; the answer's text, time to its first content token, its engine."""
     start = time.monotonic()
-    status, ttft, server, text, predicted, reused = 0, None, "", [], None, None
+    status, ttft, server, text, predicted, reused, note = 0, None, "", [], None, None, ""
     writer = None
     try:
         async with asyncio.timeout(timeout):
@@ -141,6 +145,7 @@ async def chat(host: str, port: int, body: dict, timeout: float) -> Result:
             status = int(head.split(b" ", 2)[1])
             if m := _PREFIX.search(head):
                 predicted = (float(m.group(1)), float(m.group(2)))
+                note = m.group(3).decode(errors="replace").strip("; ")
             buf = b""
             while chunk := await reader.read(65536):
                 buf += chunk
@@ -162,7 +167,7 @@ async def chat(host: str, port: int, body: dict, timeout: float) -> Result:
     finally:
         if writer is not None:
             writer.close()
-    return Result(status, ttft, time.monotonic() - start, server, "".join(text), predicted, reused)
+    return Result(status, ttft, time.monotonic() - start, server, "".join(text), predicted, reused, note=note)
 
 
 def run_traffic(urls: str | list[str], convs: list[Conversation]) -> list[Result]:
@@ -184,6 +189,7 @@ def run_traffic(urls: str | list[str], convs: list[Conversation]) -> list[Result
             host, port = address()
             r = await chat(host, port, {"model": "m", "stream": True, "max_tokens": c.max_tokens[i],
                                              "messages": messages}, CLIENT_TIMEOUT)
+            r = replace(r, turn=i, one_shot=c.one_shot, prompt_bytes=sum(len(m["content"]) for m in messages))
             if i and r.status == 200:
                 r = replace(r, moved=r.server != previous)
             previous = r.server
@@ -322,6 +328,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="the engines' personality: vLLM's prefix cache, or llama.cpp's slots that keep one prompt "
                          "each (and its /metrics names, which the agent's scraper maps as for a llama.cpp profile)")
     ap.add_argument("--quick", action="store_true", help="a smoke test: 8 conversations")
+    ap.add_argument("--dump", type=Path, default=None,
+                    help="write every request's figures (router, turn, one-shot, prompt bytes, ttft, latency, engine, "
+                         "llmgw's predicted match) to this file, one JSON object a line, to study a tail")
     a = ap.parse_args(argv)
     unknown = [r for r in a.routers.split(",") if r not in ROUTERS]
     if unknown:
@@ -349,7 +358,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cluster.start_redis()
         for kind in routers:
-            print(run_router(kind, cluster, fleet, convs, workdir).line(), flush=True)
+            row = run_router(kind, cluster, fleet, convs, workdir)
+            print(row.line(), flush=True)
+            if a.dump:
+                with a.dump.open("a") as f:
+                    for r in row.results:
+                        f.write(json.dumps({"router": kind, "turn": r.turn, "one_shot": r.one_shot,
+                                            "prompt_bytes": r.prompt_bytes, "status": r.status, "ttft": r.ttft,
+                                            "latency": r.latency, "engine": r.server, "moved": r.moved,
+                                            "predicted": r.predicted, "note": r.note}) + "\n")
         print(f"\n{len(routers)} routers in {time.monotonic() - started:.0f} s")
     finally:
         cluster.stop()

@@ -78,7 +78,11 @@ def prefix_note(c: Choice, metrics: Metrics) -> str:
         metrics.child(metrics.prefix_predicted, ep).inc(c.matched)
         metrics.child(metrics.prefix_saved, ep).inc(c.saved)
     return (f"matched={int(c.matched)}/{int(c.prompt)} tokens; endpoint_hit={c.matched / c.prompt:.2f}; "
-            f"saved_ms={c.saved * 1000:.1f}; via={'kv_events' if c.kv_events else 'sent'}")
+            f"saved_ms={c.saved * 1000:.1f}; via={'kv_events' if c.kv_events else 'sent'}; "
+            # why it went there: the cost it was expected at, what the endpoint held before it (requests,
+            # and seconds of prefill sent and not yet done), and the rule that picked it
+            f"expected_ms={c.score * 1000:.0f}; ahead={c.ahead}; backlog_ms={c.behind * 1000:.0f}; "
+            f'rule="{c.reason}"')
 
 
 class OpenRequests:

@@ -335,12 +335,12 @@ def _pick(tier: list[_Cand], request: RouteRequest, rng: random.Random, cfg: Rou
             tier = [c for c in tier if c.ahead <= bound] or tier
     elif request.prefix:
         # Nobody here was sent this prompt's head: place it by rendezvous hashing of the head among
-        # the endpoints whose cost is within `affinity_load_factor` of the best (load-bounded, and a
+        # the endpoints whose cost is within `placement_band` of the best (load-bounded, and a
         # slow engine is not picked for a hash), so every gateway process, each with its own index,
         # puts a new system prompt on the same replica and its later requests find it there.
         head = _head(request.prefix)
         low = min(c.score for c in tier)
-        within = [c for c in tier if c.score <= low * cfg.affinity_load_factor]
+        within = [c for c in tier if c.score <= low * cfg.placement_band]
         return _choice(max(within, key=lambda c: _rendezvous(head, c.ep.id)), False, why + ", prefix placed", cfg,
                        request)
     low = min(c.score for c in tier)

@@ -258,6 +258,22 @@ def test_empty_indexes_agree_on_the_replica():
         {pick(other, seed=s).endpoint.id for s in range(20)}) == 1
 
 
+def test_a_new_prompt_is_placed_by_its_head_only_among_endpoints_within_the_placement_band():
+    """A prompt nobody holds goes where its head's rendezvous hash ranks first, but only among the
+    endpoints whose cost is within `placement_band` of the best: a wide band puts a long new prompt
+    on a busier endpoint (the TTFT tail bench/prefix.py showed), a band of 1 on the cheapest."""
+    r = req(chat("hello"), objective=FIRST_TOKEN)
+    idle = pick(r).endpoint.id  # all idle: the hash's first choice
+    busy = {idle: 1}  # that one now holds a request: its cost is higher, the others' alike
+    wide = pick(r, inflight=busy, cfg=RoutingConfig(evict_weight=0, placement_band=10.0))
+    narrow = pick(r, inflight=busy, cfg=RoutingConfig(evict_weight=0, placement_band=1.0))
+    assert wide.endpoint.id == idle and "prefix placed" in wide.reason  # within 10x: still the hash's
+    assert narrow.endpoint.id != idle and "prefix placed" in narrow.reason
+    # and a band of 1 still agrees between gateways: among equals it is the hash that decides
+    assert {pick(r, inflight=busy, cfg=RoutingConfig(evict_weight=0, placement_band=1.0), seed=s).endpoint.id for s in range(10)} \
+        == {narrow.endpoint.id}
+
+
 # --- the prefill rate ---------------------------------------------------------------------------------
 def test_the_prefill_rate_is_learned_from_the_engines_counters():
     from gateway.routing.prefill import prefill_seen
