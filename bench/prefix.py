@@ -21,7 +21,10 @@ connections, nginx `least_conn`, vLLM's router `--policy cache_aware` and SGLang
 Printed per router: time to the first content token p50/p90/p99, end to end p50/p99, errors, the
 fleet's prompt-token hit ratio from the engines' own counters (Δhits / Δqueries), each engine's
 share of the requests, and how many of the conversations' later turns went to another engine than
-their previous turn. The default run takes a few minutes; `--quick` is a smoke test.
+their previous turn. A last row, `no queue`, is the floor under every router's TTFT: each request's
+prefill that no routing can avoid (`floor`), on an idle engine. `--dump FILE` writes every
+request's figures, llmgw's X-LLMGW-Prefix note included (its expected cost, backlog and rule), to
+study a tail. The default run takes a few minutes; `--quick` is a smoke test.
 """
 
 from __future__ import annotations
@@ -107,6 +110,31 @@ def workload(n: int, rate: float, mix: float, seed: int) -> list[Conversation]:
         out.append(Conversation(rng.uniform(0, t), words(rng, rng.randint(100, 1500)), 1, one_shot=True,
                                 user=[words(rng, rng.randint(10, 60))], max_tokens=[rng.randint(16, 64)], think=[0.0]))
     return sorted(out, key=lambda c: c.start)
+
+
+def floor(convs: list[Conversation], sim: SimConfig) -> list[float]:
+    """Each request's time to first token with no queue anywhere: the prefill no router can avoid,
+    on an idle engine of the fleet's fastest, plus its one decode step. A one-shot prompt and the
+    first conversation over each system prompt compute their whole prompt, a later conversation's
+    first turn only its own message (its system prompt held where it goes), a later turn its new
+    message and the last block of the previous answer. A router's TTFT percentiles cannot go below
+    these: the gap between them is what routing can still win."""
+    from simengine.tokens import chat_tokens
+
+    def tokens(*messages: str) -> int:
+        return len(chat_tokens([{"role": "user", "content": m} for m in messages]))
+
+    seen, out = set(), []
+    for c in sorted(convs, key=lambda c: c.start):
+        for i in range(c.turns):
+            if c.one_shot or (i == 0 and c.system not in seen):
+                need = tokens(c.system, c.user[i])
+            else:
+                need = tokens(c.user[i]) + (16 if i else 0)
+            out.append(sim.prefill_seconds(need) + sim.decode_seconds(1))
+        if not c.one_shot:
+            seen.add(c.system)
+    return out
 
 
 # --- the client -------------------------------------------------------------------------------------
@@ -367,6 +395,9 @@ def main(argv: list[str] | None = None) -> int:
                                             "prompt_bytes": r.prompt_bytes, "status": r.status, "ttft": r.ttft,
                                             "latency": r.latency, "engine": r.server, "moved": r.moved,
                                             "predicted": r.predicted, "note": r.note}) + "\n")
+        least = floor(convs, max((e.sim for e in fleet.engines), key=lambda c: c.speed))
+        print(f"  {'no queue':11} {pct(least, .5):7.3f} {pct(least, .9):7.3f} {pct(least, .99):7.3f}   "
+              "(the floor: each request's unavoidable prefill on an idle engine, see `floor`)")
         print(f"\n{len(routers)} routers in {time.monotonic() - started:.0f} s")
     finally:
         cluster.stop()
