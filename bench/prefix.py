@@ -358,7 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="a smoke test: 8 conversations")
     ap.add_argument("--dump", type=Path, default=None,
                     help="write every request's figures (router, turn, one-shot, prompt bytes, ttft, latency, engine, "
-                         "llmgw's predicted match) to this file, one JSON object a line, to study a tail")
+                         "llmgw's predicted match and X-LLMGW-Prefix note) to this file, one JSON object a line, "
+                         "to study a tail")
     a = ap.parse_args(argv)
     unknown = [r for r in a.routers.split(",") if r not in ROUTERS]
     if unknown:

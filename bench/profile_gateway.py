@@ -15,6 +15,7 @@ import argparse
 import collections
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -29,7 +30,7 @@ from bench.prefix import engines, run_traffic, workload  # noqa: E402
 from bench.routing import Router, RunningFleet  # noqa: E402
 from bench.streams import cpu_seconds  # noqa: E402
 from tests.support.cluster import Cluster  # noqa: E402
-from tests.support.procs import bin_path, wait_until  # noqa: E402
+from tests.support.procs import bin_path  # noqa: E402
 
 
 def shares(raw: Path, top: int) -> list[str]:
@@ -62,32 +63,30 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--spy needs py-spy: pip install py-spy")
     workdir = Path(tempfile.mkdtemp(prefix="llmgw-bench-profile-"))
     cluster = Cluster(workdir)
-    fleet = rf = router = None
+    rf = router = None
     try:
         cluster.start_redis()
-        fleet = Fleet("prefix", engines(False), make="vllm")
-        rf = RunningFleet(cluster, fleet, "profile")
+        rf = RunningFleet(cluster, Fleet("prefix", engines(False), make="vllm"), "profile")
         router = Router("llmgw", cluster, rf, workdir, a.workers)
         pids = router.pids()  # gunicorn's master, then its workers
-
-        def cpu() -> float:
-            return cpu_seconds(pids)
-
-        spy, raw = None, workdir / "spy.txt"
+        spy, raw, said = None, workdir / "spy.txt", workdir / "spy.err"
         if a.spy:
             worker = next(p for p in pids if p != pids[0])
-            spy = subprocess.Popen([spy_bin, "record", "-p", str(worker), "-o", str(raw), "-f", "raw", "-r", "200",
-                                    "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            wait_until(lambda: spy.poll() is None, 5, what="py-spy")
-        c0, t0 = cpu(), time.monotonic()
+            with said.open("w") as err:
+                spy = subprocess.Popen([spy_bin, "record", "-p", str(worker), "-o", str(raw), "-f", "raw", "-r", "200",
+                                        "--nonblocking"], stdout=subprocess.DEVNULL, stderr=err)
+        c0, t0 = cpu_seconds(pids), time.monotonic()
         results = run_traffic(router.url, workload(a.conversations, 2.0, 0.2, 1))
-        used = cpu() - c0
+        used = cpu_seconds(pids) - c0
         ok = sum(r.status == 200 for r in results)
         print(f"{len(results)} requests ({ok} answered) in {time.monotonic() - t0:.0f} s; gateway CPU "
               f"{1000 * used / max(1, len(results)):.2f} ms a request ({a.workers} worker(s) and the master)")
         if spy is not None:
-            spy.send_signal(2)
+            spy.send_signal(signal.SIGINT)  # py-spy writes its samples when interrupted
             spy.wait(30)
+            if not raw.exists():  # it could not attach (ptrace not permitted, say): its own words
+                print(f"py-spy recorded nothing: {said.read_text().strip()[-500:]}")
+                return 1
             print("\n".join(shares(raw, a.top)))
     finally:
         if router is not None:
