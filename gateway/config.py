@@ -50,7 +50,7 @@ class RoutingConfig(EnvSettings):
     # A prompt no endpoint was sent yet goes, by rendezvous hashing of its head, to one of the
     # endpoints whose cost is within this factor of the best: wider, more gateways agree on a new
     # system prompt's replica; narrower, a long new prompt waits less behind others' prefills (on
-    # bench/prefix.py 1.1 beat 1.5 on TTFT and end-to-end p99 in 4 of 4 paired runs, while the
+    # bench/prefix.py 1.1 beat 1.5 on TTFT p99 in 5 of 5 paired runs and on end-to-end p99 in 4, while the
     # two-gateway simulation kept 0.851 of the hits against 0.855).
     placement_band: float = env("LLMGW_GATEWAY_PLACEMENT_BAND", default=1.1, ge=1,
                                 meaning="cost band for placing a prompt no endpoint holds")
