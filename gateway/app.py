@@ -43,6 +43,7 @@ from gateway.server.background import Background
 from gateway.server.kvevents import KvSubscriber
 from gateway.server.pollers import PolledRouter
 from gateway.server.tokenizers import Tokenizers
+from gateway.server.sendshare import SendShare
 from gateway.server.siblings import SharedCounts
 from gateway.upstream.client import Upstream
 from llmgw.state.clock import Clock
@@ -101,6 +102,7 @@ class Gateway:
         answers = Answers(clock, metrics, self.traffic, self.usage, cfg.total_timeout, self.open_requests)
         self.proxy = Proxy(cfg, clock, self.router, self.gate, self.upstream, self.queues, answers, metrics,
                            self.traffic, saturation, self.demand, self.not_ready, tracing=self.tracing)
+        self.send_share: SendShare | None = None  # made by `start`
         self.stopping = threading.Event()
         self.started = False
 
@@ -145,6 +147,10 @@ class Gateway:
         self.router.run_pollers()
         self.background.start()
         self.kv_events.start()
+        shared = self.router.counts.shared  # (set by share_counts, after the app was made)
+        self.send_share = SendShare(self.store, self.router, self.clock, self.cfg.share_sends,
+                                    shared.origin if shared is not None else self.identity.id, self.metrics)
+        self.send_share.start()
         atexit.register(self.usage.flush)  # a graceful worker exit writes the last usage
 
     def serve(self, wait: float, tick=lambda: None) -> bool:
@@ -171,6 +177,8 @@ class Gateway:
         self.router.stop()
         self.background.stop()
         self.kv_events.stop()
+        if self.send_share is not None:
+            self.send_share.stop()
         self.usage.flush()
 
 

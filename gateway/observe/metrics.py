@@ -60,6 +60,10 @@ class Metrics:
                                     "hits save (at LLMGW_GATEWAY_PREFILL_MS_PER_TOKEN)", ["endpoint"], **kw)
         self.prefix_measured = Counter("llmgw_gateway_prefix_measured_hit_tokens", "Prompt tokens the engine "
                                        "reported it reused (llama.cpp timings.cache_n)", ["endpoint"], **kw)
+        # What this gateway told the other gateways it sent, and learned from them (gateway.server.sendshare).
+        self.sends_shared = Counter("llmgw_gateway_sends_shared", "Requests with block keys exchanged with the "
+                                    "other gateways through Redis, by direction (published|learned)",
+                                    ["direction"], **kw)
         self.endpoints_version = Gauge("llmgw_gateway_endpoints_version", "Version of the endpoint list in use",
                                        multiprocess_mode="livemax", **kw)
         self.endpoints = Gauge("llmgw_gateway_endpoints", "Endpoints in the list in use",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import random
 import threading
+from collections import deque
 from dataclasses import replace
 from typing import Callable, Mapping
 
@@ -32,7 +33,12 @@ from gateway.routing.prefixindex import PrefixIndex
 from gateway.routing.prefixkeys import TOKENS_PER_BLOCK
 from gateway.routing.tables import EMPTY, Snapshot, Tables
 from llmgw.state.clock import Clock
+from llmgw.state.demand_records import GatewaySent
 from llmgw.state.records import EndpointInfo, LoadRecord
+
+# Sends kept for the other gateways while Redis does not take them (the oldest are dropped first:
+# what they would have told the others is stale by then).
+OUTBOX_MAX = 10_000
 
 
 class Router:
@@ -55,6 +61,9 @@ class Router:
         # Per endpoint: [prompt tokens routed with keys, expected cached, prompt tokens of answers that
         # said what they reused, reused] (the gateway report carries them to `llmgw explain`).
         self.prefix_tally: dict[str, list[float]] = {}
+        # What this process sent with prompt keys, for the other gateways (gateway.server.sendshare
+        # drains it; None: not shared). Under `lock`.
+        self.outbox: deque[GatewaySent] | None = None
         # A slot of a model freed (its name), or the loads or tables changed (None): wakes the queues.
         self.on_release = on_release
 
@@ -127,6 +136,7 @@ class Router:
                 if req.prefix:
                     self.prefixes.sent(res.endpoint.id, req.prefix)
                     self.counts.share_sent(decision, res.endpoint.id, req.prefix, now, res.prefill)
+                    self._post(res.endpoint.id, req.prefix, res.prefill)
                     self._tally(res)
         if isinstance(res, Choice) and self.metrics:
             self.metrics.child(self.metrics.inflight, res.endpoint.id).inc()
@@ -140,6 +150,41 @@ class Router:
         for sent in self.counts.siblings_sent(decision, snap.tables.by_id):
             self.prefixes.sent(sent.endpoint, sent.keys)
             self.backlog.add(sent.endpoint, sent.prefill, sent.at)
+
+    def _post(self, endpoint_id: str, keys, prefill: float) -> None:
+        if self.outbox is not None:
+            self.outbox.append(GatewaySent(endpoint_id, keys, self.clock.time(), prefill))
+
+    def share_sends(self) -> None:
+        """Keep what this process sends for the other gateways from now on (`take_sends`)."""
+        with self.lock:
+            if self.outbox is None:
+                self.outbox = deque(maxlen=OUTBOX_MAX)
+
+    def take_sends(self) -> list[GatewaySent]:
+        """What this process sent since the last call, oldest first."""
+        with self.lock:
+            if not self.outbox:
+                return []
+            out = list(self.outbox)
+            self.outbox.clear()
+            return out
+
+    def learn_sends(self, sends: list[GatewaySent]) -> None:
+        """What the other gateways sent (gateway.server.sendshare read it from Redis), into our prefix
+        index and prefill backlog, as a sibling worker's sends are: so the next turn of a conversation
+        that another gateway served finds its history here too. Their wall clock times become ours
+        by their age; a send long past has drained and adds no backlog."""
+        if not sends:
+            return
+        snap = self.snapshot
+        listed = snap.tables.by_id
+        now, wall = self.clock.monotonic(), self.clock.time()
+        with self.lock:
+            for s in sends:
+                if s.endpoint in listed:
+                    self.prefixes.sent(s.endpoint, s.keys)
+                    self.backlog.add(s.endpoint, s.prefill, now - max(0.0, wall - s.at))
 
     def _route_adapter(self, ad: AdapterRoute, req: RouteRequest, snap: Snapshot, now: float) -> Choice | Rejection:
         """A request for a LoRA adapter: only the endpoints holding it, chosen among as usual."""
@@ -170,6 +215,7 @@ class Router:
                 if req.prefix:
                     self.prefixes.sent(res.endpoint.id, req.prefix)
                     self.counts.share_sent(decision, res.endpoint.id, req.prefix, now, res.prefill)
+                    self._post(res.endpoint.id, req.prefix, res.prefill)
         if isinstance(res, Rejection):
             if res.kind == "unknown_model":  # none of them is the one its response id pins it to
                 return Rejection(NO_ADAPTER, req.model, f"the endpoint {req.pin} does not hold adapter {ad.name!r}")

@@ -30,6 +30,7 @@ import hashlib
 import mmap
 import multiprocessing
 import os
+import socket
 
 from gateway.server.sentlog import SentLog
 
@@ -51,8 +52,12 @@ def key_of(endpoint_id: str) -> int:
 class SharedCounts:
     """A view of the table from one worker (`row`), or from the master (`row` None: assigns rows)."""
 
-    def __init__(self, buf, rows: int, row: int | None = None, lock=None, sent: SentLog | None = None):
+    def __init__(self, buf, rows: int, row: int | None = None, lock=None, sent: SentLog | None = None,
+                 origin: str = ""):
         self.raw = buf  # the shared bytes (an mmap); `buf` reads them as int64s
+        # The gateway these workers make up (the master's host:pid): what they send is shared with the
+        # other gateways under this name, and read back by none of them (gateway.server.sendshare).
+        self.origin = origin or f"{socket.gethostname()}:{os.getpid()}"
         self.lock = lock if lock is not None else multiprocessing.get_context("fork").Lock()
         self.buf = memoryview(buf).cast("q")
         self.rows = rows
@@ -68,7 +73,7 @@ class SharedCounts:
         return cls(mmap.mmap(-1, rows * _ROW * 8), rows)
 
     def for_row(self, row: int) -> "SharedCounts":
-        return SharedCounts(self.raw, self.rows, row, self.lock, self.sent.for_row(row))
+        return SharedCounts(self.raw, self.rows, row, self.lock, self.sent.for_row(row), self.origin)
 
     def deciding(self) -> "_Deciding":
         """Held around one routing decision (read, choose, reserve), across the worker processes."""

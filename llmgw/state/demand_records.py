@@ -1,11 +1,25 @@
 """What gateways report (their in-flight requests and queues per endpoint and model, a cold start's
-demand hint) and what the autoscaler decided from it. Plain dataclasses, as `llmgw.state.records`."""
+demand hint, what they sent where) and what the autoscaler decided from it. Plain dataclasses, as
+`llmgw.state.records`."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import NamedTuple
 
 from llmgw.state.records import from_known
+
+
+class GatewaySent(NamedTuple):
+    """One request a gateway sent with prompt block keys (gateway.routing.prefixkeys): where, the keys,
+    when (the sender's wall clock, seconds) and the prefill seconds it still needed there. The other
+    gateways read it into their prefix index and prefill backlog (gateway.server.sendshare)."""
+
+    endpoint: str
+    keys: list[int]
+    at: float
+    prefill: float
+
 
 @dataclass(frozen=True)
 class EndpointUse:

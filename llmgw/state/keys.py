@@ -99,6 +99,12 @@ def gateway_report(gateway_id: str) -> str:
     return f"{PREFIX}:gateway:{gateway_id}"
 
 
+# Stream of what the gateways sent where (gateway.server.sendshare): one entry per flush of one
+# gateway worker, {"o": origin, "d": JSON [[endpoint, sent_at, prefill_s, base64 block keys], ...]},
+# trimmed by age (MINID) as it is written. Every gateway reads the others' into its prefix index.
+SENDS = f"{PREFIX}:sends"
+
+
 # --- autoscaling (docs/autoscaling.md) --------------------------------------------------------------
 # Hash: "<model>/<profile>" -> JSON ScaleState, the autoscaler's wanted count and why (profile names
 # have no "/", so the last one splits the field). Written by the reconcile pass; read by `llmgw status`.

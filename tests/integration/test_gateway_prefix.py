@@ -76,3 +76,39 @@ def test_a_conversations_turns_go_to_one_replica_whose_prefix_cache_hits(cluster
     page = requests.get(gw + "/metrics", timeout=5).text
     assert metric(page, f'llmgw_gateway_prefix_predicted_hit_tokens_total{{endpoint="{one}"}}') > len(SYSTEM) / 4
     assert metric(page, f'llmgw_gateway_prefix_saved_seconds_total{{endpoint="{one}"}}') > 0
+
+
+def test_a_turn_through_another_gateway_finds_the_history_the_first_gateway_sent(cluster):
+    """Two gateways (each its own gunicorn) on one Redis, as behind an L4 load balancer: the second
+    turn reaches the other gateway, which learned from Redis what the first sent where, so it expects
+    the history on the same replica, sends it there, and the engine reuses it."""
+    cluster.start_redis()
+    urls = {n: start_sim(cluster, f"engine-{n}") for n in ("a", "b", "c")}
+    eps = [EndpointInfo(id=i, url=u, models=("m",), engine="sim", model="m", served_name="m", capacity=4)
+           for i, u in urls.items()]
+    cluster.store().write_endpoints(eps, "fp-prefix", time.time())
+    gateways = [cluster.start_gateway(port=free_port(), name=f"gateway-{i}", LLMGW_GATEWAY_SEED=str(i))
+                for i in (1, 2)]
+    for gw in gateways:
+        wait_until(lambda: requests.get(gw + "/healthz", timeout=5).json()["endpoints"] == 3, 10, what="endpoints")
+    msgs = [{"role": "system", "content": SYSTEM},
+            {"role": "user", "content": "question 0 about my refund " + "with details " * 200}]
+    first = requests.post(gateways[0] + CHAT, json={"model": "m", "messages": msgs}, timeout=30)
+    assert first.status_code == 200, first.text
+    one = first.headers["X-LLMGW-Endpoint"]
+
+    def learned() -> float:
+        page = requests.get(gateways[1] + "/metrics", timeout=5).text
+        return metric(page, 'llmgw_gateway_sends_shared_total{direction="learned"}')
+
+    wait_until(lambda: learned() >= 1, 10, what="the second gateway to learn the first one's send")
+    msgs += [{"role": "assistant", "content": first.json()["choices"][0]["message"]["content"]},
+             {"role": "user", "content": "and how long will it take?"}]
+    before = hits(urls[one])
+    second = requests.post(gateways[1] + CHAT, json={"model": "m", "messages": msgs}, timeout=30)
+    assert second.status_code == 200, second.text
+    assert second.headers["X-LLMGW-Endpoint"] == one
+    m = re.match(r"matched=(\d+)/(\d+) tokens", second.headers["X-LLMGW-Prefix"])
+    assert m and int(m.group(1)) > 0.8 * int(m.group(2)), second.headers["X-LLMGW-Prefix"]
+    h1, q1 = hits(urls[one])
+    assert h1 - before[0] > 0.8 * (q1 - before[1]) > 0  # the engine reused the history

@@ -1,0 +1,121 @@
+"""What a gateway sent where, shared with the other gateways through Redis (gateway.server.sendshare,
+llmgw.state.store.sends): the stream's encoding, the router's outbox and what it learns from the
+others' sends, and one pass of the exchange between two gateways (fakeredis: one module at a time)."""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import fakeredis
+import pytest
+
+from gateway.config import RoutingConfig
+from gateway.routing.choice import FIRST_TOKEN, Choice, RouteRequest
+from gateway.routing.prefixkeys import prefix_of
+from gateway.routing.router import Router
+from gateway.routing.tables import tables_from
+from gateway.server.sendshare import SendShare
+from llmgw.state import keys
+from llmgw.state.demand_records import GatewaySent
+from llmgw.state.records import EndpointInfo
+from llmgw.state.store import Store
+from llmgw.surface import CHAT
+from tests.support.clock import FakeClock
+
+CFG = RoutingConfig(evict_weight=0)
+SYSTEM = "You are the billing assistant. " + "Refunds need an order number and a reason. " * 80
+
+
+def store() -> Store:
+    return Store(fakeredis.FakeRedis(decode_responses=True))
+
+
+def ep(i: str) -> EndpointInfo:
+    return EndpointInfo(id=i, url=f"http://e/{i}", models=("m",), engine="sim", capacity=8, model="m")
+
+
+def router(clock: FakeClock, endpoints=("a", "b", "c", "d")) -> Router:
+    r = Router(CFG, clock, random.Random(0))
+    tables = tables_from(1, "fp", [ep(i) for i in endpoints],
+                         SimpleNamespace(canonical={}, groups=[("m",)], cold_start={}), {})
+    r.apply_tables(tables, True)
+    return r
+
+
+def turn(*questions: str) -> RouteRequest:
+    msgs = [{"role": "system", "content": SYSTEM}]
+    for q in questions:
+        msgs += [{"role": "user", "content": q}, {"role": "assistant", "content": "the answer to " + q}]
+    body = {"model": "m", "messages": msgs[:-1]}
+    block_keys, tokens = prefix_of(body, CHAT, "m")
+    return RouteRequest("m", prefix=block_keys, prompt_tokens=tokens, objective=FIRST_TOKEN)
+
+
+def test_sends_cross_the_stream_intact_and_an_origin_never_reads_its_own():
+    s = store()
+    sent = [GatewaySent("a", [1, -2, 2**62, -(2**63)], 1000.25, 0.125), GatewaySent("b", [7], 1000.5, 0.0)]
+    s.add_sends("gw-1", sent, 1000.5, 120)
+    cursor, read, got = s.sends_after("0-0", "gw-2", 100)
+    assert (read, got) == (1, sent)
+    assert s.sends_after(cursor, "gw-2", 100)[1:] == (0, [])  # read on from where it stopped
+    cursor, read, got = s.sends_after("0-0", "gw-1", 100)
+    assert (read, got) == (1, []) and cursor != "0-0"  # its own entry is passed over, and past
+
+
+def test_an_unreadable_entry_is_skipped_and_what_follows_it_is_read():
+    s = store()
+    s.r.xadd(keys.SENDS, {"o": "gw-new", "d": '[["a", 1, 0, "not base64!"]]'})
+    s.r.xadd(keys.SENDS, {"o": "gw-new", "d": '{"a": 1}'})
+    s.add_sends("gw-1", [GatewaySent("a", [5, 6], 1.0, 0.0)], 1.0, 120)
+    _, read, got = s.sends_after("0-0", "gw-2", 100)
+    assert read == 3 and got == [GatewaySent("a", [5, 6], 1.0, 0.0)]
+
+
+def test_another_gateways_send_makes_the_next_turn_match_there_and_counts_in_its_backlog():
+    clock = FakeClock(t=5000.0, mono=100.0)
+    one, two = router(clock), router(clock)
+    one.share_sends()
+    first = one.route(turn("where is my refund?"))
+    assert isinstance(first, Choice) and first.prefill > 0
+    ours = one.take_sends()
+    assert [(s.endpoint, s.at) for s in ours] == [(first.endpoint.id, 5000.0)]
+    assert one.take_sends() == []  # taken once
+    nxt = turn("where is my refund?", "and how long will it take?")
+    blind = two.route(nxt)
+    assert isinstance(blind, Choice) and blind.matched == 0  # the second gateway knows nothing of it
+    two.release(blind, None)
+    two.backlog.done_at.clear()
+    two.learn_sends(ours)
+    assert two.backlog.ahead(["a", "b", "c", "d"], clock.monotonic()) == pytest.approx({first.endpoint.id: first.prefill})
+    later = two.route(nxt)
+    assert isinstance(later, Choice) and later.endpoint.id == first.endpoint.id
+    assert later.matched >= len(ours[0].keys) - 1  # the history the first gateway sent there
+
+
+def test_a_send_long_past_adds_no_backlog_and_an_unlisted_endpoint_is_ignored():
+    clock = FakeClock(t=5000.0, mono=100.0)
+    r = router(clock, ("a", "b"))
+    r.learn_sends([GatewaySent("a", [11, 12], 4990.0, 2.0), GatewaySent("gone", [13], 5000.0, 2.0)])
+    assert r.backlog.ahead(["a", "b", "gone"], clock.monotonic()) == {}
+    assert set(r.prefixes.by_ep) == {"a"}
+
+
+def test_one_pass_publishes_ours_and_learns_only_the_other_gateways():
+    s = store()
+    clock = FakeClock(t=5000.0, mono=100.0)
+    routers = [router(clock) for _ in range(3)]
+    # The first two are workers of one gateway (one origin: they share sends in memory), the third another.
+    shares = [SendShare(s, r, clock, 0.05, origin) for r, origin in zip(routers, ("gw-1", "gw-1", "gw-2"))]
+    for sh in shares:
+        sh.router.share_sends()
+    chosen = routers[0].route(turn("first question"))
+    assert isinstance(chosen, Choice)
+    assert shares[0].step() == 0
+    assert shares[1].step() == 0  # a sibling: learned in memory, not from Redis
+    assert shares[2].step() == 1
+    assert shares[2].step() == 0  # once
+    assert routers[2].prefixes.matches(["a", "b", "c", "d"], turn("first question").prefix) == {
+        chosen.endpoint.id: len(turn("first question").prefix)}
+    late = SendShare(s, router(clock), clock, 0.05, "gw-3")  # a gateway that starts now reads what the stream keeps
+    assert late.step() == 1
