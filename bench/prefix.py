@@ -152,6 +152,7 @@ class Result:
     one_shot: bool = False
     prompt_bytes: int = 0  # the messages' text it sent
     note: str = ""  # the rest of llmgw's X-LLMGW-Prefix (its expected cost, backlog, rule)
+    started: float = 0.0  # when it was sent (monotonic seconds)
 
 
 _PREFIX = re.compile(rb"(?i)\r\nx-llmgw-prefix: matched=(\d+)/(\d+)([^\r]*)")
@@ -195,7 +196,8 @@ async def chat(host: str, port: int, body: dict, timeout: float) -> Result:
     finally:
         if writer is not None:
             writer.close()
-    return Result(status, ttft, time.monotonic() - start, server, "".join(text), predicted, reused, note=note)
+    return Result(status, ttft, time.monotonic() - start, server, "".join(text), predicted, reused, note=note,
+                  started=start)
 
 
 def run_traffic(urls: str | list[str], convs: list[Conversation]) -> list[Result]:
@@ -391,11 +393,13 @@ def main(argv: list[str] | None = None) -> int:
             print(row.line(), flush=True)
             if a.dump:
                 with a.dump.open("a") as f:
+                    t0 = min((r.started for r in row.results), default=0.0)
                     for r in row.results:
                         f.write(json.dumps({"router": kind, "turn": r.turn, "one_shot": r.one_shot,
                                             "prompt_bytes": r.prompt_bytes, "status": r.status, "ttft": r.ttft,
                                             "latency": r.latency, "engine": r.server, "moved": r.moved,
-                                            "predicted": r.predicted, "note": r.note}) + "\n")
+                                            "predicted": r.predicted, "note": r.note,
+                                            "sent_at": round(r.started - t0, 4)}) + "\n")
         least = floor(convs, max((e.sim for e in fleet.engines), key=lambda c: c.speed))
         print(f"  {'no queue':11} {pct(least, .5):7.3f} {pct(least, .9):7.3f} {pct(least, .99):7.3f}   "
               "(the floor: each request's unavoidable prefill on an idle engine, see `floor`)")

@@ -110,6 +110,10 @@ class _Cand(NamedTuple):  # a tuple: built for every endpoint on every request
     saved: float = 0.0  # the prefill seconds that saves there
     prefill: float = 0.0  # the prefill seconds it still needs there
     behind: float = 0.0  # the backlog of prefill queued there before it
+    # For an endpoint full by capacity: what its prompt would add to the cost there once a slot frees
+    # (its prefill, the batch it stalls, the backlog before it), so waiting for it is weighed like
+    # sending to an open endpoint, whose score has the same terms (_better_to_wait).
+    prompt_when_free: float = 0.0
 
 
 def effective_speed(st: EndpointStats | None, best: Speed | None, now: float, cfg: RoutingConfig) -> Speed | None:
@@ -237,10 +241,15 @@ def choose(
             soft = False
         need = (total - hit) * per_token
         behind = backlog.get(e.id, 0.0) if backlog else 0.0
+        evicts = cfg.evict_weight * st.reuse if st is not None and st.reuse else 0.0
+        when_free = 0.0
+        if soft and not hard and (need or behind) and not math.isinf(slots):
+            free = max(0.0, slots - 1.0)
+            when_free = (score(speed, free, slots, e.weight, kv, cfg, need, request.objective, evicts, behind)
+                         - score(speed, free, slots, e.weight, kv, cfg, 0.0, request.objective))
         cands.append(_Cand(e, ahead, hard or soft,
-                           score(speed, ahead, slots, e.weight, kv, cfg, need, request.objective,
-                                 cfg.evict_weight * st.reuse if st is not None and st.reuse else 0.0, behind),
-                           soft and not hard, speed, slots, raw, hit * per_token, need, behind))
+                           score(speed, ahead, slots, e.weight, kv, cfg, need, request.objective, evicts, behind),
+                           soft and not hard, speed, slots, raw, hit * per_token, need, behind, when_free))
 
     # The benchmark baselines behave like the peers' routers: no saturation, no admission.
     if cfg.policy == "round_robin":
@@ -282,10 +291,14 @@ def _better_to_wait(tier: list[_Cand], open_: list[_Cand], request: RouteRequest
     best_open = min(c.score for c in open_)
     # What a full endpoint gives once a slot frees there: the whole answer, or only its first token
     # (a streamed request is held only when even that comes sooner than on the open endpoint).
+    # Both with the prompt's own terms there (its prefill less what that engine holds, the batch it
+    # stalls, the backlog), as the open endpoints' scores have them: without them a long prompt that
+    # no endpoint holds was held for a full endpoint, as if it would start there with nothing to
+    # compute, and waited there a whole answer's time (bench/prefix.py's TTFT tail).
     if request.objective == FIRST_TOKEN:
-        served = [(c, c.speed.ttfb) for c in full]
+        served = [(c, c.speed.ttfb + c.prompt_when_free) for c in full]
     else:
-        served = [(c, c.speed.ttfb + c.speed.decode(c.slots)) for c in full]
+        served = [(c, c.speed.ttfb + c.speed.decode(c.slots) + c.prompt_when_free) for c in full]
     better = [(c, t) for c, t in served if t < best_open]
     if not better:
         return None

@@ -195,6 +195,24 @@ def test_objective_first_token_waits_when_the_free_engine_is_slower_even_to_its_
     assert not isinstance(r, Choice) and r.kind == "saturated"
 
 
+def test_a_long_prompt_nobody_holds_is_not_held_for_a_full_endpoint_where_it_would_compute_it_too():
+    """A new long prompt, two identical engines, one full by capacity: its first token comes sooner
+    on the open one, prefill and all, than on the full one once a slot frees and it computes the
+    same prefill there. It used to be held, as if the full engine had nothing to compute for it."""
+    eps = [ep("full"), ep("open")]
+    stats = {i: EndpointStats(speed=Speed(1.3, 0.08, ttfb=0.03), last_sample=NOW, prefill=0.00025)
+             for i in ("full", "open")}
+    long = req({"model": "m", "messages": [{"role": "user", "content": "a new question " * 400}]},
+               objective=FIRST_TOKEN)
+    assert long.prompt_tokens > 1000
+    r = choose(eps, {}, {"full": 8, "open": 4}, long, NOW, stats=stats, cfg=CFG, rng=random.Random(0))
+    assert isinstance(r, Choice) and r.endpoint.id == "open"
+    # A prompt the full engine holds is still worth waiting for there when the open one would recompute it.
+    held = choose(eps, {}, {"full": 8, "open": 7}, long, NOW, stats=stats, cfg=CFG, rng=random.Random(0),
+                  matched={"full": len(long.prefix)})
+    assert not isinstance(held, Choice) and held.kind == "saturated"
+
+
 # --- several gateways agree -----------------------------------------------------------------------
 def _fleet_run(gateways: int, seed: int = 3) -> tuple[float, Counter]:
     """Conversations over shared system prompts, each request routed by gateway (i mod `gateways`),
