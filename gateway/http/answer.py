@@ -80,9 +80,10 @@ def prefix_note(c: Choice, metrics: Metrics) -> str:
     return (f"matched={int(c.matched)}/{int(c.prompt)} tokens; endpoint_hit={c.matched / c.prompt:.2f}; "
             f"saved_ms={c.saved * 1000:.1f}; via={'kv_events' if c.kv_events else 'sent'}; "
             # why it went there: the cost it was expected at, what the endpoint held before it (requests,
-            # and seconds of prefill sent and not yet done), and the rule that picked it
+            # and seconds of prefill sent and not yet done), how long it waited in the gateway's queue
+            # first, and the rule that picked it
             f"expected_ms={c.score * 1000:.0f}; ahead={c.ahead}; backlog_ms={c.behind * 1000:.0f}; "
-            f'rule="{c.reason}"')
+            f'held_ms={c.waited * 1000:.0f}; rule="{c.reason}"')
 
 
 class OpenRequests:

@@ -86,6 +86,7 @@ class Choice:
     kv_events: bool = False  # `matched` is what the engine reported holding (precise mode), not a prediction
     prefill: float = 0.0  # prefill seconds the request still needs there (its backlog, gateway.routing.backlog)
     behind: float = 0.0  # prefill seconds already queued there when it was sent (the backlog it waits for)
+    waited: float = 0.0  # seconds the request waited in the gateway's queue before this choice
 
 
 @dataclass(frozen=True)
@@ -381,4 +382,4 @@ HEAD_BLOCKS = 4
 
 def _choice(c: _Cand, saturated: bool, why: str, cfg: RoutingConfig, request: RouteRequest) -> Choice:
     return Choice(c.ep, c.score, c.ahead, saturated, why, "", c.matched, c.saved, request.prompt_tokens,
-                  prefill=c.prefill, behind=c.behind)
+                  prefill=c.prefill, behind=c.behind, waited=request.waited)

@@ -209,7 +209,7 @@ class Router:
                 self.rr_counter += 1
                 res = Choice(res.endpoint, res.score, res.ahead, res.saturated, res.reason, ad.name,
                              res.matched, res.saved, res.prompt, bool(exact and res.endpoint.id in exact), res.prefill,
-                             res.behind)
+                             res.behind, res.waited)
                 self.counts.add(res.endpoint, self.clock.time(), now, ad.name)
                 self.backlog.add(res.endpoint.id, res.prefill, now)
                 if req.prefix:
@@ -365,7 +365,7 @@ class Router:
 def _engine_reported(c: Choice) -> Choice:
     # (Built directly: dataclasses.replace costs microseconds on the request path.)
     return Choice(c.endpoint, c.score, c.ahead, c.saturated, c.reason, c.adapter, c.matched, c.saved, c.prompt, True,
-                  c.prefill, c.behind)
+                  c.prefill, c.behind, c.waited)
 
 
 class Lease:

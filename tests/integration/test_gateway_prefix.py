@@ -62,8 +62,10 @@ def test_a_conversations_turns_go_to_one_replica_whose_prefix_cache_hits(cluster
     first = re.match(r"matched=(\d+)/(\d+) tokens; endpoint_hit=([\d.]+); saved_ms=([\d.]+)", notes[0])
     assert first and first.group(1) == "0", notes[0]
     # and why it went there: its expected cost, what the endpoint held, the rule that picked it
-    assert re.search(r'; expected_ms=\d+; ahead=0; backlog_ms=\d+; rule="tier 0, prefix placed"$', notes[0]), notes[0]
-    assert all(re.search(r'; expected_ms=\d+; ahead=\d+; backlog_ms=\d+; rule="tier 0[^"]*"$', n) for n in notes[1:]), notes
+    assert re.search(r'; expected_ms=\d+; ahead=0; backlog_ms=\d+; held_ms=0; rule="tier 0, prefix placed"$',
+                     notes[0]), notes[0]
+    assert all(re.search(r'; expected_ms=\d+; ahead=\d+; backlog_ms=\d+; held_ms=0; rule="tier 0[^"]*"$', n)
+               for n in notes[1:]), notes
     for note in notes[1:]:
         m = re.match(r"matched=(\d+)/(\d+) tokens; endpoint_hit=([\d.]+); saved_ms=([\d.]+)", note)
         assert m and int(m.group(1)) > 0.8 * len(SYSTEM) / 4 and float(m.group(3)) > 0.5, note

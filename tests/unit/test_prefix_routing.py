@@ -206,7 +206,14 @@ def test_a_long_prompt_nobody_holds_is_not_held_for_a_full_endpoint_where_it_wou
                objective=FIRST_TOKEN)
     assert long.prompt_tokens > 1000
     r = choose(eps, {}, {"full": 8, "open": 4}, long, NOW, stats=stats, cfg=CFG, rng=random.Random(0))
-    assert isinstance(r, Choice) and r.endpoint.id == "open"
+    assert isinstance(r, Choice) and r.endpoint.id == "open" and r.waited == 0
+    # (a request that waited in the queue first says so in its answer's X-LLMGW-Prefix)
+    from gateway.http.answer import prefix_note
+    from gateway.observe.metrics import Metrics
+
+    waited = choose(eps, {}, {"full": 8, "open": 4}, replace(long, waited=0.25), NOW, stats=stats, cfg=CFG,
+                    rng=random.Random(0))
+    assert isinstance(waited, Choice) and "; held_ms=250; rule=" in prefix_note(waited, Metrics())
     # A prompt the full engine holds is still worth waiting for there when the open one would recompute it.
     held = choose(eps, {}, {"full": 8, "open": 7}, long, NOW, stats=stats, cfg=CFG, rng=random.Random(0),
                   matched={"full": len(long.prefix)})
