@@ -141,12 +141,13 @@ class GatewaySettings(Settings):
         "LLMGW_GATEWAY_MAX_CONNECTIONS", default=None, ge=1,
         meaning="requests one process holds open at once (parsed, queued or streaming); the next get 503 with "
                 "Retry-After. Unset: 10,000, or fewer if the file-descriptor limit allows fewer")
-    # A conversation's turns reach different gateways behind an L4 load balancer: each gateway tells
-    # the others what it sent where this often, through Redis (gateway.server.sendshare), so a later
-    # turn finds its history whichever gateway takes it. Off the request path; 0 turns it off.
+    # A conversation's turns reach different gateways behind an L4 load balancer: each worker flushes
+    # what it sent where to Redis this often, and reads the other gateways' flushes as they land
+    # (gateway.server.sendshare), so a later turn finds its history whichever gateway takes it. Off
+    # the request path; 0 turns it off.
     share_sends: Seconds = env("LLMGW_GATEWAY_SHARE_SENDS", default=0.05, ge=0, le=10,
-                             meaning="seconds between exchanges of what this gateway sent where (prompt block keys) "
-                                     "with the other gateways through Redis (0: not shared)")
+                               meaning="seconds between a worker's flushes of what it sent where (prompt block keys) "
+                                       "to Redis, for the other gateways (0: not shared)")
     report_interval: Seconds = env("LLMGW_GATEWAY_REPORT_INTERVAL", default=0.5, ge=0.01,
                                    meaning="seconds between this process's gateway reports (in flight, demand, "
                                            "the endpoint list it routes by; docs/lifecycle.md)")

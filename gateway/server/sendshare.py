@@ -8,13 +8,15 @@ bench/prefix.py with two gateways behind round robin, 141 of 366 later turns mov
 fleet kept 76 % of prompt tokens cached against 83 % with one gateway (docs/gateway.md).
 
 A conversation's next turn comes a think time after the last answer, seconds rather than
-milliseconds, so the gateways need not agree per request (a round trip on every decision): every
-`interval` each worker appends what it sent since its last flush to the stream `llmgw:sends`
-(llmgw.state.store.sends) and reads what the other gateways appended since its last read, into its
-router's prefix index and prefill backlog (Router.learn_sends). A send reaches the other gateways
-within about one interval. A gateway that starts reads the stream from its beginning, the last
-KEEP seconds of the fleet's sends, so it routes a conversation that is under way as the others do.
-When Redis fails, the sends of that pass are dropped (stale by the next one) and the loop goes on.
+milliseconds, so the gateways need not agree per request (a round trip on every decision). Each
+worker runs two loops: every `interval` it appends what it sent since its last flush to its
+gateway's stream (llmgw.state.store.sends), and it reads the other gateways' streams as entries
+arrive (a read that waits in Redis, so an idle fleet costs nothing and a lone gateway reads nothing),
+into its router's prefix index and prefill backlog (Router.learn_sends). A send reaches the other
+gateways within about one interval. A gateway that starts, or that sees a new one, reads that
+gateway's stream from its beginning, the last KEEP seconds of its sends, so it routes conversations
+under way as the others do. When Redis fails, the sends of that pass are dropped (stale by the next
+one), the failure is logged once, and the loops go on.
 """
 
 from __future__ import annotations
@@ -29,57 +31,94 @@ from llmgw.state.store import Store
 
 log = logging.getLogger("llmgw.gateway")
 
-# Seconds of sends the stream keeps (trimmed as it is written): what a starting gateway learns from.
+# Seconds of sends a stream keeps (trimmed as it is written): what a starting gateway learns from.
 # A turn after a longer pause is placed by its head's hash, as the gateways agree on without sharing.
 KEEP = 120.0
-READ_BATCH = 500  # entries per read; a pass reads on until the stream is drained or READS_PER_PASS
+READ_BATCH = 500  # entries per origin and read; a pass reads on until drained or READS_PER_PASS
 READS_PER_PASS = 20
+READ_WAIT = 1.0  # seconds a read waits in Redis for another gateway's flush before it looks again
+ORIGINS_EVERY = 1.0  # seconds between reads of which gateways share (a new one is read from then on)
 
 
 class SendShare:
     def __init__(self, store: Store, router: Router, clock: Clock, interval: float, origin: str, metrics=None):
         self.store, self.router, self.clock, self.metrics = store, router, clock, metrics
         self.interval, self.origin = interval, origin
-        self.cursor = "0-0"  # the stream position read up to (its beginning: all it keeps)
+        self.cursors: dict[str, str] = {}  # another origin -> the position read up to in its stream
+        self._origins_at = self._announced_at = float("-inf")
         self.stopping = threading.Event()
-        self._failing = False
+        self._failing: set[str] = set()
 
     def start(self) -> None:
         if self.interval <= 0:
             return
         self.router.share_sends()
-        threading.Thread(target=self._loop, name="llmgw-sendshare", daemon=True).start()
+        threading.Thread(target=self._flush_loop, name="llmgw-sends-out", daemon=True).start()
+        threading.Thread(target=self._read_loop, name="llmgw-sends-in", daemon=True).start()
 
     def stop(self) -> None:
         self.stopping.set()
 
-    def _loop(self) -> None:
+    def _flush_loop(self) -> None:
         while not self.stopping.wait(self.interval):
-            try:
-                self.step()
-                self._failing = False
-            except REDIS_ERRORS as e:
-                if not self._failing:  # once per outage: the pollers report Redis's health
-                    log.warning("sharing sends with the other gateways failed: %s", e)
-                self._failing = True
-            except Exception:  # noqa: BLE001 - the loop never dies
-                log.exception("sharing sends with the other gateways failed")
+            self._guarded("publishing", self.flush)
 
-    def step(self) -> int:
-        """One pass: publish ours, learn the others'. Returns how many of theirs were learned."""
+    def _read_loop(self) -> None:
+        while not self.stopping.is_set():
+            read = self._guarded("reading", lambda: self.read(READ_WAIT))
+            if read is None:  # no other gateway shares, or Redis failed: look again in a while
+                self.stopping.wait(ORIGINS_EVERY)
+
+    def _guarded(self, what: str, step):
+        try:
+            out = step()
+            self._failing.discard(what)
+            return out
+        except REDIS_ERRORS as e:
+            if what not in self._failing:  # once per outage: the pollers report Redis's health
+                log.warning("%s sends with the other gateways failed: %s", what, e)
+            self._failing.add(what)
+        except Exception:  # noqa: BLE001 - the loops never die
+            log.exception("%s sends with the other gateways failed", what)
+        return None
+
+    def flush(self) -> int:
+        """Publish what this worker sent since the last flush; returns how many."""
         ours = self.router.take_sends()
         if ours:
-            self.store.add_sends(self.origin, ours, self.clock.time(), KEEP)
+            now = self.clock.monotonic()
+            announce = now - self._announced_at >= ORIGINS_EVERY
+            self.store.add_sends(self.origin, ours, self.clock.time(), KEEP, announce)
+            if announce:
+                self._announced_at = now
+            if self.metrics is not None:
+                self.metrics.child(self.metrics.sends_shared, "published").inc(len(ours))
+        return len(ours)
+
+    def read(self, block: float | None = None) -> int | None:
+        """Learn what the other gateways sent since the last read, waiting up to `block` seconds for
+        it when nothing is there yet. Returns how many sends were learned (None: no other gateway
+        shares)."""
+        now = self.clock.monotonic()
+        if now - self._origins_at >= ORIGINS_EVERY:
+            self._origins_at = now
+            others = [o for o in self.store.sending_origins(self.clock.time(), KEEP) if o != self.origin]
+            self.cursors = {o: self.cursors.get(o, "0-0") for o in others}
+        if not self.cursors:
+            return None
         learned = 0
-        for _ in range(READS_PER_PASS):
-            self.cursor, read, theirs = self.store.sends_after(self.cursor, self.origin, READ_BATCH)
+        for i in range(READS_PER_PASS):
+            self.cursors, read, theirs = self.store.sends_after(self.cursors, READ_BATCH, block if i == 0 else None)
             self.router.learn_sends(theirs)
             learned += len(theirs)
             if read < READ_BATCH:
                 break
-        if self.metrics is not None:
-            if ours:
-                self.metrics.child(self.metrics.sends_shared, "published").inc(len(ours))
-            if learned:
-                self.metrics.child(self.metrics.sends_shared, "learned").inc(learned)
+        if learned and self.metrics is not None:
+            self.metrics.child(self.metrics.sends_shared, "learned").inc(learned)
         return learned
+
+    def step(self) -> int | None:
+        """One flush and one read that does not wait (tests)."""
+        self.flush()
+        self._origins_at = float("-inf")
+        return self.read()

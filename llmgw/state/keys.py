@@ -99,10 +99,16 @@ def gateway_report(gateway_id: str) -> str:
     return f"{PREFIX}:gateway:{gateway_id}"
 
 
-# Stream of what the gateways sent where (gateway.server.sendshare): one entry per flush of one
-# gateway worker, {"o": origin, "d": JSON [[endpoint, sent_at, prefill_s, base64 block keys], ...]},
-# trimmed by age (MINID) as it is written. Every gateway reads the others' into its prefix index.
-SENDS = f"{PREFIX}:sends"
+# What the gateways sent where (gateway.server.sendshare). A hash of the gateways that share their
+# sends: origin (a gunicorn master's host:pid) -> wall clock of its last flush ...
+SENDS_ORIGINS = f"{PREFIX}:sends:origins"
+
+
+def sends(origin: str) -> str:
+    """... and a stream per origin: one entry per flush of one of its workers, {"d": JSON [[endpoint,
+    sent_at, prefill_s, base64 block keys], ...]}, trimmed by age (MINID) as it is written and expiring
+    with its gateway. Every gateway reads the others' into its prefix index."""
+    return f"{PREFIX}:sends:{origin}"
 
 
 # --- autoscaling (docs/autoscaling.md) --------------------------------------------------------------

@@ -52,23 +52,25 @@ def turn(*questions: str) -> RouteRequest:
     return RouteRequest("m", prefix=block_keys, prompt_tokens=tokens, objective=FIRST_TOKEN)
 
 
-def test_sends_cross_the_stream_intact_and_an_origin_never_reads_its_own():
+def test_sends_cross_the_stream_intact_and_each_origin_has_its_own():
     s = store()
     sent = [GatewaySent("a", [1, -2, 2**62, -(2**63)], 1000.25, 0.125), GatewaySent("b", [7], 1000.5, 0.0)]
     s.add_sends("gw-1", sent, 1000.5, 120)
-    cursor, read, got = s.sends_after("0-0", "gw-2", 100)
+    assert s.sending_origins(1000.5, 120) == ["gw-1"]
+    cursors, read, got = s.sends_after({"gw-1": "0-0"}, 100)
     assert (read, got) == (1, sent)
-    assert s.sends_after(cursor, "gw-2", 100)[1:] == (0, [])  # read on from where it stopped
-    cursor, read, got = s.sends_after("0-0", "gw-1", 100)
-    assert (read, got) == (1, []) and cursor != "0-0"  # its own entry is passed over, and past
+    assert s.sends_after(cursors, 100)[1:] == (0, [])  # read on from where it stopped
+    assert s.sends_after({}, 100) == ({}, 0, [])  # nobody else shares: nothing is read
+    assert 0 < s.r.pttl(keys.sends("gw-1")) <= 120_000  # a gateway that stops leaves nothing behind
+    assert s.sending_origins(1000.5 + 121, 120) == [] and not s.r.exists(keys.SENDS_ORIGINS)
 
 
 def test_an_unreadable_entry_is_skipped_and_what_follows_it_is_read():
     s = store()
-    s.r.xadd(keys.SENDS, {"o": "gw-new", "d": '[["a", 1, 0, "not base64!"]]'})
-    s.r.xadd(keys.SENDS, {"o": "gw-new", "d": '{"a": 1}'})
+    s.r.xadd(keys.sends("gw-1"), {"d": '[["a", 1, 0, "not base64!"]]'})
+    s.r.xadd(keys.sends("gw-1"), {"d": '{"a": 1}'})
     s.add_sends("gw-1", [GatewaySent("a", [5, 6], 1.0, 0.0)], 1.0, 120)
-    _, read, got = s.sends_after("0-0", "gw-2", 100)
+    _, read, got = s.sends_after({"gw-1": "0-0"}, 100)
     assert read == 3 and got == [GatewaySent("a", [5, 6], 1.0, 0.0)]
 
 
@@ -109,10 +111,11 @@ def test_one_pass_publishes_ours_and_learns_only_the_other_gateways():
     shares = [SendShare(s, r, clock, 0.05, origin) for r, origin in zip(routers, ("gw-1", "gw-1", "gw-2"))]
     for sh in shares:
         sh.router.share_sends()
+    assert shares[0].step() is None  # nobody else shares yet: nothing read
     chosen = routers[0].route(turn("first question"))
     assert isinstance(chosen, Choice)
-    assert shares[0].step() == 0
-    assert shares[1].step() == 0  # a sibling: learned in memory, not from Redis
+    assert shares[0].step() is None
+    assert shares[1].step() is None  # a sibling: learned in memory, not from Redis
     assert shares[2].step() == 1
     assert shares[2].step() == 0  # once
     assert routers[2].prefixes.matches(["a", "b", "c", "d"], turn("first question").prefix) == {

@@ -1,13 +1,14 @@
-"""What the gateways sent where: one stream (`llmgw:sends`) every gateway worker appends its recent
-sends to and reads the other gateways' from (gateway.server.sendshare), so that each gateway's prefix
-index holds what the whole fleet of gateways sent each endpoint.
+"""What the gateways sent where (gateway.server.sendshare), so that each gateway's prefix index holds
+what the whole fleet of gateways sent each endpoint.
 
-An entry is one flush of one worker: its origin (the gateway it belongs to: the gunicorn master, whose
-workers already share their sends in memory, gateway.server.sentlog) and a JSON list of
-[endpoint id, sent at (the sender's wall clock), prefill seconds it needed there, block keys as
-little-endian int64s in base64]. The stream is trimmed by age as it is written (MINID), so it holds
-the last `keep` seconds of sends whatever the traffic. An unreadable entry (a newer or broken writer)
-is skipped, never fatal to the reader.
+Each origin (a gateway: the gunicorn master, whose workers already share their sends in memory,
+gateway.server.sentlog) has its own stream, `llmgw:sends:<origin>`, and says it shares in the hash
+`llmgw:sends:origins`; a gateway reads only the other origins' streams, so a lone gateway reads
+nothing. An entry is one flush of one worker: a JSON list of [endpoint id, sent at (the sender's
+wall clock), prefill seconds it needed there, block keys as little-endian int64s in base64]. A stream
+is trimmed by age as it is written (MINID), so it holds the last `keep` seconds of sends whatever the
+traffic, and expires with its gateway. An unreadable entry (a newer or broken writer) is skipped,
+never fatal to the reader.
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ from __future__ import annotations
 import base64
 import json
 import struct
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from llmgw.state import keys
 from llmgw.state.demand_records import GatewaySent
-from llmgw.state.store.base import Aggregate, compact
+from llmgw.state.store.base import Aggregate, compact, ms
 
 
 def pack_keys(block_keys: Sequence[int]) -> str:
@@ -51,27 +52,56 @@ def cursor_at(seconds: float) -> str:
 
 
 class Sends(Aggregate):
-    def add_sends(self, origin: str, sends: Sequence[GatewaySent], now: float, keep: float) -> None:
-        """Append one flush of `origin`'s sends, and drop entries older than `keep` seconds."""
+    def add_sends(self, origin: str, sends: Sequence[GatewaySent], now: float, keep: float,
+                  announce: bool = True) -> None:
+        """Append one flush of `origin`'s sends to its stream and drop its entries older than `keep`
+        seconds. With `announce` (a writer does it about once a second, not on every flush), also say
+        that `origin` shares, and let its stream expire `keep` seconds after that."""
         if not sends:
             return
         doc = [[s.endpoint, round(s.at, 4), round(s.prefill, 6), pack_keys(s.keys)] for s in sends]
-        self.r.xadd(keys.SENDS, {"o": origin, "d": compact(doc)}, minid=cursor_at(now - keep), approximate=True)
+        stream = keys.sends(origin)
+        if not announce:
+            self.r.xadd(stream, {"d": compact(doc)}, minid=cursor_at(now - keep), approximate=True)
+            return
+        pipe = self.r.pipeline(transaction=False)
+        pipe.xadd(stream, {"d": compact(doc)}, minid=cursor_at(now - keep), approximate=True)
+        pipe.pexpire(stream, ms(keep))
+        pipe.hset(keys.SENDS_ORIGINS, origin, repr(now))
+        pipe.execute()
 
-    def sends_after(self, cursor: str, origin: str, count: int) -> tuple[str, int, list[GatewaySent]]:
-        """Of the entries after `cursor` (at most `count`): the cursor to read on from, how many were
-        read, and the sends in those that other origins wrote."""
-        got = self.r.xread({keys.SENDS: cursor}, count=count)
+    def sending_origins(self, now: float, keep: float) -> list[str]:
+        """The origins that wrote sends in the last `keep` seconds; older ones are tidied here."""
+        got = self.r.hgetall(keys.SENDS_ORIGINS)
+        live, gone = [], []
+        for origin, at in got.items():
+            try:
+                (live if float(at) >= now - keep else gone).append(origin)
+            except ValueError:
+                gone.append(origin)
+        if gone:
+            self.r.hdel(keys.SENDS_ORIGINS, *gone)
+        return sorted(live)
+
+    def sends_after(self, cursors: Mapping[str, str], count: int,
+                    block: float | None = None) -> tuple[dict[str, str], int, list[GatewaySent]]:
+        """Of the entries after each origin's cursor (at most `count` per origin; with `block`, waiting
+        up to that many seconds for one when there is none): the cursors to read on from, how many
+        entries were read, and the sends in them."""
+        if not cursors:
+            return {}, 0, []
+        streams = {keys.sends(o): c for o, c in cursors.items()}
+        origin_of = {keys.sends(o): o for o in cursors}
+        got = self.r.xread(streams, count=count, block=None if block is None else ms(block))
         out: list[GatewaySent] = []
+        moved = dict(cursors)
         n = 0
-        for _, entries in got or ():
+        for stream, entries in got or ():
             n += len(entries)
             for entry_id, fields in entries:
-                cursor = entry_id
-                if fields.get("o") == origin:
-                    continue
+                moved[origin_of[stream]] = entry_id
                 try:
                     out.extend(decode_sends(json.loads(fields.get("d") or "[]")))
                 except (ValueError, TypeError):
                     continue
-        return cursor, n, out
+        return moved, n, out
