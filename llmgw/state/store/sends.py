@@ -61,13 +61,11 @@ class Sends(Aggregate):
             return
         doc = [[s.endpoint, round(s.at, 4), round(s.prefill, 6), pack_keys(s.keys)] for s in sends]
         stream = keys.sends(origin)
-        if not announce:
-            self.r.xadd(stream, {"d": compact(doc)}, minid=cursor_at(now - keep), approximate=True)
-            return
         pipe = self.r.pipeline(transaction=False)
         pipe.xadd(stream, {"d": compact(doc)}, minid=cursor_at(now - keep), approximate=True)
-        pipe.pexpire(stream, ms(keep))
-        pipe.hset(keys.SENDS_ORIGINS, origin, repr(now))
+        if announce:
+            pipe.pexpire(stream, ms(keep))
+            pipe.hset(keys.SENDS_ORIGINS, origin, repr(now))
         pipe.execute()
 
     def sending_origins(self, now: float, keep: float) -> list[str]:
