@@ -44,7 +44,8 @@ if __name__ == "__main__":
 
 from gateway.config import GatewaySettings  # noqa: E402
 from gateway.routing.admission import Send, Shed, Wait, admit, drain_time  # noqa: E402
-from gateway.routing.choice import Choice, Rejection, RouteRequest  # noqa: E402
+from gateway.routing.choice import COMPLETION, FIRST_TOKEN, Choice, Rejection, RouteRequest  # noqa: E402
+from gateway.routing.prefixkeys import opens_conversation, prefix_of  # noqa: E402
 from gateway.routing.retry import Deliver, GiveUp, Outcome, next_attempt  # noqa: E402
 from gateway.server.pollers import PolledRouter  # noqa: E402
 from llmgw.state.clock import Clock  # noqa: E402
@@ -54,9 +55,11 @@ from bench import conversations as conv  # noqa: E402
 from simengine.core import SimConfig, SimCore  # noqa: E402
 from simengine.prefix import PrefixCache  # noqa: E402
 from simengine.slots import Slots  # noqa: E402
+from llmgw.surface import CHAT  # noqa: E402
 from tests.support.loadgen import poisson_times  # noqa: E402
 
-PEERS = ("power_of_two", "speed_weighted")  # modelled here; the others are llmgw's own policies (LLMGW_GATEWAY_POLICY)
+# Modelled here; the others are llmgw's own policies (LLMGW_GATEWAY_POLICY).
+PEERS = ("power_of_two", "speed_weighted", "smg_cache_aware")
 
 
 # --- what is simulated -----------------------------------------------------------------------------
@@ -221,6 +224,75 @@ HELD_OUT = {
 }
 
 
+# bench/prefix.py's fleets and its default traffic, replayed here (`--workload prefix`): 80
+# conversations started at 2 a second, a fifth of the requests one-shot, every request counted from
+# cold caches (no warm-up), so its figures sit beside bench/prefix.py's.
+PREFIX_CONVERSATIONS, PREFIX_RATE = 80, 2.0
+PREFIX_LOAD = Load("prefix", 0.0, seconds=PREFIX_CONVERSATIONS / PREFIX_RATE, warmup=0.0)
+def prefix_fleets() -> dict[str, Fleet]:
+    # Built when asked for: bench/prefix.py imports this module.
+    engines = conv.prefix_bench().engines
+    return {"prefix-bench": Fleet("prefix-bench", engines(False), note="bench/prefix.py's 4 engines"),
+            "prefix-uneven": Fleet("prefix-uneven", engines(True), note="bench/prefix.py --uneven")}
+
+
+# --- peers modelled --------------------------------------------------------------------------------
+class SmgCacheAware:
+    """SGLang's gateway, `smg launch --policy cache_aware`, as its source has it (smg's
+    model_gateway/src/policies/cache_aware.rs, HTTP mode, the defaults of bindings/python's
+    router_args.py): a tree per model of the prompts sent, each node knowing which workers were sent
+    it and which last. A request whose longest match covers more than `CACHE_THRESHOLD` of its
+    prompt goes to the worker holding that match (the last one sent it, on a tie), any other to the
+    worker with the fewest requests in flight from this router (ties: the fewest routed so far,
+    then the first); only when the pool is imbalanced (max - min > `BALANCE_ABS` and max >
+    `BALANCE_REL` x min, in flight) does every request go to the least loaded. Either way the prompt
+    is inserted for the worker chosen. The tree here is of 16-token blocks rather than characters (a
+    match falls short by less than a block), and nothing is evicted: smg evicts every 60 s down to
+    2^26 characters, more than a run of this simulator sends."""
+
+    CACHE_THRESHOLD, BALANCE_ABS, BALANCE_REL = 0.3, 64, 1.5
+    BLOCK = 16
+
+    def __init__(self) -> None:
+        self.sent: dict[int, dict[str, int]] = {}  # a block chain key -> worker -> when last sent (a count)
+        self.load: dict[str, int] = {}
+        self.processed: dict[str, int] = {}
+        self.clock = 0
+
+    def _keys(self, tokens: tuple[int, ...]) -> list[int]:
+        keys, h = [], 0
+        for i in range(0, len(tokens) - self.BLOCK + 1, self.BLOCK):
+            h = hash((h, tokens[i:i + self.BLOCK]))
+            keys.append(h)
+        return keys
+
+    def choose(self, req: Req, endpoints) -> Choice:
+        eps = [e for e in endpoints if e.id not in req.exclude] or list(endpoints)
+        loads = [self.load.get(e.id, 0) for e in eps]
+        least = min(eps, key=lambda e: (self.load.get(e.id, 0), self.processed.get(e.id, 0)))
+        pick, why = least, "smg: least load"
+        keys = self._keys(req.tokens) if req.tokens else []
+        balanced = not (max(loads) - min(loads) > self.BALANCE_ABS and max(loads) > self.BALANCE_REL * min(loads))
+        if balanced and keys:
+            ids, depth, owner = {e.id for e in eps}, 0, None
+            for k in keys:
+                holders = {w: t for w, t in self.sent.get(k, {}).items() if w in ids}
+                if not holders:
+                    break
+                depth, owner = depth + 1, max(holders, key=holders.__getitem__)
+            if owner is not None and depth * self.BLOCK / len(req.tokens) > self.CACHE_THRESHOLD:
+                pick, why = next(e for e in eps if e.id == owner), "smg: cache hit"
+        self.clock += 1
+        for k in keys:
+            self.sent.setdefault(k, {})[pick.id] = self.clock
+        self.load[pick.id] = self.load.get(pick.id, 0) + 1
+        self.processed[pick.id] = self.processed.get(pick.id, 0) + 1
+        return Choice(pick, 0.0, 0, reason=why)
+
+    def release(self, endpoint_id: str) -> None:
+        self.load[endpoint_id] -= 1
+
+
 # --- the simulation ----------------------------------------------------------------------------------
 class SimClock(Clock):
     def __init__(self):
@@ -277,6 +349,12 @@ class Req:
     turn: int = 0
     tokens: tuple[int, ...] | None = None  # its prompt's and answer's tokens, for the engines' caches
     out_tokens: tuple[int, ...] | None = None
+    # Conversation turns: what the gateway derives from the request's body (gateway.request.call's
+    # plan_prefix), for a streamed chat request as bench/prefix.py's client sends it.
+    keys: tuple[int, ...] = ()
+    prompt_estimate: float = 0.0
+    opens: bool = False
+    cached: int = 0  # prompt tokens the engine found cached (llama.cpp reports it per answer)
 
 
 @dataclass
@@ -329,7 +407,10 @@ class _Gateway:
         if self.sim.policy == "speed_weighted":
             self._send(req, self._speed_weighted(req))
             return
-        res = st.route(RouteRequest("m", req.priority, None, req.exclude, len(self.queue) + 1))
+        if self.sim.policy == "smg_cache_aware":
+            self._send(req, self.sim.smg.choose(req, self.state.endpoints))
+            return
+        res = st.route(self._request(req, len(self.queue) + 1))
         decision = admit(res, req.priority, len(self.queue) if req.attempt == 0 else 0, cfg.queue_max,
                          cfg.queue_timeout, drain_time(len(self.queue) + 1, st.completion_rate("m")))
         if isinstance(decision, Wait):
@@ -351,8 +432,7 @@ class _Gateway:
         """The queue's head routes while endpoints free (WaitQueue.wait's loop)."""
         while self.queue:
             head = self.queue[0]
-            res = self.state.route(RouteRequest("m", head.priority, None, head.exclude, 1,
-                                                 waited=self.sim.now - head.arrival))
+            res = self.state.route(self._request(head, 1, waited=self.sim.now - head.arrival))
             if isinstance(res, Rejection) and res.kind == "saturated":
                 return
             self.queue.popleft()
@@ -360,6 +440,14 @@ class _Gateway:
                 self._send(head, res)
             else:
                 self.sim.finish(head, "error")
+
+    @staticmethod
+    def _request(req: Req, queued: int, waited: float = 0.0) -> RouteRequest:
+        """The RouteRequest gateway.http.proxy builds: a conversation's turn is a streamed chat
+        request, so it carries its prompt's block keys and minimises its first token."""
+        return RouteRequest("m", req.priority, None, req.exclude, queued, waited=waited, prefix=req.keys,
+                            prompt_tokens=req.prompt_estimate, objective=FIRST_TOKEN if req.keys else COMPLETION,
+                            opens=req.opens)
 
     def timeout(self, req: Req) -> None:
         if req in self.queue and self.sim.now >= req.deadline:
@@ -402,11 +490,18 @@ class _Gateway:
         eng.submit(req, self.sim.now)
 
     def release(self, req: Req, ok: bool) -> None:
+        if self.sim.policy == "smg_cache_aware":
+            self.sim.smg.release(req.choice.endpoint.id)
+            return
         if self.sim.policy in PEERS:
             eid = req.choice.endpoint.id
             self.p2c_inflight[eid] -= 1
             return
         now = self.sim.now
+        if ok and req.keys and self.sim.fleet.make == "llamacpp":
+            # llama-server's answer says how much of its prompt it reused (timings.cache_n), which
+            # gateway.http.answer hands to the router
+            self.state.reused(req.endpoint, req.prompt, req.cached)
         tokens = req.output if (ok and self.sim.fleet.usage) else None
         ttfb = (req.first - req.sent) if (ok and req.first is not None) else None
         self.state.release(req.choice, (now - req.sent) if ok else None, tokens, ttfb)
@@ -423,6 +518,7 @@ class _Engine:
         self.reqs: dict[str, Req] = {}
         self.busy = False
         self.gen = 0  # step generation: a failure invalidates the step in progress
+        self.prefill_seconds = 0.0  # the steps' prefill share, summed (simengine.engine's busy_prompt)
 
     def dead(self, now: float) -> bool:
         return self.spec.fail_at is not None and now >= self.spec.fail_at
@@ -447,12 +543,13 @@ class _Engine:
         if gen != self.gen:
             return
         now = self.sim.now
+        self.prefill_seconds += max(0.0, step.duration - step.decode)
         for e in self.core.finish_step(step, now):
             req = self.reqs.get(e.rid)
             if req is None:
                 continue
             if e.index == 0:
-                req.first = now
+                req.first, req.cached = now, e.cached or 0
             if e.done:
                 del self.reqs[e.rid]
                 req.done = now
@@ -477,11 +574,16 @@ class _Engine:
             return LoadRecord(replica_id=self.spec.name, ts=now, ok=True, running=float(c.num_running),
                               waiting=float(c.num_waiting), kv_usage=None,
                               prompt_tokens_total=float(c.prompt_tokens_total - c.prompt_cached_total),
-                              generation_tokens_total=float(c.generation_tokens_total))
+                              generation_tokens_total=float(c.generation_tokens_total),
+                              prefill_seconds_total=self.prefill_seconds)  # llamacpp:prompt_seconds_total
+        cache = c.prefix  # vLLM's vllm:prefix_cache_queries / _hits, as the agent scrapes them
         return LoadRecord(replica_id=self.spec.name, ts=now, ok=True, running=float(c.num_running),
                           waiting=float(c.num_waiting), kv_usage=c.kv_usage,
                           prompt_tokens_total=float(c.prompt_tokens_total),
-                          generation_tokens_total=float(c.generation_tokens_total))
+                          generation_tokens_total=float(c.generation_tokens_total),
+                          prefix_queries_total=float(cache.queries) if cache is not None else None,
+                          prefix_hits_total=float(cache.hits) if cache is not None else None,
+                          prefill_seconds_total=self.prefill_seconds)  # vllm:request_prefill_time_seconds_sum
 
 
 class Simulation:
@@ -510,6 +612,7 @@ class Simulation:
             st.refresh_endpoints()
             self.gateways.append(_Gateway(self, g, st))
         self.result = Result(fleet.name, load.name, policy, seed)
+        self.smg = SmgCacheAware()
 
     def at(self, t: float, kind: str, payload) -> None:
         self._seq += 1
@@ -532,12 +635,19 @@ class Simulation:
 
     def _turn(self, session: int, turn: int, at: float, rid: int) -> Req:
         t = self.sessions[session].turns[turn]
+        body = {"model": "m", "messages": list(t.messages), "max_tokens": len(t.output), "stream": True}
+        keys, estimate = prefix_of(body, CHAT, "m")
         return Req(rid, at, len(t.tokens), len(t.output), "standard", rid % self.fleet.gateways, session=session,
-                   turn=turn, tokens=t.tokens, out_tokens=t.output)
+                   turn=turn, tokens=t.tokens, out_tokens=t.output, keys=keys, prompt_estimate=estimate,
+                   opens=opens_conversation(body, CHAT))
 
     def _arrivals(self) -> list[Req]:
         """The load's Poisson arrivals (tests.support.loadgen, as bench/routing.py sends them), each
         with its prompt and output length drawn from the fleet's distributions."""
+        if self.workload == "prefix":  # bench/prefix.py's own traffic, as its defaults send it
+            convs = conv.prefix_bench().workload(PREFIX_CONVERSATIONS, PREFIX_RATE, conv.MIX, self.seed)
+            self.sessions = conv.sessions(convs, self.seed)
+            return [self._turn(i, 0, s.start, i) for i, s in enumerate(self.sessions)]
         if self.workload != "random":
             _, convs = conv.sized(self.fleet, self.workload, self.load.fraction, self.load.seconds, self.seed)
             self.sessions = conv.sessions(convs, self.seed)
@@ -657,18 +767,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=0.0, help="override each load's length")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                     help="a GatewaySettings or RoutingConfig field for llmgw (repeatable)")
-    ap.add_argument("--workload", choices=conv.WORKLOADS, default="random",
+    ap.add_argument("--workload", choices=conv.WORKLOADS + ("prefix",), default="random",
                     help="random prompts (default), or bench/prefix.py's sessions over shared system prompts: "
-                         f"conversations, or mix ({100 * conv.MIX:.0f}%% one-shot requests)")
+                         f"conversations, or mix ({100 * conv.MIX:.0f}%% one-shot requests), sized to a load; "
+                         "or prefix: bench/prefix.py's own traffic on its fleets (prefix-bench, prefix-uneven)")
     ap.add_argument("--make", choices=conv.MAKES, default="vllm",
                     help="the engines' prefix cache and /metrics: vLLM's (default) or llama.cpp's slots")
+    ap.add_argument("--first-seed", type=int, default=1, help="the seeds run are this one and the next --seeds - 1")
     a = ap.parse_args(argv)
-    talk = a.workload != "random"
-    a.loads = a.loads or ("0.5,0.8,0.95" if talk else "0.5,0.8,0.95,burst")
+    talk, replay = a.workload != "random", a.workload == "prefix"
+    if replay:
+        if a.loads or a.seconds:
+            ap.error("--workload prefix sends bench/prefix.py's traffic: it takes no --loads or --seconds")
+        a.fleets = a.fleets or "prefix-bench"
+    a.loads = a.loads or ("prefix" if replay else "0.5,0.8,0.95" if talk else "0.5,0.8,0.95,burst")
+    loads = {**LOADS, "prefix": PREFIX_LOAD}
     for lname in a.loads.split(","):
-        if lname not in LOADS:
+        if lname not in LOADS and not replay:
             ap.error(f"unknown load {lname!r}; choose from {', '.join(LOADS)}")
-        if talk and LOADS[lname].burst_seconds:
+        if talk and loads[lname].burst_seconds:
             ap.error("conversation workloads run at a steady rate: choose from 0.5, 0.8, 0.95")
     cfg = GatewaySettings()
     for item in a.set:
@@ -677,12 +794,17 @@ def main(argv: list[str] | None = None) -> int:
             cfg = cfg.model_copy(update={"routing": cfg.routing.model_copy(update={k: float(v)})})
         else:
             cfg = cfg.model_copy(update={k: float(v)})
-    pool = {**FLEETS, **HELD_OUT}
+    pool = {**FLEETS, **HELD_OUT, **prefix_fleets()}
     verdicts: list[Verdict] = []
     names = a.fleets.split(",") if a.fleets else list(HELD_OUT if a.held_out else FLEETS)
     for fname in names:
+        if fname not in pool:
+            ap.error(f"unknown fleet {fname!r}; choose from {', '.join(pool)}")
         fleet = replace(pool[fname], make=a.make)
-        if talk:
+        if replay:
+            print(f"{fname}: bench/prefix.py's traffic ({PREFIX_CONVERSATIONS} conversations at {PREFIX_RATE:g}/s, "
+                  f"{100 * conv.MIX:.0f}% one-shot) on {a.make} engines{(' (' + fleet.note + ')') if fleet.note else ''}")
+        elif talk:
             sized, _ = conv.sized(fleet, a.workload, 0.8, a.seconds or LOADS["0.8"].seconds, 1)
             print(f"{fname}: {a.workload} on {a.make} engines, capacity {sized.capacity():.1f} req/s for prompts of "
                   f"~{sized.prompt.a:.0f} tokens{(' (' + fleet.note + ')') if fleet.note else ''}")
@@ -691,13 +813,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {'load':6} {'policy':15} {'p50':>7} {'p90':>7} {'p99':>7} {'ttft50':>7} {'ttft99':>7}"
               f"{' ' + format('hits', '>6') if talk else ''} {'held99':>7} {'err/n':>11} served")
         for lname in a.loads.split(","):
-            load = LOADS[lname]
+            load = loads[lname]
             if a.seconds:
                 load = replace(load, seconds=a.seconds)
             cell = {}
             for policy in a.policies.split(","):
                 merged = None
-                for seed in range(1, a.seeds + 1):
+                for seed in range(a.first_seed, a.first_seed + a.seeds):
                     r = run(fleet, load, policy, seed, cfg, a.workload)
                     if merged is None:
                         merged = r

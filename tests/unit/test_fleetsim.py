@@ -145,3 +145,52 @@ def test_the_command_line_prints_the_hit_ratio_for_conversations_only(capsys):
     with pytest.raises(SystemExit):
         main(["--workload", "mix", "--loads", "burst"])
     assert "steady rate" in capsys.readouterr().err
+
+
+# --- bench/prefix.py's traffic replayed (`--workload prefix`), and smg's policy modelled ----------------
+def test_smg_model_follows_the_longest_match_past_its_threshold_and_else_the_least_loaded():
+    from bench.fleetsim import Req, SmgCacheAware
+    from llmgw.state.records import EndpointInfo
+
+    eps = [EndpointInfo(id=n, url=f"sim://{n}", models=("m",), engine="sim", model="m") for n in ("a", "b", "c")]
+    smg = SmgCacheAware()
+    system = tuple(range(1000, 1320))  # 20 blocks
+
+    def req(tokens):
+        return Req(0, 0.0, len(tokens), 8, "standard", 0, tokens=tokens)
+
+    first = smg.choose(req(system + (1,) * 32), eps)
+    assert first.endpoint.id == "a" and first.reason == "smg: least load"  # all idle: the first
+    # a prompt sharing the first's 320 tokens of 352 goes where those were sent, however loaded
+    for _ in range(3):
+        assert smg.choose(req(system + (2,) * 32), eps).endpoint.id == "a"
+    # one that shares less than 30 % of itself goes to the least loaded (b: a holds 4 in flight)
+    other = smg.choose(req(system[:32] + tuple(range(5000, 5200))), eps)
+    assert other.endpoint.id == "b" and other.reason == "smg: least load"
+    smg.release("a")
+    assert smg.load == {"a": 3, "b": 1}
+
+
+def test_the_prefix_replay_is_bench_prefix_traffic_routed_with_its_prompt_keys():
+    """`--workload prefix`: bench/prefix.py's default conversations on its four engines; llmgw gets
+    each turn's block keys (a later turn is matched where its history went) and learns the engines'
+    prefill rate from their counters; the smg model never moves a conversation."""
+    from bench import prefix
+    from bench.fleetsim import PREFIX_CONVERSATIONS, PREFIX_LOAD, PREFIX_RATE, prefix_fleets
+
+    fleet = prefix_fleets()["prefix-bench"]
+    convs = prefix.workload(PREFIX_CONVERSATIONS, PREFIX_RATE, 0.2, 2)
+    sim = Simulation(fleet, PREFIX_LOAD, "llmgw", seed=2, workload="prefix")
+    res = sim.run()
+    assert len(res.requests) == sum(c.turns for c in convs) and all(r.status == "ok" for r in res.requests)
+    later = [r for r in res.requests if r.turn > 0]
+    assert sum(r.choice.matched > 0 for r in later) > 0.9 * len(later)
+    assert 0.7 < res.hit_ratio() < 0.95
+    # the prefill rate comes from the engines' counters (their prefill seconds over computed tokens),
+    # as the agent scrapes them; without them it would stay unknown (None) and be taken as the default
+    learned = [s.prefill for s in sim.gateways[0].state.stats.values()]
+    assert len(learned) == 4 and None not in learned
+    assert sum(learned) / 4 == pytest.approx(fleet.engines[0].sim.prefill_ms_per_token / 1000, rel=0.25)
+    smg = Simulation(fleet, PREFIX_LOAD, "smg_cache_aware", seed=2, workload="prefix").run()
+    turns = {(r.session, r.turn): r.endpoint for r in smg.requests}
+    assert all(turns[(s, t - 1)] == e for (s, t), e in turns.items() if t)
