@@ -14,7 +14,8 @@ it tries again when a request ends or new loads arrive). So a policy can be trie
 in seconds, without the CPU noise of real processes, and the same seed gives the same figures.
 
 Peers that are not llmgw code are modelled here: `power_of_two` (vLLM router's: two random engines,
-the one with fewer requests in flight from this router).
+the one with fewer requests in flight from this router), and `smg_cache_aware` (SGLang's gateway,
+`SmgCacheAware`: a conversation stays where its prefix went, the rest go to the least loaded).
 
 The default traffic (`--workload random`) has prompts that share nothing. `conversations` and `mix`
 are bench/prefix.py's sessions (bench/conversations.py): each turn resends the history over one of
@@ -22,7 +23,15 @@ are bench/prefix.py's sessions (bench/conversations.py): each turn resends the h
 then keep a prefix cache, vLLM's (blocks within the KV budget) or, with `--make llamacpp`, llama.cpp's
 slots (one prompt each), and report their loads as that engine's /metrics would (llama.cpp: no KV
 gauge, prompt tokens without the cached ones). The table then has the fleet's hit ratio from the
-engines' counters (after the warm-up) beside the latencies.
+engines' counters (after the warm-up) beside the latencies. In these workloads each turn reaches
+llmgw as the gateway gets a streamed chat request: with its prompt's block keys, minimising its first
+token; the engines' load records carry what the agent scrapes for prefix routing (vLLM's prefix-cache
+counters, the prefill seconds), so the gateway learns each engine's prefill rate and cache as it would.
+
+`--workload prefix` replays bench/prefix.py's own default traffic (80 conversations at 2 a second, a
+fifth of the requests one-shot, counted from cold caches) on its fleets, `prefix-bench` (4 identical
+engines) or `prefix-uneven`: its figures sit beside that benchmark's, without the noise of real
+processes, over as many seeds as asked (`--first-seed K --seeds 1` for one).
 """
 
 from __future__ import annotations
