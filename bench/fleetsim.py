@@ -726,6 +726,26 @@ def run(fleet: Fleet, load: Load, policy: str, seed: int = 1, cfg: GatewaySettin
     return Simulation(fleet, load, policy, seed, cfg, workload=workload).run().measured(load.warmup)
 
 
+def zero_variance_e2e(result: Result, fleet: Fleet) -> tuple[float, float, float] | None:
+    """What the longest answer of a run would take end to end with no variance at all: every engine
+    running the run's mean batch and spending the run's mean share of its time on prefills, the
+    answer's time to first token left out. Returns (mean running sequences per engine, prefill share,
+    seconds), over the busy part of the run (the 10th to the 90th percentile of arrivals). No router
+    changes the mean batch or, at equal hit ratios, the prefill share: what an end-to-end p99 has
+    above this figure is the variance routing can still remove. None on a fleet of unlike engines
+    (a mean over them says nothing of any one)."""
+    if len({e.sim for e in fleet.engines}) > 1:
+        return None
+    rs = sorted(result.ok(), key=lambda r: r.arrival)
+    a, b = rs[len(rs) // 10].arrival, rs[9 * len(rs) // 10].arrival
+    n, sim = len(fleet.engines), fleet.engines[0].sim
+    # requests held per engine, sent to done (the ones waiting in it too), as a batch of at most max_seqs
+    running = min(sim.max_seqs, sum(max(0.0, min(r.done, b) - max(r.sent, a)) for r in rs) / (b - a) / n)
+    prefill = sum(sim.prefill_seconds(r.prompt - r.cached) for r in rs if a <= r.first <= b) / (b - a) / n
+    longest = max(r.output for r in rs)
+    return running, prefill, (longest - 1) * sim.decode_seconds(1) * (1 + sim.batch_alpha * (running - 1)) / (1 - prefill)
+
+
 # --- command line ------------------------------------------------------------------------------------
 def table(results: list[Result], fleet: Fleet, hits: bool = False) -> list[str]:
     """One row per result; `hits` adds the engines' hit ratio after the TTFT columns."""
@@ -764,6 +784,23 @@ def compare(results: dict[str, Result]) -> Verdict:
     return Verdict(mine.fleet, mine.load, mine.pct("lat", .99), mine.pct("ttft", .99),
                    mine.pct("lat", .99) / best_p99, mine.pct("ttft", .99) / best_ttft, mine.errors(),
                    min(r.errors() for r in peers))
+
+
+def print_bounds(fleet: Fleet, seeds: Iterable[int], bounds: dict[str, list[tuple[float, float, float] | None]]) -> None:
+    """Under the replay's table: bench/prefix.py's `no queue` floor of the time to first token, and
+    each router's `zero_variance_e2e` (the means over the seeds) on a fleet of like engines."""
+    prefix = conv.prefix_bench()
+    fastest = max((e.sim for e in fleet.engines), key=lambda c: c.speed)
+    least = [x for seed in seeds
+             for x in prefix.floor(prefix.workload(PREFIX_CONVERSATIONS, PREFIX_RATE, conv.MIX, seed), fastest)]
+    print(f"  {'':6} {'no queue':15} {'':>7} {'':>7} {'':>7} {prefix.pct(least, .5):7.3f} {prefix.pct(least, .99):7.3f}"
+          "  (the floor of the first token: each request's unavoidable prefill, on an idle engine)")
+    for policy, rows in bounds.items():
+        if None in rows:
+            continue
+        running, prefill, seconds = (sum(x[i] for x in rows) / len(rows) for i in range(3))
+        print(f"  {'':6} {policy:15} zero-variance e2e of the longest answer {seconds:.2f} s "
+              f"(batch {running:.2f}, prefill {100 * prefill:.0f} % of the time)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -825,11 +862,14 @@ def main(argv: list[str] | None = None) -> int:
             load = loads[lname]
             if a.seconds:
                 load = replace(load, seconds=a.seconds)
-            cell = {}
+            cell, bounds = {}, {}
             for policy in a.policies.split(","):
                 merged = None
+                per_seed = []
                 for seed in range(a.first_seed, a.first_seed + a.seeds):
                     r = run(fleet, load, policy, seed, cfg, a.workload)
+                    if replay:  # before the seeds' requests are merged into the first one's result
+                        per_seed.append(zero_variance_e2e(r, fleet))
                     if merged is None:
                         merged = r
                     else:
@@ -837,6 +877,10 @@ def main(argv: list[str] | None = None) -> int:
                         merged.cache = (merged.cache[0] + r.cache[0], merged.cache[1] + r.cache[1])
                 cell[policy] = merged
                 print("\n".join(table([merged], fleet, hits=talk)), flush=True)
+                if replay:
+                    bounds[policy] = per_seed
+            if replay:
+                print_bounds(fleet, range(a.first_seed, a.first_seed + a.seeds), bounds)
             if "llmgw" in cell and len(cell) > 1:
                 verdicts.append(compare(cell))
     if verdicts:

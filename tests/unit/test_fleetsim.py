@@ -1,6 +1,7 @@
 """The fleet simulator (bench/fleetsim.py) and the routing policy as it sees it: deterministic runs on a
 virtual clock, so comparing p99s here is not a timed assertion (no wall clock is involved)."""
 
+import re
 from dataclasses import replace
 
 import pytest
@@ -194,3 +195,21 @@ def test_the_prefix_replay_is_bench_prefix_traffic_routed_with_its_prompt_keys()
     smg = Simulation(fleet, PREFIX_LOAD, "smg_cache_aware", seed=2, workload="prefix").run()
     turns = {(r.session, r.turn): r.endpoint for r in smg.requests}
     assert all(turns[(s, t - 1)] == e for (s, t), e in turns.items() if t)
+
+
+def test_the_replay_prints_the_floor_and_the_zero_variance_e2e_under_its_table(capsys):
+    from bench.fleetsim import main
+
+    assert main(["--workload", "prefix", "--policies", "llmgw,smg_cache_aware", "--seeds", "1", "--first-seed", "3"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[1]: line.split() for line in out.splitlines() if line.startswith("  prefix ")}
+    assert set(rows) == {"llmgw", "smg_cache_aware"}
+    floor = [line for line in out.splitlines() if "no queue" in line]
+    assert len(floor) == 1 and float(floor[0].split()[2]) < float(rows["llmgw"][5])  # p50 under the router's
+    bounds = {m.group(1): float(m.group(2)) for m in re.finditer(r"(\S+) +zero-variance e2e of the longest answer "
+                                                                 r"([\d.]+) s", out)}
+    # above one answer's decode alone (63 steps of 20 ms), below the routers' own e2e p99
+    assert set(bounds) == set(rows) and all(1.26 < b < float(rows[p][4]) for p, b in bounds.items())
+    with pytest.raises(SystemExit):
+        main(["--workload", "prefix", "--loads", "0.8"])
+    assert "takes no --loads" in capsys.readouterr().err
