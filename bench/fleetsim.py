@@ -62,6 +62,7 @@ from llmgw.state.records import EndpointInfo, LoadRecord  # noqa: E402
 from llmgw.state.store import CatalogOutline  # noqa: E402
 from bench import conversations as conv  # noqa: E402
 from simengine.core import SimConfig, SimCore  # noqa: E402
+from simengine.engine import ServerOptions, prompt_cache_tokens  # noqa: E402
 from simengine.prefix import PrefixCache  # noqa: E402
 from simengine.slots import Slots  # noqa: E402
 from llmgw.surface import CHAT  # noqa: E402
@@ -522,8 +523,12 @@ class _Engine:
         self.sim, self.spec = sim, spec
         llamacpp = sim.fleet.make == "llamacpp"
         # A prefix cache only where prompts come as tokens (conversations): as the engine defaults.
+        # llama.cpp's slots as `python -m simengine --metrics-style llamacpp` keeps them by default:
+        # a slot chosen by prompt similarity, and llama-server's host-memory prompt cache behind them
+        opts = ServerOptions("127.0.0.1", 0, ("m",), core=spec.sim, metrics_style="llamacpp")
         self.core = SimCore(spec.sim, prefix=PrefixCache() if caching and not llamacpp else None,
-                            slots=Slots(spec.sim.max_seqs) if caching and llamacpp else None)
+                            slots=Slots(spec.sim.max_seqs, opts.slot_similarity, cache_tokens=prompt_cache_tokens(opts))
+                            if caching and llamacpp else None)
         self.reqs: dict[str, Req] = {}
         self.busy = False
         self.gen = 0  # step generation: a failure invalidates the step in progress
