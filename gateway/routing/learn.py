@@ -203,9 +203,11 @@ def observe_loads(state: Learning, loads: Mapping[str, LoadRecord], before: Mapp
     for i, rec in loads.items():
         if is_new(i, rec, before):
             old, prev = before.get(i), out.get(i)
+            since = prev.prefill_since if prev is not None and prev.prefill_since is not None else old
+            prefill, since = prefill_seen(since, rec, prev.prefill if prev is not None else None)
             out[i] = replace(prev or NO_STATS, scrape_inflight=held[i], load_seen=seen,
                              slots=slots_seen(old, rec, prev.slots if prev is not None else None),
-                             prefill=prefill_seen(old, rec, prev.prefill if prev is not None else None),
+                             prefill=prefill, prefill_since=since,
                              reuse=reuse_seen(old, rec, prev.reuse if prev is not None else None))
             lr = learn_scrape(learned.get(i), old, rec, seen, cfg.learn_half_life)
             if lr is not None:

@@ -30,6 +30,7 @@ class EndpointStats:
     down_until: float = 0.0
     # Prefill seconds per prompt token, from the engine's counters (gateway.routing.prefill); None: not yet.
     prefill: float | None = None
+    prefill_since: LoadRecord | None = None  # the record the current span of prefill counters starts at
     # How far the engine kept what the gateway expected it to hold: reused / expected prompt tokens,
     # from the answers that said (gateway.routing.prefill.trust_of); 1 until they have said enough.
     prefix_trust: float = 1.0

@@ -17,21 +17,32 @@ MIN_TOKENS = 256.0  # computed between two scrapes: fewer say too little (one st
 ALPHA = 0.3  # weight of a new sample: follows a changed engine within a few scrapes
 
 
-def prefill_seen(old: LoadRecord | None, rec: LoadRecord, prev: float | None) -> float | None:
-    """The per-token prefill time after the scrape `rec` (the one before it: `old`); `prev` when the
-    two say nothing new."""
-    if old is None or not (old.ok and rec.ok):
-        return prev
-    s0, s1 = old.prefill_seconds_total, rec.prefill_seconds_total
-    p0, p1 = old.prompt_tokens_total, rec.prompt_tokens_total
-    if s0 is None or s1 is None or p0 is None or p1 is None:
-        return prev
-    computed = (p1 - p0) - ((rec.prefix_hits_total or 0.0) - (old.prefix_hits_total or 0.0))
+def prefill_seen(since: LoadRecord | None, rec: LoadRecord, prev: float | None
+                 ) -> tuple[float | None, LoadRecord | None]:
+    """The per-token prefill time after the scrape `rec`, and the record the next sample counts
+    from. `since` is where the current span started (the record the last sample ended at); `prev`
+    the estimate so far, kept while the span says too little.
+
+    A span too short to say much (fewer than MIN_TOKENS computed) is not dropped but extended to the
+    next scrape: the engine counts a prompt's cache hits when it schedules it and its prompt tokens
+    when its first token is out (vLLM, the sim engine), so a scrape between the two sees hits without
+    their prompt, few tokens computed, and the next one the prompt without its hits, many. Dropping
+    the short spans and keeping the long ones took mostly the ones whose tokens were overcounted:
+    bench/prefix.py's engines, at 0.25 ms a token, were learned at 0.14-0.25."""
+    if not rec.ok:
+        return prev, since
+    if since is None or not since.ok:
+        return prev, rec
+    s0, s1 = since.prefill_seconds_total, rec.prefill_seconds_total
+    p0, p1 = since.prompt_tokens_total, rec.prompt_tokens_total
+    if s0 is None or s1 is None or p0 is None or p1 is None or s1 < s0 or p1 < p0:
+        return prev, rec  # not counted, or the counters restarted (the engine did): a new span
+    computed = (p1 - p0) - ((rec.prefix_hits_total or 0.0) - (since.prefix_hits_total or 0.0))
     seconds = s1 - s0
-    if computed < MIN_TOKENS or seconds <= 0:  # idle, or a counter reset (engine restarted)
-        return prev
+    if computed < MIN_TOKENS or seconds <= 0:  # idle, or too little yet: counted with what follows
+        return prev, since
     sample = seconds / computed
-    return sample if prev is None else prev + ALPHA * (sample - prev)
+    return (sample if prev is None else prev + ALPHA * (sample - prev)), rec
 
 
 def reuse_seen(old: LoadRecord | None, rec: LoadRecord, prev: float | None) -> float | None:

@@ -307,15 +307,35 @@ def test_the_prefill_rate_is_learned_from_the_engines_counters():
     a = LoadRecord("e", ts=1.0, ok=True, prompt_tokens_total=1000, prefix_hits_total=200, prefill_seconds_total=1.0)
     # 3000 prompt tokens, 1000 of them cached: 2000 computed in 0.5 s
     b = LoadRecord("e", ts=2.0, ok=True, prompt_tokens_total=4000, prefix_hits_total=1200, prefill_seconds_total=1.5)
-    assert prefill_seen(a, b, None) == 0.5 / 2000
-    assert prefill_seen(a, b, 0.001) == 0.001 + 0.3 * (0.5 / 2000 - 0.001)
-    assert prefill_seen(b, b, 0.001) == 0.001  # idle between the scrapes: nothing new
-    assert prefill_seen(None, b, None) is None
+    assert prefill_seen(a, b, None) == (0.5 / 2000, b)  # the next span starts at b
+    assert prefill_seen(a, b, 0.001) == (0.001 + 0.3 * (0.5 / 2000 - 0.001), b)
+    assert prefill_seen(b, b, 0.001) == (0.001, b)  # idle between the scrapes: nothing new
+    assert prefill_seen(None, b, None) == (None, b)
     reset = LoadRecord("e", ts=3.0, ok=True, prompt_tokens_total=5000, prefix_hits_total=0, prefill_seconds_total=0.1)
-    assert prefill_seen(b, reset, 0.002) == 0.002  # the engine restarted
+    assert prefill_seen(b, reset, 0.002) == (0.002, reset)  # the engine restarted: a new span from here
     llama = LoadRecord("e", ts=2.0, ok=True, prompt_tokens_total=1400, prefill_seconds_total=3.0)
     assert prefill_seen(LoadRecord("e", ts=1.0, ok=True, prompt_tokens_total=400, prefill_seconds_total=1.0),
-                        llama, None) == 2.0 / 1000  # llama.cpp counts the computed tokens only
+                        llama, None)[0] == 2.0 / 1000  # llama.cpp counts the computed tokens only
+
+
+def test_a_scrape_between_a_prompts_hits_and_its_tokens_does_not_bias_the_rate():
+    """The engine counts a prompt's cache hits when it schedules it and its tokens at its first
+    token: a scrape in between sees the hits alone. That short span is carried into the next one,
+    so the rate learned is the engine's (1 ms a token here), not the long span's undercount."""
+    from gateway.routing.prefill import prefill_seen
+    from llmgw.state.records import LoadRecord
+
+    def rec(ts, prompt, hits, seconds):
+        return LoadRecord("e", ts=ts, ok=True, prompt_tokens_total=prompt, prefix_hits_total=hits,
+                          prefill_seconds_total=seconds)
+
+    est, since = None, rec(0.0, 0, 0, 0.0)
+    # each second a prompt of 4000 tokens, 3000 of them cached (1 s of prefill for the 1000 computed),
+    # its hits counted in one scrape, its tokens and its prefill time in the next
+    for k in range(1, 11):
+        est, since = prefill_seen(since, rec(k - 0.5, 4000 * (k - 1), 3000 * k, float(k - 1)), est)
+        est, since = prefill_seen(since, rec(float(k), 4000 * k, 3000 * k, float(k)), est)
+    assert est == pytest.approx(0.001)
 
 
 def test_a_learned_slow_prefill_makes_a_hit_worth_more():
