@@ -258,7 +258,12 @@ class SmgCacheAware:
     `BALANCE_REL` x min, in flight) does every request go to the least loaded. Either way the prompt
     is inserted for the worker chosen. The tree here is of 16-token blocks rather than characters (a
     match falls short by less than a block), and nothing is evicted: smg evicts every 60 s down to
-    2^26 characters, more than a run of this simulator sends."""
+    2^26 characters, more than a run of this simulator sends. The source read is smg's of 2026-08
+    (v1.9); the smg 1.13 that bench/prefix.py runs describes its gate (`smg launch --help`) as a
+    matched worker skipped when its load exceeds the fleet's mean by the absolute threshold capped
+    at two standard deviations (at least 4) and 1.5x the mean: at these loads about 10 in flight on
+    one engine, which a real run reached for 1 of 348 later turns (bench/prefix.py --dump, seed 7)
+    and this model never does."""
 
     CACHE_THRESHOLD, BALANCE_ABS, BALANCE_REL = 0.3, 64, 1.5
     BLOCK = 16
