@@ -262,8 +262,8 @@ class SmgCacheAware:
     (v1.9); the smg 1.13 that bench/prefix.py runs describes its gate (`smg launch --help`) as a
     matched worker skipped when its load exceeds the fleet's mean by the absolute threshold capped
     at two standard deviations (at least 4) and 1.5x the mean: at these loads about 10 in flight on
-    one engine, which a real run reached for 1 of 348 later turns (bench/prefix.py --dump, seed 7)
-    and this model never does."""
+    one engine, which this model never reaches; a real run moved 1 of 348 later turns
+    (bench/prefix.py, seed 7), this model none."""
 
     CACHE_THRESHOLD, BALANCE_ABS, BALANCE_REL = 0.3, 64, 1.5
     BLOCK = 16
