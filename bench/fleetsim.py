@@ -411,6 +411,7 @@ class _Gateway:
         self.sim, self.idx, self.state = sim, idx, state
         self.queue: deque[Req] = deque()
         self.p2c_inflight: dict[str, int] = {}
+        self.smg = SmgCacheAware()  # each gateway process its own tree and counts, as each smg has
 
     # gateway.app.Gateway._admit, on the simulator's clock
     def admit(self, req: Req) -> None:
@@ -423,7 +424,7 @@ class _Gateway:
             self._send(req, self._speed_weighted(req))
             return
         if self.sim.policy == "smg_cache_aware":
-            self._send(req, self.sim.smg.choose(req, self.state.endpoints))
+            self._send(req, self.smg.choose(req, self.state.endpoints))
             return
         res = st.route(self._request(req, len(self.queue) + 1))
         decision = admit(res, req.priority, len(self.queue) if req.attempt == 0 else 0, cfg.queue_max,
@@ -506,7 +507,7 @@ class _Gateway:
 
     def release(self, req: Req, ok: bool) -> None:
         if self.sim.policy == "smg_cache_aware":
-            self.sim.smg.release(req.choice.endpoint.id)
+            self.smg.release(req.choice.endpoint.id)
             return
         if self.sim.policy in PEERS:
             eid = req.choice.endpoint.id
@@ -523,17 +524,20 @@ class _Gateway:
         self.drain()
 
 
+def _llamacpp_slots(sim: SimConfig) -> Slots:
+    """llama.cpp's slots as `python -m simengine --metrics-style llamacpp` keeps them by default: a
+    slot chosen by prompt similarity, and llama-server's host-memory prompt cache behind them."""
+    opts = ServerOptions("127.0.0.1", 0, ("m",), core=sim, metrics_style="llamacpp")
+    return Slots(sim.max_seqs, opts.slot_similarity, cache_tokens=prompt_cache_tokens(opts))
+
+
 class _Engine:
     def __init__(self, sim: "Simulation", spec: Engine, caching: bool = False):
         self.sim, self.spec = sim, spec
         llamacpp = sim.fleet.make == "llamacpp"
         # A prefix cache only where prompts come as tokens (conversations): as the engine defaults.
-        # llama.cpp's slots as `python -m simengine --metrics-style llamacpp` keeps them by default:
-        # a slot chosen by prompt similarity, and llama-server's host-memory prompt cache behind them
-        opts = ServerOptions("127.0.0.1", 0, ("m",), core=spec.sim, metrics_style="llamacpp")
         self.core = SimCore(spec.sim, prefix=PrefixCache() if caching and not llamacpp else None,
-                            slots=Slots(spec.sim.max_seqs, opts.slot_similarity, cache_tokens=prompt_cache_tokens(opts))
-                            if caching and llamacpp else None)
+                            slots=_llamacpp_slots(spec.sim) if caching and llamacpp else None)
         self.reqs: dict[str, Req] = {}
         self.busy = False
         self.gen = 0  # step generation: a failure invalidates the step in progress
@@ -631,7 +635,6 @@ class Simulation:
             st.refresh_endpoints()
             self.gateways.append(_Gateway(self, g, st))
         self.result = Result(fleet.name, load.name, policy, seed)
-        self.smg = SmgCacheAware()
 
     def at(self, t: float, kind: str, payload) -> None:
         self._seq += 1
