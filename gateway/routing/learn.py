@@ -116,22 +116,25 @@ def learn_scrape(lr: Learned | None, old: LoadRecord | None, rec: LoadRecord, no
     return lr._replace(per_token=lr.per_token.add(running, running * dt / dgen, now, half_life), last=now)
 
 
-def slots_seen(old: LoadRecord | None, rec: LoadRecord, prev: int | None) -> int | None:
+def slots_seen(old: LoadRecord | None, rec: LoadRecord, prev: int | None, most: int = 0) -> int | None:
     """The engine's batch limit: the running count while requests waited in it, in two scrapes in a
     row (a single scrape may catch a request between its arrival and the next engine step); and
-    never less than it was ever seen running at once.
+    never less than `most`, the most it was ever seen running at once (this scrape included).
 
     Requests wait for other reasons than a full batch: a long prompt's prefill (vLLM works through
     it in chunks of its token budget while newer requests wait; the sim engine's prefill step holds
     arrivals until it ends), or a KV cache too full for the next prompt. Such a wait once taught a
     limit of 1 on an engine of 8 slots, which then looked saturated by one request and was starved
     of the traffic that would have shown it runs more: so a scrape showing more running than the
-    limit learned raises it."""
-    if prev is not None and rec.ok and rec.running and rec.running > prev:
-        prev = int(rec.running)
+    limit learned raises it. And a wait with 2 running on an engine that had been seen running 8
+    taught a limit of 2, as the floor was only kept once a limit had been learned: the router then
+    took that engine's free slots for a queue and queued conversations' turns past capacity in
+    the engine holding their history instead (bench/fleetsim.py `--workload mix` on `homogeneous`)."""
+    if prev is not None and most > prev:
+        prev = most
     if (old is not None and old.ok and rec.ok and (old.waiting or 0) > 0 and (rec.waiting or 0) > 0
             and old.running and rec.running):
-        return max(prev or 0, int(min(old.running, rec.running)))
+        return max(prev or 0, most, int(min(old.running, rec.running)))
     return prev
 
 
@@ -205,8 +208,9 @@ def observe_loads(state: Learning, loads: Mapping[str, LoadRecord], before: Mapp
             old, prev = before.get(i), out.get(i)
             since = prev.prefill_since if prev is not None and prev.prefill_since is not None else old
             prefill, since = prefill_seen(since, rec, prev.prefill if prev is not None else None)
-            out[i] = replace(prev or NO_STATS, scrape_inflight=held[i], load_seen=seen,
-                             slots=slots_seen(old, rec, prev.slots if prev is not None else None),
+            most = max(prev.most_running if prev is not None else 0, int(rec.running or 0) if rec.ok else 0)
+            out[i] = replace(prev or NO_STATS, scrape_inflight=held[i], load_seen=seen, most_running=most,
+                             slots=slots_seen(old, rec, prev.slots if prev is not None else None, most),
                              prefill=prefill, prefill_since=since,
                              reuse=reuse_seen(old, rec, prev.reuse if prev is not None else None))
             lr = learn_scrape(learned.get(i), old, rec, seen, cfg.learn_half_life)

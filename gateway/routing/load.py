@@ -21,6 +21,7 @@ class EndpointStats:
     speed: Speed | None = None  # learned from scrapes and answers; None: not yet
     last_sample: float = 0.0  # when `speed` last got a sample (the caller's monotonic clock)
     slots: int | None = None  # the engine's batch limit, as seen in a scrape while requests waited
+    most_running: int = 0  # the most sequences a scrape saw it run at once (a floor under `slots`)
     scrape_inflight: int | None = None  # what we held when the current LoadRecord was scraped
     others_ratio: float = 0.0  # other gateways' requests per one of ours, over the model's endpoints
     # When this gateway first saw the current LoadRecord's `ts` (its own monotonic clock): staleness

@@ -93,6 +93,20 @@ def test_a_batch_limit_learned_too_low_is_raised_by_what_the_engine_runs():
     assert st.stats["a"].slots == 4
 
 
+def test_a_wait_never_teaches_a_limit_below_what_the_engine_was_seen_running():
+    """An engine seen running 8 at once, later two scrapes with 2 running while a long prefill holds
+    a request waiting: its limit is 8, not 2. Before, the most seen running was kept only once a
+    limit had been learned, so the first wait taught 2, and the router took its free slots for a
+    queue."""
+    st, store, clock = setup(ep("a", capacity=8))
+    scrape(st, store, clock, "a", 8, 0, 0)
+    scrape(st, store, clock, "a", 5, 0, 100)
+    assert st.stats["a"].slots is None and st.stats["a"].most_running == 8
+    scrape(st, store, clock, "a", 2, 1, 200)
+    scrape(st, store, clock, "a", 2, 1, 300)
+    assert st.stats["a"].slots == 8
+
+
 def test_the_time_to_first_byte_is_learned_net_of_the_prompt_work_the_cost_adds_itself():
     """A request that prefilled 2,000 tokens there (0.2 s at the default 0.1 ms a token) and answered
     its first byte after 0.25 s teaches a time to first byte of 0.05 s: else an engine that was sent
