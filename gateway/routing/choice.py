@@ -130,7 +130,8 @@ def effective_speed(st: EndpointStats | None, best: Speed | None, now: float, cf
 
 
 def score(speed: Speed, held: float, slots: float, weight: float, kv: float | None, cfg: RoutingConfig,
-          prefill: float = 0.0, objective: str = COMPLETION, evicts: float = 0.0, backlog: float = 0.0) -> float:
+          prefill: float = 0.0, objective: str = COMPLETION, evicts: float = 0.0, backlog: float = 0.0,
+          joins_full: bool = False) -> float:
     """Seconds until a request sent now completes (its first token, for FIRST_TOKEN), plus
     `imposed_weight` times what it adds to the others' completions; stretched by KV-cache pressure and
     divided by the catalog weight. `prefill` is the seconds of prompt the engine must still compute
@@ -139,7 +140,10 @@ def score(speed: Speed, held: float, slots: float, weight: float, kv: float | No
     the prompt written into the engine's cache pushes out of it, worth what that cache's prompts
     saved lately (`evict_weight` times the share of prompt tokens the engine served from it).
     `backlog` is the prefill seconds just sent there and likely not done (gateway.routing.backlog):
-    the request's own prefill starts after them, unless its wait for a slot outlasts them."""
+    the request's own prefill starts after them, unless its wait for a slot outlasts them.
+    `joins_full`: the request waits in the engine's queue past its capacity (it holds the prompt,
+    see `choose`); once a slot frees it runs in a full batch and slows the others there as any
+    request joining a batch does, which `Speed.imposed` leaves out for a queued request."""
     if objective == FIRST_TOKEN:
         cost = speed.first_token(held, slots)
     else:
@@ -147,7 +151,8 @@ def score(speed: Speed, held: float, slots: float, weight: float, kv: float | No
     if backlog:
         # held + 1 <= slots: no wait for a slot, the whole backlog is ahead of the request
         cost += backlog if held + 1.0 <= slots else max(0.0, backlog - (speed.first_token(held, slots) - speed.ttfb))
-    cost += cfg.imposed_weight * speed.imposed(held, slots)
+    joined = slots - 1.0 if joins_full and held + 1.0 > slots else held
+    cost += cfg.imposed_weight * speed.imposed(joined, slots)
     if prefill:
         cost += prefill * (1.0 + cfg.imposed_weight * min(held, slots) + evicts)
     if kv:
@@ -238,8 +243,14 @@ def choose(
             # It holds this prompt: the request may wait in its engine's queue, up to the engine's own
             # waiting limit past capacity, when the cost says that still beats a miss elsewhere (the
             # wait for a slot is part of the cost: a hit is traded against queueing). Only where the
-            # engine shows its queue: blind, the gateway would pile requests onto it.
-            soft = False
+            # engine shows its queue: blind, the gateway would pile requests onto it. Priced with the
+            # slowdown it brings to the full batch it joins: left out, the queue looked cheaper than
+            # the free slots elsewhere by that much, and conversations' turns piled up past capacity
+            # in the engine holding their history on fast-prefill engines (bench/fleetsim.py
+            # `--workload mix`, `homogeneous` at 80 %: a TTFT p99 2.7x least in-flight's).
+            soft, joins = False, True
+        else:
+            joins = False
         need = (total - hit) * per_token
         behind = backlog.get(e.id, 0.0) if backlog else 0.0
         evicts = cfg.evict_weight * st.reuse if st is not None and st.reuse else 0.0
@@ -249,7 +260,8 @@ def choose(
             when_free = (score(speed, free, slots, e.weight, kv, cfg, need, request.objective, evicts, behind)
                          - score(speed, free, slots, e.weight, kv, cfg, 0.0, request.objective))
         cands.append(_Cand(e, ahead, hard or soft,
-                           score(speed, ahead, slots, e.weight, kv, cfg, need, request.objective, evicts, behind),
+                           score(speed, ahead, slots, e.weight, kv, cfg, need, request.objective, evicts, behind,
+                                 joins),
                            soft and not hard, speed, slots, raw, hit * per_token, need, behind, when_free))
 
     # The benchmark baselines behave like the peers' routers: no saturation, no admission.

@@ -407,6 +407,35 @@ def test_a_full_endpoint_holding_the_prompt_may_queue_it_only_where_its_engine_s
     assert not (isinstance(full, Choice) and full.endpoint.id == "b")  # the engine's own waiting limit
 
 
+def test_a_hit_queued_past_capacity_pays_for_the_full_batch_it_joins():
+    """An engine at capacity holding the prompt, another with free slots, fast prefill (0.02 ms a
+    token, a GPU's): a miss on the free one costs its batch a 35 ms stall and the slowdown of one
+    more sequence. Waiting in the full engine's queue costs the request a slot's wait and, once it
+    runs, the same slowdown to the full batch it joins. Counted only on the free side, the queue
+    looked cheaper, and a fleet's conversations piled past capacity into the engines holding them
+    (bench/fleetsim.py `--workload mix`, `homogeneous` at 80 %: a TTFT p99 2.7x least in-flight's)."""
+    long = {"model": "m", "messages": [{"role": "system", "content": "policy " * 1000}, {"role": "user", "content": "x"}]}
+    r = req(long, objective=FIRST_TOKEN)  # ~1,750 tokens
+    eps = [ep("a"), ep("b")]
+    stats = {i: EndpointStats(speed=Speed(0.386, 0.146, ttfb=0.017), last_sample=NOW, prefill=0.00002) for i in "ab"}
+
+    def to(b_holds):
+        shown = {"a": LoadRecord("a", ts=NOW, ok=True, running=3, waiting=0),
+                 "b": LoadRecord("b", ts=NOW, ok=True, running=min(b_holds, 8), waiting=max(0, b_holds - 8))}
+        c = choose(eps, shown, {"a": 3, "b": b_holds}, r, NOW, stats=stats, cfg=CFG, rng=random.Random(0),
+                   matched={"b": len(r.prefix)})
+        return c.endpoint.id
+
+    assert to(7) == "b"  # a free slot where the prompt is held: the hit
+    assert to(8) == "a"  # a slot's wait, then a full batch slowed: the free engine's short miss is cheaper
+    slow_prefill = {i: replace(st, prefill=0.0005) for i, st in stats.items()}  # 0.9 s to compute it again
+    c = choose(eps, {"a": LoadRecord("a", ts=NOW, ok=True, running=3, waiting=0),
+                     "b": LoadRecord("b", ts=NOW, ok=True, running=8, waiting=0)},
+               {"a": 3, "b": 8}, r, NOW, stats=slow_prefill, cfg=CFG, rng=random.Random(0),
+               matched={"b": len(r.prefix)})
+    assert c.endpoint.id == "b"  # where a miss is dear, the queue for the hit still wins
+
+
 def test_a_miss_is_charged_for_what_it_evicts():
     """A miss writes its prompt into the engine's cache and pushes out as many tokens of cached
     prompts, worth what that cache saved lately: charged `evict_weight` times the engine's hit share
