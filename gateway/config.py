@@ -32,8 +32,9 @@ class RoutingConfig(EnvSettings):
     policy: Policy = env("LLMGW_GATEWAY_POLICY", default="llmgw",
                          meaning="`llmgw`, or the benchmark baselines `round_robin`, `least_inflight`")
     # An endpoint is saturated when its engine reports this many waiting requests ...
-    max_waiting: float = env("LLMGW_GATEWAY_MAX_WAITING", default=5, ge=0,
-                             meaning="engine-reported waiting requests that make an endpoint saturated")
+    # At least 1: at 0 every endpoint would be saturated, waiting or not, and nothing routed.
+    max_waiting: float = env("LLMGW_GATEWAY_MAX_WAITING", default=5, ge=1,
+                             meaning="engine-reported waiting requests that make an endpoint saturated (at least 1)")
     # ... or this KV-cache usage (0..1), or when the gateway's in-flight count reaches its capacity.
     max_kv: float = env("LLMGW_GATEWAY_MAX_KV", default=0.8, ge=0, le=1,
                         meaning="engine-reported KV-cache usage (0..1) that makes an endpoint saturated")

@@ -32,6 +32,8 @@ def test_config_from_env_validates():
         GatewaySettings.from_env({"LLMGW_GATEWAY_POLICY": "fastest"})
     with pytest.raises(ConfigError, match="LLMGW_GATEWAY_MAX_KV"):
         GatewaySettings.from_env({"LLMGW_GATEWAY_MAX_KV": "2"})
+    with pytest.raises(ConfigError, match="LLMGW_GATEWAY_MAX_WAITING"):  # 0 would saturate every endpoint
+        GatewaySettings.from_env({"LLMGW_GATEWAY_MAX_WAITING": "0"})
     with pytest.raises(ConfigError, match="LLMGW_GATEWAY_QUEUE_TIMEOUT"):
         GatewaySettings.from_env({"LLMGW_GATEWAY_QUEUE_TIMEOUT": "soon"})
 
