@@ -239,11 +239,14 @@ def choose(
         # the endpoint's own prefill rate once its engine showed one (gateway.routing.prefill)
         per_token = (st.prefill if st is not None and st.prefill is not None else modelled) if modelled else 0.0
         if (soft and hit and not hard and e.capacity and e.capacity <= ahead < e.capacity + cfg.max_waiting
-                and load is not None and load.waiting is not None):
+                and load is not None and load.waiting is not None and request.queued <= 1):
             # It holds this prompt: the request may wait in its engine's queue, up to the engine's own
             # waiting limit past capacity, when the cost says that still beats a miss elsewhere (the
             # wait for a slot is part of the cost: a hit is traded against queueing). Only where the
-            # engine shows its queue: blind, the gateway would pile requests onto it. Priced with the
+            # engine shows its queue: blind, the gateway would pile requests onto it. Never past requests
+            # waiting in the gateway's queue (`queued`): a hit sent into the engine's queue takes the
+            # next slot there before them, and at 95 % on fleet A they waited 2.4 s at p99 while later
+            # turns went by (bench/fleetsim.py `--workload mix`). Priced with the
             # slowdown it brings to the full batch it joins: left out, the queue looked cheaper than
             # the free slots elsewhere by that much, and conversations' turns piled up past capacity
             # in the engine holding their history on fast-prefill engines (bench/fleetsim.py

@@ -405,6 +405,10 @@ def test_a_full_endpoint_holding_the_prompt_may_queue_it_only_where_its_engine_s
     deep = {**shown, "b": LoadRecord("b", ts=NOW, ok=True, running=2, waiting=5)}
     full = choose(eps, deep, {"b": 7, "a": 1}, r, NOW, **kw)
     assert not (isinstance(full, Choice) and full.endpoint.id == "b")  # the engine's own waiting limit
+    # Requests already waiting in the gateway's queue: a hit does not jump them into the engine's queue
+    # (it would take the slot that frees there before them).
+    behind = choose(eps, shown, {"b": 2, "a": 1}, replace(r, queued=2), NOW, **kw)
+    assert not (isinstance(behind, Choice) and behind.endpoint.id == "b")
 
 
 def test_a_hit_queued_past_capacity_pays_for_the_full_batch_it_joins():
