@@ -606,7 +606,8 @@ class _Engine:
                           generation_tokens_total=float(c.generation_tokens_total),
                           prefix_queries_total=float(cache.queries) if cache is not None else None,
                           prefix_hits_total=float(cache.hits) if cache is not None else None,
-                          prefill_seconds_total=self.prefill_seconds)  # vllm:request_prefill_time_seconds_sum
+                          prefill_seconds_total=self.prefill_seconds,  # vllm:request_prefill_time_seconds_sum
+                          kv_tokens=c.config.kv_tokens)  # vllm:cache_config_info
 
 
 class Simulation:

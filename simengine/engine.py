@@ -145,6 +145,7 @@ class Engine:
                 prefix_queries=c.prefix.queries if c.prefix else 0, prefix_hits=c.prefix.hits if c.prefix else 0,
                 lora_info=tuple(self.lora_info.observe(c.lora_running, c.lora_waiting, time.time()))
                 if self.lora_info else (),
+                kv_tokens=c.config.kv_tokens, block_size=self.opts.block_size, prefix_caching=c.prefix is not None,
             )
 
     def _flush_events(self) -> None:

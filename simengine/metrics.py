@@ -71,6 +71,9 @@ class Snapshot:
     prefix_hits: int = 0
     # vllm:lora_requests_info's series: (labels, value) each; empty without --enable-lora.
     lora_info: tuple[tuple[dict, float], ...] = ()
+    kv_tokens: int = 0  # the KV budget, for vllm:cache_config_info (0: not reported)
+    block_size: int = 16
+    prefix_caching: bool = True
 
 
 class _VllmCollector:
@@ -120,6 +123,15 @@ class _VllmCollector:
                                   "for request.", labels=labels)
         h.add_metric(lv, [("+Inf", s.ttft.n)], s.busy_seconds_prompt)
         yield h
+        if s.kv_tokens:
+            # vLLM's info gauge of its CacheConfig (a subset of its labels, as strings, value 1), with
+            # the `engine` label only: whole blocks, as vLLM allocates them.
+            names = ["block_size", "cache_dtype", "enable_prefix_caching", "gpu_memory_utilization",
+                     "num_cpu_blocks", "num_gpu_blocks", "engine"]
+            g = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", labels=names)
+            g.add_metric([str(s.block_size), "auto", str(s.prefix_caching), "0.9", "None",
+                          str(s.kv_tokens // s.block_size), "0"], 1.0)
+            yield g
         if s.lora_info:
             names = ["max_lora", "waiting_lora_adapters", "running_lora_adapters"]
             g = GaugeMetricFamily("vllm:lora_requests_info", "Running stats on lora requests.", labels=names)

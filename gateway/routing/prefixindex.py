@@ -16,11 +16,8 @@ from collections import OrderedDict
 from typing import Iterable, Mapping, Sequence
 
 from gateway.routing.prefixkeys import TOKENS_PER_BLOCK
+from llmgw.state.records import DEFAULT_KV_TOKENS
 
-# KV capacity assumed for an endpoint that says nothing of its own (tokens): a modest GPU replica
-# (vLLM's KV on a 24 GB card for a 7-8B model is ~40-100k tokens; llama.cpp's default is 4 slots of
-# 4096). Too large predicts hits the engine already evicted; too small forgets ones it kept.
-DEFAULT_KV_TOKENS = 32768
 
 
 def blocks_for(kv_tokens: int | None) -> int:
@@ -66,12 +63,20 @@ class EndpointIndex:
 
 
 class PrefixIndex:
-    """The per-endpoint indexes of one gateway process."""
+    """The per-endpoint indexes of one gateway process, each sized to its engine's KV cache as known:
+    the catalog's `kv_cache_tokens`, else what the engine reports (vLLM's vllm:cache_config_info),
+    else DEFAULT_KV_TOKENS."""
 
-    __slots__ = ("by_ep",)
+    __slots__ = ("by_ep", "declared", "reported")
 
     def __init__(self):
         self.by_ep: dict[str, EndpointIndex] = {}
+        self.declared: dict[str, int] = {}  # endpoint -> the catalog's figure (replaced with each list)
+        self.reported: dict[str, int] = {}  # endpoint -> the engine's (kept through a failed scrape)
+
+    def kv_tokens(self, ep_id: str) -> int | None:
+        """The KV capacity the endpoint's index is sized to; None: the default."""
+        return self.declared.get(ep_id) or self.reported.get(ep_id)
 
     def matches(self, ep_ids: Iterable[str], keys: Sequence[int]) -> dict[str, int]:
         """Leading keys matched per endpoint (only endpoints with a match are listed)."""
@@ -86,20 +91,36 @@ class PrefixIndex:
                 out[i] = ix.match(keys)
         return out
 
-    def sent(self, ep_id: str, keys: Sequence[int], kv_tokens: int | None = None) -> None:
+    def sent(self, ep_id: str, keys: Sequence[int]) -> None:
         """`keys` were sent to `ep_id`: its engine now holds them (until it evicts them)."""
         if not keys:
             return
         ix = self.by_ep.get(ep_id)
         if ix is None:
-            ix = self.by_ep[ep_id] = EndpointIndex(blocks_for(kv_tokens))
+            ix = self.by_ep[ep_id] = EndpointIndex(blocks_for(self.kv_tokens(ep_id)))
         ix.add(keys)
 
-    def sizes(self, kv_tokens: Mapping[str, int | None]) -> None:
-        """The endpoints' KV capacities as now known: resize their indexes, forget unlisted ones."""
-        for i in [i for i in self.by_ep if i not in kv_tokens]:
-            del self.by_ep[i]
+    def listed(self, declared: Mapping[str, int | None]) -> None:
+        """A new endpoint list, with each endpoint's declared KV capacity (None: none): forget the
+        endpoints that left it, resize the others."""
+        self.declared = {i: v for i, v in declared.items() if v}
+        for gone in [i for i in self.by_ep if i not in declared]:
+            del self.by_ep[gone]
+        self.reported = {i: v for i, v in self.reported.items() if i in declared}
+        self._resize()
+
+    def reports(self, reported: Mapping[str, int | None]) -> None:
+        """The engines' own KV capacities as just scraped (None: not said this time, keep the last)."""
+        changed = False
+        for i, v in reported.items():
+            if v and self.reported.get(i) != v:
+                self.reported[i] = v
+                changed = True
+        if changed:
+            self._resize()
+
+    def _resize(self) -> None:
         for i, ix in self.by_ep.items():
-            cap = blocks_for(kv_tokens[i])
+            cap = blocks_for(self.kv_tokens(i))
             if cap != ix.cap:
                 ix.resize(cap)

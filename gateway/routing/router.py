@@ -310,7 +310,7 @@ class Router:
             listed = tables.by_id
             with self.lock:
                 self.counts.prune(listed)
-                self.prefixes.sizes({i: None for i in listed})
+                self.prefixes.listed({i: ep.kv_tokens for i, ep in listed.items()})
                 self.backlog.keep(listed)
                 for i in [i for i in self.prefix_tally if i not in listed]:
                     del self.prefix_tally[i]
@@ -345,6 +345,8 @@ class Router:
                                                   snap.tables.by_id, seen, self.routing)
             with self.lock:
                 trust = {i: (trust_of(t), reuse_of(t)) for i, t in self.prefix_tally.items()}
+                self.prefixes.reports({i: rec.kv_tokens for i, rec in loads.items()
+                                       if rec.kv_tokens and i in snap.tables.by_id})
             stats = {i: _with_tally(st, *trust[i]) if i in trust else st for i, st in stats.items()}
             self.snapshot = Snapshot(snap.tables, loads, stats)
         self.on_release(None)

@@ -153,6 +153,10 @@ class Profile(StrictModel):
     # Precise prefix routing: the engine publishes its KV cache events (vLLM's --kv-events-config, on
     # ports its agent chooses) and every gateway indexes what each replica holds from them.
     kv_events: bool = False
+    # The KV cache one replica holds, in tokens: how much of what the gateway sent there its prefix
+    # cache can still hold (the gateway's index is sized to it). None: the engine's own figure (vLLM's
+    # vllm:cache_config_info), else a default (llmgw.state.records.DEFAULT_KV_TOKENS).
+    kv_cache_tokens: SInt | None = Field(default=None, ge=256)
     start_timeout: Duration = Field(default=120.0, gt=0, allow_inf_nan=False)
     # A planned stop (rolling update, scale-down, drain, removal) lets in-flight requests finish for up
     # to this long (seconds) after every gateway stopped sending new ones; 0 = stop at once.

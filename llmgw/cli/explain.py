@@ -253,7 +253,7 @@ def _gateways(model: str, endpoints: list[EndpointInfo], gateways: list[GatewayR
             elif load is not None:
                 engine = f"its metrics cannot be read: {load.error}"
             out.append(_indent(f"- {e.id} on {e.node or '?'}: {inflight} in flight from the gateways; {engine}", "    "))
-            cache = prefix_sentence(e.id, gateways, load)
+            cache = prefix_sentence(e.id, gateways, load, e.kv_tokens)
             if cache:
                 out.append(_indent(cache, "      "))
     demand = [g.models[model] for g in gateways if model in g.models]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from llmgw.state.demand_records import GatewayReport
-from llmgw.state.records import LoadRecord
+from llmgw.state.records import DEFAULT_KV_TOKENS, LoadRecord
 
 
 def prefix_ratios(endpoint_id: str, gateways: Iterable[GatewayReport],
@@ -28,7 +28,18 @@ def prefix_ratios(endpoint_id: str, gateways: Iterable[GatewayReport],
     return (expected / sent if sent else None), measured, sent
 
 
-def prefix_sentence(endpoint_id: str, gateways: Iterable[GatewayReport], load: LoadRecord | None) -> str:
+def index_size(declared: int | None, load: LoadRecord | None) -> tuple[int, str]:
+    """The KV capacity the gateways size this endpoint's index to, and where it comes from (as
+    gateway.routing.prefixindex.PrefixIndex.kv_tokens decides it)."""
+    if declared:
+        return declared, "the catalog's kv_cache_tokens"
+    if load is not None and load.kv_tokens:
+        return load.kv_tokens, "the engine's"
+    return DEFAULT_KV_TOKENS, "the default"
+
+
+def prefix_sentence(endpoint_id: str, gateways: Iterable[GatewayReport], load: LoadRecord | None,
+                    declared: int | None = None) -> str:
     """'' when there is nothing to say."""
     expected, measured, sent = prefix_ratios(endpoint_id, list(gateways), load)
     if expected is None and measured is None:
@@ -39,5 +50,7 @@ def prefix_sentence(endpoint_id: str, gateways: Iterable[GatewayReport], load: L
     if measured is not None:
         src = "its prefix-cache counters" if load is not None and load.prefix_queries_total else "its answers"
         parts.append(f"the engine reports {measured:.0%} reused ({src})")
+    size, whence = index_size(declared, load)
+    parts.append(f"indexed up to {size:,} tokens ({whence})")
     return "prefix cache: " + "; ".join(parts)
 

@@ -112,6 +112,9 @@ class EngineAdapter(ABC):
     prefix_queries_metric: ClassVar[str | None] = None
     prefix_hits_metric: ClassVar[str | None] = None
     prefill_seconds_metric: ClassVar[str | None] = None  # seconds spent prefilling (a counter or a sum)
+    # An info series whose labels say the KV cache's size (vLLM's vllm:cache_config_info:
+    # num_gpu_blocks x block_size tokens), which sizes the gateway's prefix index; None = not said.
+    kv_config_metric: ClassVar[str | None] = None
     # How the engine learns its API key: the environment variable that sets it (never a flag: argv is
     # world-readable in /proc and the shim logs it), and the flags that would override it, which a
     # profile may therefore not set.

@@ -10,6 +10,7 @@ gives one per engine) are summed, except the KV ratio, which is averaged.
 from __future__ import annotations
 
 import math
+import re
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -39,6 +40,7 @@ class MappedLoad:
     prefix_queries_total: float | None = None  # prompt tokens looked up in the prefix cache
     prefix_hits_total: float | None = None  # of them found there
     prefill_seconds_total: float | None = None  # seconds spent prefilling
+    kv_tokens: int | None = None  # the KV cache's size in tokens, where the engine says it
 
 
 def parse_samples(text: str) -> dict[str, list[float]]:
@@ -83,6 +85,29 @@ def _mean(values: list[float] | None) -> float | None:
     return math.fsum(values) / len(values) if values else None
 
 
+_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def read_kv_tokens(metrics_text: str, name: str | None) -> int | None:
+    """The KV cache's size in tokens from an info series such as vLLM's `vllm:cache_config_info`
+    (labels `num_gpu_blocks` and `block_size`; value 1), summed over its `engine` label sets (data
+    parallelism: one cache per engine). None when the series is absent or its blocks are not known
+    yet (vLLM writes "None" until its cache is allocated). A line scan, not a parse: the series is
+    one line in a body of histograms, read on every scrape."""
+    if not name:
+        return None
+    total, head = 0, name + "{"
+    for line in metrics_text.splitlines():
+        if not line.startswith(head):
+            continue
+        labels = dict(_LABEL.findall(line[len(head):line.rfind("}")]))
+        blocks, size = labels.get("num_gpu_blocks", ""), labels.get("block_size", "")
+        if not (blocks.isdigit() and size.isdigit()) or int(blocks) * int(size) < 1:
+            return None  # one engine's cache not known yet: the sum would be too small
+        total += int(blocks) * int(size)
+    return total or None
+
+
 def read_load(metrics_text: str, engine: EngineAdapter, profile: Profile) -> MappedLoad:
     """The load numbers of one replica from its /metrics text. Raises MetricsMalformed."""
     samples = parse_samples(metrics_text)
@@ -106,4 +131,5 @@ def read_load(metrics_text: str, engine: EngineAdapter, profile: Profile) -> Map
         prefix_queries_total=_sum(_values(samples, queries_name)),
         prefix_hits_total=_sum(_values(samples, hits_name)),
         prefill_seconds_total=_sum(_values(samples, prefill_name)),
+        kv_tokens=read_kv_tokens(metrics_text, engine.kv_config_metric),
     )

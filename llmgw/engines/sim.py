@@ -70,6 +70,7 @@ class SimAdapter(EngineAdapter):
     prefix_queries_metric = VllmAdapter.prefix_queries_metric
     prefix_hits_metric = VllmAdapter.prefix_hits_metric
     prefill_seconds_metric = VllmAdapter.prefill_seconds_metric
+    kv_config_metric = VllmAdapter.kv_config_metric
     credential_env = "SIMENGINE_API_KEY"  # guards /v1, like vLLM
     # LoRA as vLLM serves it: loaded and unloaded at run time, with vLLM's calls, answers and flags.
     supports_lora = True

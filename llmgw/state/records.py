@@ -181,6 +181,12 @@ class ReplicaRecord:
         )
 
 
+# KV capacity assumed for an endpoint that says nothing of its own (tokens): a modest GPU replica
+# (vLLM's KV on a 24 GB card for a 7-8B model is ~40-100k tokens; llama.cpp's default is 4 slots of
+# 4096). Too large predicts hits the engine already evicted; too small forgets ones it kept.
+DEFAULT_KV_TOKENS = 32768
+
+
 @dataclass(frozen=True)
 class LoadRecord:
     """One scrape of one replica's /metrics, mapped to llmgw's three numbers.
@@ -204,6 +210,9 @@ class LoadRecord:
     # Seconds the engine spent prefilling prompts since it started (vLLM's request_prefill_time sum,
     # llama.cpp's prompt_seconds_total): over the prompt tokens it computed, its prefill rate.
     prefill_seconds_total: float | None = None
+    # The engine's KV cache in tokens (vLLM's vllm:cache_config_info: num_gpu_blocks x block_size);
+    # None when it does not say. The gateway sizes its index of what it sent there to it.
+    kv_tokens: int | None = None
     # The longest sequence (prompt + output) the engine takes, as its GET /v1/models says; None when
     # it does not say (or was not asked yet).
     context_length: int | None = None
@@ -260,6 +269,9 @@ class EndpointInfo:
     # The tokenizer the gateway needs to match prompts against those events (`hf://org/repo[@rev]`);
     # empty: the engine's own (the simulated engine), or none known.
     tokenizer: str = ""
+    # The catalog's `kv_cache_tokens`: the KV cache one replica holds, in tokens, which sizes the
+    # gateway's index of what it sent there (before the engine's own figure); None: not declared.
+    kv_tokens: int | None = None
 
     def serves(self, op: str) -> bool:
         return op in self.paths if self.paths is not None else op in LEGACY_OPERATIONS

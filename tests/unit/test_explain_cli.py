@@ -134,6 +134,11 @@ def test_explain_shows_the_prefix_cache_expected_by_the_gateways_and_measured_by
                                 prefix_hits_total=700.0))
     code, out = explain(capsys, "chat")
     assert "the engine reports 70% reused (its prefix-cache counters)" in out
+    assert "indexed up to 32,768 tokens (the default)" in out
+    store.write_load(LoadRecord(rec.id, ts=NOW, ok=True, running=0, waiting=0, prefix_queries_total=1000.0,
+                                prefix_hits_total=700.0, kv_tokens=432544))
+    code, out = explain(capsys, "chat")
+    assert "indexed up to 432,544 tokens (the engine's)" in out  # what the gateways size it to, and why
 
 
 def test_an_unknown_model_names_the_ones_there_are(store, capsys):

@@ -6,7 +6,7 @@ import pytest
 
 from llmgw.catalog import MetricMapping, Profile
 from llmgw.engines import get_engine
-from llmgw.engines.metrics import MappedLoad, MetricsMalformed, read_load
+from llmgw.engines.metrics import MappedLoad, MetricsMalformed, read_kv_tokens, read_load
 
 FIX = Path(__file__).parents[1] / "fixtures" / "metrics"
 VLLM = Profile(name="gpu", engine="vllm", gpu={"class": "a100"})
@@ -21,7 +21,8 @@ def test_vllm_0_10_single_engine():
     load = read_load(text("vllm_0_10_single.txt"), get_engine("vllm"), VLLM)
     assert load == MappedLoad(running=7, waiting=3, kv_usage=pytest.approx(0.4213),
                               prompt_tokens_total=182734, generation_tokens_total=93821,
-                              prefix_queries_total=182734, prefix_hits_total=60911)  # the prefix cache, in tokens
+                              prefix_queries_total=182734, prefix_hits_total=60911,  # the prefix cache, in tokens
+                              kv_tokens=27034 * 16)  # vllm:cache_config_info: num_gpu_blocks x block_size
 
 
 def test_vllm_data_parallel_sums_counts_and_averages_kv():
@@ -29,6 +30,20 @@ def test_vllm_data_parallel_sums_counts_and_averages_kv():
     assert (load.running, load.waiting) == (11, 2)
     assert load.kv_usage == pytest.approx(0.4)
     assert (load.prompt_tokens_total, load.generation_tokens_total) == (3000, 1200)
+    assert load.kv_tokens == 2 * 27034 * 16  # one cache per engine
+
+
+def test_the_kv_cache_size_is_unknown_until_every_engine_says_it():
+    line = 'vllm:cache_config_info{block_size="%s",engine="%s",num_gpu_blocks="%s",sliding_window="None"} 1.0\n'
+    assert read_kv_tokens(line % ("16", "0", "661"), "vllm:cache_config_info") == 10576
+    # Before the cache is allocated vLLM writes "None"; with one engine of two unknown, the sum would lie.
+    assert read_kv_tokens(line % ("16", "0", "None"), "vllm:cache_config_info") is None
+    assert read_kv_tokens(line % ("16", "0", "661") + line % ("16", "1", "None"), "vllm:cache_config_info") is None
+    assert read_kv_tokens(line % ("16", "0", "0"), "vllm:cache_config_info") is None
+    assert read_kv_tokens("vllm:num_requests_running 1\n", "vllm:cache_config_info") is None
+    assert read_kv_tokens(line % ("16", "0", "661"), None) is None
+    # llama-server says nothing of the kind: unknown, and the gateway uses the catalog's figure or its default.
+    assert read_load(text("llamacpp_busy.txt"), get_engine("llamacpp"), LLAMA).kv_tokens is None
 
 
 def test_vllm_legacy_kv_name_is_the_fallback():

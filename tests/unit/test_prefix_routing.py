@@ -96,9 +96,39 @@ def test_index_is_a_bounded_lru_that_keeps_heads_longest():
     pi.sent("a", (1, 2, 3))
     pi.sent("b", (1, 5))
     assert pi.matches(["a", "b", "c"], (1, 2, 3, 4)) == {"a": 3, "b": 1}
-    pi.sizes({"a": None})  # b left the list
+    pi.listed({"a": None})  # b left the list
     assert set(pi.by_ep) == {"a"}
     assert blocks_for(1600) == 100 and blocks_for(None) > blocks_for(1600)
+
+
+def test_each_index_is_sized_to_its_engines_kv_cache_the_catalogs_figure_first():
+    """The LRU of what was sent holds what the engine can: too large, it predicts hits the engine
+    already evicted; too small, it forgets ones it kept. The catalog's `kv_cache_tokens` is taken as
+    meant; else the engine's own figure (vLLM's vllm:cache_config_info), kept through a scrape that
+    did not say it; else the default."""
+    from gateway.routing.router import Router
+    from gateway.routing.tables import tables_from
+    from llmgw.state.clock import Clock
+
+    class Names:  # the catalog's names (gateway.routing.tables.CatalogNames): none beyond the list's
+        canonical, groups, cold_start = {}, (), {}
+
+    r = Router(CFG, Clock(), random.Random(1))
+    eps = [replace(ep("a"), kv_tokens=1600), ep("b"), ep("c")]
+    r.apply_tables(tables_from(1, "fp", eps, Names(), {}), True)
+    keys = tuple(range(1, 400))
+    for i in "abc":
+        r.prefixes.sent(i, keys)
+    caps = lambda: {i: ix.cap for i, ix in r.prefixes.by_ep.items()}  # noqa: E731
+    assert caps() == {"a": blocks_for(1600), "b": blocks_for(None), "c": blocks_for(None)}
+    said = {i: LoadRecord(i, ts=NOW, ok=True, running=0, waiting=0, kv_tokens=3200) for i in "ab"}
+    r.apply_loads(said)
+    assert caps() == {"a": blocks_for(1600), "b": blocks_for(3200), "c": blocks_for(None)}
+    assert len(r.prefixes.by_ep["b"].keys) == blocks_for(3200) < len(keys)  # shrunk: its oldest keys went
+    r.apply_loads({"b": LoadRecord("b", ts=NOW + 1, ok=False, error="timed out")})
+    assert r.prefixes.kv_tokens("b") == 3200  # a failed scrape says nothing new
+    r.apply_tables(tables_from(2, "fp2", [ep("a"), ep("b")], Names(), {}), True)  # a's figure left the catalog
+    assert r.prefixes.kv_tokens("a") == 3200 and set(r.prefixes.by_ep) == {"a", "b"}  # c left the list
 
 
 def test_index_update_and_match_are_cheap():

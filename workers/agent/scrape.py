@@ -57,7 +57,8 @@ def scrape_targets(heads: list[ReplicaRecord], launches: Mapping[str, Launch | N
 
 
 LOAD_FIELDS = ("running", "waiting", "kv_usage", "prompt_tokens_total", "generation_tokens_total",
-               "prefix_queries_total", "prefix_hits_total", "prefill_seconds_total")
+               "prefix_queries_total", "prefix_hits_total", "prefill_seconds_total", "kv_tokens")
+COUNT_FIELDS = frozenset({"kv_tokens"})  # whole numbers; the rest are floats
 
 
 def _default_profile(engine: str) -> Profile:
@@ -88,7 +89,8 @@ def scrape_one(target, fetch: Callable[..., str], timeout: float, now: float,
                           context_length=context)
     known = LOAD_FIELDS
     return LoadRecord(replica_id=target.replica_id, ts=now, ok=True, context_length=context,
-                      **{k: (float(v) if v is not None else None) for k, v in values.items() if k in known},
+                      **{k: (None if v is None else int(v) if k in COUNT_FIELDS else float(v))
+                         for k, v in values.items() if k in known},
                       **lora_fields(text, target.profile))
 
 
