@@ -20,7 +20,9 @@ from llmgw import surface as op
 from llmgw.engines.base import EngineAdapter, EngineUnavailable, LaunchContext, LaunchSpec
 from llmgw.errors import Problem
 
-ALLOWED_FIELDS = frozenset({"name", "engine", "priority", "weight", "capacity", "metrics", *EXTERNAL_FIELDS})
+# Routing hints stay: a server llmgw does not run is still routed to, its prefix cache included.
+ALLOWED_FIELDS = frozenset({"name", "engine", "priority", "weight", "capacity", "metrics", "kv_cache_tokens",
+                            *EXTERNAL_FIELDS})
 _WHY_NOT = {
     "replicas": "llmgw runs no replicas of it; list one `url` per server instead",
     "gpu": "llmgw places nothing for it on a GPU",

@@ -190,6 +190,12 @@ def test_external_profiles_run_no_replicas_and_list_only_ready_urls():
             rec(id=b.id, url="http://elsewhere", checked_at=1, ok=True, last_ok_at=1)]  # a stale url: not listed
     [ep] = external_endpoints(cat, recs)
     assert ep.id == a.id
+    assert (ep.objective, ep.kv_tokens) == ("", None)
+    # The model's routing objective and the profile's KV size reach the gateways as for any replica.
+    tuned = parse_catalog({"models": [{"name": "q", "routing": {"objective": "completion"},
+                                       "profiles": [{**LEGACY, "kv_cache_tokens": 65536}]}]})
+    [ep] = external_endpoints(tuned, [rec(id=a.id, url=a.url, checked_at=1, ok=True, last_ok_at=1)])
+    assert (ep.objective, ep.kv_tokens) == ("completion", 65536)
 
 
 def test_status_lists_external_urls_with_state_and_reason():

@@ -122,6 +122,7 @@ def external_endpoints(catalog: Catalog, records: Iterable[ExternalRecord]) -> l
             id=t.id, url=t.url, models=tuple(model.names), engine="external", weight=p.weight,
             priority=p.priority, capacity=p.capacity, served_name=p.served_name or model.name, model=model.name,
             profile=p.name, paths=ADAPTER.paths(p), api_key_env=p.api_key_env,
+            objective=(model.routing.objective or "") if model.routing else "", kv_tokens=p.kv_cache_tokens,
         ))
     return out
 
