@@ -12,7 +12,7 @@ from typing import Iterable, Mapping
 import yaml
 
 from llmgw.catalog import Catalog
-from llmgw.cli.prefixview import prefix_ratios
+from llmgw.cli.prefixview import index_size, prefix_ratios
 from llmgw.state.demand_records import GatewayReport
 from llmgw.state.records import LoadRecord
 
@@ -21,13 +21,14 @@ LOAD_FRESH_FOR = 10.0
 
 
 def replica_load(rid: str, gateways: Iterable[GatewayReport], load: LoadRecord | None, unit: float | None,
-                 now: float) -> dict:
+                 now: float, declared_kv: int | None = None) -> dict:
     """One replica's live load: requests in flight from every gateway, the engine's own running,
     waiting and KV use (its last scrape, when fresh), and the service time this gateway learned."""
     inflight = sum(u.inflight for g in gateways if (u := g.endpoints.get(rid)) is not None)
     fresh = load is not None and load.ok and now - load.ts <= LOAD_FRESH_FOR
     gateways = list(gateways)
     expected, measured, _sent = prefix_ratios(rid, gateways, load)
+    indexed, indexed_by = index_size(declared_kv, load)
     return {
         "inflight": inflight,
         "running": load.running if fresh else None,
@@ -35,8 +36,10 @@ def replica_load(rid: str, gateways: Iterable[GatewayReport], load: LoadRecord |
         "kv": load.kv_usage if fresh else None,
         "load_error": load.error if load is not None and not load.ok else None,
         "service_time": unit,
-        # predicted vs measured prefix-cache hits (llmgw.cli.prefixview), None before any
-        "prefix": {"expected": expected, "measured": measured} if expected is not None or measured is not None else None,
+        # predicted vs measured prefix-cache hits (llmgw.cli.prefixview), None before any, and the
+        # KV capacity the gateways' index of it is sized to, with where that figure comes from
+        "prefix": {"expected": expected, "measured": measured, "indexed": indexed, "indexed_by": indexed_by}
+        if expected is not None or measured is not None else None,
     }
 
 
@@ -47,9 +50,11 @@ def models_view(catalog: Catalog | None, report: dict, gateways: list[GatewayRep
     profile, each replica's row of `llmgw status` with its `load`, the gateways' demand, and the
     traffic points (`gateway.observe.traffic.series`)."""
     rows_by: dict[tuple[str, str], list[dict]] = {}
+    declared = {(m.name, p.name): p.kv_cache_tokens for m in catalog.models for p in m.profiles} if catalog else {}
     for row in report["replicas"]:
         rows_by.setdefault((row["model"], row["profile"]), []).append(
-            {**row, "load": replica_load(row["id"], gateways, loads.get(row["id"]), units.get(row["id"]), now)})
+            {**row, "load": replica_load(row["id"], gateways, loads.get(row["id"]), units.get(row["id"]), now,
+                                         declared.get((row["model"], row["profile"])))})
     # model -> (aliases, in the catalog, [(profile, engine, replicas asked for, capacity)])
     shape: dict[str, tuple[list[str], bool, list[tuple]]] = {
         m.name: (list(m.aliases), True, [(p.name, p.engine, p.replicas, p.capacity) for p in m.profiles])

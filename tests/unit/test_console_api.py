@@ -211,5 +211,10 @@ def test_a_replicas_load_shows_the_prefix_hits_expected_and_measured():
 
     gws = [GatewayReport("g:1", at=1.0, endpoints={"r": EndpointUse(1, 1.0, None, (1000.0, 400.0, 0.0, 0.0))})]
     load = LoadRecord("r", ts=1.0, ok=True, prefix_queries_total=200.0, prefix_hits_total=50.0)
-    assert replica_load("r", gws, load, None, 2.0)["prefix"] == {"expected": 0.4, "measured": 0.25}
+    assert replica_load("r", gws, load, None, 2.0)["prefix"] == {"expected": 0.4, "measured": 0.25, "indexed": 32768,
+                                                                  "indexed_by": "the default"}
     assert replica_load("r", [], None, None, 2.0)["prefix"] is None
+    # what the gateways' index of it is sized to: the engine's figure, unless the catalog says one
+    sized = LoadRecord("r", ts=1.0, ok=True, prefix_queries_total=200.0, prefix_hits_total=50.0, kv_tokens=24576)
+    assert replica_load("r", gws, sized, None, 2.0)["prefix"]["indexed"] == 24576
+    assert replica_load("r", gws, sized, None, 2.0, 8192)["prefix"]["indexed_by"] == "the catalog's kv_cache_tokens"

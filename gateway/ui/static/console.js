@@ -191,7 +191,8 @@ function loadBars(row, capacity, th) {
     el("span", { class: "muted" }, "service"), el("span", {}), el("span", {}, secs(l.service_time)),
     // prefix cache: the share of prompt tokens the gateways expected cached / the engine reused
     ...(l.prefix ? [el("span", { class: "muted" }, "prefix hit"), el("span", {}),
-                    el("span", { "data-prefix": "" }, `${ratio(l.prefix.expected)} / ${ratio(l.prefix.measured)}`)] : []));
+                    el("span", { "data-prefix": "", title: `expected / reused; indexed up to ${l.prefix.indexed} tokens (${l.prefix.indexed_by})` },
+                       `${ratio(l.prefix.expected)} / ${ratio(l.prefix.measured)}`)] : []));
 }
 
 function ratio(v) {
