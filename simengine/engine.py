@@ -78,9 +78,10 @@ class Engine:
     def __init__(self, config: SimConfig, clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep, prefix: PrefixCache | None = None,
                  slots: Slots | None = None, publish: Callable[[list], None] | None = None,
-                 lora_info: LoraInfo | None = None):
+                 lora_info: LoraInfo | None = None, block_size: int = 16):
         self.core = SimCore(config, prefix=prefix, slots=slots)
         self.lora_info = lora_info
+        self.block_size = block_size  # vLLM's --block-size, which its cache_config_info reports
         self.stats = MetricsState(started=time.time())
         self._clock, self._sleep, self._publish = clock, sleep, publish
         self._cond = threading.Condition()
@@ -145,7 +146,7 @@ class Engine:
                 prefix_queries=c.prefix.queries if c.prefix else 0, prefix_hits=c.prefix.hits if c.prefix else 0,
                 lora_info=tuple(self.lora_info.observe(c.lora_running, c.lora_waiting, time.time()))
                 if self.lora_info else (),
-                kv_tokens=c.config.kv_tokens, block_size=self.opts.block_size, prefix_caching=c.prefix is not None,
+                kv_tokens=c.config.kv_tokens, block_size=self.block_size, prefix_caching=c.prefix is not None,
             )
 
     def _flush_events(self) -> None:
@@ -203,7 +204,7 @@ class SimApp:
             opts.prefix_caching and llamacpp) else None
         lora = opts.lora
         self.engine = Engine(opts.core, prefix=prefix, slots=slots, publish=publish,
-                             lora_info=LoraInfo(lora.max_loras) if lora else None)
+                             lora_info=LoraInfo(lora.max_loras) if lora else None, block_size=opts.block_size)
         self.adapters = Adapters(lora) if lora else None  # the LoRA adapters it holds
         self.started = time.monotonic()
         self._lock = threading.Lock()

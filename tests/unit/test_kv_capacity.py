@@ -52,3 +52,18 @@ def test_the_sim_reports_its_kv_budget_as_vllm_does_and_the_agent_scrapes_it():
     quiet = scrape_one(ScrapeTarget("r1", "http://x/metrics", "llamacpp", None),
                        _Fetch(render_llamacpp(_snap(kv_tokens=24580))), 1.0, NOW)
     assert quiet.ok and quiet.kv_tokens is None
+
+
+@pytest.mark.parametrize("prefix_caching", [True, False])
+def test_the_running_sims_metrics_say_its_budget_in_its_own_blocks(prefix_caching):
+    from simengine.core import SimConfig
+    from simengine.engine import ServerOptions, SimApp
+
+    app = SimApp(ServerOptions("127.0.0.1", 0, ("m",), core=SimConfig(kv_tokens=4096), block_size=32,
+                               prefix_caching=prefix_caching))
+    try:
+        text = app.metrics_text()
+    finally:
+        app.engine.stop()
+    line = next(x for x in text.splitlines() if x.startswith("vllm:cache_config_info{"))
+    assert 'num_gpu_blocks="128"' in line and 'block_size="32"' in line and f'enable_prefix_caching="{prefix_caching}"' in line
