@@ -222,6 +222,10 @@ class SimCore:
             seq.hashes, seq.cached = hits, len(hits) * self.prefix.block_size
             seq.private -= seq.cached
             self.prefix.fit(self.config.kv_tokens - sum(s.private for s in self.running.values()) - seq.private)
+            # vLLM caches a request's full blocks when it schedules them (KVCacheManager.allocate_slots
+            # registers their hashes before the forward pass that computes them), so a request
+            # admitted after it, in the same step or later, already finds them.
+            self._cache_blocks(seq, seq.prompt_tokens)
         elif self.slots is not None and seq.tokens is not None:
             slot = self.slots.choose(seq.tokens)
             if slot is None:
@@ -229,11 +233,13 @@ class SimCore:
             seq.slot, seq.cached = slot, self.slots.take(slot, seq.tokens)
         return True
 
-    def _cache_blocks(self, seq: _Seq) -> None:
-        """Cache the full blocks of what `seq` has computed (its prompt, then its answer so far)."""
+    def _cache_blocks(self, seq: _Seq, done: int | None = None) -> None:
+        """Cache the full blocks of what `seq` has computed, or is scheduled to compute (`done`
+        tokens: its prompt at admission, then its answer so far)."""
         assert self.prefix is not None and seq.tokens is not None
         bs = self.prefix.block_size
-        done = seq.prompt_tokens + max(0, seq.generated - 1)  # the newest token has no KV yet
+        if done is None:
+            done = seq.prompt_tokens + max(0, seq.generated - 1)  # the newest token has no KV yet
         if not seq.caching or done // bs <= len(seq.hashes):
             return
         computed = seq.tokens + (seq.output or [])[:max(0, seq.generated - 1)]

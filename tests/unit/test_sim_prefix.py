@@ -40,6 +40,23 @@ def test_a_repeated_prefix_hits_whole_blocks_and_skips_their_prefill():
     assert core.prompt_cached_total == 96
 
 
+def test_requests_admitted_in_one_step_share_the_blocks_the_first_is_scheduled_to_compute():
+    """vLLM registers a request's full blocks when it schedules them (before the forward pass), so
+    conversations over one system prompt arriving together compute it once: the next in the same
+    step finds it. Cached only after the step, each computed it again, and a router that sends them
+    to one engine paid for every copy."""
+    core = SimCore(CFG, prefix=PrefixCache(16))
+    system = list(range(1000, 1100))  # 6 full blocks
+    submit(core, "a", system + [1, 2, 3])
+    submit(core, "b", system + [7, 8, 9, 10])
+    step = core.plan_step(0.0)
+    assert set(step.prefill) == {"a", "b"}
+    assert step.duration == pytest.approx(0.010 + 0.103 + (104 - 96) * 0.001)  # b computes only its tail
+    _, first = run(core)
+    assert (first["a"].cached, first["b"].cached) == (0, 96)
+    assert (core.prefix.queries, core.prefix.hits) == (103 + 104, 96)
+
+
 def test_the_last_prompt_token_is_always_computed():
     core = SimCore(CFG, prefix=PrefixCache(16))
     prompt = list(range(32))
