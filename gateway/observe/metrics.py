@@ -64,6 +64,10 @@ class Metrics:
         self.sends_shared = Counter("llmgw_gateway_sends_shared", "Requests with block keys exchanged with the "
                                     "other gateways through Redis, by direction (published|learned)",
                                     ["direction"], **kw)
+        # What the other gateways said they hold per endpoint (gateway.routing.holds), as routing counts it.
+        self.other_gateways_inflight = Gauge("llmgw_gateway_other_gateways_inflight", "Requests the other gateways "
+                                             "said they hold per endpoint, counted by this gateway's routing",
+                                             ["endpoint"], multiprocess_mode="livemax", **kw)
         self.endpoints_version = Gauge("llmgw_gateway_endpoints_version", "Version of the endpoint list in use",
                                        multiprocess_mode="livemax", **kw)
         self.endpoints = Gauge("llmgw_gateway_endpoints", "Endpoints in the list in use",

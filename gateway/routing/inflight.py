@@ -13,6 +13,7 @@ from collections import deque
 from contextlib import nullcontext
 from typing import Iterable, Mapping, NamedTuple
 
+from gateway.routing.holds import RemoteHolds
 from llmgw.state.records import EndpointInfo
 
 CHANGES_KEPT = 512  # changes of our in-flight count kept per endpoint (seconds of traffic)
@@ -52,6 +53,8 @@ class InFlight:
         self.ok_at: dict[str, float] = {}  # wall clock of the last response head per endpoint
         self.fail_at: dict[str, float] = {}  # ... of the last connection failure or first-byte timeout
         self.last_request_at: dict[str, float] = {}  # by canonical name (the requested one if unpublished)
+        # The other gateways' counts, as they last said (gateway.routing.holds): counted as siblings'.
+        self.remote = RemoteHolds()
 
     def add(self, ep: EndpointInfo, wall: float, now: float, adapter: str = "") -> None:
         n = self.counts[ep.id] = self.counts.get(ep.id, 0) + 1
@@ -81,8 +84,27 @@ class InFlight:
             self.shared.publish(eid, before, after, now)
 
     def siblings(self, eid: str, now: float) -> int:
-        """What the sibling workers hold on `eid` now."""
-        return self.shared.others((eid,), now).get(eid, 0) if self.shared is not None else 0
+        """What the sibling workers and the other gateways hold on `eid` now."""
+        n = self.shared.others((eid,), now).get(eid, 0) if self.shared is not None else 0
+        return n + self.remote.others((eid,), now).get(eid, 0) if self.remote else n
+
+    def others_recent(self, endpoint_ids, now: float) -> dict[str, int]:
+        """The most the sibling workers and the other gateways held on each endpoint lately: what a
+        scrape taken then may show of theirs."""
+        out = self.shared.others(endpoint_ids, now, recent=True) if self.shared is not None else {}
+        if self.remote:
+            for eid, n in self.remote.others(endpoint_ids, now, recent=True).items():
+                out[eid] = out.get(eid, 0) + n
+        return out
+
+    def gateway_held(self, endpoint_ids, now: float) -> dict[str, int]:
+        """What this gateway holds on each endpoint, its workers together (what it tells the other
+        gateways: gateway.routing.holds), without what they told it."""
+        out = {eid: n for eid in endpoint_ids if (n := self.counts.get(eid, 0)) > 0}
+        if self.shared is not None:
+            for eid, n in self.shared.others(endpoint_ids, now).items():
+                out[eid] = out.get(eid, 0) + n
+        return out
 
     def deciding(self):
         """The siblings' lock around one routing decision (gateway.server.siblings), or none alone."""
@@ -103,14 +125,18 @@ class InFlight:
             self.shared.sent.append(endpoint_id, keys, at, prefill)
 
     def held(self, endpoints: Iterable[EndpointInfo], now: float, model: str | None = None) -> Mapping[str, int]:
-        """What this gateway holds per endpoint (of `model`, or all): our own requests plus the
-        sibling workers'."""
-        if self.shared is None:
+        """What is held per endpoint (of `model`, or all) as this gateway knows it at once: our own
+        requests, the sibling workers' and what the other gateways said they hold."""
+        if self.shared is None and not self.remote:
             return self.counts
         both = dict(self.counts)
         ids = [e.id for e in endpoints if model is None or model in e.models]
-        for eid, n in self.shared.others(ids, now).items():
-            both[eid] = both.get(eid, 0) + n
+        if self.shared is not None:
+            for eid, n in self.shared.others(ids, now).items():
+                both[eid] = both.get(eid, 0) + n
+        if self.remote:
+            for eid, n in self.remote.others(ids, now).items():
+                both[eid] = both.get(eid, 0) + n
         return both
 
     def held_at(self, eid: str, ts: float, wall: float) -> int:

@@ -23,6 +23,7 @@ from gateway.config import RoutingConfig
 from gateway.routing.adapters import NO_ADAPTER, AdapterRoute, no_holder
 from gateway.routing.backlog import PrefillBacklog
 from gateway.routing.choice import Choice, Rejection, RouteRequest, choose, fleet_rate
+from gateway.routing.holds import report_due
 from gateway.routing.inflight import InFlight
 from gateway.routing.kvindex import Index
 from gateway.routing.learn import Learning, answer_sample, fold_answers, is_new, observe_loads
@@ -64,6 +65,9 @@ class Router:
         # What this process sent with prompt keys, for the other gateways (gateway.server.sendshare
         # drains it; None: not shared). Under `lock`.
         self.outbox: deque[GatewaySent] | None = None
+        # What this gateway last told the others it holds, and when (take_holds; under `lock`).
+        self._holds_said: dict[str, int] | None = None
+        self._holds_said_at = float("-inf")
         # A slot of a model freed (its name), or the loads or tables changed (None): wakes the queues.
         self.on_release = on_release
 
@@ -186,6 +190,33 @@ class Router:
                     self.prefixes.sent(s.endpoint, s.keys)
                     self.backlog.add(s.endpoint, s.prefill, now - max(0.0, wall - s.at))
 
+    def take_holds(self) -> dict[str, int] | None:
+        """What this gateway holds per endpoint (its workers together), for the other gateways, when
+        it is time to say it (gateway.routing.holds.report_due); None otherwise."""
+        now = self.clock.monotonic()
+        with self.lock:
+            counts = self.counts.gateway_held(self.snapshot.tables.by_id, now)
+            if not report_due(counts, self._holds_said, self._holds_said_at, now):
+                return None
+            self._holds_said, self._holds_said_at = counts, now
+            return counts
+
+    def learn_holds(self, origin: str, counts: Mapping[str, int], at: float) -> None:
+        """Another gateway (`origin`) held `counts` at `at` (its wall clock): counted from now on as
+        its sibling workers' are (gateway.routing.holds), until it says otherwise or goes silent."""
+        now = self.clock.monotonic()
+        listed = self.snapshot.tables.by_id
+        mine = {e: int(n) for e, n in counts.items() if e in listed and n > 0}
+        with self.lock:
+            self.counts.remote.learn(origin, mine, now - max(0.0, self.clock.time() - at), now)
+
+    def remote_held(self) -> dict[str, int]:
+        """Per listed endpoint, what the other gateways said they hold there now (0: nothing)."""
+        ids = list(self.snapshot.tables.by_id)
+        with self.lock:
+            held = self.counts.remote.others(ids, self.clock.monotonic())
+        return {i: held.get(i, 0) for i in ids}
+
     def _route_adapter(self, ad: AdapterRoute, req: RouteRequest, snap: Snapshot, now: float) -> Choice | Rejection:
         """A request for a LoRA adapter: only the endpoints holding it, chosen among as usual."""
         if not ad.holders:
@@ -239,7 +270,7 @@ class Router:
         with self.lock:
             ours = self.counts.remove(ep, self.clock.time(), now, choice.adapter)
             if service_time is not None and service_time > 0:
-                held = ours + self.counts.siblings(ep.id, now)  # what the whole gateway held, as choice.ahead
+                held = ours + self.counts.siblings(ep.id, now)  # with the other workers and gateways, as choice.ahead
                 self.counts.answers.append(answer_sample(ep, choice.ahead, held, service_time, tokens, ttfb,
                                                          snap.loads.get(ep.id), snap.stats.get(ep.id), now,
                                                          self.routing))
@@ -332,9 +363,10 @@ class Router:
             snap = self.snapshot
             seen, wall = self.clock.monotonic(), self.clock.time()
             counts = self.counts
-            # The siblings' part of what this gateway held at the scrapes: the most each held lately.
-            sib = counts.shared.others(list(loads), seen, recent=True) if counts.shared is not None else {}
             with self.lock:
+                # The sibling workers' and the other gateways' part of what the scrapes show: the most
+                # each held lately (what they held when a scrape was taken, or more).
+                sib = counts.others_recent(list(loads), seen)
                 # What we held when each new record was scraped (some time in the last two refresh
                 # intervals, when we may have held more than now): our own requests that ended
                 # since must not count as another gateway's, or they fill the endpoint with phantoms.

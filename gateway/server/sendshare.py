@@ -83,12 +83,14 @@ class SendShare:
         return None
 
     def flush(self) -> int:
-        """Publish what this worker sent since the last flush; returns how many."""
+        """Publish what this worker sent since the last flush, and what the gateway holds when it is
+        time to say it (gateway.routing.holds); returns how many sends."""
         ours = self.router.take_sends()
-        if ours:
+        holds = self.router.take_holds()
+        if ours or holds is not None:
             now = self.clock.monotonic()
             announce = now - self._announced_at >= ORIGINS_EVERY
-            self.store.add_sends(self.origin, ours, self.clock.time(), KEEP, announce)
+            self.store.add_sends(self.origin, ours, self.clock.time(), KEEP, announce, holds)
             if announce:
                 self._announced_at = now
             if self.metrics is not None:
@@ -108,13 +110,19 @@ class SendShare:
             return None
         learned = 0
         for i in range(READS_PER_PASS):
-            self.cursors, read, theirs = self.store.sends_after(self.cursors, READ_BATCH, block if i == 0 else None)
+            self.cursors, read, theirs, holds = self.store.sends_after(self.cursors, READ_BATCH,
+                                                                       block if i == 0 else None)
             self.router.learn_sends(theirs)
+            for h in holds:
+                self.router.learn_holds(h.origin, h.counts, h.at)
             learned += len(theirs)
             if read < READ_BATCH:
                 break
-        if learned and self.metrics is not None:
-            self.metrics.child(self.metrics.sends_shared, "learned").inc(learned)
+        if self.metrics is not None:
+            if learned:
+                self.metrics.child(self.metrics.sends_shared, "learned").inc(learned)
+            for endpoint_id, n in self.router.remote_held().items():
+                self.metrics.child(self.metrics.other_gateways_inflight, endpoint_id).set(n)
         return learned
 
     def step(self) -> int | None:

@@ -114,3 +114,47 @@ def test_a_turn_through_another_gateway_finds_the_history_the_first_gateway_sent
     assert m and int(m.group(1)) > 0.8 * int(m.group(2)), second.headers["X-LLMGW-Prefix"]
     h1, q1 = hits(urls[one])
     assert h1 - before[0] > 0.8 * (q1 - before[1]) > 0  # the engine reused the history
+
+
+def test_a_gateway_counts_what_another_gateway_holds_before_any_scrape_shows_it(cluster):
+    """Two gateways (each its own gunicorn with two workers) on one Redis, and no agent scraping the
+    engines: the first gateway fills one endpoint to its capacity with long streams of one session;
+    the second, told through Redis what the first holds, sends every request elsewhere (knowing
+    nothing, it would place each by its prompt's hash, either endpoint), and once the streams end it
+    counts nothing there any more."""
+    cluster.start_redis()
+    urls = {n: start_sim(cluster, f"engine-{n}") for n in ("a", "b")}
+    eps = [EndpointInfo(id=i, url=u, models=("m",), engine="sim", model="m", served_name="m", capacity=3)
+           for i, u in urls.items()]
+    cluster.store().write_endpoints(eps, "fp-holds", time.time())
+    first, second = (cluster.start_gateway(port=free_port(), name=f"gateway-{i}", LLMGW_GATEWAY_WORKERS="2",
+                                           LLMGW_GATEWAY_SEED=str(i)) for i in (1, 2))
+    for gw in (first, second):
+        wait_until(lambda: requests.get(gw + "/healthz", timeout=5).json()["endpoints"] == 2, 10, what="endpoints")
+    streams = []
+    try:
+        for i in range(3):  # one session: affinity keeps them on one endpoint
+            r = requests.post(first + CHAT, json={"model": "m", "stream": True, "max_tokens": 5000,
+                                                  "messages": [{"role": "user", "content": f"a long story {i}"}]},
+                              headers={"X-Session-ID": "reader"}, stream=True, timeout=30)
+            assert r.status_code == 200, r.text
+            streams.append(r)
+        (full,) = {r.headers["X-LLMGW-Endpoint"] for r in streams}
+        other = "b" if full == "a" else "a"
+
+        def others_hold(ep: str) -> float:
+            page = requests.get(second + "/metrics", timeout=5).text
+            return metric(page, f'llmgw_gateway_other_gateways_inflight{{endpoint="{ep}"}}')
+
+        wait_until(lambda: others_hold(full) == 3, 10, what="the second gateway to learn what the first holds")
+        served = []
+        for i in range(6):
+            r = requests.post(second + CHAT, json={"model": "m", "max_tokens": 1, "messages": [
+                {"role": "user", "content": f"question number {i} " + f"about topic {i} " * 20}]}, timeout=30)
+            assert r.status_code == 200, r.text
+            served.append(r.headers["X-LLMGW-Endpoint"])
+        assert served == [other] * 6
+    finally:
+        for r in streams:
+            r.close()
+    wait_until(lambda: others_hold(full) == 0, 10, what="the first gateway's streams to end in the second's count")

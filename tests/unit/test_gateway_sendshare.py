@@ -1,6 +1,7 @@
-"""What a gateway sent where, shared with the other gateways through Redis (gateway.server.sendshare,
-llmgw.state.store.sends): the stream's encoding, the router's outbox and what it learns from the
-others' sends, and one pass of the exchange between two gateways (fakeredis: one module at a time)."""
+"""What a gateway sent where and what it holds, shared with the other gateways through Redis
+(gateway.server.sendshare, llmgw.state.store.sends, gateway.routing.holds): the stream's encoding,
+the router's outbox and what it learns from the others' sends and counts, and one pass of the
+exchange between two gateways (fakeredis: one module at a time)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from llmgw.state import keys
 from llmgw.state.demand_records import GatewaySent
 from llmgw.state.records import EndpointInfo
 from llmgw.state.store import Store
+from llmgw.state.store.sends import GatewayHolds
 from llmgw.surface import CHAT
 from tests.support.clock import FakeClock
 
@@ -57,10 +59,10 @@ def test_sends_cross_the_stream_intact_and_each_origin_has_its_own():
     sent = [GatewaySent("a", [1, -2, 2**62, -(2**63)], 1000.25, 0.125), GatewaySent("b", [7], 1000.5, 0.0)]
     s.add_sends("gw-1", sent, 1000.5, 120)
     assert s.sending_origins(1000.5, 120) == ["gw-1"]
-    cursors, read, got = s.sends_after({"gw-1": "0-0"}, 100)
-    assert (read, got) == (1, sent)
-    assert s.sends_after(cursors, 100)[1:] == (0, [])  # read on from where it stopped
-    assert s.sends_after({}, 100) == ({}, 0, [])  # nobody else shares: nothing is read
+    cursors, read, got, holds = s.sends_after({"gw-1": "0-0"}, 100)
+    assert (read, got, holds) == (1, sent, [])
+    assert s.sends_after(cursors, 100)[1:] == (0, [], [])  # read on from where it stopped
+    assert s.sends_after({}, 100) == ({}, 0, [], [])  # nobody else shares: nothing is read
     assert 0 < s.r.pttl(keys.sends("gw-1")) <= 120_000  # a gateway that stops leaves nothing behind
     assert s.sending_origins(1000.5 + 121, 120) == [] and not s.r.exists(keys.SENDS_ORIGINS)
 
@@ -70,8 +72,13 @@ def test_an_unreadable_entry_is_skipped_and_what_follows_it_is_read():
     s.r.xadd(keys.sends("gw-1"), {"d": '[["a", 1, 0, "not base64!"]]'})
     s.r.xadd(keys.sends("gw-1"), {"d": '{"a": 1}'})
     s.add_sends("gw-1", [GatewaySent("a", [5, 6], 1.0, 0.0)], 1.0, 120)
-    _, read, got = s.sends_after({"gw-1": "0-0"}, 100)
-    assert read == 3 and got == [GatewaySent("a", [5, 6], 1.0, 0.0)]
+    s.r.xadd(keys.sends("gw-1"), {"h": '{"at": 2.0, "n": {"a": -1}}', "d": '[["b", 2, 0, "BwAAAAAAAAA="]]'})
+    s.r.xadd(keys.sends("gw-1"), {"h": '{"n": {"a": 1}}'})
+    s.add_sends("gw-1", [], 3.0, 120, holds={"a": 2})
+    _, read, got, holds = s.sends_after({"gw-1": "0-0"}, 100)
+    # an unreadable part of an entry costs nothing else of it, nor the entries after it
+    assert read == 6 and got == [GatewaySent("a", [5, 6], 1.0, 0.0), GatewaySent("b", [7], 2.0, 0.0)]
+    assert holds == [GatewayHolds("gw-1", 3.0, {"a": 2})]
 
 
 def test_another_gateways_send_makes_the_next_turn_match_there_and_counts_in_its_backlog():
@@ -122,3 +129,97 @@ def test_one_pass_publishes_ours_and_learns_only_the_other_gateways():
         chosen.endpoint.id: len(turn("first question").prefix)}
     late = SendShare(s, router(clock), clock, 0.05, "gw-3")  # a gateway that starts now reads what the stream keeps
     assert late.step() == 1
+
+
+# --- what the other gateways hold (gateway.routing.holds) ---------------------------------------------
+def test_holds_cross_the_stream_with_the_sends_or_alone():
+    s = store()
+    s.add_sends("gw-1", [GatewaySent("a", [5], 1.0, 0.0)], 1.0, 120, holds={"a": 3, "b": 1})
+    s.add_sends("gw-1", [], 1.5, 120, holds={})  # it holds nothing now: said, so the others drop it
+    s.add_sends("gw-1", [], 2.0, 120)  # nothing to say: no entry
+    _, read, got, holds = s.sends_after({"gw-1": "0-0"}, 100)
+    assert read == 2 and got == [GatewaySent("a", [5], 1.0, 0.0)]
+    assert holds == [GatewayHolds("gw-1", 1.0, {"a": 3, "b": 1}), GatewayHolds("gw-1", 1.5, {})]
+
+
+def test_another_gateways_requests_count_where_they_are_until_it_goes_silent():
+    from gateway.routing.holds import STALE
+
+    clock = FakeClock(t=5000.0, mono=100.0)
+    r = router(clock, ("a", "b"))
+    idle = RouteRequest("m")
+    # The other gateway filled a (capacity 8) a moment ago; no scrape has shown it yet.
+    r.learn_holds("gw-2", {"a": 8, "gone": 4}, 4999.95)
+    assert r.counts.held(r.endpoints, clock.monotonic()) == {"a": 8}  # an endpoint we do not list is ignored
+    for _ in range(3):
+        c = r.route(idle)
+        assert isinstance(c, Choice) and c.endpoint.id == "b" and c.ahead == r.counts.counts["b"] - 1
+    assert r.counts.siblings("a", clock.monotonic()) == 8  # the concurrency an answer is learned at
+    # A later report replaces the earlier one; an older one arriving late changes nothing.
+    r.learn_holds("gw-2", {"a": 1}, 5000.0)
+    r.learn_holds("gw-2", {"a": 8}, 4999.99)
+    assert r.counts.held(r.endpoints, clock.monotonic())["a"] == 1
+    # ... but the peak of the last seconds is what a scrape may show of theirs (never counted twice)
+    assert r.counts.others_recent(["a", "b"], clock.monotonic()) == {"a": 8}
+    clock.advance(STALE + 0.1)  # silent: gone, and its requests with it
+    assert r.counts.held(r.endpoints, clock.monotonic()).get("a", 0) == 0
+    assert r.counts.others_recent(["a", "b"], clock.monotonic()) == {}
+    r.learn_holds("gw-2", {"a": 8}, clock.time() - STALE - 1)  # read from the stream's past: says nothing
+    assert r.counts.held(r.endpoints, clock.monotonic()).get("a", 0) == 0
+
+
+def test_a_gateway_says_what_it_holds_when_it_changes_and_again_while_it_holds_anything():
+    from gateway.routing.holds import REPEAT
+
+    clock = FakeClock(t=5000.0, mono=100.0)
+    r = router(clock, ("a", "b"))
+    assert r.take_holds() is None  # nothing held, nothing said yet
+    c = r.route(RouteRequest("m"))
+    r.learn_holds("gw-2", {"b": 5}, clock.time())
+    assert r.take_holds() == {c.endpoint.id: 1}  # ours only: never what the others told us
+    assert r.take_holds() is None
+    clock.advance(REPEAT)
+    assert r.take_holds() == {c.endpoint.id: 1}  # repeated, so the others do not take it for gone
+    r.release(c, None)
+    assert r.take_holds() == {}  # said once when it drops to nothing
+    clock.advance(REPEAT)
+    assert r.take_holds() is None
+
+
+def test_one_pass_carries_a_gateways_holds_to_the_others_and_not_back():
+    s = store()
+    clock = FakeClock(t=5000.0, mono=100.0)
+    one, two = router(clock), router(clock)
+    shares = [SendShare(s, r, clock, 0.05, origin) for r, origin in ((one, "gw-1"), (two, "gw-2"))]
+    for sh in shares:
+        sh.router.share_sends()
+    chosen = one.route(turn("first question"))
+    assert isinstance(chosen, Choice)
+    shares[0].step()
+    shares[1].step()
+    assert two.counts.held(two.endpoints, clock.monotonic()) == {chosen.endpoint.id: 1}
+    shares[0].step()  # gw-2 holds nothing of its own, so it says nothing: gw-1 counts its request once
+    assert one.counts.held(one.endpoints, clock.monotonic()) == {chosen.endpoint.id: 1}
+    assert not one.counts.remote
+
+
+def test_a_scrape_that_shows_another_gateways_requests_does_not_count_them_twice():
+    from gateway.routing.load import ahead_of
+    from llmgw.state.records import LoadRecord
+
+    clock = FakeClock(t=5000.0, mono=100.0)
+    r = router(clock, ("a", "b"))
+    r.learn_holds("gw-2", {"a": 3}, clock.time())
+    clock.advance(0.2)
+    r.apply_loads({"a": LoadRecord(replica_id="a", ts=clock.time() - 0.1, ok=True, running=3.0, waiting=0.0),
+                   "b": LoadRecord(replica_id="b", ts=clock.time() - 0.1, ok=True, running=0.0, waiting=0.0)})
+    held = r.counts.held(r.endpoints, clock.monotonic())
+    a = r.tables.by_id["a"]
+    assert ahead_of(a, r.loads["a"], held.get("a", 0), r.stats["a"]) == 3  # theirs, once
+    # and a scrape showing more than they said is traffic from elsewhere, counted on top
+    clock.advance(1.0)
+    r.learn_holds("gw-2", {"a": 3}, clock.time())
+    r.apply_loads({"a": LoadRecord(replica_id="a", ts=clock.time() - 0.1, ok=True, running=5.0, waiting=0.0),
+                   "b": LoadRecord(replica_id="b", ts=clock.time() - 0.1, ok=True, running=0.0, waiting=0.0)})
+    held = r.counts.held(r.endpoints, clock.monotonic())
+    assert ahead_of(a, r.loads["a"], held.get("a", 0), r.stats["a"]) == 5

@@ -4,8 +4,10 @@ what the whole fleet of gateways sent each endpoint.
 Each origin (a gateway: the gunicorn master, whose workers already share their sends in memory,
 gateway.server.sentlog) has its own stream, `llmgw:sends:<origin>`, and says it shares in the hash
 `llmgw:sends:origins`; a gateway reads only the other origins' streams, so a lone gateway reads
-nothing. An entry is one flush of one worker: a JSON list of [endpoint id, sent at (the sender's
-wall clock), prefill seconds it needed there, block keys as little-endian int64s in base64]. A stream
+nothing. An entry is one flush of one worker: `d`, a JSON list of [endpoint id, sent at (the sender's
+wall clock), prefill seconds it needed there, block keys as little-endian int64s in base64], and/or
+`h`, what the whole gateway held per endpoint then, {"at": wall clock, "n": {endpoint id: requests}}
+(gateway.routing.holds: the others count it as their sibling workers'). A stream
 is trimmed by age as it is written (MINID), so it holds the last `keep` seconds of sends whatever the
 traffic, and expires with its gateway. An unreadable entry (a newer or broken writer) is skipped,
 never fatal to the reader.
@@ -16,7 +18,7 @@ from __future__ import annotations
 import base64
 import json
 import struct
-from typing import Mapping, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 from llmgw.state import keys
 from llmgw.state.demand_records import GatewaySent
@@ -46,6 +48,26 @@ def decode_sends(doc: object) -> list[GatewaySent]:
     return out
 
 
+class GatewayHolds(NamedTuple):
+    """One gateway (`origin`) held `counts` requests per endpoint at `at` (its wall clock)."""
+
+    origin: str
+    at: float
+    counts: dict[str, int]
+
+
+def decode_holds(origin: str, doc: object) -> GatewayHolds:
+    """One entry's `h` (already parsed); raises ValueError or TypeError when unreadable."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("n"), dict):
+        raise ValueError("holds must be an object with counts")
+    counts = {}
+    for ep, n in doc["n"].items():
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise ValueError("a count must be a whole number")
+        counts[ep] = n
+    return GatewayHolds(origin, float(doc["at"]), counts)
+
+
 def cursor_at(seconds: float) -> str:
     """The stream position of wall-clock time `seconds` (entry ids are milliseconds)."""
     return f"{max(0, int(seconds * 1000))}-0"
@@ -53,16 +75,21 @@ def cursor_at(seconds: float) -> str:
 
 class Sends(Aggregate):
     def add_sends(self, origin: str, sends: Sequence[GatewaySent], now: float, keep: float,
-                  announce: bool = True) -> None:
-        """Append one flush of `origin`'s sends to its stream and drop its entries older than `keep`
-        seconds. With `announce` (a writer does it about once a second, not on every flush), also say
-        that `origin` shares, and let its stream expire `keep` seconds after that."""
-        if not sends:
+                  announce: bool = True, holds: Mapping[str, int] | None = None) -> None:
+        """Append one flush of `origin`'s sends, and what it holds per endpoint now (`holds`, when it
+        says it), to its stream and drop its entries older than `keep` seconds. With `announce` (a
+        writer does it about once a second, not on every flush), also say that `origin` shares, and
+        let its stream expire `keep` seconds after that."""
+        if not sends and holds is None:
             return
-        doc = [[s.endpoint, round(s.at, 4), round(s.prefill, 6), pack_keys(s.keys)] for s in sends]
+        entry = {}
+        if sends:
+            entry["d"] = compact([[s.endpoint, round(s.at, 4), round(s.prefill, 6), pack_keys(s.keys)] for s in sends])
+        if holds is not None:
+            entry["h"] = compact({"at": round(now, 4), "n": dict(holds)})
         stream = keys.sends(origin)
         pipe = self.r.pipeline(transaction=False)
-        pipe.xadd(stream, {"d": compact(doc)}, minid=cursor_at(now - keep), approximate=True)
+        pipe.xadd(stream, entry, minid=cursor_at(now - keep), approximate=True)
         if announce:
             pipe.pexpire(stream, ms(keep))
             pipe.hset(keys.SENDS_ORIGINS, origin, repr(now))
@@ -81,25 +108,31 @@ class Sends(Aggregate):
             self.r.hdel(keys.SENDS_ORIGINS, *gone)
         return sorted(live)
 
-    def sends_after(self, cursors: Mapping[str, str], count: int,
-                    block: float | None = None) -> tuple[dict[str, str], int, list[GatewaySent]]:
+    def sends_after(self, cursors: Mapping[str, str], count: int, block: float | None = None
+                    ) -> tuple[dict[str, str], int, list[GatewaySent], list[GatewayHolds]]:
         """Of the entries after each origin's cursor (at most `count` per origin; with `block`, waiting
         up to that many seconds for one when there is none): the cursors to read on from, how many
-        entries were read, and the sends in them."""
+        entries were read, the sends in them and what their gateways said they held, in order."""
         if not cursors:
-            return {}, 0, []
+            return {}, 0, [], []
         streams = {keys.sends(o): c for o, c in cursors.items()}
         origin_of = {keys.sends(o): o for o in cursors}
         got = self.r.xread(streams, count=count, block=None if block is None else ms(block))
         out: list[GatewaySent] = []
+        holds: list[GatewayHolds] = []
         moved = dict(cursors)
         n = 0
         for stream, entries in got or ():
             n += len(entries)
             for entry_id, fields in entries:
                 moved[origin_of[stream]] = entry_id
-                try:
+                try:  # each part on its own: one unreadable part does not cost the other
                     out.extend(decode_sends(json.loads(fields.get("d") or "[]")))
                 except (ValueError, TypeError):
-                    continue
-        return moved, n, out
+                    pass
+                if "h" in fields:
+                    try:
+                        holds.append(decode_holds(origin_of[stream], json.loads(fields["h"])))
+                    except (ValueError, TypeError, KeyError):
+                        pass
+        return moved, n, out, holds
