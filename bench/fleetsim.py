@@ -116,7 +116,10 @@ class Fleet:
     engines: tuple[Engine, ...]
     prompt: Dist = Dist("const", 100)
     output: Dist = Dist("const", 64)
-    gateways: int = 1  # gateway processes sharing the traffic (each sees the others only in scrapes)
+    # Gateway processes sharing the traffic: each sees the others in the scrapes, and in what they
+    # share through Redis every LLMGW_GATEWAY_SHARE_SENDS (their sends and what they hold), as the
+    # real gateways do (gateway.server.sendshare).
+    gateways: int = 1
     usage: bool = False  # whether answers report their usage (stream_options.include_usage)
     note: str = ""
     make: str = "vllm"  # the engine the sim engines stand for (bench.conversations.MAKES)
@@ -634,6 +637,8 @@ class Simulation:
         for g in range(fleet.gateways):
             st = PolledRouter(self.store, self.cfg.model_copy(update={"seed": seed * 100 + g}), self.clock)
             st.refresh_endpoints()
+            if fleet.gateways > 1 and self.cfg.share_sends > 0:
+                st.share_sends()  # gateway.server.sendshare: what it sends, for the other gateways
             self.gateways.append(_Gateway(self, g, st))
         self.result = Result(fleet.name, load.name, policy, seed)
 
@@ -696,6 +701,8 @@ class Simulation:
                 self.at(e.spec.fail_at, "fail", e)
         for g in self.gateways:
             self.at(self.rng.uniform(0, self.load_interval), "poll", g)
+            if g.state.outbox is not None:
+                self.at(self.rng.uniform(0, self.cfg.share_sends), "share", g)
         if self.workload != "random":
             self.at(self.load.warmup, "mark", None)
         marked: dict[str, tuple[float, float]] = {}
@@ -718,6 +725,14 @@ class Simulation:
                     payload.state.refresh_loads()
                     payload.drain()
                 self.at(t + self.load_interval, "poll", payload)
+            elif kind == "share":  # a flush to Redis, read at once by the others' waiting reads
+                sends, holds = payload.state.take_sends(), payload.state.take_holds()
+                for other in self.gateways:
+                    if other is not payload:
+                        other.state.learn_sends(sends)
+                        if holds is not None:
+                            other.state.learn_holds(str(payload.idx), holds, t)
+                self.at(t + self.cfg.share_sends, "share", payload)
             elif kind == "timeout":
                 payload[0].timeout(payload[1])
             elif kind == "fail":
@@ -834,7 +849,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--make", choices=conv.MAKES, default="vllm",
                     help="the engines' prefix cache and /metrics: vLLM's (default) or llama.cpp's slots")
     ap.add_argument("--first-seed", type=int, default=1, help="the seeds run are this one and the next --seeds - 1")
+    ap.add_argument("--gateways", type=int, default=0,
+                    help="gateway processes behind round robin (default: each fleet's own, 1 but for two-gateways); "
+                         "llmgw's share what they send and hold every LLMGW_GATEWAY_SHARE_SENDS "
+                         "(--set share_sends=0: not at all), each smg_cache_aware keeps its own tree")
     a = ap.parse_args(argv)
+    if a.gateways < 0:
+        ap.error("--gateways must be a positive number (0: each fleet's own)")
     talk, replay = a.workload != "random", a.workload == "prefix"
     if replay:
         if a.loads or a.seconds:
@@ -861,6 +882,10 @@ def main(argv: list[str] | None = None) -> int:
         if fname not in pool:
             ap.error(f"unknown fleet {fname!r}; choose from {', '.join(pool)}")
         fleet = replace(pool[fname], make=a.make)
+        if a.gateways:
+            fleet = replace(fleet, gateways=a.gateways)
+        if fleet.gateways > 1:
+            fleet = replace(fleet, note=", ".join(filter(None, (fleet.note, f"{fleet.gateways} gateways behind round robin"))))
         if replay:
             print(f"{fname}: bench/prefix.py's traffic ({PREFIX_CONVERSATIONS} conversations at {PREFIX_RATE:g}/s, "
                   f"{100 * conv.MIX:.0f}% one-shot) on {a.make} engines{(' (' + fleet.note + ')') if fleet.note else ''}")

@@ -57,8 +57,8 @@ def test_a_failing_engine_costs_retries_not_answers():
 @pytest.mark.parametrize("name", ["two-uneven", "eight-mixed", "flat-batching", "two-gateways", "no-capacity"])
 def test_llmgw_is_not_behind_least_inflight_on_fleets_it_was_not_designed_on(name):
     """The regression harness: on held-out fleets (2 and 8 engines, other speed ratios and slot counts,
-    no batching penalty, two gateways that see each other only in scrapes, no capacity in the
-    catalog) the policy's p99 is no worse than least in-flight's, and nothing is refused. (Heavy-tailed
+    no batching penalty, two gateways that see each other in scrapes and in what they share through
+    Redis, no capacity in the catalog) the policy's p99 is no worse than least in-flight's, and nothing is refused. (Heavy-tailed
     outputs are left to bench/fleetsim.py: their p99 is the longest answers', whatever the routing,
     so a short run says nothing.)"""
     fleet, load = HELD_OUT[name], replace(LOADS["0.8"], seconds=SHORT)
@@ -213,3 +213,23 @@ def test_the_replay_prints_the_floor_and_the_zero_variance_e2e_under_its_table(c
     with pytest.raises(SystemExit):
         main(["--workload", "prefix", "--loads", "0.8"])
     assert "takes no --loads" in capsys.readouterr().err
+
+
+def test_simulated_gateways_share_their_sends_and_counts_as_the_real_ones_do():
+    """Two gateways behind round robin on bench/prefix.py's traffic: each learns through the shared
+    stream what the other sent (so a conversation's next turn finds its history whichever gateway
+    takes it) and holds (so neither fills an engine the other just filled); with sharing off they
+    agree only by the prompt's hash and see each other only in scrapes."""
+    from bench.fleetsim import PREFIX_LOAD, prefix_fleets
+    from gateway.config import GatewaySettings
+
+    one_fleet = prefix_fleets()["prefix-bench"]
+    two_fleet = replace(one_fleet, gateways=2)
+    one = Simulation(one_fleet, PREFIX_LOAD, "llmgw", seed=3, workload="prefix").run()
+    sim = Simulation(two_fleet, PREFIX_LOAD, "llmgw", seed=3, workload="prefix")
+    two = sim.run()
+    alone = Simulation(two_fleet, PREFIX_LOAD, "llmgw", seed=3, workload="prefix",
+                       cfg=GatewaySettings(share_sends=0)).run()
+    assert two.hit_ratio() >= 0.95 * one.hit_ratio() > alone.hit_ratio()
+    assert two.pct("ttft", .99) < alone.pct("ttft", .99)
+    assert all(g.state.outbox is not None for g in sim.gateways)
