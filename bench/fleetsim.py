@@ -70,6 +70,14 @@ from tests.support.loadgen import poisson_times  # noqa: E402
 
 # Modelled here; the others are llmgw's own policies (LLMGW_GATEWAY_POLICY).
 PEERS = ("power_of_two", "speed_weighted", "smg_cache_aware")
+# Routers modelled in other bench modules (bench/oracle.py): a policy's name -> the endpoint it
+# picks for a request, given the gateway it runs in (and through it the whole simulation).
+MODELLED: dict[str, Callable[["_Gateway", "Req"], EndpointInfo]] = {}
+
+
+def modelled(policy: str) -> bool:
+    """Whether `policy` is a peer modelled here or elsewhere rather than llmgw's own code."""
+    return policy in PEERS or policy in MODELLED
 
 
 # --- what is simulated -----------------------------------------------------------------------------
@@ -429,6 +437,11 @@ class _Gateway:
         if self.sim.policy == "smg_cache_aware":
             self._send(req, self.smg.choose(req, self.state.endpoints))
             return
+        if self.sim.policy in MODELLED:
+            e = MODELLED[self.sim.policy](self, req)
+            self.p2c_inflight[e.id] = self.p2c_inflight.get(e.id, 0) + 1
+            self._send(req, Choice(e, 0.0, 0, reason=self.sim.policy))
+            return
         res = st.route(self._request(req, len(self.queue) + 1))
         decision = admit(res, req.priority, len(self.queue) if req.attempt == 0 else 0, cfg.queue_max,
                          cfg.queue_timeout, drain_time(len(self.queue) + 1, st.completion_rate("m")))
@@ -495,7 +508,7 @@ class _Gateway:
         eng = self.sim.engines[choice.endpoint.id]
         if eng.dead(self.sim.now):
             self.release(req, ok=False)
-            if self.sim.policy not in PEERS:
+            if not modelled(self.sim.policy):
                 self.state.mark_unreachable(choice.endpoint.id)
             step = next_attempt(Outcome("connect_error"), req.attempt, self.sim.cfg.retries)
             if isinstance(step, GiveUp):
@@ -512,7 +525,7 @@ class _Gateway:
         if self.sim.policy == "smg_cache_aware":
             self.smg.release(req.choice.endpoint.id)
             return
-        if self.sim.policy in PEERS:
+        if modelled(self.sim.policy):
             eid = req.choice.endpoint.id
             self.p2c_inflight[eid] -= 1
             return
@@ -543,6 +556,7 @@ class _Engine:
                             slots=_llamacpp_slots(spec.sim) if caching and llamacpp else None)
         self.reqs: dict[str, Req] = {}
         self.busy = False
+        self.step: tuple | None = None  # the step in progress and when it ends (bench/oracle.py reads it)
         self.gen = 0  # step generation: a failure invalidates the step in progress
         self.prefill_seconds = 0.0  # the steps' prefill share, summed (simengine.engine's busy_prompt)
 
@@ -562,6 +576,7 @@ class _Engine:
     def _plan(self, now: float) -> None:
         step = self.core.plan_step(now)
         self.busy = step is not None
+        self.step = (step, now + step.duration) if step is not None else None
         if step is not None:
             self.sim.at(now + step.duration, "step", (self, step, self.gen))
 
@@ -585,7 +600,7 @@ class _Engine:
 
     def fail(self) -> None:
         self.gen += 1
-        self.busy = False
+        self.busy, self.step = False, None
         for rid, req in list(self.reqs.items()):
             self.core.cancel(rid)
             self.sim.finish(req, "error")
@@ -621,7 +636,7 @@ class Simulation:
         self.fleet, self.load, self.policy, self.seed, self.workload = fleet, load, policy, seed, workload
         self.sessions: list[conv.Session] = []
         base = cfg or GatewaySettings()
-        routing = base.routing.model_copy(update={"policy": policy if policy not in PEERS else "llmgw"})
+        routing = base.routing.model_copy(update={"policy": "llmgw" if modelled(policy) else policy})
         self.cfg = base.model_copy(update={"seed": seed, "routing": routing})
         self.scrape, self.load_interval = scrape, load_interval
         self.rng = random.Random(seed)
@@ -721,7 +736,7 @@ class Simulation:
                 self.store.records[payload.spec.name] = payload.record(t)
                 self.at(t + self.scrape, "scrape", payload)
             elif kind == "poll":
-                if self.policy not in PEERS:
+                if not modelled(self.policy):
                     payload.state.refresh_loads()
                     payload.drain()
                 self.at(t + self.load_interval, "poll", payload)
