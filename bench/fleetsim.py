@@ -652,8 +652,10 @@ class Simulation:
         for g in range(fleet.gateways):
             st = PolledRouter(self.store, self.cfg.model_copy(update={"seed": seed * 100 + g}), self.clock)
             st.refresh_endpoints()
-            if fleet.gateways > 1 and self.cfg.share_sends > 0:
-                st.share_sends()  # gateway.server.sendshare: what it sends, for the other gateways
+            if fleet.gateways > 1 and self.cfg.share_sends > 0 and policy == "llmgw":
+                # gateway.server.sendshare: what it sends and holds, for the other gateways (only
+                # llmgw's routing: the baselines stand for peers whose instances share nothing)
+                st.share_sends()
             self.gateways.append(_Gateway(self, g, st))
         self.result = Result(fleet.name, load.name, policy, seed)
 
