@@ -119,6 +119,19 @@ def oracle_total(gateway, req: fs.Req) -> EndpointInfo:
     return min(gateway.state.endpoints, key=cost)
 
 
+def tail_of(result: fs.Result) -> tuple[float, float]:
+    """What the slowest 1 % of a run's requests end to end are made of: their mean time to first
+    token, and their mean time per answer token after it over the run's median time per token."""
+    ok = sorted(result.ok(), key=lambda r: r.done - r.arrival)
+    per_token = sorted((r.done - r.first) / (r.output - 1) for r in ok if r.output > 1)
+    top = [r for r in ok[int(0.99 * len(ok)):] if r.output > 1]
+    if not top or not per_token:
+        return float("nan"), float("nan")
+    median = per_token[len(per_token) // 2]
+    return (sum(r.first - r.arrival for r in top) / len(top),
+            sum((r.done - r.first) / (r.output - 1) for r in top) / len(top) / median)
+
+
 ORACLES = {"oracle_own": oracle_own, "oracle_total": oracle_total}
 fs.MODELLED.update(ORACLES)
 
@@ -159,6 +172,10 @@ def main(argv: list[str] | None = None) -> int:
             cell[policy] = merged
             print("\n".join(fs.table([merged], fleet, hits=True)) + f"   ({time.monotonic() - started:.0f} s)",
                   flush=True)
+        print("  the slowest 1 % end to end: their mean first token, and their time per token against the run's median")
+        for policy, r in cell.items():
+            first, per_token = tail_of(r)
+            print(f"    {policy:15} {first:6.3f} s  {per_token:4.2f}x")
         if "smg_cache_aware" in cell:
             smg = cell["smg_cache_aware"]
             print("  against the smg model: e2e p99, TTFT p99, hits (points)")

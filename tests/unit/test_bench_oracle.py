@@ -87,7 +87,9 @@ def test_the_command_line_prints_each_router_beside_the_smg_model_and_refuses_wh
     assert main(["--seeds", "1", "--first-seed", "4", "--policies", "llmgw,smg_cache_aware"]) == 0
     out = capsys.readouterr().out
     assert "seeds 4-4 pooled" in out and "against the smg model" in out
-    assert [line.split()[0] for line in out.splitlines() if line.startswith("    ")] == ["llmgw"]
+    tail, against = out.split("the slowest 1 %")[1].split("against the smg model")
+    assert [line.split()[0] for line in tail.splitlines() if line.startswith("    ")] == ["llmgw", "smg_cache_aware"]
+    assert [line.split()[0] for line in against.splitlines() if line.startswith("    ")] == ["llmgw"]
     for bad in (["--seeds", "0"], ["--policies", "nginx"], ["--fleets", "fleet-a"]):
         with pytest.raises(SystemExit):
             main(bad)
