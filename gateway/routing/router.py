@@ -192,7 +192,11 @@ class Router:
 
     def take_holds(self) -> dict[str, int] | None:
         """What this gateway holds per endpoint (its workers together), for the other gateways, when
-        it is time to say it (gateway.routing.holds.report_due); None otherwise."""
+        it is time to say it (gateway.routing.holds.report_due); None otherwise. The benchmark
+        baselines (`LLMGW_GATEWAY_POLICY`) say nothing: they stand for peers whose instances share
+        nothing."""
+        if self.routing.policy != "llmgw":
+            return None
         now = self.clock.monotonic()
         with self.lock:
             counts = self.counts.gateway_held(self.snapshot.tables.by_id, now)

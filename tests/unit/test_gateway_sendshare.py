@@ -184,6 +184,11 @@ def test_a_gateway_says_what_it_holds_when_it_changes_and_again_while_it_holds_a
     assert r.take_holds() == {}  # said once when it drops to nothing
     clock.advance(REPEAT)
     assert r.take_holds() is None
+    # the benchmark baselines stand for peers whose instances share nothing
+    baseline = router(clock, ("a", "b"))
+    baseline.routing = RoutingConfig(policy="least_inflight")
+    baseline.route(RouteRequest("m"))
+    assert baseline.take_holds() is None
 
 
 def test_one_pass_carries_a_gateways_holds_to_the_others_and_not_back():
