@@ -399,6 +399,11 @@ class Result:
         return Result(self.fleet, self.load, self.policy, self.seed, [r for r in self.requests if r.arrival >= warmup],
                       self.cache)
 
+    def add(self, other: "Result") -> None:
+        """Pool another seed's run of the same cell into this one."""
+        self.requests = self.requests + other.requests
+        self.cache = (self.cache[0] + other.cache[0], self.cache[1] + other.cache[1])
+
     def hit_ratio(self) -> float:
         return self.cache[0] / self.cache[1] if self.cache[1] else 0.0
 
@@ -929,8 +934,7 @@ def main(argv: list[str] | None = None) -> int:
                     if merged is None:
                         merged = r
                     else:
-                        merged.requests = merged.requests + r.requests
-                        merged.cache = (merged.cache[0] + r.cache[0], merged.cache[1] + r.cache[1])
+                        merged.add(r)
                 cell[policy] = merged
                 print("\n".join(table([merged], fleet, hits=talk)), flush=True)
                 if replay:

@@ -167,8 +167,7 @@ def main(argv: list[str] | None = None) -> int:
                 if merged is None:
                     merged = r
                 else:
-                    merged.requests = merged.requests + r.requests
-                    merged.cache = (merged.cache[0] + r.cache[0], merged.cache[1] + r.cache[1])
+                    merged.add(r)
             cell[policy] = merged
             print("\n".join(fs.table([merged], fleet, hits=True)) + f"   ({time.monotonic() - started:.0f} s)",
                   flush=True)
