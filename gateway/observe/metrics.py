@@ -65,9 +65,10 @@ class Metrics:
                                     "other gateways through Redis, by direction (published|learned)",
                                     ["direction"], **kw)
         # What the other gateways said they hold per endpoint (gateway.routing.holds), as routing counts it.
+        # Each worker reads them on its own: the least any worker counts (one that has not heard yet shows).
         self.other_gateways_inflight = Gauge("llmgw_gateway_other_gateways_inflight", "Requests the other gateways "
-                                             "said they hold per endpoint, counted by this gateway's routing",
-                                             ["endpoint"], multiprocess_mode="livemax", **kw)
+                                             "said they hold per endpoint, as the least informed worker of this "
+                                             "gateway counts them", ["endpoint"], multiprocess_mode="livemin", **kw)
         self.endpoints_version = Gauge("llmgw_gateway_endpoints_version", "Version of the endpoint list in use",
                                        multiprocess_mode="livemax", **kw)
         self.endpoints = Gauge("llmgw_gateway_endpoints", "Endpoints in the list in use",

@@ -107,6 +107,7 @@ class SendShare:
             others = [o for o in self.store.sending_origins(self.clock.time(), KEEP) if o != self.origin]
             self.cursors = {o: self.cursors.get(o, "0-0") for o in others}
         if not self.cursors:
+            self._show_remote()
             return None
         learned = 0
         for i in range(READS_PER_PASS):
@@ -118,12 +119,17 @@ class SendShare:
             learned += len(theirs)
             if read < READ_BATCH:
                 break
+        if learned and self.metrics is not None:
+            self.metrics.child(self.metrics.sends_shared, "learned").inc(learned)
+        self._show_remote()
+        return learned
+
+    def _show_remote(self) -> None:
+        """What the other gateways hold, as routing counts it now, into the metric (a gateway gone
+        silent drops out of it here too)."""
         if self.metrics is not None:
-            if learned:
-                self.metrics.child(self.metrics.sends_shared, "learned").inc(learned)
             for endpoint_id, n in self.router.remote_held().items():
                 self.metrics.child(self.metrics.other_gateways_inflight, endpoint_id).set(n)
-        return learned
 
     def step(self) -> int | None:
         """One flush and one read that does not wait (tests)."""

@@ -1,5 +1,5 @@
 """What gateways report (their in-flight requests and queues per endpoint and model, a cold start's
-demand hint, what they sent where) and what the autoscaler decided from it. Plain dataclasses, as
+demand hint, what they sent where and hold) and what the autoscaler decided from it. Plain dataclasses, as
 `llmgw.state.records`."""
 
 from __future__ import annotations
@@ -19,6 +19,15 @@ class GatewaySent(NamedTuple):
     keys: list[int]
     at: float
     prefill: float
+
+
+class GatewayHolds(NamedTuple):
+    """One gateway (`origin`) held `counts` requests per endpoint at `at` (its wall clock, seconds),
+    its workers together. The other gateways count them as their sibling workers' (gateway.routing.holds)."""
+
+    origin: str
+    at: float
+    counts: dict[str, int]
 
 
 @dataclass(frozen=True)

@@ -117,18 +117,19 @@ def test_a_turn_through_another_gateway_finds_the_history_the_first_gateway_sent
 
 
 def test_a_gateway_counts_what_another_gateway_holds_before_any_scrape_shows_it(cluster):
-    """Two gateways (each its own gunicorn with two workers) on one Redis, and no agent scraping the
-    engines: the first gateway fills one endpoint to its capacity with long streams of one session;
-    the second, told through Redis what the first holds, sends every request elsewhere (knowing
-    nothing, it would place each by its prompt's hash, either endpoint), and once the streams end it
-    counts nothing there any more."""
+    """Two gateways (each its own gunicorn) on one Redis, and no agent scraping the engines: the
+    first gateway (two workers: it says what they hold together) fills one endpoint to its capacity
+    with long streams of one session; the second, told through Redis what the first holds, sends
+    every request elsewhere (knowing nothing, it would place each by its prompt's hash, either
+    endpoint), and once the streams end it counts nothing there any more. (The second has one worker:
+    each worker hears the others on its own, and the metric waited on is one worker's view.)"""
     cluster.start_redis()
     urls = {n: start_sim(cluster, f"engine-{n}") for n in ("a", "b")}
     eps = [EndpointInfo(id=i, url=u, models=("m",), engine="sim", model="m", served_name="m", capacity=3)
            for i, u in urls.items()]
     cluster.store().write_endpoints(eps, "fp-holds", time.time())
-    first, second = (cluster.start_gateway(port=free_port(), name=f"gateway-{i}", LLMGW_GATEWAY_WORKERS="2",
-                                           LLMGW_GATEWAY_SEED=str(i)) for i in (1, 2))
+    first, second = (cluster.start_gateway(port=free_port(), name=f"gateway-{i}", LLMGW_GATEWAY_WORKERS=workers,
+                                           LLMGW_GATEWAY_SEED=str(i)) for i, workers in ((1, "2"), (2, "1")))
     for gw in (first, second):
         wait_until(lambda: requests.get(gw + "/healthz", timeout=5).json()["endpoints"] == 2, 10, what="endpoints")
     streams = []
@@ -152,8 +153,8 @@ def test_a_gateway_counts_what_another_gateway_holds_before_any_scrape_shows_it(
             r = requests.post(second + CHAT, json={"model": "m", "max_tokens": 1, "messages": [
                 {"role": "user", "content": f"question number {i} " + f"about topic {i} " * 20}]}, timeout=30)
             assert r.status_code == 200, r.text
-            served.append(r.headers["X-LLMGW-Endpoint"])
-        assert served == [other] * 6
+            served.append((r.headers["X-LLMGW-Endpoint"], r.headers.get("X-LLMGW-Prefix")))
+        assert [e for e, _ in served] == [other] * 6, served
     finally:
         for r in streams:
             r.close()

@@ -18,10 +18,9 @@ from gateway.routing.router import Router
 from gateway.routing.tables import tables_from
 from gateway.server.sendshare import SendShare
 from llmgw.state import keys
-from llmgw.state.demand_records import GatewaySent
+from llmgw.state.demand_records import GatewayHolds, GatewaySent
 from llmgw.state.records import EndpointInfo
 from llmgw.state.store import Store
-from llmgw.state.store.sends import GatewayHolds
 from llmgw.surface import CHAT
 from tests.support.clock import FakeClock
 

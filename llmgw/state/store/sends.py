@@ -18,10 +18,10 @@ from __future__ import annotations
 import base64
 import json
 import struct
-from typing import Mapping, NamedTuple, Sequence
+from typing import Mapping, Sequence
 
 from llmgw.state import keys
-from llmgw.state.demand_records import GatewaySent
+from llmgw.state.demand_records import GatewayHolds, GatewaySent
 from llmgw.state.store.base import Aggregate, compact, ms
 
 
@@ -46,14 +46,6 @@ def decode_sends(doc: object) -> list[GatewaySent]:
             raise ValueError("endpoint must be a string")
         out.append(GatewaySent(ep, unpack_keys(packed), float(at), max(0.0, float(prefill))))
     return out
-
-
-class GatewayHolds(NamedTuple):
-    """One gateway (`origin`) held `counts` requests per endpoint at `at` (its wall clock)."""
-
-    origin: str
-    at: float
-    counts: dict[str, int]
 
 
 def decode_holds(origin: str, doc: object) -> GatewayHolds:
