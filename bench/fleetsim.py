@@ -16,6 +16,8 @@ in seconds, without the CPU noise of real processes, and the same seed gives the
 Peers that are not llmgw code are modelled here: `power_of_two` (vLLM router's: two random engines,
 the one with fewer requests in flight from this router), and `smg_cache_aware` (SGLang's gateway,
 `SmgCacheAware`: a conversation stays where its prefix went, the rest go to the least loaded).
+Other bench modules register routers of their own in `MODELLED` (bench/oracle.py: routers that know
+every engine's exact state, to show how far routing can go).
 
 The default traffic (`--workload random`) has prompts that share nothing. `conversations` and `mix`
 are bench/prefix.py's sessions (bench/conversations.py): each turn resends the history over one of
