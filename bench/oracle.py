@@ -21,7 +21,8 @@ if the request were sent now and nothing else arrived, and sends it where:
 They do not know the future: the requests that arrive later and stall a batch with their prefill.
 What they cannot remove from the end-to-end p99 is made by those arrivals, and no router that
 knows only the present removes it either. The figures it prints, beside llmgw and the smg model on
-the same seeds, are in docs/benchmarks.md. A seed takes a minute or two per oracle.
+the same seeds, are in docs/benchmarks.md. A seed takes 7-20 s per oracle on vLLM's cache and
+20-40 s on llama.cpp's slots (whose prompts are copied whole).
 """
 
 from __future__ import annotations

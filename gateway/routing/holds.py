@@ -78,6 +78,6 @@ def report_due(counts: Mapping[str, int], last: Mapping[str, int] | None, last_a
     REPEAT after that while it holds anything (so the others do not take it for gone)."""
     if last is None:
         return bool(counts)
-    if dict(counts) != dict(last):
+    if counts != last:
         return True
     return bool(counts) and now - last_at >= REPEAT

@@ -54,8 +54,7 @@ def test_the_prediction_is_what_the_engine_then_does_and_leaves_it_as_it_was():
     _, predicted = ahead(e, 0.001, new, everyone=True)
     assert state() == before  # predicting changed nothing of the engine
     # now for real: the step in progress ends, then the request sent at 0.001 joins
-    for ev in e.core.finish_step(step, step.duration):
-        pass
+    e.core.finish_step(step, step.duration)
     e.core.submit(NEW, new.prompt, new.output, 0.001, tokens=list(new.tokens), output=list(new.out_tokens))
     real = run_for_real(e, step.duration)
     assert predicted == real

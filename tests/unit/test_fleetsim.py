@@ -58,9 +58,9 @@ def test_a_failing_engine_costs_retries_not_answers():
 def test_llmgw_is_not_behind_least_inflight_on_fleets_it_was_not_designed_on(name):
     """The regression harness: on held-out fleets (2 and 8 engines, other speed ratios and slot counts,
     no batching penalty, two gateways that see each other in scrapes and in what they share through
-    Redis, no capacity in the catalog) the policy's p99 is no worse than least in-flight's, and nothing is refused. (Heavy-tailed
-    outputs are left to bench/fleetsim.py: their p99 is the longest answers', whatever the routing,
-    so a short run says nothing.)"""
+    Redis, no capacity in the catalog) the policy's p99 is no worse than least in-flight's, and nothing
+    is refused. (Heavy-tailed outputs are left to bench/fleetsim.py: their p99 is the longest
+    answers', whatever the routing, so a short run says nothing.)"""
     fleet, load = HELD_OUT[name], replace(LOADS["0.8"], seconds=SHORT)
     mine, peer = run(fleet, load, "llmgw"), run(fleet, load, "least_inflight")
     assert mine.errors() == 0
@@ -227,9 +227,15 @@ def test_simulated_gateways_share_their_sends_and_counts_as_the_real_ones_do():
     two_fleet = replace(one_fleet, gateways=2)
     one = Simulation(one_fleet, PREFIX_LOAD, "llmgw", seed=3, workload="prefix").run()
     sim = Simulation(two_fleet, PREFIX_LOAD, "llmgw", seed=3, workload="prefix")
+    heard = {g.idx: [] for g in sim.gateways}  # what each heard the other hold
+    for g in sim.gateways:
+        learn = g.state.learn_holds
+        g.state.learn_holds = lambda origin, counts, at, learn=learn, idx=g.idx: (
+            heard[idx].append(sum(counts.values())), learn(origin, counts, at))
     two = sim.run()
     alone = Simulation(two_fleet, PREFIX_LOAD, "llmgw", seed=3, workload="prefix",
                        cfg=GatewaySettings(share_sends=0)).run()
     assert two.hit_ratio() >= 0.95 * one.hit_ratio() > alone.hit_ratio()
     assert two.pct("ttft", .99) < alone.pct("ttft", .99)
     assert all(g.state.outbox is not None for g in sim.gateways)
+    assert all(max(n) >= 4 and 0 in n for n in heard.values())  # busy at times, and idle at others
