@@ -1,5 +1,14 @@
-"""The gateway's gunicorn worker: gunicorn's gevent worker that, when told to stop, closes the
-connections that are only waiting for a next request.
+"""The gateway's gunicorn worker: gunicorn's gevent worker that accepts new connections in batches,
+and, when told to stop, closes the connections that are only waiting for a next request.
+
+Why batches: with more than one worker, gunicorn's gevent worker accepts one connection per turn of
+the event loop (`max_accept = 1`, to spread connections over the workers). Under load a turn of the
+loop serves every ready connection first, so it lasts tens of milliseconds, and a burst of new
+connections waits in the listen queue meanwhile: at 4,096 concurrent streams most clients waited
+there tens of seconds for their first byte while the connections already accepted were served
+(`ss -ltn` showed ~3,000 connections queued for 15 s; the tail the 4,096-stream benchmark saw).
+Each worker now takes up to ACCEPT_BATCH pending connections per turn; both workers are woken by
+the same listening socket, so a burst is still shared between them.
 
 Why: on SIGTERM gunicorn's gevent worker stops accepting, then waits until every connection of its
 pool is gone, up to graceful_timeout (30 s). A connection kept alive between requests (the OpenAI SDK,
@@ -17,12 +26,24 @@ import socket
 from contextlib import contextmanager
 
 import gevent
+from gevent.server import StreamServer
+from gunicorn.workers import ggevent
 from gunicorn.workers.ggevent import GeventWorker
+
+# Connections a worker accepts per turn of its event loop (gevent's own default is 100).
+ACCEPT_BATCH = 64
 
 # How often, while stopping, connections that have just gone idle are closed too (a response that
 # ends after the first sweep closes its connection itself; this covers one that went back to waiting
 # in the instant the signal arrived).
 _SWEEP_EVERY = 0.2
+
+
+class BatchAcceptServer(StreamServer):
+    """gevent's StreamServer that keeps taking up to ACCEPT_BATCH connections per turn, whatever
+    gunicorn sets (it sets 1 for several workers)."""
+
+    max_accept = property(lambda self: ACCEPT_BATCH, lambda self, value: None)
 
 
 class GatewayWorker(GeventWorker):
@@ -32,6 +53,12 @@ class GatewayWorker(GeventWorker):
         # request, by the greenlet that serves it (one greenlet per connection).
         self._clients: dict[object, socket.socket] = {}
         self._idle: dict[object, socket.socket] = {}
+
+    def run(self):
+        # gunicorn builds its servers from this module name inside run(): in this worker process
+        # only, after the fork.
+        ggevent.StreamServer = BatchAcceptServer
+        super().run()
 
     def handle(self, listener, client, addr):
         me = gevent.getcurrent()

@@ -1,0 +1,113 @@
+"""The gateway's own code on the request path, profiled: one gateway app in this process (no gunicorn, no
+gevent), its WSGI entry called back to back for a JSON and a streamed chat request to a fast fake
+engine (bench/fast_engine.py) on loopback. Prints the microseconds of the gateway's CPU per request
+(this process's CPU time over the loop, the engine's excluded) and cProfile's top functions.
+
+    python -m bench.hotpath [--requests 3000] [--top 20] [--set KEY=VALUE ...]
+
+What gunicorn adds on top (parsing, the response head, the socket writes) is bench/gateway.py's
+`floor-answer` row; this is the part that is llmgw's to make cheaper. `--set` passes a gateway
+setting (`LLMGW_GATEWAY_...=...`) to see what one part of the path costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if __package__ in (None, ""):
+    sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
+
+from bench import peers  # noqa: E402
+
+BODY = json.dumps({"model": "m", "messages": [{"role": "system", "content": "You are a helpful assistant. " * 8},
+                                              {"role": "user", "content": "hi"}]}).encode()
+SBODY = json.dumps({"model": "m", "stream": True, "messages": json.loads(BODY)["messages"]}).encode()
+
+
+def environ(body: bytes) -> dict:
+    return {"REQUEST_METHOD": "POST", "PATH_INFO": "/v1/chat/completions", "QUERY_STRING": "",
+            "CONTENT_TYPE": "application/json", "CONTENT_LENGTH": str(len(body)), "SERVER_PROTOCOL": "HTTP/1.1",
+            "wsgi.url_scheme": "http", "wsgi.input": io.BytesIO(body), "REMOTE_ADDR": "127.0.0.1",
+            "SERVER_NAME": "127.0.0.1", "SERVER_PORT": "8080", "HTTP_HOST": "127.0.0.1:8080",
+            "wsgi.errors": sys.stderr}
+
+
+def one(wsgi, body: bytes) -> int:
+    status = []
+    out = wsgi(environ(body), lambda s, h, exc=None: status.append(s))
+    try:
+        for _ in out:
+            pass
+    finally:
+        close = getattr(out, "close", None)
+        if close is not None:
+            close()
+    return int(status[0][:3])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, default=3000)
+    ap.add_argument("--top", type=int, default=20)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    a = ap.parse_args()
+    for kv in a.set:
+        k, _, v = kv.partition("=")
+        os.environ[k] = v
+
+    from tests.support.cluster import Cluster
+    from tests.support.procs import free_port, wait_until
+
+    cluster = Cluster(Path(tempfile.mkdtemp(prefix="llmgw-hotpath-")))
+    try:
+        cluster.start_redis()
+        engines = peers.start_engines(cluster.procs, 2, 0.0, 8, wait_until, free_port)
+        store = cluster.store()
+        peers.register(store, engines)
+        os.environ["REDIS_URL"] = cluster.redis_url
+        from gateway.app import create_app
+        from gateway.config import GatewaySettings
+
+        app = create_app(GatewaySettings.from_env())
+        gw = app.extensions["llmgw"]
+        gw.start()
+        wait_until(lambda: gw.not_ready() is None, 20, what="the gateway's tables")
+        wsgi = app.wsgi_app
+        for name, body in (("json", BODY), ("stream", SBODY)):
+            for _ in range(200):  # warm: pools, caches, the learner's first samples
+                assert one(wsgi, body) == 200
+            t0, c0 = time.perf_counter(), time.process_time()
+            for _ in range(a.requests):
+                one(wsgi, body)
+            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+            print(f"{name}: {cpu / a.requests * 1e6:.0f} us of gateway CPU per request "
+                  f"({a.requests} requests, {a.requests / wall:.0f}/s, one at a time; this process's CPU, "
+                  "background loops included)")
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(a.requests):
+                one(wsgi, body)
+            prof.disable()
+            s = io.StringIO()
+            st = pstats.Stats(prof, stream=s)
+            st.sort_stats("cumulative").print_stats(a.top)
+            st.sort_stats("tottime").print_stats(a.top)
+            print("\n".join(line for line in s.getvalue().splitlines()
+                            if line.strip() and not line.startswith(("   Ordered by", "   List reduced"))))
+        gw.stop()
+    finally:
+        cluster.stop()
+
+
+if __name__ == "__main__":
+    main()
