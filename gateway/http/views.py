@@ -15,7 +15,7 @@ from werkzeug.exceptions import HTTPException
 
 from gateway.errors import ApiError
 from gateway.http.answer import error_response
-from gateway.keys.policy import allows
+from gateway.keys.policy import allows, unknown_model
 from gateway.observe import fleetmetrics
 from gateway.observe.fleet import FleetView
 from gateway.observe.health import REDIS_ERRORS
@@ -77,6 +77,37 @@ def list_models(gw) -> dict:
         gw.gate.enforce(key, None)
         cards = [c for c in cards if allows(key, snap.tables.names_of(c["id"]))]
     return {"object": "list", "data": sorted(cards, key=lambda c: c["id"])}
+
+
+def find_card(cards: list[dict], name: str) -> dict | None:
+    """`GET /v1/models/{name}`: the card `GET /v1/models` lists under `name`; for a name listed only
+    as another card's alias (a LoRA adapter's), that card under the name asked, the way a model's
+    aliases get their own cards. None when `name` is not listed."""
+    for c in cards:
+        if c["id"] == name:
+            return c
+    for c in cards:
+        if name in c["aliases"]:
+            return {**c, "id": name, "aliases": [c["id"], *(a for a in c["aliases"] if a != name)]}
+    return None
+
+
+def get_model(gw, name: str) -> dict:
+    """One model as `GET /v1/models` lists it (OpenAI's retrieve); 404 `model_not_found` for a name
+    it does not list, or one the key may not call (the same body, as for a request)."""
+    key = gw.gate.authenticate(request.environ)
+    snap = gw.router.snapshot
+    if key is not None:
+        gw.gate.enforce(key, None)
+        if not allows(key, snap.tables.names_of(name)):
+            raise ApiError("model_not_found", unknown_model(name))
+    card = find_card(model_cards(snap), name)
+    if card is not None:
+        return card
+    if name in snap.tables.known_models:
+        raise ApiError("model_not_found", f"model {name!r} has no Ready replica now (it is in the catalog; "
+                       "`GET /v1/models` lists the models that can answer)")
+    raise ApiError("model_not_found", unknown_model(name))
 
 
 def key_usage(gw) -> dict:
@@ -153,6 +184,8 @@ def flask_app(gw) -> Flask:
         app.add_url_rule(rule, rule, not_served_here, methods=methods)
 
     app.add_url_rule("/v1/models", "models", lambda: list_models(gw))
+    # <path:>: a name may hold a slash (`org/model`; the openai client sends it as %2F, decoded here).
+    app.add_url_rule("/v1/models/<path:name>", "model", lambda name: get_model(gw, name))
     app.add_url_rule(USAGE_PATH, "key_usage", lambda: key_usage(gw))
     app.add_url_rule("/healthz", "healthz", lambda: health(gw))
     app.add_url_rule("/readyz", "readyz", lambda: readiness(gw))
