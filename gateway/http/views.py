@@ -10,7 +10,7 @@ import logging
 import os
 import sys
 
-from flask import Flask, Response, request
+from flask import Flask, Response, redirect, request
 from werkzeug.exceptions import HTTPException
 
 from gateway.errors import ApiError
@@ -137,6 +137,18 @@ def key_usage(gw) -> dict:
     }
 
 
+CONSOLE_PATH = "/ui"
+
+
+def front_page():
+    """`/`: a browser (it asks for HTML before JSON) is sent to the console; an API client gets a
+    short JSON index of where things are."""
+    if request.accept_mimetypes.best_match(("application/json", "text/html")) == "text/html":
+        return redirect(CONSOLE_PATH, 302)
+    return {"service": "llmgw gateway", "console": CONSOLE_PATH, "models": "/v1/models", "usage": USAGE_PATH,
+            "health": "/healthz", "ready": "/readyz", "metrics": "/metrics"}
+
+
 def readiness(gw) -> tuple[dict, int]:
     """/readyz: 200 once this process has loaded the endpoint list (and the key table, unless
     auth is off), else 503 with the reason. For load balancers and compose healthchecks."""
@@ -183,6 +195,7 @@ def flask_app(gw) -> Flask:
     for rule, methods in flask_rules():
         app.add_url_rule(rule, rule, not_served_here, methods=methods)
 
+    app.add_url_rule("/", "front", front_page)
     app.add_url_rule("/v1/models", "models", lambda: list_models(gw))
     # <path:>: a name may hold a slash (`org/model`; the openai client sends it as %2F, decoded here).
     app.add_url_rule("/v1/models/<path:name>", "model", lambda name: get_model(gw, name))
