@@ -19,7 +19,8 @@ TABLE: dict[str, tuple[int, str, str]] = {
     "forbidden": (403, "permission_error", "admin_key_required"),
     "model_not_found": (404, "invalid_request_error", "model_not_found"),
     "not_found": (404, "invalid_request_error", "not_found"),
-    "unsupported": (404, "invalid_request_error", "unsupported_endpoint"),
+    # The path exists, the request's model does not serve it: the request's to change (which model).
+    "unsupported": (400, "invalid_request_error", "unsupported_endpoint"),
     "method_not_allowed": (405, "invalid_request_error", "method_not_allowed"),
     "too_large": (413, "invalid_request_error", "request_too_large"),
     # An engine's answer that the prompt does not fit its context (OpenAI's own code for it).
