@@ -167,6 +167,7 @@ def test_catalog_has_yaml_and_history_with_who_applied(store, fleet):
     body = c.get("/ui/api/catalog").json
     assert (body["version"], body["applied_by"], body["source"]) == (2, "bob", "v2.yaml")
     assert "name: chat" in body["yaml"] and "replicas: 2" in body["yaml"] and "big" not in body["yaml"]
+    assert "null" not in body["yaml"] and "start_timeout" not in body["yaml"]  # `catalog show -o yaml`'s form
     assert [(h["version"], h["applied_by"]) for h in body["history"]] == [(2, "bob"), (1, "alice")]
     old = c.get("/ui/api/catalog?version=1").json
     assert old["version"] == 1 and "name: big" in old["yaml"]

@@ -333,6 +333,9 @@ async function renderCatalog(view) {
   const head = r.version
     ? [el("h2", {}, `version ${r.version}`, state.catalogVersion ? " (from the history)" : " (applied)"),
       el("div", { class: "muted" }, `applied ${when(r.applied_at)} by ${r.applied_by} from ${r.source}; hash ${r.hash}`),
+      el("div", { class: "muted", id: "catalog-how" }, "Fields left out take their defaults. To change it: ",
+        el("code", {}, `llmgw catalog show -o yaml${state.catalogVersion ? " --version " + r.version : ""} > catalog.yaml`),
+        ", edit, then ", el("code", {}, "llmgw catalog apply catalog.yaml"), "."),
       state.catalogVersion ? el("button", { type: "button", onclick: () => { state.catalogVersion = null; refresh(); } },
         "show the applied version") : null]
     : [el("p", { class: "muted" }, "No catalog applied yet (llmgw catalog apply FILE).")];
