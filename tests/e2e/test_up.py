@@ -45,8 +45,9 @@ def test_llmgw_up_serves_and_stops_clean(tmp_path, no_leaked_processes):
         # An engine's error has the gateway's shape (llama-server's own has a number for `code`).
         bad = requests.post(f"http://127.0.0.1:{port}/v1/chat/completions", json={"model": "smollm2", "messages": "hi"},
                             timeout=30)
-        assert bad.status_code == 400 and bad.json() == {"error": {
-            "message": "Expected 'messages' to be an array", "type": "invalid_request_error", "code": "invalid_request"}}
+        assert bad.status_code == 400 and bad.json() == {"error": {"message": "Expected 'messages' to be an array",
+                                                                   "type": "invalid_request_error",
+                                                                   "code": "invalid_request"}}
         assert "Access-Control-Allow-Origin" not in bad.headers
 
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=60)

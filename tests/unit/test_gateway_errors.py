@@ -10,13 +10,15 @@ from gateway.errors import TABLE, engine_error
 
 LLAMA_400 = b'{"error":{"code":400,"message":"Expected \'messages\' to be an array","type":"invalid_request_error"}}'
 # llama-server's answers as this llama-server build gave them (b11434, SmolLM2 at -c 256).
-LLAMA_CONTEXT = (b'{"error":{"code":400,"message":"request (631 tokens) exceeds the available context size (256 tokens), '
-                 b'try increasing it","type":"exceed_context_size_error","n_prompt_tokens":631,"n_ctx":256}}')
+LLAMA_CONTEXT = (b'{"error":{"code":400,"message":"request (631 tokens) exceeds the available context size '
+                 b'(256 tokens), try increasing it","type":"exceed_context_size_error","n_prompt_tokens":631,'
+                 b'"n_ctx":256}}')
 LLAMA_501 = (b'{"error":{"code":501,"message":"This server does not support embeddings. Start it with `--embeddings`",'
              b'"type":"not_supported_error"}}')
 VLLM_400 = (b'{"error":{"message":"This model\'s maximum context length is 2048 tokens. However, you requested 4000 '
             b'tokens.","type":"BadRequestError","param":null,"code":400}}')
-VLLM_OLD_404 = b'{"object":"error","message":"The model `x` does not exist.","type":"NotFoundError","param":null,"code":404}'
+VLLM_OLD_404 = (b'{"object":"error","message":"The model `x` does not exist.","type":"NotFoundError",'
+                b'"param":null,"code":404}')
 FASTAPI_422 = b'{"detail":[{"loc":["body","messages"],"msg":"field required","type":"value_error.missing"}]}'
 
 
@@ -38,7 +40,8 @@ FASTAPI_422 = b'{"detail":[{"loc":["body","messages"],"msg":"field required","ty
     (400, b'["odd"]', (400, "invalid_request_error", "invalid_request", '["odd"]')),
     # Only the gateway's credential reaches an engine: its refusal is the gateway's failure, not the client's.
     (401, b'{"error":{"code":401,"message":"Invalid API Key","type":"authentication_error"}}',
-     (502, "server_error", "upstream_error", "endpoint e1 refused the gateway's credential (HTTP 401): Invalid API Key")),
+     (502, "server_error", "upstream_error",
+      "endpoint e1 refused the gateway's credential (HTTP 401): Invalid API Key")),
 ])
 def test_every_dialect_becomes_the_one_shape(status, body, want):
     got_status, payload = engine_error(status, body, "e1")

@@ -139,7 +139,8 @@ def test_a_download_shows_its_figures_on_a_terminal_and_tens_of_percent_when_pip
     report, records = report_of(d)
     (row,) = rows(report, records, NOW)
     assert row.status() == f"Downloading for 9.0s: downloading {hf} 40%"
-    assert row.status(detail=True) == f"Downloading for 9.0s: downloading {hf} 40% (41% 3.2 of 7.8 GiB, 110.0 MiB/s, ETA 42s)"
+    assert row.status(detail=True) == (f"Downloading for 9.0s: downloading {hf} 40% "
+                                       "(41% 3.2 of 7.8 GiB, 110.0 MiB/s, ETA 42s)")
     assert lines([row], detail=True)[0].endswith("ETA 42s)")
     faster = dataclasses.replace(d, weights_done=3_500_000_000, weights_eta=40.0)
     printed, seen = changes([row], {})
