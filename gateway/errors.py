@@ -2,9 +2,13 @@
 
 Views raise `ApiError(kind, message)`; gateway.http.answer.error_response renders it as
 `{"error": {"message", "type", "code"}}` with the status, and `Retry-After` where it applies.
+An engine's own error answer is put in the same shape by `engine_error` (its message kept), so a
+client sees one dialect whichever part refused it.
 """
 
 from __future__ import annotations
+
+import json
 
 # kind -> (HTTP status, OpenAI error type, code)
 TABLE: dict[str, tuple[int, str, str]] = {
@@ -15,9 +19,12 @@ TABLE: dict[str, tuple[int, str, str]] = {
     "forbidden": (403, "permission_error", "admin_key_required"),
     "model_not_found": (404, "invalid_request_error", "model_not_found"),
     "not_found": (404, "invalid_request_error", "not_found"),
-    "unsupported": (404, "invalid_request_error", "unsupported_endpoint"),
+    # The path exists, the request's model does not serve it: the request's to change (which model).
+    "unsupported": (400, "invalid_request_error", "unsupported_endpoint"),
     "method_not_allowed": (405, "invalid_request_error", "method_not_allowed"),
     "too_large": (413, "invalid_request_error", "request_too_large"),
+    # An engine's answer that the prompt does not fit its context (OpenAI's own code for it).
+    "context_too_long": (400, "invalid_request_error", "context_length_exceeded"),
     # nginx's "client closed request": logged and counted, never read by the client that left.
     "client_gone": (499, "invalid_request_error", "client_closed_request"),
     "shed": (429, "rate_limit_error", "overloaded"),
@@ -47,3 +54,58 @@ class ApiError(Exception):
 def error_body(kind: str, message: str) -> dict:
     _, etype, code = TABLE[kind]
     return {"error": {"message": message, "type": etype, "code": code}}
+
+
+# An engine's 4xx status -> the kind whose type and code its answer carries (other 4xx: bad_request).
+ENGINE_KINDS = {404: "not_found", 405: "method_not_allowed", 413: "too_large", 429: "shed"}
+ENGINE_MESSAGE_MAX = 2000  # characters of a non-JSON error body kept as the message
+# How engines say a prompt does not fit: llama-server's error type, vLLM's message (OpenAI's wording).
+CONTEXT_TYPES = frozenset({"exceed_context_size_error"})
+CONTEXT_WORDS = "maximum context length"
+
+
+def engine_error(status: int, payload: bytes, endpoint: str) -> tuple[int, bytes]:
+    """An engine's error answer (status >= 400) in the gateway's shape: the engine's message, and the
+    type and code of this table. llama-server answers `{"error": {"code": 400, "type": ...}}`, vLLM
+    `{"error": {"type": "BadRequestError", "code": 400}}` (older: the same at the top level), FastAPI
+    `{"detail": ...}`, a proxy plain text. The status is kept, except 401 and 403: only the gateway's
+    credential reaches an engine (never the client's key), so the engine refusing it is the
+    gateway's failure, 502, not the client's."""
+    message, etype = _engine_message(payload)
+    message = message or f"the engine answered HTTP {status} with no message"
+    if status in (401, 403):
+        message = f"endpoint {endpoint} refused the gateway's credential (HTTP {status}): {message}"
+        status, kind = 502, "upstream_error"
+    elif status >= 500:
+        kind = "upstream_error"
+    elif status == 400 and (etype in CONTEXT_TYPES or CONTEXT_WORDS in message):
+        kind = "context_too_long"
+    else:
+        kind = ENGINE_KINDS.get(status, "bad_request")
+    return status, json.dumps(error_body(kind, message)).encode()
+
+
+def _engine_message(payload: bytes) -> tuple[str | None, str | None]:
+    """(message, the engine's error type) of an error body, whichever dialect it is in."""
+    try:
+        doc = json.loads(payload)
+    except ValueError:
+        text = payload.decode("utf-8", "replace").strip()
+        return (text[:ENGINE_MESSAGE_MAX] or None), None
+    if not isinstance(doc, dict):
+        return json.dumps(doc)[:ENGINE_MESSAGE_MAX], None
+    err = doc["error"] if doc.get("error") else doc  # vLLM before 0.10 put its fields at the top level
+    if isinstance(err, str):
+        return err, None
+    if isinstance(err, dict):
+        etype = err.get("type") if isinstance(err.get("type"), str) else None
+        if isinstance(err.get("message"), str):
+            return err["message"], etype
+        detail = err.get("detail")
+        if isinstance(detail, str):
+            return detail, etype
+        if isinstance(detail, list):  # FastAPI's validation errors: [{loc, msg, type}]
+            parts = [f"{'.'.join(str(x) for x in d.get('loc', ()))}: {d.get('msg')}" for d in detail
+                     if isinstance(d, dict)]
+            return "; ".join(parts) or None, etype
+    return json.dumps(doc)[:ENGINE_MESSAGE_MAX], None

@@ -10,7 +10,7 @@ import json
 from flask import Response
 from werkzeug.http import HTTP_STATUS_CODES
 
-from gateway.errors import ApiError, error_body
+from gateway.errors import ApiError, engine_error, error_body
 from gateway.keys.table import ApiKey
 from gateway.keys.usage import UsageRecorder
 from gateway.observe.metrics import Metrics
@@ -195,7 +195,11 @@ class Answers:
             kind = "upstream_timeout" if "timed out" in str(e).lower() else "upstream_error"
             raise ApiError(kind, f"endpoint {ep.id} failed while answering: {type(e).__name__}") from None
         resp.release()
-        if status < 400 and (rewrite is not None or assembling or resp.content_type.startswith("application/json")):
+        if status >= 400:  # the engine's error in the gateway's shape (a 2xx answer never comes here)
+            status, payload = engine_error(status, payload, ep.id)
+            headers = [h for h in headers if h[0].lower() != "content-type"]
+            headers.append(("Content-Type", "application/json"))
+        elif rewrite is not None or assembling or resp.content_type.startswith("application/json"):
             payload = AnswerRewrite(model, rewrite).body(payload)
         metrics.child(metrics.ttft, model).observe(mono() - t0)
         traffic.first_byte(canon, mono() - t0)

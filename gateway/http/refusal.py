@@ -56,12 +56,21 @@ def refusal(why: Rejection | Shed | TimedOut, req: RouteRequest, tables: Tables,
     if why.kind == "unsupported":
         method, path = op.OPERATIONS[req.op]
         who = f"endpoint {req.pin}" if req.pin else f"no endpoint of model {model!r}"
-        return ApiError("unsupported", f"{who} serves {method} {path}: {why.detail}")
+        return ApiError("unsupported", f"{who} serves {method} {path}: {why.detail}; {serving(tables, req.op)}")
     keyless = sorted({var for eid, var in tables.missing_keys.items() if model in tables.by_id[eid].models})
     if keyless:
         return ApiError("no_replica", f"no Ready endpoint for model {model!r} this gateway can send to: "
                         f"the API key variable(s) {', '.join(keyless)} are not set in its environment", 1)
     return ApiError("no_replica", f"no Ready endpoint for model {model!r}")
+
+
+def serving(tables: Tables, operation: str) -> str:
+    """Which models' Ready endpoints serve `operation`, for the refusal of a model whose do not."""
+    models = sorted({e.model or e.models[0] for e in tables.endpoints if e.serves(operation)})
+    if not models:
+        return "no model here serves it now"
+    shown = ", ".join(models[:10]) + (f" and {len(models) - 10} more" if len(models) > 10 else "")
+    return f"model{'s' if len(models) > 1 else ''} that serve{'' if len(models) > 1 else 's'} it: {shown}"
 
 
 def attempt_failed(outcome: Outcome, endpoint_id: str, model: str, first_byte_timeout: float,

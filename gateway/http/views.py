@@ -10,12 +10,12 @@ import logging
 import os
 import sys
 
-from flask import Flask, Response, request
+from flask import Flask, Response, redirect, request
 from werkzeug.exceptions import HTTPException
 
 from gateway.errors import ApiError
 from gateway.http.answer import error_response
-from gateway.keys.policy import allows
+from gateway.keys.policy import allows, unknown_model
 from gateway.observe import fleetmetrics
 from gateway.observe.fleet import FleetView
 from gateway.observe.health import REDIS_ERRORS
@@ -79,6 +79,37 @@ def list_models(gw) -> dict:
     return {"object": "list", "data": sorted(cards, key=lambda c: c["id"])}
 
 
+def find_card(cards: list[dict], name: str) -> dict | None:
+    """`GET /v1/models/{name}`: the card `GET /v1/models` lists under `name`; for a name listed only
+    as another card's alias (a LoRA adapter's), that card under the name asked, the way a model's
+    aliases get their own cards. None when `name` is not listed."""
+    for c in cards:
+        if c["id"] == name:
+            return c
+    for c in cards:
+        if name in c["aliases"]:
+            return {**c, "id": name, "aliases": [c["id"], *(a for a in c["aliases"] if a != name)]}
+    return None
+
+
+def get_model(gw, name: str) -> dict:
+    """One model as `GET /v1/models` lists it (OpenAI's retrieve); 404 `model_not_found` for a name
+    it does not list, or one the key may not call (the same body, as for a request)."""
+    key = gw.gate.authenticate(request.environ)
+    snap = gw.router.snapshot
+    if key is not None:
+        gw.gate.enforce(key, None)
+        if not allows(key, snap.tables.names_of(name)):
+            raise ApiError("model_not_found", unknown_model(name))
+    card = find_card(model_cards(snap), name)
+    if card is not None:
+        return card
+    if name in snap.tables.known_models:
+        raise ApiError("model_not_found", f"model {name!r} has no Ready replica now (it is in the catalog; "
+                       "`GET /v1/models` lists the models that can answer)")
+    raise ApiError("model_not_found", unknown_model(name))
+
+
 def key_usage(gw) -> dict:
     """`GET /v1/llmgw/usage`: the caller's key, its policy, budget and usage per model. An admin key
     may ask about another with `?key=NAME`."""
@@ -104,6 +135,18 @@ def key_usage(gw) -> dict:
         "rpm": key.rpm, "tpm": key.tpm, "budget": budget_status(key, used, now),
         "usage": None if per_model is None else [{"model": m, **row} for m, row in sorted(per_model.items())],
     }
+
+
+CONSOLE_PATH = "/ui"
+
+
+def front_page():
+    """`/`: a browser (it asks for HTML before JSON) is sent to the console; an API client gets a
+    short JSON index of where things are."""
+    if request.accept_mimetypes.best_match(("application/json", "text/html")) == "text/html":
+        return redirect(CONSOLE_PATH, 302)
+    return {"service": "llmgw gateway", "console": CONSOLE_PATH, "models": "/v1/models", "usage": USAGE_PATH,
+            "health": "/healthz", "ready": "/readyz", "metrics": "/metrics"}
 
 
 def readiness(gw) -> tuple[dict, int]:
@@ -152,7 +195,10 @@ def flask_app(gw) -> Flask:
     for rule, methods in flask_rules():
         app.add_url_rule(rule, rule, not_served_here, methods=methods)
 
+    app.add_url_rule("/", "front", front_page)
     app.add_url_rule("/v1/models", "models", lambda: list_models(gw))
+    # <path:>: a name may hold a slash (`org/model`; the openai client sends it as %2F, decoded here).
+    app.add_url_rule("/v1/models/<path:name>", "model", lambda name: get_model(gw, name))
     app.add_url_rule(USAGE_PATH, "key_usage", lambda: key_usage(gw))
     app.add_url_rule("/healthz", "healthz", lambda: health(gw))
     app.add_url_rule("/readyz", "readyz", lambda: readiness(gw))

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping
 
-import yaml
-
-from llmgw.catalog import Catalog
+from llmgw.catalog import Catalog, compact_yaml
 from llmgw.cli.prefixview import index_size, prefix_ratios
 from llmgw.state.demand_records import GatewayReport
 from llmgw.state.records import LoadRecord
@@ -88,7 +86,8 @@ def models_view(catalog: Catalog | None, report: dict, gateways: list[GatewayRep
 
 
 def catalog_view(version: int, catalog: Catalog | None, meta: dict, history: list[dict]) -> dict:
-    """The applied (or asked-for past) catalog: its metadata, its resolved spec as YAML, the history."""
-    text = yaml.safe_dump(catalog.canonical(), sort_keys=False, default_flow_style=False) if catalog else ""
+    """The applied (or asked-for past) catalog: its metadata, its YAML as `llmgw catalog show -o yaml`
+    prints it (defaults left out: a file to copy, edit and apply again), the history."""
+    text = compact_yaml(catalog) if catalog else ""
     return {"version": version, "hash": meta.get("hash"), "applied_at": meta.get("applied_at"),
             "applied_by": meta.get("applied_by"), "source": meta.get("source"), "yaml": text, "history": history}

@@ -375,5 +375,7 @@ class Upstream:
 
 
 def response_headers(resp: UpstreamResponse, drop: frozenset[str] | None = None) -> list[tuple[str, str]]:
+    """The engine's headers the client gets: not those in `drop`, nor an empty one (llama-server sends
+    `Access-Control-Allow-Origin:` with no value to a request without an Origin; it says nothing)."""
     drop = drop or HOP_BY_HOP
-    return [(k, v) for k, v in resp.headers if k.lower() not in drop]
+    return [(k, v) for k, v in resp.headers if v and k.lower() not in drop]

@@ -5,7 +5,7 @@ The types are imported at once; every other name on first use (PEP 562). That is
 modules but how Python imports packages: the engine adapters import `llmgw.catalog.types`, which runs
 this file first, and validation imports the adapters, so importing `validate` here eagerly would import
 the adapters in the middle of their own import. The layering (types < engines < lora < validate < load,
-diff, store < watch) is declared in pyproject.toml and checked by import-linter.
+diff, store, compact < watch) is declared in pyproject.toml and checked by import-linter.
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ _LAZY = {
     "CatalogDiff": "diff",
     "diff_catalogs": "diff",
     "format_diff": "diff",
+    "compact_spec": "compact",
+    "compact_yaml": "compact",
     "HISTORY_LIMIT": "store",
     "apply_catalog": "store",
     "parse_applied": "store",

@@ -1,7 +1,12 @@
 """`llmgw catalog validate|apply|show|history`: check, diff, apply and inspect the model catalog.
 
+`catalog show -o yaml` prints the applied catalog as a file to edit and apply again: the fields that
+resolve to their value anyway left out (llmgw.catalog.compact), so applying it unchanged says
+"unchanged".
+
 Exit codes: 0 success; 1 the applied catalog changed while applying (compare-and-set lost; nothing
-written); 2 an invalid catalog, an unreadable file or an unreachable Redis. Never a traceback.
+written); 2 an invalid catalog, an unreadable file or an unreachable Redis, or `show -o yaml` with no
+catalog to print (an empty file applied would remove every model). Never a traceback.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from datetime import datetime, timezone
 from llmgw.catalog import (
     Catalog,
     apply_catalog,
+    compact_yaml,
     diff_catalogs,
     format_diff,
     load_catalog_file,
@@ -56,7 +62,10 @@ def register(sub) -> None:
     a.set_defaults(func=cmd_apply)
 
     s = csub.add_parser("show", help="print the applied catalog")
-    s.add_argument("--json", action="store_true", help="the stored document as JSON")
+    s.add_argument("-o", "--output", choices=("table", "yaml", "json"), default="table",
+                   help="table (default); yaml: the catalog as a file to edit and apply again, defaults left "
+                        "out; json: the stored document, every default spelled out")
+    s.add_argument("--json", action="store_true", help="the same as -o json")
     s.add_argument("--version", type=int, default=None, metavar="N", help="a past version from the history")
     s.set_defaults(func=cmd_show)
 
@@ -245,11 +254,18 @@ def cmd_show(args) -> int:
         version = args.version
     else:
         version, cat, meta = read_applied(r)
-    if args.json:
+    output = "json" if args.json else args.output
+    if output == "json":
         print_json({**meta, "version": version, "spec": cat.canonical() if cat else None})
         return 0
     if cat is None:
+        if output == "yaml":
+            print("llmgw: no catalog applied yet: nothing to print (llmgw catalog apply FILE)", file=sys.stderr)
+            return EXIT_INVALID
         print("no catalog applied yet (llmgw catalog apply FILE)")
+        return 0
+    if output == "yaml":
+        print(yaml_header(version, meta) + compact_yaml(cat), end="")
         return 0
     print(
         f"catalog version {version} (hash {meta.get('hash')}), applied {_when(meta.get('applied_at'))} "
@@ -269,6 +285,15 @@ def cmd_show(args) -> int:
     for line in _table(rows):
         print(line)
     return 0
+
+
+def yaml_header(version: int, meta: dict) -> str:
+    """The comment lines above `show -o yaml`: which version it is, and how to apply an edited copy."""
+    return (f"# llmgw catalog version {version} (hash {meta.get('hash')}), applied {_when(meta.get('applied_at'))} "
+            f"by {meta.get('applied_by')}\n# from {meta.get('source')}\n"
+            "# Fields left out take their defaults (docs/catalog.md). Edit a copy, then:\n"
+            "#   llmgw catalog apply FILE --dry-run   # the diff\n"
+            "#   llmgw catalog apply FILE\n")
 
 
 @_guard

@@ -39,9 +39,10 @@ class Row:
         return f"{self.model}/{self.profile} {self.replica}"
 
     def status(self, detail: bool = False) -> str:
-        """`Starting 12s: waiting for its health check`; with `detail`, `Downloading 9s: hf://o/r 40%
-        (41% 3.2 of 7.8 GiB, 110.0 MiB/s, ETA 42s)`."""
-        head = self.state if self.elapsed is None else f"{self.state} {_age(self.elapsed)}"
+        """`Starting for 12s: waiting for its health check`; with `detail`, `Downloading for 9s: hf://o/r
+        40% (41% 3.2 of 7.8 GiB, 110.0 MiB/s, ETA 42s)`. The time is how long it has been in that state
+        ("for": `Ready 0.4s` read as "ready in 0.4 s")."""
+        head = self.state if self.elapsed is None else f"{self.state} for {_age(self.elapsed)}"
         text = f"{head}: {self.waiting}" if self.waiting else head
         return f"{text} ({self.detail})" if detail and self.detail else text
 

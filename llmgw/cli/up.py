@@ -1,9 +1,10 @@
 """`llmgw up`: the whole system on this machine.
 
 Starts Redis (embedded unless REDIS_URL is set; data in the state directory, appendonly on), a control
-worker, beat, one node agent and the gateway; applies `--catalog FILE` or the built-in catalog (a real
-llama.cpp replica); shows a progress line per replica until a model is Ready, then prints the gateway
-URL, a curl line and the Redis URL to export in other shells (commands run from the same directory, or
+worker, beat, one node agent and the gateway; applies `--catalog FILE` or the default catalog
+(`llmgw/default_catalog.yaml`: a real llama.cpp replica), saying which file and how to copy it; shows a
+progress line per replica until a model is Ready, then prints the gateway URL, a curl line, the
+console's URL and the Redis URL to export in other shells (commands run from the same directory, or
 with LLMGW_STATE_DIR, find it by themselves: llmgw.local.stackfile); Ctrl-C (SIGINT or SIGTERM) stops
 every process it started, engines included.
 """
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import requests
 
-from llmgw.catalog import Catalog, apply_catalog, load_catalog_file, parse_catalog
+from llmgw.catalog import Catalog, apply_catalog, load_catalog_file
 from llmgw.cli.common import kick
 from llmgw.cli.progress import Progress, Ticker
 from llmgw.errors import CatalogInvalid, LlmgwError
@@ -44,7 +45,8 @@ def register(sub) -> None:
     p = sub.add_parser("up", help="run the whole system on this machine (Ctrl-C stops everything)")
     p.add_argument("--port", type=int, default=8080, help="gateway port on 127.0.0.1 (default 8080)")
     p.add_argument("--host", default="127.0.0.1", help="gateway bind address (default 127.0.0.1)")
-    p.add_argument("--catalog", help="catalog YAML to apply (default: built-in llama.cpp SmolLM2)")
+    p.add_argument("--catalog", help="catalog YAML to apply (default: llmgw/default_catalog.yaml, llama.cpp "
+                                     "serving SmolLM2 on this CPU)")
     p.add_argument("--state-dir", help="logs, engine state and Redis data (default: LLMGW_STATE_DIR or ./.llmgw)")
     p.add_argument("--node", help="this node's name (default: LLMGW_NODE or the host name)")
     p.add_argument("--ready-timeout", type=float, default=600.0,
@@ -52,11 +54,26 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_up)
 
 
-def default_catalog() -> Catalog:
-    text = resources.files("llmgw").joinpath("default_catalog.yaml").read_text()
-    import yaml
+def default_catalog_path() -> str:
+    """The file of the catalog `llmgw up` applies when not given one (shipped in the package)."""
+    return str(resources.files("llmgw").joinpath("default_catalog.yaml"))
 
-    return parse_catalog(yaml.safe_load(text), "<built-in catalog>")
+
+def default_catalog() -> Catalog:
+    return load_catalog_file(default_catalog_path())
+
+
+def catalog_lines(path: str, given: bool, models: list[str], version: int, changed: bool = True) -> list[str]:
+    """What `llmgw up` says of the catalog it applied: its version, which file, and, for the default
+    one, how to serve other models from a copy of it."""
+    names = ", ".join(models) or "no model"
+    head = f"catalog version {version}{'' if changed else ' (unchanged)'}"
+    if given:
+        return [f"{head}: {path} ({names}); change it with `llmgw catalog apply FILE` while this runs"]
+    return [f"{head}: the default catalog {path} ({names}); to serve other models, copy it and edit the copy:",
+            f"\n  cp {shlex.quote(path)} my-catalog.yaml\n",
+            "  then `llmgw catalog apply my-catalog.yaml` while this runs, or `llmgw up --catalog my-catalog.yaml` "
+            "next time (docs/catalog.md)\n"]
 
 
 def _say(msg: str) -> None:
@@ -137,12 +154,14 @@ def _run(args, settings, catalog, state_dir, node, stack: LocalStack, stopping) 
     ))
     _say(f"started control worker, beat, node agent {node!r} and the gateway; logs in {state_dir / 'logs'}")
 
+    path = os.path.abspath(args.catalog) if args.catalog else default_catalog_path()
     version, changed = apply_catalog(
-        store, catalog, source=args.catalog or "<built-in catalog>",
-        applied_by=f"{getpass.getuser()}@{socket.gethostname()} (llmgw up)",
+        store, catalog, source=path, applied_by=f"{getpass.getuser()}@{socket.gethostname()} (llmgw up)",
     )
-    _say(f"catalog version {version}{'' if changed else ' (unchanged)'}: "
-         + ", ".join(m.name for m in catalog.models))
+    first, *rest = catalog_lines(path, bool(args.catalog), [m.name for m in catalog.models], version, changed)
+    _say(first)
+    for line in rest:
+        print(line, flush=True)
     kick(Settings.from_env({**os.environ, **stack.env}), store, RECONCILE)
 
     names = [m.name for m in catalog.models]
@@ -153,6 +172,7 @@ def _run(args, settings, catalog, state_dir, node, stack: LocalStack, stopping) 
     body = json.dumps({"model": ready_model, "messages": [{"role": "user", "content": "Say hello"}]})
     _say(f"ready: the gateway answers at {url}")
     print(f"\n  curl {url}/v1/chat/completions -H 'Content-Type: application/json' -d '{body}'\n", flush=True)
+    _say(f"the console (fleet, models, events, catalog): {url}/ui")
     _say(f"{found_by(state_dir, Path.cwd())}; in other shells:")
     print(f"\n  {export_line(redis_url, state_dir)}\n", flush=True)
     _say("press Ctrl-C to stop")

@@ -46,6 +46,15 @@ class Event:
                 "data": self.data}
 
 
+def published_message(count: int) -> str:
+    """The words of an `endpoints_published` event. An empty list is published too (a catalog applied
+    before any replica is Ready: the new version tells the gateways its model names), which is no
+    failure: say what it means."""
+    if count == 0:
+        return "0 endpoints: no replica is Ready to route to (the gateways learn the catalog's names from it)"
+    return f"{count} endpoint{'s' if count != 1 else ''}"
+
+
 def kind_problem(kind: str | None) -> str | None:
     """Why a kind filter can never match (a typo), or None."""
     if not kind:

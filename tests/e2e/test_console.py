@@ -104,6 +104,9 @@ def test_the_console_follows_a_running_system(tmp_path, browser):
                    20, what="both replicas Ready on the models page")
         assert "chat" in text(browser, '[data-model="chat"] h2') and "2/2 Ready" in text(browser, '[data-model="chat"]')
         no_stray_values(browser, "models")
+        # A figure the page does not have says n/a (with a title saying why), never "?" or a bare "-".
+        bars = text(browser, '[data-model="chat"] .bars')
+        assert "?" not in bars and not re.search(r"(^|\s)-(\s|$)", bars), bars
         browser.execute_script("window.llmgwNotReloaded = true")  # gone if the page ever reloads
 
         # Fleet: the node, live, with both replicas on it.
@@ -111,6 +114,7 @@ def test_the_console_follows_a_running_system(tmp_path, browser):
         wait_until(lambda: attr(browser, '[data-node="solo"]', "data-live") == "true", 10, what="node solo on the fleet")
         assert all(attr(browser, f'[data-node="solo"] [data-replica="{rid}"]', "data-state") == "Ready" for rid in replicas)
         no_stray_values(browser, "fleet")
+        assert " in 0," not in text(browser, '[data-node="solo"]')  # an empty weights cache says "empty"
 
         # kill -9 one engine: Failed, then Ready again, on the page as it polls.
         click(browser, 'nav a[data-tab="models"]')

@@ -1,13 +1,18 @@
-"""`llmgw up` is the main job: started here as a user would, it serves the built-in llama.cpp model,
-answers a chat completion, and leaves nothing behind after Ctrl-C (SIGINT)."""
+"""`llmgw up` is the main job: started here as a user would, it serves the default catalog's llama.cpp
+model, says which catalog file it applied and where the console is, answers a chat completion (and an
+engine's error in the gateway's shape), and leaves nothing behind after Ctrl-C (SIGINT)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 
 import openai
 import pytest
+import requests
+
+from llmgw.cli.up import default_catalog_path
 
 from tests.support.procs import ProcessSet, free_port, processes_with_token, python, wait_until
 
@@ -23,7 +28,27 @@ def test_llmgw_up_serves_and_stops_clean(tmp_path, no_leaked_processes):
         wait_until(lambda: "ready: the gateway answers" in up.log() or not up.alive(), 240,
                    what="llmgw up to report ready")
         assert up.alive(), up.log()
-        assert f"curl http://127.0.0.1:{port}/v1/chat/completions" in up.log()
+        log = up.log()
+        assert f"curl http://127.0.0.1:{port}/v1/chat/completions" in log
+        # Which catalog it applied (the file), how to copy it, and where the console is.
+        default = default_catalog_path()
+        assert f"llmgw up: catalog version 1: the default catalog {default} (smollm2)" in log
+        assert f"  cp {default} my-catalog.yaml" in log.splitlines()
+        assert f"llmgw up: the console (fleet, models, events, catalog): http://127.0.0.1:{port}/ui" in log
+        page = requests.get(f"http://127.0.0.1:{port}/", headers={"Accept": "text/html"}, timeout=5)
+        assert page.status_code == 200 and "console.js" in page.text and page.url.endswith("/ui")
+        # Before the node's first heartbeat a replica waits for it; nothing says the pool has no node.
+        events = subprocess.run([python(), "-m", "llmgw", "events", "-n", "100"], capture_output=True, text=True,
+                                timeout=30, env={**os.environ, "LLMGW_STATE_DIR": str(tmp_path / "state")})
+        assert events.returncode == 0 and "replica_placed" in events.stdout, events.stdout + events.stderr
+        assert "no live node" not in events.stdout and "no schedulable node" not in events.stdout
+        # An engine's error has the gateway's shape (llama-server's own has a number for `code`).
+        bad = requests.post(f"http://127.0.0.1:{port}/v1/chat/completions", json={"model": "smollm2", "messages": "hi"},
+                            timeout=30)
+        assert bad.status_code == 400 and bad.json() == {"error": {"message": "Expected 'messages' to be an array",
+                                                                   "type": "invalid_request_error",
+                                                                   "code": "invalid_request"}}
+        assert "Access-Control-Allow-Origin" not in bad.headers
 
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=60)
         resp = client.chat.completions.create(

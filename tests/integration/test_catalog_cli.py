@@ -110,6 +110,25 @@ def test_apply_show_history_round_trip(run, tmp_path, redis_server):
     assert old["spec"]["models"][0]["profiles"][0]["replicas"] == 2
 
 
+def test_show_as_yaml_prints_what_was_applied_and_applies_again_unchanged(run, tmp_path, redis_server):
+    r = connect(redis_server)
+    assert run("apply", str(EXAMPLE)).returncode == 0
+    shown = run("show", "-o", "yaml")
+    assert shown.returncode == 0, shown.stderr
+    text = shown.stdout
+    assert text.startswith("# llmgw catalog version 1 (hash ") and f"# from {EXAMPLE}" in text
+    assert "null" not in text and "tensor_parallel: 2" in text and "capacity" not in text  # 64 and 4: the engines'
+    copy = write(tmp_path, "copy.yaml", text)
+    again = run("apply", copy)
+    assert again.returncode == 0 and "unchanged: catalog version 1" in again.stdout, again.stdout + again.stderr
+    assert r.llen(keys.CATALOG_HISTORY) == 1
+    edited = write(tmp_path, "edited.yaml", text.replace("replicas: 2\n    gpu:", "replicas: 3\n    gpu:", 1))
+    changed = run("apply", edited)
+    assert "~ profile qwen2.5-7b-instruct/h100: replicas 2 -> 3 [live]" in changed.stdout, changed.stdout
+    assert "applied catalog version 2" in changed.stdout
+    assert run("show", "--output", "yaml", "--version", "1").stdout == text  # a past version, the same way
+
+
 def test_invalid_apply_changes_nothing(run, tmp_path, redis_server):
     r = connect(redis_server)
     assert run("apply", write(tmp_path, "v1.yaml", V1)).returncode == 0
@@ -134,3 +153,6 @@ def test_show_and_history_when_nothing_applied(run):
     assert "no catalog applied yet" in run("show").stdout
     assert "no catalog applied yet" in run("history").stdout
     assert json.loads(run("show", "--json").stdout) == {"version": 0, "spec": None}
+    assert json.loads(run("show", "-o", "json").stdout) == {"version": 0, "spec": None}
+    empty = run("show", "-o", "yaml")  # an empty file applied would remove every model: none is printed
+    assert empty.returncode == 2 and empty.stdout == "" and "no catalog applied yet" in empty.stderr

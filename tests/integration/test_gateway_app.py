@@ -131,6 +131,51 @@ def test_retries_on_refused_connection_and_5xx(store, upstreams):
     assert r.status_code == 503 and r.json["error"]["code"] == "no_ready_replica"
 
 
+# llama-server's error answer (b11434, as it sends it: a number for `code`, and an empty CORS header).
+LLAMA_400 = b'{"error":{"code":400,"message":"Expected \'messages\' to be an array","type":"invalid_request_error"}}'
+LLAMA_HEADERS = (("Access-Control-Allow-Origin", ""),)
+
+
+def test_an_engines_empty_header_is_not_passed_on(store, upstreams):
+    up = upstreams(headers=LLAMA_HEADERS + (("X-Engine-Note", "kept"),))
+    _, _, c = make_app(store, [endpoint("e1", up.url)])
+    for path, body in ((CHAT, {"model": "m"}), ("/v1/embeddings", {"model": "m", "input": "x"})):
+        r = c.post(path, json=body)
+        assert r.status_code == 200 and r.headers["X-Engine-Note"] == "kept"
+        assert "Access-Control-Allow-Origin" not in r.headers, path
+
+
+def test_an_engines_error_has_the_gateways_shape_and_a_4xx_is_not_held_against_it(store, upstreams):
+    bad = upstreams(fail_status=400, fail_body=LLAMA_400, fail_type="application/json; charset=utf-8",
+                    headers=LLAMA_HEADERS)
+    _, gw, c = make_app(store, [endpoint("e1", bad.url)], retries=2)
+    t0 = time.time()
+    for stream in (False, True):
+        r = c.post(CHAT, json={"model": "m", "messages": "hi", "stream": stream})
+        assert r.status_code == 400 and r.headers["X-LLMGW-Endpoint"] == "e1"
+        assert r.json == {"error": {"message": "Expected 'messages' to be an array", "type": "invalid_request_error",
+                                    "code": "invalid_request"}}
+        assert r.headers["Content-Type"] == "application/json"
+        assert r.headers["Content-Length"] == str(len(r.get_data()))
+        assert "Access-Control-Allow-Origin" not in r.headers  # llama-server's empty one says nothing
+    assert bad.stats["requests"] == 2  # a 4xx is the client's: never retried elsewhere
+    # ... nor evidence against the endpoint: it answered (ok_at), it never failed (fail_at), it is not
+    # passed over, the model's charts count no error, and no upstream error is counted.
+    _, _, ok_at, fail_at, _, _ = gw.router.report_facts()
+    assert ok_at["e1"] >= t0 and "e1" not in fail_at
+    assert gw.router.stats.get("e1") is None or gw.router.stats["e1"].down_until <= time.monotonic()
+    counted = {k.split(":", 1)[1]: n for slot in gw.traffic.take().values() for k, n in slot.items()}
+    assert counted["n"] == 2 and "err" not in counted
+    assert "llmgw_gateway_upstream_errors_total{" not in c.get("/metrics").get_data(as_text=True)
+    # An engine that refuses the gateway's own credential is the gateway's failure: 502, not 401.
+    locked = upstreams(require_key="not-the-gateways")
+    _, _, c = make_app(store, [endpoint("e2", locked.url)])
+    r = c.post(CHAT, json={"model": "m"})
+    assert r.status_code == 502 and r.json["error"]["code"] == "upstream_error"
+    assert r.json["error"]["message"] == ("endpoint e2 refused the gateway's credential (HTTP 401): "
+                                          "missing or wrong API key")
+
+
 def test_upstream_timeout_is_504(store, upstreams):
     slow = upstreams(base=2.0)
     _, _, c = make_app(store, [endpoint("e1", slow.url)], first_byte_timeout=0.2, retries=0)

@@ -1,7 +1,8 @@
 """The gateway's side of the wider surface on fakeredis and in-process fake engines: an external
 server's key reaches that endpoint only, a missing key variable takes only its endpoint out,
-operations no endpoint serves get 404 unsupported_endpoint, a form's model routes a transcription
-(renamed to the endpoint's served name), and /v1/models says what llmgw knows."""
+operations no endpoint of the model serves get 400 unsupported_endpoint naming the models that do, a
+form's model routes a transcription (renamed to the endpoint's served name), and /v1/models says what
+llmgw knows."""
 
 from __future__ import annotations
 
@@ -73,15 +74,17 @@ def test_a_missing_key_variable_takes_only_its_endpoint_out(store, upstreams, ca
     assert client.get("/healthz").json["missing_key_variables"] == ["LEGACY_KEY"]
 
 
-def test_an_operation_no_endpoint_serves_is_a_clear_404(store, upstreams):
+def test_an_operation_no_endpoint_serves_is_a_clear_400_naming_what_would(store, upstreams):
     u = upstreams()
     _, _, client = make_app(store, [endpoint("e", u.url, engine="sim", paths=SIM_LIKE),
                                     endpoint("old", u.url, model="legacy", engine="vllm")])
     r = client.post("/v1/embeddings", json={"model": "m", "input": "x"})
-    assert r.status_code == 404 and r.json["error"]["code"] == "unsupported_endpoint"
-    assert "POST /v1/embeddings" in r.json["error"]["message"] and "sim" in r.json["error"]["message"]
+    assert r.status_code == 400 and r.json["error"]["code"] == "unsupported_endpoint"
+    assert r.json["error"]["message"] == ("no endpoint of model 'm' serves POST /v1/embeddings: its endpoints (sim) "
+                                          "do not serve it; model that serves it: legacy")
     r = client.post("/v1/tokenize", json={"model": "legacy", "prompt": "x"})  # published without a map
-    assert r.status_code == 404 and r.json["error"]["code"] == "unsupported_endpoint"
+    assert r.status_code == 400 and r.json["error"]["code"] == "unsupported_endpoint"
+    assert r.json["error"]["message"].endswith("; no model here serves it now")
     assert client.post("/v1/embeddings", json={"model": "legacy", "input": "x"}).status_code == 200
     r = client.post("/v1/rerank", json={"model": "nope", "query": "q", "documents": []})
     assert r.status_code == 404 and r.json["error"]["code"] == "model_not_found"

@@ -117,6 +117,6 @@ def test_the_rest_of_the_surface_reaches_the_sim(cluster):
     heard = client.audio.transcriptions.create(model="m", file=("a.wav", b"RIFF" + b"\0" * 2000, "audio/wav"))
     assert heard.text == "the simulated engine heard this audio"
     r = requests.post(gw + "/v1/embeddings", json={"model": "m", "input": "x"}, timeout=10)
-    assert r.status_code == 404 and r.json()["error"]["code"] == "unsupported_endpoint"
+    assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_endpoint"
     card = requests.get(gw + "/v1/models", timeout=5).json()["data"][0]
     assert card["id"] == "m" and card["engines"] == ["sim"] and card["ready_replicas"] == 1

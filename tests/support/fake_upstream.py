@@ -12,7 +12,9 @@ Authorization headers it got,
 every request, once in its slot, is held until `POST /gate` opens the gate (tests that need a
 request to stay busy for as long as they look at it, however slow the machine). `/stats` also lists the
 `Authorization` header of the last requests (`authorization`, None when absent); with `--require-key`
-requests and `GET /v1/models` without `Bearer <that key>` get 401 (a hosted API).
+requests and `GET /v1/models` without `Bearer <that key>` get 401 (a hosted API). In-process only:
+`fail_body` (bytes) is the body a `fail_status` answer carries, as `fail_type` (an engine's own error
+dialect), and `headers` are added to every JSON answer (llama-server's empty `Access-Control-Allow-Origin`).
 Also usable in-process: `FakeUpstream(...).start()` / `.stop()`; `stop()` interrupts held and
 sleeping requests, closes open connections and joins every thread.
 """
@@ -43,8 +45,10 @@ class _Server(ThreadingHTTPServer):
 class FakeUpstream:
     def __init__(self, host: str = "127.0.0.1", port: int = 0, speed: float = 1.0, max_seqs: int = 4,
                  base: float = 0.05, tokens: int = 8, fail_status: int = 0, name: str = "fake",
-                 gate: bool = False, require_key: str | None = None):
+                 gate: bool = False, require_key: str | None = None, fail_body: bytes | None = None,
+                 fail_type: str = "application/json", headers: tuple[tuple[str, str], ...] = ()):
         self.speed, self.base, self.tokens = speed, base, tokens
+        self.fail_body, self.fail_type, self.headers = fail_body, fail_type, headers
         self.require_key = require_key
         self.fail_status, self.name = fail_status, name
         self.slots = threading.BoundedSemaphore(max_seqs)
@@ -131,11 +135,13 @@ class FakeUpstream:
             def log_message(self, *a):  # quiet
                 pass
 
-            def _json(self, code: int, obj) -> None:
-                data = json.dumps(obj).encode()
+            def _json(self, code: int, obj, data: bytes | None = None, ctype: str = "application/json") -> None:
+                data = json.dumps(obj).encode() if data is None else data
                 self.send_response(code)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(data)))
+                for name, value in fake.headers:
+                    self.send_header(name, value)
                 self.end_headers()
                 self.wfile.write(data)
 
@@ -188,7 +194,8 @@ class FakeUpstream:
                     return
                 if fake.fail_status:
                     fake._answered()
-                    return self._json(fake.fail_status, {"error": {"message": "failing on purpose"}})
+                    return self._json(fake.fail_status, {"error": {"message": "failing on purpose"}},
+                                      fake.fail_body, fake.fail_type)
                 if self.path.endswith("/transcriptions"):
                     fake._answered()
                     return self._json(200, {"text": f"heard by {fake.name}"})

@@ -78,6 +78,21 @@ def test_the_page_and_its_files_load_nothing_from_elsewhere(store):
         assert re.findall(r"https?://[^\s\"'`)]+", text) in ([], ["http://www.w3.org/2000/svg"]), f.name
 
 
+def test_the_front_page_sends_a_browser_to_the_console_and_an_api_client_gets_json(store):
+    _, c = client(store)
+    browser = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"  # Firefox's and Chrome's
+    r = c.get("/", headers={"Accept": browser})
+    assert r.status_code == 302 and r.headers["Location"] == "/ui"
+    assert c.get("/", headers={"Accept": browser}, follow_redirects=True).get_data(as_text=True).count(
+        "console.js") == 1
+    for accept in (None, "*/*", "application/json"):  # requests, curl, an SDK
+        r = c.get("/", headers={"Accept": accept} if accept else {})
+        assert r.status_code == 200 and r.json["console"] == "/ui" and r.json["models"] == "/v1/models", accept
+    # Any other unknown path is still the gateway's JSON 404.
+    r = c.get("/nope", headers={"Accept": browser})
+    assert r.status_code == 404 and r.json["error"]["code"] == "not_found"
+
+
 def test_open_without_keys_and_admin_only_once_keys_exist(store, fleet):
     _, c = client(store)
     assert c.get("/ui/api/fleet").status_code == 200  # auth auto, no key yet: open
@@ -152,6 +167,7 @@ def test_catalog_has_yaml_and_history_with_who_applied(store, fleet):
     body = c.get("/ui/api/catalog").json
     assert (body["version"], body["applied_by"], body["source"]) == (2, "bob", "v2.yaml")
     assert "name: chat" in body["yaml"] and "replicas: 2" in body["yaml"] and "big" not in body["yaml"]
+    assert "null" not in body["yaml"] and "start_timeout" not in body["yaml"]  # `catalog show -o yaml`'s form
     assert [(h["version"], h["applied_by"]) for h in body["history"]] == [(2, "bob"), (1, "alice")]
     old = c.get("/ui/api/catalog?version=1").json
     assert old["version"] == 1 and "name: big" in old["yaml"]

@@ -42,9 +42,13 @@ def said(err: ApiError) -> tuple:
      ("model_not_found", 404, "model 'nope' does not exist", None)),
     (Rejection("unknown_model", "cat"), RouteRequest("cat"), {},  # in the catalog, not published
      ("no_replica", 503, "no Ready endpoint for model 'cat'", None)),
-    (Rejection("unsupported", "m", "its endpoints (sim) do not serve it"), RouteRequest("m", op=op.EMBEDDINGS), {},
-     ("unsupported", 404, "no endpoint of model 'm' serves POST /v1/embeddings: its endpoints (sim) do not serve it",
-      None)),
+    (Rejection("unsupported", "m", "its endpoints (sim) do not serve it"), RouteRequest("m", op=op.RERANK), {},
+     ("unsupported", 400, "no endpoint of model 'm' serves POST /v1/rerank: its endpoints (sim) do not serve it; "
+      "no model here serves it now", None)),
+    # ... and names the models that do (e1 was published without a path map: chat, completions, embeddings).
+    (Rejection("unsupported", "cat", "its endpoints (vllm) do not serve it"), RouteRequest("cat", op=op.EMBEDDINGS), {},
+     ("unsupported", 400, "no endpoint of model 'cat' serves POST /v1/embeddings: its endpoints (vllm) do not serve "
+      "it; model that serves it: m", None)),
     (Rejection("unknown_model", "ext"), RouteRequest("ext"), {},
      ("no_replica", 503, "no Ready endpoint for model 'ext' this gateway can send to: the API key variable(s) "
       "EXT_KEY are not set in its environment", 1)),

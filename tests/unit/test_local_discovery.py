@@ -16,7 +16,7 @@ import redis
 
 from llmgw import cli
 from llmgw.cli import common
-from llmgw.cli.up import export_line, found_by
+from llmgw.cli.up import catalog_lines, default_catalog, default_catalog_path, export_line, found_by
 from llmgw.local import stackfile
 from llmgw.local.localstack import LocalStack
 from llmgw.local.stackfile import StackInfo, find_stack
@@ -187,3 +187,16 @@ def test_llmgw_up_prints_the_line_other_shells_export(tmp_path):
     assert "pa%24s" not in line and str(tmp_path / "stack.json") in line
     assert found_by(tmp_path / ".llmgw", tmp_path) == f"llmgw commands run from {tmp_path} find this stack by themselves"
     assert "LLMGW_STATE_DIR=/srv/x" in found_by(Path("/srv/x"), tmp_path)
+
+
+def test_llmgw_up_names_the_catalog_it_applied_and_how_to_copy_the_default():
+    path = default_catalog_path()
+    assert Path(path).is_file() and Path(path).name == "default_catalog.yaml"
+    assert [m.name for m in default_catalog().models] == ["smollm2"]
+    first, copy, then = catalog_lines(path, False, ["smollm2"], 1)
+    assert first == (f"catalog version 1: the default catalog {path} (smollm2); to serve other models, copy it "
+                     "and edit the copy:")
+    assert copy.strip() == f"cp {path} my-catalog.yaml"
+    assert "llmgw catalog apply my-catalog.yaml" in then and "llmgw up --catalog my-catalog.yaml" in then
+    assert catalog_lines("/srv/c.yaml", True, ["a", "b"], 3, changed=False) == [
+        "catalog version 3 (unchanged): /srv/c.yaml (a, b); change it with `llmgw catalog apply FILE` while this runs"]

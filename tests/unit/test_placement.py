@@ -133,6 +133,11 @@ UNSCHEDULABLE = [
         'no schedulable node in pool "gpu" (no live node in it)',
     ),
     (
+        "no node has joined yet",  # a fleet starting: before the first heartbeat
+        [], {}, [], gpu_req(1, pool="gpu"),
+        'waiting for a node to join pool "gpu" (no node agent has sent its first heartbeat yet)',
+    ),
+    (
         "every node of the pool cordoned",
         [node("a", "h100:1"), node("b", "h100:1")], {"a": NodeAdmin(cordoned=True), "b": NodeAdmin(draining=True)},
         [], gpu_req(1),

@@ -83,6 +83,24 @@ def test_scale_down_of_a_pending_replica_deletes_its_record():
     assert of(acts, DeleteRecord) == [DeleteRecord(pending[0].id, "scale down to 1")]
 
 
+def test_before_the_first_heartbeat_a_replica_waits_for_a_node_to_join():
+    """A fleet starting (`llmgw up`): the catalog is applied before the node agent's first heartbeat.
+    Its Pending reason says it waits for a node, not that the pool has none; once every node that had
+    joined is gone, it says that no agent is live."""
+    sim = Sim(catalog(model("m", cpu_profile(replicas=1))), {})
+    (create,) = sim.reconcile()
+    assert create.pending_reason == ('waiting for a node to join pool "default" (no node agent has sent its first '
+                                     "heartbeat yet)")
+    assert sim.reconcile() == []  # the same words every pass: nothing to write
+    sim.nodes["a"] = node("a")
+    assert kinds(sim.reconcile()) == ["PlaceReplica"]
+    sim.lose("a")
+    sim2 = Sim(catalog(model("m", cpu_profile(replicas=1))), {}, last_seen=dict(sim.last_seen))
+    (create,) = sim2.reconcile()
+    assert create.pending_reason == ('waiting for a node to join pool "default" (no node agent is live: none sent a '
+                                     "heartbeat lately)")
+
+
 def test_pending_replica_is_placed_when_a_node_joins_and_reason_updates():
     sim = Sim(catalog(model("m", gpu_profile(count=2))), {"a": node("a", "h100:1")})
     sim.reconcile()

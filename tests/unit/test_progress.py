@@ -39,13 +39,13 @@ LOOPING = rec("m-cpu-07", node="a", nodes=["a"], started_at=NOW - 1, attempt=5, 
 def test_each_replica_gets_its_state_time_in_it_and_what_it_waits_for():
     report, records = report_of(PENDING, LAUNCHING, STARTING, PROBING, READY, FAILED, LOOPING, listed=[READY.id])
     got = {r.replica: r for r in rows(report, records, NOW)}
-    assert got[PENDING.id].status() == "Pending 20s: no node with a free GPU"
-    assert got[LAUNCHING.id].status() == "Launching 3.0s: waiting for the node agent of a to start it"
-    assert got[STARTING.id].status() == "Starting 12s: waiting for its health check"
-    assert got[PROBING.id].status() == "Starting 5.0s: waiting for its health check (last probe: HTTP 503)"
-    assert got[READY.id].status() == "Ready 2.0s"
-    assert got[FAILED.id].status() == "Failed 1.0s: exited with code 1; restarting after a backoff"
-    assert got[LOOPING.id].status() == ("Starting 1.0s: crash loop (4 exits in 600s), started again; "
+    assert got[PENDING.id].status() == "Pending for 20s: no node with a free GPU"
+    assert got[LAUNCHING.id].status() == "Launching for 3.0s: waiting for the node agent of a to start it"
+    assert got[STARTING.id].status() == "Starting for 12s: waiting for its health check"
+    assert got[PROBING.id].status() == "Starting for 5.0s: waiting for its health check (last probe: HTTP 503)"
+    assert got[READY.id].status() == "Ready for 2.0s"
+    assert got[FAILED.id].status() == "Failed for 1.0s: exited with code 1; restarting after a backoff"
+    assert got[LOOPING.id].status() == ("Starting for 1.0s: crash loop (4 exits in 600s), started again; "
                                         "waiting for its health check")
     assert got[PENDING.id].label == "m/cpu m-cpu-01"
 
@@ -53,7 +53,7 @@ def test_each_replica_gets_its_state_time_in_it_and_what_it_waits_for():
 def test_a_ready_replica_not_yet_routed_waits_for_the_endpoint_list():
     report, records = report_of(READY)
     (row,) = rows(report, records, NOW)
-    assert row.status() == "Ready 2.0s: waiting for the gateways' endpoint list to include it"
+    assert row.status() == "Ready for 2.0s: waiting for the gateways' endpoint list to include it"
 
 
 def test_rows_keep_the_reports_order_and_only_the_models_asked_for():
@@ -69,8 +69,8 @@ B = Row("model-with-a-long-name", "gpu", "x-01", "Pending", 1.0, "no node with a
 
 def test_lines_align_the_labels():
     assert lines([A, B]) == [
-        "m/cpu m-cpu-01                   Starting 2.0s: waiting for its health check",
-        "model-with-a-long-name/gpu x-01  Pending 1.0s: no node with a free GPU",
+        "m/cpu m-cpu-01                   Starting for 2.0s: waiting for its health check",
+        "model-with-a-long-name/gpu x-01  Pending for 1.0s: no node with a free GPU",
     ]
 
 
@@ -81,7 +81,7 @@ def test_a_terminal_frame_redraws_the_lines_it_drew_last_time():
     later = Row("m", "cpu", "m-cpu-01", "Ready", 0.5, "")
     second, drawn = frame([later, B], drawn, 200)
     assert second.startswith("\r\x1b[2A\x1b[J")  # up over the two lines, erase them and below
-    assert second.endswith("Ready 0.5s\n" + lines([later, B])[1] + "\n")
+    assert second.endswith("Ready for 0.5s\n" + lines([later, B])[1] + "\n")
     assert drawn == 2
 
 
@@ -95,15 +95,15 @@ def test_a_terminal_frame_prints_messages_above_the_lines_once_and_cuts_lines_to
 
 def test_piped_output_prints_a_line_only_when_a_state_or_its_reason_changes():
     printed, seen = changes([A, B], {})
-    assert printed == ["m/cpu m-cpu-01  Starting 2.0s: waiting for its health check",
-                       "model-with-a-long-name/gpu x-01  Pending 1.0s: no node with a free GPU"]
+    assert printed == ["m/cpu m-cpu-01  Starting for 2.0s: waiting for its health check",
+                       "model-with-a-long-name/gpu x-01  Pending for 1.0s: no node with a free GPU"]
     later = [Row("m", "cpu", "m-cpu-01", "Starting", 9.0, A.waiting), Row(*B.__dict__.values())]
     assert changes(later, seen)[0] == []  # only time passed
     probe = Row("m", "cpu", "m-cpu-01", "Starting", 9.5, "waiting for its health check (last probe: HTTP 503)")
     printed, seen = changes([probe, B], seen)
-    assert printed == ["m/cpu m-cpu-01  Starting 9.5s: waiting for its health check (last probe: HTTP 503)"]
+    assert printed == ["m/cpu m-cpu-01  Starting for 9.5s: waiting for its health check (last probe: HTTP 503)"]
     ready = Row("m", "cpu", "m-cpu-01", "Ready", 0.1, "")
-    assert changes([ready, B], seen)[0] == ["m/cpu m-cpu-01  Ready 0.1s"]
+    assert changes([ready, B], seen)[0] == ["m/cpu m-cpu-01  Ready for 0.1s"]
 
 
 def test_progress_writes_plain_lines_to_a_pipe_and_redraws_on_a_terminal():
@@ -115,9 +115,9 @@ def test_progress_writes_plain_lines_to_a_pipe_and_redraws_on_a_terminal():
     p.say("something happened")
     p.show([Row("m", "cpu", "m-cpu-01", "Ready", 0.1, "")])
     assert pipe.getvalue().splitlines() == [
-        "llmgw up: m/cpu m-cpu-01  Starting 1.0s: waiting for its health check",
+        "llmgw up: m/cpu m-cpu-01  Starting for 1.0s: waiting for its health check",
         "llmgw up: something happened",
-        "llmgw up: m/cpu m-cpu-01  Ready 0.1s",
+        "llmgw up: m/cpu m-cpu-01  Ready for 0.1s",
     ]
     assert "\x1b" not in pipe.getvalue()
 
@@ -138,8 +138,9 @@ def test_a_download_shows_its_figures_on_a_terminal_and_tens_of_percent_when_pip
             weights_rate=115_343_360.0, weights_eta=42.4)
     report, records = report_of(d)
     (row,) = rows(report, records, NOW)
-    assert row.status() == f"Downloading 9.0s: downloading {hf} 40%"
-    assert row.status(detail=True) == f"Downloading 9.0s: downloading {hf} 40% (41% 3.2 of 7.8 GiB, 110.0 MiB/s, ETA 42s)"
+    assert row.status() == f"Downloading for 9.0s: downloading {hf} 40%"
+    assert row.status(detail=True) == (f"Downloading for 9.0s: downloading {hf} 40% "
+                                       "(41% 3.2 of 7.8 GiB, 110.0 MiB/s, ETA 42s)")
     assert lines([row], detail=True)[0].endswith("ETA 42s)")
     faster = dataclasses.replace(d, weights_done=3_500_000_000, weights_eta=40.0)
     printed, seen = changes([row], {})

@@ -218,12 +218,21 @@ def test_the_publish_view_is_read_and_written_in_one_call_each():
     d = decide(cat(), 1, v, NOW)
     assert store.write_publish(d.endpoints, d.fingerprint, d.unpublish, v.version, NOW) == 1
     assert store.get_replica("y").unpublished_version == 1 and store.get_replica("x").unpublished_version is None
-    assert [e.kind for e in store.latest_events() if e.kind == "endpoints_published"] == ["endpoints_published"]
+    assert [e.message for e in store.latest_events() if e.kind == "endpoints_published"] == ["1 endpoint"]
     again = store.publish_view()
     assert (again.version, again.fingerprint) == (1, d.fingerprint)
     # Unchanged: nothing but the stamps of what is newly stopping, at the version in force.
     assert store.write_publish(None, d.fingerprint, ["x"], again.version, NOW) == 1
     assert store.get_replica("x").unpublished_version == 1 and store.endpoints_version() == 1
+
+
+def test_an_empty_list_says_it_is_no_failure():
+    """Before any replica is Ready (a fleet starting) the list published is empty: its event says why."""
+    store = Store(fakeredis.FakeRedis(decode_responses=True))
+    store.write_publish([], "fp", [], 0, NOW)
+    (e,) = [e for e in store.latest_events() if e.kind == "endpoints_published"]
+    assert e.message == "0 endpoints: no replica is Ready to route to (the gateways learn the catalog's names from it)"
+    assert e.data["count"] == 0
 
 
 def test_the_catalogs_routing_objective_is_published_on_every_endpoint_of_its_model():

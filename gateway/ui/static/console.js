@@ -131,7 +131,7 @@ async function renderFleet(view) {
       el("div", { class: "row" }, el("h3", {}, n.name), badges),
       el("div", { class: "row muted" }, n.live ? `heartbeat ${age(n.heartbeat_age)} ago` : "no heartbeat",
         n.address ? ` · ${n.address}` : "",
-      n.weights ? ` · weights ${size(n.weights.bytes)} in ${n.weights.sources}, ${size(n.weights.free)} free` : ""),
+      weightsText(n.weights)),
       labels.length ? el("div", { class: "row" }, labels) : null,
       (n.devices || []).length ? el("div", { class: "row" }, el("span", { class: "muted" },
         Object.entries(n.gpus).map(([c, g]) => `${c} ${g.used}/${g.total} used`).join(", ")), gpus)
@@ -155,6 +155,9 @@ async function renderFleet(view) {
       : null);
 }
 
+// What a bar says of a figure it does not have: no fresh scrape of the engine (o.why says more).
+const UNKNOWN_WHY = "not known: the engine's last scrape is older than 10 s, or failed";
+
 function bar(label, value, max, opts) {
   const o = opts || {};
   const known = value !== null && value !== undefined;
@@ -164,8 +167,16 @@ function bar(label, value, max, opts) {
     el("span", { class: "muted" }, label),
     el("div", { class: "bar" }, el("span", { class: hot ? "hot" : "", style: `width:${pct}%` }),
       o.limit !== undefined && max ? el("i", { style: `left:${Math.min(100, (100 * o.limit) / max)}%` }) : null),
-    el("span", {}, known ? (o.text ? o.text(value) : String(value)) : "?"),
+    known ? el("span", {}, o.text ? o.text(value) : String(value))
+      : el("span", { class: "muted", title: o.why || UNKNOWN_WHY }, "n/a"),
   ];
+}
+
+function weightsText(w) {
+  // A node's weights cache (remote sources downloaded there): what it holds and the disk left for it.
+  if (!w) return "";
+  const held = w.sources ? `${size(w.bytes)} of ${w.sources} model${w.sources === 1 ? "" : "s"}` : "empty";
+  return ` · weights cache ${held}, ${size(w.free)} free`;
 }
 
 function size(n) {
@@ -187,16 +198,21 @@ function loadBars(row, capacity, th) {
     bar("in flight", l.inflight, capacity || Math.max(1, l.inflight), { limit: capacity || undefined }),
     bar("running", l.running, capacity || Math.max(1, l.running || 0)),
     bar("waiting", l.waiting, Math.max(th.max_waiting * 1.5, l.waiting || 0), { limit: th.max_waiting }),
-    bar("KV", l.kv, 1, { limit: th.max_kv, text: (v) => Math.round(v * 100) + "%" }),
-    el("span", { class: "muted" }, "service"), el("span", {}), el("span", {}, secs(l.service_time)),
-    // prefix cache: the share of prompt tokens the gateways expected cached / the engine reused
+    bar("KV", l.kv, 1, { limit: th.max_kv, text: (v) => Math.round(v * 100) + "%",
+      why: "not reported: llama.cpp reports no KV cache use (vLLM does), or the last scrape is older than 10 s" }),
+    el("span", { class: "muted" }, "service"), el("span", {}), l.service_time === null || l.service_time === undefined
+      ? el("span", { class: "muted", title: "not learned yet: this gateway process has had no answer from it" }, "n/a")
+      : el("span", {}, secs(l.service_time)),
+    // prefix cache: the share of prompt tokens the gateways expected cached, and the engine reused
     ...(l.prefix ? [el("span", { class: "muted" }, "prefix hit"), el("span", {}),
-                    el("span", { "data-prefix": "", title: `expected / reused; indexed up to ${l.prefix.indexed} tokens (${l.prefix.indexed_by})` },
-                       `${ratio(l.prefix.expected)} / ${ratio(l.prefix.measured)}`)] : []));
+                    el("span", { "data-prefix": "", title: "share of the prompt tokens found in the engine's prefix cache: "
+                      + "expected by the gateways' routing, reused as the engine reports it; "
+                      + `indexed up to ${l.prefix.indexed} tokens (${l.prefix.indexed_by})` },
+                       `expected ${ratio(l.prefix.expected)} · reused ${ratio(l.prefix.measured)}`)] : []));
 }
 
 function ratio(v) {
-  return v === null || v === undefined ? "-" : Math.round(v * 100) + "%";
+  return v === null || v === undefined ? "n/a" : Math.round(v * 100) + "%";
 }
 
 function chart(title, points, series) {
@@ -333,6 +349,9 @@ async function renderCatalog(view) {
   const head = r.version
     ? [el("h2", {}, `version ${r.version}`, state.catalogVersion ? " (from the history)" : " (applied)"),
       el("div", { class: "muted" }, `applied ${when(r.applied_at)} by ${r.applied_by} from ${r.source}; hash ${r.hash}`),
+      el("div", { class: "muted", id: "catalog-how" }, "Fields left out take their defaults. To change it: ",
+        el("code", {}, `llmgw catalog show -o yaml${state.catalogVersion ? " --version " + r.version : ""} > catalog.yaml`),
+        ", edit, then ", el("code", {}, "llmgw catalog apply catalog.yaml"), "."),
       state.catalogVersion ? el("button", { type: "button", onclick: () => { state.catalogVersion = null; refresh(); } },
         "show the applied version") : null]
     : [el("p", { class: "muted" }, "No catalog applied yet (llmgw catalog apply FILE).")];

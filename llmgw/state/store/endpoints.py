@@ -9,6 +9,7 @@ from typing import Iterable, Iterator, Sequence
 import redis
 
 from llmgw.state import keys
+from llmgw.state.events import published_message
 from llmgw.state.records import EndpointInfo
 from llmgw.state.store.base import Aggregate, Pipeline
 from llmgw.state.store.events import queue_event
@@ -76,7 +77,7 @@ class Endpoints(Aggregate):
             for rid in stamp:
                 queue_update(pipe, rid, {"unpublished_version": new})
             if announce:
-                queue_event(pipe, "endpoints_published", f"{len(eps)} endpoints", source="control", ts=now,
+                queue_event(pipe, "endpoints_published", published_message(len(eps)), source="control", ts=now,
                             version=new, count=len(eps))
             pipe.publish(keys.ENDPOINTS_CHANNEL, str(new))
             return new

@@ -52,6 +52,8 @@ def gpu_reason(req: PlacementRequest, view: ClusterView, fitting: int) -> str:
 def eligibility_problem(req: PlacementRequest, view: ClusterView) -> str | None:
     """A reason when no node is even eligible (ignoring capacity), else None."""
     pool = view.pool_nodes.get(req.pool, [])
+    if not pool and not view.nodes:
+        return no_node_yet(req.pool, view.joined)
     if not pool:
         return f'no schedulable node in pool "{req.pool}"' + excluded_note(req, view, always=True)
     if req.selector and not any(view.eligible(n, req) for n in pool):
@@ -61,6 +63,14 @@ def eligibility_problem(req: PlacementRequest, view: ClusterView) -> str | None:
     if (req.weights_size or req.too_small) and not any(view.eligible(n, req) for n in pool):
         return weights_problem(req, view, pool)
     return None
+
+
+def no_node_yet(pool: str, joined: bool) -> str:
+    """No node is live at all: before the first heartbeat (a fleet starting, `llmgw up`) the replica
+    waits for a node to join, which is no failure; after one, every node agent is gone."""
+    if not joined:
+        return f'waiting for a node to join pool "{pool}" (no node agent has sent its first heartbeat yet)'
+    return f'waiting for a node to join pool "{pool}" (no node agent is live: none sent a heartbeat lately)'
 
 
 def weights_problem(req: PlacementRequest, view: ClusterView, pool: list[str]) -> str:

@@ -38,6 +38,9 @@ class ClusterView:
     room: dict[str, int] = field(default_factory=dict)
     incoming: set[tuple[str, str]] = field(default_factory=set)
     _memory: dict[tuple[str, str | None], int | None] = field(default_factory=dict)
+    # Some node agent ever sent a heartbeat (Snapshot.known): with no live node, the fleet is starting
+    # (no node joined yet) or has lost every node; the reasons say which.
+    joined: bool = False
 
     # --- building ----------------------------------------------------------------------------------
     @classmethod
@@ -47,10 +50,12 @@ class ClusterView:
         admin: Mapping[str, NodeAdmin],
         allocated: Iterable[tuple[str, str, dict[str, list[int]]]] = (),
         active: Iterable[tuple[str, Iterable[str]]] = (),
+        joined: bool = False,
     ) -> "ClusterView":
         """`allocated`: (model, replica id, {node: [gpu index]}) of every replica that is not Stopped;
-        `active`: (model, nodes) of every replica that counts for spreading."""
-        view = cls(nodes=nodes, admin=admin)
+        `active`: (model, nodes) of every replica that counts for spreading; `joined`: some node
+        ever sent a heartbeat."""
+        view = cls(nodes=nodes, admin=admin, joined=joined)
         taken: dict[str, set[int]] = {}
         for _model, _rid, gpus in allocated:
             for node, idxs in gpus.items():

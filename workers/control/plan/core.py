@@ -31,7 +31,7 @@ def plan(
     found = survey(catalog, snap, now, config)
     actions = found.actions
     new_id = new_id or default_id_factory(now, {r.id for r in snap.replicas})
-    view = ClusterView.build(snap.nodes, snap.admin, found.allocated, found.active)
+    view = ClusterView.build(snap.nodes, snap.admin, found.allocated, found.active, joined=bool(snap.known))
 
     # --- phase 1: per profile, decide stops and how many to start ------------------------------------
     requests: list[Request] = []
