@@ -9,7 +9,7 @@ FIFO wait, decode step `step_ms * (1 + batch_alpha * (running - 1)) / speed`, pr
 token, one event per token). Every `scrape` seconds each engine's running/waiting/KV/token counters
 are written as a LoadRecord (as the agent does), which each gateway reads every `load_interval`
 seconds. The gateway is the real code: `PolledRouter` (route, release, what it learns) on a fake
-clock, `choose()`, `admit()` and the wait-queue rules of `gateway.app` (only the queue's head routes;
+clock, `choose()`, `admit()` and the wait-queue rules of `gateway.http.proxy` (only the queue's head routes;
 it tries again when a request ends or new loads arrive). So a policy can be tried on a dozen fleets
 in seconds, without the CPU noise of real processes, and the same seed gives the same figures.
 
@@ -54,7 +54,7 @@ if __name__ == "__main__":
     sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, ROOT / "bench")]
 
 from gateway.config import GatewaySettings  # noqa: E402
-from gateway.routing.admission import Send, Shed, Wait, admit, drain_time  # noqa: E402
+from gateway.routing.admission import Queue, Request, Send, Settings, after_wait, decide, needs_rate  # noqa: E402
 from gateway.routing.choice import COMPLETION, FIRST_TOKEN, Choice, Rejection, RouteRequest  # noqa: E402
 from gateway.routing.prefixkeys import opens_conversation, prefix_of  # noqa: E402
 from gateway.routing.retry import Deliver, GiveUp, Outcome, next_attempt  # noqa: E402
@@ -423,7 +423,7 @@ class Result:
 
 
 class _Gateway:
-    """One gateway process: the real PolledRouter and admission, and the shell of gateway.app."""
+    """One gateway process: the real PolledRouter and admission, and the shell of gateway.http.proxy."""
 
     def __init__(self, sim: "Simulation", idx: int, state: PolledRouter):
         self.sim, self.idx, self.state = sim, idx, state
@@ -431,7 +431,7 @@ class _Gateway:
         self.p2c_inflight: dict[str, int] = {}
         self.smg = SmgCacheAware()  # each gateway process its own tree and counts, as each smg has
 
-    # gateway.app.Gateway._admit, on the simulator's clock
+    # gateway.http.proxy.Proxy._admit, on the simulator's clock: the same pure step, carried out here
     def admit(self, req: Req) -> None:
         cfg = self.sim.cfg
         st = self.state
@@ -450,22 +450,26 @@ class _Gateway:
             self._send(req, Choice(e, 0.0, 0, reason=self.sim.policy))
             return
         res = st.route(self._request(req, len(self.queue) + 1))
-        decision = admit(res, req.priority, len(self.queue) if req.attempt == 0 else 0, cfg.queue_max,
-                         cfg.queue_timeout, drain_time(len(self.queue) + 1, st.completion_rate("m")))
-        if isinstance(decision, Wait):
-            if isinstance(res, Choice):
+        step = decide(res, len(self.queue), Request(req.priority, "m", req.attempt == 0,
+                                                    st.completion_rate("m") if needs_rate(res) else None),
+                      Settings(cfg.queue_max, cfg.queue_timeout))
+        if isinstance(step, Queue):
+            if step.give_back:
                 st.release(res, None)
-            req.deadline = self.sim.now + cfg.queue_timeout
+            req.deadline = self.sim.now + step.timeout
             self.queue.append(req)
             self.sim.at(req.deadline, "timeout", (self, req))
             return
-        if isinstance(decision, Send):
-            self._send(req, decision.choice)
+        self._carry_out(req, step, res)
+
+    def _carry_out(self, req: Req, step, res=None) -> None:
+        """Send, or end the request as shed (a Shed, a wait that timed out) or failed (a rejection)."""
+        if isinstance(step, Send):
+            self._send(req, step.choice)
             return
-        if isinstance(decision, Shed):
-            if isinstance(res, Choice):
-                st.release(res, None)
-        self.sim.finish(req, "shed" if isinstance(decision, Shed) else "error")
+        if step.give_back:
+            self.state.release(res, None)
+        self.sim.finish(req, "shed" if step.shed else "error")
 
     def drain(self) -> None:
         """The queue's head routes while endpoints free (WaitQueue.wait's loop)."""
@@ -475,10 +479,7 @@ class _Gateway:
             if isinstance(res, Rejection) and res.kind == "saturated":
                 return
             self.queue.popleft()
-            if isinstance(res, Choice):
-                self._send(head, res)
-            else:
-                self.sim.finish(head, "error")
+            self._carry_out(head, after_wait(res, Queue(self.sim.cfg.queue_timeout, "saturated")))
 
     @staticmethod
     def _request(req: Req, queued: int, waited: float = 0.0) -> RouteRequest:
@@ -491,7 +492,7 @@ class _Gateway:
     def timeout(self, req: Req) -> None:
         if req in self.queue and self.sim.now >= req.deadline:
             self.queue.remove(req)
-            self.sim.finish(req, "shed")
+            self._carry_out(req, after_wait(None, Queue(self.sim.cfg.queue_timeout, "saturated")))
 
     def _power_of_two(self, req: Req) -> Choice:
         eps = [e for e in self.state.endpoints if e.id not in req.exclude] or list(self.state.endpoints)

@@ -12,7 +12,7 @@ from typing import Callable, Collection
 from gateway.config import GatewaySettings
 from gateway.errors import ApiError
 from gateway.http.answer import Answers, RawAnswer
-from gateway.http.refusal import TimedOut, attempt_failed, not_loaded, refusal
+from gateway.http.refusal import attempt_failed, not_loaded, refused, refusal
 from gateway.keys.gate import KeyGate
 from gateway.observe.demand import DemandSignal
 from gateway.observe.metrics import Metrics
@@ -22,10 +22,8 @@ from gateway.observe.traffic import TrafficCounter
 from gateway.request.call import Call, forward_headers, read_call
 from gateway.request.client import ClientConn
 from gateway.request.surface import Route
-from gateway.routing.adapters import NO_ADAPTER, load_hold
-from gateway.routing.admission import Send, Shed, Wait, admit, drain_time
+from gateway.routing.admission import COLD_START, SATURATED, Queue, Request, Send, Settings, after_wait, decide, needs_rate
 from gateway.routing.choice import Choice, Rejection, RouteRequest
-from gateway.routing.coldstart import hold
 from gateway.routing.queue import GONE, WaitQueue, WaitQueues
 from gateway.routing.retry import Deliver, GiveUp, Outcome, next_attempt
 from gateway.routing.router import Lease, Router
@@ -48,6 +46,7 @@ class Proxy:
         self.queues, self.answers, self.metrics, self.traffic = queues, answers, metrics, traffic
         self.saturation, self.demand, self.not_ready = saturation, demand, not_ready
         self.tracing = tracing  # llmgw.tracing: Tracing, or OFF (its calls then do nothing)
+        self.admission = Settings(cfg.queue_max, cfg.queue_timeout)
 
     def __call__(self, route: Route, response_id: str | None, environ: dict, rid: str) -> RawAnswer:
         t0 = self.clock.monotonic()
@@ -148,84 +147,42 @@ class Proxy:
 
     def _admit(self, call: Call, prio: str, affinity: str | None, exclude: frozenset[str], first: bool,
                last_error: ApiError | None, trace=NOOP_REQUEST) -> Choice:
-        """A reserved endpoint for this attempt, after waiting in the model's queue if it must; else
-        raises the refusal."""
-        router, cfg = self.router, self.cfg
+        """A reserved endpoint for this attempt, after waiting in the model's queue if admission says
+        so (gateway.routing.admission.decide); else raises the refusal."""
+        router, tables = self.router, self.router.tables
         q = self.queues.get(call.model)
         trace.admitting(len(q))
         req = RouteRequest(call.model, prio, affinity, exclude, len(q) + 1, op=call.route.op, pin=call.pin,
                            prefix=call.prefix, prompt_tokens=call.prompt_tokens, objective=call.objective,
                            body=call.body, opens=call.opens)
         res = router.route(req)
-        if isinstance(res, Rejection) and res.kind == "unknown_model":
-            timeout = router.tables.cold_start.get(req.model)
-            if timeout is not None:
-                return self._cold_start(req, q, timeout, call.client, trace)
-        if isinstance(res, Rejection) and res.kind == NO_ADAPTER:
-            return self._adapter_load(req, q, res, call.client, trace)
-        # How long the queue would take to reach this request; only worth computing when it may wait.
-        drain = (drain_time(len(q) + 1, router.completion_rate(req.model))
-                 if isinstance(res, Rejection) and res.kind == "saturated" else None)
-        decision = admit(res, req.priority, len(q) if first else 0, cfg.queue_max, cfg.queue_timeout, drain)
-        if isinstance(decision, Wait):
-            if isinstance(res, Choice):  # others queued first: give the slot back and line up
+        rate = router.completion_rate(req.model) if needs_rate(res) else None
+        step = decide(res, len(q), Request(prio, tables.canonical.get(req.model, req.model), first, rate,
+                                           tables.cold_start.get(req.model), call.adapter), self.admission)
+        if isinstance(step, Queue):
+            if step.give_back:  # others queued first: give the slot back and line up
                 router.release(res, None)
-            self.saturation.queued(router.tables.canonical.get(req.model, req.model))
+            if step.why == SATURATED:
+                self.saturation.queued(tables.canonical.get(req.model, req.model))
+            for name in step.demand:
+                if self.demand.demand(name, len(q) + 1) and step.why == COLD_START:
+                    log.info("model %s has no Ready replica: holding its requests up to %gs for a cold start",
+                             name, step.timeout)
             entered = self.clock.monotonic()
             # Only the head of the queue routes: it is first in line, whatever waits behind it.
-            res = self._wait(q, req, lambda: router.route(replace(req, queued=1, waited=self.clock.monotonic() - entered)),
-                             cfg.queue_timeout, client=call.client, trace=trace)
-            if res is None:
-                self.metrics.shed.labels(req.model, "queue_timeout").inc()
-                raise refusal(TimedOut(cfg.queue_timeout), req, router.tables)
-            decision = res if isinstance(res, Rejection) else Send(res)
-        if isinstance(decision, Send):
-            return decision.choice
-        if isinstance(decision, Shed):
-            if isinstance(res, Choice):
-                router.release(res, None)
-            self.metrics.shed.labels(req.model, "saturated").inc()
-        raise refusal(decision, req, router.tables, last_error=last_error)
-
-    def _cold_start(self, req: RouteRequest, q: WaitQueue, timeout: float, client: ClientConn | None = None,
-                    trace=NOOP_REQUEST) -> Choice:
-        """The model has no endpoint and scales to zero: hold the request in its queue until a replica
-        is published (gateway.routing.coldstart), telling the control plane at once."""
-        decision = hold(timeout, len(q), self.cfg.queue_max)
-        if isinstance(decision, Shed):
-            self.metrics.shed.labels(req.model, "cold_start").inc()
-            raise refusal(decision, req, self.router.tables, cold_start=timeout)
-        model = self.router.tables.canonical.get(req.model, req.model)
-        if self.demand.demand(model, len(q) + 1):
-            log.info("model %s has no Ready replica: holding its requests up to %gs for a cold start", model, timeout)
-        res = self._wait(q, req, lambda: self.router.route(replace(req, queued=1)), decision.timeout,
-                         keep=("saturated", "unknown_model"), client=client, trace=trace)
-        if isinstance(res, Choice):
-            return res
-        self.metrics.shed.labels(req.model, "cold_start_timeout").inc()
-        raise refusal(TimedOut(decision.timeout), req, self.router.tables, cold_start=timeout)
-
-    def _adapter_load(self, req: RouteRequest, q: WaitQueue, why: Rejection, client: ClientConn | None = None,
-                      trace=NOOP_REQUEST) -> Choice:
-        """No endpoint holds the adapter: hold the request until one has loaded it (the control plane
-        is told at once), when one can (gateway.routing.adapters); else refuse with the reason."""
-        route = self.router.tables.adapters[req.model]
-        decision = load_hold(route, len(q), self.cfg.queue_max)
-        if decision is None or isinstance(decision, Shed):
-            self.metrics.shed.labels(req.model, "adapter_load").inc()
-            raise refusal(decision or why, req, self.router.tables, adapter_load=route.wait)
-        self.demand.demand(route.name, len(q) + 1)
-        if route.can_cold_start and not route.servers:
-            self.demand.demand(route.model, len(q) + 1)  # its model has no replica: start one
-        res = self._wait(q, req, lambda: self.router.route(replace(req, queued=1)), decision.timeout,
-                         keep=("saturated", "unknown_model", NO_ADAPTER), client=client, trace=trace)
-        if isinstance(res, Choice):
-            return res
-        self.metrics.shed.labels(req.model, "adapter_load_timeout").inc()
-        raise refusal(res or TimedOut(decision.timeout), req, self.router.tables, adapter_load=route.wait)
+            got = self._wait(q, req, lambda: router.route(replace(req, queued=1, waited=self.clock.monotonic() - entered)),
+                             step.timeout, keep=step.keep, client=call.client, trace=trace)
+            step = after_wait(got, step)
+        if isinstance(step, Send):
+            return step.choice
+        if step.give_back:
+            router.release(res, None)
+        if step.shed:
+            self.metrics.shed.labels(req.model, step.shed).inc()
+        raise refused(step, req, router.tables, last_error)
 
     def _wait(self, q: WaitQueue, req: RouteRequest, attempt: Callable[[], Choice | Rejection], timeout: float,
-              keep: Collection[str] = ("saturated",), client: ClientConn | None = None,
+              keep: Collection[str] = (SATURATED,), client: ClientConn | None = None,
               trace=NOOP_REQUEST) -> Choice | Rejection | None:
         """Wait in `q`; a client that leaves meanwhile takes its request out of the queue (never sent)."""
         gauge = self.metrics.queue.labels(req.model)

@@ -5,24 +5,14 @@ change what a refusal says.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from gateway.errors import ApiError
 from gateway.keys.policy import unknown_model
 from gateway.routing.adapters import NO_ADAPTER
-from gateway.routing.admission import Shed
+from gateway.routing.admission import ADAPTER_LOAD, COLD_START, Refuse, Shed, TimedOut, retry_after
 from gateway.routing.choice import Rejection, RouteRequest
-from gateway.routing.coldstart import retry_after
 from gateway.routing.retry import GiveUp, Outcome
 from gateway.routing.tables import Tables
 from llmgw import surface as op
-
-
-@dataclass(frozen=True)
-class TimedOut:
-    """The request waited its whole bound (`seconds`) in the model's queue without an endpoint."""
-
-    seconds: float
 
 
 def refusal(why: Rejection | Shed | TimedOut, req: RouteRequest, tables: Tables, *,
@@ -62,6 +52,13 @@ def refusal(why: Rejection | Shed | TimedOut, req: RouteRequest, tables: Tables,
         return ApiError("no_replica", f"no Ready endpoint for model {model!r} this gateway can send to: "
                         f"the API key variable(s) {', '.join(keyless)} are not set in its environment", 1)
     return ApiError("no_replica", f"no Ready endpoint for model {model!r}")
+
+
+def refused(step: Refuse, req: RouteRequest, tables: Tables, last_error: ApiError | None = None) -> ApiError:
+    """The answer to admission's `Refuse`."""
+    return refusal(step.error, req, tables, last_error=last_error,
+                   cold_start=step.hold if step.during == COLD_START else None,
+                   adapter_load=step.hold if step.during == ADAPTER_LOAD else None)
 
 
 def serving(tables: Tables, operation: str) -> str:

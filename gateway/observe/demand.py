@@ -1,6 +1,6 @@
 """Demand for a model scaled to zero, told to the control plane at once (docs/autoscaling.md).
 
-A request held for a cold start (gateway.routing.coldstart) writes a small hint in Redis
+A request held for a cold start (gateway.routing.admission) writes a small hint in Redis
 (`llmgw:demand:<model>`, with a TTL) and kicks the reconcile pass, so a replica is placed now, not at
 the next timer tick; the gateway report's queued count carries the demand after that.
 """

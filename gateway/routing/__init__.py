@@ -7,8 +7,11 @@
 - `choice`: the pure `choose(...) -> Choice | Rejection` and its cost function `score`;
 - `inflight`: the counts the request path changes (the only state it mutates);
 - `router`: the `Router` that holds the snapshot and the counts and reserves a slot per request;
-- `admission`, `queue`, `coldstart`, `retry`: whether a request is sent, queued, held for a cold
-  start or shed, and whether a failed attempt goes elsewhere.
+- `admission`: one pure step, `decide(result, queued, request, settings) -> Send | Queue | Refuse`:
+  whether a routed request is sent, waits in its model's queue (saturated, a cold start, an adapter
+  load) or is refused, and `after_wait` for what its wait came to; the proxy and bench/fleetsim.py
+  both carry it out;
+- `queue`, `retry`: the wait queue itself, and whether a failed attempt goes elsewhere.
 
 A routing signal is a field of `EndpointStats` (or `Tables`), filled by the pure learner or table
 builder, and a term in `choice.score`.

@@ -3,9 +3,9 @@
 
 A request naming an adapter (or an alias) goes only to the endpoints that hold it loaded: the router
 chooses among them as among any model's endpoints (least loaded first). When none holds it, it may
-wait for one to load it (`load_hold`): when an endpoint of a profile that serves it is published, or
-its model can start from zero; then the control plane is told at once (a demand hint). Otherwise it
-is refused with the reason (`no_holder`).
+wait for one to load it (gateway.routing.admission: an adapter load): when an endpoint of a profile
+that serves it is published, or its model can start from zero; then the control plane is told at
+once (a demand hint). Otherwise it is refused with the reason (`no_holder`).
 """
 
 from __future__ import annotations
@@ -13,8 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from gateway.routing.admission import Shed
-from gateway.routing.coldstart import Hold, hold
 from llmgw.state.records import EndpointInfo
 
 NO_ADAPTER = "no_adapter"  # the Rejection kind: no endpoint holds the adapter now
@@ -77,10 +75,3 @@ def no_holder(route: AdapterRoute) -> str:
         return (f"no replica of model {route.model!r} that serves adapter {route.name!r} is Ready, so none can "
                 "load it")
     return f"no replica holds adapter {route.name!r} loaded yet"
-
-
-def load_hold(route: AdapterRoute, queue_len: int, queue_max: int) -> Hold | Shed | None:
-    """Whether a request for an adapter no endpoint holds waits for a load (None: it cannot end well)."""
-    if not route.loadable:
-        return None
-    return hold(route.wait, queue_len, queue_max)

@@ -59,7 +59,7 @@ class WaitQueue:
         """Wait for a turn and an endpoint. Returns the Choice, a Rejection of a kind not in `keep`
         (the model went away), `GONE` when `gone()` says the client left, or None when the queue is
         full or the time ran out. A cold start keeps waiting while the model has no endpoint at all
-        (gateway.routing.coldstart). `watch(wake)`, when given, arranges for `wake()` when the client
+        (gateway.routing.admission). `watch(wake)`, when given, arranges for `wake()` when the client
         may have left (gateway.request.client) and returns what cancels that."""
         ticket = Ticket()
         with self.lock:

@@ -14,9 +14,10 @@ import fakeredis
 from gateway.config import RoutingConfig
 from gateway.request.call import Call
 from gateway.request.surface import ROUTES
-from gateway.routing.adapters import NO_ADAPTER, AdapterRoute, load_hold, no_holder
+from gateway.routing.adapters import NO_ADAPTER, AdapterRoute, no_holder
+from gateway.routing.admission import load_hold
 from gateway.routing.choice import Choice, RouteRequest
-from gateway.routing.coldstart import Hold
+from gateway.routing.admission import Hold
 from gateway.routing.router import Router
 from gateway.routing.tables import Snapshot, tables_from
 from llmgw import surface as op

@@ -2,7 +2,7 @@
 with fake engines is tests/integration/test_gateway_coldstart.py."""
 
 from gateway.routing.admission import Shed
-from gateway.routing.coldstart import Hold, hold, retry_after
+from gateway.routing.admission import Hold, hold, retry_after
 
 
 def test_hold_is_pure():
