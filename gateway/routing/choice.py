@@ -31,7 +31,7 @@ import math
 import operator
 import random
 from dataclasses import KW_ONLY, dataclass, field
-from typing import Mapping, NamedTuple, Sequence
+from typing import Callable, Mapping, NamedTuple, Sequence
 
 from gateway.config import RoutingConfig
 from gateway.routing.load import EndpointStats, ahead_of, engine_saturated, fresh_load, slots_of
@@ -185,36 +185,50 @@ def eligible(endpoints: Sequence[EndpointInfo], request: RouteRequest, stats: Ma
     return up or tried
 
 
-def choose(
-    endpoints: Sequence[EndpointInfo],
-    loads: Mapping[str, LoadRecord],
-    inflight: Mapping[str, int],
-    request: RouteRequest,
-    now: float,
-    *,
-    stats: Mapping[str, EndpointStats] | None = None,
-    cfg: RoutingConfig = RoutingConfig(),
-    rng: random.Random,
-    rr_counter: int = 0,
-    matched: Mapping[str, float] | None = None,
-    exact: frozenset[str] = frozenset(),
-    backlog: Mapping[str, float] | None = None,
-) -> Choice | Rejection:
-    """Pick an endpoint for `request`, or say why none: unknown model, no endpoint serving the
-    operation, none Ready, all saturated.
+@dataclass(frozen=True, slots=True)
+class RouteContext:
+    """Everything a routing decision reads besides the request, as of the moment it is made.
 
-    `critical` requests are never rejected for saturation: they go to the least-loaded endpoint.
-    `now` is the caller's monotonic clock (LoadRecord freshness via `stats[...].load_seen`, learned
-    speeds via `last_sample`); `rng` is always the caller's, so a seed reproduces every choice.
-    `matched` is how many of the request's leading prefix keys each endpoint was sent lately
-    (gateway.routing.prefixindex): the prefill it saves comes off that endpoint's cost. For the
-    endpoints in `exact` it is what the engine reports holding (its KV events, gateway.routing.precise),
-    taken as it is rather than discounted by how well predictions held there. `backlog` is each
-    endpoint's prefill seconds sent lately and likely not done (gateway.routing.backlog)."""
-    stats = stats or {}
-    tried = eligible(endpoints, request, stats, now)
+    `endpoints` are the candidates (a model's, or an adapter's holders); `loads` the engines' last
+    scraped LoadRecords; `held` what this gateway counts on each endpoint (its own in-flight requests,
+    exact and immediate, plus its sibling workers' and the other gateways'); `now` the caller's
+    monotonic clock (load freshness via `stats[...].load_seen`, learned speeds via `last_sample`);
+    `stats` what was learned of each endpoint; `rng` is always the caller's, so a seed reproduces every
+    choice; `rr_counter` the round-robin baseline's position. `matched` is how many of the request's
+    leading prefix keys each endpoint was sent lately (gateway.routing.prefixindex): the prefill it
+    saves comes off that endpoint's cost. For the endpoints in `exact` it is what the engine reports
+    holding (its KV events, gateway.routing.precise), taken as it is rather than discounted by how
+    well predictions held there. `backlog` is each endpoint's prefill seconds sent lately and likely
+    not done (gateway.routing.backlog)."""
+
+    endpoints: Sequence[EndpointInfo]
+    loads: Mapping[str, LoadRecord]
+    held: Mapping[str, int]
+    now: float
+    rng: random.Random
+    cfg: RoutingConfig = RoutingConfig()
+    stats: Mapping[str, EndpointStats] = field(default_factory=dict)
+    rr_counter: int = 0
+    matched: Mapping[str, float] | None = None
+    exact: frozenset[str] = frozenset()
+    backlog: Mapping[str, float] | None = None
+
+
+def choose(ctx: RouteContext, request: RouteRequest) -> Choice | Rejection:
+    """Pick an endpoint for `request`, or say why none: unknown model, no endpoint serving the
+    operation, none Ready, all saturated; by the policy `ctx.cfg.policy` names (POLICIES).
+
+    `critical` requests are never rejected for saturation: they go to the least-loaded endpoint."""
+    tried = eligible(ctx.endpoints, request, ctx.stats, ctx.now)
     if isinstance(tried, Rejection):
         return tried
+    return POLICIES[ctx.cfg.policy](_candidates(ctx, tried, request), ctx, request)
+
+
+def _candidates(ctx: RouteContext, tried: Sequence[EndpointInfo], request: RouteRequest) -> list[_Cand]:
+    """Each eligible endpoint with what it holds, whether it is saturated, and its cost for `request`."""
+    loads, stats, now, cfg, inflight = ctx.loads, ctx.stats, ctx.now, ctx.cfg, ctx.held
+    matched, exact, backlog = ctx.matched, ctx.exact, ctx.backlog
     known = [s.speed for e in tried if (s := stats.get(e.id)) is not None and s.speed is not None]
     best = min(known, key=_DECODE1) if known else None
     cands: list[_Cand] = []
@@ -266,17 +280,26 @@ def choose(
                            score(speed, ahead, slots, e.weight, kv, cfg, need, request.objective, evicts, behind,
                                  joins),
                            soft and not hard, speed, slots, raw, hit * per_token, need, behind, when_free))
+    return cands
 
-    # The benchmark baselines behave like the peers' routers: no saturation, no admission.
-    if cfg.policy == "round_robin":
-        cands.sort(key=lambda c: c.ep.id)
-        c = cands[rr_counter % len(cands)]
-        return Choice(c.ep, c.score, c.ahead, c.saturated, "round_robin")
-    if cfg.policy == "least_inflight":
-        low = min(c.ahead for c in cands)
-        c = rng.choice([c for c in cands if c.ahead == low])
-        return Choice(c.ep, c.score, c.ahead, c.saturated, "least_inflight")
 
+def _round_robin(cands: list[_Cand], ctx: RouteContext, request: RouteRequest) -> Choice | Rejection:
+    """A benchmark baseline, as the peers' routers do it: in turn, no saturation, no admission."""
+    cands.sort(key=lambda c: c.ep.id)
+    c = cands[ctx.rr_counter % len(cands)]
+    return Choice(c.ep, c.score, c.ahead, c.saturated, "round_robin")
+
+
+def _least_inflight(cands: list[_Cand], ctx: RouteContext, request: RouteRequest) -> Choice | Rejection:
+    """A benchmark baseline: the fewest requests held (ties at random), no saturation, no admission."""
+    low = min(c.ahead for c in cands)
+    c = ctx.rng.choice([c for c in cands if c.ahead == low])
+    return Choice(c.ep, c.score, c.ahead, c.saturated, "least_inflight")
+
+
+def _llmgw(cands: list[_Cand], ctx: RouteContext, request: RouteRequest) -> Choice | Rejection:
+    """llmgw's policy: the cheapest open endpoint of the highest tier with room (module docstring)."""
+    rng, cfg = ctx.rng, ctx.cfg
     # Highest priority tier with room takes the request; lower tiers take the overflow.
     for prio in sorted({c.ep.priority for c in cands}, reverse=True):
         tier = [c for c in cands if c.ep.priority == prio]
@@ -292,6 +315,15 @@ def choose(
         best_c = min(cands, key=lambda c: c.score)
         return _choice(best_c, True, "critical past saturation", cfg, request)
     return Rejection("saturated", request.model, f"all {len(cands)} endpoints saturated")
+
+
+# Routing policies by name (`LLMGW_GATEWAY_POLICY`): llmgw's, and the benchmark baselines that stand
+# for the peers' routers.
+POLICIES: dict[str, Callable[[list[_Cand], RouteContext, RouteRequest], Choice | Rejection]] = {
+    "llmgw": _llmgw,
+    "round_robin": _round_robin,
+    "least_inflight": _least_inflight,
+}
 
 
 def _better_to_wait(tier: list[_Cand], open_: list[_Cand], request: RouteRequest,

@@ -20,9 +20,9 @@ from dataclasses import replace
 from typing import Callable, Mapping
 
 from gateway.config import RoutingConfig
-from gateway.routing.adapters import NO_ADAPTER, AdapterRoute, no_holder
+from gateway.routing.adapters import NO_ADAPTER, no_holder
 from gateway.routing.backlog import PrefillBacklog
-from gateway.routing.choice import Choice, Rejection, RouteRequest, choose, fleet_rate
+from gateway.routing.choice import Choice, Rejection, RouteContext, RouteRequest, choose, fleet_rate
 from gateway.routing.holds import report_due
 from gateway.routing.inflight import InFlight
 from gateway.routing.kvindex import Index
@@ -113,35 +113,58 @@ class Router:
 
     # --- the request path ---------------------------------------------------------------------------
     def route(self, req: RouteRequest) -> Choice | Rejection:
-        """Choose and reserve (in-flight + 1) atomically, so concurrent requests see each other."""
-        now = self.clock.monotonic()
+        """Choose and reserve (in-flight + 1) atomically, so concurrent requests see each other. A
+        request for a LoRA adapter goes only to the endpoints holding it, chosen among as usual."""
         snap = self.snapshot
         adapters = snap.tables.adapters
-        if adapters and req.model in adapters:
-            return self._route_adapter(adapters[req.model], req, snap, now)
-        endpoints = snap.tables.endpoints
-        exact = self._engine_held(endpoints, req, None) if snap.tables.precise else None
+        ad = adapters.get(req.model) if adapters else None
+        if ad is None:
+            return self._reserve(snap.tables.endpoints, req, snap, None)
+        if not ad.holders:
+            return Rejection(NO_ADAPTER, req.model, no_holder(ad))
+        # (Built directly: dataclasses.replace costs microseconds on the request path.)
+        sub = RouteRequest(ad.model, req.priority, req.affinity, req.exclude, req.queued, op=req.op, pin=req.pin,
+                           waited=req.waited, prefix=req.prefix, prompt_tokens=req.prompt_tokens,
+                           objective=req.objective, opens=req.opens)
+        res = self._reserve(ad.holders, sub, snap, ad.name, req)
+        if isinstance(res, Rejection):
+            if res.kind == "unknown_model":  # none of them is the one its response id pins it to
+                return Rejection(NO_ADAPTER, req.model, f"the endpoint {req.pin} does not hold adapter {ad.name!r}")
+            return replace(res, model=req.model)
+        return res
+
+    def _reserve(self, endpoints, req: RouteRequest, snap: Snapshot, adapter: str | None,
+                 asked: RouteRequest | None = None) -> Choice | Rejection:
+        """Choose among `endpoints` and reserve the slot, under the lock (and the sibling workers'):
+        the one place a request changes what this gateway holds and where it sent what. `adapter`:
+        the LoRA adapter the request names (`asked` is its request as made, for the engines' KV
+        events, which name the adapter)."""
+        now = self.clock.monotonic()
+        exact = self._engine_held(endpoints, asked or req, adapter) if snap.tables.precise else None
         with self.lock, self.counts.deciding() as decision:  # the sibling workers decide one at a time too
             if req.prefix:
                 self._learn_siblings_sent(decision, snap)
             matched = self.prefixes.matches(snap.tables.by_id, req.prefix) if req.prefix else None
             if exact:
                 matched = {**(matched or {}), **exact}
-            res = choose(endpoints, snap.loads, self.counts.held(endpoints, now, req.model), req, now,
-                         stats=snap.stats, cfg=self.routing, rng=self.rng, rr_counter=self.rr_counter,
-                         matched=matched, exact=frozenset(exact) if exact else frozenset(),
-                         backlog=self.backlog.ahead(snap.tables.by_id, now))
+            ctx = RouteContext(endpoints, snap.loads, self.counts.held(endpoints, now, req.model), now, self.rng,
+                               self.routing, snap.stats, self.rr_counter, matched,
+                               frozenset(exact) if exact else frozenset(),
+                               self.backlog.ahead(snap.tables.by_id if adapter is None else [e.id for e in endpoints],
+                                                  now))
+            res = choose(ctx, req)
             if isinstance(res, Choice):
                 self.rr_counter += 1
-                self.counts.add(res.endpoint, self.clock.time(), now)
+                if adapter is not None or (exact and res.endpoint.id in exact):
+                    res = _reserved(res, adapter or "", bool(exact and res.endpoint.id in exact))
+                self.counts.add(res.endpoint, self.clock.time(), now, adapter or "")
                 self.backlog.add(res.endpoint.id, res.prefill, now)
-                if exact and res.endpoint.id in exact:
-                    res = _engine_reported(res)
                 if req.prefix:
                     self.prefixes.sent(res.endpoint.id, req.prefix)
                     self.counts.share_sent(decision, res.endpoint.id, req.prefix, now, res.prefill)
                     self._post(res.endpoint.id, req.prefix, res.prefill)
-                    self._tally(res)
+                    if adapter is None:
+                        self._tally(res)
         if isinstance(res, Choice) and self.metrics:
             self.metrics.child(self.metrics.inflight, res.endpoint.id).inc()
         return res
@@ -220,44 +243,6 @@ class Router:
         with self.lock:
             held = self.counts.remote.others(ids, self.clock.monotonic())
         return {i: held.get(i, 0) for i in ids}
-
-    def _route_adapter(self, ad: AdapterRoute, req: RouteRequest, snap: Snapshot, now: float) -> Choice | Rejection:
-        """A request for a LoRA adapter: only the endpoints holding it, chosen among as usual."""
-        if not ad.holders:
-            return Rejection(NO_ADAPTER, req.model, no_holder(ad))
-        # (Built directly: dataclasses.replace costs microseconds on the request path.)
-        sub = RouteRequest(ad.model, req.priority, req.affinity, req.exclude, req.queued, op=req.op, pin=req.pin,
-                           waited=req.waited, prefix=req.prefix, prompt_tokens=req.prompt_tokens,
-                           objective=req.objective, opens=req.opens)
-        exact = self._engine_held(ad.holders, req, ad.name) if snap.tables.precise else None
-        with self.lock, self.counts.deciding() as decision:
-            if req.prefix:
-                self._learn_siblings_sent(decision, snap)
-            matched = self.prefixes.matches(snap.tables.by_id, req.prefix) if req.prefix else None
-            if exact:
-                matched = {**(matched or {}), **exact}
-            res = choose(ad.holders, snap.loads, self.counts.held(ad.holders, now, ad.model), sub, now,
-                         stats=snap.stats, cfg=self.routing, rng=self.rng, rr_counter=self.rr_counter,
-                         matched=matched, exact=frozenset(exact) if exact else frozenset(),
-                         backlog=self.backlog.ahead([e.id for e in ad.holders], now))
-            if isinstance(res, Choice):
-                self.rr_counter += 1
-                res = Choice(res.endpoint, res.score, res.ahead, res.saturated, res.reason, ad.name,
-                             res.matched, res.saved, res.prompt, bool(exact and res.endpoint.id in exact), res.prefill,
-                             res.behind, res.waited)
-                self.counts.add(res.endpoint, self.clock.time(), now, ad.name)
-                self.backlog.add(res.endpoint.id, res.prefill, now)
-                if req.prefix:
-                    self.prefixes.sent(res.endpoint.id, req.prefix)
-                    self.counts.share_sent(decision, res.endpoint.id, req.prefix, now, res.prefill)
-                    self._post(res.endpoint.id, req.prefix, res.prefill)
-        if isinstance(res, Rejection):
-            if res.kind == "unknown_model":  # none of them is the one its response id pins it to
-                return Rejection(NO_ADAPTER, req.model, f"the endpoint {req.pin} does not hold adapter {ad.name!r}")
-            return replace(res, model=req.model)
-        if self.metrics:
-            self.metrics.child(self.metrics.inflight, res.endpoint.id).inc()
-        return res
 
     def release(self, choice: Choice, service_time: float | None, tokens: int | None = None,
                 ttfb: float | None = None) -> None:
@@ -400,10 +385,11 @@ class Router:
             return (self.snapshot.tables.version, *self.counts.facts())
 
 
-def _engine_reported(c: Choice) -> Choice:
+def _reserved(c: Choice, adapter: str, kv_events: bool) -> Choice:
+    """`c` routed for `adapter`, its match reported by the engine's KV events or not."""
     # (Built directly: dataclasses.replace costs microseconds on the request path.)
-    return Choice(c.endpoint, c.score, c.ahead, c.saturated, c.reason, c.adapter, c.matched, c.saved, c.prompt, True,
-                  c.prefill, c.behind, c.waited)
+    return Choice(c.endpoint, c.score, c.ahead, c.saturated, c.reason, adapter, c.matched, c.saved, c.prompt,
+                  kv_events, c.prefill, c.behind, c.waited)
 
 
 class Lease:

@@ -10,7 +10,8 @@ from dataclasses import replace
 import pytest
 
 from gateway.config import RoutingConfig
-from gateway.routing.choice import COMPLETION, FIRST_TOKEN, Choice, RouteRequest, choose
+from gateway.routing.choice import COMPLETION, FIRST_TOKEN, Choice, RouteContext, RouteRequest
+from gateway.routing.choice import choose as choose_in
 from gateway.routing.load import EndpointStats
 from gateway.routing.prefixindex import EndpointIndex, PrefixIndex, blocks_for
 from gateway.routing.prefixkeys import (BLOCK_BYTES, MAX_BLOCKS, TOKENS_PER_BLOCK, opens_conversation, prefix_of,
@@ -18,6 +19,13 @@ from gateway.routing.prefixkeys import (BLOCK_BYTES, MAX_BLOCKS, TOKENS_PER_BLOC
 from gateway.routing.speed import Speed
 from llmgw.state.records import EndpointInfo, LoadRecord
 from llmgw.surface import CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES
+
+
+def choose(endpoints, loads, inflight, request, now, *, rng, stats=None, cfg=RoutingConfig(), rr_counter=0,
+           matched=None, exact=frozenset(), backlog=None):
+    """The routing decision over the values it reads (gateway.routing.choice.RouteContext)."""
+    return choose_in(RouteContext(endpoints, loads, inflight, now, rng, cfg, stats or {}, rr_counter, matched, exact,
+                                  backlog), request)
 
 NOW = 1000.0
 # The trade of one request's hit against its queue, without the charge for what a miss evicts

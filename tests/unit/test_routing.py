@@ -7,10 +7,18 @@ from collections import Counter
 import pytest
 
 from gateway.config import RoutingConfig
-from gateway.routing.choice import Choice, Rejection, RouteRequest, choose, score
+from gateway.routing.choice import Choice, Rejection, RouteContext, RouteRequest, score
+from gateway.routing.choice import choose as choose_in
 from gateway.routing.load import EndpointStats
 from gateway.routing.speed import Speed
 from llmgw.state.records import EndpointInfo, LoadRecord
+
+
+def choose(endpoints, loads, inflight, request, now, *, rng, stats=None, cfg=RoutingConfig(), rr_counter=0,
+           matched=None, exact=frozenset(), backlog=None):
+    """The routing decision over the values it reads (gateway.routing.choice.RouteContext)."""
+    return choose_in(RouteContext(endpoints, loads, inflight, now, rng, cfg, stats or {}, rr_counter, matched, exact,
+                                  backlog), request)
 
 NOW = 1000.0
 CFG = RoutingConfig()
