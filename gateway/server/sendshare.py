@@ -15,7 +15,15 @@ arrive (a read that waits in Redis, so an idle fleet costs nothing and a lone ga
 into its router's prefix index and prefill backlog (Router.learn_sends). A send reaches the other
 gateways within about one interval. A gateway that starts, or that sees a new one, reads that
 gateway's stream from its beginning, the last KEEP seconds of its sends, so it routes conversations
-under way as the others do. When Redis fails, the sends of that pass are dropped (stale by the next
+under way as the others do.
+
+A gateway alone writes nothing but its name, once every ORIGINS_EVERY: encoding and appending its
+sends cost it about a quarter of its CPU per request (bench/hotpath.py with
+LLMGW_GATEWAY_SHARE_SENDS=0), for no reader. It keeps what it sent in its outbox meanwhile (the last
+OUTBOX_MAX sends, gateway.routing.router), and once it sees another gateway announce itself (within
+ORIGINS_EVERY) it publishes them and shares from then on. So a gateway that starts beside a lone one
+learns at most OUTBOX_MAX of its past sends (all of them at conversational rates; the last seconds
+at thousands of requests a second, older turns then placed by their head's hash as before). When Redis fails, the sends of that pass are dropped (stale by the next
 one), the failure is logged once, and the loops go on.
 """
 
@@ -48,6 +56,7 @@ class SendShare:
         self._origins_at = self._announced_at = float("-inf")
         self.stopping = threading.Event()
         self._failing: set[str] = set()
+        self.peers = False  # another gateway shares (seen by `read`): until then nothing is published
 
     def start(self) -> None:
         if self.interval <= 0:
@@ -84,17 +93,20 @@ class SendShare:
 
     def flush(self) -> int:
         """Publish what this worker sent since the last flush, and what the gateway holds when it is
-        time to say it (gateway.routing.holds); returns how many sends."""
-        ours = self.router.take_sends()
-        holds = self.router.take_holds()
+        time to say it (gateway.routing.holds), once another gateway shares; and every
+        ORIGINS_EVERY, that this one does. Returns how many sends."""
+        now = self.clock.monotonic()
+        announce = now - self._announced_at >= ORIGINS_EVERY
+        ours = self.router.take_sends() if self.peers else []
+        holds = self.router.take_holds() if self.peers else None
         if ours or holds is not None:
-            now = self.clock.monotonic()
-            announce = now - self._announced_at >= ORIGINS_EVERY
             self.store.add_sends(self.origin, ours, self.clock.time(), KEEP, announce, holds)
-            if announce:
-                self._announced_at = now
             if self.metrics is not None:
                 self.metrics.child(self.metrics.sends_shared, "published").inc(len(ours))
+        elif announce:  # nothing to say (or alone): still say that this gateway shares
+            self.store.announce_sends(self.origin, self.clock.time())
+        if announce:
+            self._announced_at = now
         return len(ours)
 
     def read(self, block: float | None = None) -> int | None:
@@ -106,6 +118,7 @@ class SendShare:
             self._origins_at = now
             others = [o for o in self.store.sending_origins(self.clock.time(), KEEP) if o != self.origin]
             self.cursors = {o: self.cursors.get(o, "0-0") for o in others}
+            self.peers = bool(others)
         if not self.cursors:
             self._show_remote()
             return None
@@ -132,7 +145,12 @@ class SendShare:
                 self.metrics.child(self.metrics.other_gateways_inflight, endpoint_id).set(n)
 
     def step(self) -> int | None:
-        """One flush and one read that does not wait (tests)."""
+        """One flush and one read that does not wait (tests); then one more flush when that read
+        found the first other gateway, as the flush loop's next tick would."""
         self.flush()
         self._origins_at = float("-inf")
-        return self.read()
+        alone = not self.peers
+        read = self.read()
+        if alone and self.peers:
+            self.flush()
+        return read

@@ -122,6 +122,9 @@ def test_one_pass_publishes_ours_and_learns_only_the_other_gateways():
     assert isinstance(chosen, Choice)
     assert shares[0].step() is None
     assert shares[1].step() is None  # a sibling: learned in memory, not from Redis
+    assert not s.r.exists("llmgw:sends:gw-1")  # alone, a gateway publishes nothing but its name
+    assert shares[2].step() == 0  # gw-1 did not know of gw-2 yet: it kept its send in its outbox
+    assert shares[0].step() == 0  # now it does, and publishes what it kept
     assert shares[2].step() == 1
     assert shares[2].step() == 0  # once
     assert routers[2].prefixes.matches(["a", "b", "c", "d"], turn("first question").prefix) == {
@@ -197,6 +200,7 @@ def test_one_pass_carries_a_gateways_holds_to_the_others_and_not_back():
     shares = [SendShare(s, r, clock, 0.05, origin) for r, origin in ((one, "gw-1"), (two, "gw-2"))]
     for sh in shares:
         sh.router.share_sends()
+        sh.step()  # each announces itself; the second sees the first
     chosen = one.route(turn("first question"))
     assert isinstance(chosen, Choice)
     shares[0].step()

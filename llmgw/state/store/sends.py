@@ -87,6 +87,11 @@ class Sends(Aggregate):
             pipe.hset(keys.SENDS_ORIGINS, origin, repr(now))
         pipe.execute()
 
+    def announce_sends(self, origin: str, now: float) -> None:
+        """Say that `origin` shares, without an entry: a gateway alone writes no sends (nobody would
+        read them) but must be seen by a gateway that starts, which then makes it publish."""
+        self.r.hset(keys.SENDS_ORIGINS, origin, repr(now))
+
     def sending_origins(self, now: float, keep: float) -> list[str]:
         """The origins that wrote sends in the last `keep` seconds; older ones are tidied here."""
         got = self.r.hgetall(keys.SENDS_ORIGINS)
