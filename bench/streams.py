@@ -1,11 +1,12 @@
 """How many concurrent streams the gateway holds: closed loop at 64, 256, 1,024 and 4,096 concurrent
-streams, side by side with the engines called directly, with nginx `least_conn` and (when asked for)
-LiteLLM's proxy `least-busy` (bench/litellm_peer.py) in front of them.
+streams, side by side with the engines called directly, with nginx `least_conn`, vLLM's router
+(`vllm-router`, round robin; pip extra `bench`) and (when asked for) LiteLLM's proxy `least-busy`
+(bench/litellm_peer.py) in front of them.
 
-    python bench/streams.py [--levels 64,256,1024,4096] [--seconds 8] [--quick]
-                            [--targets direct,nginx,llmgw,litellm]
+    python -m bench.streams [--levels 64,256,1024,4096] [--seconds 8] [--quick]
+                            [--targets direct,nginx,vllm-router,llmgw,litellm]
 
-Two fake engines (tests/support/fake_upstream.py) with a slot for every stream answer each request
+Two fast fake engines (bench/fast_engine.py: asyncio, a slot for every stream) answer each request
 with 8 SSE events over ~1.6 s (64 tokens, one event per 8 tokens). Each level runs every target in
 turn; the load generator is an asyncio client on raw keep-alive sockets in its own process, each
 simulated user sending its next request as soon as the last one ended. Printed per level and target:
@@ -32,7 +33,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
+if __package__ in (None, ""):  # run as a script: bench/ itself must not shadow the `gateway` package
+    sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 
 ANSWER_S = 1.6  # seconds per answer: 64 tokens at 40 tokens/s
 EVENTS = 8  # one SSE event per 8 tokens
@@ -150,97 +152,25 @@ def client(arg: str) -> None:
     print(json.dumps(asyncio.run(client_main(json.loads(arg)))), flush=True)
 
 
-# --- process accounting ------------------------------------------------------------------------------
-def tree(pid: int) -> list[int]:
-    """`pid` and its descendants (gunicorn's workers, nginx's)."""
-    kids: dict[int, list[int]] = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                ppid = int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            kids.setdefault(ppid, []).append(int(d))
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(kids.get(p, []))
-    return out
-
-
-def cpu_seconds(pids: list[int]) -> float:
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for p in pids:
-        try:
-            f = open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()
-            total += int(f[11]) + int(f[12])  # utime, stime
-        except (OSError, IndexError, ValueError):
-            pass
-    return total / tick
+from bench.peers import cpu_seconds, start_nginx, start_vllm_router, tree  # noqa: E402
 
 
 def rss_bytes(pids: list[int]) -> int:
-    page = os.sysconf("SC_PAGE_SIZE")
     total = 0
     for p in pids:
         try:
-            total += int(open(f"/proc/{p}/statm").read().split()[1]) * page
+            for line in open(f"/proc/{p}/status"):
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
         except (OSError, IndexError, ValueError):
             pass
     return total
 
 
-# --- nginx ----------------------------------------------------------------------------------------------
-NGINX_CONF = """
-worker_processes {workers};
-worker_rlimit_nofile 40000;
-daemon off;
-master_process on;
-user root root;
-pid {dir}/nginx.pid;
-error_log {dir}/error.log warn;
-events {{ worker_connections 20000; }}
-http {{
-    access_log off;
-    client_body_temp_path {dir}/body; proxy_temp_path {dir}/proxy; fastcgi_temp_path {dir}/fcgi;
-    uwsgi_temp_path {dir}/uwsgi; scgi_temp_path {dir}/scgi;
-    upstream engines {{
-        least_conn;
-        {servers}
-        keepalive 1024;
-    }}
-    server {{
-        listen 127.0.0.1:{port} backlog=4096;
-        keepalive_requests 1000000;
-        location / {{
-            proxy_pass http://engines;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_buffering off;
-            proxy_read_timeout 300s;
-        }}
-    }}
-}}
-"""
-
-
-def start_nginx(procs, workdir: Path, engines: list[str], port: int):
-    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
-    if not os.path.exists(nginx):
-        return None
-    d = workdir / "nginx"
-    d.mkdir(parents=True, exist_ok=True)
-    servers = " ".join(f"server {u.split('//')[1]};" for u in engines)
-    (d / "nginx.conf").write_text(NGINX_CONF.format(workers=os.cpu_count() or 1, dir=d, servers=servers, port=port))
-    return procs.start("nginx", [nginx, "-c", str(d / "nginx.conf"), "-p", str(d)])
-
-
 # --- the run -----------------------------------------------------------------------------------------------
 def run_level(urls: list[str], n: int, seconds: float, answer: float, pids_of) -> dict:
     """One closed-loop run; samples the proxy's CPU time over the measured window and its RSS."""
-    proc = subprocess.Popen([sys.executable, __file__, "--client", json.dumps(
+    proc = subprocess.Popen([sys.executable, "-m", "bench.streams", "--client", json.dumps(
         {"concurrency": n, "urls": urls, "seconds": seconds, "answer": answer})], stdout=subprocess.PIPE, text=True, cwd=ROOT)
     head = json.loads(proc.stdout.readline())
     pids = pids_of() if pids_of else []
@@ -277,8 +207,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--levels", default="64,256,1024,4096", help="concurrent streams, comma-separated")
     ap.add_argument("--seconds", type=float, default=8.0, help="measured seconds per level and target")
-    ap.add_argument("--targets", default="direct,nginx,llmgw",
-                    help="of direct, nginx, llmgw, litellm (LiteLLM's proxy, its own virtualenv made on first use), "
+    ap.add_argument("--targets", default="direct,nginx,vllm-router,llmgw",
+                    help="of direct, nginx, vllm-router, llmgw, litellm (LiteLLM's proxy, its own virtualenv made on first use), "
                     "floor-gunicorn, floor-gevent (a stream with no proxying: bench/stream_floor.py)")
     ap.add_argument("--workers", type=int, default=0, help="gateway workers (default: the conf's, one per core)")
     ap.add_argument("--answer", type=float, default=ANSWER_S, help="seconds per answer")
@@ -291,30 +221,28 @@ def main() -> None:
         a.levels, a.seconds = "64,256", 4.0
     levels = [int(x) for x in a.levels.split(",")]
     targets = a.targets.split(",")
-    known = ("direct", "nginx", "llmgw", "litellm", "floor-gunicorn", "floor-gevent")
+    known = ("direct", "nginx", "vllm-router", "llmgw", "litellm", "floor-gunicorn", "floor-gevent")
     unknown = [t for t in targets if t not in known]
     if unknown:
         ap.error(f"unknown target(s) {', '.join(unknown)}; choose from {', '.join(known)}")
 
     from llmgw.state.records import EndpointInfo
     from tests.support.cluster import Cluster
-    from tests.support.fake_upstream import start_process
+    from bench.peers import start_engines
     from tests.support.procs import free_port, wait_until
 
     workdir = Path(tempfile.mkdtemp(prefix="llmgw-bench-streams-"))
     cluster = Cluster(workdir)
     try:
         cluster.start_redis()
-        room = max(levels)  # every stream gets a slot: the engines never queue
-        engines = [start_process(cluster.procs, f"engine-{i}", base=a.answer, tokens=EVENTS, max_seqs=room)
-                   for i in range(2)]
+        engines = start_engines(cluster.procs, 2, a.answer, EVENTS, wait_until, free_port)
         cluster.store().write_endpoints(
             [EndpointInfo(id=f"e{i}", url=u, models=("m",), engine="sim", model="m", served_name="m")
              for i, u in enumerate(engines)], "bench", time.time())
         urls = {"direct": (engines, None)}
         if "nginx" in targets:
             port = free_port()
-            ng = start_nginx(cluster.procs, workdir, engines, port)
+            ng = start_nginx(cluster.procs, workdir, engines, port, least_conn=True)
             if ng is None:
                 print("nginx is not installed: its column is skipped")
                 targets.remove("nginx")
@@ -324,6 +252,18 @@ def main() -> None:
                 url = f"http://127.0.0.1:{port}"
                 wait_until(lambda: requests.get(url + "/health", timeout=1).ok, 10, what="nginx")
                 urls["nginx"] = ([url], lambda: tree(ng.pid))
+        if "vllm-router" in targets:
+            import requests
+
+            port = free_port()
+            vr = start_vllm_router(cluster.procs, engines, port, free_port)
+            if vr is None:
+                print("vllm-router not found (pip install -e '.[bench]'): its column is skipped")
+                targets.remove("vllm-router")
+            else:
+                url = f"http://127.0.0.1:{port}"
+                wait_until(lambda: requests.get(url + "/v1/models", timeout=1).ok, 60, what="vllm-router")
+                urls["vllm-router"] = ([url], lambda: tree(vr.pid))
         if "llmgw" in targets:
             env = {"LLMGW_GATEWAY_WORKERS": str(a.workers)} if a.workers else {}
             gw = cluster.start_gateway(**{"LLMGW_GATEWAY_WORKERS": str(a.workers or os.cpu_count() or 1), **env})
