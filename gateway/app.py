@@ -74,14 +74,13 @@ class Gateway:
         )
         self.health = RedisHealth(clock, lambda ok: metrics.redis_unavailable.set(0 if ok else 1))
         self.queues = WaitQueues(cfg.queue_max, clock.monotonic, model_of=self._model_of)
-        self.router = PolledRouter(self.store, cfg, clock, metrics, environ=environ, shared=siblings, health=self.health)
-        self.router.on_release = self.queues.wake
-        self.router.on_loaded = self._list_loaded
         # Precise prefix routing: the engines' KV events and the tokenizers to match prompts with.
         self.tokenizers = Tokenizers(environ if environ is not None else os.environ)
-        self.router.tokenize = self.tokenizers.tokenize
-        self.kv_events = KvSubscriber(self.router.kv, self.router.kv_lock, lambda: self.router.endpoints,
-                                      self.tokenizers)
+        # A slot freed or new tables wake the waiting requests; a new endpoint list is reported at once.
+        self.router = PolledRouter(self.store, cfg, clock, metrics, environ=environ, shared=siblings, health=self.health,
+                                   on_release=self.queues.wake, on_loaded=self._list_loaded,
+                                   tokenize=self.tokenizers.tokenize)
+        self.kv_events = KvSubscriber(self.router.kv, lambda: self.router.endpoints, self.tokenizers)
         self.keys = KeyTable(self.store, self.health, cfg.auth)
         self.usage = UsageRecorder(self.store, self.health, clock)
         self.gate = KeyGate(self.keys, self.usage, RateLimiter(self.rstore, self.health, clock), clock, metrics,
@@ -147,7 +146,7 @@ class Gateway:
         self.router.run_pollers()
         self.background.start()
         self.kv_events.start()
-        shared = self.router.counts.shared  # (set by share_counts, after the app was made)
+        shared = self.router.siblings  # (set by share_counts, after the app was made)
         self.send_share = SendShare(self.store, self.router, self.clock, self.cfg.share_sends,
                                     shared.origin if shared is not None else self.identity.id, self.metrics)
         self.send_share.start()

@@ -44,7 +44,7 @@ def gateway_report(
     model_inflight: Mapping[str, int],
     queued: Mapping[str, int],
     last_request_at: Mapping[str, float],
-    prefix: Mapping[str, tuple[float, float, float, float]] | None = None,
+    prefix: Mapping[str, tuple[float, float, float, float]] | None = None,  # gateway.routing.prefill.PrefixTally
 ) -> GatewayReport:
     """The report for this instant. Endpoints appear only when they have something to say: requests
     in flight, or a success or failure within EVIDENCE_WINDOW. Models appear once they were asked for

@@ -12,11 +12,13 @@ started listening mid-stream) asks the shell for a replay from the first missing
 batches after it wait so that all are folded in order. A number lower than expected is an engine
 that started again: its cache is empty, and so is its entry here.
 
-Pure: no sockets, no clock. The shell (gateway.server.kvevents) feeds it under its lock.
+Pure: no sockets, no clock. The shell (gateway.server.kvevents) feeds it through `SharedIndex`, which
+holds its lock (the router reads it under the same lock).
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Hashable, Sequence
 
@@ -174,3 +176,28 @@ class Index:
     def size(self, endpoint: str) -> int:
         b = self.endpoints.get(endpoint)
         return len(b.keys) if b is not None else 0
+
+
+class SharedIndex:
+    """The index as the gateway process shares it between its KV-events loop (the writer) and the
+    request path (the reader): each call takes the lock for its own duration only."""
+
+    def __init__(self, index: Index | None = None):
+        self.index = index if index is not None else Index()
+        self.lock = threading.Lock()
+
+    def apply(self, endpoint: str, batch: Batch) -> int | None:
+        with self.lock:
+            return self.index.apply(endpoint, batch)
+
+    def replayed(self, endpoint: str, batch: Batch) -> None:
+        with self.lock:
+            self.index.replayed(endpoint, batch)
+
+    def replay_done(self, endpoint: str) -> None:
+        with self.lock:
+            self.index.replay_done(endpoint)
+
+    def forget(self, endpoint: str) -> None:
+        with self.lock:
+            self.index.forget(endpoint)

@@ -11,6 +11,8 @@ Until an endpoint has shown one, `LLMGW_GATEWAY_PREFILL_MS_PER_TOKEN` stands in.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from llmgw.state.records import LoadRecord
 
 MIN_TOKENS = 256.0  # computed between two scrapes: fewer say too little (one step's rounding)
@@ -58,25 +60,37 @@ def reuse_seen(old: LoadRecord | None, rec: LoadRecord, prev: float | None) -> f
     return sample if prev is None else prev + ALPHA * (sample - prev)
 
 
+class PrefixTally(NamedTuple):
+    """What one gateway process saw of an endpoint's prefix cache, in prompt tokens: routed with
+    block keys, expected cached there (the index's prediction), of answers that said what they
+    reused, and reused by the engine's account. The gateway report carries it to `llmgw explain`."""
+
+    routed: float = 0.0
+    expected: float = 0.0
+    answered: float = 0.0
+    reused: float = 0.0
+
+
+NO_TALLY = PrefixTally()
 TRUST_MIN_TOKENS = 20000.0  # prompt tokens the answers must have reported before the ratio is trusted
 
 
-def trust_of(tally: tuple[float, float, float, float] | list[float] | None) -> float:
+def trust_of(tally: PrefixTally | None) -> float:
     """How much of an expected prefix hit the engine really kept, from the router's tally (prompt
     tokens routed with keys, expected cached, prompt tokens of answers that reported reuse, reused):
     the measured hit ratio over the expected one, at most 1. An engine that keeps less than the index
     says (llama.cpp's slots keep one prompt each, not every block sent) then has its hits priced at
     what they are worth, and the router stops piling requests onto it for hits that are not there."""
-    if not tally or tally[2] < TRUST_MIN_TOKENS or tally[0] <= 0 or tally[1] <= 0:
+    if not tally or tally.answered < TRUST_MIN_TOKENS or tally.routed <= 0 or tally.expected <= 0:
         return 1.0
-    expected = tally[1] / tally[0]
-    measured = tally[3] / tally[2]
+    expected = tally.expected / tally.routed
+    measured = tally.reused / tally.answered
     return max(0.0, min(1.0, measured / expected))
 
 
-def reuse_of(tally: tuple[float, float, float, float] | list[float] | None) -> float | None:
+def reuse_of(tally: PrefixTally | None) -> float | None:
     """The share of prompt tokens reused by the answers that said (llama.cpp's `timings.cache_n`),
     from the router's tally; None until they have said enough (TRUST_MIN_TOKENS)."""
-    if not tally or tally[2] < TRUST_MIN_TOKENS:
+    if not tally or tally.answered < TRUST_MIN_TOKENS:
         return None
-    return max(0.0, min(1.0, tally[3] / tally[2]))
+    return max(0.0, min(1.0, tally.reused / tally.answered))

@@ -17,7 +17,7 @@ import random
 import threading
 from collections import deque
 from dataclasses import replace
-from typing import Callable, Mapping
+from typing import Callable, Mapping, NamedTuple
 
 from gateway.config import RoutingConfig
 from gateway.routing.adapters import NO_ADAPTER, no_holder
@@ -25,11 +25,11 @@ from gateway.routing.backlog import PrefillBacklog
 from gateway.routing.choice import Choice, Rejection, RouteContext, RouteRequest, choose, fleet_rate
 from gateway.routing.holds import report_due
 from gateway.routing.inflight import InFlight
-from gateway.routing.kvindex import Index
+from gateway.routing.kvindex import SharedIndex
 from gateway.routing.learn import Learning, answer_sample, fold_answers, is_new, observe_loads
 from gateway.routing.load import NO_STATS, EndpointStats
 from gateway.routing.precise import Tokenize, cached_tokens, no_tokenizer
-from gateway.routing.prefill import reuse_of, trust_of
+from gateway.routing.prefill import NO_TALLY, PrefixTally, reuse_of, trust_of
 from gateway.routing.prefixindex import PrefixIndex
 from gateway.routing.prefixkeys import TOKENS_PER_BLOCK
 from gateway.routing.tables import EMPTY, Snapshot, Tables
@@ -44,7 +44,7 @@ OUTBOX_MAX = 10_000
 
 class Router:
     def __init__(self, cfg: RoutingConfig, clock: Clock, rng: random.Random, metrics=None, shared=None,
-                 on_release: Callable[[str | None], None] = lambda model: None):
+                 on_release: Callable[[str | None], None] = lambda model: None, tokenize: Tokenize = no_tokenizer):
         self.routing, self.clock, self.rng, self.metrics = cfg, clock, rng, metrics
         self.lock = threading.Lock()  # the in-flight counts
         self.write_lock = threading.Lock()  # one writer of the snapshot and the learner at a time
@@ -55,13 +55,11 @@ class Router:
         self.prefixes = PrefixIndex()  # the block keys sent to each endpoint (under `lock`)
         self.backlog = PrefillBacklog()  # the prefill sent to each endpoint lately (under `lock`)
         # Precise mode: what the engines that publish KV events report holding (fed by
-        # gateway.server.kvevents under `kv_lock`), and how a prompt is tokenized for each.
-        self.kv = Index()
-        self.kv_lock = threading.Lock()
-        self.tokenize: Tokenize = no_tokenizer
-        # Per endpoint: [prompt tokens routed with keys, expected cached, prompt tokens of answers that
-        # said what they reused, reused] (the gateway report carries them to `llmgw explain`).
-        self.prefix_tally: dict[str, list[float]] = {}
+        # gateway.server.kvevents through its lock), and how a prompt is tokenized for each.
+        self.kv = SharedIndex()
+        self.tokenize = tokenize
+        # Per endpoint, what was seen of its prefix cache (gateway.routing.prefill.PrefixTally).
+        self.prefix_tally: dict[str, PrefixTally] = {}
         # What this process sent with prompt keys, for the other gateways (gateway.server.sendshare
         # drains it; None: not shared). Under `lock`.
         self.outbox: deque[GatewaySent] | None = None
@@ -74,6 +72,11 @@ class Router:
     def share(self, table) -> None:
         """Count with the sibling workers' table (gateway.server.siblings): set before serving."""
         self.counts.shared = table
+
+    @property
+    def siblings(self):
+        """The sibling workers' table (gateway.server.siblings.SharedCounts), None when counted alone."""
+        return self.counts.shared
 
     # --- what the request path reads -------------------------------------------------------------
     @property
@@ -273,29 +276,23 @@ class Router:
         prefix keys are TOKENS_PER_BLOCK tokens each)."""
         if req.body is None:
             return None
-        with self.kv_lock:
-            held = cached_tokens(self.kv, endpoints, req.op, req.body, self.tokenize, adapter)
+        with self.kv.lock:
+            held = cached_tokens(self.kv.index, endpoints, req.op, req.body, self.tokenize, adapter)
         return {i: n / TOKENS_PER_BLOCK for i, n in held.items()} if held else None
 
     def _tally(self, c: Choice) -> None:
-        t = self.prefix_tally.get(c.endpoint.id)
-        if t is None:
-            t = self.prefix_tally[c.endpoint.id] = [0.0, 0.0, 0.0, 0.0]
-        t[0] += c.prompt
-        t[1] += c.matched
+        t = self.prefix_tally.get(c.endpoint.id, NO_TALLY)
+        self.prefix_tally[c.endpoint.id] = PrefixTally(t.routed + c.prompt, t.expected + c.matched, t.answered, t.reused)
 
     def reused(self, endpoint_id: str, prompt: int, cached: int) -> None:
         """An answer said how much of its prompt the engine reused (llama.cpp's timings.cache_n)."""
         with self.lock:
-            t = self.prefix_tally.get(endpoint_id)
-            if t is None:
-                t = self.prefix_tally[endpoint_id] = [0.0, 0.0, 0.0, 0.0]
-            t[2] += prompt
-            t[3] += cached
+            t = self.prefix_tally.get(endpoint_id, NO_TALLY)
+            self.prefix_tally[endpoint_id] = PrefixTally(t.routed, t.expected, t.answered + prompt, t.reused + cached)
 
-    def prefix_facts(self) -> dict[str, tuple[float, float, float, float]]:
+    def prefix_facts(self) -> dict[str, PrefixTally]:
         with self.lock:
-            return {i: (t[0], t[1], t[2], t[3]) for i, t in self.prefix_tally.items()}
+            return dict(self.prefix_tally)
 
     def mark_unreachable(self, endpoint_id: str) -> None:
         """The endpoint refused a connection: pass it over for `eject_for` seconds (choice.eligible)."""
@@ -379,10 +376,10 @@ class Router:
                 answers = self.counts.take_answers()
             self._learning = fold_answers(self._learning, answers, self.routing.learn_half_life)
 
-    def report_facts(self) -> tuple[int, dict, dict, dict, dict, dict]:
+    def report_facts(self) -> "ReportFacts":
         """A consistent copy for the gateway report: the list's version, then `InFlight.facts`."""
         with self.lock:
-            return (self.snapshot.tables.version, *self.counts.facts())
+            return ReportFacts(self.snapshot.tables.version, *self.counts.facts())
 
 
 def _reserved(c: Choice, adapter: str, kv_events: bool) -> Choice:
@@ -390,6 +387,17 @@ def _reserved(c: Choice, adapter: str, kv_events: bool) -> Choice:
     # (Built directly: dataclasses.replace costs microseconds on the request path.)
     return Choice(c.endpoint, c.score, c.ahead, c.saturated, c.reason, adapter, c.matched, c.saved, c.prompt,
                   kv_events, c.prefill, c.behind, c.waited)
+
+
+class ReportFacts(NamedTuple):
+    """What the gateway report says of this process's requests, copied at one instant."""
+
+    version: int  # the endpoint list routed by
+    inflight: dict[str, int]  # per endpoint
+    ok_at: dict[str, float]  # per endpoint, the last response head (wall clock)
+    fail_at: dict[str, float]  # per endpoint, the last connection failure or first-byte timeout
+    by_model: dict[str, int]  # requests in flight per canonical model name
+    last_request_at: dict[str, float]  # per canonical model name
 
 
 class Lease:

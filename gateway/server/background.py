@@ -46,7 +46,7 @@ class Background:
     def start(self) -> None:
         threading.Thread(target=self._slow_loop, name="llmgw-keys-usage", daemon=True).start()
         threading.Thread(target=self._report_loop, name="llmgw-report", daemon=True).start()
-        if self.router.counts.shared is not None:
+        if self.router.siblings is not None:
             threading.Thread(target=self._sibling_loop, name="llmgw-siblings", daemon=True).start()
 
     def stop(self) -> None:
@@ -57,7 +57,7 @@ class Background:
     def _sibling_loop(self) -> None:
         """A slot a sibling worker frees wakes this worker's queues (its own releases wake them
         directly, gateway.routing.router). Sleeps on `queues.waiting` while no request waits."""
-        shared, queues = self.router.counts.shared, self.queues
+        shared, queues = self.router.siblings, self.queues
         last = shared.releases()
         while not self.stopping.is_set():
             try:
@@ -128,6 +128,6 @@ class Background:
             if n:
                 m = canonical.get(name, name)
                 queued[m] = queued.get(m, 0) + n
-        version, inflight, ok_at, fail_at, by_model, last = self.router.report_facts()
-        return gateway_report(self.identity, self.clock.time(), version, self.keys.loaded, inflight, ok_at,
-                              fail_at, by_model, queued, last, self.router.prefix_facts())
+        f = self.router.report_facts()
+        return gateway_report(self.identity, self.clock.time(), f.version, self.keys.loaded, f.inflight, f.ok_at,
+                              f.fail_at, f.by_model, queued, f.last_request_at, self.router.prefix_facts())

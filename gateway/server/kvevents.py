@@ -2,7 +2,7 @@
 
 One thread per gateway process holds a ZMQ SUB socket per endpoint that publishes events (the
 endpoint list says where: `EndpointInfo.kv_events`), folds each batch into the shared
-`gateway.routing.kvindex.Index` under its lock, and on a gap asks that endpoint's replay socket for
+`gateway.routing.kvindex.Index` (through `SharedIndex`, which takes its lock), and on a gap asks that endpoint's replay socket for
 the missing batches (a DEALER, as vLLM's replay socket is a ROUTER). Endpoints that leave the list are
 unsubscribed and forgotten; the tokenizers their prompts are matched with are loaded here too
 (gateway.server.tokenizers), never on the request path. pyzmq is imported only when an endpoint publishes events; under gunicorn's
@@ -17,7 +17,7 @@ import logging
 import threading
 from typing import Callable, Sequence
 
-from gateway.routing.kvindex import Index
+from gateway.routing.kvindex import SharedIndex
 from gateway.server.tokenizers import Tokenizers
 from llmgw.engines.kvwire import WireError, decode_message, decode_replay, replay_request
 from llmgw.state.records import EndpointInfo
@@ -45,9 +45,9 @@ def _zmq():
 
 
 class KvSubscriber:
-    def __init__(self, index: Index, lock: threading.Lock, endpoints: Callable[[], Sequence[EndpointInfo]],
+    def __init__(self, index: SharedIndex, endpoints: Callable[[], Sequence[EndpointInfo]],
                  tokenizers: Tokenizers | None = None):
-        self.index, self.lock, self.endpoints, self.tokenizers = index, lock, endpoints, tokenizers
+        self.index, self.endpoints, self.tokenizers = index, endpoints, tokenizers
         self.stopping = threading.Event()
         self._subs: dict[str, tuple[str, object]] = {}  # endpoint id -> (its kv_events address, SUB socket)
         self._replay_at: dict[str, str] = {}
@@ -88,8 +88,7 @@ class KvSubscriber:
                 sock.close(linger=0)
                 del self._subs[eid]
                 self._replay_at.pop(eid, None)
-                with self.lock:
-                    self.index.forget(eid)
+                self.index.forget(eid)
         if not wanted:
             return
         if self.tokenizers is not None:
@@ -131,8 +130,7 @@ class KvSubscriber:
                 self._warned.add(eid)
                 log.warning("KV events from %s: %s (further bad messages are dropped quietly)", eid, e)
             return
-        with self.lock:
-            gap = self.index.apply(eid, batch)
+        gap = self.index.apply(eid, batch)
         if gap is not None:
             self._replay(eid, gap)
 
@@ -151,11 +149,9 @@ class KvSubscriber:
                     if batch is None:
                         break
                     got += 1
-                    with self.lock:
-                        self.index.replayed(eid, batch)
+                    self.index.replayed(eid, batch)
             except (WireError, zmq.ZMQError) as e:
                 log.warning("KV events replay from %s failed: %s", eid, e)
             finally:
                 sock.close(linger=0)
-        with self.lock:
-            self.index.replay_done(eid)
+        self.index.replay_done(eid)

@@ -21,6 +21,7 @@ from typing import Callable, Mapping
 
 from gateway.config import GatewaySettings
 from gateway.observe.health import REDIS_ERRORS, RedisHealth
+from gateway.routing.precise import Tokenize, no_tokenizer
 from gateway.routing.router import Router
 from gateway.routing.tables import tables_from
 from llmgw.state.clock import Clock
@@ -34,9 +35,10 @@ FULL_RELOAD_EVERY = 30.0  # seconds
 class PolledRouter(Router):
     def __init__(self, store: Store, cfg: GatewaySettings, clock: Clock | None = None, metrics=None,
                  rng: random.Random | None = None, environ: Mapping[str, str] | None = None, shared=None,
-                 health: RedisHealth | None = None):
+                 health: RedisHealth | None = None, on_release: Callable[[str | None], None] = lambda model: None,
+                 on_loaded: Callable[[], None] = lambda: None, tokenize: Tokenize = no_tokenizer):
         clock = clock or Clock()
-        super().__init__(cfg.routing, clock, rng or random.Random(cfg.seed), metrics, shared)
+        super().__init__(cfg.routing, clock, rng or random.Random(cfg.seed), metrics, shared, on_release, tokenize)
         self.store, self.cfg = store, cfg
         # Where the API keys of external servers are read from (`api_key_env` names a variable here).
         self.environ = os.environ if environ is None else environ
@@ -45,7 +47,7 @@ class PolledRouter(Router):
         self._last_full = float("-inf")
         self.wake = threading.Event()
         self.stopping = threading.Event()
-        self.on_loaded: Callable[[], None] = lambda: None  # a new endpoint list is in use (report it)
+        self.on_loaded = on_loaded  # a new endpoint list is in use (report it)
 
     def refresh_endpoints(self, force: bool = False) -> bool:
         """Reload the endpoint list if its version changed; True if it did. Never raises."""

@@ -161,7 +161,8 @@ def test_an_engines_error_has_the_gateways_shape_and_a_4xx_is_not_held_against_i
     assert bad.stats["requests"] == 2  # a 4xx is the client's: never retried elsewhere
     # ... nor evidence against the endpoint: it answered (ok_at), it never failed (fail_at), it is not
     # passed over, the model's charts count no error, and no upstream error is counted.
-    _, _, ok_at, fail_at, _, _ = gw.router.report_facts()
+    facts = gw.router.report_facts()
+    ok_at, fail_at = facts.ok_at, facts.fail_at
     assert ok_at["e1"] >= t0 and "e1" not in fail_at
     assert gw.router.stats.get("e1") is None or gw.router.stats["e1"].down_until <= time.monotonic()
     counted = {k.split(":", 1)[1]: n for slot in gw.traffic.take().values() for k, n in slot.items()}

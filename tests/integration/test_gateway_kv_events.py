@@ -9,7 +9,7 @@ import threading
 import pytest
 import requests
 
-from gateway.routing.kvindex import Index
+from gateway.routing.kvindex import Index, SharedIndex
 from gateway.routing.precise import cached_tokens
 from gateway.server.kvevents import KvSubscriber
 from gateway.server.tokenizers import Tokenizers
@@ -59,11 +59,11 @@ def ask(url: str, messages: list[dict]) -> str:
 
 @pytest.fixture
 def subscriber():
-    index, lock = Index(), threading.Lock()
+    shared = SharedIndex()
     endpoints: list[EndpointInfo] = []
-    sub = KvSubscriber(index, lock, lambda: tuple(endpoints))
+    sub = KvSubscriber(shared, lambda: tuple(endpoints))
     sub.start()
-    yield index, lock, endpoints
+    yield shared.index, shared.lock, endpoints
     sub.stop()
     sub.thread.join(5)
 

@@ -413,11 +413,11 @@ def test_the_objective_comes_from_the_request_unless_the_catalog_fixes_it():
 
 
 def test_an_engine_that_keeps_less_than_expected_has_its_hits_discounted():
-    from gateway.routing.prefill import trust_of
+    from gateway.routing.prefill import PrefixTally, trust_of
 
-    assert trust_of(None) == 1.0 and trust_of((1e5, 7e4, 1000.0, 0.0)) == 1.0  # too few reports yet
-    assert trust_of((1e5, 7e4, 5e4, 1.75e4)) == 0.5  # expected 70 %, kept 35 %
-    assert trust_of((1e5, 5e4, 5e4, 4e4)) == 1.0  # kept more than expected: never above 1
+    assert trust_of(None) == 1.0 and trust_of(PrefixTally(1e5, 7e4, 1000.0, 0.0)) == 1.0  # too few reports yet
+    assert trust_of(PrefixTally(1e5, 7e4, 5e4, 1.75e4)) == 0.5  # expected 70 %, kept 35 %
+    assert trust_of(PrefixTally(1e5, 5e4, 5e4, 4e4)) == 1.0  # kept more than expected: never above 1
     long = {"model": "m", "messages": [{"role": "system", "content": "policy " * 2400}, {"role": "user", "content": "x"}]}
     r = req(long)
     full = len(r.prefix)
@@ -503,15 +503,15 @@ def test_a_miss_is_charged_for_what_it_evicts():
 
 
 def test_the_share_served_from_the_cache_is_learned_from_counters_or_answers():
-    from gateway.routing.prefill import reuse_of, reuse_seen
+    from gateway.routing.prefill import PrefixTally, reuse_of, reuse_seen
 
     old = LoadRecord(replica_id="b", ts=1.0, ok=True, prefix_queries_total=1000.0, prefix_hits_total=100.0)
     new = LoadRecord(replica_id="b", ts=2.0, ok=True, prefix_queries_total=3000.0, prefix_hits_total=1700.0)
     assert reuse_seen(old, new, None) == pytest.approx(0.8)
     assert reuse_seen(old, new, 0.5) == pytest.approx(0.5 + 0.3 * 0.3)
     assert reuse_seen(old, LoadRecord(replica_id="b", ts=2.0, ok=True), 0.4) == 0.4  # no counters: as it was
-    assert reuse_of([50000.0, 40000.0, 30000.0, 21000.0]) == pytest.approx(0.7)
-    assert reuse_of([500.0, 400.0, 300.0, 210.0]) is None  # too few tokens said
+    assert reuse_of(PrefixTally(50000.0, 40000.0, 30000.0, 21000.0)) == pytest.approx(0.7)
+    assert reuse_of(PrefixTally(500.0, 400.0, 300.0, 210.0)) is None  # too few tokens said
 
 
 def test_a_held_prompt_is_traded_against_the_queue_not_capped_by_a_bound():
