@@ -10,9 +10,11 @@ from __future__ import annotations
 from celery import Celery
 
 from beat.schedule import beat_schedule
-from llmgw.redisurl import celery_conf
+from llmgw.redisurl import celery_conf, parse
 from llmgw.settings import ControlSettings
 from llmgw.state.keys import CONTROL_QUEUE
+from workers.broker import install as install_sentinel_transport
+
 
 class LlmgwCelery(Celery):
     """A Celery app that carries the control plane's settings, read once from the environment (a node
@@ -25,6 +27,8 @@ def create_celery_app(settings: ControlSettings) -> LlmgwCelery:
     # The broker is the Redis every part shares; a Sentinel URL becomes Celery's `sentinel://` transport
     # with the master's name (llmgw.redisurl.celery_conf), so workers, beat and Flower follow a failover.
     broker = celery_conf(settings.redis_url)
+    if parse(settings.redis_url).sentinel:
+        install_sentinel_transport()  # kombu's, repaired to survive a failover (workers/broker.py)
     app = LlmgwCelery(
         "llmgw",
         broker=broker.pop("broker_url"),

@@ -104,3 +104,37 @@ def test_a_confirmed_write_waits_for_a_replica_on_its_own_connection(ha):
     wait_until(lambda: ha.ha.link_up(replica), 10, what="the replica to resume")
     assert apply(store, 6)[1]
     store.close()
+
+
+def test_a_celery_worker_survives_closing_a_channel_whose_connection_was_collected(ha):
+    """What Celery's consumer does when the master dies: `collect()` detaches the transport from the
+    connection, then the channel, still holding delivered and unacknowledged messages, is closed.
+    kombu's own Sentinel channel raises AttributeError there (and the worker stops); ours raises a
+    connection error, which the consumer ignores while it reconnects (workers/broker.py)."""
+    from kombu import Connection
+    from kombu.common import ignore_errors
+    from kombu.transport import resolve_transport
+
+    from llmgw.redisurl import celery_conf
+    from llmgw.settings import ControlSettings
+    from workers import broker
+    from workers.celery_app import create_celery_app
+
+    create_celery_app(ControlSettings(redis_url=ha.redis_url))  # installs the repaired transport
+    assert resolve_transport("sentinel") is broker.SentinelTransport
+    conf = celery_conf(ha.redis_url)
+    conn = Connection(conf["broker_url"], transport_options=conf["broker_transport_options"])
+    try:
+        channel = conn.default_channel
+        assert isinstance(channel, broker.SentinelChannel)
+        queue = conn.SimpleQueue("llmgw-test", channel=channel)
+        for i in range(3):
+            queue.put({"i": i})
+        held = [queue.get(timeout=5) for _ in range(2)]  # delivered, never acknowledged
+        assert len(held) == 2
+        channel._disconnect_pools()  # a first close got this far before the dead master's socket failed it
+        conn.transport.client = None  # what Connection.collect() leaves
+        ignore_errors(conn, channel.close)  # kombu's channel raises AttributeError here
+    finally:
+        conn.transport.client = conn
+        ignore_errors(conn, conn.release)
