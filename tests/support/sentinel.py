@@ -21,13 +21,14 @@ and stops it on Ctrl-C (docs/store.md, "A local HA stack").
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
 import redis
 
-from tests.support.procs import Proc, ProcessSet, free_port, redis_server_binary, wait_until
+from tests.support.procs import Proc, ProcessSet, free_port, redis_server_binary, socket_inodes, wait_until
 
 MASTER_NAME = "mymaster"
 DATA = ("redis-a", "redis-b")  # redis-a starts as the master, redis-b as its replica
@@ -150,6 +151,22 @@ class SentinelRedis:
         with self.client(name) as c:
             return c.info("replication").get("master_link_status") == "up"
 
+    def cut_replication(self, replica: str) -> None:
+        """The master's writes stop reaching `replica` (which stays up, and eligible for promotion): its
+        link is dropped, and its next attempts fail to authenticate. Needs a password. (Freezing the
+        replica would not do: the kernel keeps buffering the stream, and a thawed replica applies it.)"""
+        assert self.password, "cut_replication needs a stack with a password"
+        with self.client(replica) as c:
+            c.config_set("masterauth", "not-" + self.password)
+        with self.client(self.master()) as m:
+            m.execute_command("CLIENT", "KILL", "TYPE", "replica")
+        wait_until(lambda: not self.link_up(replica), 10, what=f"{replica}'s link to go down")
+
+    def mend_replication(self, replica: str) -> None:
+        """Undo cut_replication (its config again has the right password)."""
+        with self.client(replica) as c:
+            c.config_set("masterauth", self.password)
+
     def kill(self, name: str) -> None:
         """kill -9 one instance (nothing flushed)."""
         self.instances[name].proc.kill9()
@@ -196,11 +213,40 @@ class SentinelRedis:
         return [r for r in rows if int(r["id"]) != me and not set(r.get("flags", "")) & {"S", "M"}
                 and not r.get("name", "").startswith("sentinel-")]
 
+    def talkers(self, name: str) -> list[str]:
+        """`clients(name)`, each with the process that holds its socket (found in /proc, not named by
+        anyone): `127.0.0.1:40112 pid 1234 (celery -A workers worker ...)`."""
+        return [f"{c['addr']} {owner(c['addr'])}" for c in self.clients(name)]
+
     def stop(self) -> None:
         for name in (*SENTINELS, *DATA):
             inst = self.instances.get(name)
             if inst and inst.proc:
                 inst.proc.stop()
+
+
+def owner(addr: str) -> str:
+    """The process holding the local TCP socket `host:port` (a Redis client's address as CLIENT LIST
+    shows it): its pid and command line, from /proc/net/tcp's inode and each process's fds."""
+    port = int(addr.rsplit(":", 1)[1])
+    inode = None
+    with open("/proc/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            cols = line.split()
+            if int(cols[1].split(":")[1], 16) == port:
+                inode = cols[9]
+                break
+    if inode is None:
+        return "(socket gone)"
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            if inode in socket_inodes(pid):
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+                return f"pid {pid} ({cmd[:120]})"
+        except OSError:
+            continue
+    return "(no process found)"
 
 
 def _quoted(value: str) -> str:
