@@ -13,6 +13,8 @@ import pytest
 from llmgw.catalog import apply_catalog, parse_catalog_text, read_applied
 from llmgw.errors import NotReplicated
 from llmgw.state.store import Durability, RedisError, Store, connect
+from tests.support import needs
+from tests.support.cluster import make_certs
 from tests.support.procs import wait_until
 
 
@@ -99,6 +101,12 @@ def test_a_confirmed_write_waits_for_a_replica_on_its_own_connection(ha):
             apply(store, 5)
         assert e.value.value == (2, True) and read_applied(store)[0] == 2
         assert apply(store, 5) == (2, False), "an unchanged apply writes nothing and waits for nothing"
+        # Every other operator write that must not be lost waits the same way.
+        for write in (lambda: store.update_key("frozen", rpm=5), lambda: store.revoke_key("frozen"),
+                      lambda: store.set_node_admin("a", cordoned=True), lambda: store.rotate_credentials(None)):
+            with pytest.raises(NotReplicated):
+                write()
+        assert store.key_names() == {} and store.node_admin("a").cordoned
     finally:
         os.kill(pid, signal.SIGCONT)
     wait_until(lambda: ha.ha.link_up(replica), 10, what="the replica to resume")
@@ -138,3 +146,40 @@ def test_a_celery_worker_survives_closing_a_channel_whose_connection_was_collect
     finally:
         conn.transport.client = conn
         ignore_errors(conn, conn.release)
+
+
+def test_tls_to_the_sentinels_and_to_redis_for_the_store_and_the_broker(cluster, tmp_path):
+    """`rediss+sentinel://`: TLS to the sentinels and to the master (the plain ports closed), for the
+    store and for Celery's transport (`broker_use_ssl`, the sentinels' `ssl` options), before and after
+    a failover. Needs a redis-server built with TLS (LLMGW_TEST_REDIS_SERVER; Debian's)."""
+    from kombu import Connection
+
+    from llmgw.redisurl import celery_conf
+
+    needs.openssl()
+    certs = tmp_path / "certs"
+    certs.mkdir()
+    cluster.start_sentinel_redis(password="pw", tls=make_certs(certs))
+    url = cluster.redis_url
+    assert url.startswith("rediss+sentinel://:pw@")
+    store = Store(connect(url), Durability(1, 2.0))
+    conf = celery_conf(url)
+
+    def roundtrip(n: int) -> None:
+        with Connection(conf["broker_url"], transport_options=conf["broker_transport_options"],
+                        ssl=conf["broker_use_ssl"]) as conn:
+            queue = conn.SimpleQueue("llmgw-tls")
+            queue.put({"n": n})
+            msg = queue.get(timeout=5)
+            msg.ack()
+            assert msg.payload == {"n": n}
+            queue.close()
+
+    version, _ = apply(store, 1)
+    roundtrip(1)
+    old = cluster.ha.kill_master()
+    cluster.ha.wait_failover(old)
+    wait_until(store.ping, 10, what="the store to reach the new master over TLS")
+    assert read_applied(store)[0] == version
+    roundtrip(2)
+    store.close()

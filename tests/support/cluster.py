@@ -76,6 +76,20 @@ class RedisTLS:
     key: Path
 
 
+def make_certs(d: Path) -> RedisTLS:
+    """A CA and a server certificate it signs for 127.0.0.1, with the openssl command."""
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60, cwd=d)
+
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    run("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "1", "-subj", "/CN=llmgw test CA")
+    run("req", *ec, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1")
+    (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    run("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+        "-out", "server.crt", "-days", "1", "-extfile", "san.ext")
+    return RedisTLS(ca=d / "ca.crt", cert=d / "server.crt", key=d / "server.key")
+
+
 class Cluster:
     def __init__(self, tmp_path: Path, extra_env: dict[str, str] | None = None):
         self.root = Path(tmp_path)
@@ -131,11 +145,15 @@ class Cluster:
         wait_until(lambda: self.redis().ping(), 15, what="redis-server to answer PING")
         return self.redis_url
 
-    def start_sentinel_redis(self, password: str | None = None, persistent: bool = True, **kw) -> str:
+    def start_sentinel_redis(self, password: str | None = None, persistent: bool = True,
+                             tls: RedisTLS | None = None, binary: str | None = None, **kw) -> str:
         """Redis as production runs it (tests/support/sentinel.py): one master, one replica and three
         sentinels on free loopback ports; `redis_url` is then its `redis+sentinel://` URL, and `self.ha`
         kills, restarts and inspects its instances."""
-        self.ha = SentinelRedis(self.root / "ha", self.procs, password=password, persistent=persistent, **kw)
+        if tls is not None:
+            needs.tls_redis(binary or redis_server_binary())
+        self.ha = SentinelRedis(self.root / "ha", self.procs, password=password, persistent=persistent, tls=tls,
+                                binary=binary, **kw)
         return self.ha.start()
 
     def _start_redis_process(self) -> None:

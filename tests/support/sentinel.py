@@ -24,11 +24,15 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 import redis
 
 from tests.support.procs import Proc, ProcessSet, free_port, redis_server_binary, socket_inodes, wait_until
+
+if TYPE_CHECKING:
+    from tests.support.cluster import RedisTLS
 
 MASTER_NAME = "mymaster"
 DATA = ("redis-a", "redis-b")  # redis-a starts as the master, redis-b as its replica
@@ -46,8 +50,11 @@ class Instance:
 
 class SentinelRedis:
     def __init__(self, root: Path, procs: ProcessSet, password: str | None = None, persistent: bool = True,
-                 down_after: int = 1000, failover_timeout: int = 5000, binary: str | None = None):
-        self.root, self.procs, self.password = Path(root), procs, password
+                 down_after: int = 1000, failover_timeout: int = 5000, binary: str | None = None,
+                 tls: "RedisTLS | None" = None):
+        """`tls`: every instance (sentinels included) serves TLS only, with these certificates, and
+        replicates over TLS; the URL is then `rediss+sentinel://...?ssl_ca_certs=CA`."""
+        self.root, self.procs, self.password, self.tls = Path(root), procs, password, tls
         self.persistent, self.down_after, self.failover_timeout = persistent, down_after, failover_timeout
         self.binary = binary or redis_server_binary()
         self.instances: dict[str, Instance] = {}
@@ -57,6 +64,8 @@ class SentinelRedis:
     def url(self) -> str:
         auth = f":{quote(self.password, safe='')}@" if self.password else ""
         hosts = ",".join(f"127.0.0.1:{self.instances[s].port}" for s in SENTINELS)
+        if self.tls:
+            return f"rediss+sentinel://{auth}{hosts}/{MASTER_NAME}/0?ssl_ca_certs={quote(str(self.tls.ca))}"
         return f"redis+sentinel://{auth}{hosts}/{MASTER_NAME}/0"
 
     def port(self, name: str) -> int:
@@ -68,6 +77,8 @@ class SentinelRedis:
     def client(self, name: str, **kw) -> redis.Redis:
         """A plain client of one instance (data or sentinel), for the test's own looks."""
         auth = {"password": self.password} if self.password and name in DATA else {}
+        if self.tls:
+            auth.update(ssl=True, ssl_ca_certs=str(self.tls.ca), ssl_cert_reqs="required")
         return redis.Redis("127.0.0.1", self.port(name), decode_responses=True, socket_timeout=2,
                            socket_connect_timeout=1, **auth, **kw)
 
@@ -106,7 +117,7 @@ class SentinelRedis:
 
     def _write_data_conf(self, inst: Instance, replica_of: int | None) -> None:
         inst.conf.parent.mkdir(parents=True, exist_ok=True)
-        lines = [f"port {inst.port}", "bind 127.0.0.1", f"dir {inst.conf.parent}", 'save ""',
+        lines = [*self._listen(inst), "bind 127.0.0.1", f"dir {inst.conf.parent}", 'save ""',
                  f"appendonly {'yes' if self.persistent else 'no'}", "appendfsync everysec"]
         if self.password:
             lines += [f"requirepass {_quoted(self.password)}", f"masterauth {_quoted(self.password)}"]
@@ -119,7 +130,7 @@ class SentinelRedis:
         # Each sentinel is told its peers and the replica up front (what they would otherwise learn
         # from hello messages and the master's INFO within ~10 s), so the stack is ready in a second.
         inst.conf.parent.mkdir(parents=True, exist_ok=True)
-        lines = [f"port {inst.port}", "bind 127.0.0.1", f"dir {inst.conf.parent}", f"sentinel myid {_myid(inst.name)}",
+        lines = [*self._listen(inst), "bind 127.0.0.1", f"dir {inst.conf.parent}", f"sentinel myid {_myid(inst.name)}",
                  f"sentinel monitor {MASTER_NAME} 127.0.0.1 {master_port} 2",
                  f"sentinel known-replica {MASTER_NAME} 127.0.0.1 {replica_port}",
                  *(f"sentinel known-sentinel {MASTER_NAME} 127.0.0.1 {self.instances[p].port} {_myid(p)}"
@@ -132,6 +143,14 @@ class SentinelRedis:
         inst.conf.write_text("\n".join(lines) + "\n")
         inst.argv = [self.binary, str(inst.conf), "--sentinel"]
 
+    def _listen(self, inst: Instance) -> list[str]:
+        """The port lines: plain, or TLS only (the plain port closed, so a client without TLS fails)."""
+        if not self.tls:
+            return [f"port {inst.port}"]
+        t = self.tls
+        return ["port 0", f"tls-port {inst.port}", f"tls-cert-file {t.cert}", f"tls-key-file {t.key}",
+                f"tls-ca-cert-file {t.ca}", "tls-auth-clients no", "tls-replication yes"]
+
     def _spawn(self, name: str) -> Proc:
         inst = self.instances[name]
         inst.proc = self.procs.start(name, inst.argv)
@@ -143,6 +162,12 @@ class SentinelRedis:
                 m = c.execute_command("SENTINEL", "master", MASTER_NAME)
             info = dict(zip(m[::2], m[1::2])) if isinstance(m, list) else m
             if int(info["num-slaves"]) < 1 or int(info["num-other-sentinels"]) < 2 or "s_down" in info["flags"]:
+                return False
+            with self.client(s) as c:
+                replicas = c.sentinel_slaves(MASTER_NAME)
+            # The sentinel has read the replica's INFO (a failover needs it): its link to the master is up.
+            if not any(r.get("master-link-status") == "ok" and not r["is_sdown"] and not r["is_disconnected"]
+                       for r in replicas):
                 return False
         replica = next(n for n in DATA if n != self.master())
         return self.link_up(replica)
