@@ -4,7 +4,7 @@ The whole system (control worker, beat, two node agents, the gateway, the CLI) r
 `redis+sentinel://` (tests/support/sentinel.py: a master, a replica, three sentinels; a password).
 
 1. A catalog apply and a key creation just before the master is killed, while clients stream and
-   not: no client error, the catalog and the key are on the promoted replica (each waited for a replica:
+   not (and Flower watches): no client error, the catalog and the key are on the promoted replica (each waited for a replica:
    WAIT), every process reconnects there by itself (heartbeats, gateway reports, Celery tasks), every
    replica record is reconciled, new replicas are placed and routed after the failover, and once the
    old master is back (as a replica) no llmgw process is connected to it.
@@ -26,7 +26,7 @@ import requests
 from llmgw.catalog import read_applied
 from tests.faults.fleet import catalog, engines, expected, identities, settle, start_fleet
 from tests.support.clients import start_loops, stop_loops
-from tests.support.procs import TOKEN_VAR, hold, wait_until
+from tests.support.procs import TOKEN_VAR, free_port, hold, wait_until
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
@@ -42,6 +42,15 @@ def no_errors(loops):
         errors = [e for loop in loops for e in loop.errors]
         assert not errors, f"clients saw errors: {errors[:3]}"
     return check
+
+
+def flower_workers(port: int) -> set[str]:
+    """The workers Flower's broadcast reached now (`refresh=1`)."""
+    try:
+        resp = requests.get(f"http://127.0.0.1:{port}/api/workers?refresh=1", timeout=10)
+    except requests.RequestException:
+        return set()
+    return {w.split("@")[0] for w in resp.json()} if resp.status_code == 200 else set()
 
 
 def fresh_everywhere(cluster, since: float, gateways: int = 1) -> bool:
@@ -64,6 +73,10 @@ def test_master_killed_under_load_loses_no_apply_no_key_and_leaves_nobody_behind
     auth = {"Authorization": f"Bearer {team}"}
     wait_until(lambda: requests.post(url + "/v1/chat/completions", json={"model": "chat"}, timeout=5).status_code
                == 401, 20, what="the gateway to require the key")
+    flower = free_port()
+    cluster.start_flower(flower, FLOWER_UNAUTHENTICATED_API="true")
+    wait_until(lambda: {"control", "a", "b"} <= flower_workers(flower), 60, interval=0.5,
+               what="Flower to see the workers")
     procs = [p for p in cluster.procs.procs if not is_redis(p.name)]
     before = identities(cluster.store())
 
@@ -101,6 +114,13 @@ def test_master_killed_under_load_loses_no_apply_no_key_and_leaves_nobody_behind
                                 json={"model": "chat", "messages": [{"role": "user", "content": "hi"}],
                                       "max_tokens": 4})
         assert late_ok.status_code == 200, late_ok.text
+        # Flower follows too: its broker connection (the workers answer its broadcast) and its broker
+        # page (queue lengths, read through the sentinels).
+        wait_until(lambda: {"control", "a", "b"} <= flower_workers(flower), 30, interval=0.5,
+                   what="Flower to see the workers after the failover")
+        lengths = requests.get(f"http://127.0.0.1:{flower}/api/queues/length", timeout=10)
+        assert lengths.status_code == 200 and "control" in {q["name"] for q in lengths.json()["active_queues"]}, \
+            lengths.text
 
         # The old master comes back, and the sentinels make it a replica of the new one: nobody of ours
         # talks to it (every connection goes where the sentinels say), while they all talk to the new one.
