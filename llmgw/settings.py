@@ -166,8 +166,9 @@ class Settings(EnvSettings):
                 "`redis+sentinel://[:password@]host:port[,host:port...]/MASTER[/DB]` ([store](docs/store.md))")
     redis_wait_replicas: int | None = env(
         "LLMGW_REDIS_WAIT_REPLICAS", default=None, ge=0,
-        meaning="replicas that must hold a catalog apply or an API key's creation, change or revocation "
-                "before it returns (Redis `WAIT`); unset: 1 with a Sentinel URL, 0 otherwise ([store](docs/store.md))")
+        meaning="replicas that must hold a catalog apply, an API key's creation, change or revocation, a "
+                "cordon/drain or a credential rotation before it returns (Redis `WAIT`); unset: 1 with a "
+                "Sentinel URL, 0 otherwise ([store](docs/store.md))")
     redis_wait_timeout: Seconds = env("LLMGW_REDIS_WAIT_TIMEOUT", default=2.0, gt=0,
                                       meaning="seconds such a write waits for its replicas before it is "
                                               "reported as not yet safe from a failover (it stands on the master)")
