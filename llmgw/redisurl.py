@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import ssl
 from dataclasses import dataclass, field
-from urllib.parse import parse_qsl, quote, unquote, urlsplit
+from urllib.parse import parse_qsl, quote, unquote
 
 SENTINEL_SCHEMES = {"redis+sentinel": False, "rediss+sentinel": True}  # scheme -> TLS
 PLAIN_SCHEMES = ("redis", "rediss", "unix")

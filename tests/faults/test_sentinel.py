@@ -15,7 +15,6 @@ The whole system (control worker, beat, two node agents, the gateway, the CLI) r
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
