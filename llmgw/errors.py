@@ -69,6 +69,21 @@ class RedisUnreachable(LlmgwError):
         super().__init__(f"cannot reach Redis at {url}: {err} (set REDIS_URL or LLMGW_REDIS_URL)")
 
 
+class NotReplicated(LlmgwError):
+    """A write that must not be lost is on the master, but fewer replicas than asked acknowledged it
+    within the timeout (`llmgw.redisurl.Durability`): a failover now could lose it. `value` is what the
+    write returned; the write itself stands."""
+
+    exit_code = 0  # what was asked is done; the CLI says it is not yet safe against a failover
+
+    def __init__(self, what: str, acked: int, wanted: int, timeout: float, value=None):
+        self.what, self.acked, self.wanted, self.timeout, self.value = what, acked, wanted, timeout, value
+        super().__init__(
+            f"{what} is on the Redis master, but {acked} of {wanted} replica(s) acknowledged it within "
+            f"{timeout:g} s: a failover before a replica has it would lose it (LLMGW_REDIS_WAIT_REPLICAS, "
+            "LLMGW_REDIS_WAIT_TIMEOUT; docs/store.md)")
+
+
 class NotFound(LlmgwError):
     def __init__(self, kind: str, name: str):
         self.kind, self.name = kind, name

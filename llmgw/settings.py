@@ -25,6 +25,7 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
 
 from llmgw.errors import ConfigError
+from llmgw.redisurl import Durability, check as check_redis_url
 
 
 class Says:
@@ -158,9 +159,19 @@ class Settings(EnvSettings):
 
     docs: ClassVar[str] = "README.md"
 
-    redis_url: str = env("LLMGW_REDIS_URL", "REDIS_URL", default="redis://127.0.0.1:6379/0",
-                         meaning="the Redis every part shares (`llmgw up` starts its own unless set; other "
-                                 "`llmgw` commands then find that one through its state dir)")
+    redis_url: Annotated[str, AfterValidator(check_redis_url)] = env(
+        "LLMGW_REDIS_URL", "REDIS_URL", default="redis://127.0.0.1:6379/0",
+        meaning="the Redis every part shares (`llmgw up` starts its own unless set; other `llmgw` commands "
+                "then find that one through its state dir); a master behind Sentinel is "
+                "`redis+sentinel://[:password@]host:port[,host:port...]/MASTER[/DB]` ([store](docs/store.md))")
+    redis_wait_replicas: int | None = env(
+        "LLMGW_REDIS_WAIT_REPLICAS", default=None, ge=0,
+        meaning="replicas that must hold a catalog apply, an API key's creation, change or revocation, a "
+                "cordon/drain or a credential rotation before it returns (Redis `WAIT`); unset: 1 with a "
+                "Sentinel URL, 0 otherwise ([store](docs/store.md))")
+    redis_wait_timeout: Seconds = env("LLMGW_REDIS_WAIT_TIMEOUT", default=2.0, gt=0,
+                                      meaning="seconds such a write waits for its replicas before it is "
+                                              "reported as not yet safe from a failover (it stands on the master)")
     state_dir: Annotated[Path, AfterValidator(_absolute)] = env(
         "LLMGW_STATE_DIR", default=Path(".llmgw"), validate_default=True,
         meaning="logs, engine state, Redis data of `llmgw up`")
@@ -170,6 +181,12 @@ class Settings(EnvSettings):
                              meaning="facts (a catalog apply, a replica turning Ready or exiting, a stop) "
                                      "kick the control passes at once ([lifecycle](docs/lifecycle.md)); "
                                      "0 leaves only beat's timers")
+
+
+    @property
+    def durability(self) -> Durability:
+        """What a write that must not be lost waits for (`Store(r, durability)`)."""
+        return Durability.of(self.redis_url, self.redis_wait_replicas, self.redis_wait_timeout)
 
 
 class ControlSettings(Settings):

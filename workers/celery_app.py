@@ -10,8 +10,11 @@ from __future__ import annotations
 from celery import Celery
 
 from beat.schedule import beat_schedule
+from llmgw.redisurl import celery_conf, parse
 from llmgw.settings import ControlSettings
 from llmgw.state.keys import CONTROL_QUEUE
+from workers.broker import install as install_sentinel_transport
+
 
 class LlmgwCelery(Celery):
     """A Celery app that carries the control plane's settings, read once from the environment (a node
@@ -21,12 +24,18 @@ class LlmgwCelery(Celery):
 
 
 def create_celery_app(settings: ControlSettings) -> LlmgwCelery:
+    # The broker is the Redis every part shares; a Sentinel URL becomes Celery's `sentinel://` transport
+    # with the master's name (llmgw.redisurl.celery_conf), so workers, beat and Flower follow a failover.
+    broker = celery_conf(settings.redis_url)
+    if parse(settings.redis_url).sentinel:
+        install_sentinel_transport()  # kombu's, repaired to survive a failover (workers/broker.py)
     app = LlmgwCelery(
         "llmgw",
-        broker=settings.redis_url,
+        broker=broker.pop("broker_url"),
         include=["workers.control.tasks", "workers.agent.tasks"],
     )
     app.settings = settings
+    app.conf.update(**broker)
     app.conf.update(
         task_default_queue=CONTROL_QUEUE,
         task_routes={
@@ -40,7 +49,7 @@ def create_celery_app(settings: ControlSettings) -> LlmgwCelery:
         worker_prefetch_multiplier=1,
         broker_connection_retry_on_startup=True,
         # Unacked tasks come back after this; our tasks take milliseconds.
-        broker_transport_options={"visibility_timeout": 300},
+        broker_transport_options={**broker.get("broker_transport_options", {}), "visibility_timeout": 300},
         worker_send_task_events=True,  # for Flower
         task_send_sent_event=True,
         beat_schedule=beat_schedule(settings),

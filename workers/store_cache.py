@@ -13,30 +13,33 @@ from typing import Any, Callable
 
 from celery.signals import worker_process_shutdown, worker_shutdown
 
-from llmgw.state.store import Store, connect
+from llmgw.state.store import Durability, Store, connect
 
 log = logging.getLogger("llmgw.workers")
 
 
 class StoreCache:
-    """One Store (so one Redis connection pool) per Redis URL for this worker process, made on first
-    use and closed at worker shutdown: a task must not build a client, and leak its sockets, per call.
+    """One Store (so one Redis connection pool) per Redis URL (and durability) for this worker process,
+    made on first use and closed at worker shutdown: a task must not build a client, and leak its
+    sockets, per call.
 
     A prefork pool child gets its own: clients are never shared across a fork."""
 
     def __init__(self, connect: Callable[[str], Any] = connect):
         self._connect = connect
         self._lock = threading.Lock()
-        self._stores: dict[str, Store] = {}
+        self._stores: dict[tuple[str, Durability], Store] = {}
         self._pid = os.getpid()
 
-    def get(self, url: str) -> Store:
+    def get(self, url: str, durability: Durability | None = None) -> Store:
+        """`durability`: what the store's must-not-lose writes wait for (`Settings.durability`)."""
+        key = (url, durability or Durability())
         with self._lock:
             if self._pid != os.getpid():  # forked: the parent's sockets are not ours to use
                 self._stores, self._pid = {}, os.getpid()
-            store = self._stores.get(url)
+            store = self._stores.get(key)
             if store is None:
-                store = self._stores[url] = Store(self._connect(url))
+                store = self._stores[key] = Store(self._connect(url), key[1])
             return store
 
     def close(self) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from llmgw.catalog import check_catalog_size, parse_catalog_bytes
 from llmgw.catalog.store import apply_catalog
-from llmgw.errors import CatalogInvalid
+from llmgw.errors import CatalogInvalid, NotReplicated
 from llmgw.state import keys
 from llmgw.state.store import Store
 
@@ -81,7 +81,11 @@ def sync_from_file(store: Store, path: Path, applied_by: str) -> SyncResult:
         if not held:
             # Another control worker is applying this very change; the next pass sees its result.
             return SyncResult(False, store.catalog_version(), [])
-        version, changed = apply_catalog(store, catalog, source=str(path), applied_by=applied_by)
+        try:
+            version, changed = apply_catalog(store, catalog, source=str(path), applied_by=applied_by)
+        except NotReplicated as e:  # applied on the master; not yet safe from a failover
+            log.warning("catalog file %s: %s", path, e)
+            version, changed = e.value
         _remember(store, path, stamp, sha, version, [])
     if changed:
         log.info("catalog file %s applied as version %d (hash %s)", path, version, catalog.hash())

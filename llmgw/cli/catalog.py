@@ -30,7 +30,7 @@ from llmgw.catalog import (
     read_applied,
     read_version,
 )
-from llmgw.cli.common import kick, print_json, settings
+from llmgw.cli.common import kick, print_json, replicated, settings
 from llmgw.cli.progress import Progress, Ticker
 from llmgw.errors import CatalogConflict, CatalogInvalid, RedisUnreachable
 from llmgw.settings import Settings
@@ -106,8 +106,9 @@ def _positive(text: str) -> int:
 
 
 def _redis(s: Settings | None = None) -> Store:
-    url = (s or settings()).redis_url
-    store = Store(connect(url))
+    s = s or settings()
+    url = s.redis_url
+    store = Store(connect(url), s.durability)
     try:
         store.ping()
     except RedisError as e:
@@ -171,9 +172,9 @@ def cmd_apply(args) -> int:
     with tracing.configure("llmgw", export_timeout=EXPORT_TIMEOUT).span("llmgw.catalog_apply", kind="producer",
                                          attributes={"llmgw.catalog.hash": cat.hash()}) as span:
         try:
-            new_version, changed = apply_catalog(
+            new_version, changed = replicated(lambda: apply_catalog(
                 r, cat, source=os.path.abspath(args.file), applied_by=_who(), expected_version=version
-            )
+            ))
         except CatalogConflict as e:
             span.fail(str(e), "conflict")
             print(f"llmgw: {e}; nothing was applied", file=sys.stderr)

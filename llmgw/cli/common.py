@@ -6,13 +6,15 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, TypeVar
 
+from llmgw.errors import NotReplicated
 from llmgw.local.stackfile import Lookup, find_stack
 from llmgw.settings import Settings
 from llmgw.state.kicks import Kicker, broker_app, celery_sender
 from llmgw.state.store import Store, connect
 
+T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Located:
@@ -58,7 +60,19 @@ def settings() -> Settings:
 
 
 def store(s: Settings | None = None) -> Store:
-    return Store(connect((s or settings()).redis_url))
+    s = s or settings()
+    return Store(connect(s.redis_url), s.durability)
+
+
+def replicated(write: Callable[[], T]) -> T:
+    """`write()`, a store write that must not be lost (a catalog apply, an API key's change). When the
+    replicas it waits for fall short (NotReplicated), the write stands: say so on stderr and go on with
+    what it returned."""
+    try:
+        return write()
+    except NotReplicated as e:
+        print(f"llmgw: warning: {e}", file=sys.stderr)
+        return e.value
 
 
 def print_json(obj) -> None:

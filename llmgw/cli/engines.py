@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 from llmgw.catalog import read_applied
-from llmgw.cli.common import kick, settings, store
+from llmgw.cli.common import kick, replicated, settings, store
 from llmgw.errors import LlmgwError, NotFound
 from llmgw.state.kicks import RECONCILE
 
@@ -38,7 +38,7 @@ def cmd_rotate(args) -> int:
         name = model.name
     # Counted before the rotation: the reconcile it kicks may add the first replacement at once.
     live = [r for r in s.all_replicas() if r.stop_requested_at is None and (name is None or r.model == name)]
-    generation = s.rotate_credentials(name)
+    generation = replicated(lambda: s.rotate_credentials(name))
     s.emit("credentials_rotated", f"llmgw engines rotate-credentials {name or '(all models)'}", source="cli",
            model=name or "", generation=generation, ts=time.time())
     kick(cfg, s, RECONCILE)

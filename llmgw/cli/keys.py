@@ -125,7 +125,7 @@ def _create(args) -> int:
     now = time.time()
     changes = _changes(args, now)
     rpm, tpm, priority = (changes.pop(f, None) for f in ("rpm", "tpm", "priority"))
-    kid, key = store.create_key(args.name, rpm, tpm, priority, now=now, **changes)
+    kid, key = common.replicated(lambda: store.create_key(args.name, rpm, tpm, priority, now=now, **changes))
     _warn_unknown_models(store, changes.get("models") or ())
     print(key)
     print(f"created key {args.name!r} (id {kid}); it is shown only now, store it safely", file=sys.stderr)
@@ -139,7 +139,7 @@ def _update(args) -> int:
         print("llmgw: nothing to change: give at least one of --rpm, --tpm, --priority, --models, --expires, "
               "--budget, --budget-period, --admin/--no-admin", file=sys.stderr)
         return 2
-    rec = store.update_key(args.name, **changes)
+    rec = common.replicated(lambda: store.update_key(args.name, **changes))
     _warn_unknown_models(store, changes.get("models") or ())
     print(f"updated key {rec.name!r} (id {rec.id}): {_describe(rec)}; gateways apply it within their key "
           "refresh (LLMGW_GATEWAY_KEYS_INTERVAL)")
@@ -180,6 +180,7 @@ def _list(args) -> int:
 
 
 def _revoke(args) -> int:
-    kid = checked_store().revoke_key(args.name)
+    store = checked_store()
+    kid = common.replicated(lambda: store.revoke_key(args.name))
     print(f"revoked {args.name} ({kid})")
     return 0

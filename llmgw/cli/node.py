@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from llmgw.cli.common import kick, settings, store
+from llmgw.cli.common import kick, replicated, settings, store
 from llmgw.state.kicks import RECONCILE
 
 
@@ -40,7 +40,7 @@ def cmd_admin(args) -> int:
         listing = ", ".join(sorted(known)) or "none has sent a heartbeat yet"
         print(f"llmgw: no node named {args.name!r} (known nodes: {listing})", file=sys.stderr)
         return 2
-    s.set_node_admin(args.name, **FLAGS[args.action])
+    replicated(lambda: s.set_node_admin(args.name, **FLAGS[args.action]))
     s.emit({"cordon": "node_cordoned", "uncordon": "node_uncordoned", "drain": "node_drained"}[args.action],
                 f"llmgw node {args.action}", source="cli", node=args.name)
     kick(cfg, s, RECONCILE)

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import requests
 
-from llmgw.catalog import Catalog, apply_catalog, load_catalog_file
-from llmgw.cli.common import kick
+from llmgw.catalog import Catalog, apply_catalog, load_catalog_file, parse_catalog
+from llmgw.cli.common import kick, replicated
 from llmgw.cli.progress import Progress, Ticker
 from llmgw.errors import CatalogInvalid, LlmgwError
 from llmgw.local import stackfile
@@ -38,7 +38,7 @@ from llmgw.state.records import ReplicaRecord
 from llmgw.state.replica_state import State, derive, nodes_alive
 from llmgw.state.keys import CONTROL_QUEUE, node_queue
 from llmgw.state.kicks import RECONCILE
-from llmgw.state.store import Store, connect
+from llmgw.state.store import Durability, Store, connect
 
 
 def register(sub) -> None:
@@ -119,7 +119,7 @@ def cmd_up(args) -> int:
 def _run(args, settings, catalog, state_dir, node, stack: LocalStack, stopping) -> int:
     if "redis_url" in settings.model_fields_set:  # REDIS_URL or LLMGW_REDIS_URL was given
         redis_url = settings.redis_url
-        _say(f"using Redis at {redis_url}")
+        _say(f"using Redis at {stackfile.masked(redis_url)}")
     else:
         port = free_port()
         data = state_dir / "redis"
@@ -127,7 +127,7 @@ def _run(args, settings, catalog, state_dir, node, stack: LocalStack, stopping) 
         stack.start("redis", redis_server_argv(port, data, persistent=True))
         redis_url = f"redis://127.0.0.1:{port}/0"
         _say(f"started Redis on 127.0.0.1:{port} (data in {data})")
-    store = Store(connect(redis_url))
+    store = Store(connect(redis_url), Durability.of(redis_url, settings.redis_wait_replicas, settings.redis_wait_timeout))
     if not wait_for(store.ping, 20, stopping.is_set):
         raise LlmgwError(f"Redis at {redis_url} did not answer within 20 s")
     url = f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '') else args.host}:{args.port}"
@@ -155,9 +155,9 @@ def _run(args, settings, catalog, state_dir, node, stack: LocalStack, stopping) 
     _say(f"started control worker, beat, node agent {node!r} and the gateway; logs in {state_dir / 'logs'}")
 
     path = os.path.abspath(args.catalog) if args.catalog else default_catalog_path()
-    version, changed = apply_catalog(
+    version, changed = replicated(lambda: apply_catalog(
         store, catalog, source=path, applied_by=f"{getpass.getuser()}@{socket.gethostname()} (llmgw up)",
-    )
+    ))
     first, *rest = catalog_lines(path, bool(args.catalog), [m.name for m in catalog.models], version, changed)
     _say(first)
     for line in rest:

@@ -13,8 +13,8 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterable
-from urllib.parse import urlsplit, urlunsplit
 
+from llmgw import redisurl
 from llmgw.proc.proctable import ProcInfo, read_proc
 from llmgw.state.store import RedisError, Store, connect
 
@@ -96,16 +96,8 @@ def stale_reason(info: StackInfo, proc: ProcInfo | None) -> str | None:
 
 
 def masked(url: str) -> str:
-    """The URL with its password replaced by `***`, for messages."""
-    parts = urlsplit(url)
-    if not parts.password:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+    """The URL with its password replaced by `***`, for messages (a Sentinel URL's too)."""
+    return redisurl.masked(url)
 
 
 def redis_answers(url: str, timeout: float = 1.0) -> bool:

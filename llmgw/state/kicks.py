@@ -24,6 +24,7 @@ import logging
 from dataclasses import dataclass
 from typing import Callable, Mapping, Protocol
 
+from llmgw.redisurl import celery_conf
 from llmgw.state.keys import CONTROL_QUEUE
 from llmgw.state.store import RedisError, Store
 
@@ -86,10 +87,14 @@ def celery_sender(app) -> Sender:
 
 def broker_app(redis_url: str):
     """A Celery app that only sends (no task modules): for the CLI and the gateway, which kick the
-    control passes without being Celery workers."""
+    control passes without being Celery workers. The broker as the workers see it (Sentinel included:
+    `llmgw.redisurl.celery_conf`)."""
     from celery import Celery
 
-    return Celery("llmgw-kick", broker=redis_url, set_as_current=False)
+    conf = celery_conf(redis_url)
+    app = Celery("llmgw-kick", broker=conf.pop("broker_url"), set_as_current=False)
+    app.conf.update(**conf)
+    return app
 
 
 class Kicker:

@@ -18,8 +18,6 @@ import json
 import os
 import shutil
 import socket
-import subprocess
-from pathlib import Path
 
 import pytest
 import requests
@@ -31,7 +29,7 @@ from llmgw.state.clock import Clock
 from tests.faults.fleet import AGENT, engines
 from tests.faults.rawhttp import RawGateway
 from tests.support import needs
-from tests.support.cluster import RedisTLS, sim_catalog
+from tests.support.cluster import make_certs, sim_catalog
 from tests.support.procs import TOKEN_VAR, free_port, socket_inodes, wait_until
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
@@ -199,20 +197,6 @@ def test_api_keys_are_hashes_at_rest_and_looked_up_by_digest(cluster):
     assert found is not None and found.id == key_id
     assert table.lookup(Spy(near)) is None
     assert Spy.compared == 0, "the presented key was compared itself, not its digest"
-
-
-def make_certs(d: Path) -> RedisTLS:
-    """A CA and a server certificate it signs for 127.0.0.1, with the openssl command."""
-    def run(*args: str) -> None:
-        subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60, cwd=d)
-
-    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    run("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "1", "-subj", "/CN=llmgw test CA")
-    run("req", *ec, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1")
-    (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
-    run("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-        "-out", "server.crt", "-days", "1", "-extfile", "san.ext")
-    return RedisTLS(ca=d / "ca.crt", cert=d / "server.crt", key=d / "server.key")
 
 
 @pytest.mark.parametrize("tls", [False, True], ids=["password", "password+tls"])

@@ -1,7 +1,7 @@
 """A whole llmgw on real processes for integration and end-to-end tests.
 
     cluster = Cluster(tmp_path)           # nothing runs yet
-    cluster.start_redis()
+    cluster.start_redis()                 # or cluster.start_sentinel_redis(): a master, a replica, 3 sentinels
     cluster.start_control(); cluster.start_beat()
     cluster.start_node("a"); cluster.start_node("b", gpus="h100:2")
     url = cluster.start_gateway()
@@ -34,6 +34,7 @@ from llmgw.local.embedded_redis import redis_server_argv
 from llmgw.state.keys import CONTROL_QUEUE, node_queue
 from llmgw.state.store import Store, connect
 from tests.support import needs
+from tests.support.sentinel import SentinelRedis
 from tests.support.procs import (
     ProcessSet,
     bin_path,
@@ -75,6 +76,20 @@ class RedisTLS:
     key: Path
 
 
+def make_certs(d: Path) -> RedisTLS:
+    """A CA and a server certificate it signs for 127.0.0.1, with the openssl command."""
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60, cwd=d)
+
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    run("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "1", "-subj", "/CN=llmgw test CA")
+    run("req", *ec, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1")
+    (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    run("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+        "-out", "server.crt", "-days", "1", "-extfile", "san.ext")
+    return RedisTLS(ca=d / "ca.crt", cert=d / "server.crt", key=d / "server.key")
+
+
 class Cluster:
     def __init__(self, tmp_path: Path, extra_env: dict[str, str] | None = None):
         self.root = Path(tmp_path)
@@ -84,10 +99,13 @@ class Cluster:
         self._redis: dict = {"persistent": False, "password": None, "tls": None, "binary": None,
                              "bind": ("127.0.0.1",)}
         self.gateway_url: str | None = None
+        self.ha: SentinelRedis | None = None  # start_sentinel_redis's stack
 
     # --- environment -------------------------------------------------------------------------------
     @property
     def redis_url(self) -> str:
+        if self.ha is not None:
+            return self.ha.url
         assert self.redis_port, "start_redis() first"
         opts = self._redis
         auth = f":{quote(opts['password'], safe='')}@" if opts["password"] else ""
@@ -126,6 +144,17 @@ class Cluster:
         self._start_redis_process()
         wait_until(lambda: self.redis().ping(), 15, what="redis-server to answer PING")
         return self.redis_url
+
+    def start_sentinel_redis(self, password: str | None = None, persistent: bool = True,
+                             tls: RedisTLS | None = None, binary: str | None = None, **kw) -> str:
+        """Redis as production runs it (tests/support/sentinel.py): one master, one replica and three
+        sentinels on free loopback ports; `redis_url` is then its `redis+sentinel://` URL, and `self.ha`
+        kills, restarts and inspects its instances."""
+        if tls is not None:
+            needs.tls_redis(binary or redis_server_binary())
+        self.ha = SentinelRedis(self.root / "ha", self.procs, password=password, persistent=persistent, tls=tls,
+                                binary=binary, **kw)
+        return self.ha.start()
 
     def _start_redis_process(self) -> None:
         data = self.root / "redis"
@@ -249,7 +278,7 @@ class Cluster:
         (`gateway`, `gateway2`, ...; `gateway_env`). Every node is live before `catalog` is applied, so
         placement sees them all. With `routed`, waits until every gateway routes to that many endpoints.
         Returns the gateway URLs."""
-        if self.redis_port is None:
+        if self.redis_port is None and self.ha is None:
             self.start_redis(**(redis or {}))
         for name in nodes:
             self.start_node(name, gpus=gpus, **(node_env or {}))
@@ -294,7 +323,10 @@ class Cluster:
     # --- teardown ----------------------------------------------------------------------------------
     def stop(self) -> None:
         """Stop the agents first (their engines stop with them on SIGTERM), then everything else."""
-        ordered = sorted(self.procs.procs, key=lambda p: (p.name == "redis", not p.name.startswith("node-")))
+        def is_redis(name: str) -> bool:
+            return name == "redis" or name.startswith(("redis-", "sentinel-"))
+
+        ordered = sorted(self.procs.procs, key=lambda p: (is_redis(p.name), not p.name.startswith("node-")))
         for p in ordered:
             p.stop()
 

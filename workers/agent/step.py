@@ -94,7 +94,7 @@ class _AgentService:
         self.lock_file = acquire_node_lock(settings.state_dir, settings.node_name)
         # The worker process's one Redis client, shared with the launch/stop tasks and closed at
         # worker shutdown (after this service has stopped).
-        store = STORES.get(settings.redis_url)
+        store = STORES.get(settings.redis_url, settings.durability)
         self.kicker = Kicker(store, celery_sender(app), enabled=settings.event_driven)
         gpus = discover_gpus(settings.node_gpus)
         reader = health_reader(settings.node_gpus) if gpus else None

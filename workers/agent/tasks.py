@@ -21,7 +21,7 @@ def _nudge(replica_id: str, what: str, stores: StoreCache = STORES) -> str:
     from celery import current_app
 
     settings = current_app.settings
-    store = stores.get(settings.redis_url)
+    store = stores.get(settings.redis_url, settings.durability)
     rec = store.get_replica(replica_id)
     node = settings.node_name
     if rec is None:

@@ -70,7 +70,7 @@ def _tracing():
 @shared_task(name="llmgw.reconcile", bind=True, base=ControlTask)
 def reconcile(self) -> dict | None:
     settings = self.app.settings
-    store = STORES.get(settings.redis_url)
+    store = STORES.get(settings.redis_url, settings.durability)  # the catalog file's applies wait for replicas
     # A kicked pass is the child of what kicked it (a catalog apply: the task's headers); a timer's
     # pass starts a trace of its own. The records it creates carry the pass to their launches.
     with _tracing().span("llmgw.reconcile", parent=tracing.from_task(self.request), kind="consumer") as span:
@@ -95,7 +95,7 @@ def reconcile(self) -> dict | None:
 @shared_task(name="llmgw.publish", bind=True, base=ControlTask)
 def publish(self) -> int | None:
     settings = self.app.settings
-    store = STORES.get(settings.redis_url)
+    store = STORES.get(settings.redis_url, settings.durability)
     with _tracing().span("llmgw.publish", parent=tracing.from_task(self.request), kind="consumer") as span:
         version = publish_once(store, time.time, lock_ttl=max(5.0, 5 * settings.publish_interval),
                                catalogs=self.catalogs, kicker=self.kicker(store), memory=self.memory)
@@ -105,14 +105,14 @@ def publish(self) -> int | None:
 
 @shared_task(name="llmgw.housekeeping", bind=True)
 def housekeeping(self) -> dict:
-    return housekeeping_once(STORES.get(self.app.settings.redis_url), time.time())
+    return housekeeping_once(STORES.get(self.app.settings.redis_url, self.app.settings.durability), time.time())
 
 
 @shared_task(name="llmgw.external", bind=True, base=ControlTask)
 def external(self) -> dict | None:
     settings = self.app.settings
     config = ExternalConfig(settings.external_check_interval, settings.external_timeout, settings.external_failures)
-    store = STORES.get(settings.redis_url)
+    store = STORES.get(settings.redis_url, settings.durability)
     return external_once(store, HttpProber(), time.time, config, lock_ttl=max(10.0, 4 * settings.external_timeout),
                          catalogs=self.catalogs, kicker=self.kicker(store),
                          load_ttl=max(10.0, 10 * settings.external_interval))

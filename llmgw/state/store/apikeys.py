@@ -45,16 +45,23 @@ class ApiKeys(Aggregate):
 
     def create_key(self, name: str, rpm: int | None = None, tpm: int | None = None,
                    priority: str | None = None, now: float | None = None, **policy) -> tuple[str, str]:
-        """Store a new key; returns (key id, the key itself). Names are unique among live keys."""
+        """Store a new key; returns (key id, the key itself). Names are unique among live keys. Confirmed
+        on the replicas `durability` asks for: a key handed out must not vanish in a failover (when
+        they fall short, NotReplicated says so; the key is stored and its `value` is (key id, key))."""
         rec, key = new_key(name, rpm, tpm, priority, time.time() if now is None else now, **policy)
         if any(k.name == name for k in self.list_keys()):
             raise ApiKeyInvalid(f"a key named {name!r} already exists (revoke it first)")
-        self.r.hset(keys.API_KEYS, rec.id, rec.to_json())
-        return rec.id, key
+
+        def write(r) -> tuple[str, str]:
+            r.hset(keys.API_KEYS, rec.id, rec.to_json())
+            return rec.id, key
+
+        return self.durably(f"API key {name!r}", write)
 
     def update_key(self, name_or_id: str, **changes) -> ApiKeyRecord:
         """Change a key's limits or policy (`keypolicy.updated`), never the key itself; returns the new
-        record. Compare-and-set on the table, so two updates of one key never lose each other's change."""
+        record. Compare-and-set on the table, so two updates of one key never lose each other's change.
+        Confirmed on the replicas `durability` asks for, as `create_key`."""
         changes = check_changes(changes)
         out: list[ApiKeyRecord] = []
 
@@ -68,16 +75,25 @@ class ApiKeys(Aggregate):
             pipe.hset(keys.API_KEYS, new.id, new.to_json())
             out[:] = [new]
 
-        self.r.transaction(txn, keys.API_KEYS)
-        return out[0]
+        def write(r) -> ApiKeyRecord:
+            r.transaction(txn, keys.API_KEYS)
+            return out[0]
+
+        return self.durably(f"the change of API key {name_or_id!r}", write)
 
     def revoke_key(self, name_or_id: str) -> str:
+        """Delete a key; returns its id. Confirmed on the replicas `durability` asks for: a revoked key
+        that a failover brought back would work again."""
         rec = self.find_key(name_or_id)
-        pipe = self.r.pipeline(transaction=True)
-        pipe.hdel(keys.API_KEYS, rec.id)
-        pipe.delete(keys.api_key_by_hash(rec.hash))  # index written by older versions
-        pipe.execute()
-        return rec.id
+
+        def write(r) -> str:
+            pipe = r.pipeline(transaction=True)
+            pipe.hdel(keys.API_KEYS, rec.id)
+            pipe.delete(keys.api_key_by_hash(rec.hash))  # index written by older versions
+            pipe.execute()
+            return rec.id
+
+        return self.durably(f"the revocation of API key {rec.name!r}", write)
 
     # --- usage and budgets ---------------------------------------------------------------------------
     def key_usage(self, key_id: str) -> dict[str, str]:

@@ -166,7 +166,8 @@ class Catalogs(Aggregate):
         (version, changed). Content whose hash equals the applied one changes nothing, even if another
         version was applied since `expected_version`; otherwise, with `expected_version`, raises
         CatalogConflict (writing nothing) if the applied version is no longer that one. The read, check
-        and write are one WATCH/MULTI transaction."""
+        and write are one WATCH/MULTI transaction; a new version is then confirmed on the replicas that
+        `durability` asks for (`durably`: NotReplicated, carrying (version, True), when they fall short)."""
 
         def txn(pipe: Pipeline) -> tuple[int, bool]:
             raw = pipe.get(keys.CATALOG)
@@ -188,7 +189,8 @@ class Catalogs(Aggregate):
                         source=applied_by, ts=now, version=version, hash=digest)
             return version, True
 
-        return self.r.transaction(txn, keys.CATALOG, value_from_callable=True)
+        return self.durably("the catalog version", lambda r: r.transaction(txn, keys.CATALOG, value_from_callable=True),
+                            wrote=lambda out: out[1])
 
     def catalog_file_state(self) -> dict[str, str]:
         """What the catalog file watch last saw (path, stamp, sha, version, problems), as stored."""

@@ -32,5 +32,7 @@ class Credentials(Aggregate):
 
     def rotate_credentials(self, model: str | None) -> int:
         """Mark the replicas of `model` (None: every model) outdated: the next reconcile replaces them
-        by a rolling update with fresh secrets. Returns the new generation of that name."""
-        return int(self.r.hincrby(keys.ENGINE_CREDENTIALS, model or keys.ALL_MODELS, 1))
+        by a rolling update with fresh secrets. Returns the new generation of that name. Confirmed on the
+        replicas `durability` asks for: a rotation a failover forgot would leave the old secrets in use."""
+        return self.durably("the credential rotation",
+                            lambda r: int(r.hincrby(keys.ENGINE_CREDENTIALS, model or keys.ALL_MODELS, 1)))

@@ -114,4 +114,7 @@ class Nodes(Aggregate):
         return take_admin(names, iter(pipe.execute()))
 
     def set_node_admin(self, name: str, **flags: bool) -> None:
-        self.r.hset(keys.node_admin(name), mapping={k: "1" if v else "0" for k, v in flags.items()})
+        """The operator's cordon/drain flags; confirmed on the replicas `durability` asks for (a cordon
+        a failover forgot would let placement use the node again)."""
+        mapping = {k: "1" if v else "0" for k, v in flags.items()}
+        self.durably(f"node {name}'s flags", lambda r: r.hset(keys.node_admin(name), mapping=mapping))
