@@ -13,6 +13,7 @@ from gateway.config import GatewaySettings
 from gateway.errors import ApiError
 from gateway.http.answer import Answers, RawAnswer
 from gateway.http.refusal import TimedOut, attempt_failed, not_loaded, refusal
+from gateway.http.resume import Resender
 from gateway.keys.gate import KeyGate
 from gateway.observe.demand import DemandSignal
 from gateway.observe.metrics import Metrics
@@ -124,8 +125,12 @@ class Proxy:
                     outcome = Outcome("timeout")
                 step = next_attempt(outcome, attempt, self.cfg.retries)
                 if isinstance(step, Deliver):
+                    # After the first byte the answer may move to another endpoint (gateway.http.resume).
+                    readmit = lambda c, ex: self._admit(c, prio, affinity, ex, False, None, trace)  # noqa: E731
+                    resend = Resender(router, self.upstream, readmit, call, headers, method, self.cfg, self.metrics,
+                                      trace, rid)
                     answer = self.answers.respond(resp, lease, model, canon, key, rid, t0, t_send, route,
-                                                  call.rewrite(ep), call.assembled(ep), trace=trace)
+                                                  call.rewrite(ep), call.assembled(ep), trace=trace, resend=resend)
                     lease, resp = None, None  # handed over: the answer releases them when it ends
                     return answer
                 trace.attempt_failed(outcome.kind, outcome.status or None, not isinstance(step, GiveUp))
