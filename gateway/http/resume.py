@@ -189,14 +189,13 @@ def resuming_stream(body: ResumingBody, res: Resumes, deadline: float, on_first:
                     on_done: Callable[[bool, tuple[int, int] | None], None],
                     monotonic: Callable[[], float]) -> Iterator[bytes]:
     """The client's stream: the engine's pieces as they arrive (through the answer's rewrite), and at
-    a break what `decide` says. Per piece: the error-event check (two substring searches), an append,
+    a break what `decide` says. Per piece: the error-event check (one substring search), an append,
     the clock. `on_done(answered, usage)` runs once, in `finally`, after the upstream is released
     (answer whole) or closed."""
     route_op, ended = res.op, rs.ended
-    mark1, mark2 = rs.ERROR_MARKS
+    mark, fold_at = rs.ERROR_MARK, rs.FOLD_PIECES
     said = rs.Said()
     held: list[bytes] = []  # pieces sent since the last fold (its last two are kept: the usage, the end)
-    size = 0
     first: bytes | None = None  # the first piece sent: the answer's id and creation time
     hops = 0
     fresh = True
@@ -208,7 +207,7 @@ def resuming_stream(body: ResumingBody, res: Resumes, deadline: float, on_first:
             cause = "closed"
             try:
                 for chunk in pieces:
-                    if mark1 in chunk or mark2 in chunk:
+                    if mark in chunk:
                         at = rs.error_at(chunk)
                         if at >= 0:
                             if at:
@@ -225,11 +224,9 @@ def resuming_stream(body: ResumingBody, res: Resumes, deadline: float, on_first:
                             on_first()
                     held.append(chunk)
                     yield chunk
-                    size += len(chunk)
-                    if size > rs.FOLD_AT:
-                        said = rs.fold(route_op, said, b"".join(held[:-2]))
+                    if len(held) > fold_at:
+                        said = rs.fold(route_op, said, b"".join(held[:-2]), last=False)
                         del held[:-2]
-                        size = sum(map(len, held))
                     if monotonic() > deadline:
                         log.warning("stream exceeded the total timeout; closing it")
                         return
@@ -246,7 +243,6 @@ def resuming_stream(body: ResumingBody, res: Resumes, deadline: float, on_first:
             said = rs.fold(route_op, said, b"".join(held))
             tail = held[-2:]
             held[:] = tail
-            size = 0
             old = body.hop.lease.choice.endpoint.id
             step = rs.decide(route_op, res.body, said, hops, res.limit, res.off)
             res.trace.attempt_failed(f"broken:{cause}", None, isinstance(step, rs.Resume))

@@ -5,7 +5,7 @@ when the stream breaks (the connection reset or closed without the answer's end,
 token within the stall limit), these functions say what happens:
 
 - `fold` reads what the client was sent into `Said` (the answer's text so far, the tokens that
-  carried it, whether it had ended). The shell folds only every FOLD_AT bytes (to bound what a
+  carried it, whether it had ended). The shell folds only every FOLD_PIECES pieces (to bound what a
   stream holds) and at a break: per piece it only appends, so a stream that never breaks costs no
   parsing.
 - `decide` says what to do: `Resume` with the request that continues the answer (`continuation`),
@@ -35,12 +35,15 @@ from llmgw import surface as op
 
 RESUMABLE_OPS = frozenset({op.CHAT, op.COMPLETIONS})
 STREAMED_OPS = frozenset({op.CHAT, op.COMPLETIONS, op.RESPONSES})
-FOLD_AT = 16384  # bytes of sent pieces a stream holds before folding them into its Said
+# Pieces a stream holds before folding them into its Said: a 256-token answer of vLLM's or
+# llama-server's (an event a piece, ~200 bytes) is never folded before it ends; a longer one holds
+# ~50 KB at most and pays ~1 us per event for the fold (bench/resume.py --per-piece).
+FOLD_PIECES = 256
 
 # Engines write compact JSON (vLLM's pydantic, llama-server's nlohmann); the simulated engine writes
 # Python's json.dumps, with a space after the colon. Inside a JSON string every quote is escaped,
 # so `"key":` never matches text within a value.
-_STRING = rb'"((?:[^"\\]|\\.)*)"'
+_STRING = rb'"([^"\\]*(?:\\.[^"\\]*)*)"'
 CONTENT = re.compile(rb'"content": ?' + _STRING)
 TEXT = re.compile(rb'"text": ?' + _STRING)
 DELTA = re.compile(rb'"delta": ?' + _STRING)
@@ -54,8 +57,8 @@ CREATED = re.compile(rb'"created": ?(\d+)')
 DONE = b"data: [DONE]"
 RESPONSE_ENDS = (b"response.completed", b"response.incomplete", b"response.failed")
 # An engine's error event mid-stream: vLLM's `data: {"error": {...}}`, llama-server's `error: {...}`
-# line. The shell looks for these bytes in each piece (one substring search); `error_at` confirms.
-ERROR_MARKS = (b'{"error"', b"error: {")
+# line. The shell looks for this in each piece (one substring search); `error_at` confirms.
+ERROR_MARK = b"error"
 
 # Request fields whose answer cannot be continued exactly from its text (why, for the error event).
 CONSTRAINTS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
@@ -80,19 +83,21 @@ class Said:
         return json.loads(b'"' + self.text + b'"') if self.text else ""
 
 
-def fold(route_op: str, said: Said, data: bytes) -> Said:
+def fold(route_op: str, said: Said, data: bytes, last: bool = True) -> Said:
     """`said` after the client was also sent `data` (whole lines: the stream's rewrite holds a line
-    until it is complete)."""
+    until it is complete). `last`: `data` ends what was sent (the stream broke); the answer's end is
+    only looked for then, since nothing but the usage and `[DONE]` follows it."""
     if not data:
         return said
     if route_op == op.RESPONSES:
         return _fold_responses(said, data)
     found = (CONTENT if route_op == op.CHAT else TEXT).findall(data)
     pieces = [f for f in found if f]
-    return Said(said.text + b"".join(pieces), said.tokens + len(pieces),
-                said.reasoning or REASONING.search(data) is not None,
-                said.tools or TOOLS.search(data) is not None,
-                said.finished or FINISH.search(data) is not None, said.done or DONE in data)
+    # What is rare is looked for as bytes first (a C search); only a hit runs its expression.
+    reasoning = said.reasoning or (b'"reasoning' in data and REASONING.search(data) is not None)
+    tools = said.tools or (b'"tool_calls' in data and TOOLS.search(data) is not None)
+    return Said(said.text + b"".join(pieces), said.tokens + len(pieces), reasoning, tools,
+                said.finished or (last and FINISH.search(data) is not None), said.done or DONE in data)
 
 
 def _fold_responses(said: Said, data: bytes) -> Said:
@@ -203,7 +208,8 @@ def decide(route_op: str, body: dict, said: Said, hops: int, limit: int, off: st
            ) -> Resume | Finish | Cut:
     """What to do when the stream of `body` breaks after `said` was sent and `hops` resumes: `off`
     says why resuming is off for it (the model's catalog switch, the gateway's setting)."""
-    if said.finished:
+    n = body.get("n")
+    if said.finished and not (isinstance(n, int) and n > 1):  # n > 1: one choice ended, maybe not all
         return Finish(None, not said.done and route_op != op.RESPONSES)
     if off is not None:
         return Cut("stream_resume_refused", off)
