@@ -23,7 +23,7 @@ from gateway.observe.traffic import TrafficCounter
 from gateway.request.call import Call, forward_headers, read_call
 from gateway.request.client import ClientConn
 from gateway.request.surface import Route
-from gateway.routing.adapters import NO_ADAPTER, load_hold
+from gateway.routing.adapters import NO_ADAPTER, Lift, load_hold
 from gateway.routing.admission import Send, Shed, Wait, admit, drain_time
 from gateway.routing.choice import Choice, Rejection, RouteRequest
 from gateway.routing.coldstart import hold
@@ -222,8 +222,9 @@ class Proxy:
         self.demand.demand(route.name, len(q) + 1)
         if route.can_cold_start and not route.servers:
             self.demand.demand(route.model, len(q) + 1)  # its model has no replica: start one
-        res = self._wait(q, req, lambda: self.router.route(replace(req, queued=1)), decision.timeout,
-                         keep=("saturated", "unknown_model", NO_ADAPTER), client=client, trace=trace)
+        lift = Lift(req.exclude)  # a holder it failed on counts again once it left the list and came back
+        res = self._wait(q, req, lambda: self.router.route(replace(req, queued=1, exclude=lift(self.router.tables.by_id))),
+                         decision.timeout, keep=("saturated", "unknown_model", NO_ADAPTER), client=client, trace=trace)
         if isinstance(res, Choice):
             return res
         self.metrics.shed.labels(req.model, "adapter_load_timeout").inc()
