@@ -108,7 +108,8 @@ class GatewaySettings(Settings):
     connect_timeout: Seconds = env("LLMGW_GATEWAY_CONNECT_TIMEOUT", default=2.0, ge=0.001,
                                    meaning="seconds to connect to an engine")
     first_byte_timeout: Seconds = env("LLMGW_GATEWAY_FIRST_BYTE_TIMEOUT", default=120.0, ge=0.001,
-                                      meaning="seconds to an engine's first byte; also the longest silence between stream chunks")
+                                      meaning="seconds to an engine's first byte; also the longest silence before a "
+                                              "stream's first piece (after it: LLMGW_GATEWAY_STALL_TIMEOUT)")
     total_timeout: Seconds = env("LLMGW_GATEWAY_TOTAL_TIMEOUT", default=600.0, ge=0.001,
                                  meaning="seconds a whole answer may take (checked between chunks)")
     retries: int = env("LLMGW_GATEWAY_RETRIES", default=2, ge=0, le=10,
