@@ -195,7 +195,8 @@ def resuming_stream(body: ResumingBody, res: Resumes, deadline: float, on_first:
     route_op, ended = res.op, rs.ended
     mark, fold_at = rs.ERROR_MARK, rs.FOLD_PIECES
     said = rs.Said()
-    held: list[bytes] = []  # pieces sent since the last fold (its last two are kept: the usage, the end)
+    held: list[bytes] = []  # pieces sent and not folded yet
+    before: list[bytes] = []  # the last pieces sent before the last break (folded already)
     first: bytes | None = None  # the first piece sent: the answer's id and creation time
     hops = 0
     fresh = True
@@ -231,7 +232,7 @@ def resuming_stream(body: ResumingBody, res: Resumes, deadline: float, on_first:
                         log.warning("stream exceeded the total timeout; closing it")
                         return
                 else:
-                    if ended(route_op, b"".join(held[-2:])):
+                    if ended(route_op, b"".join((before + held)[-2:])):
                         answered = body.completed = True
                         return
             except socket.timeout:
@@ -241,8 +242,8 @@ def resuming_stream(body: ResumingBody, res: Resumes, deadline: float, on_first:
                 log.debug("upstream stream broke: %s", e)
             # The engine broke off: what the client was sent decides what follows.
             said = rs.fold(route_op, said, b"".join(held))
-            tail = held[-2:]
-            held[:] = tail
+            tail = (before + held)[-2:]
+            before, held = tail, []
             old = body.hop.lease.choice.endpoint.id
             step = rs.decide(route_op, res.body, said, hops, res.limit, res.off)
             res.trace.attempt_failed(f"broken:{cause}", None, isinstance(step, rs.Resume))
@@ -298,7 +299,7 @@ def resuming_stream(body: ResumingBody, res: Resumes, deadline: float, on_first:
             else:
                 cur.close()  # the engine sees the client leave and aborts
         finally:
-            on_done(answered, sse_usage(b"".join(held[-2:])))
+            on_done(answered, sse_usage(b"".join((before + held)[-2:])))
 
 
 def _spliced(splice: rs.Splice, chunks: Iterator[bytes]) -> Iterator[bytes]:

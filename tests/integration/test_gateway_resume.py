@@ -195,6 +195,23 @@ def test_an_engine_that_closes_its_streams_early_is_spliced_over(procs, store): 
     assert metric(page, 'llmgw_gateway_stream_resumes_total{model="m",outcome="resumed",reason="closed"}') >= 1
 
 
+def test_an_answer_moves_as_often_as_its_engines_break_it_up_to_the_bound(procs, store):  # noqa: F811
+    """Both engines give up after 7 tokens: a 24-token answer takes three resumes, back and forth,
+    and is still its undisturbed self; with the bound at 2 the third break ends it with an error event."""
+    _, u1 = sim(procs, "e1", "--step-ms", "5", "--close-early", "7")
+    _, u2 = sim(procs, "e2", "--step-ms", "5", "--close-early", "7")
+    _, ref = sim(procs, "ref", "--step-ms", "1")
+    want = reference(ref, CHAT, chat_body(3))["choices"][0]["message"]["content"]
+    _, c = gateway(store, [ep("e1", u1), ep("e2", u2)], resumes=5)
+    check_stream(c.post(CHAT, json=chat_body(3)).get_data(as_text=True), want)
+    page = c.get("/metrics").get_data(as_text=True)
+    assert metric(page, 'llmgw_gateway_stream_resumes_total{model="m",outcome="resumed",reason="closed"}') == 3
+    _, c2 = gateway(store, [ep("e1", u1), ep("e2", u2)], resumes=2)
+    text = c2.post(CHAT, json=chat_body(3)).get_data(as_text=True)
+    assert want.startswith(streamed_text(text)) and len(streamed_text(text)) == 4 * 21
+    assert "at most 2 resumes" in events(text)[-1]["error"]["message"]
+
+
 def test_what_cannot_be_resumed_exactly_ends_with_an_error_event(procs, store):  # noqa: F811
     _, u1 = sim(procs, "e1", "--step-ms", "5", "--close-early", "5")
     gw, c = gateway(store, [ep("e1", u1)])  # a resume is refused before any other replica is looked for
