@@ -44,9 +44,9 @@ def sim(procs, name, *args, style="vllm"):
     return p, url
 
 
-def ep(i, url, engine="sim", resume=True):
+def ep(i, url, engine="sim", resume=True, **kw):
     return EndpointInfo(id=i, url=url, models=("m",), engine=engine, served_name="m", model="m", capacity=64,
-                        resume=resume, paths=surface.same_paths(surface.CHAT, surface.COMPLETIONS, surface.RESPONSES))
+                        resume=resume, **kw, paths=surface.same_paths(surface.CHAT, surface.COMPLETIONS, surface.RESPONSES))
 
 
 def gateway(store, eps, **cfg):  # noqa: F811
@@ -235,3 +235,18 @@ def test_a_model_whose_catalog_turns_resuming_off_gets_an_error_event(procs, sto
     evs = events(text)
     assert streamed_text(text) and evs[-1]["error"]["code"] == "stream_resume_refused"
     assert "routing.resume" in evs[-1]["error"]["message"]
+
+
+def test_each_hop_is_an_attempt_span_and_the_broken_one_says_why(procs, store, traced):  # noqa: F811
+    t, exporter = traced
+    _, u1 = sim(procs, "e1", "--step-ms", "5", "--close-early", "5")
+    _, u2 = sim(procs, "e2", "--step-ms", "5")
+    _, c = gateway(store, [ep("e1", u1, priority=1), ep("e2", u2)], tracing=t)  # e1's tier first
+    assert streamed_text(c.post(CHAT, json=chat_body(0)).get_data(as_text=True))
+    spans = exporter.get_finished_spans()
+    attempts = sorted((s for s in spans if s.name == "llmgw.upstream_attempt"), key=lambda s: s.start_time)
+    assert [a.attributes["llmgw.endpoint"] for a in attempts] == ["e1", "e2"]
+    assert attempts[0].attributes["llmgw.outcome"] == "broken:closed" and attempts[0].attributes["llmgw.retried"]
+    assert attempts[1].attributes["llmgw.outcome"] == "answer" and attempts[1].attributes["llmgw.attempt"] == 1
+    (root,) = [s for s in spans if s.name == "POST /v1/chat/completions"]
+    assert root.attributes["llmgw.completed"] is True
