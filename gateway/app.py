@@ -36,6 +36,7 @@ from gateway.observe.demand import DemandSignal
 from gateway.observe.health import RedisHealth
 from gateway.observe.metrics import Metrics
 from gateway.observe.report import Identity
+from gateway.observe.resumes import ResumeSignals
 from gateway.observe.saturation import SaturationSignals
 from gateway.observe.traffic import TrafficCounter
 from gateway.routing.queue import WaitQueues
@@ -93,12 +94,14 @@ class Gateway:
         # The console's charts and the saturation events (gateway.observe.traffic, .saturation).
         self.traffic = TrafficCounter(clock.time)
         saturation = SaturationSignals()
+        resumes = ResumeSignals()  # answers whose engine broke off (gateway.observe.resumes)
         self.demand = DemandSignal(
             self.store, lambda: Kicker(self.store, celery_sender(broker_app(cfg.redis_url)), enabled=cfg.event_driven),
             clock.time, clock.monotonic)
         self.background = Background(cfg, clock, self.store, self.health, self.keys, self.usage, self.traffic,
-                                     saturation, self.router, self.queues, self.identity)
-        answers = Answers(clock, metrics, self.traffic, self.usage, cfg.total_timeout, self.open_requests)
+                                     saturation, self.router, self.queues, self.identity, resumes)
+        answers = Answers(clock, metrics, self.traffic, self.usage, cfg.total_timeout, self.open_requests,
+                          cfg.stall_timeout, resumes)
         self.proxy = Proxy(cfg, clock, self.router, self.gate, self.upstream, self.queues, answers, metrics,
                            self.traffic, saturation, self.demand, self.not_ready, tracing=self.tracing)
         self.send_share: SendShare | None = None  # made by `start`

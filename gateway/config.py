@@ -108,11 +108,22 @@ class GatewaySettings(Settings):
     connect_timeout: Seconds = env("LLMGW_GATEWAY_CONNECT_TIMEOUT", default=2.0, ge=0.001,
                                    meaning="seconds to connect to an engine")
     first_byte_timeout: Seconds = env("LLMGW_GATEWAY_FIRST_BYTE_TIMEOUT", default=120.0, ge=0.001,
-                                      meaning="seconds to an engine's first byte; also the longest silence between stream chunks")
+                                      meaning="seconds to an engine's first byte; also the longest silence before a "
+                                              "stream's first piece (after it: LLMGW_GATEWAY_STALL_TIMEOUT)")
     total_timeout: Seconds = env("LLMGW_GATEWAY_TOTAL_TIMEOUT", default=600.0, ge=0.001,
                                  meaning="seconds a whole answer may take (checked between chunks)")
     retries: int = env("LLMGW_GATEWAY_RETRIES", default=2, ge=0, le=10,
                        meaning="further endpoints tried after a connect error / 5xx / 429 before any byte")
+    # After the first byte: an answer whose engine breaks off (dies, hangs, closes the stream, sends an
+    # error) goes on from another replica (gateway.http.resume), at most this many times per request,
+    # so one request that kills engines cannot take the whole fleet down with it.
+    resumes: int = env("LLMGW_GATEWAY_RESUMES", default=2, ge=0, le=10,
+                       meaning="times one answer may move to another replica after its engine broke off mid-answer "
+                               "(0: never; the stream then ends with an error event)")
+    stall_timeout: Seconds = env("LLMGW_GATEWAY_STALL_TIMEOUT", default=30.0, ge=0,
+                                 meaning="seconds without a piece of a stream, once its first token came, after which "
+                                         "its engine counts as hung and the stream resumes elsewhere (0: only "
+                                         "LLMGW_GATEWAY_FIRST_BYTE_TIMEOUT)")
     # The per-model queue standard requests wait in when every endpoint is saturated. An LLM answer
     # takes seconds, so a burst is absorbed by tens of seconds of waiting (under a client's usual 60 s
     # timeout), not refused; each waiting request holds only its body. Requests the queue cannot

@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         stream_start=args.stream_start, prefix_caching=args.enable_prefix_caching, block_size=args.block_size,
         slot_similarity=args.slot_prompt_similarity, cache_ram_mib=args.cache_ram,
         kv_bytes_per_token=args.kv_bytes_per_token, kv_events=kv_events(args),
-        lora=lora_options(args), answer_model=args.answer_model,
+        lora=lora_options(args), answer_model=args.answer_model, close_early=args.close_early,
     )
     if opts.kv_events is not None and (opts.metrics_style != "vllm" or not opts.prefix_caching):
         p.error("KV events come from vLLM's prefix cache: they need --metrics-style vllm and prefix caching on")

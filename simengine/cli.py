@@ -175,6 +175,9 @@ def parser(exit_on_error: bool = True) -> argparse.ArgumentParser:
     f.add_argument("--hang-after", type=_positive_int, default=None,
                    help="once N completion requests were answered, stop producing tokens while /health "
                         "stays 200 and /metrics goes stale (a hung engine core)")
+    f.add_argument("--close-early", type=_positive_int, default=None, metavar="TOKENS",
+                   help="end every stream after this many tokens, cleanly at the HTTP level but without the answer's "
+                        "end (no finish_reason, no [DONE]): an engine that gives up mid-answer")
     f.add_argument("--error-rate", type=_fraction, default=0.0,
                    help="this fraction of completion requests answers 500 (seeded)")
     f.add_argument("--log-requests", action="store_true")

@@ -52,6 +52,9 @@ class ServerOptions:
     kv_events: Any = None  # simengine.kvevents.KvEventsConfig, or None
     lora: LoraOptions | None = None  # --enable-lora
     answer_model: str | None = None  # the `model` every completion names, whatever was asked (llama-server's alias)
+    # A fault: every stream ends after this many tokens, its HTTP body closed cleanly but without the
+    # answer's end (no finish_reason, no [DONE], no response.completed), as an engine that gives up.
+    close_early: int | None = None
 
     @property
     def start(self) -> str:
@@ -256,14 +259,13 @@ class SimApp:
         """The adapter a request for `model` runs with (None: the base model)."""
         return model if self.adapters is not None and model not in self.opts.names else None
 
-    def answer(self, seq: int, n: int, adapter: str | None = None) -> list[str]:
-        """The words of request `seq`'s answer, one token each; an adapter's answer starts with its
-        name in brackets, so a test can tell which adapter served it."""
-        words = tok.answer_words(f"{self.opts.seed}:{adapter or ''}:{seq}" if adapter else f"{self.opts.seed}:{seq}")
-        out = [next(words) for _ in range(n)]
-        if adapter:
-            out[0] = f"[{adapter}] {out[0]}"
-        return out
+    def answer(self, context: bytes, n: int, adapter: str | None = None, continued: bool = False) -> list[str]:
+        """The words of the answer that follows `context` (the prompt's text), one token each: the
+        same for the same request on every replica with the same --seed, as a real model's at
+        temperature 0 (simengine.tokens.answer_after). An adapter's answer starts with its name in
+        brackets, so a test can tell which adapter served it."""
+        return tok.answer_after(context, n, continued, f"{self.opts.seed}:{adapter or ''}",
+                                f"[{adapter}] " if adapter else "")
 
     def metrics_text(self) -> str:
         snap = self.engine.snapshot()

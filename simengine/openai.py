@@ -28,6 +28,12 @@ class Job:
     stream: bool
     include_usage: bool
     salt: str | None
+    # The prompt's text as the model reads it (template applied): the answer is a function of it
+    # (simengine.tokens.answer_after), as a real model's is at temperature 0.
+    context: bytes = b""
+    # The answer is continued from text already in the prompt (an assistant message continued, or a
+    # completion prompt): its first word is not an answer's first word.
+    continued: bool = False
 
     @property
     def reason(self) -> str:
@@ -49,7 +55,31 @@ def model_of(body: dict, names: tuple[str, ...]) -> str:
     return model
 
 
-def parse(chat: bool, body: dict, names: tuple[str, ...], max_tokens_default: int) -> Job:
+def chat_prompt(messages: list, body: dict, prefill: str) -> tuple[list[int], bytes, bool]:
+    """The prompt tokens, the context text and whether an assistant message is continued, as each
+    engine reads a chat request: vLLM continues the last (assistant) message only when asked
+    (`continue_final_message` with `add_generation_prompt: false`; both at once is its 400);
+    llama-server continues a last assistant message always (its "assistant prefill", unless started
+    with --no-prefill-assistant)."""
+    cont = body.get("continue_final_message") is True
+    if prefill == "vllm":
+        if cont and body.get("add_generation_prompt", True) is not False:
+            raise BadRequest(400, "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+                             "BadRequestError")
+    else:
+        cont = True
+    last = messages[-1] if isinstance(messages[-1], dict) else {}
+    if cont and last.get("role") == "assistant":
+        text = tok.content_text(last.get("content"))
+        head = messages[:-1]
+        return tok.chat_tokens(head) + tok.tokenize(text), tok.chat_context(head) + text.encode(), bool(text)
+    if cont and prefill == "vllm":
+        raise BadRequest(400, "continue_final_message is set but the last message is not the assistant's",
+                         "BadRequestError")
+    return tok.chat_tokens(messages), tok.chat_context(messages), False
+
+
+def parse(chat: bool, body: dict, names: tuple[str, ...], max_tokens_default: int, prefill: str = "vllm") -> Job:
     model = model_of(body, names)
     mt = body.get("max_completion_tokens", body.get("max_tokens"))
     explicit = mt is not None
@@ -61,18 +91,18 @@ def parse(chat: bool, body: dict, names: tuple[str, ...], max_tokens_default: in
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise BadRequest(400, "messages must be a non-empty list", "BadRequestError")
-        tokens = tok.chat_tokens(messages)
+        tokens, context, continued = chat_prompt(messages, body, prefill)
     else:
         found = tok.prompt_tokens(body.get("prompt"))
         if found is None:
             raise BadRequest(400, "prompt must be a string (one prompt per request)", "BadRequestError")
-        tokens = found
+        tokens, context, continued = found, tok.prompt_context(body.get("prompt")), True
     salt = body.get("cache_salt")
     if salt is not None and (not isinstance(salt, str) or not salt):
         raise BadRequest(400, "cache_salt must be a non-empty string", "BadRequestError")
     opts = body.get("stream_options") or {}
     return Job(chat, model, tokens, mt, explicit, bool(body.get("stream")),
-               bool(isinstance(opts, dict) and opts.get("include_usage")), salt)
+               bool(isinstance(opts, dict) and opts.get("include_usage")), salt, context, continued)
 
 
 def whole(job: Job, ident: str, created: int, fingerprint: str, content: str, cached: int | None,

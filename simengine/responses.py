@@ -39,6 +39,13 @@ def input_text(value: Any) -> str | None:
     return " ".join(parts)
 
 
+def context(instructions, text: str, previous: str | None) -> bytes:
+    """The text a response's answer follows (simengine.tokens.answer_after): its instructions, the
+    conversation it continues (by id), its input."""
+    head = instructions if isinstance(instructions, str) else ""
+    return f"<|system|>{head}<|previous|>{previous or ''}<|user|>{text}<|assistant|>".encode()
+
+
 def new_ids() -> tuple[str, str]:
     """(response id, message id)."""
     return f"resp_{uuid.uuid4().hex}", f"msg_{uuid.uuid4().hex}"

@@ -212,7 +212,7 @@ class Handler(BaseHTTPRequestHandler):
         return oa.model_of(body, self.app.served())
 
     def _job(self, chat: bool, body: dict) -> oa.Job:
-        return oa.parse(chat, body, self.app.served(), self.app.opts.max_tokens_default)
+        return oa.parse(chat, body, self.app.served(), self.app.opts.max_tokens_default, self.app.opts.metrics_style)
 
     def _render_chat(self, body: dict) -> None:
         self._json(200, oa.render(self._job(True, body), f"chatcmpl-{uuid.uuid4().hex}"))
@@ -223,13 +223,13 @@ class Handler(BaseHTTPRequestHandler):
     def _complete(self, chat: bool, body: dict) -> None:
         app = self.app
         job = self._job(chat, body)
-        seq, fail = app.next_request()
+        _, fail = app.next_request()
         if fail:
             raise BadRequest(500, "simulated engine error (--error-rate)", "InternalServerError")
         adapter = app.adapter_of(job.model)
         if app.opts.answer_model:
             job = replace(job, model=app.opts.answer_model)
-        words = app.answer(seq, job.max_tokens, adapter)
+        words = app.answer(job.context, job.max_tokens, adapter, job.continued)
         try:
             rid, q = app.engine.submit(len(job.tokens), job.max_tokens, job.tokens,
                                        [tok.word_token(w) for w in words], job.salt, adapter)
@@ -242,8 +242,10 @@ class Handler(BaseHTTPRequestHandler):
             w = sse.Writer(self.wfile, self._sse_head)
             try:
                 sse.stream_completion(w, app.opts.start, job, oa.Chunks(job, ident, created, app.fingerprint), q,
-                                      words, llamacpp)
+                                      words, llamacpp, app.opts.close_early)
                 app.engine.finished(job.reason)
+            except sse.ClosedEarly:
+                app.engine.cancel(rid)
             except sse.DISCONNECTED:
                 # The client went away: free its slot at once, as a real engine aborts the request.
                 app.engine.cancel(rid)
@@ -282,7 +284,7 @@ class Handler(BaseHTTPRequestHandler):
         mt = app.opts.max_tokens_default if mt is None else mt
         if isinstance(mt, bool) or not isinstance(mt, int) or mt < 1:
             raise BadRequest(400, "max_output_tokens must be a positive integer", "BadRequestError")
-        seq, fail = app.next_request()
+        _, fail = app.next_request()
         if fail:
             raise BadRequest(500, "simulated engine error (--error-rate)", "InternalServerError")
         try:
@@ -290,7 +292,8 @@ class Handler(BaseHTTPRequestHandler):
         except RequestTooLarge as e:
             raise BadRequest(400, str(e), "BadRequestError") from None
         rid, msg_id = rapi.new_ids()
-        created, words = int(time.time()), app.answer(seq, mt, app.adapter_of(model))
+        context = rapi.context(body.get("instructions"), text, previous)
+        created, words = int(time.time()), app.answer(context, mt, app.adapter_of(model))
         model = app.opts.answer_model or model
         finish = "length" if explicit else "stop"
         keep = body.get("store", True) is not False
@@ -309,7 +312,10 @@ class Handler(BaseHTTPRequestHandler):
         started = rapi.response(rid, msg_id, model, created, "in_progress", "", previous, None,
                                 body.get("max_output_tokens"))
         try:
-            sse.stream_responses(sse.Writer(self.wfile, self._sse_head), q, words, started, msg_id, final)
+            sse.stream_responses(sse.Writer(self.wfile, self._sse_head), q, words, started, msg_id, final,
+                                 app.opts.close_early)
+        except sse.ClosedEarly:
+            app.engine.cancel(core_id)
         except sse.DISCONNECTED:
             app.engine.cancel(core_id)
             self.close_connection = True

@@ -41,10 +41,15 @@ class Writer:
         self.write(b"")  # the chunked body's last chunk
 
 
+class ClosedEarly(Exception):
+    """The stream was ended on purpose before the answer's end (--close-early)."""
+
+
 def stream_completion(w: Writer, start: str, job: oa.Job, chunks: oa.Chunks, q: "queue.SimpleQueue[Emit]",
-                      words: list[str], llamacpp: bool) -> tuple[int | None, float, float]:
+                      words: list[str], llamacpp: bool, close_early: int | None = None) -> tuple[int | None, float, float]:
     """Write a chat or text completion stream; returns (cached prompt tokens, time to first token,
-    time to last) measured here, for llama-server's timings."""
+    time to last) measured here, for llama-server's timings. With `close_early`, the body ends after
+    that many tokens without the answer's end, and ClosedEarly is raised."""
     t0 = time.monotonic()
     if start != "llamacpp":
         w.head()
@@ -64,6 +69,9 @@ def stream_completion(w: Writer, start: str, job: oa.Job, chunks: oa.Chunks, q: 
         w.write(chunks.token(word, e.done, timings))
         if e.done:
             break
+        if close_early is not None and i + 1 >= close_early:
+            w.end()
+            raise ClosedEarly()
     if job.include_usage:
         w.write(chunks.usage(cached if llamacpp else None))
     w.write(b"data: [DONE]\n\n")
@@ -87,8 +95,9 @@ def whole_answer(q: "queue.SimpleQueue[Emit]", words: list[str]) -> tuple[str, i
 
 
 def stream_responses(w: Writer, q: "queue.SimpleQueue[Emit]", words: list[str], started: dict, msg_id: str,
-                     final: Callable[[str], dict]) -> dict:
-    """The Responses API's named events, one delta per token; returns the completed response."""
+                     final: Callable[[str], dict], close_early: int | None = None) -> dict:
+    """The Responses API's named events, one delta per token; returns the completed response (with
+    `close_early`: ends the body after that many deltas and raises ClosedEarly)."""
     ev = rapi.Events()
     w.write(ev.frame("response.created", response=started))
     w.write(ev.frame("response.in_progress", response=started))
@@ -103,6 +112,9 @@ def stream_responses(w: Writer, q: "queue.SimpleQueue[Emit]", words: list[str], 
                          delta=word, logprobs=[]))
         if e.done:
             break
+        if close_early is not None and len(out) >= close_early:
+            w.end()
+            raise ClosedEarly()
     resp = final("".join(out))
     done_text = resp["output"][0]["content"][0]
     w.write(ev.frame("response.output_text.done", item_id=msg_id, output_index=0, content_index=0,

@@ -10,6 +10,7 @@ sent back as the next turn's history tokenizes to the very tokens that were gene
 
 from __future__ import annotations
 
+import hashlib
 import math
 import struct
 import random
@@ -83,6 +84,42 @@ def prompt_tokens(prompt: Any) -> list[int] | None:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         return tokenize(prompt[0]) or tokenize(" ")
     return None
+
+
+def chat_context(messages: list[Any]) -> bytes:
+    """A chat prompt's text as the model reads it (a ChatML-like rendering), up to the reply header:
+    the text an answer continues. A continued assistant message's text follows it directly."""
+    out = []
+    for m in messages:
+        if isinstance(m, dict):
+            role = str(m.get("role"))
+            out.append(f"<|{role}|>{content_text(m.get('content'))}<|end|>\n".encode())
+    return b"".join(out) + b"<|assistant|>"
+
+
+def prompt_context(prompt: Any) -> bytes:
+    """A completion prompt's text (token ids: their numbers): the text its answer continues."""
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return prompt.encode()
+    return b"".join(b"%d," % t for t in prompt) if isinstance(prompt, list) else b""
+
+
+def answer_after(context: bytes, n: int, continued: bool, salt: str = "", opening: str = "") -> list[str]:
+    """The `n` words that follow `context`, as a model at temperature 0 would write them: each word
+    depends only on the text before it (hashed as it grows), so the answer to a prompt continued
+    with the first k words of its answer is the rest of that answer, word for word. `continued`: the
+    context already holds part of the answer (no opening word); `salt` (the engine's --seed, an
+    adapter) stands for the weights; `opening` is written before an answer's first word."""
+    h = hashlib.sha256(salt.encode() + b"\0" + context)
+    out = []
+    for i in range(n):
+        d = h.copy().digest()
+        word = (" " + WORDS[d[0] % len(WORDS)]) if continued or i else opening + FIRST_WORDS[d[0] % len(FIRST_WORDS)]
+        out.append(word)
+        h.update(word.encode())
+    return out
 
 
 def answer_words(seed: str) -> Iterator[str]:

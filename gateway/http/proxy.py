@@ -13,6 +13,7 @@ from gateway.config import GatewaySettings
 from gateway.errors import ApiError
 from gateway.http.answer import Answers, RawAnswer
 from gateway.http.refusal import attempt_failed, not_loaded, refused, refusal
+from gateway.http.resume import Resender
 from gateway.keys.gate import KeyGate
 from gateway.observe.demand import DemandSignal
 from gateway.observe.metrics import Metrics
@@ -22,6 +23,7 @@ from gateway.observe.traffic import TrafficCounter
 from gateway.request.call import Call, forward_headers, read_call
 from gateway.request.client import ClientConn
 from gateway.request.surface import Route
+from gateway.routing.adapters import Lift
 from gateway.routing.admission import COLD_START, SATURATED, Queue, Request, Send, Settings, after_wait, decide, needs_rate
 from gateway.routing.choice import Choice, Rejection, RouteRequest
 from gateway.routing.queue import GONE, WaitQueue, WaitQueues
@@ -123,8 +125,12 @@ class Proxy:
                     outcome = Outcome("timeout")
                 step = next_attempt(outcome, attempt, self.cfg.retries)
                 if isinstance(step, Deliver):
+                    # After the first byte the answer may move to another endpoint (gateway.http.resume).
+                    readmit = lambda c, ex: self._admit(c, prio, affinity, ex, False, None, trace)  # noqa: E731
+                    resend = Resender(router, self.upstream, readmit, call, headers, method, self.cfg, self.metrics,
+                                      trace, rid)
                     answer = self.answers.respond(resp, lease, model, canon, key, rid, t0, t_send, route,
-                                                  call.rewrite(ep), call.assembled(ep), trace=trace)
+                                                  call.rewrite(ep), call.assembled(ep), trace=trace, resend=resend)
                     lease, resp = None, None  # handed over: the answer releases them when it ends
                     return answer
                 trace.attempt_failed(outcome.kind, outcome.status or None, not isinstance(step, GiveUp))
@@ -170,7 +176,9 @@ class Proxy:
                              name, step.timeout)
             entered = self.clock.monotonic()
             # Only the head of the queue routes: it is first in line, whatever waits behind it.
-            got = self._wait(q, req, lambda: router.route(replace(req, queued=1, waited=self.clock.monotonic() - entered)),
+            lift = Lift(req.exclude)  # an endpoint it failed on counts again once it left the list and came back
+            got = self._wait(q, req, lambda: router.route(replace(req, queued=1, waited=self.clock.monotonic() - entered,
+                                                                  exclude=lift(router.tables.by_id))),
                              step.timeout, keep=step.keep, client=call.client, trace=trace)
             step = after_wait(got, step)
         if isinstance(step, Send):

@@ -49,6 +49,9 @@ class Metrics:
         self.retries = Counter("llmgw_gateway_retries", "Retries on another endpoint", ["model"], **kw)
         self.upstream_errors = Counter("llmgw_gateway_upstream_errors", "Upstream failures by endpoint and kind",
                                        ["endpoint", "kind"], **kw)
+        self.stream_resumes = Counter("llmgw_gateway_stream_resumes", "Answers whose engine broke off after the "
+                                      "first byte, by model, cause (reset, closed, stall, engine_error) and outcome "
+                                      "(resumed, retried, finished, cut)", ["model", "reason", "outcome"], **kw)
         # Prefix-cache routing (gateway.routing.prefixkeys): what the gateway expected each endpoint to
         # hold of the prompts it sent there, and the prefill it expected that to save; the engines'
         # own counters (vllm:prefix_cache_hits, llama.cpp timings.cache_n) say what they kept.

@@ -5,13 +5,16 @@ A request naming an adapter (or an alias) goes only to the endpoints that hold i
 chooses among them as among any model's endpoints (least loaded first). When none holds it, it may
 wait for one to load it (gateway.routing.admission: an adapter load): when an endpoint of a profile
 that serves it is published, or its model can start from zero; then the control plane is told at
-once (a demand hint). Otherwise it is refused with the reason (`no_holder`).
+once (a demand hint). Otherwise it is refused with the reason (`no_holder`). A request whose every holder failed it (the only holder was
+killed, and is still listed) waits the same way; meanwhile an endpoint it failed on is tried again
+once it has left the list and come back (`Lift`: the holder restarted), so it is served by whichever
+comes first, a load elsewhere or the holder's return.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Collection, Mapping, Sequence
 
 from llmgw.state.records import EndpointInfo
 
@@ -75,3 +78,24 @@ def no_holder(route: AdapterRoute) -> str:
         return (f"no replica of model {route.model!r} that serves adapter {route.name!r} is Ready, so none can "
                 "load it")
     return f"no replica holds adapter {route.name!r} loaded yet"
+
+
+def lifted(exclude: frozenset[str], listed: Collection[str], gone: frozenset[str]) -> tuple[frozenset[str], frozenset[str]]:
+    """The endpoints a waiting request still excludes, and those seen gone: an endpoint it failed on
+    is excluded while it stays in the list; once it left (its replica stopped or restarted), it is
+    another engine when it comes back. Returns (exclude now, gone now)."""
+    gone = gone | frozenset(i for i in exclude if i not in listed)
+    return exclude - gone, gone
+
+
+class Lift:
+    """`lifted` over a wait: call it with the endpoints listed now, get the exclusions that hold."""
+
+    __slots__ = ("exclude", "gone")
+
+    def __init__(self, exclude: frozenset[str]):
+        self.exclude, self.gone = exclude, frozenset()
+
+    def __call__(self, listed: Collection[str]) -> frozenset[str]:
+        now, self.gone = lifted(self.exclude, listed, self.gone)
+        return now

@@ -133,6 +133,8 @@ class Router:
         if isinstance(res, Rejection):
             if res.kind == "unknown_model":  # none of them is the one its response id pins it to
                 return Rejection(NO_ADAPTER, req.model, f"the endpoint {req.pin} does not hold adapter {ad.name!r}")
+            if res.kind == "no_ready":  # every holder failed it (one died): it waits for a load, or the holder's return
+                return Rejection(NO_ADAPTER, req.model, f"every replica holding adapter {ad.name!r} failed this request")
             return replace(res, model=req.model)
         return res
 

@@ -49,6 +49,8 @@ class Tables:
     adapters: Mapping[str, AdapterRoute] = field(default_factory=dict)
     # Canonical model -> the catalog's `routing.objective` for it (published on its endpoints).
     objectives: Mapping[str, str] = field(default_factory=dict)
+    # Canonical models whose answers do not move to another replica when their engine breaks off.
+    no_resume: frozenset[str] = frozenset()
     # Some endpoint publishes KV events: precise prefix matches are looked up (gateway.routing.precise).
     precise: bool = False
 
@@ -115,4 +117,5 @@ def tables_from(version: int, fingerprint: str, endpoints: Sequence[EndpointInfo
         cold_start=dict(catalog.cold_start),
         adapters=adapter_table(getattr(catalog, "adapters", None) or {}, endpoints, catalog.cold_start),
         objectives={e.model or e.models[0]: e.objective for e in endpoints if e.objective},
+        no_resume=frozenset(e.model or e.models[0] for e in endpoints if not e.resume),
     )

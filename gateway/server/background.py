@@ -13,6 +13,8 @@ from gateway.keys.table import KeyTable
 from gateway.keys.usage import UsageRecorder
 from gateway.observe.health import REDIS_ERRORS, RedisHealth
 from gateway.observe.report import Identity, gateway_report, report_ttl
+from gateway.observe.resumes import ResumeSignals
+from gateway.observe.resumes import news as resume_news
 from gateway.observe.saturation import Episode, SaturationSignals
 from gateway.observe.saturation import step as saturation_step
 from gateway.observe.traffic import KEEP as TRAFFIC_KEEP
@@ -35,10 +37,11 @@ SIBLING_RECHECK = 0.01
 class Background:
     def __init__(self, cfg: GatewaySettings, clock: Clock, store: Store, health: RedisHealth, keys: KeyTable,
                  usage: UsageRecorder, traffic: TrafficCounter, saturation: SaturationSignals, router: Router,
-                 queues: WaitQueues, identity: Identity):
+                 queues: WaitQueues, identity: Identity, resumes: ResumeSignals | None = None):
         self.cfg, self.clock, self.store, self.health = cfg, clock, store, health
         self.keys, self.usage, self.traffic, self.saturation = keys, usage, traffic, saturation
         self.router, self.queues, self.identity = router, queues, identity
+        self.resumes = resumes if resumes is not None else ResumeSignals()
         self.episodes: dict[str, Episode] = {}
         self.report_due = threading.Event()  # set: write the report now, not at the next tick
         self.stopping = threading.Event()
@@ -102,6 +105,9 @@ class Background:
             self.store.emit_limited(n.kind, n.message, subject=n.model, every=SATURATION_EVENT_EVERY,
                                     source=f"gateway:{self.identity.id}", model=n.model, queued=n.queued,
                                     shed=n.shed)
+        for r in resume_news(self.resumes.take()):
+            self.store.emit("stream_resumed", r.message, source=f"gateway:{self.identity.id}", model=r.model,
+                            outcomes=r.counts, causes=r.causes)
 
     def _report_loop(self) -> None:
         """Write this process's GatewayReport every `report_interval`, and at once when a new endpoint

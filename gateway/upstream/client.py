@@ -89,7 +89,7 @@ class UpstreamResponse:
     """An engine's answer with its body unread, and the connection it came on."""
 
     __slots__ = ("upstream", "key", "conn", "status", "headers", "content_type", "length", "chunked",
-                 "keep_alive", "done", "complete")
+                 "keep_alive", "done", "complete", "idle")
 
     def __init__(self, upstream: "Upstream", key: tuple[str, int], conn: Conn, status: int,
                  headers: list[tuple[str, str]], bodiless: bool):
@@ -114,6 +114,7 @@ class UpstreamResponse:
             self.keep_alive = False  # the body ends when the engine closes the connection
         self.done = False  # released or closed: later calls do nothing (the conn may be reused)
         self.complete = False  # the whole body was read
+        self.idle: float | None = None  # the longest silence allowed between pieces, when set
 
     def _recv(self) -> bytes:
         data = self.conn.sock.recv(READ)
@@ -177,6 +178,13 @@ class UpstreamResponse:
     def read(self) -> bytes:
         return b"".join(self.chunks())
 
+    def idle_timeout(self, seconds: float) -> None:
+        """From now a read waits at most `seconds` for the next piece (socket.timeout after that):
+        once tokens flow, a longer silence is a stalled engine. A connection given back to the pool
+        gets the first-byte timeout again."""
+        self.idle = seconds
+        self.conn.sock.settimeout(seconds)
+
     def release(self) -> None:
         """Body fully read: the connection goes back to the pool (unless the engine closes it)."""
         if self.done:
@@ -185,6 +193,8 @@ class UpstreamResponse:
             self.close()
         else:
             self.done = True
+            if self.idle is not None:
+                self.conn.sock.settimeout(self.upstream.first_byte_timeout)
             self.upstream._put(self.key, self.conn)
 
     def close(self) -> None:

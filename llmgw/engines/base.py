@@ -124,6 +124,10 @@ class EngineAdapter(ABC):
     # notices only between streamed tokens, so the gateway asks it for a stream and assembles the
     # answer itself (gateway.upstream.assemble): a client that leaves then frees the slot at once.
     aborts_unstreamed: ClassVar[bool] = True
+    # Whether the engine continues an assistant message its request ends with, so a stream it breaks
+    # off can be resumed on another replica (gateway.upstream.resume): vLLM with
+    # `continue_final_message`, llama-server's assistant prefill. An external server's is unknown.
+    continues_answers: ClassVar[bool] = False
     # LoRA: whether a profile may say `lora:`, the `max_lora_rank` values the engine takes (None: any),
     # whether a replica's adapters are part of its launch (a change restarts it) rather than loaded at
     # run time, and the flags llmgw sets from `lora:` (so `args` may not).

@@ -87,6 +87,7 @@ class LlamaCppAdapter(EngineAdapter):
     # scraper sends it); see docs/engines.md.
     credential_env = "LLAMA_API_KEY"
     aborts_unstreamed = False  # tools/server: only a stream checks its connection (between tokens)
+    continues_answers = True  # a last assistant message is prefilled (unless --no-prefill-assistant)
     credential_flags = ("--api-key", "--api-key-file")
     supports_lora = True
     adapters_at_launch = True

@@ -74,6 +74,7 @@ class SimAdapter(EngineAdapter):
     credential_env = "SIMENGINE_API_KEY"  # guards /v1, like vLLM
     # LoRA as vLLM serves it: loaded and unloaded at run time, with vLLM's calls, answers and flags.
     supports_lora = True
+    continues_answers = True  # continue_final_message with add_generation_prompt: false
     supports_kv_events = True
     lora_ranks = VLLM_LORA_RANKS
     lora_flags = ("--enable-lora", "--max-loras", "--max-lora-rank", "--max-cpu-loras")

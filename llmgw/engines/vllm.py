@@ -178,6 +178,7 @@ class VllmAdapter(EngineAdapter):
     # vLLM guards only its /v1 (and /v2, /inference, /cohere) paths with it; see docs/engines.md.
     credential_env = "VLLM_API_KEY"
     supports_lora = True
+    continues_answers = True  # continue_final_message with add_generation_prompt: false
     supports_kv_events = True
     lora_ranks = VLLM_LORA_RANKS
     lora_flags = ("--enable-lora", "--max-loras", "--max-lora-rank", "--max-cpu-loras", "--lora-modules")

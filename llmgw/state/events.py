@@ -21,7 +21,7 @@ KINDS = (
     "node_joined", "node_lost", "node_cordoned", "node_uncordoned", "node_drained",
     "credentials_rotated",
     "endpoints_published", "external_ready", "external_unreachable",
-    "model_saturated", "model_recovered", "model_cold_start",
+    "model_saturated", "model_recovered", "model_cold_start", "stream_resumed",
     "weights_download_started", "weights_download_progress", "weights_download_failed", "weights_download_complete",
     "weights_evicted", "gpu_unhealthy", "gpu_healthy",
 )

@@ -262,6 +262,9 @@ class EndpointInfo:
     # What the gateway minimises for this model's requests (the catalog's `routing.objective`):
     # "first_token" | "completion"; empty: from the request (streamed -> first_token).
     objective: str = ""
+    # Whether an answer of this model whose engine breaks off moves to another replica (the catalog's
+    # `routing.resume`; gateway.http.resume).
+    resume: bool = True
     # Precise prefix routing (`kv_events: true`): where the engine publishes its KV cache events and
     # answers replays (tcp://node:port); empty: the gateway predicts from what it sent.
     kv_events: str = ""

@@ -106,3 +106,43 @@ def test_a_keys_models_name_adapters(gw, store):
     assert c.post(CHAT, json={"model": "a2"}, headers=auth).status_code == 404
     assert c.post(CHAT, json={"model": "m"}, headers=auth).status_code == 404
     assert sorted(m["id"] for m in c.get("/v1/models", headers=auth).json["data"]) == ["a1"]
+
+
+def test_an_adapter_whose_only_holder_died_waits_for_a_load_elsewhere(gw, store, upstreams):
+    """The holder was killed and is still listed: the request fails on it, then waits (not a 503) and
+    is sent to the replica the adapter is loaded on next."""
+    g, c, _, up2, kicks = gw
+    dead = upstreams(name="dead")
+    store.write_endpoints([ep("e1", dead.url, ["a1"]), ep("e2", up2.url, ["a2"])], "fp-dead", time.time())
+    g.router.refresh_endpoints()
+    dead.stop()  # kill -9: connections refused from now on
+    out = {}
+    t = threading.Thread(target=lambda: out.update(r=c.post(CHAT, json={"model": "a1"})))
+    t.start()
+    wait_until(lambda: kicks.sent, 5, interval=0.01, what="the control plane told of the request held for a1")
+    assert t.is_alive()  # still waiting
+    store.write_endpoints([ep("e1", dead.url, ["a1"]), ep("e2", up2.url, ["a2", "a1"])], "fp-loaded", time.time())
+    g.router.refresh_endpoints()
+    t.join(5)
+    assert out["r"].status_code == 200 and out["r"].headers["X-LLMGW-Endpoint"] == "e2", out["r"].json
+
+
+def test_an_adapter_whose_only_holder_died_waits_for_the_holder_to_come_back(gw, store, upstreams):
+    g, c, _, up2, _ = gw
+    dead = upstreams(name="dead")
+    store.write_endpoints([ep("e1", dead.url, ["a1"]), ep("e2", up2.url, ["a2"])], "fp-dead", time.time())
+    g.router.refresh_endpoints()
+    dead.stop()
+    out = {}
+    t = threading.Thread(target=lambda: out.update(r=c.post(CHAT, json={"model": "a1"})))
+    t.start()
+    wait_until(lambda: g.background.report().models.get("a1"), 5, interval=0.01, what="the request held for a1")
+    # The agent sees the engine exit (unpublished), restarts it on a new port, it loads a1 again.
+    store.write_endpoints([ep("e2", up2.url, ["a2"])], "fp-gone", time.time())
+    g.router.refresh_endpoints()
+    back = upstreams(name="back")
+    store.write_endpoints([ep("e1", back.url, ["a1"]), ep("e2", up2.url, ["a2"])], "fp-back", time.time())
+    g.router.refresh_endpoints()
+    t.join(5)
+    assert out["r"].status_code == 200 and out["r"].headers["X-LLMGW-Endpoint"] == "e1", out["r"].json
+    assert back.stats["models_seen"] == ["a1"]

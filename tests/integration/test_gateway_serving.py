@@ -184,7 +184,8 @@ def _read_answer(sock, deadline: float) -> tuple[bytes, list[bytes], bool]:
 def test_streams_keep_their_connection_and_one_cut_short_is_not_passed_off_as_complete(cluster):
     """Streams are written to the client's socket by the gateway itself (gateway.upstream.relay): answers on
     one keep-alive connection follow each other, each with one X-Request-Id; a stream whose engine
-    dies under it ends with the connection closed, not with the chunk that says the answer is whole."""
+    dies under it, when it cannot resume on another replica, ends with an error event and the
+    connection closed, not with the chunk that says the answer is whole."""
     import socket
 
     cluster.start_redis()
@@ -220,6 +221,8 @@ def test_streams_keep_their_connection_and_one_cut_short_is_not_passed_off_as_co
         while data := sock.recv(65536):  # the gateway closes the connection (a timeout fails the test)
             rest += data
     assert not (buf + rest).endswith(b"0\r\n\r\n"), "a cut stream must not end like a complete one"
+    # ... and says why in an error event, since it could not be continued (gateway.http.resume)
+    assert b'data: {"error": {"message": "the engine stopped mid-answer' in rest
 
 
 def test_workers_count_each_others_requests_against_capacity(cluster):

@@ -139,3 +139,14 @@ def test_routing_an_adapter_costs_microseconds():
     print(f"route + release: base model {base:.1f} us, adapter {adapter:.1f} us (8 endpoints, 4 holding it); "
           f"the adapter path adds {added:.2f} us")
     assert adapter < 10 * base + 50  # same order as a model's; a generous bound for a loaded machine
+
+
+def test_an_endpoint_a_request_failed_on_counts_again_once_it_left_the_list_and_came_back():
+    from gateway.routing.adapters import Lift, lifted
+
+    assert lifted(frozenset({"e1"}), {"e1", "e2"}, frozenset()) == (frozenset({"e1"}), frozenset())
+    assert lifted(frozenset({"e1"}), {"e2"}, frozenset()) == (frozenset(), frozenset({"e1"}))
+    lift = Lift(frozenset({"e1", "e3"}))
+    assert lift({"e1", "e2", "e3"}) == {"e1", "e3"}  # still listed: still excluded
+    assert lift({"e2", "e3"}) == {"e3"}  # e1 left (its engine stopped)...
+    assert lift({"e1", "e2", "e3"}) == {"e3"}  # ... and is back: another engine, tried again

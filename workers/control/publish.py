@@ -143,6 +143,7 @@ def endpoints_from(
                 adapters=published_adapters(rec, model, profile),
                 adapter_slots=profile.lora.max_loras if profile.lora else 0,
                 objective=(model.routing.objective or "") if model.routing else "",
+                resume=model.routing.resume if model.routing else True,
                 kv_tokens=profile.kv_cache_tokens,
                 **kv_event_addresses(rec, model, profile),
             )
