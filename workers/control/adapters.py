@@ -209,7 +209,10 @@ def place_adapters(wants: Iterable[AdapterWant], replicas: Iterable[ReplicaSlots
         kept = {a for a in r.assigned if (r.replica_id, a) not in blocked}
         current = (r.held | r.loading | kept) & r.serves & set(targets)
         pins = {a for a in pinned & r.serves if (r.replica_id, a) not in blocked}
-        for a in sorted(current | pins, key=rank)[:max(0, r.max_loras)]:
+        # More than fit (an engine still holding what the last pass moved away): what that pass
+        # assigned comes before what is only held, so the next pass does not undo it.
+        first = sorted(current | pins, key=lambda a: (a not in pinned, a not in kept, rank(a)))
+        for a in first[:max(0, r.max_loras)]:
             st.add(r, a)
 
     shortfalls = []
