@@ -230,7 +230,7 @@ def _reconcile(p: ReconcilePass) -> ApplyResult | None:
     loaded = p.catalogs.load(p.store)
     if loaded is None:
         return None
-    _version, catalog = loaded
+    catalog = loaded.catalog
     t = p.now()
     snap = load_snapshot(p.store, t, reconcile.demand_reads(catalog, t))
     # plan makes many small objects and no cycles: GC sweeps amid it cost a third of it (bench/scheduler.py)

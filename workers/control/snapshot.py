@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Mapping, NamedTuple
 
 from llmgw.catalog import Catalog, parse_applied
 from llmgw.state.keys import ALL_MODELS
@@ -62,6 +62,13 @@ def load_snapshot(store: Store, now: float, reads: DemandReads = DemandReads()) 
                     last_seen=v.last_seen, credentials=v.credentials, weights=v.weights, demand=v.demand)
 
 
+class AppliedCatalog(NamedTuple):
+    """The applied catalog as a pass reads it: its stored version, and the catalog."""
+
+    version: int
+    catalog: Catalog
+
+
 # What the control plane says when Redis holds no catalog (the passes then do nothing).
 NO_CATALOG = ("Redis holds no catalog (none was applied yet, or Redis lost its data): the control plane "
               "places, stops and publishes nothing until one is applied; running engines keep serving, "
@@ -82,17 +89,17 @@ class CatalogKeeper:
     engines, no empty endpoint list) and says so once, until a catalog is applied again."""
 
     def __init__(self) -> None:
-        self.good: tuple[int, Catalog] | None = None
+        self.good: AppliedCatalog | None = None
         self._good_key: tuple | None = None
         self._bad_key: tuple | None = None
         self._missing = False
 
-    def load(self, store: Store) -> tuple[int, Catalog] | None:
+    def load(self, store: Store) -> AppliedCatalog | None:
         """`accept` of the applied document read now (a RedisError is not a catalog problem: raised)."""
         return self.accept(store.catalog_document())
 
-    def accept(self, raw: str | None) -> tuple[int, Catalog] | None:
-        """(version, catalog) of the applied document `raw` as stored (`Store.catalog_document`), or
+    def accept(self, raw: str | None) -> AppliedCatalog | None:
+        """The version and catalog of the applied document `raw` as stored (`Store.catalog_document`), or
         the last good one when it cannot be read; see the class doc."""
         key: tuple = ("unreadable",)
         try:
@@ -107,14 +114,14 @@ class CatalogKeeper:
             if key == self._good_key and self.good is not None:
                 return self.good
             version, catalog, meta = parse_applied(raw)
-            self.good = (version, catalog if catalog is not None else Catalog())
+            self.good = AppliedCatalog(version, catalog if catalog is not None else Catalog())
             self._good_key = (meta.get("version"), meta.get("hash"))
             self._bad_key = None
             return self.good
         except Exception as e:  # noqa: BLE001 - any unreadable document: keep serving the last good one
             if key != self._bad_key:
                 self._bad_key = key
-                kept = f"keeping version {self.good[0]}" if self.good else "skipping passes until one is readable"
+                kept = f"keeping version {self.good.version}" if self.good else "skipping passes until one is readable"
                 log.error("applied catalog (version %s) cannot be read by this llmgw (%s); %s",
                           key[0], str(e).replace("\n", "; "), kept)
             return self.good
