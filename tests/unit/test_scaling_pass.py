@@ -166,7 +166,7 @@ def test_the_pass_reads_its_demand_in_its_one_fleet_view(store, monkeypatch):
     def refuse(name):
         return lambda *a, **kw: pytest.fail(f"the pass read {name} outside its fleet_view")
 
-    for name in ("gateway_reports", "demand_hints", "scale_states", "scale_histories", "loads", "adapter_rows"):
+    for name in ("gateway_reports", "scale_states", "loads", "adapter_rows"):
         monkeypatch.setattr(Store, name, refuse(name))
     views = []
     fleet_view = Store.fleet_view

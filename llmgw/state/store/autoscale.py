@@ -68,23 +68,9 @@ class Autoscale(Aggregate):
     def write_demand_hint(self, model: str, hint: DemandHint, ttl: float) -> None:
         self.r.set(keys.demand_hint(model), json.dumps(hint.to_dict()), px=ms(ttl))
 
-    def demand_hints(self, models: Iterable[str]) -> dict[str, DemandHint]:
-        models = list(models)
-        if not models:
-            return {}
-        return take_hints(models, iter([self.r.mget([keys.demand_hint(m) for m in models])]))
-
     def scale_states(self) -> dict[tuple[str, str], ScaleState]:
         """(model, profile) -> the autoscaler's record; unreadable entries are skipped."""
         return take_states(iter([self.r.hgetall(keys.AUTOSCALE)]))
-
-    def scale_histories(self, profiles: Iterable[tuple[str, str]], since: Mapping[tuple[str, str], float]
-                        ) -> dict[tuple[str, str], list[list]]:
-        """Each profile's samples (JSON lists) from `since[profile]` on, oldest first, in one round trip."""
-        bounds = {key: since.get(key, "-inf") for key in profiles}
-        pipe = self.r.pipeline(transaction=False)
-        queue_histories(pipe, bounds)  # type: ignore[arg-type]
-        return take_histories(bounds, iter(pipe.execute()))
 
     def write_scaling(self, states: Mapping[tuple[str, str], ScaleState],
                       samples: Mapping[tuple[str, str], tuple[float, list]],
