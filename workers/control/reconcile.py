@@ -151,7 +151,7 @@ def scale(catalog: Catalog, snap: Snapshot, now: float) -> Scaling:
     return Scaling(result, keep_since, forget, tuple(events))
 
 
-def place_adapters(catalog: Catalog, snap: Snapshot, actions: list[Action], now: float) -> AdapterChanges:
+def adapter_changes(catalog: Catalog, snap: Snapshot, actions: list[Action], now: float) -> AdapterChanges:
     """The LoRA adapter phase over the snapshot and the plan's actions (`adapterplan.decide_adapters`)."""
     names = _adapter_names(catalog)
     before = snap.demand.adapter_rows
@@ -193,7 +193,7 @@ def decide(catalog: Catalog, snap: Snapshot, now: float, config: PlanConfig = Pl
     if scaling.scale.profiles:  # the planner runs autoscaled profiles at the counts just decided
         snap = replace(snap, wanted=scaling.scale.counts, replica_load=scaling.scale.replica_load)
     actions = plan(catalog, snap, now, config, new_id)
-    adapters = place_adapters(catalog, snap, actions, now)
+    adapters = adapter_changes(catalog, snap, actions, now)
     if adapters.decision is not None:  # new replicas are created with their adapters
         actions = adapters.decision.with_adapters(actions)
     recheck = scaling.scale.recheck_at
