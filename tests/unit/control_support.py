@@ -2,19 +2,26 @@
 
 `Sim` applies planned actions to records the way `workers.control.apply` does, and plays the node
 agents (`sim.agents()` starts what was launched and marks it Ready, confirms stops), so a test can
-run several reconcile passes and look at what the fleet went through.
+run several reconcile passes and look at what the fleet went through. `PassSim` runs the whole pass
+(`workers.control.reconcile.decide`: autoscaling, plan, LoRA adapters) and keeps what the store
+keeps between passes (the autoscaler's records and samples, the adapter rows) and the demand the
+gateways and engines report.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
 
 from llmgw.catalog import Catalog, parse_catalog
 from llmgw.gpus import parse_gpu_spec
+from llmgw.state.demand_records import DemandHint, GatewayReport, ScaleState
 from llmgw.state.node_records import NodeAdmin, NodeInfo
-from llmgw.state.records import ReplicaRecord
+from llmgw.state.records import LoadRecord, ReplicaRecord
 from llmgw.state.replica_state import State, derive, nodes_alive
+from llmgw.state.views import AdapterRows, DemandView
+from workers.control.autoscale import HISTORY_MAX
 from workers.control.plan import (
     CreateReplica,
     DeleteRecord,
@@ -25,6 +32,7 @@ from workers.control.plan import (
     UpdatePending,
     plan,
 )
+from workers.control.reconcile import PassEvent, Reconcile, decide, demand_reads
 from workers.control.snapshot import Snapshot
 
 
@@ -163,3 +171,86 @@ class Sim:
                 for i in idxs:
                     out.setdefault((n, i), []).append(rid)
         return out
+
+
+@dataclass
+class PassSim(Sim):
+    """`Sim` running the whole reconcile pass, with the facts it reads besides the fleet."""
+
+    scale_states: dict[tuple[str, str], ScaleState] = field(default_factory=dict)
+    samples: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)  # a sorted set: row -> t
+    adapter_rows: AdapterRows = AdapterRows(None, [])
+    gateways: list[GatewayReport] = field(default_factory=list)
+    loads: dict[str, LoadRecord] = field(default_factory=dict)
+    hints: dict[str, DemandHint] = field(default_factory=dict)
+    events: list[PassEvent] = field(default_factory=list)
+
+    def pass_snapshot(self) -> Snapshot:
+        """What `load_snapshot(store, now, demand_reads(catalog, now))` would read."""
+        reads = demand_reads(self.cat, self.now)
+        histories = {key: tuple(json.loads(row) for row, _t in sorted(self.samples.get(key, {}).items(),
+                                                                        key=lambda kv: (kv[1], kv[0]))
+                                if _t >= since)
+                     for key, since in reads.histories.items()}
+        demand = DemandView(
+            gateways=tuple(self.gateways) if reads.gateways else (),
+            loads={r.id: self.loads[r.id] for r in self.records.values()
+                   if (r.model, r.profile) in reads.loads and r.id in self.loads},
+            hints={n: self.hints[n] for n in reads.hints if n in self.hints},
+            scale_states=dict(self.scale_states), histories=histories, adapter_rows=self.adapter_rows)
+        return dataclasses.replace(self.snapshot(), wanted={}, replica_load={}, demand=demand)
+
+    def decide(self) -> Reconcile:
+        return decide(self.cat, self.pass_snapshot(), self.now)
+
+    def reconcile_pass(self) -> Reconcile:
+        d = self.decide()
+        self.history.append(list(d.actions))
+        self.apply_pass(d)
+        return d
+
+    def apply_pass(self, d: Reconcile) -> None:
+        """What `apply.apply_reconcile` writes, in its order."""
+        s = d.scaling
+        for p in s.scale.profiles:
+            key = (p.model, p.profile)
+            self.scale_states[key] = p.state
+            rows = self.samples.setdefault(key, {})
+            rows[json.dumps(p.sample.to_list(), separators=(",", ":"))] = p.sample.t
+            since = s.keep_since.get(key, float("-inf"))
+            kept = sorted(((t, row) for row, t in rows.items() if t >= since))[-HISTORY_MAX:]
+            self.samples[key] = {row: t for t, row in kept}
+        for key in s.forget:
+            self.scale_states.pop(key, None)
+            self.samples.pop(key, None)
+        self.events.extend(s.events)
+        for a in d.actions:
+            self.apply(a)
+        a = d.adapters
+        if a.decision is not None:
+            for rid, adapters in a.decision.wanted.items():
+                self.update(rid, adapters_wanted=list(adapters))
+            for rid, adapters in a.decision.relaunch.items():
+                self.update(rid, adapters_relaunch=list(adapters))
+        self.events.extend(a.events)
+        if a.rows is not None:
+            rows = [r.to_dict() for r in a.rows]
+            self.adapter_rows = AdapterRows(self.now, rows) if rows else AdapterRows(None, [])
+
+    def apply(self, a) -> None:
+        if isinstance(a, DispatchLaunch):  # as `apply._apply_one`: the re-dispatch is recorded too
+            self.update(a.id, launch_dispatched_at=self.now)
+        else:
+            super().apply(a)
+
+    def agents(self, start: bool = True, ready: bool = True) -> None:
+        """`Sim.agents`, and each engine holds the LoRA adapters its record wants (at launch for
+        llama.cpp, loaded at once elsewhere)."""
+        for rid, rec in list(self.records.items()):
+            if start and rec.node is not None and self.alive(rec) and rec.stop_requested_at is None \
+                    and not rec.running:
+                self.update(rid, attempt=rec.attempt + 1)
+        super().agents(start, ready)
+        for rid, rec in list(self.records.items()):
+            if rec.running and rec.stop_requested_at is None and rec.holds != rec.adapters_wanted:
+                self.update(rid, adapters_held=list(rec.adapters_wanted), adapters_attempt=rec.attempt)

@@ -1,10 +1,12 @@
-"""The reconcile pass's adapter step (workers/control/adapterplan.py, adapterstep.py) and what the publisher
+"""The reconcile pass's adapter phase (workers/control/adapterplan.py, reconcile.py) and what the publisher
 lists (workers/control/adapters.published_adapters): new replicas are created with their adapters, a
 runtime replica's `adapters_wanted` is written only when it changes, llama.cpp replicas are replaced
 (never changed in place) and only for an adapter's floor, replicas on their way out are left alone,
 failed loads wait for their backoff, demand comes from the gateways' reports under the adapter's name."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import fakeredis
 
@@ -15,9 +17,10 @@ from llmgw.state.records import ReplicaRecord
 from llmgw.state.store import Store
 from workers.control.adapterplan import AdapterRow, adapter_demand, decide_adapters
 from workers.control.adapters import published_adapters
-from workers.control.adapterstep import adapter_step, apply_adapters
+from workers.control.apply import ReconcilePass, apply_reconcile
 from workers.control.placement import Placement
 from workers.control.plan import CreateReplica, StopReplica
+from workers.control.reconcile import decide, demand_reads
 from workers.control.snapshot import Snapshot
 
 NOW = 1000.0
@@ -148,21 +151,42 @@ def test_demand_is_counted_by_adapter_name():
     assert d == {"a1": 4.02, "a2": 0.01, "a3": 1.0}
 
 
-def test_the_step_writes_rows_events_and_marks_through_the_store():
+class _Dispatch:
+    def __init__(self):
+        self.sent: list[tuple[str, str]] = []
+
+    def launch(self, replica_id: str, node: str) -> None:
+        self.sent.append(("launch", replica_id))
+
+    def stop(self, replica_id: str, node: str) -> None:
+        self.sent.append(("stop", replica_id))
+
+
+def _pass(store: Store, c: Catalog, s: Snapshot, now: float):
+    """One reconcile pass over `s` with the demand and rows read from `store`: decide, apply."""
+    s = replace(s, demand=store.fleet_view(demand_reads(c, now)).demand)
+    d = decide(c, s, now)
+    result = apply_reconcile(d, ReconcilePass(store, _Dispatch(), lambda: now, 0.0), now)
+    assert result.failed == 0
+    return d
+
+
+def test_the_pass_writes_rows_events_and_marks_through_the_store():
     store = Store(fakeredis.FakeRedis(decode_responses=True))
     c = cat(replicas=1, max_loras=1,
             adapters="{name: a1, source: /ad/a1, rank: 8}, {name: a2, source: /ad/a2, rank: 8, replicas: 0}")
     r1 = rec(c, "r1")
     store.create_replica(r1)
     store.write_demand_hint("a2", DemandHint(NOW, 3), 10)  # a gateway holds requests for a2
-    actions, d = adapter_step(store, c, snap(r1), [], NOW)
-    apply_adapters(store, d, NOW)
+    d = _pass(store, c, snap(r1), NOW)
+    assert d.actions == () and d.kicks_publish  # a2 is put on r1
     assert store.get_replica("r1").adapters_wanted == ["a2"]  # the requested one takes the only slot
     _at, rows = store.adapter_rows()
     assert [(x["adapter"], AdapterRow.from_dict(x).short) for x in rows] == [("a1", True), ("a2", False)]
     assert [e.kind for e in store.read_events()] == ["adapter_short"]
-    apply_adapters(store, d, NOW + 1)  # the same shortfall again: no second event
+    _pass(store, c, snap(r1), NOW + 1)  # the same shortfall again: no second event
     assert [e.kind for e in store.read_events()] == ["adapter_short"]
-    assert adapter_step(store, parse_catalog_text("models: []"), snap(r1), [], NOW) == ([], None)
-    apply_adapters(store, None, NOW)
+    d = _pass(store, parse_catalog_text("models: []"), snap(r1), NOW)
+    assert d.adapters.decision is None and d.adapters.rows == ()  # the rows go with the last adapter
     assert store.adapter_rows() == (None, [])
+    assert _pass(store, parse_catalog_text("models: []"), snap(r1), NOW).adapters.rows is None  # and stay gone

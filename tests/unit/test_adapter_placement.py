@@ -82,6 +82,18 @@ def test_nothing_changes_when_nothing_changed():
     assert plan.actions == () and plan.desired == {"r1": {"a", "c"}, "r2": {"b"}}
 
 
+def test_what_the_last_pass_assigned_outranks_what_is_only_still_held():
+    """A busier adapter took a slot of a quieter one on r1; until r1's engine swaps them, it holds
+    both the old set and the new. Placing again keeps the new one (a pass does not undo the last)."""
+    wants = [AdapterWant("a"), AdapterWant("b"), AdapterWant("c")]
+    demand = {"a": 0.01, "b": 0.01, "c": 1.0}
+    reps = [rep("r1", held={"a", "b"}, assigned=frozenset({"b", "c"})),
+            rep("r2", held={"a", "c"}, assigned=frozenset({"a", "c"})),
+            rep("r3", ready=False, assigned=frozenset({"c"}))]
+    plan = place_adapters(wants, reps, demand)
+    assert plan.desired == {"r1": {"b", "c"}, "r2": {"a", "c"}, "r3": {"c"}}
+
+
 def test_surplus_gives_way_only_to_a_need():
     wants = [AdapterWant("a"), AdapterWant("b")]
     reps = [rep("r1", max_loras=1, held={"a"}), rep("r2", max_loras=1, held={"a"})]

@@ -149,3 +149,31 @@ def test_a_pass_that_sees_load_above_target_asks_for_a_pass_when_the_window_ends
     sent.clear()
     reconcile_once(store, FakeDispatcher(store), clock.time, kicker=kicker)
     assert ("llmgw.reconcile", 2.0) in sent  # scale_up_after 2 s from this first sample above target
+
+
+def test_the_pass_reads_its_demand_in_its_one_fleet_view(store, monkeypatch):
+    """Autoscaling and the LoRA adapters decide on what the pass's one `fleet_view` read: the
+    gateways' reports, hints, loads, the autoscaler's records and the adapter rows are not read
+    again (a second read could see other facts than the plan did)."""
+    m = model("m", {**auto(), "lora": {"max_loras": 1}})
+    m.update(source="/m/m", adapters=[{"name": "a1", "source": "/ad/a1", "rank": 8}])
+    apply_catalog(store, catalog(m), source="t", applied_by="t", now=0)
+    store.write_heartbeat(node("a"), ttl=3600)
+    clock = FakeClock()
+    gateway(store, clock, queued=2)
+    store.write_demand_hint("a1", DemandHint(at=clock.t, queued=1), ttl=10)
+
+    def refuse(name):
+        return lambda *a, **kw: pytest.fail(f"the pass read {name} outside its fleet_view")
+
+    for name in ("gateway_reports", "scale_states", "loads", "adapter_rows"):
+        monkeypatch.setattr(Store, name, refuse(name))
+    views = []
+    fleet_view = Store.fleet_view
+    monkeypatch.setattr(Store, "fleet_view", lambda self, *a: views.append(a) or fleet_view(self, *a))
+    reconcile_once(store, FakeDispatcher(store), clock.time)
+    assert len(views) == 1
+    (rec,) = live(store)
+    assert rec.adapters_wanted == ["a1"]  # created with the adapter its hint asked for
+    monkeypatch.undo()
+    assert store.scale_states()[("m", "cpu")].count == 1 and store.adapter_rows().rows[0]["adapter"] == "a1"

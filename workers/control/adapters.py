@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, NamedTuple
 
 from llmgw.catalog.types import ADAPTERS_AT_LAUNCH, Model, Profile
 from llmgw.state.records import ReplicaRecord
@@ -127,12 +127,22 @@ def wants_for(model: Model) -> list[AdapterWant]:
     return [AdapterWant(a.name, None if a.pinned else int(a.replicas)) for a in model.adapters]
 
 
-def slots_for(model: Model, profile_name: str) -> tuple[int, frozenset[str], bool]:
-    """(max_loras, the adapters it serves, adapters at launch) of one of `model`'s profiles."""
+class ProfileSlots(NamedTuple):
+    """What each replica of a profile offers adapter placement: its slots (`max_loras`; 0: no
+    `lora:`), the adapters it serves, and whether they are part of its launch (llama.cpp)."""
+
+    max_loras: int
+    serves: frozenset[str]
+    at_launch: bool
+
+
+def slots_for(model: Model, profile_name: str) -> ProfileSlots:
+    """The adapter slots of one of `model`'s profiles."""
     p = model.profile(profile_name)
     if p is None or p.lora is None:
-        return 0, frozenset(), False
-    return p.lora.max_loras, frozenset(a.name for a in model.adapters_for(p)), p.engine in ADAPTERS_AT_LAUNCH
+        return ProfileSlots(0, frozenset(), False)
+    return ProfileSlots(p.lora.max_loras, frozenset(a.name for a in model.adapters_for(p)),
+                        p.engine in ADAPTERS_AT_LAUNCH)
 
 
 def published_adapters(rec: ReplicaRecord, model: Model, profile: Profile) -> tuple[str, ...]:
@@ -209,7 +219,10 @@ def place_adapters(wants: Iterable[AdapterWant], replicas: Iterable[ReplicaSlots
         kept = {a for a in r.assigned if (r.replica_id, a) not in blocked}
         current = (r.held | r.loading | kept) & r.serves & set(targets)
         pins = {a for a in pinned & r.serves if (r.replica_id, a) not in blocked}
-        for a in sorted(current | pins, key=rank)[:max(0, r.max_loras)]:
+        # More than fit (an engine still holding what the last pass moved away): what that pass
+        # assigned comes before what is only held, so the next pass does not undo it.
+        first = sorted(current | pins, key=lambda a: (a not in pinned, a not in kept, rank(a)))
+        for a in first[:max(0, r.max_loras)]:
             st.add(r, a)
 
     shortfalls = []

@@ -1,9 +1,12 @@
-"""The control plane's side effects: apply planned actions to Redis and the node queues, and the three
-passes (reconcile, publish, housekeeping) the Celery tasks run.
+"""The control plane's side effects: apply what a reconcile pass decided to Redis and the node queues,
+and the three passes (reconcile, publish, housekeeping) the Celery tasks run.
 
-Every action records its intent in the replica record BEFORE the dispatch that acts on it, so a crash
-in between leaves a record the next pass repairs (re-dispatching a stale launch or stop) instead of an
-engine nobody knows about. Each action is applied on its own: one failure is logged and the rest go on.
+Each pass reads once, decides once (a pure function) and writes what the decision returned: reconcile
+is `load_snapshot` -> `reconcile.decide` -> `apply_reconcile`, publish is `Store.publish_view` ->
+`publish.decide` -> `Store.write_publish`. Every action records its intent in the replica record
+BEFORE the dispatch that acts on it, so a crash in between leaves a record the next pass repairs
+(re-dispatching a stale launch or stop) instead of an engine nobody knows about. Each action is
+applied on its own: one failure is logged and the rest go on.
 """
 
 from __future__ import annotations
@@ -28,17 +31,19 @@ from workers.control.plan import (
     PlanConfig,
     StopReplica,
     UpdatePending,
-    plan,
 )
-from workers.control.adapterstep import adapter_step, apply_adapters
+from workers.control import reconcile
+from workers.control.autoscale import HISTORY_MAX
 from workers.control.external import external_endpoints
 from workers.control.gcpause import paused_gc
 from workers.control.migrations import run_pending
 from workers.control.publish import LOST_GRACE, decide
-from workers.control.scaling import autoscale_step
+from workers.control.reconcile import AdapterChanges, PassEvent, Reconcile, Scaling
 from workers.control.snapshot import CatalogKeeper, load_snapshot
 
 log = logging.getLogger("llmgw.control")
+scale_log = logging.getLogger("llmgw.control.autoscale")
+adapter_log = logging.getLogger("llmgw.control.adapters")
 
 
 class Dispatcher(Protocol):
@@ -81,7 +86,6 @@ def apply_actions(
     dispatcher: Dispatcher,
     now: float,
     out_of_time: Callable[[], bool] = lambda: False,
-    kicker: Kicker | None = None,
     trace: str | None = None,
 ) -> ApplyResult:
     """Apply each action; stop early when `out_of_time()` says so (the rest is planned again next
@@ -100,8 +104,6 @@ def apply_actions(
         except Exception:  # one bad action must not stop the others
             result.failed += 1
             log.exception("failed to apply %r", action)
-    if kicker is not None and any(isinstance(a, StopReplica) for a in actions):
-        kicker.kick(PUBLISH)  # a stop unpublishes at once: its drain waits for the new list
     return result
 
 
@@ -228,21 +230,82 @@ def _reconcile(p: ReconcilePass) -> ApplyResult | None:
     loaded = p.catalogs.load(p.store)
     if loaded is None:
         return None
-    _version, catalog = loaded
+    catalog = loaded.catalog
     t = p.now()
-    snap, recheck_at = autoscale_step(p.store, catalog, load_snapshot(p.store, t), t)
-    if recheck_at is not None:  # a load above target: decide when its window ends, not at the next tick
-        p.kicker.kick_in(RECONCILE, recheck_at - t)
+    snap = load_snapshot(p.store, t, reconcile.demand_reads(catalog, t))
     # plan makes many small objects and no cycles: GC sweeps amid it cost a third of it (bench/scheduler.py)
     with paused_gc():
-        actions = plan(catalog, snap, t, p.config)
-    actions, adapters = adapter_step(p.store, catalog, snap, actions, t)
-    result = apply_actions(actions, p.store, p.dispatcher, t, p.out_of_time, p.kicker, p.trace)
-    apply_adapters(p.store, adapters, t, p.kicker)
+        decision = reconcile.decide(catalog, snap, t, p.config)
+    result = apply_reconcile(decision, p, t)
     if result.applied or result.failed or result.deferred:
         log.info("reconcile: %s applied, %s failed, %s deferred %s", result.applied, result.failed,
                  result.deferred, result.counts)
     return result
+
+
+def apply_reconcile(d: Reconcile, p: ReconcilePass, now: float) -> ApplyResult:
+    """Write what one pass decided, in this order: the autoscaler's records and events (the counts
+    the actions follow), the actions (each recorded, then dispatched, until the pass's time is
+    spent), the LoRA adapters each replica holds, the replicas to relaunch with another set and
+    the adapter rows; then the kicks the decision asks for."""
+    _write_scaling(p.store, d.scaling, now)
+    result = apply_actions(list(d.actions), p.store, p.dispatcher, now, p.out_of_time, p.trace)
+    _write_adapters(p.store, d.adapters, now)
+    if d.kicks_publish:
+        p.kicker.kick(PUBLISH)  # a stop (or an adapter taken off a replica) unpublishes at once
+    if d.requeue:
+        p.kicker.kick(RECONCILE)  # the next pass rolls the replicas marked for another adapter set
+    if d.requeue_after is not None:  # a load above target: decide when its window ends, not at the timer
+        p.kicker.kick_in(RECONCILE, d.requeue_after)
+    return result
+
+
+def _emit(store: Store, e: PassEvent, now: float) -> None:
+    store.emit(e.kind, e.message, source="control", model=e.model, profile=e.profile, ts=now, **e.data)
+
+
+def _write_scaling(store: Store, s: Scaling, now: float) -> None:
+    """One pipeline: each autoscaled profile's record and new sample, the records of profiles that
+    no longer autoscale deleted; then a log line and events per change."""
+    if not s.writes:
+        return
+    profiles = s.scale.profiles
+    store.write_scaling({(p.model, p.profile): p.state for p in profiles},
+                        {(p.model, p.profile): (p.sample.t, p.sample.to_list()) for p in profiles},
+                        s.keep_since, HISTORY_MAX, s.forget)
+    for p in profiles:
+        if p.decision.changed:
+            scale_log.info("autoscale %s/%s: %s", p.model, p.profile, p.decision.reason)
+    for e in s.events:
+        _emit(store, e, now)
+
+
+def _write_adapters(store: Store, a: AdapterChanges, now: float) -> None:
+    """Each runtime replica's new `adapters_wanted` (then its agent is woken to load or unload), the
+    llama.cpp replicas to replace with another set, the events, the rows. One failed write is logged
+    and the rest go on (the next pass writes it again)."""
+    d = a.decision
+    for rid, adapters in (d.wanted if d else {}).items():
+        try:
+            if store.update_replica(rid, adapters_wanted=list(adapters)):
+                adapter_log.info("replica %s holds adapters %s from now on", rid, ", ".join(adapters) or "none")
+                node = d.nodes.get(rid)
+                if node:
+                    store.wake_agent(node, rid)
+        except Exception:  # noqa: BLE001 - the next pass writes it again
+            adapter_log.exception("replica %s: cannot write its adapters", rid)
+    for rid, adapters in (d.relaunch if d else {}).items():
+        try:
+            if store.update_replica(rid, adapters_relaunch=list(adapters)):
+                why = f"replaced to hold adapters {', '.join(adapters) or 'none'} (llama.cpp loads them at launch)"
+                adapter_log.info("replica %s: %s", rid, why)
+                store.emit("adapters_relaunch", why, source="control", replica=rid, ts=now, adapters=list(adapters))
+        except Exception:  # noqa: BLE001
+            adapter_log.exception("replica %s: cannot mark it for a relaunch with other adapters", rid)
+    for e in a.events:
+        _emit(store, e, now)
+    if a.rows is not None:
+        store.write_adapter_rows([r.to_dict() for r in a.rows], now)
 
 
 @dataclass

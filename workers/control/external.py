@@ -177,7 +177,7 @@ def external_once(store: Store, http: Http, now: Callable[[], float], config: Ex
         loaded = (catalogs or CatalogKeeper()).load(store)
         if loaded is None:
             return None
-        wanted = targets(loaded[1])
+        wanted = targets(loaded.catalog)
         records = {r.id: r for r in store.external_records()}
         gone = [i for i in records if i not in {t.id for t in wanted}]
         store.delete_externals(gone)

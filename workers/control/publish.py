@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, NamedTuple
 from urllib.parse import urlsplit
 
 from llmgw.catalog import Catalog, Model, Profile
@@ -72,25 +72,32 @@ def lost_since(rec: ReplicaRecord, live: Mapping[str, object], last_seen: Mappin
     return max((t for t in facts if t is not None), default=0.0)
 
 
+class Routable(NamedTuple):
+    """The publish decision for one replica: may the gateways route to it, and why (`llmgw status`)."""
+
+    ok: bool
+    why: str
+
+
 def routable(rec: ReplicaRecord, node_alive: bool, lost_at: float, evidence: Evidence | None, now: float,
-             policy: CrashPolicy = CrashPolicy(), lost_grace: float = LOST_GRACE) -> tuple[bool, str]:
+             policy: CrashPolicy = CrashPolicy(), lost_grace: float = LOST_GRACE) -> Routable:
     """May the gateways route to this replica? (yes/no, and why, for `llmgw status`). The caller has
     checked that its model and profile are in the catalog."""
     if rec.stop_requested_at is not None:
-        return False, "stop requested"
+        return Routable(False, "stop requested")
     if not rec.url:
-        return False, "no URL yet"
+        return Routable(False, "no URL yet")
     if node_alive:
         view = derive(rec, True, now, policy)
-        return view.state is State.READY, view.state.value
+        return Routable(view.state is State.READY, view.state.value)
     if not (served_this_attempt(rec) and rec.last_probe_ok):
-        return False, "node lost while it was not Ready"
+        return Routable(False, "node lost while it was not Ready")
     gone = now - lost_at
     if gone >= lost_grace:
-        return False, f"node agent lost {gone:.0f}s ago, longer than the {lost_grace:g}s grace"
+        return Routable(False, f"node agent lost {gone:.0f}s ago, longer than the {lost_grace:g}s grace")
     if evidence is not None and evidence.failing:
-        return False, "node agent lost and gateways fail to reach the engine"
-    return True, f"node agent lost {gone:.0f}s ago"
+        return Routable(False, "node agent lost and gateways fail to reach the engine")
+    return Routable(True, f"node agent lost {gone:.0f}s ago")
 
 
 def endpoints_from(
@@ -118,8 +125,7 @@ def endpoints_from(
             continue
         alive = nodes_alive(rec, live_nodes)
         lost_at = now if alive else lost_since(rec, live_nodes, last_seen)
-        ok, _why = routable(rec, alive, lost_at, evidence.get(rec.id), now, policy, lost_grace)
-        if not ok:
+        if not routable(rec, alive, lost_at, evidence.get(rec.id), now, policy, lost_grace).ok:
             continue
         served = paths.get((model.name, profile.name))
         if served is None:

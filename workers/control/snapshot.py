@@ -1,8 +1,9 @@
-"""The facts one control pass decides on, read from Redis in one call (`Store.fleet_view`).
+"""The facts one reconcile pass decides on, read from Redis in one call (`Store.fleet_view`).
 
-`Snapshot` is plain data (frozen); `load_snapshot(store, now)` is the only function here that reads
-Redis, so `plan`, `place` and `endpoints_from` can be tested on hand-built snapshots. `CatalogKeeper`
-turns the applied catalog's document into a `Catalog` and keeps the last good one for the worker process.
+`Snapshot` is plain data (frozen); `load_snapshot(store, now, reads)` is the only function here that
+reads Redis, so `reconcile.decide`, `plan`, `place` and `endpoints_from` can be tested on hand-built
+snapshots. `CatalogKeeper` turns the applied catalog's document into a `Catalog` and keeps the last
+good one for the worker process.
 """
 
 from __future__ import annotations
@@ -10,12 +11,13 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Mapping, NamedTuple
 
 from llmgw.catalog import Catalog, parse_applied
 from llmgw.state.keys import ALL_MODELS
 from llmgw.state.node_records import NodeAdmin, NodeInfo
 from llmgw.state.records import ReplicaRecord
+from llmgw.state.views import DemandReads, DemandView
 from llmgw.state.weights import WeightsFacts
 
 if TYPE_CHECKING:  # the decisions import Snapshot; only the shells hand a Store in
@@ -35,23 +37,36 @@ class Snapshot:
     # Model (or keys.ALL_MODELS) -> how often its engine credentials were rotated.
     credentials: Mapping[str, int] = field(default_factory=dict)
     # Autoscaled profiles: (model, profile) -> the replica count the autoscaler wants (docs/autoscaling.md);
-    # a profile not in it runs its catalog `replicas`.
+    # a profile not in it runs its catalog `replicas`. Decided, not read: the pass's autoscaling phase
+    # (`reconcile.decide`) fills it in from `demand` before `plan` reads it.
     wanted: Mapping[tuple[str, str], int] = field(default_factory=dict)
     # Requests each replica holds (gateways' in flight, or its engine's running + waiting if more), where
     # known: a scale-down stops the least loaded first, and preemption takes the least loaded victim.
+    # Filled in with `wanted`.
     replica_load: Mapping[str, float] = field(default_factory=dict)
     # Remote sources -> their size and shape as a node agent read them (placement's disk and fit checks).
     weights: Mapping[str, WeightsFacts] = field(default_factory=dict)
+    # The gateways' reports, the engines' loads, cold-start hints, the autoscaler's records and the last
+    # adapter rows: what the autoscaling and adapter phases decide on (`reconcile.demand_reads` names them).
+    demand: DemandView = DemandView()
 
     def credential_generation(self, model: str) -> int:
         """A replica of `model` made at a lower generation is outdated (rotated for all or for it)."""
         return self.credentials.get(ALL_MODELS, 0) + self.credentials.get(model, 0)
 
 
-def load_snapshot(store: Store, now: float) -> Snapshot:
-    v = store.fleet_view()
+def load_snapshot(store: Store, now: float, reads: DemandReads = DemandReads()) -> Snapshot:
+    """The fleet and the demand `reads` names, in one `Store.fleet_view`."""
+    v = store.fleet_view(reads)
     return Snapshot(nodes=v.live, replicas=v.replicas, admin=v.admin, known=v.known, taken_at=now,
-                    last_seen=v.last_seen, credentials=v.credentials, weights=v.weights)
+                    last_seen=v.last_seen, credentials=v.credentials, weights=v.weights, demand=v.demand)
+
+
+class AppliedCatalog(NamedTuple):
+    """The applied catalog as a pass reads it: its stored version, and the catalog."""
+
+    version: int
+    catalog: Catalog
 
 
 # What the control plane says when Redis holds no catalog (the passes then do nothing).
@@ -74,17 +89,17 @@ class CatalogKeeper:
     engines, no empty endpoint list) and says so once, until a catalog is applied again."""
 
     def __init__(self) -> None:
-        self.good: tuple[int, Catalog] | None = None
+        self.good: AppliedCatalog | None = None
         self._good_key: tuple | None = None
         self._bad_key: tuple | None = None
         self._missing = False
 
-    def load(self, store: Store) -> tuple[int, Catalog] | None:
+    def load(self, store: Store) -> AppliedCatalog | None:
         """`accept` of the applied document read now (a RedisError is not a catalog problem: raised)."""
         return self.accept(store.catalog_document())
 
-    def accept(self, raw: str | None) -> tuple[int, Catalog] | None:
-        """(version, catalog) of the applied document `raw` as stored (`Store.catalog_document`), or
+    def accept(self, raw: str | None) -> AppliedCatalog | None:
+        """The version and catalog of the applied document `raw` as stored (`Store.catalog_document`), or
         the last good one when it cannot be read; see the class doc."""
         key: tuple = ("unreadable",)
         try:
@@ -99,14 +114,14 @@ class CatalogKeeper:
             if key == self._good_key and self.good is not None:
                 return self.good
             version, catalog, meta = parse_applied(raw)
-            self.good = (version, catalog if catalog is not None else Catalog())
+            self.good = AppliedCatalog(version, catalog if catalog is not None else Catalog())
             self._good_key = (meta.get("version"), meta.get("hash"))
             self._bad_key = None
             return self.good
         except Exception as e:  # noqa: BLE001 - any unreadable document: keep serving the last good one
             if key != self._bad_key:
                 self._bad_key = key
-                kept = f"keeping version {self.good[0]}" if self.good else "skipping passes until one is readable"
+                kept = f"keeping version {self.good.version}" if self.good else "skipping passes until one is readable"
                 log.error("applied catalog (version %s) cannot be read by this llmgw (%s); %s",
                           key[0], str(e).replace("\n", "; "), kept)
             return self.good

@@ -4,10 +4,27 @@ facts of each replica's adapters are fields of its replica record (`replicas.py`
 from __future__ import annotations
 
 import json
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from llmgw.state import keys
-from llmgw.state.store.base import Aggregate, compact
+from llmgw.state.store.base import Aggregate, Pipeline, compact
+from llmgw.state.views import AdapterRows
+
+
+def queue_rows(pipe: Pipeline) -> None:
+    pipe.get(keys.ADAPTERS)
+
+
+def take_rows(replies: Iterator) -> AdapterRows:
+    """(when, rows) of the last pass that placed adapters; (None, []) when none did or the value is
+    unreadable (a newer or broken writer)."""
+    raw = next(replies)
+    try:
+        doc = json.loads(raw) if raw else {}
+        rows = [r for r in doc.get("rows") or [] if isinstance(r, dict) and "adapter" in r]
+        return AdapterRows((float(doc["at"]) if doc.get("at") is not None else None), rows)
+    except (ValueError, TypeError, AttributeError):
+        return AdapterRows(None, [])
 
 
 class Adapters(Aggregate):
@@ -19,13 +36,7 @@ class Adapters(Aggregate):
         else:
             self.r.delete(keys.ADAPTERS)
 
-    def adapter_rows(self) -> tuple[float | None, list[dict]]:
-        """(when, rows) of the last pass that placed adapters; (None, []) when none did or the value
-        is unreadable (a newer or broken writer)."""
-        raw = self.r.get(keys.ADAPTERS)
-        try:
-            doc = json.loads(raw) if raw else {}
-            rows = [r for r in doc.get("rows") or [] if isinstance(r, dict) and "adapter" in r]
-            return (float(doc["at"]) if doc.get("at") is not None else None), rows
-        except (ValueError, TypeError, AttributeError):
-            return None, []
+    def adapter_rows(self) -> AdapterRows:
+        """`take_rows` of one read (status and the console read it; a reconcile pass reads it in its
+        `fleet_view`)."""
+        return take_rows(iter([self.r.get(keys.ADAPTERS)]))

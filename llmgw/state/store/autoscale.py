@@ -4,58 +4,73 @@ profile (one hash), and each profile's recent samples (a sorted set by time, tri
 from __future__ import annotations
 
 import json
-from typing import Iterable, Mapping
+from typing import Iterable, Iterator, Mapping, Sequence
 
 from llmgw.state import keys
 from llmgw.state.demand_records import DemandHint, ScaleState
-from llmgw.state.store.base import Aggregate, compact, ms
+from llmgw.state.store.base import Aggregate, Pipeline, compact, ms
+
+
+def queue_hints(pipe: Pipeline, names: Sequence[str]) -> None:
+    if names:
+        pipe.mget([keys.demand_hint(m) for m in names])
+
+
+def take_hints(names: Sequence[str], replies: Iterator) -> dict[str, DemandHint]:
+    """The readable hints of `names` (a hint from a newer or broken writer says nothing)."""
+    out = {}
+    for m, raw in zip(names, next(replies) if names else []):
+        if raw:
+            try:
+                out[m] = DemandHint.from_dict(json.loads(raw))
+            except (ValueError, TypeError):
+                continue
+    return out
+
+
+def queue_states(pipe: Pipeline) -> None:
+    pipe.hgetall(keys.AUTOSCALE)
+
+
+def take_states(replies: Iterator) -> dict[tuple[str, str], ScaleState]:
+    """(model, profile) -> the autoscaler's record; unreadable entries are skipped."""
+    out = {}
+    for f, raw in next(replies).items():
+        model, _, profile = f.rpartition("/")
+        try:
+            out[(model, profile)] = ScaleState.from_dict(json.loads(raw))
+        except (ValueError, TypeError):
+            continue
+    return out
+
+
+def queue_histories(pipe: Pipeline, since: Mapping[tuple[str, str], float]) -> None:
+    """Each profile of `since` (in its order): its samples from `since[profile]` on."""
+    for (m, p), t in since.items():
+        pipe.zrangebyscore(keys.autoscale_history(m, p), t, "+inf")
+
+
+def take_histories(profiles: Iterable[tuple[str, str]], replies: Iterator) -> dict[tuple[str, str], list[list]]:
+    """Each profile's samples (JSON lists), oldest first; unreadable ones are skipped."""
+    out: dict[tuple[str, str], list[list]] = {}
+    for key in profiles:
+        rows = []
+        for raw in next(replies):
+            try:
+                rows.append(json.loads(raw))
+            except ValueError:
+                continue
+        out[key] = rows
+    return out
 
 
 class Autoscale(Aggregate):
     def write_demand_hint(self, model: str, hint: DemandHint, ttl: float) -> None:
         self.r.set(keys.demand_hint(model), json.dumps(hint.to_dict()), px=ms(ttl))
 
-    def demand_hints(self, models: Iterable[str]) -> dict[str, DemandHint]:
-        models = list(models)
-        if not models:
-            return {}
-        out = {}
-        for m, raw in zip(models, self.r.mget([keys.demand_hint(m) for m in models])):
-            if raw:
-                try:
-                    out[m] = DemandHint.from_dict(json.loads(raw))
-                except (ValueError, TypeError):
-                    continue  # a hint from a newer or broken writer says nothing
-        return out
-
     def scale_states(self) -> dict[tuple[str, str], ScaleState]:
         """(model, profile) -> the autoscaler's record; unreadable entries are skipped."""
-        out = {}
-        for f, raw in self.r.hgetall(keys.AUTOSCALE).items():
-            model, _, profile = f.rpartition("/")
-            try:
-                out[(model, profile)] = ScaleState.from_dict(json.loads(raw))
-            except (ValueError, TypeError):
-                continue
-        return out
-
-    def scale_histories(self, profiles: Iterable[tuple[str, str]], since: Mapping[tuple[str, str], float]
-                        ) -> dict[tuple[str, str], list[list]]:
-        """Each profile's samples (JSON lists) from `since[profile]` on, oldest first, in one round trip."""
-        profiles = list(profiles)
-        pipe = self.r.pipeline(transaction=False)
-        for m, p in profiles:
-            pipe.zrangebyscore(keys.autoscale_history(m, p), since.get((m, p), "-inf"), "+inf")
-        out: dict[tuple[str, str], list[list]] = {}
-        for key, members in zip(profiles, pipe.execute()):
-            rows = []
-            for raw in members:
-                try:
-                    rows.append(json.loads(raw))
-                except ValueError:
-                    continue
-            out[key] = rows
-        return out
+        return take_states(iter([self.r.hgetall(keys.AUTOSCALE)]))
 
     def write_scaling(self, states: Mapping[tuple[str, str], ScaleState],
                       samples: Mapping[tuple[str, str], tuple[float, list]],

@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import json
-from typing import Iterable
+from typing import Iterable, Iterator, Sequence
 
 from llmgw.state import keys
 from llmgw.state.records import LoadRecord
-from llmgw.state.store.base import Aggregate, ms
+from llmgw.state.store.base import Aggregate, Pipeline, ms
+
+
+def queue_loads(pipe: Pipeline, ids: Sequence[str]) -> None:
+    if ids:
+        pipe.mget([keys.load(i) for i in ids])
+
+
+def take_loads(ids: Sequence[str], replies: Iterator) -> dict[str, LoadRecord]:
+    """The last scrape of each of `ids` that has one."""
+    return {i: LoadRecord.from_dict(json.loads(v)) for i, v in zip(ids, next(replies) if ids else []) if v}
 
 
 class Loads(Aggregate):
@@ -26,5 +36,4 @@ class Loads(Aggregate):
         ids = list(replica_ids)
         if not ids:
             return {}
-        raw = self.r.mget([keys.load(i) for i in ids])
-        return {i: LoadRecord.from_dict(json.loads(v)) for i, v in zip(ids, raw) if v}
+        return take_loads(ids, iter([self.r.mget([keys.load(i) for i in ids])]))

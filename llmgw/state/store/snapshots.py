@@ -1,41 +1,79 @@
 """Reads that span aggregates: what one control pass decides on, in one call of two pipelined round
-trips (the id sets and the small hashes first, then everything they name). Each aggregate module
-queues its own commands and decodes its own replies (`queue_*`, `take_*`), so the keys stay theirs.
-The views are plain data (`llmgw.state.views`)."""
+trips (the id sets and the small hashes first, then everything they name; the reconcile pass's
+replica loads take a third, as they are named by records only the second brings). Each aggregate
+module queues its own commands and decodes its own replies (`queue_*`, `take_*`), so the keys stay
+theirs. The views are plain data (`llmgw.state.views`)."""
 
 from __future__ import annotations
 
-from llmgw.state.store import catalog, credentials, endpoints, externals, gateways, nodes, replicas, weights
+from llmgw.state.store import (
+    adapters,
+    autoscale,
+    catalog,
+    credentials,
+    endpoints,
+    externals,
+    gateways,
+    loads,
+    nodes,
+    replicas,
+    weights,
+)
 from llmgw.state.store.base import Aggregate
-from llmgw.state.views import FleetView, PublishView
+from llmgw.state.views import DemandReads, DemandView, FleetView, PublishView
 
 
 class Snapshots(Aggregate):
-    def fleet_view(self) -> FleetView:
+    def fleet_view(self, reads: DemandReads = DemandReads()) -> FleetView:
+        """The fleet, the autoscaler's records and the last adapter rows, and the demand `reads`
+        names. Ids whose record or report is gone are tidied from their sets."""
+        histories = dict(reads.histories)
         pipe = self.r.pipeline(transaction=False)
         nodes.queue_names(pipe)
         replicas.queue_ids(pipe)
         nodes.queue_last_seen(pipe)
         credentials.queue_generations(pipe)
         weights.queue_sources(pipe)
+        autoscale.queue_states(pipe)
+        adapters.queue_rows(pipe)
+        autoscale.queue_histories(pipe, histories)
+        autoscale.queue_hints(pipe, reads.hints)
+        if reads.gateways:
+            gateways.queue_ids(pipe)
         replies = iter(pipe.execute())
         names, rids = sorted(next(replies)), sorted(next(replies))
         last_seen, creds = nodes.take_last_seen(replies), credentials.take_generations(replies)
         sources = sorted(next(replies))
+        states, placed = autoscale.take_states(replies), adapters.take_rows(replies)
+        samples = autoscale.take_histories(histories, replies)
+        hints = autoscale.take_hints(reads.hints, replies)
+        gids = sorted(next(replies)) if reads.gateways else []
 
         pipe = self.r.pipeline(transaction=False)
         nodes.queue_heartbeats(pipe, names)
         replicas.queue_records(pipe, rids)
         nodes.queue_admin(pipe, names)
         weights.queue_facts(pipe, sources)
+        gateways.queue_reports(pipe, gids)
         replies = iter(pipe.execute())
         live = nodes.take_live(names, replies)
         recs, stale = replicas.take_records(rids, replies)
         admin = nodes.take_admin(names, replies)
         facts, expired = weights.take_facts(sources, replies)
+        reports, gone = gateways.take_reports(gids, replies)
         self.tidy_replica_ids(stale)  # type: ignore[attr-defined]
         self.tidy_weights_sources(expired)  # type: ignore[attr-defined]
-        return FleetView(frozenset(names), live, tuple(recs), admin, last_seen, creds, facts)
+        self.tidy_gateway_ids(gone)  # type: ignore[attr-defined]
+
+        scraped = {}
+        lids = [r.id for r in recs if (r.model, r.profile) in reads.loads]
+        if lids:
+            pipe = self.r.pipeline(transaction=False)
+            loads.queue_loads(pipe, lids)
+            scraped = loads.take_loads(lids, iter(pipe.execute()))
+        demand = DemandView(tuple(reports), scraped, hints, states,
+                            {key: tuple(found) for key, found in samples.items()}, placed)
+        return FleetView(frozenset(names), live, tuple(recs), admin, last_seen, creds, facts, demand)
 
     def publish_view(self) -> PublishView:
         """Ids whose record or report is gone are tidied from their sets, as `all_replicas` and

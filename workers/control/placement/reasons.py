@@ -76,7 +76,7 @@ def no_node_yet(pool: str, joined: bool) -> str:
 def weights_problem(req: PlacementRequest, view: ClusterView, pool: list[str]) -> str:
     """Why no node of the pool takes the weights: the fit estimate against the largest device that
     does not fit (with what would), else the node with the most room's disk."""
-    found = [(kind, why, n) for n in pool if (r := view.weights_refusal(n, req)) is not None for kind, why in [r]]
+    found = [(r.kind, r.why, n) for n in pool if (r := view.weights_refusal(n, req)) is not None]
     fits = sorted(((view.device_memory(n, req.gpu_class) or 0, why) for kind, why, n in found if kind == "fit"),
                   reverse=True)
     if fits:
@@ -123,7 +123,7 @@ def node_refusal(name: str, req: PlacementRequest, view: ClusterView) -> str | N
             return f"has no {cls_} GPUs ({'it has ' + ', '.join(others) if others else 'it has no GPUs'})"
     weights = view.weights_refusal(name, req) if (req.weights_size or req.too_small) else None
     if weights is not None:
-        return weights[1]
+        return weights.why
     if req.gpu_class:
         free = view.free_gpus(name, cls_)
         if free < req.gpu_count:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Iterable
+from typing import Iterable, NamedTuple
 
 from llmgw.gpus import normalize_gpu_class
 
@@ -68,6 +68,14 @@ class Placement:
 
     def gpus_dict(self) -> dict[str, list[int]]:
         return {n: list(idx) for n, idx in self.gpus}
+
+
+class WeightsRefusal(NamedTuple):
+    """Why one node cannot take a request's weights: `kind` "fit" (no device of it holds the model)
+    or "disk" (no room for the files), and `why` in words."""
+
+    kind: str
+    why: str
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from typing import Iterable, Mapping
 
 from llmgw.gpus import gpu_memory_mb, normalize_gpu_class
 from llmgw.state.node_records import NodeAdmin, NodeInfo
-from workers.control.placement.types import Placement, PlacementRequest
+from workers.control.placement.types import Placement, PlacementRequest, WeightsRefusal
 
 
 @dataclass
@@ -110,19 +110,21 @@ class ClusterView:
             return False
         return not (req.weights_size or req.too_small) or self.weights_refusal(name, req) is None
 
-    def weights_refusal(self, name: str, req: PlacementRequest) -> tuple[str, str] | None:
-        """("fit" | "disk", why) when node `name` cannot take `req`'s weights; None when it can."""
+    def weights_refusal(self, name: str, req: PlacementRequest) -> WeightsRefusal | None:
+        """Why node `name` cannot take `req`'s weights (they do not fit its devices, or its disk);
+        None when it can."""
         if req.too_small:
             mem = self.device_memory(name, req.gpu_class)
             if mem:
                 why = dict(req.too_small).get(mem)
                 if why is not None:
-                    return "fit", why
+                    return WeightsRefusal("fit", why)
         if req.weights_size and not self.holds(name, req.weights):
             room = self.room_left(name)
             if room is not None and room < req.weights_size:
                 info = self.nodes[name]
-                return "disk", f"needs {_gib(req.weights_size)}, {_gib(room)} free under {info.weights_dir or 'its weights dir'}"
+                where = info.weights_dir or "its weights dir"
+                return WeightsRefusal("disk", f"needs {_gib(req.weights_size)}, {_gib(room)} free under {where}")
         return None
 
     def device_memory(self, name: str, gpu_class: str | None) -> int | None:
