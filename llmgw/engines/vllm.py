@@ -45,7 +45,7 @@ from llmgw.errors import Problem
 from llmgw.weights.fit import KV_TYPE_BYTES, Workload
 from llmgw.weights.meta import MetaError, Shape, local_shape
 from llmgw.weights.errors import SourceInvalid
-from llmgw.weights.sources import HubSource, engine_refusal, parse_source
+from llmgw.weights.sources import HubSource, LocalPath, engine_refusal, parse_source
 
 VLLM_METRICS = MetricMapping(
     running="vllm:num_requests_running",
@@ -361,7 +361,8 @@ class VllmAdapter(EngineAdapter):
 
     def tokenizer_source(self, model: Model, profile: Profile) -> str:
         # vLLM's --tokenizer (a hub id), else the model's own repository (hf:// or a bare org/name,
-        # which vLLM reads as a hub id). A local path lives on the node: no gateway can read it.
+        # which vLLM reads as a hub id). A local directory lives on the node: its absolute path, which
+        # a gateway on the same machine reads (gateway.server.tokenizers); other gateways cannot.
         args = profile.args
         named = next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "--tokenizer"), None)
         named = named or next((a.split("=", 1)[1] for a in args if a.startswith("--tokenizer=")), None)
@@ -373,6 +374,8 @@ class VllmAdapter(EngineAdapter):
             return ""
         if isinstance(src, HubSource):
             return f"hf://{src.repo}" + (f"@{src.revision}" if src.revision else "")
+        if isinstance(src, LocalPath) and src.path.startswith(("/", "~")):
+            return os.path.expanduser(src.path)
         return ""
 
     def cpu_env(self, ctx: LaunchContext, source: str) -> dict[str, str]:
