@@ -127,9 +127,9 @@ faults: install
 
 # Every benchmark script; bench/litellm_peer.py and bench/stream_floor.py are helpers that
 # bench/routing.py and bench/streams.py start, bench/conversations.py a module of bench/fleetsim.py's
-# and bench/routing.py's.
+# and bench/routing.py's; bench/vllm_gpu_check.py needs an NVIDIA GPU (run it by hand on one).
 bench: install
-	for b in bench/*.py; do case $$b in bench/litellm_peer.py|bench/stream_floor.py|bench/conversations.py) ;; *) $(PY) $$b || exit 1;; esac; done
+	for b in bench/*.py; do case $$b in bench/litellm_peer.py|bench/stream_floor.py|bench/conversations.py|bench/vllm_gpu_check.py) ;; *) $(PY) $$b || exit 1;; esac; done
 
 clean:
 	rm -rf $(VENV) .llmgw

