@@ -260,27 +260,30 @@ def engine_adapters(rec) -> list[str]:
 
 
 def test_an_adapter_loaded_and_unloaded_at_run_time_and_routed_to_its_holder(stack):
-    holder = wait_until(lambda: next((r for r in stack.records().values() if ADAPTER in r.holds), None), 120,
-                        what=f"{ADAPTER} loaded on a replica")
-    assert engine_adapters(holder) == [ADAPTER]  # vLLM itself lists it (POST /v1/load_lora_adapter worked)
-    others = [r for r in stack.records().values() if r.id != holder.id]
+    wait_until(lambda: any(ADAPTER in r.holds for r in stack.records().values()), 120,
+               what=f"{ADAPTER} loaded on a replica")
+    recs = stack.records()
+    # vLLM itself lists it where the records say it is held (POST /v1/load_lora_adapter worked); busy
+    # adapters may be loaded on more replicas than the catalog's minimum.
+    for r in recs.values():
+        assert engine_adapters(r) == ([ADAPTER] if ADAPTER in r.holds else []), (r.id, r.holds)
     c = client(stack.url)
     base = c.chat.completions.create(model="smollm2", max_tokens=12, temperature=0,
                                      messages=[{"role": "user", "content": "Name a colour."}])
     for _ in range(3):
-        r = c.with_options().chat.completions.with_raw_response.create(
+        r = c.chat.completions.with_raw_response.create(
             model=ADAPTER, max_tokens=12, temperature=0, messages=[{"role": "user", "content": "Name a colour."}])
         answer = r.parse()
-        assert answer.model == ADAPTER and r.headers["X-LLMGW-Endpoint"] == holder.id
+        assert answer.model == ADAPTER
+        assert engine_adapters(recs[r.headers["X-LLMGW-Endpoint"]]) == [ADAPTER]  # routed to a holder
     # Its random weights change the answer: the adapter served it, not the base model.
     assert answer.choices[0].message.content != base.choices[0].message.content
-    # Removed from the catalog: unloaded from the engine at run time (no restart), no longer routed.
+    # Removed from the catalog: unloaded from the engines at run time (no restart), no longer routed.
     catalog = json.loads(json.dumps(stack.catalog))
     catalog["models"][0].pop("adapters")
     stack.apply(catalog, "no-adapter.yaml")
-    wait_until(lambda: engine_adapters(holder) == [], 60, what=f"vLLM to unload {ADAPTER}")
-    assert stack.records()[holder.id].attempt == holder.attempt  # unloaded, not restarted
-    assert all(engine_adapters(r) == [] for r in others)
+    wait_until(lambda: all(engine_adapters(r) == [] for r in recs.values()), 60, what=f"vLLM to unload {ADAPTER}")
+    assert {i: r.attempt for i, r in stack.records().items()} == {i: r.attempt for i, r in recs.items()}
     wait_until(lambda: requests.post(stack.url + "/v1/chat/completions", timeout=30, json={
         "model": ADAPTER, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).status_code == 404, 30,
         what="the gateway to stop serving the removed adapter")
@@ -326,7 +329,7 @@ class ClientLoop:
 
 
 def ready(rec) -> bool:
-    return derive(rec, time.time()) is State.READY
+    return derive(rec, True, time.time()).state is State.READY
 
 
 def test_kill_9_of_a_vllm_process_costs_no_client_request(stack):
