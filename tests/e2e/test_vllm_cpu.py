@@ -210,20 +210,65 @@ def turn(url: str, messages: list[dict]) -> tuple[str, int, str]:
     return r.headers["X-LLMGW-Endpoint"], matched, r.json()["choices"][0]["message"]["content"]
 
 
+class KvEvents:
+    """A subscriber to each endpoint's KV events (vLLM's ZMQ publisher), beside the gateway's."""
+
+    def __init__(self, eps):
+        import zmq
+
+        self.ctx = zmq.Context()
+        self.socks = {}
+        for e in eps:
+            sock = self.ctx.socket(zmq.SUB)
+            sock.setsockopt(zmq.SUBSCRIBE, b"")
+            monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+            sock.connect(e.kv_events)
+            assert monitor.poll(10_000), f"no connection to {e.kv_events}"  # connected: nothing is missed now
+            sock.disable_monitor()
+            monitor.close()
+            self.socks[e.id] = sock
+
+    def stored(self, endpoint: str, timeout: float) -> int:
+        """Blocks the endpoint reported stored within `timeout` seconds (BlockStored events)."""
+        import msgpack
+        import zmq
+
+        sock, n, deadline = self.socks[endpoint], 0, time.monotonic() + timeout
+        while time.monotonic() < deadline and not n:
+            if sock.poll(100, zmq.POLLIN):
+                *_, payload = sock.recv_multipart()
+                batch = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+                for ev in batch[1]:
+                    if isinstance(ev, dict) and ev.get("type") == "BlockStored":
+                        n += len(ev.get("block_hashes") or ())
+                    elif isinstance(ev, (list, tuple)) and ev and ev[0] == "BlockStored":
+                        n += len(ev[1] or ())
+        return n
+
+    def close(self) -> None:
+        self.ctx.destroy(linger=0)
+
+
 def test_precise_prefix_routing_from_the_engines_own_kv_events(stack):
     eps = stack.endpoints()
     assert all(e.kv_events for e in eps) and len(eps) == 2
     # The gateway reads the model's tokenizer from its directory (the same machine) to cut blocks.
     assert all(e.tokenizer.endswith("SmolLM2-135M-Instruct") for e in eps), [e.tokenizer for e in eps]
-    messages = [{"role": "system", "content": "You answer for the shipping desk, politely. " * 40},
-                {"role": "user", "content": "where is my parcel 5678?"}]
-    first, _, answer = turn(stack.url, messages)
-    for i in range(3):
-        messages += [{"role": "assistant", "content": answer or "ok"}, {"role": "user", "content": f"and {i}?"}]
-        endpoint, matched, answer = wait_until(lambda: (t := turn(stack.url, messages)) and t[1] > 0 and t, 20,
-                                               what="a turn matched by the engine's own KV events")
-        assert endpoint == first, f"turn {i + 2} went to {endpoint}, its history is on {first}"
-        assert matched >= 128 and matched % 128 == 0  # whole CPU blocks of 128 tokens
+    events = KvEvents(eps)
+    try:
+        messages = [{"role": "system", "content": "You answer for the shipping desk, politely. " * 40},
+                    {"role": "user", "content": f"where is my parcel {uuid.uuid4().hex[:8]}?"}]
+        first, _, answer = turn(stack.url, messages)
+        # The engine published the blocks of this history (whole 128-token blocks of the prompt);
+        # the gateways hear the same publisher. Turns sent before they heard could land anywhere.
+        assert events.stored(first, 10) >= 2
+        for i in range(3):
+            messages += [{"role": "assistant", "content": answer or "ok"}, {"role": "user", "content": f"and {i}?"}]
+            endpoint, matched, answer = turn(stack.url, messages)
+            assert endpoint == first, f"turn {i + 2} went to {endpoint} (matched {matched}), its history is on {first}"
+            assert matched >= 256 and matched % 128 == 0  # whole CPU blocks of 128 tokens, by the engine's report
+    finally:
+        events.close()
 
 
 def long_request(url: str, stream: bool) -> socket.socket:
