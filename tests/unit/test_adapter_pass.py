@@ -184,3 +184,10 @@ models:
     d = decide_adapters(gone, snap(r1, r2), [], {}, NOW)
     assert d.wanted == {"r1": ()} and d.nodes == {"r1": "n1"}
     assert decide_adapters(gone, snap(rec(c, "r1"), r2), [], {}, NOW).wanted == {}
+    # Through the step and the store, as the reconcile pass runs it (it skipped a catalog without any).
+    store = Store(fakeredis.FakeRedis(decode_responses=True))
+    store.create_replica(r1)
+    _, d = adapter_step(store, gone, snap(r1, r2), [], NOW)
+    apply_adapters(store, d, NOW)
+    assert store.get_replica("r1").adapters_wanted == []
+    assert adapter_step(store, gone, snap(store.get_replica("r1"), r2), [], NOW) == ([], None)

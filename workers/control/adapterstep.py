@@ -26,8 +26,8 @@ def adapter_step(store: Store, catalog: Catalog, snap: Snapshot, actions: list[A
                  now: float) -> tuple[list[Action], AdapterDecision | None]:
     """The plan's actions with new replicas' adapters, and the decision (None: no catalog adapters)."""
     names = [a.name for m in catalog.models for a in m.adapters]
-    if not names:
-        return actions, None
+    if not names and not any(r.adapters_wanted for r in snap.replicas):
+        return actions, None  # (replicas still told to hold a removed adapter are told to hold none)
     demand = adapter_demand(store.gateway_reports(), store.demand_hints(names), names, now)
     decision = decide_adapters(catalog, snap, actions, demand, now)
     return decision.with_adapters(actions), decision
