@@ -254,6 +254,14 @@ def test_precise_prefix_routing_from_the_engines_own_kv_events(stack):
     assert all(e.kv_events for e in eps) and len(eps) == 2
     # The gateway reads the model's tokenizer from its directory (the same machine) to cut blocks.
     assert all(e.tokenizer.endswith("SmolLM2-135M-Instruct") for e in eps), [e.tokenizer for e in eps]
+    # Both engines past their first long prompt (vLLM on CPU compiles for new shapes: its first long
+    # prefill is seconds slower), so the gateways' learned speeds compare warm engines.
+    for e in eps:
+        for _ in range(2):
+            r = requests.post(e.url + "/v1/chat/completions", timeout=120, headers={
+                "Authorization": f"Bearer {e.engine_secret}"}, json={"model": "smollm2", "max_tokens": 2, "messages": [
+                    {"role": "user", "content": f"{uuid.uuid4().hex} " + "Warm words for the engine. " * 400}]})
+            assert r.status_code == 200, r.text
     events = KvEvents(eps)
     try:
         # A history no replica holds yet, long enough (about 2,700 tokens) that what its cache saves
