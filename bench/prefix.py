@@ -25,6 +25,17 @@ their previous turn. A last row, `no queue`, is the floor under every router's T
 prefill that no routing can avoid (`floor`), on an idle engine. `--dump FILE` writes every
 request's figures, llmgw's X-LLMGW-Prefix note included (its expected cost, backlog and rule), to
 study a tail. The default run takes a few minutes; `--quick` is a smoke test.
+
+`--real-vllm`: the same traffic on 2 real vLLM CPU replicas (the build `make vllm` prepares, SmolLM2-135M,
+one core each: `VLLM_CPU_OMP_THREADS_BIND` 0 and 1, 1 GiB of KV each, prefix caching and KV events on),
+started once (about 70 s) and their prefix caches emptied between routers (`POST /reset_prefix_cache`,
+VLLM_SERVER_DEV_MODE). Routers: `llmgw-kv` (precise mode from the engines' KV events, the gateway reading
+the model's tokenizer from its directory), `llmgw` (predicted from what it sent), `smg` cache_aware and
+`round_robin` (llmgw's gateway with LLMGW_GATEWAY_POLICY=round_robin). Sized to 2 cores: 16
+conversations at 0.25 a second, `--mix` 0.2 (about 4 minutes a router on an idle machine). Printed the
+same way, but the engine that served each request is not known (vLLM names none in its answers, and
+only llmgw says which endpoint it chose): `served` is each engine's count of finished requests, and
+`moved` is left out; there is no `no queue` row (the sim's cost model does not describe vLLM).
 """
 
 from __future__ import annotations
@@ -37,6 +48,7 @@ import re
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -51,6 +63,7 @@ from tests.support.cluster import Cluster  # noqa: E402
 from tests.support.procs import bin_path, free_port, wait_until  # noqa: E402
 
 ROUTERS = ("llmgw", "llmgw-kv", "llmgw-2gw", "nginx", "vllm-cache", "smg")
+REAL_ROUTERS = ("llmgw-kv", "llmgw", "smg", "round_robin")
 TOPICS = ("billing", "shipping", "returns", "accounts", "security", "pricing", "support", "legal", "travel",
           "health", "energy", "banking", "retail", "media", "games", "school", "farming", "housing", "transit",
           "insurance", "telecom", "payroll", "hiring", "weather")
@@ -288,6 +301,104 @@ def counters(urls: dict[str, str]) -> dict[str, tuple[float, float]]:
     return out
 
 
+# --- real vLLM: its CPU build, two replicas on this machine -------------------------------------------
+class RealVllmFleet:
+    """Two real vLLM CPU replicas (what `make vllm` prepared), started once by the vllm adapter's own
+    command, published to Redis for llmgw's gateways (KV event addresses with `kv_events`), their loads
+    scraped as the agent does; `reset()` empties their prefix caches between routers."""
+
+    names = ["v0", "v1"]
+
+    def __init__(self, cluster: Cluster):
+        import requests
+
+        from llmgw.catalog import Model, Profile
+        from llmgw.engines.base import LaunchContext
+        from llmgw.engines.selfcheck import VLLM_MODEL, VLLM_PYTHON
+        from llmgw.engines.vllm import VllmAdapter, prepared_env
+
+        root = prepared_env(__import__("os").environ)
+        if root is None or not (root / VLLM_PYTHON).is_file():
+            raise SystemExit(f"--real-vllm needs vLLM's CPU build: run `make vllm` (looked in {root})")
+        self.cluster, self.model_dir = cluster, str((root / VLLM_MODEL).resolve())
+        self.ports = {n: free_port() for n in self.names}
+        self.kv = {n: (free_port(), free_port()) for n in self.names}
+        profile = Profile(name="cpu", engine="vllm", device="cpu", threads=1, kv_events=True,
+                          args=["--max-model-len", "4096", "--max-num-seqs", "8"])
+        model = Model(name="m", source=self.model_dir, profiles=[profile])
+        adapter = VllmAdapter(environ={"LLMGW_VLLM_PYTHON": str(root / VLLM_PYTHON)})
+        for core, n in enumerate(self.names):
+            spec = adapter.command(LaunchContext(replica_id=n, model=model, profile=profile, host="127.0.0.1",
+                                                 port=self.ports[n], cpus=(core,), kv_events_port=self.kv[n][0],
+                                                 kv_replay_port=self.kv[n][1]))
+            cluster.procs.start(f"engine-{n}", list(spec.argv), env={**cluster.env(), **spec.env,
+                                                                      "VLLM_SERVER_DEV_MODE": "1"})
+        self.urls = {n: f"http://127.0.0.1:{p}" for n, p in self.ports.items()}
+        started = time.monotonic()
+        for n, u in self.urls.items():
+            wait_until(lambda u=u: requests.get(u + "/health", timeout=1).ok, 900, what=f"vLLM {n}")
+        print(f"2 vLLM CPU replicas Ready in {time.monotonic() - started:.0f} s", flush=True)
+        self.stop_scrape = threading.Event()
+        self.scraper = threading.Thread(target=self._scrape, name="bench-scrape", daemon=True)
+        self.scraper.start()
+
+    def publish(self, kv_events: bool, tag: str) -> None:
+        from llmgw.state.records import EndpointInfo
+
+        eps = [EndpointInfo(id=n, url=self.urls[n], models=("m",), engine="vllm", model="m", served_name="m",
+                            capacity=8, **({"kv_events": f"tcp://127.0.0.1:{self.kv[n][0]}",
+                                            "kv_replay": f"tcp://127.0.0.1:{self.kv[n][1]}",
+                                            "tokenizer": self.model_dir} if kv_events else {}))
+               for n in self.names]
+        self.cluster.store().write_endpoints(eps, f"bench-real-{tag}", time.time())
+
+    def reset(self) -> None:
+        import requests
+
+        for u in self.urls.values():
+            requests.post(u + "/reset_prefix_cache", timeout=30).raise_for_status()
+
+    def _scrape(self) -> None:
+        from llmgw.state.clock import Clock
+        from workers.agent.probe import HttpProber
+        from workers.agent.scrape import Scraper, ScrapeTarget
+
+        targets = [ScrapeTarget(n, u + "/metrics", "vllm", None) for n, u in self.urls.items()]
+        cfg = __import__("types").SimpleNamespace(scrape_interval=1.0, scrape_timeout=1.0)
+        Scraper(self.cluster.store(), HttpProber(), lambda: targets, cfg, Clock()).run(self.stop_scrape)
+
+    def finished(self) -> dict[str, float]:
+        """Each engine's finished requests (vllm:request_success_total over its reasons)."""
+        import requests
+
+        return {n: sum(float(v) for v in re.findall(r"^vllm:request_success_total\{[^}]*\} (\S+)$",
+                                                    requests.get(u + "/metrics", timeout=5).text, re.M))
+                for n, u in self.urls.items()}
+
+    def stop(self) -> None:
+        self.stop_scrape.set()
+        self.scraper.join(5)
+        for n in self.names:
+            self.cluster.procs.get(f"engine-{n}").stop()
+
+
+def run_real_router(kind: str, cluster: Cluster, rf: RealVllmFleet, convs: list[Conversation], workdir: Path) -> Row:
+    rf.reset()
+    rf.publish(kv_events=kind == "llmgw-kv", tag=kind)
+    router = Smg(cluster, rf) if kind == "smg" else Router("llmgw" if kind.startswith("llmgw") else kind, cluster,
+                                                           rf, workdir, None)
+    try:
+        before, done = counters(rf.urls), rf.finished()
+        results = run_traffic(router.url, convs)
+        after, done_after = counters(rf.urls), rf.finished()
+        hits = sum(after[n][0] - before[n][0] for n in after)
+        queries = sum(after[n][1] - before[n][1] for n in after)
+        shares = {n: int(done_after[n] - done[n]) for n in rf.names}
+        return Row(kind, [replace(r, moved=None) for r in results], shares, hits / queries if queries else 0.0)
+    finally:
+        router.stop()
+
+
 # --- one router, and the table ----------------------------------------------------------------------
 @dataclass
 class Row:
@@ -362,7 +473,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="write every request's figures (router, turn, one-shot, prompt bytes, ttft, latency, engine, "
                          "llmgw's predicted match and X-LLMGW-Prefix note) to this file, one JSON object a line, "
                          "to study a tail")
+    ap.add_argument("--real-vllm", action="store_true",
+                    help="2 real vLLM CPU replicas (make vllm) instead of 4 simulated engines; routers "
+                         f"{', '.join(REAL_ROUTERS)}; 16 conversations at 0.25/s unless told")
     a = ap.parse_args(argv)
+    if a.real_vllm:
+        return main_real(a)
     unknown = [r for r in a.routers.split(",") if r not in ROUTERS]
     if unknown:
         ap.error(f"unknown router(s) {', '.join(unknown)}; choose from {', '.join(ROUTERS)}")
@@ -405,6 +521,40 @@ def main(argv: list[str] | None = None) -> int:
               "(the floor: each request's unavoidable prefill on an idle engine, see `floor`)")
         print(f"\n{len(routers)} routers in {time.monotonic() - started:.0f} s")
     finally:
+        cluster.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+def main_real(a: argparse.Namespace) -> int:
+    routers = a.routers.split(",") if a.routers != ",".join(ROUTERS) else list(REAL_ROUTERS)
+    unknown = [r for r in routers if r not in REAL_ROUTERS]
+    if unknown:
+        raise SystemExit(f"--real-vllm: unknown router(s) {', '.join(unknown)}; choose from {', '.join(REAL_ROUTERS)}")
+    if "smg" in routers and smg_binary() is None:
+        print("smg not found (pip install -e '.[bench]'): left out")
+        routers.remove("smg")
+    rate = a.rate if a.rate != 2.0 else 0.25
+    n = a.conversations or (4 if a.quick else 16)
+    convs = workload(n, rate, a.mix, a.seed)
+    print(f"{n} conversations + {sum(c.one_shot for c in convs)} one-shot requests ({sum(c.turns for c in convs)} "
+          f"requests) at {rate:g}/s, on 2 real vLLM CPU replicas (SmolLM2-135M, one core each)")
+    workdir = Path(tempfile.mkdtemp(prefix="llmgw-bench-prefix-vllm-"))
+    cluster = Cluster(workdir)
+    started = time.monotonic()
+    rf = None
+    try:
+        cluster.start_redis()
+        rf = RealVllmFleet(cluster)
+        print(f"  {'router':11} {'ttft50':>7} {'ttft90':>7} {'ttft99':>7} {'e2e50':>7} {'e2e99':>7} {'err/n':>11} "
+              f"{'hits':>6}  served ({'/'.join(rf.names)})", flush=True)
+        for kind in routers:
+            row = run_real_router(kind, cluster, rf, convs, workdir)
+            print(row.line().replace("  moved 0/0", ""), flush=True)
+        print(f"\n{len(routers)} routers in {time.monotonic() - started:.0f} s")
+    finally:
+        if rf is not None:
+            rf.stop()
         cluster.stop()
         shutil.rmtree(workdir, ignore_errors=True)
     return 0

@@ -108,7 +108,7 @@ class _VllmCollector:
         yield c
         c = CounterMetricFamily("vllm:request_success", "Count of successfully processed requests.",
                                 labels=[*labels, "finished_reason"])
-        for reason in ("stop", "length", "abort"):
+        for reason in ("stop", "length", "abort", "error", "repetition"):  # vLLM 0.32's label sets
             c.add_metric([*lv, reason], s.success_total.get(reason, 0), created=s.started)
         yield c
         h = HistogramMetricFamily("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", labels=labels)

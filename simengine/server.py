@@ -251,7 +251,15 @@ class Handler(BaseHTTPRequestHandler):
                 app.engine.cancel(rid)
                 self.close_connection = True
             return
-        content, cached, first, last = sse.whole_answer(q, words)
+        # vLLM aborts a non-streamed request whose client left, as it does a stream; llama-server
+        # notices only between streamed tokens (llmgw's adapters say so: `aborts_unstreamed`).
+        gone = None if llamacpp else (lambda: sse.peer_closed(self.connection))
+        try:
+            content, cached, first, last = sse.whole_answer(q, words, gone)
+        except sse.ClientGone:
+            app.engine.cancel(rid)
+            self.close_connection = True
+            return
         app.engine.finished(job.reason)
         timings = oa.timings(len(job.tokens) - (cached or 0), cached or 0, first, job.max_tokens, last - first) \
             if llamacpp else None

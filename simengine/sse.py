@@ -79,13 +79,42 @@ def stream_completion(w: Writer, start: str, job: oa.Job, chunks: oa.Chunks, q: 
     return cached, first, time.monotonic() - t0
 
 
-def whole_answer(q: "queue.SimpleQueue[Emit]", words: list[str]) -> tuple[str, int | None, float, float]:
+class ClientGone(Exception):
+    """The client of a non-streamed answer closed its connection before the answer was complete."""
+
+
+# How often a non-streamed answer looks at its client's connection while it waits for tokens.
+GONE_CHECK = 0.02
+
+
+def peer_closed(sock) -> bool:
+    """The client closed its end of `sock` (readable, and a peek reads nothing): vLLM's API server
+    notices the same for a non-streamed request and aborts it."""
+    import select
+    import socket
+
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
+    except (OSError, ValueError):
+        return True
+
+
+def whole_answer(q: "queue.SimpleQueue[Emit]", words: list[str],
+                 gone: Callable[[], bool] | None = None) -> tuple[str, int | None, float, float]:
     """A non-streamed answer: one word per token event, until the last; with the cached prompt tokens
-    and the times to the first and last token."""
+    and the times to the first and last token. With `gone`, checked every GONE_CHECK seconds while it
+    waits, raises ClientGone once the client has left (the caller aborts the request)."""
     t0 = time.monotonic()
     out, cached, first = [], None, 0.0
     for i, word in enumerate(words):
-        e = q.get()
+        while True:
+            try:
+                e = q.get(timeout=GONE_CHECK) if gone is not None else q.get()
+                break
+            except queue.Empty:
+                if gone():
+                    raise ClientGone() from None
         if i == 0:
             cached, first = e.cached, time.monotonic() - t0
         out.append(word)

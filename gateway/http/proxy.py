@@ -113,10 +113,13 @@ class Proxy:
                 trace.inject(sent)  # the engine's parent: this attempt (tracing off: the client's, as sent)
                 t_send = self.clock.monotonic()
                 try:
-                    resp = self.upstream.send(ep.url, path, out, sent, method)
+                    resp = self.upstream.send(ep.url, path, out, sent, method, watch=call.client)
                     router.answered(ep.id)
                     outcome = Outcome("answer", resp.status)
                 except UpstreamConnectError as e:
+                    if call.client.gone():  # it left while the engine worked: not the engine's failure
+                        self.metrics.client_gone.labels(model, "answering").inc()
+                        raise ApiError("client_gone", f"the client left while endpoint {ep.id} answered") from None
                     log.warning("request %s: cannot reach %s (%s): %s", rid, ep.id, ep.url, e)
                     router.mark_unreachable(ep.id)
                     outcome = Outcome("connect_error")

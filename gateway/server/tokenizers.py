@@ -4,12 +4,15 @@ An endpoint that publishes KV events names the tokenizer its engine uses (`Endpo
 a hub repository); the KV events thread loads each one once (`want`), and the request path only
 looks up what is loaded: until then, or when a load failed (retried every `RETRY` seconds), that
 endpoint's match is predicted from what was sent instead. The simulated engine's tokenizer is built in.
+A tokenizer named by an absolute path is a model directory on the engine's node, read where this
+gateway can read it (one machine; elsewhere the load fails and the match is predicted).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from llmgw import surface
@@ -17,7 +20,7 @@ from llmgw.engines import tokenize_prompt
 from llmgw.engines.hftokens import ChatTokenizer, TokenizerUnavailable, fetch
 from llmgw.state.records import EndpointInfo
 from llmgw.weights.errors import SourceInvalid
-from llmgw.weights.sources import HubSource, parse_source
+from llmgw.weights.sources import HubSource, LocalPath, parse_source
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -41,9 +44,13 @@ class Tokenizers:
                 continue
             try:
                 hub = parse_source(source)
-                if not isinstance(hub, HubSource):
+                if isinstance(hub, LocalPath) and hub.path.startswith("/"):
+                    # A model directory on the engine's node, which this gateway may share (one machine).
+                    self.loaded[source] = ChatTokenizer.from_dir(Path(hub.path))
+                elif not isinstance(hub, HubSource):
                     raise TokenizerUnavailable(f"{source}: not a hub repository")
-                self.loaded[source] = self._load(hub.repo, hub.revision, self.environ)
+                else:
+                    self.loaded[source] = self._load(hub.repo, hub.revision, self.environ)
                 self.failed.pop(source, None)
                 log.info("precise prefix routing: loaded the tokenizer of %s", source)
             except (TokenizerUnavailable, SourceInvalid) as e:

@@ -350,9 +350,12 @@ class Upstream:
             buf += data
 
     def send(self, base_url: str, path: str, body: bytes | None, headers: dict[str, str],
-             method: str | None = None) -> UpstreamResponse:
+             method: str | None = None, watch=None) -> UpstreamResponse:
         """Send the request (POST, or GET without a body, unless `method` says) and return the
-        response with its body unread."""
+        response with its body unread. `watch` (the client's gateway.request.client.ClientConn): while
+        the engine's head is awaited, a client that leaves shuts the engine's connection, so an engine
+        that answers a non-streamed request only once it is complete (vLLM) sees its client go and
+        stops generating; the caller then finds `watch.gone()`."""
         target = self._target(base_url)
         key = target.key
         method = method or ("POST" if body is not None else "GET")
@@ -367,6 +370,7 @@ class Upstream:
             if conn is None:
                 reused = False
                 conn = self._connect(key)
+            unwatch = _shut_when_gone(watch, conn) if watch is not None else None
             try:
                 return self._exchange(conn, key, request, False)
             except socket.timeout as e:
@@ -381,7 +385,24 @@ class Upstream:
             except OSError as e:
                 conn.close()
                 raise UpstreamConnectError(f"{type(e).__name__}: {e}") from e
+            finally:
+                if unwatch is not None:
+                    unwatch()
         raise UpstreamConnectError("unreachable")  # pragma: no cover - the loop always returns or raises
+
+
+def _shut_when_gone(client, conn):
+    """Under gevent: shut `conn` once `client` has left (its socket turned readable at EOF). Returns
+    what stops watching, or None where the client cannot be watched."""
+
+    def left() -> None:
+        if client.gone():
+            try:
+                conn.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    return client.when_readable(left)
 
 
 def response_headers(resp: UpstreamResponse, drop: frozenset[str] | None = None) -> list[tuple[str, str]]:

@@ -131,6 +131,13 @@ class Profile(StrictModel):
     engine: EngineName
     replicas: SInt = Field(default=1, ge=0)
     gpu: GPURequest | None = None  # None: runs on the CPU
+    # `cpu`: the profile runs on CPUs, said explicitly (vLLM's CPU build; an engine that needs a GPU
+    # refuses a profile with neither `gpu` nor this). None: whatever `gpu` says.
+    device: Literal["cpu"] | None = None
+    # `device: cpu` on vLLM: the cores one replica uses, each bound to its own core (its agent picks
+    # the node's least used ones), so two replicas on one machine do not fight over the same cores.
+    # None: 1.
+    threads: SInt | None = Field(default=None, ge=1)
     tensor_parallel: SInt = Field(default=1, ge=1)
     pipeline_parallel: SInt = Field(default=1, ge=1)
     nodes: SInt = Field(default=1, ge=1)
@@ -193,6 +200,20 @@ class Profile(StrictModel):
             if all(type(x) is int and x >= 1 for x in (tp, pp, nodes)) and (tp * pp) % nodes == 0:
                 data = {**data, "gpu": {**gpu, "count": max(1, tp * pp // nodes)}}
         return data
+
+    @field_validator("device", mode="before")
+    @classmethod
+    def _device(cls, v: Any) -> Any:
+        if v is None or v == "cpu":
+            return v
+        if v == "gpu":
+            raise ValueError("a GPU is asked for with `gpu: {class: ..., count: ...}`; `device` only says `cpu`")
+        raise ValueError(f"must be `cpu` (run on CPUs), got {v!r}")
+
+    @property
+    def cpu_threads(self) -> int:
+        """Cores one CPU replica of vLLM binds (`threads`, default 1)."""
+        return self.threads or 1
 
     @field_validator("name", "pool")
     @classmethod

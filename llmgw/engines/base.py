@@ -56,6 +56,9 @@ class LaunchContext:
     # The LoRA adapters (names of ctx.model's) this replica is launched with, in id order; only an
     # engine that loads adapters at launch (`adapters_at_launch`) reads it.
     adapters: tuple[str, ...] = ()
+    # A CPU replica's cores on this node (`device: cpu`: chosen by its agent, `threads` of them), which
+    # the engine binds its threads to; () when none were chosen.
+    cpus: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         # A profile may override its model's `source` (e.g. a GGUF file for the llama.cpp tier of a
@@ -137,6 +140,9 @@ class EngineAdapter(ABC):
     lora_flags: ClassVar[tuple[str, ...]] = ()
     # Whether the engine publishes vLLM's KV cache events (a profile may say `kv_events: true`).
     supports_kv_events: ClassVar[bool] = False
+    # Whether an engine that needs a GPU also has a CPU build a profile may ask for with `device: cpu`
+    # (vLLM's); `threads` (cores per replica) is that build's field.
+    runs_on_cpu: ClassVar[bool] = False
 
     def field_refusal(self, field: str) -> str | None:
         """Why a profile of this engine may not set `field` (None: it may). Asked for each field the
@@ -147,6 +153,9 @@ class EngineAdapter(ABC):
             return f"{self.name} does not serve LoRA adapters"
         if field == "kv_events" and not self.supports_kv_events:
             return f"{self.name} publishes no KV cache events (vLLM and the simulated engine do)"
+        if field == "threads" and not self.runs_on_cpu:
+            return (f"'threads' is for vLLM's CPU build (device: cpu); a {self.name} profile sets its engine's "
+                    "own thread flag in `args`, if it has one")
         return None
 
     @abstractmethod
@@ -158,8 +167,13 @@ class EngineAdapter(ABC):
     def refusals(self, profile: Profile) -> list[Problem]:
         """What this engine refuses in a profile (GPUs, parallelism); paths are relative to the profile."""
         problems = []
-        if self.needs_gpu and profile.gpu is None:
-            problems.append(Problem("gpu", f"{self.name} needs a GPU class"))
+        if self.needs_gpu and profile.gpu is None and not (self.runs_on_cpu and profile.device == "cpu"):
+            fix = (f": say `gpu: {{class: ...}}`, or `device: cpu` to run {self.name}'s CPU build"
+                   if self.runs_on_cpu else "")
+            problems.append(Problem("gpu", f"{self.name} needs a GPU class{fix}"))
+        if profile.device == "cpu" and profile.gpu is not None:
+            problems.append(Problem("device", "`device: cpu` and `gpu:` say different things: a replica runs on "
+                                              "CPUs or on GPUs (remove one)"))
         if not self.supports_tensor_parallel and profile.tensor_parallel > 1:
             problems.append(Problem("tensor_parallel", f"{self.name} does not support tensor parallelism"))
         if not self.supports_multi_node and profile.nodes > 1:

@@ -24,6 +24,9 @@ from typing import Any, Mapping
 log = logging.getLogger("llmgw.tokenizer")
 
 FILES = ("tokenizer.json", "tokenizer_config.json")
+# Where transformers 4.43 and later save a chat template (save_pretrained; many hub repositories ship
+# it so), instead of `chat_template` in tokenizer_config.json.
+TEMPLATE_FILE = "chat_template.jinja"
 
 
 class TokenizerUnavailable(RuntimeError):
@@ -52,7 +55,17 @@ class ChatTokenizer:
     special: dict[str, str]
 
     @classmethod
-    def from_files(cls, tokenizer_json: Path, config_json: Path | None) -> "ChatTokenizer":
+    def from_dir(cls, directory: Path) -> "ChatTokenizer":
+        """The tokenizer of a model directory (tokenizer.json, tokenizer_config.json, chat_template.jinja)."""
+        d = Path(directory)
+        if not (d / FILES[0]).is_file():
+            raise TokenizerUnavailable(f"{d}: no {FILES[0]}")
+        template = d / TEMPLATE_FILE
+        return cls.from_files(d / FILES[0], d / FILES[1], template if template.is_file() else None)
+
+    @classmethod
+    def from_files(cls, tokenizer_json: Path, config_json: Path | None,
+                   template_file: Path | None = None) -> "ChatTokenizer":
         from tokenizers import Tokenizer
 
         try:
@@ -67,6 +80,8 @@ class ChatTokenizer:
                 raise TokenizerUnavailable(f"{config_json}: not JSON ({e})") from None
         special = {k: _token_text(cfg.get(k)) for k in ("bos_token", "eos_token", "unk_token", "pad_token")}
         text = _template_text(cfg.get("chat_template"))
+        if text is None and template_file is not None:
+            text = template_file.read_text()
         return cls(tok, _compile(text) if text else None, special)
 
     def chat(self, messages: list[Any]) -> list[int] | None:
@@ -126,4 +141,10 @@ def fetch(repo: str, revision: str | None, environ: Mapping[str, str]) -> ChatTo
         cfg: Path | None = Path(hf_hub_download(filename="tokenizer_config.json", **kw))
     except (EntryNotFoundError, HfHubHTTPError, OSError):
         cfg = None
-    return ChatTokenizer.from_files(tok, cfg)
+    template: Path | None = None
+    if cfg is None or '"chat_template"' not in cfg.read_text(errors="replace"):
+        try:
+            template = Path(hf_hub_download(filename=TEMPLATE_FILE, **kw))
+        except (EntryNotFoundError, HfHubHTTPError, OSError):
+            template = None
+    return ChatTokenizer.from_files(tok, cfg, template)

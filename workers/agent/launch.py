@@ -18,6 +18,7 @@ from llmgw.state.records import ReplicaRecord
 from llmgw.state.store import Store
 from llmgw.tracing import NO_SPAN
 from workers.agent.config import AgentSettings
+from workers.agent.cores import choose_cores
 from workers.agent.ports import choose_port
 
 
@@ -32,6 +33,7 @@ class Launch:
     url: str = ""
     master_port: int | None = None  # a multi-node head's rendezvous port, chosen with `port`
     kv_ports: tuple[int, int] | None = None  # `kv_events: true`: its KV events and replay ports
+    cpus: tuple[int, ...] = ()  # a CPU replica of vLLM: the cores its threads are bound to
 
     @property
     def ports(self) -> set[int]:
@@ -76,16 +78,19 @@ def _declares(model: Model, adapters) -> bool:
 
 class Launcher:
     def __init__(self, settings: AgentSettings, store: Store, catalog: CatalogCache, gpus: tuple[GPUDevice, ...],
-                 bindable: Callable[[int], bool]):
+                 bindable: Callable[[int], bool], cores: tuple[int, ...] = ()):
         self.settings, self.store, self.catalog = settings, store, catalog
         self.gpus, self.bindable = gpus, bindable
+        self.cores = cores  # the CPU cores this agent (and so its engines) may run on
         self.node = settings.node_name
 
-    def prepare(self, rec: ReplicaRecord, reserved: set[int], weights_path: str | None = None) -> Launch | None:
+    def prepare(self, rec: ReplicaRecord, reserved: set[int], weights_path: str | None = None,
+                held_cpus: list[tuple[int, ...]] | None = None) -> Launch | None:
         """The next attempt of this node's part: ports chosen (never one in `reserved`, held by other
-        records on this node) and its command built (on `weights_path`, the downloaded weights, when
-        the source is remote). None when the replica's model or profile is not in the applied catalog;
-        raises (NoFreePort, EngineUnavailable, ...) when it cannot be built."""
+        records on this node), a CPU replica's cores (the least held in `held_cpus`, the cores of the
+        other records on this node) and its command built (on `weights_path`, the downloaded weights,
+        when the source is remote). None when the replica's model or profile is not in the applied
+        catalog; raises (NoFreePort, EngineUnavailable, ...) when it cannot be built."""
         found = self.catalog.lookup(rec)
         if found is None:
             return None
@@ -106,9 +111,12 @@ class Launcher:
             replay = choose_port(self.settings.port_range, (reserved - {rec.kv_replay_port}) | held | {pub},
                                  self.bindable, prefer=rec.kv_replay_port)
             kv_ports = (pub, replay)
-        spec = self.command(rec, model, profile, port, master_port, weights_path, kv_ports)
+        cpus: tuple[int, ...] = ()
+        if profile.device == "cpu" and profile.gpu is None and get_engine(profile.engine).runs_on_cpu:
+            cpus = choose_cores(self.cores, profile.cpu_threads, held_cpus or (), prefer=rec.cpus)
+        spec = self.command(rec, model, profile, port, master_port, weights_path, kv_ports, cpus)
         return Launch(spec, profile.engine, profile, port, f"http://{self.settings.node_address}:{port}", master_port,
-                      kv_ports)
+                      kv_ports, cpus)
 
     def rebuild(self, rec: ReplicaRecord) -> Launch | None:
         """The launch of an attempt this agent did not start (adopted), for its probe paths and start
@@ -123,11 +131,12 @@ class Launcher:
 
     def command(self, rec: ReplicaRecord, model: Model, profile: Profile, port: int,
                 master_port: int | None = None, weights_path: str | None = None,
-                kv_ports: tuple[int, int] | None = None) -> LaunchSpec:
+                kv_ports: tuple[int, int] | None = None, cpus: tuple[int, ...] | None = None) -> LaunchSpec:
         """The engine command for this node's part. `master_port`: the head's rendezvous port (the head
         passes the one it just chose; a member part uses the one the head recorded). `weights_path`:
         the engine loads the downloaded weights there, offline (HF_HUB_OFFLINE: vLLM never downloads
-        by itself). `kv_ports`: the KV events ports just chosen (else the recorded ones)."""
+        by itself). `kv_ports`: the KV events ports just chosen (else the recorded ones); `cpus`: the
+        cores just chosen (else the recorded ones)."""
         if weights_path:
             profile = profile.model_copy(update={"source": weights_path})
         nodes = rec.all_nodes
@@ -147,6 +156,7 @@ class Launcher:
             adapters=tuple(rec.adapters_wanted),  # an engine that loads adapters at launch (llama.cpp) reads it
             kv_events_port=kv_ports[0] if kv_ports else rec.kv_events_port,
             kv_replay_port=kv_ports[1] if kv_ports else rec.kv_replay_port,
+            cpus=tuple(cpus if cpus is not None else rec.cpus),
         )
         spec = get_engine(profile.engine).command(ctx)
         if weights_path:

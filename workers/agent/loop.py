@@ -40,7 +40,7 @@ from llmgw.tracing import OFF
 from workers.agent import supervisor as sv
 from workers.agent.adapters import AdapterKeeper
 from workers.agent.config import AgentSettings
-from workers.agent.inventory import node_info
+from workers.agent.inventory import core_ids, node_info
 from workers.agent.launch import CatalogCache, Launch, Launcher, launch_span, ready_span
 from workers.agent.scrape import ScrapeTarget, scrape_targets
 from workers.agent.shutdown import stop_engines
@@ -70,7 +70,7 @@ class Agent:
     def __init__(self, settings: AgentSettings, store: Store, runner: Any, prober: Any, clock: Clock | None = None,
                  gpus: tuple[GPUDevice, ...] = (), bindable=None, sleep=None,
                  kick: Callable[[str], object] = lambda task: None, weights: NodeWeights | None = None,
-                 gpu_health: Any = None, tracing: Any = None):
+                 gpu_health: Any = None, tracing: Any = None, cores: tuple[int, ...] | None = None):
         self.settings, self.store, self.runner, self.prober = settings, store, runner, prober
         self.tracing = tracing if tracing is not None else OFF  # llmgw.tracing: each launch is a span
         self.kick = kick  # tells the control plane a fact changed (llmgw.state.kicks)
@@ -82,7 +82,8 @@ class Agent:
         self.policy = settings.policy
         self.catalog = CatalogCache(store, self.clock)
         self.launcher = Launcher(settings, store, self.catalog, gpus,
-                                 bindable or (lambda port: can_bind(settings.engine_host, port)))
+                                 bindable or (lambda port: can_bind(settings.engine_host, port)),
+                                 cores=core_ids() if cores is None else cores)
         self.adapters = AdapterKeeper(store, self.catalog, self.node, prober, kick, settings.adapter_timeout,
                                       settings.adapter_unload_grace)
         self.local: dict[str, Local] = {}
@@ -342,13 +343,16 @@ class Agent:
         reserved = ({r.port for r in records if r.port} | {v.port for v in by_id.values() if v.port}
                     | {p for r in records if r.node == self.node
                        for p in (r.master_port, r.kv_events_port, r.kv_replay_port) if p})
+        # Cores held by the CPU replicas on this node (each start below avoids the others').
+        cpus = {r.id: tuple(r.cpus) for r in records if r.node == self.node and r.cpus and r.stopped_at is None}
         ready, failed = [], []
         for start in starts:
             if self.stopping.is_set():
                 break  # shutting down: stop_engines() may already have made its list
             rec = by_id[start.replica_id]
             try:
-                launch = self.launcher.prepare(rec, reserved, start.weights_path)
+                launch = self.launcher.prepare(rec, reserved, start.weights_path,
+                                               held_cpus=[c for rid, c in cpus.items() if rid != rec.id])
             except Exception as e:  # noqa: BLE001 - e.g. no free port, an engine binary missing
                 failed.append((rec, sv.launch_failed(rec, start.attempt, now, f"cannot build the launch: {e}",
                                                      self.policy)))
@@ -358,9 +362,11 @@ class Agent:
                                    "not starting")
                 continue
             reserved |= launch.ports
+            if launch.cpus:
+                cpus[rec.id] = launch.cpus
             intent = sv.starting(rec, start, now, launch.port, launch.url, launch.master_port,
                                  launch.spec.serves_http, log_path=str(self.runner.log_path(rec.id)),
-                                 kv_ports=launch.kv_ports)
+                                 kv_ports=launch.kv_ports, cpus=launch.cpus)
             ready.append(Prepared(rec, start, launch, intent))
         return ready, failed
 

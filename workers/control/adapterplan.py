@@ -119,7 +119,10 @@ def decide_adapters(catalog: Catalog, snap: Snapshot, actions: Iterable[Action],
     nodes: dict[str, str] = {}
     rows: list[AdapterRow] = []
     for model in catalog.models:
-        if not model.adapters or not any(p.lora is not None for p in model.profiles):
+        # A model whose last adapter was removed still has replicas told to hold it: they are told
+        # to hold none (seen on real vLLM: the removed adapter stayed loaded for good).
+        if not any(p.lora is not None for p in model.profiles) or (
+                not model.adapters and not any(r.adapters_wanted for r in by_model.get(model.name, []))):
             continue
         recs = {r.id: r for r in by_model.get(model.name, []) if r.id not in leaving}
         reps = [s for r in recs.values() if (s := _slots(model, r, snap, now, policy)) is not None]

@@ -155,7 +155,9 @@ def adapter_changes(catalog: Catalog, snap: Snapshot, actions: list[Action], now
     """The LoRA adapter phase over the snapshot and the plan's actions (`adapterplan.decide_adapters`)."""
     names = _adapter_names(catalog)
     before = snap.demand.adapter_rows
-    if not names:  # the catalog has no adapters (any more): their rows go
+    if not names and not any(r.adapters_wanted for r in snap.replicas):
+        # The catalog has no adapters (any more): their rows go. Replicas still told to hold a removed
+        # adapter are first told to hold none (seen on real vLLM: it stayed loaded for good).
         return AdapterChanges(None, () if before.at is not None else None)
     d = snap.demand
     demand = adapter_demand(d.gateways, d.hints, names, now)

@@ -32,11 +32,12 @@ def launch_failed(rec: ReplicaRecord, attempt: int, now: float, reason: str, pol
 
 def starting(rec: ReplicaRecord, start: Start, now: float, port: int, url: str, master_port: int | None,
              serves_http: bool, log_path: str | None = None,
-             kv_ports: tuple[int, int] | None = None) -> dict[str, Any]:
+             kv_ports: tuple[int, int] | None = None, cpus: tuple[int, ...] = ()) -> dict[str, Any]:
     """The facts recorded before a new attempt's process is spawned, so a crash in between leaves a
     record the next pass reads as a failed attempt (and restarts), never an untracked process.
     `master_port`: the rendezvous port a multi-node head chose (members join this attempt on it);
-    `kv_ports`: where a head publishes its KV events (the gateways connect there)."""
+    `kv_ports`: where a head publishes its KV events (the gateways connect there); `cpus`: the cores a
+    CPU replica's threads are bound to (recorded so that other replicas on the node avoid them)."""
     member = start.head_attempt is not None
     fields: dict[str, Any] = dict(
         attempt=start.attempt, started_at=now, port=port, url=rec.url if member else url, pid=None, pid_start=None,
@@ -49,6 +50,8 @@ def starting(rec: ReplicaRecord, start: Start, now: float, port: int, url: str, 
         fields["master_port"] = master_port
     if not member and (kv_ports is not None or rec.kv_events_port is not None):
         fields["kv_events_port"], fields["kv_replay_port"] = kv_ports or (None, None)
+    if cpus or rec.cpus:
+        fields["cpus"] = list(cpus)
     if not serves_http:
         fields["first_ready_at"] = now  # a headless part is "ready" while it runs
     if member:
