@@ -179,7 +179,7 @@ class Proxy:
                              name, step.timeout)
             entered = self.clock.monotonic()
             # Only the head of the queue routes: it is first in line, whatever waits behind it.
-            lift = Lift(req.exclude)  # an endpoint it failed on counts again once it left the list and came back
+            lift = Lift(req.exclude, tables.by_id)  # a failed endpoint counts again once its engine restarted
             got = self._wait(q, req, lambda: router.route(replace(req, queued=1, waited=self.clock.monotonic() - entered,
                                                                   exclude=lift(router.tables.by_id))),
                              step.timeout, keep=step.keep, client=call.client, trace=trace)

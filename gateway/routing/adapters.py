@@ -80,22 +80,29 @@ def no_holder(route: AdapterRoute) -> str:
     return f"no replica holds adapter {route.name!r} loaded yet"
 
 
-def lifted(exclude: frozenset[str], listed: Collection[str], gone: frozenset[str]) -> tuple[frozenset[str], frozenset[str]]:
+def lifted(exclude: frozenset[str], listed: Collection[str] | Mapping[str, EndpointInfo], gone: frozenset[str],
+           urls: Mapping[str, str] | None = None) -> tuple[frozenset[str], frozenset[str]]:
     """The endpoints a waiting request still excludes, and those seen gone: an endpoint it failed on
-    is excluded while it stays in the list; once it left (its replica stopped or restarted), it is
-    another engine when it comes back. Returns (exclude now, gone now)."""
-    gone = gone | frozenset(i for i in exclude if i not in listed)
+    is excluded while it stays in the list at the address it failed at (`urls`, when known); once it
+    left (its replica stopped or restarted) or moved to another address, it is another engine.
+    Returns (exclude now, gone now)."""
+    moved = (frozenset(i for i in exclude if i in listed and i in urls and listed[i].url != urls[i])
+             if urls and isinstance(listed, Mapping) else frozenset())
+    gone = gone | moved | frozenset(i for i in exclude if i not in listed)
     return exclude - gone, gone
 
 
 class Lift:
-    """`lifted` over a wait: call it with the endpoints listed now, get the exclusions that hold."""
+    """`lifted` over a wait: call it with the endpoints listed now, get the exclusions that hold.
+    Made with the endpoints listed when the request failed on them, it also sees an engine that
+    restarted at another address between two looks."""
 
-    __slots__ = ("exclude", "gone")
+    __slots__ = ("exclude", "gone", "urls")
 
-    def __init__(self, exclude: frozenset[str]):
+    def __init__(self, exclude: frozenset[str], listed: Mapping[str, EndpointInfo] | None = None):
         self.exclude, self.gone = exclude, frozenset()
+        self.urls = {i: listed[i].url for i in exclude if i in listed} if listed else None
 
-    def __call__(self, listed: Collection[str]) -> frozenset[str]:
-        now, self.gone = lifted(self.exclude, listed, self.gone)
+    def __call__(self, listed: Collection[str] | Mapping[str, EndpointInfo]) -> frozenset[str]:
+        now, self.gone = lifted(self.exclude, listed, self.gone, self.urls)
         return now

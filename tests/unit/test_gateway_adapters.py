@@ -150,3 +150,8 @@ def test_an_endpoint_a_request_failed_on_counts_again_once_it_left_the_list_and_
     assert lift({"e1", "e2", "e3"}) == {"e1", "e3"}  # still listed: still excluded
     assert lift({"e2", "e3"}) == {"e3"}  # e1 left (its engine stopped)...
     assert lift({"e1", "e2", "e3"}) == {"e3"}  # ... and is back: another engine, tried again
+    # An engine that restarted at another address between two looks is another engine too.
+    at = {i: EndpointInfo(id=i, url=f"http://127.0.0.1:{n}", models=("m",), engine="sim") for i, n in (("e1", 1), ("e2", 2))}
+    lift = Lift(frozenset({"e1", "e2"}), at)
+    assert lift(at) == {"e1", "e2"}
+    assert lift({**at, "e1": EndpointInfo(id="e1", url="http://127.0.0.1:9", models=("m",), engine="sim")}) == {"e2"}
