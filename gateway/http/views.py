@@ -14,6 +14,7 @@ from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
 
 from gateway.errors import ApiError
+from gateway.http import batches
 from gateway.http.answer import error_response
 from gateway.keys.policy import allows
 from gateway.observe import fleetmetrics
@@ -158,6 +159,7 @@ def flask_app(gw) -> Flask:
     app.add_url_rule("/readyz", "readyz", lambda: readiness(gw))
     app.add_url_rule("/metrics", "metrics", lambda: Response(gw.metrics.render(), mimetype=None,
                                                              content_type=gw.metrics.content_type))
+    batches.register(app, gw)  # /v1/files, /v1/batches (docs/batch.md)
 
     fleet = FleetView(gw.store, gw.clock)  # the console and the fleet metrics share one cached read
     app.register_blueprint(console_blueprint(gw, fleet))
