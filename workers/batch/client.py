@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import requests
+from urllib3.exceptions import NewConnectionError
 
 PRIORITY_HEADER = "X-LLMGW-Priority"
 
@@ -20,6 +21,7 @@ class Answer:
     retry_after: float | None = None
     request_id: str = ""
     error: str = ""
+    unreached: bool = False  # no connection was made: the line never reached a gateway
 
 
 class LineSender:
@@ -45,6 +47,12 @@ class LineSender:
         try:
             r = self._session().post(self.base_url + path, data=json.dumps(body), headers=headers,
                                      timeout=(5.0, self.timeout))
+        except requests.ConnectTimeout as e:
+            return Answer(0, error=f"ConnectTimeout: {e}", unreached=True)
+        except requests.ConnectionError as e:
+            # No connection made (refused: a gateway restarting) is unreached; a reset mid-answer is not.
+            reason = getattr(e.args[0], "reason", None) if e.args else None
+            return Answer(0, error=f"{type(e).__name__}: {e}", unreached=isinstance(reason, NewConnectionError))
         except requests.RequestException as e:
             return Answer(0, error=f"{type(e).__name__}: {e}")
         try:

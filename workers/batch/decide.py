@@ -116,9 +116,13 @@ class GiveUp:
     message: str
 
 
-def judge(status: int, retry_after: float | None, tries: int, retries: int, error: str = "") -> Keep | Again | GiveUp:
+def judge(status: int, retry_after: float | None, tries: int, retries: int, error: str = "",
+          unreached: bool = False) -> Keep | Again | GiveUp:
     """What one answer (`status` 0: none came: `error` says why) means for its line, on try `tries`
-    (counted tries so far, this one included) of `1 + retries`."""
+    (counted tries so far, this one included) of `1 + retries`. `unreached`: no gateway took the
+    connection (one restarting): the line waits, its tries not used up."""
+    if unreached:
+        return Again(min(MAX_BACKOFF, 2.0 ** min(tries, 4)), False, "unreached")
     if 200 <= status < 300:
         return Keep(True)
     if status == 429:

@@ -281,7 +281,7 @@ class Run:
 
     def _answered(self, req: Request, tries: int, ans: Answer, now: float) -> None:
         counted = tries + 1
-        verdict = judge(ans.status, ans.retry_after, counted, self.settings.retries, ans.error)
+        verdict = judge(ans.status, ans.retry_after, counted, self.settings.retries, ans.error, ans.unreached)
         if isinstance(verdict, Keep):
             p, c = usage_of(ans.body) if verdict.ok else (0, 0)
             line = answer_line(self.batch_id, req.index, req.custom_id, ans.status, ans.request_id, ans.body)
