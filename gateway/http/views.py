@@ -17,7 +17,7 @@ from gateway.errors import ApiError
 from gateway.http import batches
 from gateway.http.answer import error_response
 from gateway.keys.policy import allows
-from gateway.observe import fleetmetrics
+from gateway.observe import batchmetrics, fleetmetrics
 from gateway.observe.fleet import FleetView
 from gateway.observe.health import REDIS_ERRORS
 from gateway.request.surface import flask_rules
@@ -167,7 +167,7 @@ def flask_app(gw) -> Flask:
     @app.get("/metrics/fleet")
     def fleet_metrics():
         try:
-            body = fleetmetrics.render(fleet.get())
+            body = fleetmetrics.render(fleet.get()) + batchmetrics.render(*gw.store.batch_stats())
         except REDIS_ERRORS as e:
             raise ApiError("unavailable", f"the fleet metrics cannot read Redis: {type(e).__name__}: {e}") from None
         return Response(body, mimetype=None, content_type=gw.metrics.content_type)

@@ -268,6 +268,8 @@ FILES = f"{PREFIX}:files"
 # Sorted set: batch id -> created_at, every batch, for listing; set: the ids of batches not yet ended.
 BATCHES = f"{PREFIX}:batches"
 BATCHES_ACTIVE = f"{PREFIX}:batches:active"
+# Hash: final status -> batches that ended so (completed, cancelled, expired): the metrics' counters.
+BATCHES_ENDED = f"{PREFIX}:batches:ended"
 # String: the batch workers' own API key (sent to the gateways when they require one). Kept raw, as the
 # engines' secrets are: only llmgw's parts read Redis. Its record is an ordinary key named BATCH_KEY_NAME.
 BATCH_CREDENTIAL = f"{PREFIX}:batch:credential"

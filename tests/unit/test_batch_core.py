@@ -15,7 +15,8 @@ from llmgw.state.demand_records import EndpointUse, GatewayReport, ModelDemand
 from llmgw.state.keypolicy import ApiKeyRecord
 from llmgw.state.records import EndpointInfo, LoadRecord
 from workers.batch.decide import (
-    Again, Drain, Feed, Finish, GiveUp, Keep, Nothing, Room, Seal, allowance, judge, learn_slots, room, step,
+    Again, Drain, Feed, Finish, GiveUp, Keep, Nothing, Room, Seal, Throttle, allowance, judge, learn_slots, room,
+    step,
 )
 
 LIMITS = Limits(max_file_bytes=10_000, max_requests=5, max_line_bytes=400)
@@ -193,11 +194,14 @@ def report(**inflight):
     return GatewayReport("g", 100.0, endpoints={k: EndpointUse(v) for k, v in inflight.items()})
 
 
-def test_room_leaves_the_reserve_and_counts_what_anyone_holds():
+def test_room_leaves_the_reserve_and_counts_what_the_gateways_hold():
     eps = [ep("a"), ep("b"), ep("x", model="other")]
-    # a: the gateways hold 6, the scrape says 4: 6. b: the scrape says 8 (another client): 8.
+    # a: the gateways hold 6 (a scrape a second old said 4): 9 - 6. b: its engine queues one: none.
     r = room("m", eps, {"a": load("a", 4), "b": load("b", 7, 1)}, [report(a=6, b=2)], 100.0, 0.1, {})
-    assert r == Room(free=(9 - 6) + (9 - 8), endpoints=2)
+    assert r == Room(free=(9 - 6) - 1, endpoints=2, at=100.0)
+    # Without a gateway's report, the scrapes: a holds 4, b 8 and queues one.
+    assert room("m", eps, {"a": load("a", 4, ts=99.0), "b": load("b", 7, 1)}, [], 100.0, 0.1, {}) == \
+        Room(free=5 - 1, endpoints=2, at=99.0)
     stale = room("m", eps, {"a": load("a", 4, ts=90.0)}, [], 100.0, 0.1, {})
     assert stale.free == 18  # a stale scrape says nothing; nothing reported: all of it is room
 
@@ -213,6 +217,17 @@ def test_room_without_capacity_probes_one_at_a_time():
     assert room("m", eps, {"a": load("a", 3, waiting=2)}, [], 100.0, 0.0, {}).free == -2
     seen = learn_slots({}, {"a": load("a", 6)})
     assert seen == {"a": 6} and room("m", eps, {"a": load("a", 3)}, [], 100.0, 0.0, seen).free == 3
+
+
+def test_the_throttle_counts_the_room_as_of_when_it_was_seen():
+    t = Throttle(most=64)
+    t.count(10.0, 4)
+    t.count(10.5, 12)  # eight sent since the report of 10.2 ...
+    assert t.inflight_at(10.2) == 4 and t.inflight_at(10.5) == 12 and t.inflight_at(9.0) == 4
+    assert t.view(Room(free=10, endpoints=2, at=10.2), feeders=1) == 14  # ... are within its 10, not beyond
+    assert t.may_send(13) and not t.may_send(14)
+    t.shed(12)
+    assert not t.may_send(12)
 
 
 def test_allowance_shares_the_room():

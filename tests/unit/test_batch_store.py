@@ -71,8 +71,10 @@ def test_nothing_is_written_after_the_seal(store):
     assert store.record_line("b1", 2, True, "{}") == -1
     assert not store.update_batch("b1", cancelling_at=3.0)  # a sealed batch is final
     assert store.batch("b1").sealed_as == "cancelled" and "b1" in store.active_batch_ids()
-    assert store.finish_batch("b1", cancelled_at=4.0)
+    assert store.finish_batch("b1", "cancelled", cancelled_at=4.0)
     assert store.batch("b1").status == "cancelled" and store.active_batch_ids() == []
+    assert store.finish_batch("b1", "cancelled", cancelled_at=5.0)  # again (a run finishing it twice) ...
+    assert store.batch_stats() == ([], {"cancelled": 1})  # ... counts it once
     assert store.record_line("gone", 0, True, "{}") == -1
 
 

@@ -112,3 +112,24 @@ def test_keys_own_their_files_and_may_be_refused_batches(app, store):  # noqa: F
     bid = client.post("/v1/batches", json={"input_file_id": fid, "endpoint": CHAT}, headers=ha).json["id"]
     assert client.get(f"/v1/batches/{bid}", headers=hb).status_code == 404
     assert client.get(f"/v1/batches/{bid}", headers=ha).json["id"] == bid
+
+
+def test_the_console_and_the_fleet_metrics_show_batches(app, store):  # noqa: F811
+    from prometheus_client.parser import text_string_to_metric_families
+
+    client, gw, _ = app
+    fid = upload(client, jsonl(4)).json["id"]
+    bid = client.post("/v1/batches", json={"input_file_id": fid, "endpoint": CHAT}).json["id"]
+    store.update_batch(bid, in_progress_at=gw.clock.time(), progress=[[100.0, 0], [110.0, 2]])
+    store.record_line(bid, 0, True, "{}")
+    store.record_line(bid, 1, False, "{}")
+    [row] = client.get("/ui/api/batches").json["batches"]
+    assert (row["id"], row["status"], row["done"], row["failed"], row["rate"], row["owner"]) == (
+        bid, "in_progress", 2, 1, 0.2, "anonymous")
+    assert row["eta_seconds"] == 10  # 2 lines left at 0.2 a second
+    text = client.get("/metrics/fleet").get_data(as_text=True)
+    samples = {(s.name, tuple(s.labels.values())): s.value for f in text_string_to_metric_families(text)
+               for s in f.samples if s.name.startswith("llmgw_batch")}
+    assert samples[("llmgw_batches", ("in_progress",))] == 1
+    assert samples[("llmgw_batch_requests", ("waiting",))] == 2
+    assert samples[("llmgw_batches_ended_total", ("completed",))] == 0

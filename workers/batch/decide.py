@@ -4,47 +4,42 @@ the fleet holds), what an answer means for its line (`judge`), and what a run do
 **Room.** Batch lines go through the gateway as `sheddable` requests, which admission sheds (429) as
 soon as a model is saturated or standard requests wait. That alone would let them fill every slot up
 to saturation, and an interactive request arriving then waits for one to free. So the feeder also
-keeps each endpoint below `(1 - reserve) x capacity`: it reads what every endpoint holds (the
-gateways' reports of their requests in flight there, or the engine's scraped running + waiting,
-whichever is more: both include the batch's own lines) and sends only into the room left, shared
-between the feeders of the model. Any standard request queued in a gateway for the model leaves no
-room. An endpoint without a declared `capacity` is sized by the most sequences its engine was seen
-running, and probed one line more per view while its engine queues nothing.
+keeps each endpoint below `(1 - reserve) x capacity`: it reads what every endpoint holds, as the
+gateways reported it (every half second: their requests in flight there, the batch's own lines
+among them), or, with no gateway report, the engine's last scrape (running + waiting), and sends
+only into the room left, shared between the feeders of the model. The room is as of the report: the
+lines this feeder sent or ended since are counted from its own record (`Throttle`), not twice. An
+engine that queues (waiting > 0) has no room, and nor has the model while a gateway queues a standard
+request for it. An endpoint without a declared `capacity` is sized by the most sequences its engine
+was seen running, and probed one line more per view while its engine queues nothing.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from llmgw.state.batch_records import BatchRecord
 from llmgw.state.demand_records import GatewayReport
 from llmgw.state.records import EndpointInfo, LoadRecord
 
+HISTORY = 10.0  # seconds of its in-flight counts a feeder keeps (reports are at most a few old)
 STALE_LOAD = 3.0  # seconds after which a scrape says nothing (the gateway's LLMGW_GATEWAY_STALE_AFTER)
 MAX_BACKOFF = 30.0
 
 
 @dataclass(frozen=True)
 class Room:
-    """What the model's endpoints can take beyond what they hold: `free` lines in all (negative: they
-    hold more than the batch tier may fill), over `endpoints` endpoints; `queued`: standard requests
-    the gateways hold for it."""
+    """What the model's endpoints can take beyond what they held at `at` (wall clock of the reports
+    or scrapes it was read from): `free` lines in all (negative: they held more than the batch tier may
+    fill), over `endpoints` endpoints; `queued`: standard requests the gateways held for the model."""
 
     free: int
     endpoints: int
     queued: int = 0
-
-
-def held(e: EndpointInfo, load: LoadRecord | None, reported: int, now: float) -> int:
-    """Requests the endpoint holds now, as far as anyone said: the gateways' own counts, or the
-    engine's running + waiting when its scrape is fresh and says more (other clients, a scrape ahead
-    of a report)."""
-    scraped = 0
-    if load is not None and load.ok and now - load.ts <= STALE_LOAD:
-        scraped = int((load.running or 0) + (load.waiting or 0))
-    return max(reported, scraped)
+    at: float = 0.0
 
 
 def room(model: str, endpoints: Sequence[EndpointInfo], loads: Mapping[str, LoadRecord],
@@ -60,18 +55,28 @@ def room(model: str, endpoints: Sequence[EndpointInfo], loads: Mapping[str, Load
             if name == model or any(name == e.model for e in mine):
                 queued += demand.queued
     free = 0
+    stamps = [r.at for r in reports]
     for e in mine:
         load = loads.get(e.id)
-        h = held(e, load, reported.get(e.id, 0), now)
+        fresh = load is not None and load.ok and now - load.ts <= STALE_LOAD
+        waiting = int(load.waiting or 0) if fresh and load is not None else 0
+        if reports:
+            held = reported.get(e.id, 0)
+        elif fresh and load is not None:
+            held = int((load.running or 0) + waiting)
+            stamps.append(load.ts)
+        else:
+            held = 0
         slots = e.capacity or slots_seen.get(e.id)
         if slots:
-            free += math.floor(slots * (1.0 - reserve)) - h
-        elif load is not None and load.ok and now - load.ts <= STALE_LOAD:
+            left = math.floor(slots * (1.0 - reserve)) - held
+            free += min(left, -waiting) if waiting else left
+        elif fresh:
             # No capacity known: one more while the engine queues nothing, fewer when it does.
-            free += 1 if not load.waiting else -int(load.waiting)
+            free += -waiting if waiting else 1
     if queued:
         free = min(free, -queued)
-    return Room(free, len(mine), queued)
+    return Room(free, len(mine), queued, min(stamps) if stamps else now)
 
 
 def learn_slots(slots_seen: Mapping[str, int], loads: Mapping[str, LoadRecord]) -> dict[str, int]:
@@ -84,10 +89,49 @@ def learn_slots(slots_seen: Mapping[str, int], loads: Mapping[str, LoadRecord]) 
 
 
 def allowance(r: Room, mine: int, feeders: int, most: int) -> int:
-    """How many lines this feeder may have in flight: what it has, plus its share of the room (a
-    negative room shrinks every feeder of the model alike), never below 0 nor above `most`."""
+    """How many lines this feeder may have in flight: what it had when the room was seen (`mine`),
+    plus its share of the room (a negative room shrinks every feeder of the model alike), never below
+    0 nor above `most`."""
     share = r.free / max(1, feeders)
     return max(0, min(most, mine + math.floor(share)))
+
+
+@dataclass
+class Throttle:
+    """How many lines a feeder may have in flight, between views: `allowance` at each view, from
+    its in-flight count as of the room's time (its own record of the last seconds); a shed line (429)
+    stops its growth until the next view."""
+
+    most: int
+    allow: int = 0
+    history: deque = field(default_factory=deque)  # (time, lines in flight from then on)
+
+    def count(self, now: float, inflight: int) -> None:
+        """Note the feeder's lines in flight from `now` on (after each send and answer)."""
+        if self.history and self.history[-1][0] == now:
+            self.history[-1] = (now, inflight)
+        else:
+            self.history.append((now, inflight))
+        while len(self.history) > 1 and self.history[1][0] <= now - HISTORY:
+            self.history.popleft()
+
+    def inflight_at(self, t: float) -> int:
+        n = self.history[0][1] if self.history else 0
+        for at, k in self.history:
+            if at > t:
+                break
+            n = k
+        return n
+
+    def view(self, r: Room, feeders: int) -> int:
+        self.allow = allowance(r, self.inflight_at(r.at), feeders, self.most)
+        return self.allow
+
+    def shed(self, inflight: int) -> None:
+        self.allow = min(self.allow, inflight)
+
+    def may_send(self, inflight: int) -> bool:
+        return inflight < self.allow
 
 
 # --- one line's answer --------------------------------------------------------------------------------

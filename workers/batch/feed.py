@@ -33,6 +33,7 @@ from llmgw.state.store.batches import Bill
 from workers.batch.client import Answer
 from workers.batch.decide import (
     Again,
+    Throttle,
     Drain,
     Feed,
     Finish,
@@ -40,7 +41,6 @@ from workers.batch.decide import (
     Keep,
     Nothing,
     Seal,
-    allowance,
     judge,
     learn_slots,
     room,
@@ -83,8 +83,8 @@ class Run:
         self.inflight: dict[Future, tuple[Request, int]] = {}
         self.retries: list[Retry] = []
         self.slots_seen: dict[str, int] = {}
-        self.allow = 0
-        self.paused_until = 0.0
+        self.throttle = Throttle(settings.max_inflight)
+        self.paused_until = 0.0  # no gateway answers (or no replica): nothing new until then
         self.refusal: tuple[str, str] | None = None
         self.bill: Bill | None = None
         self.progress: list[list[float]] = []
@@ -221,7 +221,9 @@ class Run:
         self.slots_seen = learn_slots(self.slots_seen, loads)
         r = room(fresh.model, endpoints, loads, reports, now, s.reserve, self.slots_seen)
         others = len([f for f in feeders if f.token != self.token])
-        self.allow = allowance(r, len(self.inflight), others + 1, s.max_inflight)
+        allow = self.throttle.view(r, others + 1)
+        log.debug("batch %s: room %d on %d endpoints as of %.2fs ago (%d queued), %d in flight, allowance %d",
+                  self.batch_id, r.free, r.endpoints, now - r.at, r.queued, len(self.inflight), allow)
         if fresh.model:
             store.write_feeder(fresh.model, self.token, len(self.inflight), now)
         if now - self.last_progress >= PROGRESS_EVERY:
@@ -246,7 +248,7 @@ class Run:
                 self._record(req[0], False, error_line(self.batch_id, req[0].index, req[0].custom_id, code, message))
                 refused += 1
                 continue
-            if now < self.paused_until or len(self.inflight) >= self.allow:
+            if now < self.paused_until or not self.throttle.may_send(len(self.inflight)):
                 return False
             req = self._next(lines, now, due_only=True)
             if req is None:
@@ -254,6 +256,7 @@ class Run:
             r, tries = req
             fut = pool.submit(self.send_line, b.endpoint, r.body, f"{self.batch_id}-{r.index}")
             self.inflight[fut] = (r, tries)
+            self.throttle.count(now, len(self.inflight))
             self.outcome.sent += 1
 
     def _next(self, lines: Iterator[Request], now: float, due_only: bool) -> tuple[Request, int] | None:
@@ -273,6 +276,7 @@ class Run:
         now = self.clock()
         for fut in done:
             req, tries = self.inflight.pop(fut)
+            self.throttle.count(now, len(self.inflight))
             try:
                 ans = fut.result()
             except Exception as e:  # noqa: BLE001 - a bug in sending must not lose the line
@@ -293,9 +297,10 @@ class Run:
                 self._ensure_credential()
             if not verdict.counted:
                 counted = tries  # a shed line waits its turn: its tries are not used up
-                # Back off: nothing new until then, and no more in flight than now until the next view.
-                self.paused_until = max(self.paused_until, now + verdict.after)
-                self.allow = min(self.allow, len(self.inflight))
+            if verdict.reason == "shed":
+                self.throttle.shed(len(self.inflight))  # no more in flight than now until the next view
+            elif not verdict.counted:
+                self.paused_until = max(self.paused_until, now + verdict.after)  # no gateway, or no replica
             heapq.heappush(self.retries, Retry(now + verdict.after, req.index, req, counted))
 
     def _record(self, req: Request, ok: bool, line: str, prompt: int = 0, completion: int = 0) -> None:
@@ -348,9 +353,9 @@ class Run:
                     id=fid, owner=b.owner, filename=f"{b.id}_{kind}.jsonl", purpose="batch_output", bytes=size,
                     created_at=now, requests=n, batch_id=b.id, kind=kind, endpoint=b.endpoint, model=b.model))
                 facts[attr] = fid
-        when = {"completed": "completed_at", "cancelled": "cancelled_at", "expired": "expired_at"}[b.sealed_as or "completed"]
-        facts[when] = now
-        store.finish_batch(self.batch_id, **facts)
+        status = b.sealed_as or "completed"
+        facts[{"completed": "completed_at", "cancelled": "cancelled_at", "expired": "expired_at"}[status]] = now
+        store.finish_batch(self.batch_id, status, **facts)
         log.info("batch %s %s: %d answered, %d failed of %d", b.id, b.sealed_as or "completed", b.n_completed,
                  b.n_failed, b.total)
 

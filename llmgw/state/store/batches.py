@@ -64,14 +64,16 @@ redis.call('HSET', KEYS[1], unpack(ARGV))
 return 1
 """
 
-# The final facts of a sealed batch (its status, its files), and out of the active set. KEYS: batch,
-# active set; ARGV: id, field, JSON value, ...
+# The final facts of a sealed batch (its status, its files), out of the active set, counted by status.
+# KEYS: batch, active set, ended counts; ARGV: id, status, field, JSON value, ...
 _FINISH = """
 if redis.call('HEXISTS', KEYS[1], 'sealed_at') == 0 then
   return 0
 end
-redis.call('HSET', KEYS[1], unpack(ARGV, 2))
-redis.call('SREM', KEYS[2], ARGV[1])
+redis.call('HSET', KEYS[1], unpack(ARGV, 3))
+if redis.call('SREM', KEYS[2], ARGV[1]) == 1 then
+  redis.call('HINCRBY', KEYS[3], ARGV[2], 1)
+end
 return 1
 """
 
@@ -270,9 +272,16 @@ class Batches(Aggregate):
         assert "sealed_at" in facts
         return bool(self.r.eval(_SEAL, 1, keys.batch(batch_id), *_hset_args(facts)))
 
-    def finish_batch(self, batch_id: str, **facts) -> bool:
-        """The final facts of a sealed batch (its status time, its files); it leaves the active set."""
-        return bool(self.r.eval(_FINISH, 2, keys.batch(batch_id), keys.BATCHES_ACTIVE, batch_id, *_hset_args(facts)))
+    def finish_batch(self, batch_id: str, status: str, **facts) -> bool:
+        """The final facts of a sealed batch (its status time, its files); it leaves the active set and
+        counts as one more batch ended with `status`."""
+        return bool(self.r.eval(_FINISH, 3, keys.batch(batch_id), keys.BATCHES_ACTIVE, keys.BATCHES_ENDED, batch_id,
+                                status, *_hset_args(facts)))
+
+    def batch_stats(self) -> tuple[list[BatchRecord], dict[str, int]]:
+        """The batches not ended yet, and how many ended with each final status (the metrics)."""
+        ended = {k: int(v) for k, v in self.r.hgetall(keys.BATCHES_ENDED).items()}
+        return self.batches(self.active_batch_ids()), ended
 
     def create_batch_file(self, rec: FileRecord) -> None:
         """A batch's output or error file (its content is the batch's results): written again with the
