@@ -1,7 +1,7 @@
 """The Batch API on idle capacity: interactive traffic at 60 % of the fleet's capacity, with and without
 a 5,000-line batch submitted at the same time, in one run.
 
-    python bench/batch.py [--lines 5000] [--load 0.6] [--window 10] [--cycles 4] [--reserve 0.1]
+    python bench/batch.py [--lines 5000] [--load 0.6] [--window 10] [--cycles 4] [--reserve 0.2]
                           [--alpha 0.02] [--engines 4] [--slots 16] [--seed 1]
 
 The fleet: `--engines` simulated engines (`python -m simengine`, vLLM's personality: continuous batching
@@ -381,7 +381,7 @@ def main() -> int:
     ap.add_argument("--load", type=float, default=0.6, help="interactive load, a share of the fleet's capacity")
     ap.add_argument("--window", type=float, default=10.0, help="seconds of each window without and with the batch")
     ap.add_argument("--cycles", type=int, default=4, help="windows without and with the batch, each")
-    ap.add_argument("--reserve", type=float, default=0.1, help="LLMGW_BATCH_RESERVE (0: sheddable requests alone)")
+    ap.add_argument("--reserve", type=float, default=0.2, help="LLMGW_BATCH_RESERVE (0: sheddable requests alone)")
     ap.add_argument("--alpha", type=float, default=0.02, help="the decode step's growth per extra running sequence")
     ap.add_argument("--engines", type=int, default=4)
     ap.add_argument("--slots", type=int, default=16)

@@ -23,7 +23,7 @@ class BatchSettings(Settings):
     gateway_url: str = env("LLMGW_BATCH_GATEWAY_URL", default="http://127.0.0.1:8080",
                            meaning="where the batch workers send the lines: a gateway (or the load balancer in "
                                    "front of the gateways)")
-    reserve: float = env("LLMGW_BATCH_RESERVE", default=0.1, ge=0, lt=1,
+    reserve: float = env("LLMGW_BATCH_RESERVE", default=0.2, ge=0, lt=1,
                          meaning="the share of each endpoint's `capacity` the batch tier leaves to interactive "
                                  "requests: lines are sent only while an endpoint holds less than (1 - reserve) x capacity")
     max_inflight: int = env("LLMGW_BATCH_MAX_INFLIGHT", default=64, ge=1, le=4096,

@@ -263,3 +263,8 @@ def test_step():
     assert step(batch(), 131.0, 3, 30.0) == Seal("expired")
     assert step(batch(sealed_at=5.0, sealed_as="completed"), 50.0, 0, 30.0) == Finish()
     assert step(batch(sealed_at=5.0, completed_at=6.0), 50.0, 0, 30.0) == Nothing()
+
+
+def test_an_endpoint_of_one_slot_still_takes_a_line_when_it_holds_nothing():
+    assert room("m", [ep("a", cap=1)], {}, [report()], 100.0, 0.2, {}).free == 1
+    assert room("m", [ep("a", cap=1)], {}, [report(a=1)], 100.0, 0.2, {}).free == 0

@@ -4,7 +4,7 @@ the fleet holds), what an answer means for its line (`judge`), and what a run do
 **Room.** Batch lines go through the gateway as `sheddable` requests, which admission sheds (429) as
 soon as a model is saturated or standard requests wait. That alone would let them fill every slot up
 to saturation, and an interactive request arriving then waits for one to free. So the feeder also
-keeps each endpoint below `(1 - reserve) x capacity`: it reads what every endpoint holds, as the
+keeps each endpoint below `(1 - reserve) x capacity` (at least one line): it reads what every endpoint holds, as the
 gateways reported it (every half second: their requests in flight there, the batch's own lines
 among them), or, with no gateway report, the engine's last scrape (running + waiting), and sends
 only into the room left, shared between the feeders of the model. The room is as of the report: the
@@ -69,7 +69,9 @@ def room(model: str, endpoints: Sequence[EndpointInfo], loads: Mapping[str, Load
             held = 0
         slots = e.capacity or slots_seen.get(e.id)
         if slots:
-            left = math.floor(slots * (1.0 - reserve)) - held
+            # At least one line on an endpoint that holds nothing else (a capacity of 1 or 2 and a
+            # reserve would otherwise never run a batch).
+            left = max(1, math.floor(slots * (1.0 - reserve))) - held
             free += min(left, -waiting) if waiting else left
         elif fresh:
             # No capacity known: one more while the engine queues nothing, fewer when it does.

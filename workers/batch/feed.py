@@ -127,7 +127,7 @@ class Run:
         s, store = self.settings, self.store
         f = store.file(b.input_file_id)
         lines = self._unanswered(f)
-        rescanned = False
+        looked = 0  # how often every line was found sent and answered while the counts said otherwise
         started = self.clock()
         next_view = 0.0
         while True:
@@ -157,15 +157,16 @@ class Run:
                     self.outcome.result = "sliced"
                     return b
                 if not sliced and self._dispatch(pool, lines, b, now) and not self.inflight and not self.retries:
-                    # Every line was sent and answered: the next view counts the last answers (step then
+                    # Every line was sent and answered: a view now counts the last answers (step then
                     # seals it). Lines still unanswered after that are looked for again, once.
-                    if next_view > now:
+                    looked += 1
+                    if looked % 2 == 1:
                         next_view = now
-                    elif not rescanned:
-                        rescanned, lines = True, self._unanswered(f)
+                    elif looked == 2:
+                        lines = self._unanswered(f)
                     else:
-                        log.error("batch %s: %d of %d lines answered and none left to send; sealing it",
-                                  self.batch_id, b.done, b.total)
+                        log.error("batch %s: %d of %d lines answered and none left to send (its input file "
+                                  "gone?); sealing it", self.batch_id, b.done, b.total)
                         self._seal(b, "completed", f)
                         self._finish()
                         return b
