@@ -8,7 +8,9 @@ keeps each endpoint below `(1 - reserve) x capacity` (at least one line): it rea
 gateways reported it (every half second: their requests in flight there, the batch's own lines
 among them), or, with no gateway report, the engine's last scrape (running + waiting), and sends
 only into the room left, shared between the feeders of the model. The room is as of the report: the
-lines this feeder sent or ended since are counted from its own record (`Throttle`), not twice. An
+lines this feeder sent or ended since are counted from its own record (`Throttle`), not twice (its
+count taken as the lowest it was within a quarter second of the report: a line in transit is not
+counted on both sides). An
 engine that queues (waiting > 0) has no room, and nor has the model while a gateway queues a standard
 request for it. An endpoint without a declared `capacity` is sized by the most sequences its engine
 was seen running, and probed one line more per view while its engine queues nothing.
@@ -25,6 +27,7 @@ from llmgw.state.batch_records import BatchRecord
 from llmgw.state.demand_records import GatewayReport
 from llmgw.state.records import EndpointInfo, LoadRecord
 
+TRANSIT = 0.25  # seconds a line may take to reach a gateway's count, or its end to reach the feeder
 HISTORY = 10.0  # seconds of its in-flight counts a feeder keeps (reports are at most a few old)
 STALE_LOAD = 3.0  # seconds after which a scrape says nothing (the gateway's LLMGW_GATEWAY_STALE_AFTER)
 MAX_BACKOFF = 30.0
@@ -125,8 +128,18 @@ class Throttle:
             n = k
         return n
 
+    def inflight_near(self, t: float, transit: float = TRANSIT) -> int:
+        """The fewest lines in flight within `transit` of `t`: what a gateway's count of them at `t`
+        surely held (a line sent just before is still on its way to it; one it answered just before is
+        still on its way back)."""
+        low = self.inflight_at(t - transit)
+        for at, k in self.history:
+            if t - transit < at <= t + transit:
+                low = min(low, k)
+        return low
+
     def view(self, r: Room, feeders: int) -> int:
-        self.allow = allowance(r, self.inflight_at(r.at), feeders, self.most)
+        self.allow = allowance(r, self.inflight_near(r.at), feeders, self.most)
         return self.allow
 
     def shed(self, inflight: int) -> None:

@@ -173,8 +173,9 @@ class Run:
             self._collect(0.05 if self.inflight else 0.02)
 
     # --- reading ---------------------------------------------------------------------------------------
-    def _unanswered(self, f: FileRecord | None) -> Iterator[Request]:
-        """The file's requests without a result yet, in order (a page of results read per chunk)."""
+    def _unanswered(self, f: FileRecord | None, busy_too: bool = False) -> Iterator[Request]:
+        """The file's requests without a result yet, in order (a page of results read per chunk); those
+        in flight or waiting for a retry only with `busy_too`."""
         if f is None:
             return iter(())
         store = self.store
@@ -184,16 +185,16 @@ class Run:
             for req in requests_in(store.file_chunks(f.id)):
                 page.append(req)
                 if len(page) >= 256:
-                    yield from self._missing(page)
+                    yield from self._missing(page, busy_too)
                     page = []
             if page:
-                yield from self._missing(page)
+                yield from self._missing(page, busy_too)
 
         return gen()
 
-    def _missing(self, page: list[Request]) -> list[Request]:
+    def _missing(self, page: list[Request], busy_too: bool = False) -> list[Request]:
         done = self.store.answered(self.batch_id, [r.index for r in page])
-        busy = {r.index for r, _ in self.inflight.values()} | {r.index for r in self.retries}
+        busy = set() if busy_too else {r.index for r, _ in self.inflight.values()} | {r.index for r in self.retries}
         return [r for r in page if r.index not in done and r.index not in busy]
 
     def _view(self, now: float) -> BatchRecord | None:
@@ -332,7 +333,7 @@ class Run:
         now = self.clock()
         if why == "expired":
             message = f"the batch's completion window ({b.completion_window}) ended before this request was answered"
-            for req in self._unanswered(f):
+            for req in self._unanswered(f, busy_too=True):  # a line still in flight is too late as well
                 self.store.record_line(self.batch_id, req.index, False,
                                        error_line(self.batch_id, req.index, req.custom_id, "batch_expired", message))
         self.store.seal_batch(self.batch_id, sealed_at=now, sealed_as=why, finalizing_at=now)
