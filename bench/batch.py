@@ -206,6 +206,35 @@ def run(a) -> int:
     return 0
 
 
+def upload(a) -> int:
+    """`--upload N`: what storing a batch file of N lines costs: a gateway checks it line by line and
+    writes it to Redis in chunks; then its content is read back."""
+    import requests
+
+    body = b"".join(json.dumps({"custom_id": f"r{i}", "method": "POST", "url": CHAT, "body": {
+        "model": "m", "max_tokens": OUTPUT, "messages": [{"role": "user", "content": "word " * 80}]}}).encode() + b"\n"
+        for i in range(a.upload))
+    with tempfile.TemporaryDirectory(prefix="llmgw-bench-batch-") as tmp:
+        cluster = Cluster(Path(tmp))
+        try:
+            cluster.start_redis()
+            url = cluster.start_gateway()
+            t = time.monotonic()
+            r = requests.post(url + "/v1/files", files={"file": ("big.jsonl", io.BytesIO(body))},
+                              data={"purpose": "batch"}, timeout=600)
+            up = time.monotonic() - t
+            r.raise_for_status()
+            t = time.monotonic()
+            got = requests.get(url + f"/v1/files/{r.json()['id']}/content", timeout=600).content
+            down = time.monotonic() - t
+            mem = cluster.store().r.info("memory")["used_memory"]
+        finally:
+            cluster.stop()
+    print(f"{len(body) / 1e6:.1f} MB, {a.upload} lines: uploaded and checked in {up:.2f} s, read back in {down:.2f} s "
+          f"({'the same bytes' if got == body else 'DIFFERENT bytes'}); Redis used_memory {mem / 1e6:.1f} MB")
+    return 0
+
+
 # --- the same feeder in the simulator (bench/fleetsim.py): no processes, no noise ---------------------------
 def simulate(a) -> int:
     """`--simulated`: bench/fleetsim.py's simulation of the same fleet and traffic (the real gateway's
@@ -394,8 +423,9 @@ def main() -> int:
     ap.add_argument("--preempt", action="store_true",
                     help="--simulated: also rows (+P) where the gateway would preempt the batch for a waiting request")
     ap.add_argument("--sim-seconds", type=float, default=120.0, help="--simulated: the interactive traffic's length")
+    ap.add_argument("--upload", type=int, metavar="N", help="only store a file of N lines and read it back")
     a = ap.parse_args()
-    return simulate(a) if a.simulated else run(a)
+    return upload(a) if a.upload else simulate(a) if a.simulated else run(a)
 
 
 if __name__ == "__main__":
