@@ -11,8 +11,10 @@ every run: beat and the control workers need synchronised clocks (NTP), see docs
 
 from __future__ import annotations
 
+from llmgw.batch.config import BatchSettings
+from llmgw.batch.kick import SWEEP_TASK
 from llmgw.settings import ControlSettings
-from llmgw.state.keys import CONTROL_QUEUE
+from llmgw.state.keys import BATCH_QUEUE, CONTROL_QUEUE
 
 HOUSEKEEPING_INTERVAL = 30.0  # seconds; cheap tidying (docs/control-plane.md)
 # Expiry as a share of the interval: below 1 so a backlog never replays, as high as that allows so
@@ -20,13 +22,16 @@ HOUSEKEEPING_INTERVAL = 30.0  # seconds; cheap tidying (docs/control-plane.md)
 EXPIRES_SHARE = 0.9
 
 
-def beat_schedule(settings: ControlSettings) -> dict:
-    def entry(task: str, every: float) -> dict:
-        return {"task": task, "schedule": every, "options": {"queue": CONTROL_QUEUE, "expires": every * EXPIRES_SHARE}}
+def beat_schedule(settings: ControlSettings, batch: BatchSettings | None = None) -> dict:
+    def entry(task: str, every: float, queue: str = CONTROL_QUEUE) -> dict:
+        return {"task": task, "schedule": every, "options": {"queue": queue, "expires": every * EXPIRES_SHARE}}
 
+    batch = batch or BatchSettings.from_env()
     return {
         "reconcile": entry("llmgw.reconcile", settings.reconcile_interval),
         "publish": entry("llmgw.publish", settings.publish_interval),
         "housekeeping": entry("llmgw.housekeeping", HOUSEKEEPING_INTERVAL),
         "external": entry("llmgw.external", settings.external_interval),
+        # The Batch API: a run for every unfinished batch nobody feeds (docs/batch.md).
+        "batch-sweep": entry(SWEEP_TASK, batch.sweep_interval, BATCH_QUEUE),
     }

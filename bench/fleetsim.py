@@ -764,6 +764,8 @@ class Simulation:
                 payload.fail()
             elif kind == "mark":  # the warm-up ends: the hit ratio counts from here
                 marked = self._counters()
+            elif kind == "call":  # a client of another bench module's (bench/batch.py's feeder)
+                payload()
         if self.workload != "random":
             after = self._counters()
             self.result.cache = (sum(after[n][0] - marked.get(n, (0.0, 0.0))[0] for n in after),

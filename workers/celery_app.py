@@ -1,7 +1,8 @@
 """The Celery app factory. `celery -A workers` finds the instance built in workers/__init__.py.
 
 Queues: `control` runs the reconciler, placement and publishing; each machine's agent consumes
-`node-<name>` (launch/stop for the replicas placed there). Tasks are short and idempotent; long
+`node-<name>` (launch/stop for the replicas placed there); `batch` feeds the Batch API's lines
+(workers/batch/, docs/batch.md). Tasks are short and idempotent; long
 supervision lives in the agent loop inside the node worker (workers/agent/step.py).
 """
 
@@ -12,7 +13,7 @@ from celery import Celery
 from beat.schedule import beat_schedule
 from llmgw.redisurl import celery_conf, parse
 from llmgw.settings import ControlSettings
-from llmgw.state.keys import CONTROL_QUEUE
+from llmgw.state.keys import BATCH_QUEUE, CONTROL_QUEUE
 from workers.broker import install as install_sentinel_transport
 
 
@@ -32,7 +33,7 @@ def create_celery_app(settings: ControlSettings) -> LlmgwCelery:
     app = LlmgwCelery(
         "llmgw",
         broker=broker.pop("broker_url"),
-        include=["workers.control.tasks", "workers.agent.tasks"],
+        include=["workers.control.tasks", "workers.agent.tasks", "workers.batch.tasks"],
     )
     app.settings = settings
     app.conf.update(**broker)
@@ -43,6 +44,7 @@ def create_celery_app(settings: ControlSettings) -> LlmgwCelery:
             "llmgw.publish": {"queue": CONTROL_QUEUE},
             "llmgw.housekeeping": {"queue": CONTROL_QUEUE},
             "llmgw.external": {"queue": CONTROL_QUEUE},
+            "llmgw.batch.*": {"queue": BATCH_QUEUE},
         },
         task_ignore_result=True,
         task_acks_late=False,  # a redelivered control task is harmless, but don't invite it

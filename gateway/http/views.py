@@ -14,9 +14,10 @@ from flask import Flask, Response, redirect, request
 from werkzeug.exceptions import HTTPException
 
 from gateway.errors import ApiError
+from gateway.http import batches
 from gateway.http.answer import error_response
 from gateway.keys.policy import allows, unknown_model
-from gateway.observe import fleetmetrics
+from gateway.observe import batchmetrics, fleetmetrics
 from gateway.observe.fleet import FleetView
 from gateway.observe.health import REDIS_ERRORS
 from gateway.request.surface import flask_rules
@@ -204,6 +205,7 @@ def flask_app(gw) -> Flask:
     app.add_url_rule("/readyz", "readyz", lambda: readiness(gw))
     app.add_url_rule("/metrics", "metrics", lambda: Response(gw.metrics.render(), mimetype=None,
                                                              content_type=gw.metrics.content_type))
+    batches.register(app, gw)  # /v1/files, /v1/batches (docs/batch.md)
 
     fleet = FleetView(gw.store, gw.clock)  # the console and the fleet metrics share one cached read
     app.register_blueprint(console_blueprint(gw, fleet))
@@ -211,7 +213,7 @@ def flask_app(gw) -> Flask:
     @app.get("/metrics/fleet")
     def fleet_metrics():
         try:
-            body = fleetmetrics.render(fleet.get())
+            body = fleetmetrics.render(fleet.get()) + batchmetrics.render(*gw.store.batch_stats())
         except REDIS_ERRORS as e:
             raise ApiError("unavailable", f"the fleet metrics cannot read Redis: {type(e).__name__}: {e}") from None
         return Response(body, mimetype=None, content_type=gw.metrics.content_type)

@@ -9,6 +9,7 @@ cached for a second), call the pure builders of `gateway.ui.views`, answer.
     /ui/api/models      per model and profile: replicas asked for and Ready, each replica's load, charts
     /ui/api/events      the event history, filtered, paged with `after`
     /ui/api/catalog     the applied catalog as YAML and its history (`?version=N` for a past one)
+    /ui/api/batches     the Batch API's batches (running ones and the latest), progress and rate
 
 When API keys are in use the API needs an admin key (`KeyGate.require_admin`); with auth off, or before any
 key exists (`LLMGW_GATEWAY_AUTH=auto`), it is open like the rest of the gateway.
@@ -26,10 +27,12 @@ from gateway.observe.fleet import FleetView
 from gateway.observe.health import REDIS_ERRORS
 from gateway.observe.traffic import SLOT, SLOTS, series, slot_of
 from gateway.ui.views import catalog_view, models_view
+from llmgw.batch.view import batch_row
 from llmgw.catalog import read_applied, read_version
 from llmgw.state import events
 
 EVENTS_MAX = 1000  # events one answer carries at most
+BATCHES_MAX = 50  # ended batches one answer lists (every running one is listed)
 
 
 def console_blueprint(gw, fleet: FleetView) -> Blueprint:
@@ -71,6 +74,18 @@ def console_blueprint(gw, fleet: FleetView) -> Blueprint:
         traffic = series(gw.store.traffic(range(last - SLOTS + 1, last + 1)), last)
         thresholds = {"max_waiting": gw.cfg.routing.max_waiting, "max_kv": gw.cfg.routing.max_kv}
         return models_view(f.catalog, f.report, f.gateways, loads, units, traffic, thresholds, SLOT, f.now)
+
+    @bp.get("/api/batches")
+    @api
+    def batches_api():
+        store, now = gw.store, gw.clock.time()
+        active, ended = store.batch_stats()
+        recent = store.list_batches(None, limit=BATCHES_MAX)
+        seen = {b.id for b in active}
+        owners = store.key_names()
+        rows = [batch_row(b, owners, now) for b in sorted(active + [b for b in recent if b.id not in seen],
+                                                           key=lambda b: -b.created_at)]
+        return {"batches": rows, "counts": ended}
 
     @bp.get("/api/events")
     @api

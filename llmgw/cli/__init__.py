@@ -16,7 +16,7 @@ from llmgw.errors import LlmgwError, RedisUnreachable
 from llmgw.state.store import RedisError
 
 # Command-group modules, in the order `llmgw --help` lists them.
-GROUPS = ("up", "catalog", "status", "events", "explain", "node", "models", "engines", "logs", "keys", "usage")
+GROUPS = ("up", "catalog", "status", "events", "explain", "node", "models", "engines", "logs", "keys", "usage", "batches")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -58,6 +58,8 @@ def _policy_flags(p: argparse.ArgumentParser, update: bool) -> None:
                        help="may (or may no longer) call the admin APIs")
     else:
         p.add_argument("--admin", action="store_true", help="may call the admin APIs (the console)")
+    p.add_argument("--batches", action=argparse.BooleanOptionalAction, default=None,
+                   help="may (the default) or may not use the Batch API (/v1/files, /v1/batches; docs/batch.md)")
 
 
 def register(sub) -> None:
@@ -108,6 +110,8 @@ def _changes(args, now: float) -> dict:
         out["budget_period"] = args.budget_period
     if args.admin is not None:
         out["admin"] = args.admin
+    if args.batches is not None:
+        out["batches"] = args.batches
     return out
 
 
@@ -137,7 +141,7 @@ def _update(args) -> int:
     changes = _changes(args, time.time())
     if not changes:
         print("llmgw: nothing to change: give at least one of --rpm, --tpm, --priority, --models, --expires, "
-              "--budget, --budget-period, --admin/--no-admin", file=sys.stderr)
+              "--budget, --budget-period, --admin/--no-admin, --batches/--no-batches", file=sys.stderr)
         return 2
     rec = common.replicated(lambda: store.update_key(args.name, **changes))
     _warn_unknown_models(store, changes.get("models") or ())
@@ -156,6 +160,8 @@ def _describe(rec: ApiKeyRecord) -> str:
         parts.append(f"priority {rec.priority}")
     if rec.admin:
         parts.append("admin")
+    if not rec.batches:
+        parts.append("no batches")
     return ", ".join(parts)
 
 

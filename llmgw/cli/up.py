@@ -36,7 +36,7 @@ from llmgw.settings import Settings
 from llmgw.engines.selfcheck import advice
 from llmgw.state.records import ReplicaRecord
 from llmgw.state.replica_state import State, derive, nodes_alive
-from llmgw.state.keys import CONTROL_QUEUE, node_queue
+from llmgw.state.keys import BATCH_QUEUE, CONTROL_QUEUE, node_queue
 from llmgw.state.kicks import RECONCILE
 from llmgw.state.store import Durability, Store, connect
 
@@ -142,17 +142,20 @@ def _run(args, settings, catalog, state_dir, node, stack: LocalStack, stopping) 
         # Plain HTTP on this machine (its readiness check and curl line are http://): TLS is for the
         # fleet's gateways (docs/gateway.md); an empty variable is an unset one.
         "LLMGW_GATEWAY_CERTFILE": "", "LLMGW_GATEWAY_KEYFILE": "",
+        # The batch worker sends the Batch API's lines to this gateway (docs/batch.md).
+        "LLMGW_BATCH_GATEWAY_URL": url,
     })
     common = ["--without-gossip", "--without-mingle", "-l", "info"]
     stack.start("control", celery_argv("worker", "-Q", CONTROL_QUEUE, "-n", "control@%h", "-P", "threads", "-c", "4",
                                        *common))
     stack.start("beat", celery_argv("beat", "-l", "info", "-s", str(state_dir / "beat-schedule")))
     stack.start("node", celery_argv("worker", "-Q", node_queue(node), "-n", f"{node}@%h", "-P", "threads", "-c", "2", *common))
+    stack.start("batch", celery_argv("worker", "-Q", BATCH_QUEUE, "-n", "batch@%h", "-P", "threads", "-c", "4", *common))
     # The gateway's one gunicorn config (gateway/gunicorn_conf.py); the flag overrides its bind.
     stack.start("gateway", python_module(
         "gunicorn", "-c", "python:gateway.gunicorn_conf", "-b", f"{args.host}:{args.port}", "gateway:create_app()",
     ))
-    _say(f"started control worker, beat, node agent {node!r} and the gateway; logs in {state_dir / 'logs'}")
+    _say(f"started control worker, beat, node agent {node!r}, batch worker and the gateway; logs in {state_dir / 'logs'}")
 
     path = os.path.abspath(args.catalog) if args.catalog else default_catalog_path()
     version, changed = replicated(lambda: apply_catalog(

@@ -51,6 +51,7 @@ class ApiKeyRecord:
     budget: int | None = None  # tokens (prompt + completion) per budget_period
     budget_period: str | None = None  # "day" | "month" (UTC), set when budget is
     admin: bool = False  # may call the admin APIs (the console); never implied by anything else
+    batches: bool = True  # may upload batch files and create batches (docs/batch.md)
 
     def to_json(self) -> str:
         d = asdict(self)
@@ -81,7 +82,7 @@ class ApiKeyRecord:
                        created_at=float(d.get("created_at") or 0.0), models=tuple(models),
                        expires_at=None if expires is None else float(expires), budget=budget,
                        budget_period=(period or DEFAULT_BUDGET_PERIOD) if budget else None,
-                       admin=d.get("admin") is True)
+                       admin=d.get("admin") is True, batches=d.get("batches") is not False)
         except (TypeError, ValueError) as e:
             raise ValueError(f"API key record {key_id}: {e}") from None
 

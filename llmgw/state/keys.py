@@ -259,3 +259,65 @@ def budget(key_id: str, period_id: str) -> str:
 # replaces it by one with a fresh secret (the secret itself is a control field of the replica record).
 ENGINE_CREDENTIALS = f"{PREFIX}:engine-credentials"
 ALL_MODELS = "*"
+
+# --- the Batch API (docs/batch.md; llmgw.state.store.batches) -----------------------------------------
+# The queue of the batch workers (`celery -A workers worker -Q batch`): `llmgw.batch.run` and the sweep.
+BATCH_QUEUE = "batch"
+# Sorted set: file id -> created_at, every stored file (uploads and batch outputs), for listing.
+FILES = f"{PREFIX}:files"
+# Sorted set: batch id -> created_at, every batch, for listing; set: the ids of batches not yet ended.
+BATCHES = f"{PREFIX}:batches"
+BATCHES_ACTIVE = f"{PREFIX}:batches:active"
+# Hash: final status -> batches that ended so (completed, cancelled, expired): the metrics' counters.
+BATCHES_ENDED = f"{PREFIX}:batches:ended"
+# String: the batch workers' own API key (sent to the gateways when they require one). Kept raw, as the
+# engines' secrets are: only llmgw's parts read Redis. Its record is an ordinary key named BATCH_KEY_NAME.
+BATCH_CREDENTIAL = f"{PREFIX}:batch:credential"
+
+
+def file_record(file_id: str) -> str:
+    """Hash: one JSON field per FileRecord attribute."""
+    return f"{PREFIX}:file:{file_id}"
+
+
+def file_data(file_id: str) -> str:
+    """List: an uploaded file's content in chunks of whole lines (RPUSH in order, LRANGE to read)."""
+    return f"{PREFIX}:file:{file_id}:data"
+
+
+def batch(batch_id: str) -> str:
+    """Hash: one JSON field per BatchRecord attribute; the counters are integers the line writes
+    HINCRBY (`n_completed`, `n_failed`, tokens, the output and error files' bytes)."""
+    return f"{PREFIX}:batch:{batch_id}"
+
+
+def batch_results(batch_id: str, kind: str) -> str:
+    """Hash: line index -> the line of the output (`kind` "o") or error ("e") file. A line is written
+    once, to one of the two (the record script checks both)."""
+    return f"{PREFIX}:batch:{batch_id}:{kind}"
+
+
+def batch_lease(batch_id: str) -> str:
+    """String: the token of the run task feeding the batch now, with a TTL it renews."""
+    return f"{PREFIX}:batch:{batch_id}:lease"
+
+
+def batch_queued(batch_id: str) -> str:
+    """String with a TTL: a run task was sent for the batch and has not started yet."""
+    return f"{PREFIX}:batch:{batch_id}:queued"
+
+
+def batch_feeders(model: str) -> str:
+    """Hash: feeder token -> JSON {inflight, ts}: what each run task feeding `model` has in flight, so
+    feeders of one model share its free capacity."""
+    return f"{PREFIX}:batch:feeders:{model}"
+
+
+def owner_files(owner: str) -> str:
+    """Sorted set: file id -> created_at, the files of one owner (an API key id, or anonymous)."""
+    return f"{PREFIX}:files:owner:{owner}"
+
+
+def owner_batches(owner: str) -> str:
+    """Sorted set: batch id -> created_at, the batches of one owner."""
+    return f"{PREFIX}:batches:owner:{owner}"

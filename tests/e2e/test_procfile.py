@@ -4,6 +4,8 @@ engines included."""
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import signal
 import subprocess
@@ -57,6 +59,15 @@ def test_honcho_start_runs_the_whole_system(tmp_path, no_leaked_processes):
         wait_until(lambda: "tiny" in {m.id for m in client.models.list().data}, 60, what="tiny to be listed")
         resp = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
         assert resp.choices[0].message.content
+        # The batch role: a small batch through the Procfile's batch worker.
+        lines = "".join(json.dumps({"custom_id": f"q{i}", "method": "POST", "url": "/v1/chat/completions",
+                                    "body": {"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}})
+                        + "\n" for i in range(3))
+        f = client.files.create(file=("b.jsonl", io.BytesIO(lines.encode())), purpose="batch")
+        b = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+        done = wait_until(lambda: (got := client.batches.retrieve(b.id)).status == "completed" and got, 60,
+                          what="the batch to complete")
+        assert done.request_counts.completed == 3
         assert (tmp_path / ".llmgw" / "redis").is_dir()  # the embedded Redis kept its data in the app dir
 
         honcho.signal_group(signal.SIGTERM)

@@ -4,6 +4,8 @@ engine's error in the gateway's shape), and leaves nothing behind after Ctrl-C (
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import signal
 import subprocess
@@ -56,8 +58,19 @@ def test_llmgw_up_serves_and_stops_clean(tmp_path, no_leaked_processes):
         assert resp.choices[0].message.content is not None
         assert resp.usage.completion_tokens > 0
 
-        # Processes it started: redis, control, beat, node agent, gateway, and the engine (+ shim).
-        assert len(processes_with_token(no_leaked_processes)) >= 6
+        # Its batch worker sends a batch's lines to its gateway (docs/batch.md).
+        lines = "".join(json.dumps({"custom_id": f"q{i}", "method": "POST", "url": "/v1/chat/completions",
+                                    "body": {"model": "smollm2", "max_tokens": 4,
+                                             "messages": [{"role": "user", "content": "Say hello"}]}}) + "\n"
+                        for i in range(2))
+        f = client.files.create(file=("b.jsonl", io.BytesIO(lines.encode())), purpose="batch")
+        b = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+        done = wait_until(lambda: (got := client.batches.retrieve(b.id)).status == "completed" and got, 120,
+                          what="the batch to complete")
+        assert done.request_counts.completed == 2
+
+        # Processes it started: redis, control, beat, node agent, batch worker, gateway, the engine (+ shim).
+        assert len(processes_with_token(no_leaked_processes)) >= 7
 
         up.signal_group(signal.SIGINT)
         try:

@@ -31,7 +31,7 @@ import redis
 import yaml
 
 from llmgw.local.embedded_redis import redis_server_argv
-from llmgw.state.keys import CONTROL_QUEUE, node_queue
+from llmgw.state.keys import BATCH_QUEUE, CONTROL_QUEUE, node_queue
 from llmgw.state.store import Store, connect
 from tests.support import needs
 from tests.support.sentinel import SentinelRedis
@@ -232,6 +232,18 @@ class Cluster:
                 "--without-gossip", "--without-mingle", "-l", "info",
             )],
             env=self.env(**node_env),
+        )
+
+    def start_batch_worker(self, name: str = "batch", concurrency: int = 2, **env: str):
+        """A batch worker (`celery -A workers worker -Q batch`), sending lines to the first gateway
+        started unless LLMGW_BATCH_GATEWAY_URL is given (docs/batch.md)."""
+        if self.gateway_url and "LLMGW_BATCH_GATEWAY_URL" not in env:
+            env["LLMGW_BATCH_GATEWAY_URL"] = self.gateway_url
+        return self.procs.start(
+            name,
+            self.celery("worker", "-Q", BATCH_QUEUE, "-n", f"{name}@%h", "-P", "threads", "-c", str(concurrency),
+                        "--without-gossip", "--without-mingle", "-l", "info"),
+            env=self.env(**env),
         )
 
     def start_flower(self, port: int, **env: str):

@@ -92,9 +92,10 @@ async def _one(host: str, port: int, path: str, body: bytes, at: float, timeout:
 
 
 def open_loop_streams(url: str, path: str, bodies: Sequence[bytes], times: Sequence[float],
-                      timeout: float = 300.0) -> list[StreamResult]:
+                      timeout: float = 300.0, until: Callable[[], bool] | None = None) -> list[StreamResult]:
     """POST `bodies[i]` to `url + path` at `times[i]` seconds from now (an open loop: a slow answer
-    never delays the next arrival), each on its own connection; wait for every answer."""
+    never delays the next arrival), each on its own connection; wait for every answer. `until`: no
+    more arrivals once it says True (checked at each arrival)."""
     u = urlsplit(url)
     host, port = u.hostname or "127.0.0.1", u.port or 80
 
@@ -105,6 +106,8 @@ def open_loop_streams(url: str, path: str, bodies: Sequence[bytes], times: Seque
             delay = t0 + at - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
+            if until is not None and until():
+                break
             tasks.append(asyncio.create_task(_one(host, port, path, body, at, timeout)))
         return list(await asyncio.gather(*tasks))
 

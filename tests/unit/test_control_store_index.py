@@ -159,10 +159,10 @@ def test_every_beat_entry_expires_before_its_next_run():
     from beat.schedule import beat_schedule
 
     sched = beat_schedule(ControlSettings())
-    assert set(sched) == {"reconcile", "publish", "housekeeping", "external"}
-    for entry in sched.values():
+    assert set(sched) == {"reconcile", "publish", "housekeeping", "external", "batch-sweep"}
+    for name, entry in sched.items():
         assert 0 < entry["options"]["expires"] < entry["schedule"]
-        assert entry["options"]["queue"] == "control"
+        assert entry["options"]["queue"] == ("batch" if name == "batch-sweep" else "control")
 
 
 def test_each_control_task_keeps_one_catalog_keeper_for_the_process():

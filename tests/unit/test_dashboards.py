@@ -11,6 +11,7 @@ import fakeredis
 import pytest
 import yaml
 
+from gateway.observe.batchmetrics import FAMILIES as BATCH_FAMILIES
 from gateway.observe.fleetmetrics import FAMILIES
 from gateway.observe.metrics import Metrics
 
@@ -49,7 +50,7 @@ def exported() -> set[str]:
     names = set()
     for family in Metrics().registry.collect():
         names |= {family.name + s for s in SUFFIXES[family.type]}
-    for name, (kind, _help, _labels) in FAMILIES.items():
+    for name, (kind, _help, _labels) in {**FAMILIES, **BATCH_FAMILIES}.items():
         names |= {name + s for s in SUFFIXES[kind]}
     return names
 

@@ -11,7 +11,7 @@ import yaml
 from tests.support import needs
 
 ROOT = Path(__file__).resolve().parents[2]
-ROLES = {"redis", "control", "beat", "node", "gateway", "flower"}
+ROLES = {"redis", "control", "beat", "node", "gateway", "flower", "batch"}
 
 
 def procfile() -> dict[str, str]:
@@ -26,7 +26,7 @@ def procfile() -> dict[str, str]:
 def test_procfile_has_every_role():
     procs = procfile()
     assert set(procs) == ROLES
-    assert "-Q control" in procs["control"] and "-Q node-" in procs["node"]
+    assert "-Q control" in procs["control"] and "-Q node-" in procs["node"] and "-Q batch" in procs["batch"]
     # gunicorn's settings (gevent, workers, bind) come from one file, gateway/gunicorn_conf.py
     assert "gateway:create_app()" in procs["gateway"] and "-c python:gateway.gunicorn_conf" in procs["gateway"]
     assert 'worker_class = "gateway.server.worker.GatewayWorker"' in (ROOT / "gateway" / "gunicorn_conf.py").read_text()

@@ -6,13 +6,14 @@ from pathlib import Path
 import pytest
 
 from gateway.config import GatewaySettings, GunicornSettings, RoutingConfig
+from llmgw.batch.config import BatchSettings
 from llmgw.errors import ConfigError
 from llmgw.settings import ControlSettings, EnvSettings, Settings, variables
 from workers.agent.config import AgentSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 # Every settings class of every process role; each names the page whose table lists its variables.
-CLASSES = [Settings, ControlSettings, AgentSettings, GatewaySettings, RoutingConfig, GunicornSettings]
+CLASSES = [Settings, ControlSettings, AgentSettings, GatewaySettings, RoutingConfig, GunicornSettings, BatchSettings]
 
 
 def test_state_dir_is_absolute_even_when_given_relative(tmp_path, monkeypatch):

@@ -5,7 +5,7 @@
 
 const REFRESH_MS = 2000;
 const KEY_STORE = "llmgw.key";
-const TABS = ["fleet", "models", "events", "catalog"];
+const TABS = ["fleet", "models", "events", "catalog", "batches"];
 
 const state = {
   tab: "fleet",
@@ -361,7 +361,28 @@ async function renderCatalog(view) {
     el("div", {}, ...head, el("pre", { id: "catalog-yaml" }, r.yaml))));
 }
 
-const RENDER = { fleet: renderFleet, models: renderModels, events: renderEvents, catalog: renderCatalog };
+async function renderBatches(view) {
+  // The Batch API's batches, every key's: progress, lines per second, when it should end (docs/batch.md).
+  const r = await api("/ui/api/batches");
+  const counts = Object.entries(r.counts).map(([k, v]) => `${v} ${k}`).join(", ") || "none yet";
+  const rows = r.batches.map((b) => el("tr", { "data-batch": b.id, "data-status": b.status },
+    el("td", {}, el("span", { class: "chip" }, b.id)), el("td", {}, b.owner), el("td", {}, b.model),
+    el("td", {}, stateBadge(b.status)),
+    el("td", {}, el("div", { class: "bars" }, bar("", b.done, b.total || 1, {
+      text: (v) => `${v} / ${b.total} (${Math.round(b.progress * 100)}%)` + (b.failed ? `, ${b.failed} failed` : ""),
+    }))),
+    el("td", {}, b.rate === null ? "-" : `${b.rate.toFixed(1)}/s`),
+    el("td", {}, b.eta_seconds === null ? "-" : age(b.eta_seconds)),
+    el("td", {}, when(b.created_at))));
+  show(view, el("div", { class: "summary" }, `batches ended: ${counts}`),
+    r.batches.length ? el("table", {},
+      el("tr", {}, ["batch", "owner", "model", "status", "lines answered", "rate", "ETA", "created (UTC)"]
+        .map((h) => el("th", {}, h))), rows)
+      : el("p", { class: "muted" }, "No batch yet (POST /v1/batches, or the openai client's batches.create)."));
+}
+
+const RENDER = { fleet: renderFleet, models: renderModels, events: renderEvents, catalog: renderCatalog,
+                 batches: renderBatches };
 
 // --- the loop -------------------------------------------------------------------------------------
 async function refresh() {

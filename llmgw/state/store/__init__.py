@@ -4,7 +4,8 @@ A module per aggregate owns its keys (named in `llmgw.state.keys`) and how its r
 `nodes`, `replicas`, `loads`, `externals`, `endpoints`, `gateways`, `traffic`, `autoscale`,
 `catalog`, `apikeys`, `events`, `kicks`, `agents` (wake-ups), `credentials`, `passes` (counters),
 `weights` (sources' sizes and shapes, pulls), `adapters` (LoRA placement rows), `sends` (what the
-gateways sent where, for each other's prefix indexes) and `locks`; `snapshots`
+gateways sent where, for each other's prefix indexes), `batches` (the Batch API's files, batches,
+results and leases) and `locks`; `snapshots`
 composes their batched reads into what one control pass decides on. `Store` is all of them over one
 client, so callers keep one flat set of methods (`store.live_nodes()`, `store.create_key(...)`). No
 decisions here, and no other module holds a Redis client: adding a
@@ -24,6 +25,7 @@ from llmgw.state.store.adapters import Adapters
 from llmgw.state.store.agents import Agents
 from llmgw.state.store.apikeys import ApiKeys
 from llmgw.state.store.autoscale import Autoscale
+from llmgw.state.store.batches import Batches
 from llmgw.state.store.catalog import HISTORY_LIMIT, Catalogs, CatalogOutline
 from llmgw.state.store.credentials import Credentials
 from llmgw.state.store.endpoints import Endpoints
@@ -79,7 +81,7 @@ class _SentinelMaster(redis.Redis):
 
 
 class Store(Nodes, Replicas, Loads, Externals, Endpoints, Gateways, Traffic, Autoscale, Catalogs, ApiKeys,
-            Events, Kicks, Agents, Credentials, Passes, Locks, Snapshots, Weights, Adapters, Sends):
+            Events, Kicks, Agents, Credentials, Passes, Locks, Snapshots, Weights, Adapters, Sends, Batches):
     """Every aggregate over one client. `r` is that client: for the aggregates, and for tests that
     check what landed in Redis. `durability`: how many replicas must hold a catalog apply or an API
     key's change before it returns (llmgw.redisurl.Durability; the roles pass `Settings.durability`)."""
