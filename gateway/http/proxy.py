@@ -82,6 +82,8 @@ class Proxy:
         canon = environ["llmgw.model"] = tables.canonical.get(model, model)  # known: charts may count it
         call.adapter = tables.adapters.get(model) if tables.adapters else None  # a LoRA adapter's name
         call.plan_prefix(canon, tables.objectives.get(canon), self.cfg.routing.prefill_ms_per_token > 0)
+        if not route.by_id:
+            call.tenant = gate.tenant(environ, key)  # fair queueing: whom it is served for
         if key is not None:
             gate.limit(key, model)
         affinity = environ.get("HTTP_X_SESSION_ID") or call.affinity
@@ -98,6 +100,7 @@ class Proxy:
                 raise
             trace.choice(choice.endpoint.id, choice.reason, choice.saturated)
             trace.admitted("send")
+            self.queues.sent(call, choice)  # its tenant charged what it is expected to cost
             # From here the slot is ours: every path out of this block gives it back exactly once.
             lease = Lease(router, choice)
             resp = None
@@ -125,7 +128,8 @@ class Proxy:
                 step = next_attempt(outcome, attempt, self.cfg.retries)
                 if isinstance(step, Deliver):
                     answer = self.answers.respond(resp, lease, model, canon, key, rid, t0, t_send, route,
-                                                  call.rewrite(ep), call.assembled(ep), trace=trace)
+                                                  call.rewrite(ep), call.assembled(ep), trace=trace,
+                                                  charge=call.charge)
                     lease, resp = None, None  # handed over: the answer releases them when it ends
                     return answer
                 trace.attempt_failed(outcome.kind, outcome.status or None, not isinstance(step, GiveUp))
@@ -164,7 +168,7 @@ class Proxy:
         if isinstance(res, Rejection) and res.kind == NO_ADAPTER:
             return self._adapter_load(req, q, res, call.client, trace)
         # How long the queue would take to reach this request; only worth computing when it may wait.
-        drain = (drain_time(len(q) + 1, router.completion_rate(req.model))
+        drain = (drain_time(q.position(call.tenant), router.completion_rate(req.model))
                  if isinstance(res, Rejection) and res.kind == "saturated" else None)
         decision = admit(res, req.priority, len(q) if first else 0, cfg.queue_max, cfg.queue_timeout, drain)
         if isinstance(decision, Wait):
@@ -174,7 +178,7 @@ class Proxy:
             entered = self.clock.monotonic()
             # Only the head of the queue routes: it is first in line, whatever waits behind it.
             res = self._wait(q, req, lambda: router.route(replace(req, queued=1, waited=self.clock.monotonic() - entered)),
-                             cfg.queue_timeout, client=call.client, trace=trace)
+                             cfg.queue_timeout, client=call.client, trace=trace, tenant=call.tenant)
             if res is None:
                 self.metrics.shed.labels(req.model, "queue_timeout").inc()
                 raise refusal(TimedOut(cfg.queue_timeout), req, router.tables)
@@ -226,7 +230,7 @@ class Proxy:
 
     def _wait(self, q: WaitQueue, req: RouteRequest, attempt: Callable[[], Choice | Rejection], timeout: float,
               keep: Collection[str] = ("saturated",), client: ClientConn | None = None,
-              trace=NOOP_REQUEST) -> Choice | Rejection | None:
+              trace=NOOP_REQUEST, tenant=None) -> Choice | Rejection | None:
         """Wait in `q`; a client that leaves meanwhile takes its request out of the queue (never sent)."""
         gauge = self.metrics.queue.labels(req.model)
         gauge.inc()
@@ -234,7 +238,7 @@ class Proxy:
         outcome = "left"  # an exception ends the wait: the client went away, or the worker stops
         try:
             res = q.wait(attempt, timeout, keep=keep, gone=client.gone if client else None,
-                         watch=client.when_readable if client else None)
+                         watch=client.when_readable if client else None, tenant=tenant)
             outcome = queue_outcome(res)
         finally:
             gauge.dec()

@@ -4,7 +4,8 @@ A module per aggregate owns its keys (named in `llmgw.state.keys`) and how its r
 `nodes`, `replicas`, `loads`, `externals`, `endpoints`, `gateways`, `traffic`, `autoscale`,
 `catalog`, `apikeys`, `events`, `kicks`, `agents` (wake-ups), `credentials`, `passes` (counters),
 `weights` (sources' sizes and shapes, pulls), `adapters` (LoRA placement rows), `sends` (what the
-gateways sent where, for each other's prefix indexes) and `locks`; `snapshots`
+gateways sent where, for each other's prefix indexes), `tenants` (the service each key received per
+model, for fair queueing) and `locks`; `snapshots`
 composes their batched reads into what one control pass decides on. `Store` is all of them over one
 client, so callers keep one flat set of methods (`store.live_nodes()`, `store.create_key(...)`). No
 decisions here, and no other module holds a Redis client: adding a
@@ -35,6 +36,7 @@ from llmgw.state.store.passes import Passes
 from llmgw.state.store.replicas import Replicas
 from llmgw.state.store.sends import Sends
 from llmgw.state.store.snapshots import Snapshots
+from llmgw.state.store.tenants import Tenants
 from llmgw.state.store.traffic import Traffic
 from llmgw.state.store.weights import Weights
 
@@ -50,7 +52,7 @@ def connect(url: str, **kw) -> redis.Redis:
 
 
 class Store(Nodes, Replicas, Loads, Externals, Endpoints, Gateways, Traffic, Autoscale, Catalogs, ApiKeys,
-            Events, Kicks, Agents, Credentials, Passes, Locks, Snapshots, Weights, Adapters, Sends):
+            Events, Kicks, Agents, Credentials, Passes, Locks, Snapshots, Weights, Adapters, Sends, Tenants):
     """Every aggregate over one client. `r` is that client: for the aggregates, and for tests that
     check what landed in Redis."""
 
