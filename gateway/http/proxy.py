@@ -168,9 +168,10 @@ class Proxy:
         if isinstance(res, Rejection) and res.kind == NO_ADAPTER:
             return self._adapter_load(req, q, res, call.client, trace)
         # How long the queue would take to reach this request; only worth computing when it may wait.
-        drain = (drain_time(q.position(call.tenant), router.completion_rate(req.model))
+        ahead = q.position(call.tenant) - 1  # who leaves the queue before it, in its fair order
+        drain = (drain_time(ahead + 1, router.completion_rate(req.model))
                  if isinstance(res, Rejection) and res.kind == "saturated" else None)
-        decision = admit(res, req.priority, len(q) if first else 0, cfg.queue_max, cfg.queue_timeout, drain)
+        decision = admit(res, req.priority, ahead if first else 0, cfg.queue_max, cfg.queue_timeout, drain)
         if isinstance(decision, Wait):
             if isinstance(res, Choice):  # others queued first: give the slot back and line up
                 router.release(res, None)

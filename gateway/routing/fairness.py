@@ -7,8 +7,8 @@ model, in tokens divided by its key's weight: the prompt tokens its requests mad
 generated. When a slot frees, the waiting request of the tenant with the least counter goes next
 (`next_of`); within a tenant, first come first served. A tenant that joins the queue while it had
 nothing waiting is lifted to the least counter of the tenants that do (`floor`), or, when none does,
-to the counter of the tenant served last: an idle tenant banks no credit, and a light one is served
-next whatever the others have waiting. Nothing is held back: a tenant alone gets the whole model.
+to the counter of the tenant served last, less one of its own requests (`lifted`): an idle tenant
+banks no credit, and a light one is served next whatever the others have waiting. Nothing is held back: a tenant alone gets the whole model.
 
 A key marked `sub_tenants` splits its share the same way among the sub-tenants its front end names:
 first the key with the least counter, then its sub-tenant with the least.
@@ -71,12 +71,27 @@ def floor(backlogged: Iterable[float], last_served: float | None) -> float | Non
     return least if least is not None else last_served
 
 
-def next_of(waiting: Iterable[tuple[str, float, int]], fcfs: bool = False) -> str | None:
-    """Of the tenants waiting, (id, counter, arrival number of its oldest waiter), the one whose
-    request goes next: the least counter, the oldest waiter among equals; with `fcfs`, the oldest."""
+def lifted(counter: float, to: float | None, turn: float) -> float:
+    """A joining tenant's counter: lifted to the floor `to` less one `turn` (what one of its requests
+    costs, in counter units), never lowered. The turn lets the first request of a tenant that had
+    nothing waiting go next, ahead of the backlogs level with it: what the answers of the others'
+    requests in flight add to their counters, and its own to its, is noise of about that size, and
+    would otherwise put it behind a backlog as often as not. A tenant with requests waiting is never
+    lifted, so it banks nothing: it gains one request's place each time it comes back from idle, as
+    a tenant that sends less than its share should."""
+    if to is None:
+        return counter
+    return max(counter, to - turn)
+
+
+def next_of(waiting: Iterable[tuple[str, float, int, int]], fcfs: bool = False) -> str | None:
+    """Of the tenants waiting, (id, counter, requests waiting, arrival number of its oldest waiter),
+    the one whose request goes next: the least counter; among equals (a tenant just lifted to the
+    floor is level with the one it was lifted to) the one with fewer waiting, so a tenant that sends
+    little goes before a backlog; then the oldest waiter. With `fcfs`, the oldest waiter."""
     best, best_key = None, None
-    for tid, counter, seq in waiting:
-        key = (seq,) if fcfs else (counter, seq)
+    for tid, counter, n, seq in waiting:
+        key = (seq,) if fcfs else (counter, n, seq)
         if best_key is None or key < best_key:
             best, best_key = tid, key
     return best

@@ -20,7 +20,7 @@ import time
 from collections import deque
 from typing import Callable, Generic, Iterable, Mapping, TypeVar
 
-from gateway.routing.fairness import cost, fair_position, floor, learn_output, next_of, shares
+from gateway.routing.fairness import LEARN_OUTPUT, cost, fair_position, floor, learn_output, lifted, next_of, shares
 from llmgw.state.keypolicy import Tenant
 from llmgw.state.tenants import TenantDelta, TenantTotals
 
@@ -61,6 +61,7 @@ class Ledger:
         self.subs: dict[tuple[str, str, str], list[float]] = {}  # (model, key, sub) -> [counter, last charged]
         self.last: dict = {}  # model -> key served last; (model, key) -> its sub-tenant served last
         self.outputs: dict[tuple[str, str], float] = {}  # (model, key) -> expected output tokens
+        self.turns: dict[tuple[str, str], float] = {}  # (model, key) -> what one request costs it, in counter units
         self.names: dict[str, str] = {}  # key id -> name (the metrics' label)
         # (model, key) -> [tokens, wait seconds, requests] counted here and not flushed yet
         self.stats: dict[tuple[str, str], list[float]] = {}
@@ -80,26 +81,29 @@ class Ledger:
 
     # --- a tenant joins a queue with nothing waiting there ----------------------------------------
     def join(self, model: str, tenant: Tenant, waiting_keys: Iterable[str]) -> None:
-        """Lift the key to the least counter of the keys waiting (else to the key served last)."""
+        """Lift the key to the least counter of the keys waiting (else to the key served last), less
+        one of its requests (fairness.lifted)."""
         last = self.last.get(model)
         to = floor((self.counter(model, k) for k in waiting_keys if k != tenant.key),
                    self.counter(model, last) if last is not None and last != tenant.key else None)
-        if to is not None:
-            gap = to - self.counter(model, tenant.key)
-            if gap > 0:
-                with self.lock:
-                    k = (model, tenant.key)
-                    self.lifted[k] = self.lifted.get(k, 0.0) + gap
+        now = self.counter(model, tenant.key)
+        gap = lifted(now, to, self.turns.get((model, tenant.key), 0.0)) - now
+        if gap > 0:
+            with self.lock:
+                k = (model, tenant.key)
+                self.lifted[k] = self.lifted.get(k, 0.0) + gap
 
     def join_sub(self, model: str, tenant: Tenant, waiting_subs: Iterable[str]) -> None:
         """The same among the sub-tenants of one key."""
         last = self.last.get((model, tenant.key))
         to = floor((self.sub_counter(model, tenant.key, s) for s in waiting_subs if s != tenant.sub),
                    self.sub_counter(model, tenant.key, last) if last is not None and last != tenant.sub else None)
-        if to is not None and to > self.sub_counter(model, tenant.key, tenant.sub):
+        now = self.sub_counter(model, tenant.key, tenant.sub)
+        new = lifted(now, to, self.turns.get((model, tenant.key), 0.0) * tenant.weight)
+        if new > now:
             with self.lock:
                 s = self.subs.setdefault((model, tenant.key, tenant.sub), [0.0, self.monotonic()])
-                s[0] = to
+                s[0] = new
 
     # --- the request path ---------------------------------------------------------------------------
     def sent(self, model: str, tenant: Tenant, estimate: float) -> Charge:
@@ -109,6 +113,10 @@ class Ledger:
             if tenant.sub:
                 self.last[(model, tenant.key)] = tenant.sub
             self._charge(model, tenant, estimate, 1)
+            k = (model, tenant.key)
+            turn = self.turns.get(k)
+            self.turns[k] = estimate / tenant.weight if turn is None else turn + LEARN_OUTPUT * (
+                estimate / tenant.weight - turn)
         return Charge(self, model, tenant, estimate)
 
     def answered(self, model: str, tenant: Tenant, correction: float, generated: int) -> None:
@@ -271,14 +279,14 @@ class Backlog(Generic[T]):
             subs = next(iter(fifos.values()))
             key = None
         else:
-            key = next_of(((k, ledger.counter(model, k), min(f[0][0] for f in subs.values()))
-                           for k, subs in fifos.items()), fcfs)
+            key = next_of(((k, ledger.counter(model, k), sum(len(f) for f in subs.values()),
+                            min(f[0][0] for f in subs.values())) for k, subs in fifos.items()), fcfs)
             subs = fifos[key]
         if len(subs) == 1:
             return next(iter(subs.values()))[0][1]
         if key is None:
             key = next(iter(fifos))
-        sub = next_of(((s, ledger.sub_counter(model, key, s), f[0][0]) for s, f in subs.items()), fcfs)
+        sub = next_of(((s, ledger.sub_counter(model, key, s), len(f), f[0][0]) for s, f in subs.items()), fcfs)
         return subs[sub][0][1]
 
     def position(self, tenant: Tenant, fcfs: bool) -> int:

@@ -87,7 +87,9 @@ class WaitQueue:
         tenant = tenant or NO_TENANT
         model = self.model()
         with self.lock:
-            if len(self.waiters) >= self.max_len:
+            # Full for this tenant when its place in the fair order is past the bound: a tenant's
+            # backlog fills the queue for itself, not for one that sends little (fcfs: the length).
+            if self.waiters.position(tenant, self.ledger.fcfs) > self.max_len:
                 return None
             self.waiters.push(tenant, ticket, self.ledger, model)
         if self.entered is not None:
