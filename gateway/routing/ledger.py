@@ -169,9 +169,10 @@ class Ledger:
             return out
 
     def flushed(self, batch: Mapping[tuple[str, str], TenantDelta],
-                read: Mapping[str, Mapping[str, TenantTotals]]) -> None:
+                read: Mapping[str, Mapping[str, TenantTotals]], shared: bool = True) -> None:
         """`batch` (from `take`) is in Redis, and `read` is what Redis held per model right after:
-        every process's flushes, this one's included."""
+        every process's flushes, this one's included. Not `shared` (LLMGW_GATEWAY_SHARE_FAIRNESS=0),
+        the totals read only feed the shares: the counters stay this process's own."""
         now = self.monotonic()
         with self.lock:
             for k, d in batch.items():
@@ -187,13 +188,14 @@ class Ledger:
                     st[2] -= d.requests
                     if not st[2] and abs(st[0]) < 1e-9 and abs(st[1]) < 1e-9:
                         del self.stats[k]
-                if k[0] not in read:  # not read back: what we flushed is ours to add
+                if k[0] not in read or not shared:  # not read back: what we flushed is ours to add
                     self.seen[k] = self.seen.get(k, 0.0) + d.service
             for model, totals in read.items():
-                for k in [k for k in self.seen if k[0] == model and k[1] not in totals]:
-                    del self.seen[k]  # Redis lost it: counted from zero again, as every process will
-                for key, tot in totals.items():
-                    self.seen[(model, key)] = tot.service
+                if shared:
+                    for k in [k for k in self.seen if k[0] == model and k[1] not in totals]:
+                        del self.seen[k]  # Redis lost it: counted from zero again, as every process will
+                    for key, tot in totals.items():
+                        self.seen[(model, key)] = tot.service
                 h = self.history.get(model)
                 if h is None:
                     h = self.history[model] = deque()

@@ -78,7 +78,7 @@ class FairShare:
         if not batch and not read:
             return 0
         totals = self.store.add_tenants(batch, int(self.clock.time() // 60), read)
-        led.flushed(batch, totals)
+        led.flushed(batch, totals, shared=self.interval > 0)
         if self.metrics is not None:
             self._show(batch, totals if shares else {})
         return len(batch)

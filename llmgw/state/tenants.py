@@ -10,6 +10,10 @@ from __future__ import annotations
 
 from typing import Mapping, NamedTuple
 
+from llmgw.state.keypolicy import ANONYMOUS, DEFAULT_WEIGHT, ApiKeyRecord
+
+SHARE_MINUTES = 5  # the minutes a key's recent share is taken over (this one, partly, and the four before)
+
 
 class TenantDelta(NamedTuple):
     """What one gateway process counted for one key on one model since its last flush."""
@@ -62,3 +66,24 @@ def recent_shares(minutes: Mapping[int, Mapping[str, str]]) -> dict[str, float]:
                 continue
     total = sum(got.values())
     return {k: v / total for k, v in got.items()} if total > 0 else {}
+
+
+def service_rows(keys: Mapping[str, ApiKeyRecord], totals: Mapping[str, Mapping[str, TenantTotals]],
+                 minutes: Mapping[str, Mapping[int, Mapping[str, str]]]) -> list[dict]:
+    """Rows {key, id, model, weight, service_tokens, requests, mean_wait, share} per key and model, for
+    `llmgw usage` and the console: the service fair queueing counted (tokens: prompt tokens computed
+    + output weight x tokens generated), the requests sent, the mean seconds a request waited in the
+    gateways' queues (what waited, over what was sent), and the key's share of the model's service
+    over the per-minute hashes given (None: no service then). `keys`: the live keys by id."""
+    rows = []
+    for model in sorted(totals):
+        shares = recent_shares(minutes.get(model, {}))
+        for kid, t in sorted(totals[model].items()):
+            k = keys.get(kid)
+            name = k.name if k is not None else kid + ("" if kid == ANONYMOUS else " (revoked)")
+            rows.append({"key": name, "id": kid, "model": model,
+                         "weight": k.weight if k is not None else DEFAULT_WEIGHT,
+                         "service_tokens": round(t.tokens), "requests": t.requests,
+                         "mean_wait": round(t.wait / t.requests, 4) if t.requests else None,
+                         "share": round(shares[kid], 4) if kid in shares else None})
+    return sorted(rows, key=lambda r: (r["key"], r["model"]))
