@@ -27,8 +27,9 @@ seed, same figures. The scenarios (issue 49) and what each must show:
 
 Served tokens are prompt tokens when their first token came and output tokens as they were generated,
 an output token counting LLMGW_GATEWAY_FAIR_OUTPUT_WEIGHT (2) prompt tokens: the service the
-counters count (both tenants draw from the same lengths; the unweighted figure is printed beside). The light tenant's TTFT is from its arrival at the gateway (its queue wait
-included) to its first token.
+counters count (both tenants draw from the same lengths; the unweighted figure is printed beside).
+The light tenant's TTFT is from its arrival at the gateway (its queue wait included) to its first
+token; `next slot` is the floor under it on a full fleet: from its arrival to the next answer's end.
 """
 
 from __future__ import annotations
@@ -376,7 +377,8 @@ def light_heavy(seconds: float, seed: int, warm: float, fleet: Fleet) -> bool:
     ok_ttft = got["tokens"][0] <= 1.3 * base
     ok_tput = got["tokens"][1] >= got["fcfs"][1] * 0.99  # both work-conserving: within 1 % run to run
     print(f"  target: light p99 <= 1.3x alone: {got['tokens'][0] / base:.2f}x {'met' if ok_ttft else 'NOT met'}; "
-          f"throughput >= fcfs's (within 1 %): {got['tokens'][1] / got['fcfs'][1]:.3f} {'met' if ok_tput else 'NOT met'}")
+          f"throughput >= fcfs's (within 1 %): {got['tokens'][1] / got['fcfs'][1]:.3f} "
+          f"{'met' if ok_tput else 'NOT met'}")
     return ok_ttft and ok_tput
 
 

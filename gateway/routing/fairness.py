@@ -8,7 +8,8 @@ generated. When a slot frees, the waiting request of the tenant with the least c
 (`next_of`); within a tenant, first come first served. A tenant that joins the queue while it had
 nothing waiting is lifted to the least counter of the tenants that do (`floor`), or, when none does,
 to the counter of the tenant served last, less one of its own requests (`lifted`): an idle tenant
-banks no credit, and a light one is served next whatever the others have waiting. Nothing is held back: a tenant alone gets the whole model.
+banks no credit, and a light one is served next whatever the others have waiting. Nothing is held
+back: a tenant alone gets the whole model.
 
 A key marked `sub_tenants` splits its share the same way among the sub-tenants its front end names:
 first the key with the least counter, then its sub-tenant with the least.

@@ -207,9 +207,9 @@ class Ledger:
         """Each key's share of the model's service over the last SHARE_WINDOW seconds, as read from
         Redis (every gateway's)."""
         h = self.history.get(model)
-        if not h or len(h) < 2:
+        if not h:
             return {}
-        return shares(h[0][1], h[-1][1])
+        return shares(h[0][1] if len(h) > 1 else {}, h[-1][1])  # one reading: since the totals began
 
     def models(self) -> list[str]:
         """The models this process counted service on (or read counters of)."""
