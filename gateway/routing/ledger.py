@@ -61,7 +61,7 @@ class Ledger:
         self.subs: dict[tuple[str, str, str], list[float]] = {}  # (model, key, sub) -> [counter, last charged]
         self.last: dict = {}  # model -> key served last; (model, key) -> its sub-tenant served last
         self.outputs: dict[tuple[str, str], float] = {}  # (model, key) -> expected output tokens
-        self.turns: dict[tuple[str, str], float] = {}  # (model, key) -> what one request costs it, in counter units
+        self.turns: dict[tuple[str, str], float] = {}  # (model, key) -> what one of its requests costs (tokens)
         self.names: dict[str, str] = {}  # key id -> name (the metrics' label)
         # (model, key) -> [tokens, wait seconds, requests] counted here and not flushed yet
         self.stats: dict[tuple[str, str], list[float]] = {}
@@ -84,10 +84,16 @@ class Ledger:
         """Lift the key to the least counter of the keys waiting (else to the key served last), less
         one of its requests (fairness.lifted)."""
         last = self.last.get(model)
+        others = [k for k in waiting_keys if k != tenant.key] or ([last] if last is not None and last != tenant.key
+                                                                   else [])
         to = floor((self.counter(model, k) for k in waiting_keys if k != tenant.key),
                    self.counter(model, last) if last is not None and last != tenant.key else None)
         now = self.counter(model, tenant.key)
-        gap = lifted(now, to, self.turns.get((model, tenant.key), 0.0)) - now
+        # one of its requests; before it sent any, one of the others' (its own is not known yet)
+        turn = self.turns.get((model, tenant.key))
+        if turn is None:
+            turn = max((self.turns.get((model, k), 0.0) for k in others), default=0.0)
+        gap = lifted(now, to, turn / tenant.weight) - now
         if gap > 0:
             with self.lock:
                 k = (model, tenant.key)
@@ -99,7 +105,7 @@ class Ledger:
         to = floor((self.sub_counter(model, tenant.key, s) for s in waiting_subs if s != tenant.sub),
                    self.sub_counter(model, tenant.key, last) if last is not None and last != tenant.sub else None)
         now = self.sub_counter(model, tenant.key, tenant.sub)
-        new = lifted(now, to, self.turns.get((model, tenant.key), 0.0) * tenant.weight)
+        new = lifted(now, to, self.turns.get((model, tenant.key), 0.0))
         if new > now:
             with self.lock:
                 s = self.subs.setdefault((model, tenant.key, tenant.sub), [0.0, self.monotonic()])
@@ -115,8 +121,7 @@ class Ledger:
             self._charge(model, tenant, estimate, 1)
             k = (model, tenant.key)
             turn = self.turns.get(k)
-            self.turns[k] = estimate / tenant.weight if turn is None else turn + LEARN_OUTPUT * (
-                estimate / tenant.weight - turn)
+            self.turns[k] = estimate if turn is None else turn + LEARN_OUTPUT * (estimate - turn)
         return Charge(self, model, tenant, estimate)
 
     def answered(self, model: str, tenant: Tenant, correction: float, generated: int) -> None:
