@@ -24,6 +24,7 @@ seed, same figures. The scenarios (issue 49) and what each must show:
   returning     a tenant backlogged all along, another idle for the first half and then backlogged:
                 the returning tenant takes no more than its share (1/2) in any 10 s window after its
                 return; `no lift` shows the same without VTC's lift (a returning tenant banks credit)
+  hot-path      what fair queueing adds to a request's CPU when nothing waits (a figure, no target)
 
 Served tokens are prompt tokens when their first token came and output tokens as they were generated,
 an output token counting LLMGW_GATEWAY_FAIR_OUTPUT_WEIGHT (2) prompt tokens: the service the
@@ -472,7 +473,53 @@ def returning(seconds: float, seed: int, warm: float) -> bool:
     return ok
 
 
-SCENARIOS = ("light-heavy", "weights", "two-gateways", "spread", "returning")
+def hot_path(n: int = 200_000) -> None:
+    """What fair queueing adds to a request that does not wait (the model not saturated): who it is
+    served for (KeyGate.tenant: llmgw.state.keypolicy.tenant_of), its charge when sent (WaitQueues.sent)
+    and its correction when it ends (Charge.done); and one exchange pass's own work (Ledger.take and
+    .flushed, the Redis round trip excluded: bench/hotpath.py measures the whole path with it)."""
+    import time
+
+    from llmgw.state.keypolicy import ApiKeyRecord, tenant_of
+
+    key = ApiKeyRecord("k-1", "team-a", "h", weight=2.0)
+    queues = WaitQueues(1000, ledger=Ledger())
+    choice = Choice(EndpointInfo(id="e", url="http://e", models=("m",), engine="sim"), 0.1, 0, matched=64.0)
+    body = {"model": "m", "messages": [], "max_tokens": 200}
+    usage = (300, 120)
+
+    def one() -> None:
+        call = SimpleNamespace(tenant=tenant_of(key, None), charge=None, model="m", body=body, prompt_tokens=300.0,
+                               data=b"", route=SimpleNamespace(op=CHAT))
+        queues.sent(call, choice)
+        call.charge.done(usage)
+
+    def empty() -> None:  # the same request object, nothing charged: what the loop itself costs
+        SimpleNamespace(tenant=None, charge=None, model="m", body=body, prompt_tokens=300.0, data=b"",
+                        route=SimpleNamespace(op=CHAT))
+
+    def per_call(fn, k: int) -> float:
+        best = float("inf")
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for _ in range(k):
+                fn()
+            best = min(best, (time.perf_counter() - t0) / k)
+        return best
+
+    added = per_call(one, n) - per_call(empty, n)
+    led = queues.ledger
+    for i in range(20):  # one pass's worth of keys: what 20 keys sent since the last pass
+        led.sent("m", Tenant(f"k-{i}", f"k{i}"), 100.0)
+    batch = led.take()
+    totals = {"m": {f"k-{i}": TenantTotals(100.0, 100.0) for i in range(20)}}
+    exchange = per_call(lambda: (led.take(), led.flushed(batch, totals)), n // 100)
+    print(f"hot path: {added * 1e6:.2f} us per request sent (tenant, charge, correction; best of 5 x {n}); "
+          f"an exchange pass's own work with 20 keys: {exchange * 1e6:.0f} us, every "
+          f"LLMGW_GATEWAY_SHARE_FAIRNESS ({SHARE_INTERVAL:g} s) while requests are counted or wait")
+
+
+SCENARIOS = ("light-heavy", "weights", "two-gateways", "spread", "returning", "hot-path")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -507,6 +554,9 @@ def main(argv: list[str] | None = None) -> int:
             results[s] = spread(a.seconds, a.seed, a.warmup, [float(x) or None for x in a.intervals.split(",")])
         elif s == "returning":
             results[s] = returning(a.seconds, a.seed, a.warmup)
+        elif s == "hot-path":
+            hot_path()
+            continue
         print()
     print("targets: " + ", ".join(f"{s} {'met' if ok else 'NOT met'}" for s, ok in results.items()))
     return 0
