@@ -359,6 +359,13 @@ A, B = Tenant("k-a", "a"), Tenant("k-b", "b")
 MODES = ("tokens", "fcfs")
 
 
+def describe(fleet: Fleet) -> str:
+    c = fleet.engines[0].sim
+    return (f"{len(fleet.engines)} x sim (max_seqs {c.max_seqs} = capacity, step {c.step_ms:g} ms "
+            f"+{100 * c.batch_alpha:g} %/sequence, prefill {c.prefill_ms_per_token:g} ms/token); prompts "
+            f"~{fleet.prompt.a:g} tokens, outputs ~{fleet.output.a:g}; capacity {fleet.capacity():.1f} req/s")
+
+
 SEEDS = 3  # light-heavy pools this many seeds: its throughput differs by about 2 % from seed to seed
 
 
@@ -530,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fleet", choices=list(FLEETS), default="two-gpus",
                     help="light-heavy's engines (the others run on two-gpus)")
     ap.add_argument("--only", default=",".join(SCENARIOS), help=f"comma-separated, of {', '.join(SCENARIOS)}")
-    ap.add_argument("--intervals", default="0.05,0.5,2,0", help="spread: exchange intervals in seconds (0: alone)")
+    ap.add_argument("--intervals", default="0.05,0.5,2,10,0", help="spread: exchange intervals in seconds (0: alone)")
     a = ap.parse_args(argv)
     chosen = a.only.split(",")
     for s in chosen:
@@ -538,10 +545,10 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"unknown scenario {s!r}; choose from {', '.join(SCENARIOS)}")
     if a.seconds <= a.warmup + WINDOW:
         ap.error("--seconds must leave at least one window after --warmup")
-    print(f"engines: {len(FLEET.engines)} x sim (max_seqs {GPU.max_seqs} = capacity, step {GPU.step_ms:g} ms "
-          f"+{100 * GPU.batch_alpha:g} %/sequence, prefill {GPU.prefill_ms_per_token:g} ms/token); prompts "
-          f"~{FLEET.prompt.a:g} tokens, outputs ~{FLEET.output.a:g}; capacity {FLEET.capacity():.1f} req/s; "
-          f"seed {a.seed}, {a.seconds:g} s\n")
+    print(f"engines: {describe(FLEET)}; seed {a.seed}, {a.seconds:g} s")
+    if a.fleet != FLEET.name and "light-heavy" in chosen:
+        print(f"light-heavy's engines: {describe(FLEETS[a.fleet])}")
+    print()
     results = {}
     for s in chosen:
         if s == "light-heavy":
