@@ -168,7 +168,7 @@ class Proxy:
         if isinstance(res, Rejection) and res.kind == NO_ADAPTER:
             return self._adapter_load(req, q, res, call.client, trace)
         # How long the queue would take to reach this request; only worth computing when it may wait.
-        ahead = q.position(call.tenant) - 1  # who leaves the queue before it, in its fair order
+        ahead = q.position(call.tenant) - 1 if len(q) else 0  # who leaves the queue before it, in fair order
         drain = (drain_time(ahead + 1, router.completion_rate(req.model))
                  if isinstance(res, Rejection) and res.kind == "saturated" else None)
         decision = admit(res, req.priority, ahead if first else 0, cfg.queue_max, cfg.queue_timeout, drain)
