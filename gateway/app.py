@@ -39,9 +39,11 @@ from gateway.observe.report import Identity
 from gateway.observe.resumes import ResumeSignals
 from gateway.observe.saturation import SaturationSignals
 from gateway.observe.traffic import TrafficCounter
+from gateway.routing.ledger import Ledger
 from gateway.routing.queue import WaitQueues
 from gateway.server.background import Background
 from gateway.server.kvevents import KvSubscriber
+from gateway.server.fairshare import FairShare
 from gateway.server.pollers import PolledRouter
 from gateway.server.tokenizers import Tokenizers
 from gateway.server.sendshare import SendShare
@@ -74,7 +76,9 @@ class Gateway:
             else Store(connect(cfg.redis_url, socket_timeout=cfg.redis_timeout, socket_connect_timeout=cfg.redis_timeout))
         )
         self.health = RedisHealth(clock, lambda ok: metrics.redis_unavailable.set(0 if ok else 1))
-        self.queues = WaitQueues(cfg.queue_max, clock.monotonic, model_of=self._model_of)
+        # The keys' service counters fair queueing orders the queues by (gateway.routing.fairness).
+        self.ledger = Ledger(cfg.fair_output_weight, cfg.fairness == "fcfs", clock.monotonic)
+        self.queues = WaitQueues(cfg.queue_max, clock.monotonic, model_of=self._model_of, ledger=self.ledger)
         # Precise prefix routing: the engines' KV events and the tokenizers to match prompts with.
         self.tokenizers = Tokenizers(environ if environ is not None else os.environ)
         # A slot freed or new tables wake the waiting requests; a new endpoint list is reported at once.
@@ -105,6 +109,8 @@ class Gateway:
         self.proxy = Proxy(cfg, clock, self.router, self.gate, self.upstream, self.queues, answers, metrics,
                            self.traffic, saturation, self.demand, self.not_ready, tracing=self.tracing)
         self.send_share: SendShare | None = None  # made by `start`
+        self.fair_share = FairShare(self.store, self.queues, clock, cfg.share_fairness, metrics,
+                                    lambda kid: (k.name if (k := self.keys.find(kid)) is not None else kid))
         self.stopping = threading.Event()
         self.started = False
 
@@ -153,6 +159,7 @@ class Gateway:
         self.send_share = SendShare(self.store, self.router, self.clock, self.cfg.share_sends,
                                     shared.origin if shared is not None else self.identity.id, self.metrics)
         self.send_share.start()
+        self.fair_share.start()
         atexit.register(self.usage.flush)  # a graceful worker exit writes the last usage
 
     def serve(self, wait: float, tick=lambda: None) -> bool:
@@ -181,6 +188,7 @@ class Gateway:
         self.kv_events.stop()
         if self.send_share is not None:
             self.send_share.stop()
+        self.fair_share.stop()
         self.usage.flush()
 
 

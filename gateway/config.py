@@ -20,6 +20,7 @@ from llmgw.settings import EnvSettings, Seconds, Settings, env
 from llmgw.state.keypolicy import Priority
 
 Policy = Literal["llmgw", "round_robin", "least_inflight"]
+Fairness = Literal["tokens", "fcfs"]
 AuthMode = Literal["auto", "required", "off"]
 AUTH_MODES: tuple[str, ...] = typing.get_args(AuthMode)
 
@@ -133,6 +134,18 @@ class GatewaySettings(Settings):
     queue_timeout: Seconds = env("LLMGW_GATEWAY_QUEUE_TIMEOUT", default=30.0, ge=0,
                                  meaning="the longest a standard request waits in that queue (seconds); refused "
                                          "at once when its estimated wait exceeds it")
+    # Who of the requests waiting for a saturated model goes next (gateway.routing.fairness): the key
+    # that received the least service, counted in tokens over its weight (`tokens`, the Virtual Token
+    # Counter), or the oldest request (`fcfs`). Shared by the gateways every LLMGW_GATEWAY_SHARE_FAIRNESS.
+    fairness: Fairness = env("LLMGW_GATEWAY_FAIRNESS", default="tokens",
+                             meaning="order of a saturated model's queue: `tokens` (the least served key first, "
+                                     "by tokens over its weight) or `fcfs` (first come, first served)")
+    fair_output_weight: float = env("LLMGW_GATEWAY_FAIR_OUTPUT_WEIGHT", default=2.0, ge=0, le=100,
+                                    meaning="what a generated token counts in a key's service, a computed prompt "
+                                            "token counting 1 (VTC's weights)")
+    share_fairness: Seconds = env("LLMGW_GATEWAY_SHARE_FAIRNESS", default=0.05, ge=0, le=10,
+                                  meaning="seconds between a worker's exchanges of the keys' service counters with "
+                                          "Redis, for the other gateways and workers (0: counted alone)")
     default_priority: Priority = env("LLMGW_GATEWAY_DEFAULT_PRIORITY", default="standard",
                                      meaning="for requests without X-LLMGW-Priority and without a key default")
     poll_interval: Seconds = env("LLMGW_GATEWAY_POLL_INTERVAL", default=0.5, ge=0.01,

@@ -18,6 +18,8 @@ TABLE: dict[str, tuple[int, str, str]] = {
     "key_expired": (401, "authentication_error", "expired_api_key"),
     "forbidden": (403, "permission_error", "admin_key_required"),
     "batches_forbidden": (403, "permission_error", "batches_not_allowed"),
+    # X-LLMGW-Tenant from a key that may not name sub-tenants (llmgw keys update NAME --sub-tenants).
+    "sub_tenant_forbidden": (403, "permission_error", "sub_tenants_not_allowed"),
     "model_not_found": (404, "invalid_request_error", "model_not_found"),
     "not_found": (404, "invalid_request_error", "not_found"),
     # The path exists, the request's model does not serve it: the request's to change (which model).

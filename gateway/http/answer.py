@@ -128,14 +128,17 @@ class Answers:
 
     def respond(self, resp: UpstreamResponse, lease: Lease, model: str, canon: str, key: ApiKey | None, rid: str,
                 t0: float, t_send: float, route: Route, rewrite: IdRewrite | None = None,
-                assemble: ClientConn | None = None, trace=NOOP_REQUEST, resend: Resender | None = None) -> RawAnswer:
+                assemble: ClientConn | None = None, trace=NOOP_REQUEST, resend: Resender | None = None,
+                charge=None) -> RawAnswer:
         """Build the client's answer. On return the answer owns `resp` and `lease` (a stream releases
         them when it ends or the client leaves); if this raises, the caller still owns both. With
         `assemble` (the client) the engine was asked for a stream the client did not ask for: it is
         read into one JSON answer while the client is watched (gateway.upstream.assemble). `trace`
         (llmgw.tracing) gets the first byte and the end. With `resend` (gateway.http.resume) an
         engine that breaks off is not the answer's end: a stream resumes on another endpoint, a whole
-        answer is asked for again there.
+        answer is asked for again there. `charge`
+        (gateway.routing.ledger.Charge): what the request's tenant was charged when it was sent, corrected
+        by the usage the answer reports.
 
         Only generating operations teach the router an endpoint's speed; a stored response read
         again (by id) is not usage again; an answer that moved to another endpoint teaches nothing."""
@@ -177,6 +180,8 @@ class Answers:
             if usage:
                 child(metrics.tokens, model, "prompt").inc(usage[0])
                 child(metrics.tokens, model, "completion").inc(usage[1])
+            if charge is not None:  # an engine's error answer cost next to nothing: given back
+                charge.done(usage if status < 400 else (0, 0))
             if status < 400:
                 usage_of.record(key_id, ep.model or model, *(usage or (0, 0)), limited=limited,
                                 budget=budgeted.period(self.clock.time()) if budgeted else None)

@@ -83,6 +83,8 @@ class Proxy:
         canon = environ["llmgw.model"] = tables.canonical.get(model, model)  # known: charts may count it
         call.adapter = tables.adapters.get(model) if tables.adapters else None  # a LoRA adapter's name
         call.plan_prefix(canon, tables.objectives.get(canon), self.cfg.routing.prefill_ms_per_token > 0)
+        if not route.by_id:
+            call.tenant = gate.tenant(environ, key)  # fair queueing: whom it is served for
         if key is not None:
             gate.limit(key, model)
         affinity = environ.get("HTTP_X_SESSION_ID") or call.affinity
@@ -99,6 +101,7 @@ class Proxy:
                 raise
             trace.choice(choice.endpoint.id, choice.reason, choice.saturated)
             trace.admitted("send")
+            self.queues.sent(call, choice)  # its tenant charged what it is expected to cost
             # From here the slot is ours: every path out of this block gives it back exactly once.
             lease = Lease(router, choice)
             resp = None
@@ -133,7 +136,8 @@ class Proxy:
                     resend = Resender(router, self.upstream, readmit, call, headers, method, self.cfg, self.metrics,
                                       trace, rid)
                     answer = self.answers.respond(resp, lease, model, canon, key, rid, t0, t_send, route,
-                                                  call.rewrite(ep), call.assembled(ep), trace=trace, resend=resend)
+                                                  call.rewrite(ep), call.assembled(ep), trace=trace, resend=resend,
+                                                  charge=call.charge)
                     lease, resp = None, None  # handed over: the answer releases them when it ends
                     return answer
                 trace.attempt_failed(outcome.kind, outcome.status or None, not isinstance(step, GiveUp))
@@ -165,9 +169,11 @@ class Proxy:
                            prefix=call.prefix, prompt_tokens=call.prompt_tokens, objective=call.objective,
                            body=call.body, opens=call.opens)
         res = router.route(req)
+        # Who leaves the queue before it, in fair order (gateway.routing.fairness): its place in line.
+        ahead = q.position(call.tenant) - 1 if len(q) else 0
         rate = router.completion_rate(req.model) if needs_rate(res) else None
-        step = decide(res, len(q), Request(prio, tables.canonical.get(req.model, req.model), first, rate,
-                                           tables.cold_start.get(req.model), call.adapter), self.admission)
+        step = decide(res, ahead, Request(prio, tables.canonical.get(req.model, req.model), first, rate,
+                                          tables.cold_start.get(req.model), call.adapter), self.admission)
         if isinstance(step, Queue):
             if step.give_back:  # others queued first: give the slot back and line up
                 router.release(res, None)
@@ -182,7 +188,7 @@ class Proxy:
             lift = Lift(req.exclude, tables.by_id)  # a failed endpoint counts again once its engine restarted
             got = self._wait(q, req, lambda: router.route(replace(req, queued=1, waited=self.clock.monotonic() - entered,
                                                                   exclude=lift(router.tables.by_id))),
-                             step.timeout, keep=step.keep, client=call.client, trace=trace)
+                             step.timeout, keep=step.keep, client=call.client, trace=trace, tenant=call.tenant)
             step = after_wait(got, step)
         if isinstance(step, Send):
             return step.choice
@@ -194,7 +200,7 @@ class Proxy:
 
     def _wait(self, q: WaitQueue, req: RouteRequest, attempt: Callable[[], Choice | Rejection], timeout: float,
               keep: Collection[str] = (SATURATED,), client: ClientConn | None = None,
-              trace=NOOP_REQUEST) -> Choice | Rejection | None:
+              trace=NOOP_REQUEST, tenant=None) -> Choice | Rejection | None:
         """Wait in `q`; a client that leaves meanwhile takes its request out of the queue (never sent)."""
         gauge = self.metrics.queue.labels(req.model)
         gauge.inc()
@@ -202,7 +208,7 @@ class Proxy:
         outcome = "left"  # an exception ends the wait: the client went away, or the worker stops
         try:
             res = q.wait(attempt, timeout, keep=keep, gone=client.gone if client else None,
-                         watch=client.when_readable if client else None)
+                         watch=client.when_readable if client else None, tenant=tenant)
             outcome = queue_outcome(res)
         finally:
             gauge.dec()

@@ -112,8 +112,8 @@ def get_model(gw, name: str) -> dict:
 
 
 def key_usage(gw) -> dict:
-    """`GET /v1/llmgw/usage`: the caller's key, its policy, budget and usage per model. An admin key
-    may ask about another with `?key=NAME`."""
+    """`GET /v1/llmgw/usage`: the caller's key, its policy, budget, usage per model and weight and
+    recent shares (fair queueing). An admin key may ask about another with `?key=NAME`."""
     key = gw.gate.identify(request.environ)
     which = request.args.get("key")
     if which and which not in (key.id, key.name):
@@ -135,6 +135,10 @@ def key_usage(gw) -> dict:
         "expires_at": iso(key.expires_at) if key.expires_at is not None else None, "admin": key.admin,
         "rpm": key.rpm, "tpm": key.tpm, "budget": budget_status(key, used, now),
         "usage": None if per_model is None else [{"model": m, **row} for m, row in sorted(per_model.items())],
+        # fair queueing: its share of a saturated model against the other keys', and, per model this
+        # gateway process served it, its share of the service over the last minute (every gateway's)
+        "weight": key.weight, "sub_tenants": key.sub_tenants,
+        "shares": {m: s[key.id] for m in gw.ledger.models() if key.id in (s := gw.ledger.shares(m))},
     }
 
 

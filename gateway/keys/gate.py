@@ -12,7 +12,7 @@ from gateway.keys.limits import RateLimiter
 from gateway.keys.policy import Deny, ModelRef, decide
 from gateway.keys.table import ApiKey, KeyTable
 from gateway.keys.usage import UsageRecorder
-from llmgw.state.keypolicy import PRIORITIES, cap_priority
+from llmgw.state.keypolicy import PRIORITIES, Tenant, TenantRefused, cap_priority, tenant_of
 from llmgw.state.clock import Clock
 
 NOT_LOADED = "the gateway has not loaded its API keys yet"
@@ -98,3 +98,12 @@ class KeyGate:
             return header or self.default_priority
         ceiling = key.priority or self.default_priority
         return cap_priority(header, ceiling) if header else ceiling
+
+    def tenant(self, environ: dict, key: ApiKey | None) -> Tenant:
+        """Whom the request is served for when its model is saturated: its key, and the sub-tenant a
+        trusted front end names in X-LLMGW-Tenant (gateway.routing.fairness); 403 when the key may
+        not name one, 400 for a malformed name."""
+        got = tenant_of(key, environ.get("HTTP_X_LLMGW_TENANT"))
+        if isinstance(got, TenantRefused):
+            raise ApiError("sub_tenant_forbidden" if got.kind == "untrusted" else "bad_request", got.message)
+        return got

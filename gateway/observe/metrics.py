@@ -72,6 +72,20 @@ class Metrics:
         self.other_gateways_inflight = Gauge("llmgw_gateway_other_gateways_inflight", "Requests the other gateways "
                                              "said they hold per endpoint, as the least informed worker of this "
                                              "gateway counts them", ["endpoint"], multiprocess_mode="livemin", **kw)
+        # Fair queueing per API key (gateway.routing.fairness; `key` is the key's name): the service it
+        # received in tokens (prompt tokens computed + LLMGW_GATEWAY_FAIR_OUTPUT_WEIGHT x tokens generated),
+        # the seconds its requests waited in the queue, its requests sent, and its share of the model's
+        # service over the last minute, every gateway's (as read from Redis).
+        self.tenant_service = Counter("llmgw_gateway_tenant_service_tokens", "Tokens of service a key's requests "
+                                      "received (prompt tokens computed + output weight x tokens generated)",
+                                      ["model", "key"], **kw)
+        self.tenant_wait = Counter("llmgw_gateway_tenant_queue_wait_seconds", "Seconds a key's requests waited in "
+                                   "the gateway's queue of a saturated model", ["model", "key"], **kw)
+        self.tenant_requests = Counter("llmgw_gateway_tenant_requests", "Requests of a key sent to the model's "
+                                       "engines (the queue wait per request is the ratio of the two)",
+                                       ["model", "key"], **kw)
+        self.tenant_share = Gauge("llmgw_gateway_tenant_share", "A key's share of the model's service over the "
+                                  "last minute, every gateway's", ["model", "key"], multiprocess_mode="livemax", **kw)
         self.endpoints_version = Gauge("llmgw_gateway_endpoints_version", "Version of the endpoint list in use",
                                        multiprocess_mode="livemax", **kw)
         self.endpoints = Gauge("llmgw_gateway_endpoints", "Endpoints in the list in use",

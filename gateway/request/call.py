@@ -38,7 +38,7 @@ class Call:
     endpoint takes it (the body with the endpoint's served name, the engine's path)."""
 
     __slots__ = ("route", "model", "data", "body", "form_at", "pin", "response_id", "previous", "query", "adapter",
-                 "client", "prefix", "prompt_tokens", "opens", "objective")
+                 "client", "prefix", "prompt_tokens", "opens", "objective", "tenant", "charge")
 
     def __init__(self, route: Route, model: str, data: bytes | None = None, body: dict | None = None,
                  form_at: tuple[int, int] | None = None, pin: str | None = None,
@@ -56,6 +56,10 @@ class Call:
         self.prompt_tokens = 0.0
         self.opens = False  # it starts a conversation (gateway.routing.prefixkeys.opens_conversation)
         self.objective = COMPLETION
+        # Fair queueing (gateway.routing.fairness): whom it is served for (None: a retrieval, which is
+        # never queued), and what its tenant was charged when it was sent (gateway.routing.ledger.Charge).
+        self.tenant = None
+        self.charge = None
 
     def plan_prefix(self, canon: str, objective: str | None, enabled: bool = True) -> None:
         """What routing needs for the prefix cache: the prompt's block keys (seeded with the model's

@@ -126,7 +126,9 @@ def needs_rate(result: Choice | Rejection) -> bool:
 
 
 def decide(result: Choice | Rejection, queued: int, req: Request, cfg: Settings) -> Send | Queue | Refuse:
-    """What to do with one routing result; `queued` is how many requests wait in the model's queue."""
+    """What to do with one routing result; `queued` is how many requests wait in the model's queue
+    ahead of this one (its place in fair order, gateway.routing.fairness: all of them first come, first
+    served)."""
     if isinstance(result, Rejection):
         if result.kind == "unknown_model" and req.cold_start is not None:
             held = hold(req.cold_start, queued, cfg.queue_max)

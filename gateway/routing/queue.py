@@ -1,17 +1,25 @@
-"""The bounded per-model FIFO a standard request waits in while its model is saturated (or starting),
-and the table of them (one per requested name: aliases have their own)."""
+"""The bounded per-model queue a standard request waits in while its model is saturated (or starting),
+and the table of them (one per requested name: aliases have their own).
+
+The waiter released next is the one of the tenant with the least service received
+(gateway.routing.fairness, over the process's gateway.routing.ledger.Ledger), first come first served
+within a tenant; with `LLMGW_GATEWAY_FAIRNESS=fcfs`, the oldest."""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 from typing import Callable, Collection, Iterator
 
 from gateway.routing.choice import Choice, Rejection
+from gateway.routing.fairness import estimate, output_estimate, prompt_estimate
+from gateway.routing.ledger import NO_TENANT, Backlog, Ledger
+from llmgw.state.keypolicy import Tenant
+from llmgw import surface as op
 
 GONE = Rejection("client_gone", "", "the client closed its connection while the request waited")
 RECHECK = 1.0  # seconds: the head re-routes at least this often, only a fallback for a missed wake
+GENERATING = frozenset({op.CHAT, op.COMPLETIONS, op.RESPONSES})  # operations whose output is charged
 
 
 class Ticket:
@@ -24,64 +32,88 @@ class Ticket:
 
 
 class WaitQueue:
-    """A bounded FIFO of requests waiting for a model's endpoints to free.
+    """A bounded queue of requests waiting for a model's endpoints to free, in fair order by tenant.
 
-    Only the head tries to route (queued requests keep their order), and only the head is woken:
-    when a request on one of the model's endpoints ends, or new loads or a new endpoint list arrive
-    (`notify`), and when the head before it leaves. The rest sleep until their turn or their
-    deadline: nothing polls. A deferral that expires with time (choice's "a faster endpoint frees
-    sooner", `Rejection.retry_in`) is looked at again when it expires; `recheck` bounds the sleep
-    only in case a wake was missed."""
+    Only the head (the waiter `Backlog.head` names: the tenant least served) tries to route, and
+    only the head is woken: when a request on one of the model's endpoints ends, or new loads or a
+    new endpoint list arrive (`notify`), and when the head before it leaves. The rest sleep until
+    their turn or their deadline: nothing polls. A waiter woken that is no longer the head (a
+    request sent since changed the counters) wakes the one that is. A deferral that expires with
+    time (choice's "a faster endpoint frees sooner", `Rejection.retry_in`) is looked at again when
+    it expires; `recheck` bounds the sleep only in case a wake was missed."""
 
     def __init__(self, max_len: int, recheck: float = RECHECK, monotonic: Callable[[], float] = time.monotonic,
-                 entered: threading.Event | None = None):
+                 entered: threading.Event | None = None, ledger: Ledger | None = None,
+                 model: Callable[[], str] = lambda: ""):
         self.max_len = max_len
         self.recheck = recheck
         self.monotonic = monotonic
         self.lock = threading.Lock()
-        self.waiters: deque[Ticket] = deque()
+        self.waiters: Backlog[Ticket] = Backlog()
         self.entered = entered  # set when a request joins (WaitQueues.waiting)
+        self.ledger = ledger if ledger is not None else Ledger()
+        self.model = model  # the model whose counters order it (an alias's: its model's)
 
     def __len__(self) -> int:
         return len(self.waiters)
 
+    def head(self) -> Ticket | None:
+        with self.lock:
+            return self.waiters.head(self.ledger, self.model())
+
+    def position(self, tenant: Tenant | None) -> int:
+        """Where a new request of `tenant` would leave the queue (1 = next)."""
+        with self.lock:
+            return self.waiters.position(tenant or NO_TENANT, self.ledger.fcfs)
+
     def notify(self) -> None:
         """Something that may free an endpoint happened: the head looks again."""
         if self.waiters:
-            with self.lock:
-                if self.waiters:
-                    self.waiters[0].event.set()
+            head = self.head()
+            if head is not None:
+                head.event.set()
 
     def wait(self, attempt: Callable[[], Choice | Rejection], timeout: float,
              keep: Collection[str] = ("saturated",), gone: Callable[[], bool] | None = None,
-             watch: Callable[[Callable[[], None]], Callable[[], None] | None] | None = None
-             ) -> Choice | Rejection | None:
+             watch: Callable[[Callable[[], None]], Callable[[], None] | None] | None = None,
+             tenant: Tenant | None = None) -> Choice | Rejection | None:
         """Wait for a turn and an endpoint. Returns the Choice, a Rejection of a kind not in `keep`
         (the model went away), `GONE` when `gone()` says the client left, or None when the queue is
         full or the time ran out. A cold start keeps waiting while the model has no endpoint at all
         (gateway.routing.admission). `watch(wake)`, when given, arranges for `wake()` when the client
-        may have left (gateway.request.client) and returns what cancels that."""
+        may have left (gateway.request.client) and returns what cancels that. `tenant`: whom the
+        request is served for (None: a FIFO of its own)."""
         ticket = Ticket()
+        tenant = tenant or NO_TENANT
+        model = self.model()
         with self.lock:
-            if len(self.waiters) >= self.max_len:
+            # Full for this tenant when its place in the fair order is past the bound: a tenant's
+            # backlog fills the queue for itself, not for one that sends little (fcfs: the length).
+            if self.waiters.position(tenant, self.ledger.fcfs) > self.max_len:
                 return None
-            self.waiters.append(ticket)
+            self.waiters.push(tenant, ticket, self.ledger, model)
         if self.entered is not None:
             self.entered.set()
         event = ticket.event
         unwatch = watch(event.set) if watch is not None else None
-        deadline = self.monotonic() + timeout
+        entered = self.monotonic()
+        deadline = entered + timeout
+        woken = False
         try:
             while True:
                 event.clear()  # a wake from here on is not lost: it sets the event the wait below sees
                 if gone is not None and gone():
                     return GONE
                 sleep = None
-                if self.waiters[0] is ticket:
+                head = self.head()
+                if head is ticket:
                     res = attempt()
                     if isinstance(res, Choice) or res.kind not in keep:
                         return res
                     sleep = min(self.recheck, res.retry_in) if res.retry_in else self.recheck
+                elif woken and head is not None:
+                    head.event.set()  # woken in its stead: the turn is the head's
+                woken = True
                 remaining = deadline - self.monotonic()
                 if remaining <= 0:
                     return None
@@ -90,10 +122,11 @@ class WaitQueue:
             if unwatch is not None:
                 unwatch()
             with self.lock:
-                head = self.waiters[0] is ticket
-                self.waiters.remove(ticket)
-                if head and self.waiters:
-                    self.waiters[0].event.set()  # the next in line may take the next free slot
+                self.waiters.remove(tenant, ticket)
+                head = self.waiters.head(self.ledger, model)
+            if head is not None:
+                head.event.set()  # the next in line may take the next free slot
+            self.ledger.waited(model, tenant, self.monotonic() - entered)
 
 
 class WaitQueues:
@@ -103,19 +136,46 @@ class WaitQueues:
     model M wakes only the queues of M's names."""
 
     def __init__(self, max_len: int, monotonic: Callable[[], float] = time.monotonic,
-                 model_of: Callable[[str], str] = lambda name: name, recheck: float = RECHECK):
+                 model_of: Callable[[str], str] = lambda name: name, recheck: float = RECHECK,
+                 ledger: Ledger | None = None):
         self.max_len, self.monotonic, self.model_of, self.recheck = max_len, monotonic, model_of, recheck
         self.by_name: dict[str, WaitQueue] = {}
         self.lock = threading.Lock()
         self.waiting = threading.Event()  # set when a request joins any queue (cleared by a watcher)
+        # The tenants' counters every queue is ordered by (gateway.server.fairshare shares them).
+        self.ledger = ledger if ledger is not None else Ledger(monotonic=monotonic)
 
     def get(self, model: str) -> WaitQueue:
         q = self.by_name.get(model)
         if q is None:
             with self.lock:
-                q = self.by_name.setdefault(model, WaitQueue(self.max_len, self.recheck, self.monotonic,
-                                                             self.waiting))
+                q = self.by_name.get(model)
+                if q is None:
+                    q = self.by_name[model] = WaitQueue(self.max_len, self.recheck, self.monotonic, self.waiting,
+                                                        self.ledger, lambda: self.model_of(model))
         return q
+
+    def sent(self, call, choice: Choice) -> None:
+        """A request (gateway.request.call.Call) is sent with `choice`: charge its tenant the service it
+        is expected to cost (gateway.routing.fairness.estimate); `call.charge` corrects it when its
+        answer ends. Once per request (a retry is not charged again); nothing without a tenant."""
+        tenant = call.tenant
+        if tenant is None or call.charge is not None:
+            return
+        model = self.model_of(call.model)
+        body = call.body
+        if body is not None:
+            most = body.get("max_tokens") or body.get("max_completion_tokens") or body.get("max_output_tokens")
+        else:
+            most = None
+        led = self.ledger
+        prompt = prompt_estimate(call.prompt_tokens, len(call.data) if call.data else 0)
+        output = output_estimate(most, led.expected_output(model, tenant.key), call.route.op in GENERATING)
+        call.charge = led.sent(model, tenant, estimate(prompt, choice.matched, output, led.output_weight))
+
+    def waiting_models(self) -> set[str]:
+        """The models some request waits for here (their counters are read back at every exchange)."""
+        return {self.model_of(name) for name, q in list(self.by_name.items()) if q.waiters}
 
     def busy(self) -> bool:
         """Some request waits in some queue."""

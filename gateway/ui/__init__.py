@@ -6,7 +6,8 @@ cached for a second), call the pure builders of `gateway.ui.views`, answer.
 
     /ui                 the single page
     /ui/api/fleet       nodes and replicas: `llmgw status --json`
-    /ui/api/models      per model and profile: replicas asked for and Ready, each replica's load, charts
+    /ui/api/models      per model and profile: replicas asked for and Ready, each replica's load, charts,
+                        and per API key its weight, service, recent share and queue wait
     /ui/api/events      the event history, filtered, paged with `after`
     /ui/api/catalog     the applied catalog as YAML and its history (`?version=N` for a past one)
     /ui/api/batches     the Batch API's batches (running ones and the latest), progress and rate
@@ -30,6 +31,7 @@ from gateway.ui.views import catalog_view, models_view
 from llmgw.batch.view import batch_row
 from llmgw.catalog import read_applied, read_version
 from llmgw.state import events
+from llmgw.state.tenants import SHARE_MINUTES, service_rows
 
 EVENTS_MAX = 1000  # events one answer carries at most
 BATCHES_MAX = 50  # ended batches one answer lists (every running one is listed)
@@ -73,7 +75,12 @@ def console_blueprint(gw, fleet: FleetView) -> Blueprint:
         last = slot_of(f.now) - 1  # the last complete slot
         traffic = series(gw.store.traffic(range(last - SLOTS + 1, last + 1)), last)
         thresholds = {"max_waiting": gw.cfg.routing.max_waiting, "max_kv": gw.cfg.routing.max_kv}
-        return models_view(f.catalog, f.report, f.gateways, loads, units, traffic, thresholds, SLOT, f.now)
+        # Fair queueing per key (llmgw.state.tenants): weights, service, recent shares, queue waits.
+        totals = gw.store.tenant_totals()
+        minute = int(f.now // 60)
+        recent = gw.store.tenant_minutes(list(totals), range(minute - SHARE_MINUTES + 1, minute + 1))
+        tenants = service_rows({k.id: k for k in gw.keys.by_hash.values()}, totals, recent)
+        return models_view(f.catalog, f.report, f.gateways, loads, units, traffic, thresholds, SLOT, f.now, tenants)
 
     @bp.get("/api/batches")
     @api

@@ -43,10 +43,14 @@ def replica_load(rid: str, gateways: Iterable[GatewayReport], load: LoadRecord |
 
 def models_view(catalog: Catalog | None, report: dict, gateways: list[GatewayReport],
                 loads: Mapping[str, LoadRecord], units: Mapping[str, float], traffic: Mapping[str, list[dict]],
-                thresholds: dict, slot: float, now: float) -> dict:
+                thresholds: dict, slot: float, now: float, tenants: list[dict] | None = None) -> dict:
     """Per model (the catalog's, then any whose records outlive it): replicas asked for and Ready per
-    profile, each replica's row of `llmgw status` with its `load`, the gateways' demand, and the
-    traffic points (`gateway.observe.traffic.series`)."""
+    profile, each replica's row of `llmgw status` with its `load`, the gateways' demand, the
+    traffic points (`gateway.observe.traffic.series`), and per API key what fair queueing counted
+    (`tenants`: llmgw.state.tenants.service_rows)."""
+    by_model: dict[str, list[dict]] = {}
+    for row in tenants or ():
+        by_model.setdefault(row["model"], []).append({k: v for k, v in row.items() if k != "model"})
     rows_by: dict[tuple[str, str], list[dict]] = {}
     declared = {(m.name, p.name): p.kv_cache_tokens for m in catalog.models for p in m.profiles} if catalog else {}
     for row in report["replicas"]:
@@ -81,6 +85,8 @@ def models_view(catalog: Catalog | None, report: dict, gateways: list[GatewayRep
             "traffic": traffic.get(name, []),
             # Its LoRA adapters: where each is held, loading or failing (llmgw.cli.adapterview).
             "adapters": [a for a in report.get("adapters") or () if a["model"] == name],
+            # Fair queueing: each key's weight, service, share over the last minutes, mean queue wait.
+            "tenants": by_model.get(name, []),
         })
     return {"time": now, "models": models, "thresholds": thresholds, "traffic_slot": slot}
 

@@ -1,7 +1,8 @@
 """`llmgw keys create|update|list|revoke`: API keys for the gateway (a thin shell over the store's keys).
 
 A key is printed once, at creation; Redis keeps only its SHA-256 (`llmgw:apikeys` holds the records).
-`update` changes a key's limits and policy (models, expiry, budget, admin), never the key itself.
+`update` changes a key's limits and policy (models, expiry, budget, weight, sub-tenants, admin), never the key
+itself.
 Whether the gateway requires a key is `LLMGW_GATEWAY_AUTH` (see docs/gateway.md).
 """
 
@@ -22,6 +23,7 @@ from llmgw.state.keypolicy import (  # noqa: F401 - hash_key: tests
     parse_expires,
     parse_models,
     parse_tokens,
+    parse_weight,
 )
 from llmgw.state.store import RedisError, Store
 
@@ -53,11 +55,18 @@ def _policy_flags(p: argparse.ArgumentParser, update: bool) -> None:
                                     "429 until the period resets" + clear)
     p.add_argument("--budget-period", choices=BUDGET_PERIODS,
                    help="the UTC calendar day or month a budget counts (default: month)")
+    p.add_argument("--weight", help="this key's share of a saturated model against the other keys' waiting for it "
+                                    "(default 1; 2 = twice the service of a key of weight 1)")
     if update:
+        p.add_argument("--sub-tenants", action=argparse.BooleanOptionalAction, default=None,
+                       help="may (or may no longer) split its share among sub-tenants named in X-LLMGW-Tenant")
         p.add_argument("--admin", action=argparse.BooleanOptionalAction, default=None,
                        help="may (or may no longer) call the admin APIs")
     else:
         p.add_argument("--admin", action="store_true", help="may call the admin APIs (the console)")
+        p.add_argument("--sub-tenants", action="store_true",
+                       help="a trusted front end's key: may split its share among the sub-tenants it names in "
+                            "X-LLMGW-Tenant")
     p.add_argument("--batches", action=argparse.BooleanOptionalAction, default=None,
                    help="may (the default) or may not use the Batch API (/v1/files, /v1/batches; docs/batch.md)")
 
@@ -112,6 +121,10 @@ def _changes(args, now: float) -> dict:
         out["admin"] = args.admin
     if args.batches is not None:
         out["batches"] = args.batches
+    if args.weight is not None:
+        out["weight"] = parse_weight(args.weight)
+    if args.sub_tenants is not None:
+        out["sub_tenants"] = args.sub_tenants
     return out
 
 
@@ -141,7 +154,8 @@ def _update(args) -> int:
     changes = _changes(args, time.time())
     if not changes:
         print("llmgw: nothing to change: give at least one of --rpm, --tpm, --priority, --models, --expires, "
-              "--budget, --budget-period, --admin/--no-admin, --batches/--no-batches", file=sys.stderr)
+              "--budget, --budget-period, --weight, --admin/--no-admin, --sub-tenants/--no-sub-tenants, "
+              "--batches/--no-batches", file=sys.stderr)
         return 2
     rec = common.replicated(lambda: store.update_key(args.name, **changes))
     _warn_unknown_models(store, changes.get("models") or ())
@@ -158,6 +172,9 @@ def _describe(rec: ApiKeyRecord) -> str:
         parts.append(f"rpm {rec.rpm or '-'} tpm {rec.tpm or '-'}")
     if rec.priority:
         parts.append(f"priority {rec.priority}")
+    parts.append(f"weight {rec.weight:g}")
+    if rec.sub_tenants:
+        parts.append("sub-tenants")
     if rec.admin:
         parts.append("admin")
     if not rec.batches:
@@ -174,14 +191,16 @@ def _list(args) -> int:
         print("no API keys (with LLMGW_GATEWAY_AUTH=auto a gateway that never saw one accepts requests "
               "without a key; with =required it rejects them all)")
         return 0
-    print(f"{'NAME':20} {'ID':12} {'RPM':>6} {'TPM':>8} {'PRIORITY':10} {'MODELS':20} {'EXPIRES (UTC)':17} "
-          f"{'BUDGET':18} {'ADMIN':5} CREATED")
+    print(f"{'NAME':20} {'ID':12} {'RPM':>6} {'TPM':>8} {'PRIORITY':10} {'WEIGHT':>6} {'MODELS':20} "
+          f"{'EXPIRES (UTC)':17} {'BUDGET':18} {'ADMIN':5} CREATED")
     for k in recs:
         created = time.strftime("%Y-%m-%d %H:%M", time.gmtime(k.created_at or 0))
         expires = iso(k.expires_at)[:16].replace("T", " ") if k.expires_at is not None else "-"
         budget = f"{k.budget}/{k.budget_period}" if k.budget else "-"
+        weight = f"{k.weight:g}" + ("+" if k.sub_tenants else "")  # +: it may name sub-tenants
         print(f"{k.name:20} {k.id:12} {str(k.rpm or '-'):>6} {str(k.tpm or '-'):>8} {k.priority or '-':10} "
-              f"{','.join(k.models) or 'all':20} {expires:17} {budget:18} {'yes' if k.admin else '-':5} {created}")
+              f"{weight:>6} {','.join(k.models) or 'all':20} {expires:17} {budget:18} {'yes' if k.admin else '-':5} "
+              f"{created}")
     return 0
 
 

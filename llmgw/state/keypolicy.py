@@ -5,7 +5,11 @@ A key is shown once, at creation; Redis keeps only its SHA-256 (`hash_key`). Bes
 tpm, priority) a record carries its policy: the models it may call (names or aliases; empty = all),
 when it expires, a token budget per UTC day or month, and whether it is an admin key. The gateway's
 decision over them is `gateway.policy.decide`; `llmgw keys create|update` parses the flags with
-`parse_models`, `parse_expires` and `parse_tokens`.
+`parse_models`, `parse_expires`, `parse_tokens` and `parse_weight`.
+
+A key is also a tenant of a saturated model (gateway.routing.fairness): its `weight` is its share
+against the other keys waiting for the same model, and a key marked `sub_tenants` (a trusted front
+end) may split its share among the sub-tenants it names in `X-LLMGW-Tenant` (`tenant_of`).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import secrets
 import typing
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
-from typing import Callable, Literal
+from typing import Callable, Literal, NamedTuple
 
 from llmgw.errors import LlmgwError
 from llmgw.state.budget import BUDGET_PERIODS, DEFAULT_BUDGET_PERIOD, Period, iso, period_of
@@ -29,6 +33,13 @@ PRIORITY_RANK = {"sheddable": 0, "standard": 1, "critical": 2}
 KEY_PREFIX = "sk-llmgw-"
 # The key id under which gateways count usage of requests served while no key was required.
 ANONYMOUS = "anonymous"
+# A key's share of a saturated model against the other keys' (gateway.routing.fairness): the default,
+# and the range `--weight` accepts (a ratio of 10^5 between two keys is already starvation).
+DEFAULT_WEIGHT = 1.0
+MIN_WEIGHT, MAX_WEIGHT = 0.01, 1000.0
+# The header a trusted front end names a sub-tenant of its key with, and the longest name it takes.
+TENANT_HEADER = "X-LLMGW-Tenant"
+MAX_SUB_TENANT = 64
 
 
 class ApiKeyInvalid(LlmgwError):
@@ -51,6 +62,8 @@ class ApiKeyRecord:
     budget: int | None = None  # tokens (prompt + completion) per budget_period
     budget_period: str | None = None  # "day" | "month" (UTC), set when budget is
     admin: bool = False  # may call the admin APIs (the console); never implied by anything else
+    weight: float = DEFAULT_WEIGHT  # its share of a saturated model against the other keys' (fairness)
+    sub_tenants: bool = False  # may name sub-tenants in X-LLMGW-Tenant (a trusted front end)
     batches: bool = True  # may upload batch files and create batches (docs/batch.md)
 
     def to_json(self) -> str:
@@ -77,12 +90,16 @@ class ApiKeyRecord:
                 raise ValueError(f"bad budget_period {period!r}")
             budget = _pos_int(d.get("budget"))
             expires = d.get("expires_at")
+            weight = float(d.get("weight", DEFAULT_WEIGHT))
+            if not MIN_WEIGHT <= weight <= MAX_WEIGHT:
+                raise ValueError(f"bad weight {weight!r}")
             return cls(id=key_id, name=str(d.get("name") or key_id), hash=d["hash"],
                        rpm=_pos_int(d.get("rpm")), tpm=_pos_int(d.get("tpm")), priority=prio,
                        created_at=float(d.get("created_at") or 0.0), models=tuple(models),
                        expires_at=None if expires is None else float(expires), budget=budget,
                        budget_period=(period or DEFAULT_BUDGET_PERIOD) if budget else None,
-                       admin=d.get("admin") is True, batches=d.get("batches") is not False)
+                       admin=d.get("admin") is True, weight=weight, sub_tenants=d.get("sub_tenants") is True,
+                       batches=d.get("batches") is not False)
         except (TypeError, ValueError) as e:
             raise ValueError(f"API key record {key_id}: {e}") from None
 
@@ -104,6 +121,42 @@ def _pos_int(v) -> int | None:
 
 def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
+
+
+class Tenant(NamedTuple):
+    """Who a request is served for when its model is saturated (gateway.routing.fairness): its key
+    (`ANONYMOUS` without one), the key's name (the metrics' label), the key's weight, and the
+    sub-tenant a trusted front end named ("" none). A tuple: one is made per request."""
+
+    key: str
+    name: str
+    weight: float = DEFAULT_WEIGHT
+    sub: str = ""
+
+
+class TenantRefused(NamedTuple):
+    """Why a request's `X-LLMGW-Tenant` is refused: `untrusted` (its key may not name sub-tenants)
+    or `malformed`."""
+
+    kind: str
+    message: str
+
+
+def tenant_of(key: ApiKeyRecord | None, header: str | None) -> Tenant | TenantRefused:
+    """The tenant of a request with `key` (None: no key is required) and the `X-LLMGW-Tenant` value
+    it sent, or why the header is refused. Only a key marked `sub_tenants` may name one (without
+    keys every client is trusted alike); the name is 1..MAX_SUB_TENANT printable ASCII characters."""
+    if header is not None:
+        if key is not None and not key.sub_tenants:
+            return TenantRefused("untrusted", f"API key {key.name!r} may not name sub-tenants in {TENANT_HEADER} "
+                                              f"(a trusted front end's key may: llmgw keys update {key.name} "
+                                              "--sub-tenants)")
+        if not 0 < len(header) <= MAX_SUB_TENANT or not all(" " < ch <= "~" for ch in header):
+            return TenantRefused("malformed", f"{TENANT_HEADER} must be 1 to {MAX_SUB_TENANT} printable ASCII "
+                                              f"characters without spaces, got {header[:80]!r}")
+    if key is None:
+        return Tenant(ANONYMOUS, ANONYMOUS, DEFAULT_WEIGHT, header or "")
+    return Tenant(key.id, key.name, key.weight, header or "")
 
 
 def cap_priority(requested: str, ceiling: str) -> str:
@@ -146,6 +199,17 @@ def parse_expires(text: str, now: float) -> float:
     return at
 
 
+def parse_weight(text: str) -> float:
+    """`--weight`: a key's share of a saturated model against the other keys' (default 1)."""
+    try:
+        w = float(text)
+    except ValueError:
+        raise ApiKeyInvalid(f"--weight: expected a number such as 1, 2 or 0.5, got {text!r}") from None
+    if not MIN_WEIGHT <= w <= MAX_WEIGHT:
+        raise ApiKeyInvalid(f"--weight: must be between {MIN_WEIGHT:g} and {MAX_WEIGHT:g}, got {text!r}")
+    return w
+
+
 def parse_tokens(text: str) -> int:
     """`--budget`: a token count, with an optional k, M or G suffix (powers of 1000): `5M`, `250k`."""
     m = _TOKENS.match(text)
@@ -172,6 +236,8 @@ def validate_record(rec: ApiKeyRecord) -> None:
         raise ApiKeyInvalid("--budget-period: the key has no --budget")
     if any(not m or "," in m for m in rec.models):
         raise ApiKeyInvalid(f"--models: bad model name in {list(rec.models)}")
+    if not isinstance(rec.weight, (int, float)) or not MIN_WEIGHT <= rec.weight <= MAX_WEIGHT:
+        raise ApiKeyInvalid(f"--weight: must be between {MIN_WEIGHT:g} and {MAX_WEIGHT:g}, got {rec.weight!r}")
 
 
 def validate(name: str, rpm: int | None, tpm: int | None, priority: str | None) -> None:
@@ -182,7 +248,8 @@ def new_key(name: str, rpm: int | None, tpm: int | None, priority: str | None, n
             token: Callable[[int], str] = secrets.token_urlsafe,
             hexid: Callable[[int], str] = secrets.token_hex, **policy) -> tuple[ApiKeyRecord, str]:
     """A validated new record and the key it hashes (pure but for the injected randomness). `policy`:
-    models, expires_at, budget, budget_period, admin (a budget without a period is per month)."""
+    models, expires_at, budget, budget_period, admin, weight, sub_tenants (a budget without a period is
+    per month)."""
     if policy.get("budget") and not policy.get("budget_period"):
         policy["budget_period"] = DEFAULT_BUDGET_PERIOD
     key = KEY_PREFIX + token(32)

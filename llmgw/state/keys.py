@@ -247,6 +247,24 @@ def usage(key_id: str) -> str:
     return f"{PREFIX}:usage:{key_id}"  # hash: "<model>:prompt" / "<model>:completion" / "<model>:requests"
 
 
+def tenants(model: str) -> str:
+    """Hash of what every gateway process counted per key on one model for fair queueing
+    (llmgw.state.tenants: `n:<key id>` service in counter units, `t:` tokens of service, `w:` seconds
+    waited in queues, `r:` requests sent), HINCRBYFLOAT'd by each exchange; expires when no gateway
+    has written it for TENANTS_KEEP."""
+    return f"{PREFIX}:tenants:{model}"
+
+
+def tenants_minute(model: str, minute: int) -> str:
+    """Hash of one minute (epoch seconds // 60) of a model's service per key: `<key id>` -> tokens
+    (`llmgw usage` and the console take the keys' recent shares from it); expires after TENANTS_MINUTES."""
+    return f"{PREFIX}:tenants:{model}:m{minute}"
+
+
+TENANTS_KEEP = 86400.0  # seconds a model's tenant counters outlive the last write to them
+TENANTS_MINUTES = 15  # minutes of per-minute service kept
+
+
 def budget(key_id: str, period_id: str) -> str:
     """Integer: tokens a key with a budget spent in one UTC day or month (`llmgw.state.budget`),
     INCRBY'd by every gateway's usage flush; expires a while after the period ends."""

@@ -21,6 +21,7 @@ from gateway.observe.metrics import Metrics
 from gateway.observe.saturation import SaturationSignals
 from gateway.routing import admission
 from gateway.routing.choice import Choice, Rejection
+from gateway.routing.ledger import NO_TENANT
 from gateway.routing.queue import Ticket, WaitQueues
 from gateway.routing.tables import EMPTY
 from llmgw.state.records import EndpointInfo
@@ -86,7 +87,9 @@ def through_proxy(monkeypatch, waiting, prio, first, result, rate) -> tuple[list
     router = ScriptedRouter(result, rate)
     clock = FakeClock(0.0)
     queues = WaitQueues(QUEUE_MAX, clock.monotonic)
-    queues.get("m").waiters.extend(Ticket() for _ in range(waiting))
+    q = queues.get("m")
+    for _ in range(waiting):  # others of the same tenant wait ahead (one FIFO: the simulator's order)
+        q.waiters.push(NO_TENANT, Ticket(), q.ledger, "m")
     cfg = GatewaySettings(queue_max=QUEUE_MAX, queue_timeout=QUEUE_TIMEOUT)
     demand = SimpleNamespace(demand=lambda name, n: False)
     p = Proxy(cfg, clock, router, None, None, queues, None, Metrics(), None, SaturationSignals(), demand,
@@ -94,7 +97,7 @@ def through_proxy(monkeypatch, waiting, prio, first, result, rate) -> tuple[list
     waited = []
     monkeypatch.setattr(p, "_wait", lambda q, req, attempt, timeout, **kw: waited.append(timeout))  # times out
     call = SimpleNamespace(model="m", route=SimpleNamespace(op=CHAT), pin=None, prefix=(), prompt_tokens=0.0,
-                           objective="completion", body=None, opens=False, adapter=None, client=None)
+                           objective="completion", body=None, opens=False, adapter=None, client=None, tenant=None)
     try:
         got = p._admit(call, prio, None, frozenset(), first, None)
         outcome = "sent" if got is result else "?"

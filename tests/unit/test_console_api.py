@@ -142,6 +142,20 @@ def test_models_has_wanted_ready_load_and_traffic(store, fleet):
     assert last["rps"] == 10 / SLOT and last["p50"] is not None
     assert (big["wanted"], big["ready"]) == (1, 0) and big["profiles"][0]["replicas"][0]["state"] == "Pending"
     assert body["thresholds"] == {"max_waiting": gw.cfg.routing.max_waiting, "max_kv": gw.cfg.routing.max_kv}
+    assert chat["tenants"] == [] and big["tenants"] == []
+
+
+def test_models_show_each_key_s_weight_service_share_and_wait(store, fleet):
+    from llmgw.state.tenants import TenantDelta
+
+    kid, _ = store.create_key("team-a", weight=2.0)
+    store.add_tenants({("chat", kid): TenantDelta(100.0, 200.0, 3.0, 4)}, int(time.time() // 60))
+    _, admin = store.create_key("ops", admin=True)
+    _, c = client(store)
+    body = c.get("/ui/api/models", headers={"Authorization": f"Bearer {admin}"}).json
+    chat = next(m for m in body["models"] if m["name"] == "chat")
+    assert chat["tenants"] == [{"key": "team-a", "id": kid, "weight": 2.0, "service_tokens": 200, "requests": 4,
+                                "mean_wait": 0.75, "share": 1.0}]
 
 
 def test_events_filter_and_page_with_a_cursor(store, fleet):

@@ -108,3 +108,38 @@ def test_usage_shows_budgets(r, capsys):
     assert main(["usage"]) == 0
     text = capsys.readouterr().out
     assert "REMAINING" in text and " 60 " in text
+
+
+def test_weight_and_sub_tenants(r, capsys):
+    assert main(["keys", "create", "batch", "--weight", "0.5"]) == 0
+    assert main(["keys", "create", "app", "--weight", "2", "--sub-tenants"]) == 0
+    capsys.readouterr()
+    by = {k.name: k for k in Store(r).list_keys()}
+    assert (by["batch"].weight, by["batch"].sub_tenants) == (0.5, False)
+    assert (by["app"].weight, by["app"].sub_tenants) == (2.0, True)
+    assert main(["keys", "update", "app", "--weight", "3", "--no-sub-tenants"]) == 0
+    assert "weight 3" in capsys.readouterr().out
+    assert main(["keys", "list"]) == 0
+    listing = capsys.readouterr().out
+    assert "WEIGHT" in listing and " 0.5 " in listing
+    before = dict(r.hgetall(keys.API_KEYS))
+    assert main(["keys", "update", "app", "--weight", "0"]) == 1
+    err = capsys.readouterr().err
+    assert "--weight: must be between 0.01 and 1000" in err and "Traceback" not in err
+    assert r.hgetall(keys.API_KEYS) == before
+
+
+def test_usage_shows_fair_queueing_service(r, capsys):
+    import time
+
+    from llmgw.state.tenants import TenantDelta
+
+    kid, _ = Store(r).create_key("team-a", weight=2.0)
+    Store(r).add_tenants({("m", kid): TenantDelta(50.0, 100.0, 1.5, 3)}, int(time.time() // 60))
+    assert main(["usage", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["service"] == [{"key": "team-a", "id": kid, "model": "m", "weight": 2.0, "service_tokens": 100,
+                               "requests": 3, "mean_wait": 0.5, "share": 1.0}]
+    assert main(["usage", "--key", "team-a"]) == 0
+    text = capsys.readouterr().out
+    assert "SHARE 5m" in text and "100.0%" in text and "0.500s" in text

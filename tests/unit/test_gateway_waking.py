@@ -10,6 +10,7 @@ import time
 
 from gateway.request.client import ClientConn
 from gateway.routing.choice import Choice, Rejection
+from gateway.routing.ledger import NO_TENANT
 from gateway.routing.queue import GONE, Ticket, WaitQueue, WaitQueues
 from llmgw.state.records import EndpointInfo
 from tests.support.procs import wait_until
@@ -87,7 +88,8 @@ def test_a_release_wakes_only_the_queues_of_its_model():
     tickets = {}
     for name in ("m", "m-alias", "x1", "other"):
         tickets[name] = Ticket()
-        qs.get(name).waiters.append(tickets[name])
+        q = qs.get(name)
+        q.waiters.push(NO_TENANT, tickets[name], q.ledger, name)
     qs.wake("m")
     assert {n for n, t in tickets.items() if t.event.is_set()} == {"m", "m-alias", "x1"}
     qs.wake(None)  # new loads or a new list: every queue

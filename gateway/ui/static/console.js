@@ -266,6 +266,7 @@ async function renderModels(view) {
         chart("sheds & errors", m.traffic, [["sheds", "#c2410c", "shed", rate], ["errors", "#dc2626", "err", rate]]))
         : el("div", { class: "muted" }, "no traffic in the last minutes"));
     if ((m.adapters || []).length) section.append(adapterTable(m.adapters));
+    if ((m.tenants || []).length) section.append(tenantTable(m.tenants));
     for (const p of m.profiles) {
       const rows = p.replicas.map((x) => el("tr", { "data-replica": x.id, "data-state": x.state },
         el("td", {}, x.id), el("td", {}, stateBadge(x.state)), el("td", {}, x.reason || ""), el("td", {}, x.restarts),
@@ -281,6 +282,18 @@ async function renderModels(view) {
     out.push(section);
   }
   show(view, out.length ? out : el("p", { class: "muted" }, "No model in the catalog."));
+}
+
+function tenantTable(tenants) {
+  // Fair queueing per API key: its weight, the service it received (tokens), its share of the model's
+  // service over the last minutes, and the mean wait of its requests in the gateways' queues.
+  const rows = tenants.map((t) => el("tr", { "data-tenant": t.key },
+    el("td", {}, t.key), el("td", {}, String(t.weight)), el("td", {}, t.service_tokens.toLocaleString()),
+    el("td", {}, t.share === null ? "-" : (100 * t.share).toFixed(1) + " %"),
+    el("td", {}, String(t.requests)), el("td", {}, t.mean_wait === null ? "-" : secs(t.mean_wait))));
+  return el("div", {}, el("h4", {}, "API keys (fair queueing)"),
+    el("table", {}, el("tr", {}, ["key", "weight", "service (tokens)", "share (5 min)", "requests", "mean queue wait"]
+      .map((h) => el("th", {}, h))), rows));
 }
 
 function adapterTable(adapters) {
