@@ -21,6 +21,7 @@ import asyncio
 import json
 import time
 
+COMPACT = {"separators": (",", ":")}  # as vLLM and llama-server write their JSON
 MODELS = json.dumps({"object": "list", "data": [{"id": "m", "object": "model", "owned_by": "bench"}]}).encode()
 
 
@@ -29,14 +30,14 @@ def _json_answer(rid: int) -> bytes:
         "id": f"chatcmpl-{rid}", "object": "chat.completion", "created": int(time.time()), "model": "m",
         "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello there"},
                      "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 8, "completion_tokens": 2, "total_tokens": 10}}).encode()
+        "usage": {"prompt_tokens": 8, "completion_tokens": 2, "total_tokens": 10}}, **COMPACT).encode()
 
 
 def _event(rid: int, i: int, last: bool) -> bytes:
     doc = {"id": f"chatcmpl-{rid}", "object": "chat.completion.chunk", "created": 0, "model": "m",
            "choices": [{"index": 0, "delta": {"content": f"tok{i} "} if not last else {},
                         "finish_reason": "stop" if last else None}]}
-    return b"data: " + json.dumps(doc).encode() + b"\n\n"
+    return b"data: " + json.dumps(doc, **COMPACT).encode() + b"\n\n"
 
 
 def _chunk(data: bytes) -> bytes:

@@ -69,7 +69,8 @@ class Call:
         if enabled and self.body is not None:
             self.prefix, self.prompt_tokens = prefix_of(self.body, self.route.op, canon,
                                                         self.adapter.name if self.adapter is not None else "")
-            self.opens = opens_conversation(self.body, self.route.op)
+            # (read only with block keys: where a prompt's history goes, gateway.routing.choice._pick)
+            self.opens = bool(self.prefix) and opens_conversation(self.body, self.route.op)
 
     @property
     def affinity(self) -> str | None:

@@ -39,7 +39,9 @@ PROBE = 16  # entries from an endpoint's place where it may sit: bounds every lo
 PEAK_WINDOW = 3.0  # seconds a peak is remembered: a scrape is at most ~2 load intervals old when read
 DECIDE_WAIT = 0.005  # seconds a decision waits for the siblings' lock before it goes on alone
 
-_HEAD = 2  # int64s before a row's entries: owner pid (0 free, -1 claimed), requests it released
+# int64s before a row's entries: owner pid (0 free, -1 claimed), requests it released, client
+# connections it holds open (gateway.server.worker: how many it accepts per turn)
+_HEAD = 3
 _ENTRY = 4  # int64s per entry: key (0 empty), count, peak, peak_at (microseconds, monotonic)
 _ROW = _HEAD + ENDPOINTS * _ENTRY
 
@@ -160,6 +162,15 @@ class SharedCounts:
         elif after > self.buf[at + 2]:
             self.buf[at + 2] = after
         self.buf[at + 1] = after
+
+    def set_connections(self, n: int) -> None:
+        """Our worker holds `n` client connections open now."""
+        self.buf[self.row * _ROW + 2] = n
+
+    def fewest_connections(self) -> int | None:
+        """The fewest client connections a live sibling worker holds (None: no sibling)."""
+        held = [self.buf[r * _ROW + 2] for r in range(self.rows) if r != self.row and self.buf[r * _ROW] > 0]
+        return min(held) if held else None
 
     def releases(self) -> int:
         """How many requests the sibling workers have released so far (it grows when one frees a

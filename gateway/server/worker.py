@@ -7,8 +7,11 @@ loop serves every ready connection first, so it lasts tens of milliseconds, and 
 connections waits in the listen queue meanwhile: at 4,096 concurrent streams most clients waited
 there tens of seconds for their first byte while the connections already accepted were served
 (`ss -ltn` showed ~3,000 connections queued for 15 s; the tail the 4,096-stream benchmark saw).
-Each worker now takes up to ACCEPT_BATCH pending connections per turn; both workers are woken by
-the same listening socket, so a burst is still shared between them.
+Each worker now takes several pending connections per turn, as many as keep it level with its
+least-loaded sibling (their open connection counts are in the sibling table, gateway.server.siblings)
+plus ACCEPT_SLACK, at most ACCEPT_BATCH: a burst is taken in a few turns and still spread over the
+workers. (A fixed batch let one worker take all 32 connections of a benchmark's client at once and
+halved the gateway's throughput at concurrency 32, bench/gateway.py.) A worker alone takes ACCEPT_BATCH.
 
 Why: on SIGTERM gunicorn's gevent worker stops accepting, then waits until every connection of its
 pool is gone, up to graceful_timeout (30 s). A connection kept alive between requests (the OpenAI SDK,
@@ -30,8 +33,10 @@ from gevent.server import StreamServer
 from gunicorn.workers import ggevent
 from gunicorn.workers.ggevent import GeventWorker
 
-# Connections a worker accepts per turn of its event loop (gevent's own default is 100).
+# Connections a worker accepts per turn of its event loop, at most (gevent's own default is 100), and
+# how many more than its least-loaded sibling holds it may take in one turn.
 ACCEPT_BATCH = 64
+ACCEPT_SLACK = 4
 
 # How often, while stopping, connections that have just gone idle are closed too (a response that
 # ends after the first sweep closes its connection itself; this covers one that went back to waiting
@@ -39,11 +44,20 @@ ACCEPT_BATCH = 64
 _SWEEP_EVERY = 0.2
 
 
-class BatchAcceptServer(StreamServer):
-    """gevent's StreamServer that keeps taking up to ACCEPT_BATCH connections per turn, whatever
-    gunicorn sets (it sets 1 for several workers)."""
+def accept_allowance(mine: int, fewest: int | None) -> int:
+    """Connections a worker holding `mine` accepts in one turn, its least-loaded sibling holding
+    `fewest` (None: it has none)."""
+    if fewest is None:
+        return ACCEPT_BATCH
+    return max(1, min(ACCEPT_BATCH, fewest + ACCEPT_SLACK - mine))
 
-    max_accept = property(lambda self: ACCEPT_BATCH, lambda self, value: None)
+
+class BatchAcceptServer(StreamServer):
+    """gevent's StreamServer that takes `allowance()` connections per turn (gevent reads `max_accept`
+    once per turn), whatever gunicorn sets (it sets 1 for several workers)."""
+
+    allowance = staticmethod(lambda: ACCEPT_BATCH)  # set by the worker that runs it (its process's)
+    max_accept = property(lambda self: self.allowance(), lambda self, value: None)
 
 
 class GatewayWorker(GeventWorker):
@@ -58,16 +72,28 @@ class GatewayWorker(GeventWorker):
         # gunicorn builds its servers from this module name inside run(): in this worker process
         # only, after the fork.
         ggevent.StreamServer = BatchAcceptServer
+        BatchAcceptServer.allowance = staticmethod(self._allowance)
         super().run()
+
+    def _allowance(self) -> int:
+        table = getattr(self, "llmgw_siblings", None)
+        return accept_allowance(len(self._clients), table.fewest_connections() if table is not None else None)
+
+    def _count(self) -> None:
+        table = getattr(self, "llmgw_siblings", None)
+        if table is not None:
+            table.set_connections(len(self._clients))
 
     def handle(self, listener, client, addr):
         me = gevent.getcurrent()
         self._clients[me] = client
+        self._count()
         try:
             super().handle(listener, client, addr)
         finally:
             self._clients.pop(me, None)
             self._idle.pop(me, None)
+            self._count()
 
     @contextmanager
     def _waiting_for_a_request(self):

@@ -168,3 +168,29 @@ def test_setup_without_rows_makes_no_table(rows):
     table = siblings.setup(rows)
     assert table is None
     assert siblings.attach(table, 0) is None
+
+
+def test_a_worker_accepts_as_many_connections_as_keep_it_level_with_its_least_loaded_sibling():
+    from gateway.server.worker import ACCEPT_BATCH, ACCEPT_SLACK, accept_allowance
+
+    assert accept_allowance(0, None) == ACCEPT_BATCH  # alone: a burst is taken at once
+    assert accept_allowance(0, 0) == ACCEPT_SLACK  # two idle workers: neither takes a whole burst
+    assert accept_allowance(10, 30) == 20 + ACCEPT_SLACK  # behind: it catches up in one turn
+    assert accept_allowance(40, 10) == 1  # ahead: one per turn, as gunicorn's worker always did
+    assert accept_allowance(0, 10_000) == ACCEPT_BATCH
+
+
+def test_the_table_tells_each_worker_how_many_connections_the_others_hold():
+    table = SharedCounts.create(4)
+    rows = [table.claim_row() for _ in range(3)]
+    views = [table.for_row(r) for r in rows]
+    for pid, v in zip((101, 102, 103), views):
+        v.adopt(pid)
+    assert views[0].fewest_connections() == 0
+    views[1].set_connections(7)
+    views[2].set_connections(3)
+    assert views[0].fewest_connections() == 3 and views[2].fewest_connections() == 0
+    table.free_row(rows[0])  # a worker that exited counts no more
+    assert views[1].fewest_connections() == 3
+    alone = SharedCounts.create(1)
+    assert alone.for_row(alone.claim_row()).fewest_connections() is None
