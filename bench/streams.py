@@ -209,7 +209,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=8.0, help="measured seconds per level and target")
     ap.add_argument("--targets", default="direct,nginx,vllm-router,llmgw",
                     help="of direct, nginx, vllm-router, llmgw, litellm (LiteLLM's proxy, its own virtualenv made on first use), "
-                    "floor-gunicorn, floor-gevent (a stream with no proxying: bench/stream_floor.py)")
+                    "floor-gunicorn, floor-gevent (a stream with no proxying: bench/stream_floor.py), floor-proxy (the "
+                         "gateway's server model and engine client passing streams through, nothing else: bench/floor.py)")
     ap.add_argument("--workers", type=int, default=0, help="gateway workers (default: the conf's, one per core)")
     ap.add_argument("--answer", type=float, default=ANSWER_S, help="seconds per answer")
     ap.add_argument("--quick", action="store_true", help="64 and 256 streams, 4 s each")
@@ -221,7 +222,7 @@ def main() -> None:
         a.levels, a.seconds = "64,256", 4.0
     levels = [int(x) for x in a.levels.split(",")]
     targets = a.targets.split(",")
-    known = ("direct", "nginx", "vllm-router", "llmgw", "litellm", "floor-gunicorn", "floor-gevent")
+    known = ("direct", "nginx", "vllm-router", "llmgw", "litellm", "floor-gunicorn", "floor-gevent", "floor-proxy")
     unknown = [t for t in targets if t not in known]
     if unknown:
         ap.error(f"unknown target(s) {', '.join(unknown)}; choose from {', '.join(known)}")
@@ -272,11 +273,13 @@ def main() -> None:
             urls["llmgw"] = ([gw], lambda: tree(gproc.pid))
         for floor in [t for t in targets if t.startswith("floor-")]:  # bench/stream_floor.py
             port = free_port()
-            env = {"FLOOR_ANSWER_S": str(a.answer), "FLOOR_EVENTS": str(EVENTS), "PYTHONPATH": str(ROOT)}
-            if floor == "floor-gunicorn":
+            env = {"FLOOR_ANSWER_S": str(a.answer), "FLOOR_EVENTS": str(EVENTS), "PYTHONPATH": str(ROOT),
+                   "FLOOR_ENGINES": ",".join(engines)}
+            if floor in ("floor-gunicorn", "floor-proxy"):  # the latter: bench/floor.py, through the engines
+                app = "bench.stream_floor:app" if floor == "floor-gunicorn" else "bench.floor:proxy"
                 argv = [str(Path(sys.executable).parent / "gunicorn"), "-c", "python:gateway.gunicorn_conf",
                         "-b", f"127.0.0.1:{port}", "--worker-connections", str(2 * max(levels)),
-                        "-w", str(a.workers or os.cpu_count() or 1), "bench.stream_floor:app"]
+                        "-w", str(a.workers or os.cpu_count() or 1), app]
             else:
                 argv = [sys.executable, str(ROOT / "bench" / "stream_floor.py"), str(port)]
             fp = cluster.procs.start(floor, argv, env=env, cwd=ROOT)
