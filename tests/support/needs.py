@@ -149,3 +149,8 @@ def vllm() -> Path:
     """The directory `make vllm` prepared: env/bin/python, models/..., adapters/... (llmgw.engines.selfcheck)."""
     require(VLLM, vllm_problem())
     return vllm_dir()
+
+
+def wrk() -> None:
+    """The load generator of bench/gateway.py (Debian package wrk)."""
+    require("wrk (apt-get install wrk)", None if shutil.which("wrk") else "no wrk on PATH")
