@@ -54,7 +54,8 @@ if __name__ == "__main__":
     sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, ROOT / "bench")]
 
 from gateway.config import GatewaySettings  # noqa: E402
-from gateway.routing.admission import Queue, Request, Send, Settings, after_wait, decide, needs_rate  # noqa: E402
+from gateway.routing.admission import (Queue, Request, Send, Settings, after_wait, answered_as_shed, decide,  # noqa: E402
+                                       needs_rate, needs_restart)
 from gateway.routing.choice import COMPLETION, FIRST_TOKEN, Choice, Rejection, RouteRequest  # noqa: E402
 from gateway.routing.prefixkeys import opens_conversation, prefix_of  # noqa: E402
 from gateway.routing.retry import Deliver, GiveUp, Outcome, next_attempt  # noqa: E402
@@ -373,6 +374,7 @@ class Req:
     status: str = ""  # ok | shed | error
     endpoint: str = ""
     deadline: float = math.inf  # end of its wait in the gateway's queue
+    waiting: Queue | None = None  # the admission step that queued it (what keeps it waiting, for how long)
     session: int = -1  # conversation workloads: its session's index, and which turn it is
     turn: int = 0
     tokens: tuple[int, ...] | None = None  # its prompt's and answer's tokens, for the engines' caches
@@ -451,12 +453,13 @@ class _Gateway:
             return
         res = st.route(self._request(req, len(self.queue) + 1))
         step = decide(res, len(self.queue), Request(req.priority, "m", req.attempt == 0,
-                                                    st.completion_rate("m") if needs_rate(res) else None),
+                                                    st.completion_rate("m") if needs_rate(res) else None,
+                                                    restart=(cfg.restart_hold or None) if needs_restart(res) else None),
                       Settings(cfg.queue_max, cfg.queue_timeout))
         if isinstance(step, Queue):
             if step.give_back:
                 st.release(res, None)
-            req.deadline = self.sim.now + step.timeout
+            req.deadline, req.waiting = self.sim.now + step.timeout, step
             self.queue.append(req)
             self.sim.at(req.deadline, "timeout", (self, req))
             return
@@ -469,17 +472,17 @@ class _Gateway:
             return
         if step.give_back:
             self.state.release(res, None)
-        self.sim.finish(req, "shed" if step.shed else "error")
+        self.sim.finish(req, "shed" if answered_as_shed(step) else "error")
 
     def drain(self) -> None:
         """The queue's head routes while endpoints free (WaitQueue.wait's loop)."""
         while self.queue:
             head = self.queue[0]
             res = self.state.route(self._request(head, 1, waited=self.sim.now - head.arrival))
-            if isinstance(res, Rejection) and res.kind == "saturated":
+            if isinstance(res, Rejection) and res.kind in head.waiting.keep:
                 return
             self.queue.popleft()
-            self._carry_out(head, after_wait(res, Queue(self.sim.cfg.queue_timeout, "saturated")))
+            self._carry_out(head, after_wait(res, head.waiting))
 
     @staticmethod
     def _request(req: Req, queued: int, waited: float = 0.0) -> RouteRequest:
@@ -492,7 +495,7 @@ class _Gateway:
     def timeout(self, req: Req) -> None:
         if req in self.queue and self.sim.now >= req.deadline:
             self.queue.remove(req)
-            self._carry_out(req, after_wait(None, Queue(self.sim.cfg.queue_timeout, "saturated")))
+            self._carry_out(req, after_wait(None, req.waiting))
 
     def _power_of_two(self, req: Req) -> Choice:
         eps = [e for e in self.state.endpoints if e.id not in req.exclude] or list(self.state.endpoints)

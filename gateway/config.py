@@ -134,6 +134,11 @@ class GatewaySettings(Settings):
     queue_timeout: Seconds = env("LLMGW_GATEWAY_QUEUE_TIMEOUT", default=30.0, ge=0,
                                  meaning="the longest a standard request waits in that queue (seconds); refused "
                                          "at once when its estimated wait exceeds it")
+    restart_hold: Seconds = env("LLMGW_GATEWAY_RESTART_HOLD", default=20.0, ge=0,
+                                meaning="the longest a request for a model that had a replica lately, and has none it "
+                                        "can reach now (every one failed it, or none is listed: a replica "
+                                        "restarting), waits in the model's queue for one to come back (seconds); 0: "
+                                        "refused at once")
     # Who of the requests waiting for a saturated model goes next (gateway.routing.fairness): the key
     # that received the least service, counted in tokens over its weight (`tokens`, the Virtual Token
     # Counter), or the oldest request (`fcfs`). Shared by the gateways every LLMGW_GATEWAY_SHARE_FAIRNESS.

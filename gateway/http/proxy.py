@@ -24,7 +24,8 @@ from gateway.request.call import Call, forward_headers, read_call
 from gateway.request.client import ClientConn
 from gateway.request.surface import Route
 from gateway.routing.adapters import Lift
-from gateway.routing.admission import COLD_START, SATURATED, Queue, Request, Send, Settings, after_wait, decide, needs_rate
+from gateway.routing.admission import (COLD_START, SATURATED, Queue, Request, Send, Settings, after_wait, decide,
+                                       needs_rate, needs_restart)
 from gateway.routing.choice import Choice, Rejection, RouteRequest
 from gateway.routing.queue import GONE, WaitQueue, WaitQueues
 from gateway.routing.retry import Deliver, GiveUp, Outcome, next_attempt
@@ -171,14 +172,16 @@ class Proxy:
         res = router.route(req)
         # Who leaves the queue before it, in fair order (gateway.routing.fairness): its place in line.
         ahead = q.position(call.tenant) - 1 if len(q) else 0
+        canon = tables.canonical.get(req.model, req.model)
         rate = router.completion_rate(req.model) if needs_rate(res) else None
-        step = decide(res, ahead, Request(prio, tables.canonical.get(req.model, req.model), first, rate,
-                                          tables.cold_start.get(req.model), call.adapter), self.admission)
+        restart = (self.cfg.restart_hold or None) if needs_restart(res) and router.had_replica(canon) else None
+        step = decide(res, ahead, Request(prio, canon, first, rate, cold_start=tables.cold_start.get(req.model),
+                                          restart=restart, adapter=call.adapter), self.admission)
         if isinstance(step, Queue):
             if step.give_back:  # others queued first: give the slot back and line up
                 router.release(res, None)
             if step.why == SATURATED:
-                self.saturation.queued(tables.canonical.get(req.model, req.model))
+                self.saturation.queued(canon)
             for name in step.demand:
                 if self.demand.demand(name, len(q) + 1) and step.why == COLD_START:
                     log.info("model %s has no Ready replica: holding its requests up to %gs for a cold start",

@@ -8,7 +8,7 @@ from __future__ import annotations
 from gateway.errors import ApiError
 from gateway.keys.policy import unknown_model
 from gateway.routing.adapters import NO_ADAPTER
-from gateway.routing.admission import ADAPTER_LOAD, COLD_START, Refuse, Shed, TimedOut, retry_after
+from gateway.routing.admission import ADAPTER_LOAD, COLD_START, RESTART, Refuse, Shed, TimedOut, retry_after
 from gateway.routing.choice import Rejection, RouteRequest
 from gateway.routing.retry import GiveUp, Outcome
 from gateway.routing.tables import Tables
@@ -56,6 +56,15 @@ def refusal(why: Rejection | Shed | TimedOut, req: RouteRequest, tables: Tables,
 
 def refused(step: Refuse, req: RouteRequest, tables: Tables, last_error: ApiError | None = None) -> ApiError:
     """The answer to admission's `Refuse`."""
+    if step.during == RESTART:
+        model = req.model
+        if isinstance(step.error, Shed):
+            return ApiError("shed", f"model {model!r} has no replica it can reach now: {step.error.reason}",
+                            step.error.retry_after)
+        if isinstance(step.error, TimedOut):
+            return ApiError("no_replica", f"no replica of model {model!r} could be reached, and none came back "
+                            f"within {step.hold:g}s (LLMGW_GATEWAY_RESTART_HOLD); retry shortly",
+                            retry_after(step.hold or 0.0))
     return refusal(step.error, req, tables, last_error=last_error,
                    cold_start=step.hold if step.during == COLD_START else None,
                    adapter_load=step.hold if step.during == ADAPTER_LOAD else None)

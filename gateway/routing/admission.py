@@ -23,6 +23,11 @@ Holds for a model or an adapter nothing serves yet:
   has no endpoint: the request waits in the model's queue, counting against its bound, up to the
   model's `cold_start_timeout`, and the control plane is told at once (a demand hint) so a replica
   is placed now, not at the next timer tick.
+- Restart: a model that had a replica lately and has none this request can reach now (every listed
+  endpoint failed it, or none is listed: its last replica died and is restarting) waits up to
+  LLMGW_GATEWAY_RESTART_HOLD for a replica to be published again (an endpoint it failed on counts
+  again once its engine came back, gateway.routing.adapters.Lift), instead of a 503 while the
+  control plane replaces it; the control plane is told at once.
 - Adapter load: a LoRA adapter no endpoint holds (gateway.routing.adapters) waits up to the adapter's
   `wait` when a replica could load it (or its model can start from zero); the control plane is told
   for the adapter, and for its model when no replica of it runs.
@@ -68,7 +73,8 @@ class TimedOut:
 
 
 # Why a request waits or is refused: the label of its metrics and what its refusal says.
-SATURATED, COLD_START, ADAPTER_LOAD = "saturated", "cold_start", "adapter_load"
+SATURATED, COLD_START, ADAPTER_LOAD, RESTART = "saturated", "cold_start", "adapter_load", "restart"
+GONE_KINDS = ("unknown_model", "no_ready")  # no endpoint listed, or none this request has not failed on
 
 
 @dataclass(frozen=True)
@@ -111,6 +117,9 @@ class Request:
     # result (`needs_rate`), else None.
     rate: float | None = None
     cold_start: float | None = None  # the model's cold-start timeout, when it scales from zero
+    # How long it may wait for a replica to come back (the model had one lately; `needs_restart`),
+    # else None.
+    restart: float | None = None
     adapter: AdapterRoute | None = None  # the LoRA adapter it names, if any
 
 
@@ -118,6 +127,17 @@ class Request:
 class Settings:
     queue_max: int
     queue_timeout: float
+
+
+def answered_as_shed(step: Refuse) -> bool:
+    """Whether the client's answer to `step` is a shed (429: try later) rather than an error (no
+    replica): a Shed, or a saturated wait that ran out; a hold that ran out means nothing serves."""
+    return isinstance(step.error, Shed) or (isinstance(step.error, TimedOut) and not step.during)
+
+
+def needs_restart(result: Choice | Rejection) -> bool:
+    """Whether `decide` reads `Request.restart` for this result (whether the model had a replica lately)."""
+    return isinstance(result, Rejection) and result.kind in GONE_KINDS
 
 
 def needs_rate(result: Choice | Rejection) -> bool:
@@ -135,6 +155,11 @@ def decide(result: Choice | Rejection, queued: int, req: Request, cfg: Settings)
             if isinstance(held, Shed):
                 return Refuse(held, COLD_START, COLD_START, req.cold_start)
             return Queue(held.timeout, COLD_START, (SATURATED, "unknown_model"), demand=(req.model or result.model,))
+        if result.kind in GONE_KINDS and req.restart:
+            held = hold(req.restart, queued, cfg.queue_max)
+            if isinstance(held, Shed):
+                return Refuse(held, RESTART, RESTART, req.restart)
+            return Queue(held.timeout, RESTART, (SATURATED,) + GONE_KINDS, demand=(req.model or result.model,))
         if result.kind == NO_ADAPTER and req.adapter is not None:
             route = req.adapter
             held = load_hold(route, queued, cfg.queue_max)
@@ -165,6 +190,8 @@ def after_wait(result: Choice | Rejection | None, queued: Queue) -> Send | Refus
         return Refuse(result)
     if queued.why == COLD_START:  # whatever ended it, the model did not start in time
         return Refuse(TimedOut(queued.timeout), "cold_start_timeout", COLD_START, queued.timeout)
+    if queued.why == RESTART:
+        return Refuse(result or TimedOut(queued.timeout), "restart_timeout", RESTART, queued.timeout)
     return Refuse(result or TimedOut(queued.timeout), "adapter_load_timeout", ADAPTER_LOAD, queued.timeout)
 
 

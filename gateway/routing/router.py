@@ -66,6 +66,8 @@ class Router:
         # What this gateway last told the others it holds, and when (take_holds; under `lock`).
         self._holds_said: dict[str, int] | None = None
         self._holds_said_at = float("-inf")
+        # Per canonical model, when it last had an endpoint in the list (monotonic; `had_replica`).
+        self._listed_at: dict[str, float] = {}
         # A slot of a model freed (its name), or the loads or tables changed (None): wakes the queues.
         self.on_release = on_release
 
@@ -312,6 +314,14 @@ class Router:
         """A response head arrived from the endpoint: evidence that it serves."""
         self.counts.ok_at[endpoint_id] = self.clock.time()
 
+    def had_replica(self, model: str, within: float = 600.0) -> bool:
+        """Whether `model` (its canonical name) has an endpoint in the list, or had one within the last
+        `within` seconds (its replicas are restarting rather than never placed)."""
+        if any(model in e.models for e in self.snapshot.tables.endpoints):
+            return True
+        at = self._listed_at.get(model)
+        return at is not None and self.clock.monotonic() - at <= within
+
     def requested(self, model: str) -> None:
         """A request for a known model arrived (demand, even when nothing can serve it yet)."""
         self.counts.last_request_at[self.snapshot.tables.canonical.get(model, model)] = self.clock.time()
@@ -327,6 +337,9 @@ class Router:
                 self.on_release(None)  # new names (an adapter loaded, a model renamed) may free a waiter
                 return
             listed = tables.by_id
+            now = self.clock.monotonic()
+            for m in {e.model or e.models[0] for e in tables.endpoints}:
+                self._listed_at[m] = now
             with self.lock:
                 self.counts.prune(listed)
                 self.prefixes.listed({i: ep.kv_tokens for i, ep in listed.items()})

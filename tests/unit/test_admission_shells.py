@@ -47,7 +47,8 @@ TRACE = [
     (64, "standard", True, SAT, 2.0),  # queue full
     (0, "critical", True, SAT, 2.0),
     (2, "critical", True, OK, 2.0),
-    (0, "standard", True, NONE_READY, 2.0),  # not admission's business: refused as it is
+    (0, "standard", True, NONE_READY, 2.0),  # every endpoint failed it: it waits for one to come back
+    (0, "standard", True, Rejection("unsupported", "m"), 2.0),  # not admission's business: refused as it is
 ]
 QUEUE_MAX, QUEUE_TIMEOUT = 64, 8.0
 
@@ -64,6 +65,9 @@ class ScriptedRouter:
 
     def completion_rate(self, model):
         return self.rate
+
+    def had_replica(self, model):
+        return True  # the model's replicas were listed (a restart, not a model never placed)
 
     def release(self, choice, service_time):
         self.released.append(choice)
@@ -145,5 +149,6 @@ def test_the_trace_covers_every_verdict(monkeypatch):
         calls, outcome, _ = through_proxy(monkeypatch, *row)
         verdict = calls[0][-1]
         kinds.add((type(verdict).__name__, getattr(verdict, "shed", None) or getattr(verdict, "why", None)))
-    assert {("Send", None), ("Queue", "saturated"), ("Refuse", "saturated"), ("Refuse", None)} <= {
+    assert {("Send", None), ("Queue", "saturated"), ("Queue", "restart"), ("Refuse", "saturated"),
+            ("Refuse", None)} <= {
         (k, w or None) for k, w in kinds}
