@@ -32,6 +32,7 @@ from llmgw.errors import CatalogInvalid, LlmgwError
 from llmgw.local import stackfile
 from llmgw.local.embedded_redis import redis_server_argv
 from llmgw.local.localstack import LocalStack, celery_argv, free_port, port_is_free, python_module, wait_for
+from llmgw.proc.ports import free_port_range
 from llmgw.settings import Settings
 from llmgw.engines.selfcheck import advice
 from llmgw.state.records import ReplicaRecord
@@ -145,6 +146,12 @@ def _run(args, settings, catalog, state_dir, node, stack: LocalStack, stopping) 
         # The batch worker sends the Batch API's lines to this gateway (docs/batch.md).
         "LLMGW_BATCH_GATEWAY_URL": url,
     })
+    if not os.environ.get("LLMGW_PORT_RANGE"):
+        # The engines' ports from a block free now, not the agent's fixed default (21000-21999): a
+        # second `llmgw up` on the machine (or a test beside it) handed a vLLM replica's port, still
+        # unbound while vLLM loads for a minute, to its own llama-server.
+        lo, hi = free_port_range(100)
+        stack.env["LLMGW_PORT_RANGE"] = f"{lo}-{hi}"
     common = ["--without-gossip", "--without-mingle", "-l", "info"]
     stack.start("control", celery_argv("worker", "-Q", CONTROL_QUEUE, "-n", "control@%h", "-P", "threads", "-c", "4",
                                        *common))

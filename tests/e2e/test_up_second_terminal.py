@@ -25,7 +25,7 @@ models:
       - {{name: cpu, engine: sim, replicas: {n}}}
 """
 # `  chat/cpu <id>  <State> [<elapsed>][: <what it waits for>]`, as `apply --wait` prints them piped.
-PROGRESS = re.compile(r"^  chat/cpu (\S+)  (\w+)(?: [\d.]+[smhd])?(?:: (.*))?$")
+PROGRESS = re.compile(r"^  chat/cpu (\S+)  (\w+)(?: for [\d.]+[smhd])?(?:: (.*))?$")
 
 
 def fresh_env(**extra: str) -> dict[str, str]:

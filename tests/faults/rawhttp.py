@@ -12,6 +12,21 @@ from collections import Counter
 DEADLINE = 20.0  # seconds for a whole answer (a sim engine answers in well under one)
 
 
+def complete(raw: bytes) -> bool:
+    """Whether `raw` is a whole request as its head announces it (a body of exactly its
+    Content-Length, none without one): a server has nothing more to wait for."""
+    head, sep, body = raw.partition(b"\r\n\r\n")
+    if not sep:
+        return False
+    lengths = [line.split(b":", 1)[1].strip() for line in head.split(b"\r\n")[1:]
+               if line.lower().startswith(b"content-length:")]
+    if any(line.lower().startswith(b"transfer-encoding:") for line in head.split(b"\r\n")[1:]):
+        return False
+    if not lengths:
+        return body == b""
+    return len(lengths) == 1 and lengths[0].isdigit() and int(lengths[0]) == len(body)
+
+
 class RawGateway:
     """Requests over raw sockets, each with `Connection: close`, the answer read to the end of the
     connection within DEADLINE."""
@@ -28,7 +43,11 @@ class RawGateway:
         with socket.create_connection(("127.0.0.1", self.port), timeout=DEADLINE) as s:
             try:
                 s.sendall(raw)
-                s.shutdown(socket.SHUT_WR)  # nothing more is coming: a server waiting for more must answer
+                # Nothing more is coming: a server waiting for bytes the request announced must answer.
+                # Only then: the gateway takes a connection that reached its end (EOF) for a client that
+                # left, as nginx does (gateway.request.client), and stops the engine's work for it.
+                if not complete(raw):
+                    s.shutdown(socket.SHUT_WR)
             except OSError:  # reset, broken pipe, not connected
                 pass  # it answered (and closed) before reading everything: read that answer
             while True:

@@ -69,7 +69,7 @@ def test_validate(run, tmp_path):
     assert bad.returncode == 2
     lines = bad.stderr.splitlines()
     assert f"{tmp_path}/bad.yaml: models[0].profiles[0].replicas: must be at least 0, got -1 (line 6)" in lines
-    assert f"{tmp_path}/bad.yaml: models[0].profiles[0].gpu: vllm needs a GPU class (line 6)" in lines
+    assert f"{tmp_path}/bad.yaml: models[0].profiles[0].gpu: vllm needs a GPU class: say `gpu: {{class: ...}}`, or `device: cpu` to run vllm's CPU build (line 6)" in lines
     assert lines[-1].endswith("2 problems")
 
 
