@@ -284,6 +284,23 @@ def test_rolling_update_never_drops_ready_and_surges_by_one():
     assert len(sim.ready("m")) == 3
 
 
+def test_a_rolling_stop_and_the_next_surge_replica_are_one_pass():
+    """The pass that stops an old replica (its replacement is Ready) also starts the next new one:
+    the surge counts the old replicas left after its stops, as the pass after it would."""
+    nodes = {n: node(n, "h100:2") for n in "abc"}
+    sim = Sim(catalog(model("m", gpu_profile(replicas=2))), nodes)
+    sim.converge(3)
+    sim.cat = catalog(model("m", gpu_profile(replicas=2, args=["--enforce-eager"])))
+    first = sim.reconcile()  # one surge replica, nothing stopped yet
+    assert [type(a).__name__ for a in first].count("CreateReplica") == 1
+    sim.agents()
+    sim.tick()
+    second = sim.reconcile()
+    kinds = [type(a).__name__ for a in second]
+    assert kinds.count("StopReplica") == 1 and kinds.count("CreateReplica") == 1, kinds
+    assert sim.reconcile() == []  # and the pass after it has nothing left to decide
+
+
 def test_rolling_update_with_no_spare_capacity_keeps_one_ready():
     # Two replicas, room for exactly two: the surge replica cannot be placed until an old one goes,
     # and one old one may go only while another replica stays Ready.

@@ -133,7 +133,6 @@ def plan_profile(
     if old:
         # Rolling: at most one replica above `desired` (surge of one), and an old replica is kept
         # for every new one that is not Ready yet.
-        start = max(0, min(desired - len(cur), desired + 1 - len(cur) - len(old)))
         keep_old = max(0, desired - ready_cur)
         reasons = {r.id: why for r, why in old}
         ordered = _order_to_stop([r for r, _ in old], states)
@@ -151,6 +150,9 @@ def plan_profile(
             ready_after += 1 if is_ready(last) else 0
         for r in to_stop:
             actions.append(planned_stop(r, f"replaced: {reasons[r.id]}", snap, profile.drain_timeout))
+        # The surge counts the old replicas left after these stops: the next pass would count them
+        # so, and deciding it now keeps a pass applied from leaving work for the same moment.
+        start = max(0, min(desired - len(cur), desired + 1 - len(cur) - (len(old) - len(to_stop))))
         ready_left = ready_after
     else:
         start = max(0, desired - len(cur))
