@@ -84,6 +84,33 @@ def test_rolling_updates_cut_no_request(fleet):
     print(f"3 rolling updates: {served} requests, 0 failed, 0 truncated streams")
 
 
+def test_answers_that_outlast_the_drain_deadline_resume_on_the_replicas_left(fleet):
+    """A rolling update whose drain deadline (1 s) is shorter than the answers (400 tokens, about
+    8 s): the old engines are stopped under their streams, which resume on the replicas still
+    published (issue 48), so no client sees an error or a cut answer."""
+    cluster, url = fleet
+    short = CATALOG.format(seed=7).replace("drain_timeout: 60", "drain_timeout: 1")
+    loops = start_loops(url, "chat", streaming=6, plain=0, max_tokens=400)
+    try:
+        old = current(cluster)
+        # Every old replica holds a stream before the update, so each stop lands under one.
+        wait_until(lambda: all(any(g.endpoints.get(r.id) and g.endpoints[r.id].inflight
+                                   for g in cluster.store().gateway_reports()) for r in old),
+                   30, interval=0.1, what="a stream on every replica")
+        cluster.apply_catalog(short, name="short-drain.yaml")
+        wait_until(lambda: len(current(cluster)) == 3 and not {r.id for r in cluster.store().all_replicas()}
+                   & {r.id for r in old}, 120, interval=0.2, what="the update with a 1 s drain to finish")
+        wait_until(lambda: not any(pid_alive(r.engine_pid) for r in old), 30, what="the old engines to exit")
+    finally:
+        served, errors = stop_loops(loops)
+    assert not errors, errors[:5]
+    page = requests.get(url + "/metrics", timeout=10).text
+    resumed = sum(float(line.split()[-1]) for line in page.splitlines()
+                  if line.startswith('llmgw_gateway_stream_resumes_total{model="chat",outcome="resumed"'))
+    assert resumed >= 1, "no stream was handed over: the test did not stop an engine under one"
+    print(f"rolling update with a 1 s drain under 8 s answers: {served} answers, {resumed:.0f} resumed, 0 failed")
+
+
 def test_node_drain_cuts_no_request(fleet):
     cluster, url = fleet
     loops = start_loops(url, "chat", streaming=2, plain=2, max_tokens=STREAM_TOKENS)
