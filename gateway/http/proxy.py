@@ -92,11 +92,12 @@ class Proxy:
         headers = forward_headers(environ, rid, call.data is not None)
         method = environ.get("REQUEST_METHOD", "POST")
         exclude: frozenset[str] = frozenset()
+        failed_at: dict[str, str] = {}  # endpoint -> the address it failed at
         last_error: ApiError | None = None
         attempt = 0
         while True:
             try:
-                choice = self._admit(call, prio, affinity, exclude, attempt == 0, last_error, trace)
+                choice = self._admit(call, prio, affinity, exclude, attempt == 0, last_error, trace, failed_at)
             except ApiError as e:
                 trace.admitted(e.kind)
                 raise
@@ -151,6 +152,7 @@ class Proxy:
                 self.metrics.upstream_errors.labels(ep.id, step.reason).inc()
                 self.metrics.retries.labels(model).inc()
                 exclude = exclude | {ep.id}
+                failed_at[ep.id] = ep.url
                 last_error = attempt_failed(outcome, ep.id, model, self.cfg.first_byte_timeout)
             finally:
                 if resp is not None:
@@ -160,7 +162,7 @@ class Proxy:
             attempt += 1
 
     def _admit(self, call: Call, prio: str, affinity: str | None, exclude: frozenset[str], first: bool,
-               last_error: ApiError | None, trace=NOOP_REQUEST) -> Choice:
+               last_error: ApiError | None, trace=NOOP_REQUEST, failed_at: dict[str, str] | None = None) -> Choice:
         """A reserved endpoint for this attempt, after waiting in the model's queue if admission says
         so (gateway.routing.admission.decide); else raises the refusal."""
         router, tables = self.router, self.router.tables
@@ -188,7 +190,9 @@ class Proxy:
                              name, step.timeout)
             entered = self.clock.monotonic()
             # Only the head of the queue routes: it is first in line, whatever waits behind it.
-            lift = Lift(req.exclude, tables.by_id)  # a failed endpoint counts again once its engine restarted
+            # A failed endpoint counts again once its engine restarted (left the list, or is listed at
+            # another address than the one it failed at).
+            lift = Lift(req.exclude, tables.by_id, failed_at)
             got = self._wait(q, req, lambda: router.route(replace(req, queued=1, waited=self.clock.monotonic() - entered,
                                                                   exclude=lift(router.tables.by_id))),
                              step.timeout, keep=step.keep, client=call.client, trace=trace, tenant=call.tenant)

@@ -99,9 +99,14 @@ class Lift:
 
     __slots__ = ("exclude", "gone", "urls")
 
-    def __init__(self, exclude: frozenset[str], listed: Mapping[str, EndpointInfo] | None = None):
+    def __init__(self, exclude: frozenset[str], listed: Mapping[str, EndpointInfo] | None = None,
+                 failed_at: Mapping[str, str] | None = None):
+        # `failed_at`: the address each endpoint failed at, where the caller knows it. The list of
+        # now may already show the engine back at its new address (it restarted before the wait).
         self.exclude, self.gone = exclude, frozenset()
-        self.urls = {i: listed[i].url for i in exclude if i in listed} if listed else None
+        urls = {i: listed[i].url for i in exclude if i in listed} if listed else {}
+        urls.update({i: u for i, u in (failed_at or {}).items() if i in exclude})
+        self.urls = urls or None
 
     def __call__(self, listed: Collection[str] | Mapping[str, EndpointInfo]) -> frozenset[str]:
         now, self.gone = lifted(self.exclude, listed, self.gone, self.urls)

@@ -155,3 +155,8 @@ def test_an_endpoint_a_request_failed_on_counts_again_once_it_left_the_list_and_
     lift = Lift(frozenset({"e1", "e2"}), at)
     assert lift(at) == {"e1", "e2"}
     assert lift({**at, "e1": EndpointInfo(id="e1", url="http://127.0.0.1:9", models=("m",), engine="sim")}) == {"e2"}
+    # The list of the moment the wait begins may already show the engine back at its new address:
+    # the address it failed at (`failed_at`) is what tells it is another engine.
+    back = {**at, "e1": EndpointInfo(id="e1", url="http://127.0.0.1:9", models=("m",), engine="sim")}
+    assert Lift(frozenset({"e1"}), back)(back) == {"e1"}  # without it: excluded for good
+    assert Lift(frozenset({"e1"}), back, {"e1": "http://127.0.0.1:1"})(back) == frozenset()
