@@ -46,8 +46,8 @@ from bench.routing import CLIENT_TIMEOUT, pct  # noqa: E402
 from llmgw.catalog import Profile, apply_catalog, parse_catalog  # noqa: E402
 from llmgw.state.clock import Clock  # noqa: E402
 from llmgw.state.records import EndpointInfo  # noqa: E402
-from tests.support.cluster import Cluster  # noqa: E402
-from tests.support.procs import bin_path, free_port, python, wait_until  # noqa: E402
+from harness.cluster import Cluster  # noqa: E402
+from harness.procs import bin_path, free_port, python, wait_until  # noqa: E402
 from workers.agent.probe import HttpProber  # noqa: E402
 from workers.agent.scrape import Scraper, ScrapeTarget  # noqa: E402
 from workers.control.adapters import AdapterWant, ReplicaSlots, place_adapters  # noqa: E402

@@ -32,9 +32,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 
 from llmgw.state.replica_state import State, derive, nodes_alive  # noqa: E402
-from tests.support.cluster import Cluster  # noqa: E402
-from tests.support.loadgen import paced  # noqa: E402
-from tests.support.procs import wait_until  # noqa: E402
+from harness.cluster import Cluster  # noqa: E402
+from harness.loadgen import paced  # noqa: E402
+from harness.procs import wait_until  # noqa: E402
 
 SIM = """
 models:

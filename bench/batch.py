@@ -45,9 +45,9 @@ sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not
 from bench.fleetsim import Dist, Engine, Fleet, Load  # noqa: E402
 from bench.routing import RunningFleet, bodies, pct  # noqa: E402
 from simengine.core import SimConfig  # noqa: E402
-from tests.support.cluster import Cluster  # noqa: E402
-from tests.support.loadgen import StreamResult, open_loop_streams, poisson_times  # noqa: E402
-from tests.support.procs import wait_until  # noqa: E402
+from harness.cluster import Cluster  # noqa: E402
+from harness.loadgen import StreamResult, open_loop_streams, poisson_times  # noqa: E402
+from harness.procs import wait_until  # noqa: E402
 
 CHAT = "/v1/chat/completions"
 PROMPT, OUTPUT = 100, 24

@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from llmgw.catalog import apply_catalog, parse_catalog_text  # noqa: E402
 from llmgw.state.kicks import RECONCILE, Kicker, broker_app, celery_sender  # noqa: E402
 from llmgw.state.store import Store  # noqa: E402
-from tests.support.cluster import Cluster  # noqa: E402
-from tests.support.procs import wait_until  # noqa: E402
+from harness.cluster import Cluster  # noqa: E402
+from harness.procs import wait_until  # noqa: E402
 
 NODES = ("n1", "n2", "n3", "n4")
 REPLICAS = 20

@@ -61,7 +61,7 @@ from llmgw.state.records import EndpointInfo  # noqa: E402
 from llmgw.state.tenants import TenantTotals  # noqa: E402
 from llmgw.surface import CHAT  # noqa: E402
 from simengine.core import SimConfig  # noqa: E402
-from tests.support.loadgen import poisson_times  # noqa: E402
+from harness.loadgen import poisson_times  # noqa: E402
 
 # One model on two GPU-like engines: 16 sequences each (the catalog's capacity), a decode step of
 # 15 ms that a full batch makes 30 % longer (memory-bound decoding), 20k prompt tokens/s of prefill.

@@ -69,7 +69,7 @@ from simengine.engine import ServerOptions, prompt_cache_tokens  # noqa: E402
 from simengine.prefix import PrefixCache  # noqa: E402
 from simengine.slots import Slots  # noqa: E402
 from llmgw.surface import CHAT  # noqa: E402
-from tests.support.loadgen import poisson_times  # noqa: E402
+from harness.loadgen import poisson_times  # noqa: E402
 
 # Modelled here; the others are llmgw's own policies (LLMGW_GATEWAY_POLICY).
 PEERS = ("power_of_two", "speed_weighted", "smg_cache_aware")
@@ -698,7 +698,7 @@ class Simulation:
                    opens=opens_conversation(body, CHAT))
 
     def _arrivals(self) -> list[Req]:
-        """The load's Poisson arrivals (tests.support.loadgen, as bench/routing.py sends them), each
+        """The load's Poisson arrivals (harness.loadgen, as bench/routing.py sends them), each
         with its prompt and output length drawn from the fleet's distributions."""
         if self.workload == "prefix":  # bench/prefix.py's own traffic, as its defaults send it
             convs = conv.prefix_bench().workload(PREFIX_CONVERSATIONS, PREFIX_RATE, conv.MIX, self.seed)

@@ -116,8 +116,8 @@ def main() -> None:
     if not wrk.available():
         sys.exit("bench/gateway.py needs wrk (apt-get install wrk)")
 
-    from tests.support.cluster import Cluster
-    from tests.support.procs import free_port, wait_until
+    from harness.cluster import Cluster
+    from harness.procs import free_port, wait_until
     import requests
 
     workdir = Path(tempfile.mkdtemp(prefix="llmgw-bench-gw-"))

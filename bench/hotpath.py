@@ -65,8 +65,8 @@ def main() -> None:
         k, _, v = kv.partition("=")
         os.environ[k] = v
 
-    from tests.support.cluster import Cluster
-    from tests.support.procs import free_port, wait_until
+    from harness.cluster import Cluster
+    from harness.procs import free_port, wait_until
 
     cluster = Cluster(Path(tempfile.mkdtemp(prefix="llmgw-hotpath-")))
     try:

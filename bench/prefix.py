@@ -59,8 +59,8 @@ sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not
 from bench.fleetsim import Engine, Fleet  # noqa: E402
 from bench.routing import CHAT, CLIENT_TIMEOUT, Router, RunningFleet, nginx_binary, pct  # noqa: E402
 from simengine.core import SimConfig  # noqa: E402
-from tests.support.cluster import Cluster  # noqa: E402
-from tests.support.procs import bin_path, free_port, wait_until  # noqa: E402
+from harness.cluster import Cluster  # noqa: E402
+from harness.procs import bin_path, free_port, wait_until  # noqa: E402
 
 ROUTERS = ("llmgw", "llmgw-kv", "llmgw-2gw", "nginx", "vllm-cache", "smg")
 REAL_ROUTERS = ("llmgw-kv", "llmgw", "smg", "round_robin")

@@ -29,8 +29,8 @@ from bench.fleetsim import Fleet  # noqa: E402
 from bench.prefix import engines, run_traffic, workload  # noqa: E402
 from bench.routing import Router, RunningFleet  # noqa: E402
 from bench.streams import cpu_seconds  # noqa: E402
-from tests.support.cluster import Cluster  # noqa: E402
-from tests.support.procs import bin_path  # noqa: E402
+from harness.cluster import Cluster  # noqa: E402
+from harness.procs import bin_path  # noqa: E402
 
 
 def shares(raw: Path, top: int) -> list[str]:

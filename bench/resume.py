@@ -98,7 +98,7 @@ class Stream:
 
 def start_engines(cluster, engine: str, slots: int, workdir: Path):
     """Two engines; returns [(name, url, proc)]."""
-    from tests.support.procs import free_port, python, wait_until
+    from harness.procs import free_port, python, wait_until
 
     out = []
     for name in ("e1", "e2"):
@@ -122,8 +122,8 @@ def start_engines(cluster, engine: str, slots: int, workdir: Path):
 def one_run(a, run: int) -> dict:
     from llmgw import surface
     from llmgw.state.records import EndpointInfo
-    from tests.support.cluster import Cluster
-    from tests.support.procs import wait_until
+    from harness.cluster import Cluster
+    from harness.procs import wait_until
 
     workdir = Path(tempfile.mkdtemp(prefix="llmgw-bench-resume-"))
     cluster = Cluster(workdir)

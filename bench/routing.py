@@ -16,7 +16,7 @@ batch, and speeds; one of them drops to 30 % of its speed in the middle of each 
 - LiteLLM's proxy (`litellm`, bench/litellm_peer.py: its own virtualenv, made on first use) with
   `least-busy`, one deployment per engine with the engine's batch size as `max_parallel_requests`
   (llmgw is told the same as `capacity`), as many workers as llmgw's gateway.
-The load is open loop (asyncio, tests/support/loadgen.py): Poisson arrivals at 50/80/95 % of the
+The load is open loop (asyncio, harness/loadgen.py): Poisson arrivals at 50/80/95 % of the
 fleet's capacity, and `burst`: 80 %, then 10 s at 150 %, then 80 % again; streamed chat requests
 of ~100-token prompts (random words, so no prefix cache helps) and the fleet's output lengths.
 Each router gets a short unmeasured warm-up. Figures per cell: p50/p90/p99 latency, TTFT p50/p99,
@@ -56,9 +56,9 @@ from bench.fleetsim import FLEETS, HELD_OUT, LOADS, Engine, Fleet, Load  # noqa:
 from bench.streams import cpu_seconds, tree  # noqa: E402
 from llmgw.state.records import EndpointInfo  # noqa: E402
 from llmgw.state.clock import Clock  # noqa: E402
-from tests.support.cluster import Cluster  # noqa: E402
-from tests.support.loadgen import StreamResult, open_loop_streams, poisson_times  # noqa: E402
-from tests.support.procs import bin_path, free_port, python, wait_until  # noqa: E402
+from harness.cluster import Cluster  # noqa: E402
+from harness.loadgen import StreamResult, open_loop_streams, poisson_times  # noqa: E402
+from harness.procs import bin_path, free_port, python, wait_until  # noqa: E402
 
 ROUTERS = ("llmgw", "least_inflight", "round_robin", "nginx", "vllm-p2", "vllm-cache", "litellm")
 CHAT = "/v1/chat/completions"

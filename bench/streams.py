@@ -228,9 +228,9 @@ def main() -> None:
         ap.error(f"unknown target(s) {', '.join(unknown)}; choose from {', '.join(known)}")
 
     from llmgw.state.records import EndpointInfo
-    from tests.support.cluster import Cluster
+    from harness.cluster import Cluster
     from bench.peers import start_engines
-    from tests.support.procs import free_port, wait_until
+    from harness.procs import free_port, wait_until
 
     workdir = Path(tempfile.mkdtemp(prefix="llmgw-bench-streams-"))
     cluster = Cluster(workdir)

@@ -23,9 +23,9 @@ import pytest
 
 from llmgw.engines.llamacpp import _package_dir
 from llmgw.state.replica_state import State, derive
-from tests.support.cluster import FAST_AGENT
+from harness.cluster import FAST_AGENT
 from tests.support.fakehub import FakeHub
-from tests.support.procs import ProcessSet, free_port, python, wait_until
+from harness.procs import ProcessSet, free_port, python, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.llamacpp]
 
