@@ -22,19 +22,15 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
-
-from llmgw.state.replica_state import State, derive, nodes_alive  # noqa: E402
-from harness.cluster import Cluster  # noqa: E402
-from harness.loadgen import paced  # noqa: E402
-from harness.procs import wait_until  # noqa: E402
+from llmgw.state.replica_state import State, derive, nodes_alive
+from harness.cluster import Cluster
+from harness.loadgen import paced
+from harness.procs import wait_until
 
 SIM = """
 models:

@@ -39,15 +39,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, ROOT / "bench")]
-
-from bench.fleetsim import Dist, Engine, Fleet, Load  # noqa: E402
-from bench.routing import RunningFleet, bodies, pct  # noqa: E402
-from simengine.core import SimConfig  # noqa: E402
-from harness.cluster import Cluster  # noqa: E402
-from harness.loadgen import StreamResult, open_loop_streams, poisson_times  # noqa: E402
-from harness.procs import wait_until  # noqa: E402
+from bench.fleetsim import Dist, Engine, Fleet, Load
+from bench.routing import RunningFleet, bodies, pct
+from simengine.core import SimConfig
+from harness.cluster import Cluster
+from harness.loadgen import StreamResult, open_loop_streams, poisson_times
+from harness.procs import wait_until
 
 CHAT = "/v1/chat/completions"
 PROMPT, OUTPUT = 100, 24

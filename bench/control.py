@@ -30,13 +30,11 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from llmgw.catalog import apply_catalog, parse_catalog_text  # noqa: E402
-from llmgw.state.kicks import RECONCILE, Kicker, broker_app, celery_sender  # noqa: E402
-from llmgw.state.store import Store  # noqa: E402
-from harness.cluster import Cluster  # noqa: E402
-from harness.procs import wait_until  # noqa: E402
+from llmgw.catalog import apply_catalog, parse_catalog_text
+from llmgw.state.kicks import RECONCILE, Kicker, broker_app, celery_sender
+from llmgw.state.store import Store
+from harness.cluster import Cluster
+from harness.procs import wait_until
 
 NODES = ("n1", "n2", "n3", "n4")
 REPLICAS = 20

@@ -26,12 +26,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 
-import huggingface_hub  # noqa: E402,F401 - imported once per agent process: not part of a download's time
-import requests  # noqa: E402
+import huggingface_hub  # noqa: F401 - imported once per agent process: not part of a download's time
+import requests
 
-from llmgw.weights.download import Downloader  # noqa: E402
+from llmgw.weights.download import Downloader
 
 MIB = 1024 * 1024
 

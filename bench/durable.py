@@ -14,18 +14,15 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from llmgw.catalog import apply_catalog, parse_catalog_text  # noqa: E402
-from llmgw.state import keys as K  # noqa: E402
-from llmgw.state.store import Durability, Store, connect  # noqa: E402
-from harness.procs import ProcessSet  # noqa: E402
-from harness.sentinel import SentinelRedis  # noqa: E402
+from llmgw.catalog import apply_catalog, parse_catalog_text
+from llmgw.state import keys as K
+from llmgw.state.store import Durability, Store, connect
+from harness.procs import ProcessSet
+from harness.sentinel import SentinelRedis
 
 
 def catalog(i: int):

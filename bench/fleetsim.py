@@ -45,31 +45,25 @@ import random
 import sys
 from collections import deque
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Callable, Iterable
 
-ROOT = Path(__file__).resolve().parent.parent
-if __name__ == "__main__":
-    # Run as a script, bench/ is first on the path and bench/gateway.py would shadow the gateway package.
-    sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, ROOT / "bench")]
-
-from gateway.config import GatewaySettings  # noqa: E402
-from gateway.routing.admission import (Queue, Request, Send, Settings, after_wait, answered_as_shed, decide,  # noqa: E402
+from gateway.config import GatewaySettings
+from gateway.routing.admission import (Queue, Request, Send, Settings, after_wait, answered_as_shed, decide,
                                        needs_rate, needs_restart)
-from gateway.routing.choice import COMPLETION, FIRST_TOKEN, Choice, Rejection, RouteRequest  # noqa: E402
-from gateway.routing.prefixkeys import opens_conversation, prefix_of  # noqa: E402
-from gateway.routing.retry import Deliver, GiveUp, Outcome, next_attempt  # noqa: E402
-from gateway.server.pollers import PolledRouter  # noqa: E402
-from llmgw.state.clock import Clock  # noqa: E402
-from llmgw.state.records import EndpointInfo, LoadRecord  # noqa: E402
-from llmgw.state.store import CatalogOutline  # noqa: E402
-from bench import conversations as conv  # noqa: E402
-from simengine.core import SimConfig, SimCore  # noqa: E402
-from simengine.engine import ServerOptions, prompt_cache_tokens  # noqa: E402
-from simengine.prefix import PrefixCache  # noqa: E402
-from simengine.slots import Slots  # noqa: E402
-from llmgw.surface import CHAT  # noqa: E402
-from harness.loadgen import poisson_times  # noqa: E402
+from gateway.routing.choice import COMPLETION, FIRST_TOKEN, Choice, Rejection, RouteRequest
+from gateway.routing.prefixkeys import opens_conversation, prefix_of
+from gateway.routing.retry import Deliver, GiveUp, Outcome, next_attempt
+from gateway.server.pollers import PolledRouter
+from llmgw.state.clock import Clock
+from llmgw.state.records import EndpointInfo, LoadRecord
+from llmgw.state.store import CatalogOutline
+from bench import conversations as conv
+from simengine.core import SimConfig, SimCore
+from simengine.engine import ServerOptions, prompt_cache_tokens
+from simengine.prefix import PrefixCache
+from simengine.slots import Slots
+from llmgw.surface import CHAT
+from harness.loadgen import poisson_times
 
 # Modelled here; the others are llmgw's own policies (LLMGW_GATEWAY_POLICY).
 PEERS = ("power_of_two", "speed_weighted", "smg_cache_aware")

@@ -23,11 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if __package__ in (None, ""):
-    sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
-
-from bench import peers  # noqa: E402
+from bench import peers
 
 BODY = json.dumps({"model": "m", "messages": [{"role": "system", "content": "You are a helpful assistant. " * 8},
                                               {"role": "user", "content": "hi"}]}).encode()

@@ -21,11 +21,8 @@ from pathlib import Path
 
 import requests
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
-
-from llmgw.engines.selfcheck import Engine, failure_message, launch_spec  # noqa: E402
-from llmgw.proc.ports import free_port  # noqa: E402
+from llmgw.engines.selfcheck import Engine, failure_message, launch_spec
+from llmgw.proc.ports import free_port
 
 PROMPT = ("Write a detailed story about a lighthouse keeper who finds a message in a bottle, "
           "describing the sea, the weather, the island and the people who live there.")

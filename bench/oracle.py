@@ -33,17 +33,12 @@ import sys
 import time
 from collections import OrderedDict, deque
 from dataclasses import replace
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if __name__ == "__main__":
-    sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, ROOT / "bench")]
-
-from bench import conversations as conv  # noqa: E402
-from bench import fleetsim as fs  # noqa: E402
-from llmgw.state.records import EndpointInfo  # noqa: E402
-from simengine.core import SimCore, _Seq  # noqa: E402
-from simengine.prefix import PrefixCache, _Block  # noqa: E402
+from bench import conversations as conv
+from bench import fleetsim as fs
+from llmgw.state.records import EndpointInfo
+from simengine.core import SimCore, _Seq
+from simengine.prefix import PrefixCache, _Block
 
 NEW = "oracle:new"  # the request being placed, in an engine's copy
 

@@ -53,14 +53,11 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, ROOT / "bench")]
-
-from bench.fleetsim import Engine, Fleet  # noqa: E402
-from bench.routing import CHAT, CLIENT_TIMEOUT, Router, RunningFleet, nginx_binary, pct  # noqa: E402
-from simengine.core import SimConfig  # noqa: E402
-from harness.cluster import Cluster  # noqa: E402
-from harness.procs import bin_path, free_port, wait_until  # noqa: E402
+from bench.fleetsim import Engine, Fleet
+from bench.routing import CHAT, CLIENT_TIMEOUT, Router, RunningFleet, nginx_binary, pct
+from simengine.core import SimConfig
+from harness.cluster import Cluster
+from harness.procs import bin_path, free_port, wait_until
 
 ROUTERS = ("llmgw", "llmgw-kv", "llmgw-2gw", "nginx", "vllm-cache", "smg")
 REAL_ROUTERS = ("llmgw-kv", "llmgw", "smg", "round_robin")

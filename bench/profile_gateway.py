@@ -22,15 +22,12 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, ROOT / "bench")]
-
-from bench.fleetsim import Fleet  # noqa: E402
-from bench.prefix import engines, run_traffic, workload  # noqa: E402
-from bench.routing import Router, RunningFleet  # noqa: E402
-from bench.streams import cpu_seconds  # noqa: E402
-from harness.cluster import Cluster  # noqa: E402
-from harness.procs import bin_path  # noqa: E402
+from bench.fleetsim import Fleet
+from bench.prefix import engines, run_traffic, workload
+from bench.routing import Router, RunningFleet
+from bench.streams import cpu_seconds
+from harness.cluster import Cluster
+from harness.procs import bin_path
 
 
 def shares(raw: Path, top: int) -> list[str]:

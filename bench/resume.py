@@ -37,8 +37,6 @@ from pathlib import Path
 
 import requests
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 
 PROMPTS = ("Write a long story about a lighthouse keeper and the sea.",
            "Describe, step by step, how bread is baked in a village bakery.")

@@ -48,17 +48,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, ROOT / "bench")]
 
-from bench import conversations as conv  # noqa: E402
-from bench import litellm_peer  # noqa: E402
-from bench.fleetsim import FLEETS, HELD_OUT, LOADS, Engine, Fleet, Load  # noqa: E402
-from bench.streams import cpu_seconds, tree  # noqa: E402
-from llmgw.state.records import EndpointInfo  # noqa: E402
-from llmgw.state.clock import Clock  # noqa: E402
-from harness.cluster import Cluster  # noqa: E402
-from harness.loadgen import StreamResult, open_loop_streams, poisson_times  # noqa: E402
-from harness.procs import bin_path, free_port, python, wait_until  # noqa: E402
+from bench import conversations as conv
+from bench import litellm_peer
+from bench.fleetsim import FLEETS, HELD_OUT, LOADS, Engine, Fleet, Load
+from bench.streams import cpu_seconds, tree
+from llmgw.state.records import EndpointInfo
+from llmgw.state.clock import Clock
+from harness.cluster import Cluster
+from harness.loadgen import StreamResult, open_loop_streams, poisson_times
+from harness.procs import bin_path, free_port, python, wait_until
 
 ROUTERS = ("llmgw", "least_inflight", "round_robin", "nginx", "vllm-p2", "vllm-cache", "litellm")
 CHAT = "/v1/chat/completions"

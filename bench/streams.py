@@ -33,8 +33,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-if __package__ in (None, ""):  # run as a script: bench/ itself must not shadow the `gateway` package
-    sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 
 ANSWER_S = 1.6  # seconds per answer: 64 tokens at 40 tokens/s
 EVENTS = 8  # one SSE event per 8 tokens
@@ -152,7 +150,7 @@ def client(arg: str) -> None:
     print(json.dumps(asyncio.run(client_main(json.loads(arg)))), flush=True)
 
 
-from bench.peers import cpu_seconds, start_nginx, start_vllm_router, tree  # noqa: E402
+from bench.peers import cpu_seconds, start_nginx, start_vllm_router, tree
 
 
 def rss_bytes(pids: list[int]) -> int:

@@ -37,9 +37,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, ROOT / "bench")]
 
-from harness.procs import ProcessSet, free_port, wait_until  # noqa: E402
+from harness.procs import ProcessSet, free_port, wait_until
 
 ADAPTER = "smollm2-pirate"
 
