@@ -1,7 +1,7 @@
 """Many LoRA adapters with skewed popularity on engines that batch at most `max_loras` distinct adapters:
 llmgw's adapter-aware routing against routing that ignores adapters, same run, side by side.
 
-    python bench/adapters.py [--quick] [--adapters 12] [--max-loras 4] [--engines 4] [--rate 24]
+    python -m bench.adapters [--quick] [--adapters 12] [--max-loras 4] [--engines 4] [--rate 24]
                              [--seconds 30] [--zipf 1.0] [--modes llmgw,llmgw-uniform,base-only] [--seed 1]
 
 The fleet: simulated engines in vLLM's personality (`python -m simengine --enable-lora`: at most

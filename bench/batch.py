@@ -1,7 +1,7 @@
 """The Batch API on idle capacity: interactive traffic at 60 % of the fleet's capacity, with and without
 a 5,000-line batch submitted at the same time, in one run.
 
-    python bench/batch.py [--lines 5000] [--load 0.6] [--window 10] [--cycles 4] [--reserve 0.2]
+    python -m bench.batch [--lines 5000] [--load 0.6] [--window 10] [--cycles 4] [--reserve 0.2]
                           [--alpha 0.02] [--engines 4] [--slots 16] [--seed 1]
 
 The fleet: `--engines` simulated engines (`python -m simengine`, vLLM's personality: continuous batching

@@ -14,7 +14,7 @@ kick the passes) and `--repeats` times:
 
 Prints p50/p99 of each, per mode, with the machine it ran on. Not a test: nothing is asserted.
 
-    python bench/control.py [--repeats 20] [--modes timers,events] [--reconcile 5 --publish 1] [--replicas 20]
+    python -m bench.control [--repeats 20] [--modes timers,events] [--reconcile 5 --publish 1] [--replicas 20]
 """
 
 from __future__ import annotations

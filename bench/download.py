@@ -1,6 +1,6 @@
 """Download throughput of llmgw's weights downloader against curl, from the same loopback server.
 
-    python bench/download.py [--size-mb 400] [--runs 3]
+    python -m bench.download [--size-mb 400] [--runs 3]
 
 Writes a file of --size-mb MiB to a temp dir, serves it from the loopback hub of the tests
 (harness/fakehub.py, in its own process) as a plain URL and as a hub repository, then times,

@@ -7,7 +7,7 @@ URL to the master, to show what going through Sentinel costs a client that alrea
 connection (nothing: the sentinels are asked only when a connection is made). Prints the median and
 p99 in milliseconds over `--n` writes of each.
 
-    python bench/durable.py [--n 300]
+    python -m bench.durable [--n 300]
 """
 
 from __future__ import annotations

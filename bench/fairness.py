@@ -1,7 +1,7 @@
 """Tenants sharing a saturated model: llmgw's fair queueing (`LLMGW_GATEWAY_FAIRNESS=tokens`) against first
 come, first served (`fcfs`), in one run, on the fleet simulator's engines.
 
-    python bench/fairness.py [--seconds 150] [--seed 1] [--only light-heavy,weights,...]
+    python -m bench.fairness [--seconds 150] [--seed 1] [--only light-heavy,weights,...]
 
 The engines are bench/fleetsim.py's (the sim engine's batching model on a virtual clock: continuous
 batching, a FIFO behind the batch, prefill stalling the step); the gateways are llmgw's code: the

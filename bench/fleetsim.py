@@ -1,6 +1,6 @@
 """A deterministic fleet simulator for routing: seeded, on a virtual clock, no processes, no sockets.
 
-    python bench/fleetsim.py [--fleets fleet-a,...] [--loads 0.5,0.8,0.95,burst] [--seeds 3]
+    python -m bench.fleetsim [--fleets fleet-a,...] [--loads 0.5,0.8,0.95,burst] [--seeds 3]
                              [--policies llmgw,least_inflight,round_robin,power_of_two] [--held-out]
                              [--workload random|conversations|mix] [--make vllm|llamacpp]
 

@@ -3,7 +3,7 @@ in-memory tables, gateway.keys.policy.decide) per request, for an ordinary key a
 policy set, next to the key lookup every keyed request already pays. In-process, on fakeredis (no
 Redis is touched on this path); prints microseconds per call.
 
-    python bench/keypolicy.py
+    python -m bench.keypolicy
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Generation and prompt tokens/s of the installed llama-server on the bundled SmolLM2 model.
 
-    python bench/llamacpp.py [--runs 7] [--tokens 128] [--threads N] [--binary PATH ...]
+    python -m bench.llamacpp [--runs 7] [--tokens 128] [--threads N] [--binary PATH ...]
 
 Each run starts llama-server the way the node agent does (one CPU slot), warms it up with a short
 request, then times one completion of exactly --tokens tokens (ignore_eos) after a fixed prompt, and

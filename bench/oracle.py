@@ -1,6 +1,6 @@
 """How far routing can go on bench/prefix.py's traffic: greedy routers that know the present exactly.
 
-    python bench/oracle.py [--seeds 10] [--first-seed 1] [--policies oracle_own,oracle_total,llmgw,smg_cache_aware]
+    python -m bench.oracle [--seeds 10] [--first-seed 1] [--policies oracle_own,oracle_total,llmgw,smg_cache_aware]
                            [--fleets prefix-bench] [--make vllm]
 
 The issue's targets for that traffic ask llmgw for an end-to-end p99 at most 0.9x smg's, and a hit

@@ -1,7 +1,7 @@
 """Conversations with shared system prompts on engines with a prefix cache: llmgw against the
 cache-aware peers, same run, side by side.
 
-    python bench/prefix.py [--quick] [--routers llmgw,llmgw-kv,llmgw-2gw,nginx,vllm-cache,smg] [--conversations 80]
+    python -m bench.prefix [--quick] [--routers llmgw,llmgw-kv,llmgw-2gw,nginx,vllm-cache,smg] [--conversations 80]
                            [--rate 2.0] [--mix 0.2] [--uneven] [--make vllm|llamacpp] [--seed 1]
 
 The traffic: conversations of 3-8 turns, each over one of 24 system prompts of hundreds to thousands

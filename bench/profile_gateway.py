@@ -1,7 +1,7 @@
 """Where the gateway's CPU goes on streamed chat traffic: its CPU time per request, and with py-spy
 (`pip install py-spy`) the functions one worker spends it in.
 
-    python bench/profile_gateway.py [--conversations 40] [--workers 1] [--spy] [--top 25]
+    python -m bench.profile_gateway [--conversations 40] [--workers 1] [--spy] [--top 25]
 
 The traffic is bench/prefix.py's (conversations with shared system prompts and one-shot prompts,
 all streamed) on its four simulated vLLM engines, through llmgw's gateway as bench/routing.py

@@ -2,8 +2,8 @@
 gap each moved stream saw at its seam (from the last token before the kill to the first after it),
 next to the ordinary gap between two tokens.
 
-    python bench/resume.py [--engine sim|llamacpp] [--streams 16] [--tokens 200] [--runs 3]
-    python bench/resume.py --per-piece [--tokens 2000]
+    python -m bench.resume [--engine sim|llamacpp] [--streams 16] [--tokens 200] [--runs 3]
+    python -m bench.resume --per-piece [--tokens 2000]
 
 Each run starts two engines (the simulated engine, or llama-server on the bundled SmolLM2 at
 temperature 0, `-np` as many slots as streams, one thread each), publishes both to a real Redis,

@@ -1,6 +1,6 @@
 """Routing on real processes: llmgw against its peers on several fleets and loads, side by side.
 
-    python bench/routing.py [--quick] [--fleets fleet-a,...] [--loads 0.5,0.8,0.95,burst]
+    python -m bench.routing [--quick] [--fleets fleet-a,...] [--loads 0.5,0.8,0.95,burst]
                             [--routers llmgw,least_inflight,...] [--seconds 8] [--plot docs/routing-p99.png]
                             [--make vllm|llamacpp] [--workload random|conversations|mix]
 

@@ -1,6 +1,6 @@
 """How long one reconcile plan (placement included) takes on a large fleet: 1,000 nodes, 10,000 replicas.
 
-    python bench/scheduler.py [--repeat 5]
+    python -m bench.scheduler [--repeat 5]
 
 Two cases, each timed as the best of --repeat runs of `plan(catalog, snapshot, now)`:
 

@@ -40,7 +40,7 @@ BODY = json.dumps({"model": "m", "stream": True, "max_tokens": 64,
                    "messages": [{"role": "user", "content": "tell me something"}]}).encode()
 
 
-# --- the load generator (its own process: `python bench/streams.py --client '<json>'`) --------------
+# --- the load generator (its own process: `python -m bench.streams --client '<json>'`) --------------
 def pct(xs: list[float], p: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(p * len(xs)))] if xs else float("nan")
@@ -279,7 +279,7 @@ def main() -> None:
                         "-b", f"127.0.0.1:{port}", "--worker-connections", str(2 * max(levels)),
                         "-w", str(a.workers or os.cpu_count() or 1), app]
             else:
-                argv = [sys.executable, str(ROOT / "bench" / "stream_floor.py"), str(port)]
+                argv = [sys.executable, "-m", "bench.stream_floor", str(port)]
             fp = cluster.procs.start(floor, argv, env=env, cwd=ROOT)
             furl = f"http://127.0.0.1:{port}"
             wait_until(lambda: _answers(furl), 20, what=floor)

@@ -2,7 +2,7 @@
 (gateway.http.proxy and gateway.http.answer: the request, identify, admission, endpoint choice,
 attempt, inject, first byte, finish), timed in a loop, per request.
 
-    python bench/tracing.py [--requests 20000] [--repeat 5]
+    python -m bench.tracing [--requests 20000] [--repeat 5]
 
 Cases:
 - off: tracing off (no OTEL_EXPORTER_OTLP_ENDPOINT), the client sent no trace context;
