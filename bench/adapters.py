@@ -40,8 +40,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-from bench.prefix import Result, chat
-from bench.routing import CLIENT_TIMEOUT, pct
+from bench.report import pct
+from bench.traffic import CLIENT_TIMEOUT, Result, chat
 from llmgw.catalog import Profile, apply_catalog, parse_catalog
 from llmgw.state.clock import Clock
 from llmgw.state.records import EndpointInfo

@@ -39,8 +39,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.fleetsim import Dist, Engine, Fleet, Load
-from bench.routing import RunningFleet, bodies, pct
+from bench.fleets import Dist, Engine, Fleet, Load
+from bench.fleetsim import Req, Result, Simulation, _Gateway
+from bench.report import pct
+from bench.routing import RunningFleet, bodies
 from simengine.core import SimConfig
 from harness.cluster import Cluster
 from harness.loadgen import StreamResult, open_loop_streams, poisson_times
@@ -241,7 +243,6 @@ def simulate(a) -> int:
     requests, without this machine's noise, for several reserves side by side."""
     from collections import deque
 
-    from bench.fleetsim import Req, Simulation
     from gateway.config import GatewaySettings
     from llmgw.state.demand_records import EndpointUse, GatewayReport, ModelDemand
     from workers.batch.decide import Throttle, learn_slots, room
@@ -311,7 +312,6 @@ def simulate(a) -> int:
                 sim.at(sim.now + 1.0, "call", lambda: (self.todo.appendleft(k), self.fill()))
             sim.at(sim.now, "call", self.fill)  # after the gateway released it (the engine calls finish first)
 
-    from bench.fleetsim import _Gateway
     from gateway.routing.choice import Choice
 
     class PreemptingGateway(_Gateway):
@@ -377,8 +377,6 @@ def simulate(a) -> int:
     for seed in range(a.seed, a.seed + a.seeds):
         base[seed] = one(seed, None)
     def pooled(runs):
-        from bench.fleetsim import Result
-
         out = Result(fleet.name, "x", "llmgw", 0)
         for r in runs:
             out.add(r)

@@ -44,7 +44,8 @@ import sys
 from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 
-from bench.fleetsim import Dist, Engine, Fleet, Req, SimClock, _Engine, _Store
+from bench.fleets import Dist, Engine, Fleet
+from bench.fleetsim import Req, SimClock, _Engine, _Store
 from gateway.config import GatewaySettings
 from gateway.routing.admission import Send, Shed, Wait, admit, drain_time
 from gateway.routing.choice import Choice, Rejection, RouteRequest

@@ -36,6 +36,7 @@ from dataclasses import replace
 
 from bench import conversations as conv
 from bench import fleetsim as fs
+from bench.fleets import PREFIX_LOAD, prefix_fleets
 from llmgw.state.records import EndpointInfo
 from simengine.core import SimCore, _Seq
 from simengine.prefix import PrefixCache, _Block
@@ -146,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [p for p in policies if p not in ORACLES and p not in ("llmgw",) + fs.PEERS]
     if unknown:
         ap.error(f"unknown policy {unknown[0]!r}; choose from {', '.join(('llmgw',) + fs.PEERS + tuple(ORACLES))}")
-    fleets = fs.prefix_fleets()
+    fleets = prefix_fleets()
     for fname in a.fleets.split(","):
         if fname not in fleets:
             ap.error(f"unknown fleet {fname!r}; choose from {', '.join(fleets)}")
@@ -159,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         for policy in policies:
             started, merged = time.monotonic(), None
             for seed in range(a.first_seed, a.first_seed + a.seeds):
-                r = fs.run(fleet, fs.PREFIX_LOAD, policy, seed, None, "prefix")
+                r = fs.run(fleet, PREFIX_LOAD, policy, seed, None, "prefix")
                 if merged is None:
                     merged = r
                 else:

@@ -22,10 +22,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.fleetsim import Fleet
-from bench.prefix import engines, run_traffic, workload
+from bench.fleets import Fleet, prefix_engines
+from bench.peers import cpu_seconds
 from bench.routing import Router, RunningFleet
-from bench.streams import cpu_seconds
+from bench.traffic import run_traffic, workload
 from harness.cluster import Cluster
 from harness.procs import bin_path
 
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     rf = router = None
     try:
         cluster.start_redis()
-        rf = RunningFleet(cluster, Fleet("prefix", engines(False), make="vllm"), "profile")
+        rf = RunningFleet(cluster, Fleet("prefix", prefix_engines(False), make="vllm"), "profile")
         router = Router("llmgw", cluster, rf, workdir, a.workers)
         pids = router.pids()  # gunicorn's master, then its workers
         spy, raw, said = None, workdir / "spy.txt", workdir / "spy.err"

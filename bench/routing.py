@@ -4,7 +4,7 @@
                             [--routers llmgw,least_inflight,...] [--seconds 8] [--plot docs/routing-p99.png]
                             [--make vllm|llamacpp] [--workload random|conversations|mix]
 
-Fleets are bench/fleetsim.py's (the simulator and this benchmark share their definitions): simulated
+Fleets are bench/fleets.py's (the simulator and this benchmark share their definitions): simulated
 engines (`python -m simengine`) with continuous batching, a decode step that slows with the
 batch, and speeds; one of them drops to 30 % of its speed in the middle of each measured run of the
 `slowing` fleet. Routers, each in front of the same engines in turn:
@@ -51,8 +51,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 from bench import conversations as conv
 from bench import litellm_peer
-from bench.fleetsim import FLEETS, HELD_OUT, LOADS, Engine, Fleet, Load
-from bench.streams import cpu_seconds, tree
+from bench.fleets import FLEETS, HELD_OUT, LOADS, Engine, Fleet, Load
+from bench.peers import cpu_seconds, tree
+from bench.report import pct
+from bench.traffic import CHAT, CLIENT_TIMEOUT, run_traffic
 from llmgw.state.records import EndpointInfo
 from llmgw.state.clock import Clock
 from harness.cluster import Cluster
@@ -60,15 +62,8 @@ from harness.loadgen import StreamResult, open_loop_streams, poisson_times
 from harness.procs import bin_path, free_port, python, wait_until
 
 ROUTERS = ("llmgw", "least_inflight", "round_robin", "nginx", "vllm-p2", "vllm-cache", "litellm")
-CHAT = "/v1/chat/completions"
-CLIENT_TIMEOUT = 60.0  # seconds, as many HTTP clients: an answer later than that counts as an error
 WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet",
          "kilo", "lima", "mike", "november", "oscar", "papa", "quebec", "romeo", "sierra", "tango")
-
-
-def pct(xs: list[float], p: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(p * len(xs)))] if xs else float("nan")
 
 
 def nginx_binary() -> str | None:
@@ -295,7 +290,7 @@ def bodies(fleet: Fleet, n: int, seed: int) -> list[bytes]:
 def drive(url: str, fleet: Fleet, load: Load, seed: int, workload: str = "random") -> list[StreamResult]:
     if workload != "random":  # bench/prefix.py's sessions and client; its results have the same fields
         _, convs = conv.sized(fleet, workload, load.fraction, load.seconds, seed)
-        return conv.prefix_bench().run_traffic(url, convs)
+        return run_traffic(url, convs)
     cap = fleet.capacity()
     times = poisson_times(load.rate_at(cap), load.peak(cap), load.seconds, seed)
     return open_loop_streams(url, CHAT, bodies(fleet, len(times), seed), times, timeout=CLIENT_TIMEOUT)

@@ -32,6 +32,9 @@ import threading
 import time
 from pathlib import Path
 
+from bench import litellm_peer
+from bench.peers import cpu_seconds, start_engines, start_nginx, start_vllm_router, tree
+
 ROOT = Path(__file__).resolve().parent.parent
 
 ANSWER_S = 1.6  # seconds per answer: 64 tokens at 40 tokens/s
@@ -150,9 +153,6 @@ def client(arg: str) -> None:
     print(json.dumps(asyncio.run(client_main(json.loads(arg)))), flush=True)
 
 
-from bench.peers import cpu_seconds, start_nginx, start_vllm_router, tree
-
-
 def rss_bytes(pids: list[int]) -> int:
     total = 0
     for p in pids:
@@ -227,7 +227,6 @@ def main() -> None:
 
     from llmgw.state.records import EndpointInfo
     from harness.cluster import Cluster
-    from bench.peers import start_engines
     from harness.procs import free_port, wait_until
 
     workdir = Path(tempfile.mkdtemp(prefix="llmgw-bench-streams-"))
@@ -285,8 +284,6 @@ def main() -> None:
             wait_until(lambda: _answers(furl), 20, what=floor)
             urls[floor] = ([furl], lambda fp=fp: tree(fp.pid))
         if "litellm" in targets:
-            from bench import litellm_peer
-
             py = litellm_peer.python()
             if py is None:
                 targets.remove("litellm")
