@@ -125,11 +125,12 @@ test: install
 faults: install
 	$(PY) -m pytest -n $(PYTEST_WORKERS) -m faults tests/faults $(PYTEST_ARGS)
 
-# Every benchmark script; bench/litellm_peer.py and bench/stream_floor.py are helpers that
-# bench/routing.py and bench/streams.py start, bench/conversations.py a module of bench/fleetsim.py's
-# and bench/routing.py's; bench/vllm_gpu_check.py needs an NVIDIA GPU (run it by hand on one).
+# Every benchmark, as `python -m bench.NAME` from the repository root; bench/litellm_peer.py and
+# bench/stream_floor.py are helpers that bench/routing.py and bench/streams.py start, bench/fleets.py,
+# bench/traffic.py, bench/report.py and bench/conversations.py modules the benchmarks share;
+# bench/vllm_gpu_check.py needs an NVIDIA GPU (run it by hand on one).
 bench: install
-	for b in bench/*.py; do case $$b in bench/litellm_peer.py|bench/stream_floor.py|bench/conversations.py|bench/vllm_gpu_check.py) ;; *) $(PY) $$b || exit 1;; esac; done
+	for b in bench/*.py; do m=$$(basename $$b .py); case $$m in __init__|fleets|traffic|report|conversations|litellm_peer|stream_floor|vllm_gpu_check) ;; *) $(PY) -m bench.$$m || exit 1;; esac; done
 
 clean:
 	rm -rf $(VENV) .llmgw

@@ -1,7 +1,7 @@
 """Many LoRA adapters with skewed popularity on engines that batch at most `max_loras` distinct adapters:
 llmgw's adapter-aware routing against routing that ignores adapters, same run, side by side.
 
-    python bench/adapters.py [--quick] [--adapters 12] [--max-loras 4] [--engines 4] [--rate 24]
+    python -m bench.adapters [--quick] [--adapters 12] [--max-loras 4] [--engines 4] [--rate 24]
                              [--seconds 30] [--zipf 1.0] [--modes llmgw,llmgw-uniform,base-only] [--seed 1]
 
 The fleet: simulated engines in vLLM's personality (`python -m simengine --enable-lora`: at most
@@ -39,18 +39,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, ROOT / "bench")]
 
-from bench.prefix import Result, chat  # noqa: E402
-from bench.routing import CLIENT_TIMEOUT, pct  # noqa: E402
-from llmgw.catalog import Profile, apply_catalog, parse_catalog  # noqa: E402
-from llmgw.state.clock import Clock  # noqa: E402
-from llmgw.state.records import EndpointInfo  # noqa: E402
-from tests.support.cluster import Cluster  # noqa: E402
-from tests.support.procs import bin_path, free_port, python, wait_until  # noqa: E402
-from workers.agent.probe import HttpProber  # noqa: E402
-from workers.agent.scrape import Scraper, ScrapeTarget  # noqa: E402
-from workers.control.adapters import AdapterWant, ReplicaSlots, place_adapters  # noqa: E402
+from bench.report import pct
+from bench.traffic import CLIENT_TIMEOUT, Result, chat
+from llmgw.catalog import Profile, apply_catalog, parse_catalog
+from llmgw.state.clock import Clock
+from llmgw.state.records import EndpointInfo
+from harness.cluster import Cluster
+from harness.procs import bin_path, free_port, python, wait_until
+from workers.agent.probe import HttpProber
+from workers.agent.scrape import Scraper, ScrapeTarget
+from workers.control.adapters import AdapterWant, ReplicaSlots, place_adapters
 
 MODES = ("llmgw", "llmgw-uniform", "base-only")
 SIM = ["--max-seqs", "16", "--step-ms", "20", "--batch-alpha", "0.08", "--prefill-ms-per-token", "0.25"]

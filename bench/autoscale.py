@@ -1,7 +1,7 @@
 """Autoscaling on a sim fleet: a load that steps 0 -> high -> 0, and cold starts from zero replicas.
 
-    python bench/autoscale.py [--rate 6] [--high 60] [--cold-starts 2]
-    python bench/autoscale.py --engine llamacpp [--cold-starts 3]     # the real SmolLM2 model
+    python -m bench.autoscale [--rate 6] [--high 60] [--cold-starts 2]
+    python -m bench.autoscale --engine llamacpp [--cold-starts 3]     # the real SmolLM2 model
 
 The sim run: two CPU nodes, one model whose profile autoscales (min 0, max 6, capacity 4, target 0.7,
 scale_up_after 2s, scale_down_after 10s, idle_after 15s), reconcile and publish on their default
@@ -22,19 +22,15 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
-
-from llmgw.state.replica_state import State, derive, nodes_alive  # noqa: E402
-from tests.support.cluster import Cluster  # noqa: E402
-from tests.support.loadgen import paced  # noqa: E402
-from tests.support.procs import wait_until  # noqa: E402
+from llmgw.state.replica_state import State, derive, nodes_alive
+from harness.cluster import Cluster
+from harness.loadgen import paced
+from harness.procs import wait_until
 
 SIM = """
 models:

@@ -1,7 +1,7 @@
 """The Batch API on idle capacity: interactive traffic at 60 % of the fleet's capacity, with and without
 a 5,000-line batch submitted at the same time, in one run.
 
-    python bench/batch.py [--lines 5000] [--load 0.6] [--window 10] [--cycles 4] [--reserve 0.2]
+    python -m bench.batch [--lines 5000] [--load 0.6] [--window 10] [--cycles 4] [--reserve 0.2]
                           [--alpha 0.02] [--engines 4] [--slots 16] [--seed 1]
 
 The fleet: `--engines` simulated engines (`python -m simengine`, vLLM's personality: continuous batching
@@ -39,15 +39,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, ROOT / "bench")]
-
-from bench.fleetsim import Dist, Engine, Fleet, Load  # noqa: E402
-from bench.routing import RunningFleet, bodies, pct  # noqa: E402
-from simengine.core import SimConfig  # noqa: E402
-from tests.support.cluster import Cluster  # noqa: E402
-from tests.support.loadgen import StreamResult, open_loop_streams, poisson_times  # noqa: E402
-from tests.support.procs import wait_until  # noqa: E402
+from bench.fleets import Dist, Engine, Fleet, Load
+from bench.fleetsim import Req, Result, Simulation, _Gateway
+from bench.report import pct
+from bench.routing import RunningFleet, bodies
+from simengine.core import SimConfig
+from harness.cluster import Cluster
+from harness.loadgen import StreamResult, open_loop_streams, poisson_times
+from harness.procs import wait_until
 
 CHAT = "/v1/chat/completions"
 PROMPT, OUTPUT = 100, 24
@@ -244,7 +243,6 @@ def simulate(a) -> int:
     requests, without this machine's noise, for several reserves side by side."""
     from collections import deque
 
-    from bench.fleetsim import Req, Simulation
     from gateway.config import GatewaySettings
     from llmgw.state.demand_records import EndpointUse, GatewayReport, ModelDemand
     from workers.batch.decide import Throttle, learn_slots, room
@@ -314,7 +312,6 @@ def simulate(a) -> int:
                 sim.at(sim.now + 1.0, "call", lambda: (self.todo.appendleft(k), self.fill()))
             sim.at(sim.now, "call", self.fill)  # after the gateway released it (the engine calls finish first)
 
-    from bench.fleetsim import _Gateway
     from gateway.routing.choice import Choice
 
     class PreemptingGateway(_Gateway):
@@ -380,8 +377,6 @@ def simulate(a) -> int:
     for seed in range(a.seed, a.seed + a.seeds):
         base[seed] = one(seed, None)
     def pooled(runs):
-        from bench.fleetsim import Result
-
         out = Result(fleet.name, "x", "llmgw", 0)
         for r in runs:
             out.add(r)

@@ -14,7 +14,7 @@ kick the passes) and `--repeats` times:
 
 Prints p50/p99 of each, per mode, with the machine it ran on. Not a test: nothing is asserted.
 
-    python bench/control.py [--repeats 20] [--modes timers,events] [--reconcile 5 --publish 1] [--replicas 20]
+    python -m bench.control [--repeats 20] [--modes timers,events] [--reconcile 5 --publish 1] [--replicas 20]
 """
 
 from __future__ import annotations
@@ -30,13 +30,11 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from llmgw.catalog import apply_catalog, parse_catalog_text  # noqa: E402
-from llmgw.state.kicks import RECONCILE, Kicker, broker_app, celery_sender  # noqa: E402
-from llmgw.state.store import Store  # noqa: E402
-from tests.support.cluster import Cluster  # noqa: E402
-from tests.support.procs import wait_until  # noqa: E402
+from llmgw.catalog import apply_catalog, parse_catalog_text
+from llmgw.state.kicks import RECONCILE, Kicker, broker_app, celery_sender
+from llmgw.state.store import Store
+from harness.cluster import Cluster
+from harness.procs import wait_until
 
 NODES = ("n1", "n2", "n3", "n4")
 REPLICAS = 20

@@ -5,10 +5,10 @@ fleet's capacity, and the prompt-token hit ratio read from the engines' own coun
     conversations  every request is a turn of a session (3-8 turns, each resending the history)
     mix            the same, with MIX of the requests one-shot prompts that share nothing
 
-The sessions are bench/prefix.py's `workload()` (imported, not copied, so the benchmarks measure the
-same traffic); for the simulator each turn is also turned into the tokens the sim engine's chat
-template makes of it, with an answer fixed in advance, so a session's history does not depend on
-which engine answered and the same seed gives the same run.
+The sessions are bench/prefix.py's `workload()` (in bench/traffic.py: imported, not copied, so the
+benchmarks measure the same traffic); for the simulator each turn is also turned into the tokens the
+sim engine's chat template makes of it, with an answer fixed in advance, so a session's history does
+not depend on which engine answered and the same seed gives the same run.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
+from bench.fleets import Dist
+from bench import traffic
 from simengine import tokens as tok
 
 WORKLOADS = ("random", "conversations", "mix")  # random: the benchmarks' original traffic
@@ -39,13 +41,6 @@ class Session:
     one_shot: bool = False
 
 
-def prefix_bench():
-    # Imported when first used: bench.prefix imports bench.routing, which imports this module.
-    from bench import prefix
-
-    return prefix
-
-
 def mix_of(workload: str) -> float:
     if workload not in WORKLOADS or workload == "random":
         raise ValueError(f"not a conversation workload: {workload!r} (choose from conversations, mix)")
@@ -57,12 +52,12 @@ def conversations(workload: str, requests_per_s: float, seconds: float, seed: in
     requests, every turn and one-shot counted, arrive at about `requests_per_s` on average."""
     if requests_per_s <= 0 or seconds <= 0:
         raise ValueError("the request rate and the length must be positive")
-    prefix, mix = prefix_bench(), mix_of(workload)
+    mix = mix_of(workload)
     # Requests per conversation started, from a sample of the generator itself (turns, one-shots).
-    sample = prefix.workload(200, 1.0, mix, seed)
+    sample = traffic.workload(200, 1.0, mix, seed)
     per_conversation = sum(c.turns for c in sample) / 200
     rate = requests_per_s / per_conversation
-    return prefix.workload(max(1, round(rate * seconds)), rate, mix, seed)
+    return traffic.workload(max(1, round(rate * seconds)), rate, mix, seed)
 
 
 def answer(seed: int, conversation: int, turn: int, n: int) -> tuple[str, tuple[int, ...]]:
@@ -94,8 +89,7 @@ def sized_fleet(fleet, sess: list[Session]):
     turns = [t for s in sess for t in s.turns]
     prompt = sum(len(t.tokens) for t in turns) / len(turns)
     output = sum(len(t.output) for t in turns) / len(turns)
-    dist = type(fleet.prompt)  # bench.fleetsim.Dist (not imported: this module is imported by it)
-    return replace(fleet, prompt=dist("const", prompt), output=dist("const", output))
+    return replace(fleet, prompt=Dist("const", prompt), output=Dist("const", output))
 
 
 def sized(fleet, workload: str, fraction: float, seconds: float, seed: int) -> tuple[Any, list[Any]]:

@@ -1,9 +1,9 @@
 """Download throughput of llmgw's weights downloader against curl, from the same loopback server.
 
-    python bench/download.py [--size-mb 400] [--runs 3]
+    python -m bench.download [--size-mb 400] [--runs 3]
 
 Writes a file of --size-mb MiB to a temp dir, serves it from the loopback hub of the tests
-(tests/support/fakehub.py, in its own process) as a plain URL and as a hub repository, then times,
+(harness/fakehub.py, in its own process) as a plain URL and as a hub repository, then times,
 alternately, `curl -o` of the URL, the downloader on the URL source (with #sha256 verification) and
 on the hf:// source (model-info call, redirect to the CDN listener, sha256 against the ETag); and
 curl followed by an fsync of its file, since llmgw syncs a file before it names it complete. Each
@@ -26,12 +26,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 
-import huggingface_hub  # noqa: E402,F401 - imported once per agent process: not part of a download's time
-import requests  # noqa: E402
+import huggingface_hub  # noqa: F401 - imported once per agent process: not part of a download's time
+import requests
 
-from llmgw.weights.download import Downloader  # noqa: E402
+from llmgw.weights.download import Downloader
 
 MIB = 1024 * 1024
 
@@ -64,7 +63,7 @@ def main() -> None:
         tmp = Path(tmp)
         src = tmp / "weights.gguf"
         sha = write_file(src, args.size_mb)
-        server = subprocess.Popen([sys.executable, "-m", "tests.support.fakehub", str(src)], cwd=ROOT,
+        server = subprocess.Popen([sys.executable, "-m", "harness.fakehub", str(src)], cwd=ROOT,
                                   stdout=subprocess.PIPE, text=True, start_new_session=True)
         try:
             info = json.loads(server.stdout.readline())
@@ -99,7 +98,7 @@ def main() -> None:
         finally:
             server.terminate()
             server.wait(30)
-    print(f"{args.size_mb} MiB from a loopback server (tests/support/fakehub.py), {args.runs} runs, "
+    print(f"{args.size_mb} MiB from a loopback server (harness/fakehub.py), {args.runs} runs, "
           f"{os.cpu_count()} cores")
     for name, ts in times.items():
         rates = [args.size_mb / t for t in ts]

@@ -1,31 +1,28 @@
 """What WAIT costs the writes that must not be lost: a catalog apply (`Store.store_catalog`, the
 compare-and-set llmgw catalog apply makes) and an API key's creation (`Store.create_key`), each timed
 without WAIT and with WAIT for one replica (`Durability(1, ...)`: on one leased connection, then WAIT
-there), on a Sentinel-managed Redis on loopback (tests/support/sentinel.py: a master, a replica, three
+there), on a Sentinel-managed Redis on loopback (harness/sentinel.py: a master, a replica, three
 sentinels, append-only files fsynced every second). Also the same writes through a plain `redis://`
 URL to the master, to show what going through Sentinel costs a client that already has its
 connection (nothing: the sentinels are asked only when a connection is made). Prints the median and
 p99 in milliseconds over `--n` writes of each.
 
-    python bench/durable.py [--n 300]
+    python -m bench.durable [--n 300]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from llmgw.catalog import apply_catalog, parse_catalog_text  # noqa: E402
-from llmgw.state import keys as K  # noqa: E402
-from llmgw.state.store import Durability, Store, connect  # noqa: E402
-from tests.support.procs import ProcessSet  # noqa: E402
-from tests.support.sentinel import SentinelRedis  # noqa: E402
+from llmgw.catalog import apply_catalog, parse_catalog_text
+from llmgw.state import keys as K
+from llmgw.state.store import Durability, Store, connect
+from harness.procs import ProcessSet
+from harness.sentinel import SentinelRedis
 
 
 def catalog(i: int):

@@ -1,7 +1,7 @@
 """Tenants sharing a saturated model: llmgw's fair queueing (`LLMGW_GATEWAY_FAIRNESS=tokens`) against first
 come, first served (`fcfs`), in one run, on the fleet simulator's engines.
 
-    python bench/fairness.py [--seconds 150] [--seed 1] [--only light-heavy,weights,...]
+    python -m bench.fairness [--seconds 150] [--seed 1] [--only light-heavy,weights,...]
 
 The engines are bench/fleetsim.py's (the sim engine's batching model on a virtual clock: continuous
 batching, a FIFO behind the batch, prefill stalling the step); the gateways are llmgw's code: the
@@ -42,26 +42,22 @@ import math
 import random
 import sys
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from types import SimpleNamespace
 
-ROOT = Path(__file__).resolve().parent.parent
-if __name__ == "__main__":
-    sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, ROOT / "bench")]
-
-from bench.fleetsim import Dist, Engine, Fleet, Req, SimClock, _Engine, _Store  # noqa: E402
-from gateway.config import GatewaySettings  # noqa: E402
-from gateway.routing.admission import Send, Shed, Wait, admit, drain_time  # noqa: E402
-from gateway.routing.choice import Choice, Rejection, RouteRequest  # noqa: E402
-from gateway.routing.ledger import Backlog, Ledger  # noqa: E402
-from gateway.routing.queue import WaitQueues  # noqa: E402
-from gateway.server.pollers import PolledRouter  # noqa: E402
-from llmgw.state.keypolicy import Tenant  # noqa: E402
-from llmgw.state.records import EndpointInfo  # noqa: E402
-from llmgw.state.tenants import TenantTotals  # noqa: E402
-from llmgw.surface import CHAT  # noqa: E402
-from simengine.core import SimConfig  # noqa: E402
-from tests.support.loadgen import poisson_times  # noqa: E402
+from bench.fleets import Dist, Engine, Fleet
+from bench.fleetsim import Req, SimClock, _Engine, _Store
+from gateway.config import GatewaySettings
+from gateway.routing.admission import Send, Shed, Wait, admit, drain_time
+from gateway.routing.choice import Choice, Rejection, RouteRequest
+from gateway.routing.ledger import Backlog, Ledger
+from gateway.routing.queue import WaitQueues
+from gateway.server.pollers import PolledRouter
+from llmgw.state.keypolicy import Tenant
+from llmgw.state.records import EndpointInfo
+from llmgw.state.tenants import TenantTotals
+from llmgw.surface import CHAT
+from simengine.core import SimConfig
+from harness.loadgen import poisson_times
 
 # One model on two GPU-like engines: 16 sequences each (the catalog's capacity), a decode step of
 # 15 ms that a full batch makes 30 % longer (memory-bound decoding), 20k prompt tokens/s of prefill.

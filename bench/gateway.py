@@ -40,10 +40,8 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-if __package__ in (None, ""):  # run as a script: bench/ itself must not shadow the `gateway` package
-    sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 
-from bench import peers, wrk  # noqa: E402
+from bench import peers, wrk
 
 BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
 SBODY = json.dumps({"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}).encode()
@@ -116,8 +114,8 @@ def main() -> None:
     if not wrk.available():
         sys.exit("bench/gateway.py needs wrk (apt-get install wrk)")
 
-    from tests.support.cluster import Cluster
-    from tests.support.procs import free_port, wait_until
+    from harness.cluster import Cluster
+    from harness.procs import free_port, wait_until
     import requests
 
     workdir = Path(tempfile.mkdtemp(prefix="llmgw-bench-gw-"))

@@ -23,11 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if __package__ in (None, ""):
-    sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
-
-from bench import peers  # noqa: E402
+from bench import peers
 
 BODY = json.dumps({"model": "m", "messages": [{"role": "system", "content": "You are a helpful assistant. " * 8},
                                               {"role": "user", "content": "hi"}]}).encode()
@@ -65,8 +61,8 @@ def main() -> None:
         k, _, v = kv.partition("=")
         os.environ[k] = v
 
-    from tests.support.cluster import Cluster
-    from tests.support.procs import free_port, wait_until
+    from harness.cluster import Cluster
+    from harness.procs import free_port, wait_until
 
     cluster = Cluster(Path(tempfile.mkdtemp(prefix="llmgw-hotpath-")))
     try:

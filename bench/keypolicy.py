@@ -3,24 +3,20 @@ in-memory tables, gateway.keys.policy.decide) per request, for an ordinary key a
 policy set, next to the key lookup every keyed request already pays. In-process, on fakeredis (no
 Redis is touched on this path); prints microseconds per call.
 
-    python bench/keypolicy.py
+    python -m bench.keypolicy
 """
 
 from __future__ import annotations
 
-import sys
 import time
 import timeit
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import fakeredis
 
-import fakeredis  # noqa: E402
-
-from gateway.app import create_app  # noqa: E402
-from gateway.config import GatewaySettings  # noqa: E402
-from llmgw.state.records import EndpointInfo  # noqa: E402
-from llmgw.state.store import Store  # noqa: E402
+from gateway.app import create_app
+from gateway.config import GatewaySettings
+from llmgw.state.records import EndpointInfo
+from llmgw.state.store import Store
 
 N = 100_000
 

@@ -76,12 +76,12 @@ def config(urls: list[str], served_name: str, capacities: list[int | None]) -> d
 
 
 def start(procs, name: str, workdir: Path, py: str, cfg: dict, port: int, workers: int):
-    """Starts the proxy on 127.0.0.1:`port` (procs: tests.support.procs.ProcessSet) and waits for
+    """Starts the proxy on 127.0.0.1:`port` (procs: harness.procs.ProcessSet) and waits for
     /health/liveliness; returns its Proc (stopping it stops its whole process group)."""
     import requests
     import yaml
 
-    from tests.support.procs import wait_until
+    from harness.procs import wait_until
 
     d = workdir / f"litellm-{port}"
     d.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
 """Generation and prompt tokens/s of the installed llama-server on the bundled SmolLM2 model.
 
-    python bench/llamacpp.py [--runs 7] [--tokens 128] [--threads N] [--binary PATH ...]
+    python -m bench.llamacpp [--runs 7] [--tokens 128] [--threads N] [--binary PATH ...]
 
 Each run starts llama-server the way the node agent does (one CPU slot), warms it up with a short
 request, then times one completion of exactly --tokens tokens (ignore_eos) after a fixed prompt, and
@@ -21,11 +21,8 @@ from pathlib import Path
 
 import requests
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
-
-from llmgw.engines.selfcheck import Engine, failure_message, launch_spec  # noqa: E402
-from llmgw.proc.ports import free_port  # noqa: E402
+from llmgw.engines.selfcheck import Engine, failure_message, launch_spec
+from llmgw.proc.ports import free_port
 
 PROMPT = ("Write a detailed story about a lighthouse keeper who finds a message in a bottle, "
           "describing the sea, the weather, the island and the people who live there.")

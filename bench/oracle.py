@@ -1,6 +1,6 @@
 """How far routing can go on bench/prefix.py's traffic: greedy routers that know the present exactly.
 
-    python bench/oracle.py [--seeds 10] [--first-seed 1] [--policies oracle_own,oracle_total,llmgw,smg_cache_aware]
+    python -m bench.oracle [--seeds 10] [--first-seed 1] [--policies oracle_own,oracle_total,llmgw,smg_cache_aware]
                            [--fleets prefix-bench] [--make vllm]
 
 The issue's targets for that traffic ask llmgw for an end-to-end p99 at most 0.9x smg's, and a hit
@@ -33,17 +33,13 @@ import sys
 import time
 from collections import OrderedDict, deque
 from dataclasses import replace
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if __name__ == "__main__":
-    sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, ROOT / "bench")]
-
-from bench import conversations as conv  # noqa: E402
-from bench import fleetsim as fs  # noqa: E402
-from llmgw.state.records import EndpointInfo  # noqa: E402
-from simengine.core import SimCore, _Seq  # noqa: E402
-from simengine.prefix import PrefixCache, _Block  # noqa: E402
+from bench import conversations as conv
+from bench import fleetsim as fs
+from bench.fleets import PREFIX_LOAD, prefix_fleets
+from llmgw.state.records import EndpointInfo
+from simengine.core import SimCore, _Seq
+from simengine.prefix import PrefixCache, _Block
 
 NEW = "oracle:new"  # the request being placed, in an engine's copy
 
@@ -151,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [p for p in policies if p not in ORACLES and p not in ("llmgw",) + fs.PEERS]
     if unknown:
         ap.error(f"unknown policy {unknown[0]!r}; choose from {', '.join(('llmgw',) + fs.PEERS + tuple(ORACLES))}")
-    fleets = fs.prefix_fleets()
+    fleets = prefix_fleets()
     for fname in a.fleets.split(","):
         if fname not in fleets:
             ap.error(f"unknown fleet {fname!r}; choose from {', '.join(fleets)}")
@@ -164,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         for policy in policies:
             started, merged = time.monotonic(), None
             for seed in range(a.first_seed, a.first_seed + a.seeds):
-                r = fs.run(fleet, fs.PREFIX_LOAD, policy, seed, None, "prefix")
+                r = fs.run(fleet, PREFIX_LOAD, policy, seed, None, "prefix")
                 if merged is None:
                     merged = r
                 else:

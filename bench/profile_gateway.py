@@ -1,7 +1,7 @@
 """Where the gateway's CPU goes on streamed chat traffic: its CPU time per request, and with py-spy
 (`pip install py-spy`) the functions one worker spends it in.
 
-    python bench/profile_gateway.py [--conversations 40] [--workers 1] [--spy] [--top 25]
+    python -m bench.profile_gateway [--conversations 40] [--workers 1] [--spy] [--top 25]
 
 The traffic is bench/prefix.py's (conversations with shared system prompts and one-shot prompts,
 all streamed) on its four simulated vLLM engines, through llmgw's gateway as bench/routing.py
@@ -22,15 +22,12 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, ROOT / "bench")]
-
-from bench.fleetsim import Fleet  # noqa: E402
-from bench.prefix import engines, run_traffic, workload  # noqa: E402
-from bench.routing import Router, RunningFleet  # noqa: E402
-from bench.streams import cpu_seconds  # noqa: E402
-from tests.support.cluster import Cluster  # noqa: E402
-from tests.support.procs import bin_path  # noqa: E402
+from bench.fleets import Fleet, prefix_engines
+from bench.peers import cpu_seconds
+from bench.routing import Router, RunningFleet
+from bench.traffic import run_traffic, workload
+from harness.cluster import Cluster
+from harness.procs import bin_path
 
 
 def shares(raw: Path, top: int) -> list[str]:
@@ -66,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     rf = router = None
     try:
         cluster.start_redis()
-        rf = RunningFleet(cluster, Fleet("prefix", engines(False), make="vllm"), "profile")
+        rf = RunningFleet(cluster, Fleet("prefix", prefix_engines(False), make="vllm"), "profile")
         router = Router("llmgw", cluster, rf, workdir, a.workers)
         pids = router.pids()  # gunicorn's master, then its workers
         spy, raw, said = None, workdir / "spy.txt", workdir / "spy.err"

@@ -2,8 +2,8 @@
 gap each moved stream saw at its seam (from the last token before the kill to the first after it),
 next to the ordinary gap between two tokens.
 
-    python bench/resume.py [--engine sim|llamacpp] [--streams 16] [--tokens 200] [--runs 3]
-    python bench/resume.py --per-piece [--tokens 2000]
+    python -m bench.resume [--engine sim|llamacpp] [--streams 16] [--tokens 200] [--runs 3]
+    python -m bench.resume --per-piece [--tokens 2000]
 
 Each run starts two engines (the simulated engine, or llama-server on the bundled SmolLM2 at
 temperature 0, `-np` as many slots as streams, one thread each), publishes both to a real Redis,
@@ -37,8 +37,6 @@ from pathlib import Path
 
 import requests
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 
 PROMPTS = ("Write a long story about a lighthouse keeper and the sea.",
            "Describe, step by step, how bread is baked in a village bakery.")
@@ -98,7 +96,7 @@ class Stream:
 
 def start_engines(cluster, engine: str, slots: int, workdir: Path):
     """Two engines; returns [(name, url, proc)]."""
-    from tests.support.procs import free_port, python, wait_until
+    from harness.procs import free_port, python, wait_until
 
     out = []
     for name in ("e1", "e2"):
@@ -122,8 +120,8 @@ def start_engines(cluster, engine: str, slots: int, workdir: Path):
 def one_run(a, run: int) -> dict:
     from llmgw import surface
     from llmgw.state.records import EndpointInfo
-    from tests.support.cluster import Cluster
-    from tests.support.procs import wait_until
+    from harness.cluster import Cluster
+    from harness.procs import wait_until
 
     workdir = Path(tempfile.mkdtemp(prefix="llmgw-bench-resume-"))
     cluster = Cluster(workdir)

@@ -1,10 +1,10 @@
 """Routing on real processes: llmgw against its peers on several fleets and loads, side by side.
 
-    python bench/routing.py [--quick] [--fleets fleet-a,...] [--loads 0.5,0.8,0.95,burst]
+    python -m bench.routing [--quick] [--fleets fleet-a,...] [--loads 0.5,0.8,0.95,burst]
                             [--routers llmgw,least_inflight,...] [--seconds 8] [--plot docs/routing-p99.png]
                             [--make vllm|llamacpp] [--workload random|conversations|mix]
 
-Fleets are bench/fleetsim.py's (the simulator and this benchmark share their definitions): simulated
+Fleets are bench/fleets.py's (the simulator and this benchmark share their definitions): simulated
 engines (`python -m simengine`) with continuous batching, a decode step that slows with the
 batch, and speeds; one of them drops to 30 % of its speed in the middle of each measured run of the
 `slowing` fleet. Routers, each in front of the same engines in turn:
@@ -16,7 +16,7 @@ batch, and speeds; one of them drops to 30 % of its speed in the middle of each 
 - LiteLLM's proxy (`litellm`, bench/litellm_peer.py: its own virtualenv, made on first use) with
   `least-busy`, one deployment per engine with the engine's batch size as `max_parallel_requests`
   (llmgw is told the same as `capacity`), as many workers as llmgw's gateway.
-The load is open loop (asyncio, tests/support/loadgen.py): Poisson arrivals at 50/80/95 % of the
+The load is open loop (asyncio, harness/loadgen.py): Poisson arrivals at 50/80/95 % of the
 fleet's capacity, and `burst`: 80 %, then 10 s at 150 %, then 80 % again; streamed chat requests
 of ~100-token prompts (random words, so no prefix cache helps) and the fleet's output lengths.
 Each router gets a short unmeasured warm-up. Figures per cell: p50/p90/p99 latency, TTFT p50/p99,
@@ -48,28 +48,22 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, ROOT / "bench")]
 
-from bench import conversations as conv  # noqa: E402
-from bench import litellm_peer  # noqa: E402
-from bench.fleetsim import FLEETS, HELD_OUT, LOADS, Engine, Fleet, Load  # noqa: E402
-from bench.streams import cpu_seconds, tree  # noqa: E402
-from llmgw.state.records import EndpointInfo  # noqa: E402
-from llmgw.state.clock import Clock  # noqa: E402
-from tests.support.cluster import Cluster  # noqa: E402
-from tests.support.loadgen import StreamResult, open_loop_streams, poisson_times  # noqa: E402
-from tests.support.procs import bin_path, free_port, python, wait_until  # noqa: E402
+from bench import conversations as conv
+from bench import litellm_peer
+from bench.fleets import FLEETS, HELD_OUT, LOADS, Engine, Fleet, Load
+from bench.peers import cpu_seconds, tree
+from bench.report import pct
+from bench.traffic import CHAT, CLIENT_TIMEOUT, run_traffic
+from llmgw.state.records import EndpointInfo
+from llmgw.state.clock import Clock
+from harness.cluster import Cluster
+from harness.loadgen import StreamResult, open_loop_streams, poisson_times
+from harness.procs import bin_path, free_port, python, wait_until
 
 ROUTERS = ("llmgw", "least_inflight", "round_robin", "nginx", "vllm-p2", "vllm-cache", "litellm")
-CHAT = "/v1/chat/completions"
-CLIENT_TIMEOUT = 60.0  # seconds, as many HTTP clients: an answer later than that counts as an error
 WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet",
          "kilo", "lima", "mike", "november", "oscar", "papa", "quebec", "romeo", "sierra", "tango")
-
-
-def pct(xs: list[float], p: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(p * len(xs)))] if xs else float("nan")
 
 
 def nginx_binary() -> str | None:
@@ -296,7 +290,7 @@ def bodies(fleet: Fleet, n: int, seed: int) -> list[bytes]:
 def drive(url: str, fleet: Fleet, load: Load, seed: int, workload: str = "random") -> list[StreamResult]:
     if workload != "random":  # bench/prefix.py's sessions and client; its results have the same fields
         _, convs = conv.sized(fleet, workload, load.fraction, load.seconds, seed)
-        return conv.prefix_bench().run_traffic(url, convs)
+        return run_traffic(url, convs)
     cap = fleet.capacity()
     times = poisson_times(load.rate_at(cap), load.peak(cap), load.seconds, seed)
     return open_loop_streams(url, CHAT, bodies(fleet, len(times), seed), times, timeout=CLIENT_TIMEOUT)

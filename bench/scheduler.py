@@ -1,6 +1,6 @@
 """How long one reconcile plan (placement included) takes on a large fleet: 1,000 nodes, 10,000 replicas.
 
-    python bench/scheduler.py [--repeat 5]
+    python -m bench.scheduler [--repeat 5]
 
 Two cases, each timed as the best of --repeat runs of `plan(catalog, snapshot, now)`:
 
@@ -18,16 +18,13 @@ import argparse
 import dataclasses
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from llmgw.catalog import parse_catalog  # noqa: E402
-from llmgw.gpus import parse_gpu_spec  # noqa: E402
-from llmgw.state.node_records import NodeAdmin, NodeInfo  # noqa: E402
-from workers.control.gcpause import paused_gc  # noqa: E402
-from workers.control.plan import CreateReplica, plan  # noqa: E402
-from workers.control.snapshot import Snapshot  # noqa: E402
+from llmgw.catalog import parse_catalog
+from llmgw.gpus import parse_gpu_spec
+from llmgw.state.node_records import NodeAdmin, NodeInfo
+from workers.control.gcpause import paused_gc
+from workers.control.plan import CreateReplica, plan
+from workers.control.snapshot import Snapshot
 
 TARGET_MS = 100.0
 

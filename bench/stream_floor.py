@@ -10,8 +10,8 @@ accounting:
   Python and gevent cost with no server framework at all.
 
 The gateway's CPU per request minus these is what proxying (the engine's socket, routing, accounting)
-costs; these minus nginx's is the price of Python. Used by `python bench/streams.py --targets
-...,floor-gunicorn,floor-gevent`; `python bench/stream_floor.py PORT` runs the gevent one alone.
+costs; these minus nginx's is the price of Python. Used by `python -m bench.streams --targets
+...,floor-gunicorn,floor-gevent`; `python -m bench.stream_floor PORT` runs the gevent one alone.
 """
 
 from __future__ import annotations

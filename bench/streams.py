@@ -32,9 +32,10 @@ import threading
 import time
 from pathlib import Path
 
+from bench import litellm_peer
+from bench.peers import cpu_seconds, start_engines, start_nginx, start_vllm_router, tree
+
 ROOT = Path(__file__).resolve().parent.parent
-if __package__ in (None, ""):  # run as a script: bench/ itself must not shadow the `gateway` package
-    sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 
 ANSWER_S = 1.6  # seconds per answer: 64 tokens at 40 tokens/s
 EVENTS = 8  # one SSE event per 8 tokens
@@ -42,7 +43,7 @@ BODY = json.dumps({"model": "m", "stream": True, "max_tokens": 64,
                    "messages": [{"role": "user", "content": "tell me something"}]}).encode()
 
 
-# --- the load generator (its own process: `python bench/streams.py --client '<json>'`) --------------
+# --- the load generator (its own process: `python -m bench.streams --client '<json>'`) --------------
 def pct(xs: list[float], p: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(p * len(xs)))] if xs else float("nan")
@@ -152,9 +153,6 @@ def client(arg: str) -> None:
     print(json.dumps(asyncio.run(client_main(json.loads(arg)))), flush=True)
 
 
-from bench.peers import cpu_seconds, start_nginx, start_vllm_router, tree  # noqa: E402
-
-
 def rss_bytes(pids: list[int]) -> int:
     total = 0
     for p in pids:
@@ -228,9 +226,8 @@ def main() -> None:
         ap.error(f"unknown target(s) {', '.join(unknown)}; choose from {', '.join(known)}")
 
     from llmgw.state.records import EndpointInfo
-    from tests.support.cluster import Cluster
-    from bench.peers import start_engines
-    from tests.support.procs import free_port, wait_until
+    from harness.cluster import Cluster
+    from harness.procs import free_port, wait_until
 
     workdir = Path(tempfile.mkdtemp(prefix="llmgw-bench-streams-"))
     cluster = Cluster(workdir)
@@ -281,14 +278,12 @@ def main() -> None:
                         "-b", f"127.0.0.1:{port}", "--worker-connections", str(2 * max(levels)),
                         "-w", str(a.workers or os.cpu_count() or 1), app]
             else:
-                argv = [sys.executable, str(ROOT / "bench" / "stream_floor.py"), str(port)]
+                argv = [sys.executable, "-m", "bench.stream_floor", str(port)]
             fp = cluster.procs.start(floor, argv, env=env, cwd=ROOT)
             furl = f"http://127.0.0.1:{port}"
             wait_until(lambda: _answers(furl), 20, what=floor)
             urls[floor] = ([furl], lambda fp=fp: tree(fp.pid))
         if "litellm" in targets:
-            from bench import litellm_peer
-
             py = litellm_peer.python()
             if py is None:
                 targets.remove("litellm")

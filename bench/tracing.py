@@ -2,7 +2,7 @@
 (gateway.http.proxy and gateway.http.answer: the request, identify, admission, endpoint choice,
 attempt, inject, first byte, finish), timed in a loop, per request.
 
-    python bench/tracing.py [--requests 20000] [--repeat 5]
+    python -m bench.tracing [--requests 20000] [--repeat 5]
 
 Cases:
 - off: tracing off (no OTEL_EXPORTER_OTLP_ENDPOINT), the client sent no trace context;
@@ -20,12 +20,9 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from gateway.observe.tracing import route_path  # noqa: E402
-from llmgw.tracing import OFF, Tracing  # noqa: E402
+from gateway.observe.tracing import route_path
+from llmgw.tracing import OFF, Tracing
 
 TP = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 

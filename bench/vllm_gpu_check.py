@@ -1,7 +1,7 @@
 """The end-to-end path of tests/e2e/test_vllm_cpu.py on one GPU machine with vLLM's GPU build: prints
 what it saw. Not run by `make test` or `make bench` (it needs an NVIDIA GPU and a few GB of downloads).
 
-    python bench/vllm_gpu_check.py [--vllm 'vllm==0.33.0'] [--keep]
+    python -m bench.vllm_gpu_check [--vllm 'vllm==0.33.0'] [--keep]
 
 1. Installs the GPU build of vLLM (`pip install vllm==...`, the registry's CUDA wheel and its torch) into
    its own environment, ~/.cache/llmgw/vllm-gpu/<version> (kept: a second run skips this), with gguf,
@@ -37,9 +37,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, ROOT / "bench")]
 
-from tests.support.procs import ProcessSet, free_port, wait_until  # noqa: E402
+from harness.procs import ProcessSet, free_port, wait_until
 
 ADAPTER = "smollm2-pirate"
 

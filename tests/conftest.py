@@ -1,5 +1,5 @@
 """Fixtures shared by every test: the process-leak detector and a real Redis; and, at the end of a run,
-what was skipped and why, grouped by reason (tests/support/needs.py says what a skipped test needed).
+what was skipped and why, grouped by reason (harness/needs.py says what a skipped test needed).
 
 The leak detector gives each test its own LLMGW_TEST_TOKEN in the environment; every process the
 test starts (and every engine those start) inherits it. After the test, any live process still
@@ -14,9 +14,9 @@ from collections import Counter
 
 import pytest
 
-from tests.support.cluster import Cluster
+from harness.cluster import Cluster
 from tests.support.fake_upstream import FakeUpstream
-from tests.support.procs import TOKEN_VAR, describe, kill_pids, processes_with_token, wait_until
+from harness.procs import TOKEN_VAR, describe, kill_pids, processes_with_token, wait_until
 
 
 @pytest.fixture(autouse=True)

@@ -22,8 +22,8 @@ import requests
 import yaml
 
 from tests.support.clients import start_loops, stop_loops
-from tests.support.cluster import FAST_AGENT
-from tests.support.procs import wait_until
+from harness.cluster import FAST_AGENT
+from harness.procs import wait_until
 
 pytestmark = pytest.mark.slow
 

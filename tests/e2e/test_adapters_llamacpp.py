@@ -15,8 +15,8 @@ import requests
 import yaml
 
 from llmgw.engines.base import EngineUnavailable
-from tests.support.cluster import FAST_AGENT
-from tests.support.procs import wait_until
+from harness.cluster import FAST_AGENT
+from harness.procs import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.llamacpp]
 

@@ -15,8 +15,8 @@ import time
 import pytest
 
 from tests.support.clients import start_loops, stop_loops
-from tests.support.cluster import FAST_AGENT, FAST_ENV, sim_catalog
-from tests.support.procs import hold, wait_until
+from harness.cluster import FAST_AGENT, FAST_ENV, sim_catalog
+from harness.procs import hold, wait_until
 
 pytestmark = pytest.mark.slow
 

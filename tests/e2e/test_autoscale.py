@@ -17,8 +17,8 @@ import requests
 
 from llmgw.state.replica_state import State, derive, nodes_alive
 from tests.support.clients import start_loops, stop_loops, stream_problem
-from tests.support.cluster import FAST_AGENT
-from tests.support.procs import wait_until
+from harness.cluster import FAST_AGENT
+from harness.procs import wait_until
 
 pytestmark = pytest.mark.slow
 

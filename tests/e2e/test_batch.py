@@ -17,8 +17,8 @@ import pytest
 import requests
 
 from llmgw.state.store.batches import BATCH_KEY_NAME
-from tests.support.cluster import FAST_AGENT, sim_catalog
-from tests.support.procs import wait_until
+from harness.cluster import FAST_AGENT, sim_catalog
+from harness.procs import wait_until
 
 pytestmark = pytest.mark.slow
 

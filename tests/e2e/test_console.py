@@ -5,7 +5,7 @@ while the page keeps polling (never reloaded); the catalog and the events show; 
 page refuses an ordinary key and takes an admin one. No page ever shows a null, undefined or NaN.
 
 Without the browser the test is skipped with the line that installs it, and fails under CI
-(tests/support/needs.py)."""
+(harness/needs.py)."""
 
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ import pytest
 from llmgw.state.keypolicy import new_key
 from llmgw.state import keys
 from llmgw.state.store import Store, connect
-from tests.support import needs
-from tests.support.cluster import sim_catalog
-from tests.support.procs import ProcessSet, free_port, python, wait_until
+from harness import needs
+from harness.cluster import sim_catalog
+from harness.procs import ProcessSet, free_port, python, wait_until
 
 pytestmark = pytest.mark.slow
 

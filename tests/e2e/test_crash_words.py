@@ -10,8 +10,8 @@ import time
 import pytest
 
 from llmgw.state.replica_state import State, derive
-from tests.support.cluster import sim_catalog
-from tests.support.procs import wait_until
+from harness.cluster import sim_catalog
+from harness.procs import wait_until
 
 pytestmark = pytest.mark.slow
 

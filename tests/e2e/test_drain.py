@@ -15,8 +15,8 @@ import requests
 
 from llmgw.state.replica_state import State, derive, nodes_alive
 from tests.support.clients import ClientLoop, start_loops, stop_loops, stream_problem
-from tests.support.cluster import FAST_AGENT, sim_catalog
-from tests.support.procs import pid_alive, wait_until
+from harness.cluster import FAST_AGENT, sim_catalog
+from harness.procs import pid_alive, wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -14,8 +14,8 @@ import requests
 
 from llmgw.state.replica_state import State, derive
 from tests.e2e.test_fleet import ClientLoop
-from tests.support.cluster import FAST_AGENT, sim_catalog
-from tests.support.procs import wait_until
+from harness.cluster import FAST_AGENT, sim_catalog
+from harness.procs import wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from tests.support.cluster import sim_catalog
-from tests.support.procs import wait_until
+from harness.cluster import sim_catalog
+from harness.procs import wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ import requests
 import pytest
 
 from tests.support.fake_upstream import start_process
-from tests.support.procs import free_port, python, wait_until
+from harness.procs import free_port, python, wait_until
 
 pytestmark = pytest.mark.slow
 

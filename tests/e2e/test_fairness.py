@@ -16,7 +16,7 @@ import requests
 from llmgw.state.records import EndpointInfo
 from tests.support.fake_upstream import start_process
 from tests.support.gateway_app import metric
-from tests.support.procs import wait_until
+from harness.procs import wait_until
 
 pytestmark = pytest.mark.slow
 

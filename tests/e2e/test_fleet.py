@@ -13,8 +13,8 @@ import openai
 import pytest
 
 from llmgw.state.replica_state import State, derive
-from tests.support.cluster import FAST_AGENT, FAST_ENV
-from tests.support.procs import pid_alive, wait_until
+from harness.cluster import FAST_AGENT, FAST_ENV
+from harness.procs import pid_alive, wait_until
 
 pytestmark = pytest.mark.slow
 

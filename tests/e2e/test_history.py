@@ -11,8 +11,8 @@ import subprocess
 
 import pytest
 
-from tests.support.cluster import sim_catalog
-from tests.support.procs import python, wait_until
+from harness.cluster import sim_catalog
+from harness.procs import python, wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -13,8 +13,8 @@ import openai
 import pytest
 
 from llmgw.state.replica_state import State, derive
-from tests.support.cluster import FAST_AGENT
-from tests.support.procs import wait_until
+from harness.cluster import FAST_AGENT
+from harness.procs import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.llamacpp]
 

@@ -14,8 +14,8 @@ import openai
 import pytest
 import requests
 
-from tests.support.cluster import FAST_AGENT
-from tests.support.procs import wait_until
+from harness.cluster import FAST_AGENT
+from harness.procs import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.llamacpp]
 

@@ -18,8 +18,8 @@ import pytest
 import requests
 
 from llmgw.state.replica_state import State, derive
-from tests.support.cluster import FAST_AGENT
-from tests.support.procs import TOKEN_VAR, pid_alive, processes_with_token, wait_until
+from harness.cluster import FAST_AGENT
+from harness.procs import TOKEN_VAR, pid_alive, processes_with_token, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -208,7 +208,7 @@ def test_two_node_replica_serves_restarts_and_stops_on_both_nodes(cluster):
 def test_sim_head_is_healthy_only_with_its_member_and_member_follows_head(tmp_path):
     """The sim's rendezvous on real processes, without the control plane: /health is 503 until the
     member joins and again after it leaves; a member exits 1 when its head dies or never appears."""
-    from tests.support.procs import ProcessSet, free_port, python
+    from harness.procs import ProcessSet, free_port, python
 
     procs = ProcessSet(tmp_path / "logs")
     port, master = free_port(), free_port()

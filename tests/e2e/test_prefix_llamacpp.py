@@ -12,8 +12,8 @@ import time
 import pytest
 import requests
 
-from tests.support.cluster import FAST_AGENT
-from tests.support.procs import free_port, wait_until
+from harness.cluster import FAST_AGENT
+from harness.procs import free_port, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.llamacpp]
 

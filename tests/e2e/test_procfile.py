@@ -16,8 +16,8 @@ import openai
 import pytest
 import requests
 
-from tests.support.cluster import FAST_ENV
-from tests.support.procs import ProcessSet, bin_path, free_port, processes_with_token, python, wait_until
+from harness.cluster import FAST_ENV
+from harness.procs import ProcessSet, bin_path, free_port, processes_with_token, python, wait_until
 
 pytestmark = pytest.mark.slow
 

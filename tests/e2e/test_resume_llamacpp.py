@@ -16,9 +16,9 @@ import time
 import pytest
 import requests
 
-from tests.support.cluster import FAST_AGENT
+from harness.cluster import FAST_AGENT
 from tests.support.gateway_app import metric
-from tests.support.procs import wait_until
+from harness.procs import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.llamacpp]
 

@@ -16,7 +16,7 @@ import requests
 
 from llmgw.cli.up import default_catalog_path
 
-from tests.support.procs import ProcessSet, free_port, processes_with_token, python, wait_until
+from harness.procs import ProcessSet, free_port, processes_with_token, python, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.llamacpp]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.procs import ProcessSet, free_port, python, wait_until
+from harness.procs import ProcessSet, free_port, python, wait_until
 
 pytestmark = pytest.mark.slow
 

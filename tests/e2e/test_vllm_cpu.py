@@ -33,8 +33,8 @@ import yaml
 from llmgw.state.replica_state import State, derive
 from llmgw.local.stackfile import running_stack
 from llmgw.state.store import Store, connect
-from tests.support import needs
-from tests.support.procs import TOKEN_VAR, ProcessSet, describe, free_port, kill_pids, processes_with_token, python, wait_until
+from harness import needs
+from harness.procs import TOKEN_VAR, ProcessSet, describe, free_port, kill_pids, processes_with_token, python, wait_until
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "vllm-cpu.yaml"
 ADAPTER = "smollm2-pirate"

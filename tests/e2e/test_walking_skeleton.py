@@ -10,7 +10,7 @@ import openai
 import pytest
 import requests
 
-from tests.support.procs import pid_alive, wait_until
+from harness.procs import pid_alive, wait_until
 
 pytestmark = pytest.mark.slow
 

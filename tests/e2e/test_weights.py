@@ -1,5 +1,5 @@
 """Models arrive on their own (issue 29): `source: hf://...` served by a loopback hub
-(tests/support/fakehub.py, the real huggingface_hub client's protocol; HF_ENDPOINT in the agents'
+(harness/fakehub.py, the real huggingface_hub client's protocol; HF_ENDPOINT in the agents'
 environment), downloaded by the node agent before the engine starts.
 
 - `llmgw up --catalog` with an hf:// llama.cpp source serves a real completion; its two replicas on
@@ -23,9 +23,9 @@ import pytest
 
 from llmgw.engines.llamacpp import _package_dir
 from llmgw.state.replica_state import State, derive
-from tests.support.cluster import FAST_AGENT
-from tests.support.fakehub import FakeHub
-from tests.support.procs import ProcessSet, free_port, python, wait_until
+from harness.cluster import FAST_AGENT
+from harness.fakehub import FakeHub
+from harness.procs import ProcessSet, free_port, python, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.llamacpp]
 

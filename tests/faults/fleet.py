@@ -17,8 +17,8 @@ from llmgw.proc.proctable import REPLICA_ENV, read_environ, read_proc
 from llmgw.state.records import ReplicaRecord
 from llmgw.state.replica_state import State, derive, nodes_alive
 from llmgw.state.store import Store
-from tests.support.cluster import FAST_AGENT
-from tests.support.procs import TOKEN_VAR, pids_with_env, wait_until
+from harness.cluster import FAST_AGENT
+from harness.procs import TOKEN_VAR, pids_with_env, wait_until
 
 # Agents that react fast, and stop an engine that ignores SIGTERM after 3 s.
 AGENT = {**FAST_AGENT, "LLMGW_AGENT_STOP_GRACE": "3"}

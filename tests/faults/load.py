@@ -31,8 +31,8 @@ from pathlib import Path
 
 from llmgw.proc.proctable import read_proc
 from tests.support.clients import stream_problem
-from tests.support.cluster import FAST_AGENT, sim_catalog
-from tests.support.procs import socket_inodes, wait_until
+from harness.cluster import FAST_AGENT, sim_catalog
+from harness.procs import socket_inodes, wait_until
 
 CATALOG = sim_catalog(replicas=2, capacity=512, args=["--batch-alpha", "0.01", "--step-ms", "10"])
 # 256 clients on one engine (the other one killed) keep a few dozen arrivals waiting for the engine's
@@ -272,8 +272,8 @@ def main(argv: list[str] | None = None) -> None:
     import tempfile
     import uuid
 
-    from tests.support.cluster import Cluster
-    from tests.support.procs import TOKEN_VAR, kill_pids, processes_with_token
+    from harness.cluster import Cluster
+    from harness.procs import TOKEN_VAR, kill_pids, processes_with_token
 
     p = argparse.ArgumentParser(prog="python -m tests.faults.load", description=__doc__.split("\n\n")[0])
     p.add_argument("--full", action="store_true", help="the issue's size: 10,000 requests at 256 clients")

@@ -36,7 +36,7 @@ from tests.faults.fleet import (
     states,
 )
 from tests.support.clients import start_loops, stop_loops
-from tests.support.procs import TOKEN_VAR, hold, wait_until
+from harness.procs import TOKEN_VAR, hold, wait_until
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 

@@ -25,8 +25,8 @@ import requests
 
 from tests.faults.fleet import AGENT
 from tests.support.clients import start_loops, stop_loops
-from tests.support.cluster import sim_catalog
-from tests.support.procs import hold, wait_until
+from harness.cluster import sim_catalog
+from harness.procs import hold, wait_until
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 

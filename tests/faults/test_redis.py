@@ -23,7 +23,7 @@ from llmgw.catalog import read_applied
 from llmgw.state import keys as K
 from tests.faults.fleet import catalog, engines, expected, identities, settle, start_fleet
 from tests.support.clients import start_loops, stop_loops
-from tests.support.procs import TOKEN_VAR, hold, wait_until
+from harness.procs import TOKEN_VAR, hold, wait_until
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 

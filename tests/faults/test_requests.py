@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from tests.faults.fleet import AGENT
 from tests.faults.rawhttp import RawGateway
-from tests.support.cluster import sim_catalog
+from harness.cluster import sim_catalog
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 

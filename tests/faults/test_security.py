@@ -28,9 +28,9 @@ from llmgw.state.keypolicy import hash_key
 from llmgw.state.clock import Clock
 from tests.faults.fleet import AGENT, engines
 from tests.faults.rawhttp import RawGateway
-from tests.support import needs
-from tests.support.cluster import make_certs, sim_catalog
-from tests.support.procs import TOKEN_VAR, free_port, socket_inodes, wait_until
+from harness import needs
+from harness.cluster import make_certs, sim_catalog
+from harness.procs import TOKEN_VAR, free_port, socket_inodes, wait_until
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 

@@ -1,7 +1,7 @@
 """Redis as production runs it: the master behind Sentinel is killed (-9) under load (issue 53).
 
 The whole system (control worker, beat, two node agents, the gateway, the CLI) runs on
-`redis+sentinel://` (tests/support/sentinel.py: a master, a replica, three sentinels; a password).
+`redis+sentinel://` (harness/sentinel.py: a master, a replica, three sentinels; a password).
 
 1. A catalog apply and a key creation just before the master is killed, while clients stream and
    not (and Flower watches): no client error, the catalog and the key are on the promoted replica (each waited for a replica:
@@ -25,7 +25,7 @@ import requests
 from llmgw.catalog import read_applied
 from tests.faults.fleet import catalog, engines, expected, identities, settle, start_fleet
 from tests.support.clients import start_loops, stop_loops
-from tests.support.procs import TOKEN_VAR, free_port, hold, wait_until
+from harness.procs import TOKEN_VAR, free_port, hold, wait_until
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 

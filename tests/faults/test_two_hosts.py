@@ -4,7 +4,7 @@ and the gateway in the root namespace. Engines bind to their host's address and 
 both. When one host's link goes down its endpoint leaves routing within the heartbeat TTL and its
 replica is placed again on the other host; when the link comes back its stale engine is stopped.
 
-Needs root and `ip` (iproute2): skipped without them, failed under CI (tests/support/needs.py).
+Needs root and `ip` (iproute2): skipped without them, failed under CI (harness/needs.py).
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ import requests
 
 from llmgw.state.replica_state import State
 from tests.faults.fleet import AGENT, engines, orphans, states
-from tests.support import needs
+from harness import needs
 from tests.support.clients import start_loops, stop_loops
-from tests.support.cluster import FAST_ENV
-from tests.support.procs import TOKEN_VAR, hold, wait_until
+from harness.cluster import FAST_ENV
+from harness.procs import TOKEN_VAR, hold, wait_until
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 

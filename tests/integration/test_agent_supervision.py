@@ -18,7 +18,7 @@ from llmgw.proc.proctable import is_same_process, read_proc
 from llmgw.state.keys import node_queue
 from llmgw.state.records import ReplicaRecord
 from llmgw.state.replica_state import State, derive
-from tests.support.procs import wait_until
+from harness.procs import wait_until
 
 CATALOG = """
 models:

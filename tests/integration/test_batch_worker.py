@@ -14,7 +14,7 @@ import pytest
 import requests
 
 from llmgw.state.records import EndpointInfo
-from tests.support.procs import free_port, hold, python, wait_until
+from harness.procs import free_port, hold, python, wait_until
 
 CHAT = "/v1/chat/completions"
 FAST = {"LLMGW_BATCH_VIEW_INTERVAL": "0.1", "LLMGW_BATCH_SWEEP_INTERVAL": "1", "LLMGW_BATCH_LEASE_TTL": "2",

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_adapters_benchmark_smoke():
     out = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "adapters.py"), "--quick", "--engines", "2", "--adapters", "4",
+        [sys.executable, "-m", "bench.adapters", "--quick", "--engines", "2", "--adapters", "4",
          "--max-loras", "2", "--seconds", "3", "--modes", "llmgw,base-only"],
         capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_durable_benchmark_smoke():
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "durable.py"), "--n", "5"],
+    out = subprocess.run([sys.executable, "-m", "bench.durable", "--n", "5"],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stdout + out.stderr
     rows = [line for line in out.stdout.splitlines() if line.startswith(("catalog apply", "key creation"))]

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.support import needs
+from harness import needs
 
 ROOT = Path(__file__).resolve().parents[2]
 

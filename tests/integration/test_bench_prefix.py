@@ -20,7 +20,7 @@ def test_prefix_benchmark_smoke():
         peers = []
     routers = ",".join(["llmgw", "llmgw-2gw"] + [{"vllm-router": "vllm-cache", "smg": "smg"}[p] for p in peers])
     out = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "prefix.py"), "--quick", "--conversations", "4", "--rate", "4",
+        [sys.executable, "-m", "bench.prefix", "--quick", "--conversations", "4", "--rate", "4",
          "--routers", routers], capture_output=True, text=True, timeout=280, cwd=ROOT)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rows = {line.split()[0]: line.split() for line in out.stdout.splitlines() if line.startswith("  ")

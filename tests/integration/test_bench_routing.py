@@ -20,7 +20,7 @@ def table(stdout: str) -> list[dict[str, str]]:
 def test_routing_benchmark_smoke(tmp_path):
     plot = tmp_path / "p99.png"
     out = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "routing.py"), "--quick", "--loads", "0.8", "--seconds", "1.5",
+        [sys.executable, "-m", "bench.routing", "--quick", "--loads", "0.8", "--seconds", "1.5",
          "--warmup", "0.5", "--routers", "llmgw,least_inflight,nginx,vllm-p2", "--plot", str(plot)],
         capture_output=True, text=True, timeout=280, cwd=ROOT)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -45,7 +45,7 @@ def test_routing_benchmark_conversations_on_llamacpp_engines_smoke():
     """`--workload mix --make llamacpp`: bench/prefix.py's sessions and one-shot requests on engines in
     llama.cpp's personality; each row has the hit ratio from the engines' own counters."""
     out = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "routing.py"), "--quick", "--seconds", "1.5", "--warmup", "0.5",
+        [sys.executable, "-m", "bench.routing", "--quick", "--seconds", "1.5", "--warmup", "0.5",
          "--workload", "mix", "--make", "llamacpp", "--routers", "llmgw,nginx", "--plot", ""],
         capture_output=True, text=True, timeout=280, cwd=ROOT)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

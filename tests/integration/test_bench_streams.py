@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_streams_benchmark_smoke():
     out = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "streams.py"), "--levels", "4", "--seconds", "1", "--answer", "0.2",
+        [sys.executable, "-m", "bench.streams", "--levels", "4", "--seconds", "1", "--answer", "0.2",
          "--targets", "direct,llmgw,floor-gunicorn,floor-gevent"],
         capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert out.returncode == 0, out.stdout + out.stderr

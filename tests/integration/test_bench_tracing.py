@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_tracing_benchmark_smoke():
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "tracing.py"), "--requests", "200", "--repeat", "1"],
+    out = subprocess.run([sys.executable, "-m", "bench.tracing", "--requests", "200", "--repeat", "1"],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stdout + out.stderr
     rows = {line[:26].strip(): line[26:].strip() for line in out.stdout.splitlines()[2:]}

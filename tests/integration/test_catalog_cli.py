@@ -142,7 +142,7 @@ def test_invalid_apply_changes_nothing(run, tmp_path, redis_server):
 
 
 def test_unreachable_redis_is_one_line_not_a_traceback(run, tmp_path):
-    from tests.support.procs import free_port
+    from harness.procs import free_port
 
     proc = run("apply", write(tmp_path, "v1.yaml", V1), url=f"redis://127.0.0.1:{free_port()}/0")
     no_traceback(proc)

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from llmgw.state.replica_state import State, derive, nodes_alive
-from tests.support.procs import wait_until
+from harness.procs import wait_until
 
 CATALOG = """
 models:

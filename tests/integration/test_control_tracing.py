@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from llmgw.state import keys
-from tests.support.cluster import FAST_AGENT, sim_catalog
+from harness.cluster import FAST_AGENT, sim_catalog
 from tests.support.otlp import attribute, collector  # noqa: F401 - collector: a fixture
-from tests.support.procs import wait_until
+from harness.procs import wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,7 @@ import requests
 from llmgw.state import keys
 from llmgw.state.records import EndpointInfo
 from tests.support.fake_upstream import start_process
-from tests.support.procs import wait_until
+from harness.procs import wait_until
 
 CHAT = "/v1/chat/completions"
 FAST = {"LLMGW_GATEWAY_KEYS_INTERVAL": "0.2", "LLMGW_GATEWAY_POLL_INTERVAL": "0.2", "LLMGW_GATEWAY_USAGE_FLUSH": "0.1"}
@@ -130,7 +130,7 @@ def test_serves_through_a_redis_outage_and_recovers(cluster):
 
 def test_streams_from_the_simulated_engine(cluster):
     """The real sim engine (`python -m simengine`) behind the gateway, through the openai SDK."""
-    from tests.support.procs import free_port, python
+    from harness.procs import free_port, python
 
     cluster.start_redis()
     port = free_port()

@@ -12,7 +12,7 @@ import time
 import requests
 
 from llmgw.state.records import EndpointInfo
-from tests.support.procs import free_port, python, wait_until
+from harness.procs import free_port, python, wait_until
 
 CHAT = "/v1/chat/completions"
 

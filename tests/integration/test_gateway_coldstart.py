@@ -13,7 +13,7 @@ import pytest
 from llmgw.catalog import apply_catalog, parse_catalog
 from llmgw.state import keys
 from tests.support.gateway_app import CHAT, endpoint, make_app, server, store, wall_clock  # noqa: F401
-from tests.support.procs import wait_until
+from harness.procs import wait_until
 
 CATALOG = parse_catalog({"models": [
     {"name": "m", "aliases": ["m-alias"], "profiles": [

@@ -15,7 +15,7 @@ from gateway.server.kvevents import KvSubscriber
 from gateway.server.tokenizers import Tokenizers
 from llmgw.engines import tokenize_prompt
 from llmgw.state.records import EndpointInfo
-from tests.support.procs import ProcessSet, free_port, python, wait_until
+from harness.procs import ProcessSet, free_port, python, wait_until
 
 TOKENIZERS = Tokenizers({})  # the simulated engine's tokenizer is built in
 SYSTEM = {"role": "system", "content": "You are the billing assistant of a shop; answer politely. " * 20}

@@ -13,7 +13,7 @@ import requests
 
 from llmgw.catalog import apply_catalog, parse_catalog
 from llmgw.state.records import EndpointInfo
-from tests.support.procs import wait_until
+from harness.procs import wait_until
 
 CATALOG = parse_catalog({"models": [
     {"name": "org/m", "aliases": ["m-alias"],

@@ -12,7 +12,7 @@ import requests
 from llmgw.catalog import Profile
 from llmgw.engines import ENGINES
 from llmgw.state.records import EndpointInfo
-from tests.support.procs import free_port, python, wait_until
+from harness.procs import free_port, python, wait_until
 
 FAST = {"LLMGW_GATEWAY_POLL_INTERVAL": "0.2"}
 

@@ -11,7 +11,7 @@ import requests
 
 from llmgw.state.records import EndpointInfo
 from tests.support.gateway_app import metric
-from tests.support.procs import free_port, python, wait_until
+from harness.procs import free_port, python, wait_until
 
 CHAT = "/v1/chat/completions"
 SYSTEM = "You are the billing assistant. " + " ".join(f"rule {i}: refunds need an order number." for i in range(120))

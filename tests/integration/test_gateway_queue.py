@@ -6,7 +6,7 @@ import threading
 from gateway.routing.choice import Choice, Rejection
 from gateway.routing.queue import WaitQueue
 from llmgw.state.records import EndpointInfo
-from tests.support.procs import wait_until
+from harness.procs import wait_until
 
 EP = EndpointInfo(id="a", url="http://a", models=("m",), engine="sim")
 OK = Choice(EP, 0.1, 0)

@@ -14,7 +14,7 @@ from llmgw.engines import ENGINES
 from llmgw.state import keys
 from llmgw.state.keypolicy import ANONYMOUS
 from llmgw.state.records import EndpointInfo
-from tests.support.procs import free_port, python, wait_until
+from harness.procs import free_port, python, wait_until
 
 SIM_PATHS = ENGINES["sim"].paths(Profile(name="sim", engine="sim"))
 FAST = {"LLMGW_GATEWAY_POLL_INTERVAL": "0.2", "LLMGW_GATEWAY_USAGE_FLUSH": "0.1", "LLMGW_GATEWAY_AUTH": "off",

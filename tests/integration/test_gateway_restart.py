@@ -9,7 +9,7 @@ import threading
 import time
 
 from tests.support.gateway_app import CHAT, endpoint, make_app, server, store, wall_clock  # noqa: F401
-from tests.support.procs import wait_until
+from harness.procs import wait_until
 
 
 def held(gw) -> bool:

@@ -20,7 +20,7 @@ from gateway.config import RoutingConfig
 from llmgw import surface
 from llmgw.state.records import EndpointInfo
 from tests.support.gateway_app import make_app, metric, server, store  # noqa: F401
-from tests.support.procs import ProcessSet, free_port, python, wait_until
+from harness.procs import ProcessSet, free_port, python, wait_until
 
 CHAT, COMPLETIONS, RESPONSES = "/v1/chat/completions", "/v1/completions", "/v1/responses"
 TOKENS = 24

@@ -12,8 +12,8 @@ import requests
 from llmgw.state.records import EndpointInfo
 from tests.support.fake_upstream import start_process
 from tests.support.gateway_app import metric  # noqa: F401 - test_gateway_serving reads it from here too
-from tests.support.loadgen import paced
-from tests.support.procs import free_port, wait_until
+from harness.loadgen import paced
+from harness.procs import free_port, wait_until
 
 CHAT = "/v1/chat/completions"
 

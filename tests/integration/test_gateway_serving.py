@@ -12,7 +12,7 @@ import requests
 
 from llmgw.state.records import EndpointInfo
 from tests.support.fake_upstream import start_process
-from tests.support.procs import wait_until
+from harness.procs import wait_until
 
 CHAT = "/v1/chat/completions"
 

@@ -18,7 +18,7 @@ from llmgw.state.records import LoadRecord
 from llmgw.tracing import OFF
 from tests.support.otlp import attribute, collector, roots  # noqa: F401 - collector: a fixture
 from tests.support.gateway_app import CHAT, NEVER_STALE, dead_url, endpoint, make_app, server, store  # noqa: F401 - fixtures
-from tests.support.procs import ProcessSet, free_port, python, wait_until
+from harness.procs import ProcessSet, free_port, python, wait_until
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"

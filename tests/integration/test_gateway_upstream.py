@@ -13,7 +13,7 @@ import threading
 import pytest
 
 from gateway.upstream.client import Malformed, Upstream, UpstreamConnectError, UpstreamTimeout
-from tests.support.procs import wait_until
+from harness.procs import wait_until
 
 
 class Scripted:

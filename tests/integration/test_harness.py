@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-from tests.support.procs import processes_with_token, wait_until
+from harness.procs import processes_with_token, wait_until
 
 
 def test_cluster_processes_come_up_and_stop(cluster, no_leaked_processes):

@@ -14,7 +14,7 @@ import pytest
 import requests
 
 from llmgw.state.records import EndpointInfo
-from tests.support.procs import free_port, python, wait_until
+from harness.procs import free_port, python, wait_until
 
 CHAT = "/v1/chat/completions"
 FAST = {"LLMGW_GATEWAY_KEYS_INTERVAL": "0.2", "LLMGW_GATEWAY_POLL_INTERVAL": "0.2",

@@ -12,7 +12,7 @@ from llmgw.catalog import Model, Profile
 from llmgw.engines import get_engine
 from llmgw.engines.base import EngineUnavailable, LaunchContext
 from llmgw.engines.metrics import read_load
-from tests.support.procs import ProcessSet, free_port, wait_until
+from harness.procs import ProcessSet, free_port, wait_until
 
 pytestmark = [pytest.mark.llamacpp, pytest.mark.slow]
 LLAMA = get_engine("llamacpp")

@@ -13,7 +13,7 @@ import requests
 from llmgw.catalog import parse_catalog_text
 from llmgw.engines import get_engine
 from llmgw.engines.base import EngineUnavailable, LaunchContext
-from tests.support.procs import ProcessSet, free_port, wait_until
+from harness.procs import ProcessSet, free_port, wait_until
 
 pytestmark = [pytest.mark.llamacpp, pytest.mark.slow]
 LLAMA = get_engine("llamacpp")

@@ -1,4 +1,4 @@
-"""The store on a Sentinel-managed Redis (tests/support/sentinel.py: a master, a replica, three sentinels):
+"""The store on a Sentinel-managed Redis (harness/sentinel.py: a master, a replica, three sentinels):
 it follows a failover, leaves nobody on a demoted master, and a write that must not be lost waits for
 a replica on the connection that wrote it."""
 
@@ -13,9 +13,9 @@ import pytest
 from llmgw.catalog import apply_catalog, parse_catalog_text, read_applied
 from llmgw.errors import NotReplicated
 from llmgw.state.store import Durability, RedisError, Store, connect
-from tests.support import needs
-from tests.support.cluster import make_certs
-from tests.support.procs import wait_until
+from harness import needs
+from harness.cluster import make_certs
+from harness.procs import wait_until
 
 
 def cat(replicas: int):

@@ -15,7 +15,7 @@ import requests
 from llmgw.catalog import Model, Profile
 from llmgw.engines import get_engine
 from llmgw.engines.base import LaunchContext
-from tests.support.procs import ProcessSet, free_port, wait_until
+from harness.procs import ProcessSet, free_port, wait_until
 
 
 def start_like_cpu_vllm(tmp_path, *args: str) -> tuple[ProcessSet, str]:

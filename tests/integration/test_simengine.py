@@ -15,7 +15,7 @@ import requests
 from llmgw.catalog import Profile
 from llmgw.engines import get_engine
 from llmgw.engines.metrics import read_load
-from tests.support.procs import ProcessSet, free_port, python, wait_until
+from harness.procs import ProcessSet, free_port, python, wait_until
 
 SIM = get_engine("sim")
 

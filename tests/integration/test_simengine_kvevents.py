@@ -13,7 +13,7 @@ import zmq
 
 from simengine import tokens as tok
 from simengine.prefix import chain, external
-from tests.support.procs import ProcessSet, free_port, python, wait_until
+from harness.procs import ProcessSet, free_port, python, wait_until
 
 
 class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):

@@ -21,8 +21,8 @@ from llmgw.engines.llamacpp import _package_dir
 from llmgw.weights import cache
 from llmgw.weights.download import Downloader
 from llmgw.weights.errors import DownloadFailed
-from tests.support.fakehub import FakeHub, tiny_model_files
-from tests.support.procs import wait_until
+from harness.fakehub import FakeHub, tiny_model_files
+from harness.procs import wait_until
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MIB = 1024 * 1024

@@ -7,7 +7,7 @@ import pytest
 from huggingface_hub import HfApi, hf_hub_download, snapshot_download
 from huggingface_hub.errors import EntryNotFoundError, RepositoryNotFoundError
 
-from tests.support.fakehub import FakeHub, tiny_model_files
+from harness.fakehub import FakeHub, tiny_model_files
 
 MIB = 1024 * 1024
 

@@ -297,13 +297,13 @@ if __name__ == "__main__":
 
 
 def start_process(procs, name: str, **kw) -> str:
-    """Start a fake engine as a process of `procs` (a tests.support.procs.ProcessSet); returns its URL
+    """Start a fake engine as a process of `procs` (a harness.procs.ProcessSet); returns its URL
     once /health answers. kw: speed, max_seqs, base, tokens, fail_status, gate (True: a bare flag)."""
     import sys
 
     import requests
 
-    from tests.support.procs import free_port, wait_until
+    from harness.procs import free_port, wait_until
 
     port = free_port()
     argv = [sys.executable, "-m", "tests.support.fake_upstream", "--port", str(port)]

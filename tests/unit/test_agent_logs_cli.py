@@ -61,7 +61,7 @@ def test_follow_survives_rotation(tmp_path):
     t = threading.Thread(target=_follow, args=(log, out, 0.02, done.is_set))
     t.start()
     try:
-        from tests.support.procs import wait_until
+        from harness.procs import wait_until
 
         def append_one():  # the follower starts at the end of the file: write until it has seen one
             with open(log, "a") as f:

@@ -10,7 +10,7 @@ import sys
 import time
 
 from llmgw.proc import proctable
-from tests.support.procs import wait_until
+from harness.procs import wait_until
 from workers.agent.runner import SHIM_PATH
 from workers.agent.shim import EXIT_FILE, SHIM_FILE, RotatingLog, decode_status, read_json
 

@@ -13,7 +13,7 @@ from llmgw.state.replica_state import State, derive
 from llmgw.weights.download import Local, Progress
 from llmgw.weights.errors import DownloadFailed
 from llmgw.weights.gpuhealth import Health, Reading
-from tests.support.procs import wait_until
+from harness.procs import wait_until
 from workers.agent import supervisor as sv
 from workers.agent.inventory import GpuHealth, health_changes
 from workers.agent.weights import Fetcher, pull_step

@@ -92,7 +92,7 @@ def test_status_shows_a_node_that_went_away(store, capsys):
 
 @pytest.mark.parametrize("argv", [["status"], ["node", "drain", "a"]])
 def test_unreachable_redis_is_one_line_not_a_traceback(monkeypatch, capsys, argv):
-    from tests.support.procs import free_port
+    from harness.procs import free_port
 
     monkeypatch.setenv("REDIS_URL", f"redis://127.0.0.1:{free_port()}/0")
     monkeypatch.delenv("LLMGW_REDIS_URL", raising=False)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support import needs
+from harness import needs
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLES = {"redis", "control", "beat", "node", "gateway", "flower", "batch"}

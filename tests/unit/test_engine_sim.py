@@ -5,7 +5,7 @@ import sys
 from llmgw.catalog import MetricMapping, Model, Profile
 from llmgw.engines import get_engine
 from llmgw.engines.base import LaunchContext
-from tests.support.procs import wait_until
+from harness.procs import wait_until
 
 
 def ctx(**profile_kw) -> LaunchContext:

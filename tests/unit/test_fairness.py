@@ -32,7 +32,7 @@ from llmgw.state.store import Store
 from llmgw.state.tenants import TenantTotals, parse_totals, service_rows
 from llmgw.surface import CHAT, EMBEDDINGS
 from tests.support.clock import FakeClock
-from tests.support.procs import wait_until
+from harness.procs import wait_until
 
 HEAVY, LIGHT = Tenant("k-h", "heavy"), Tenant("k-l", "light")
 EP = EndpointInfo(id="a", url="http://a", models=("m",), engine="sim")

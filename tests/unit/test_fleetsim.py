@@ -6,7 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from bench.fleetsim import FLEETS, HELD_OUT, LOADS, Dist, Engine, Fleet, Load, Simulation, run
+from bench.fleets import FLEETS, HELD_OUT, LOADS, Dist, Engine, Fleet, Load
+from bench.fleetsim import Simulation, run
 from simengine.core import SimConfig
 
 SHORT = 30.0  # simulated seconds per run (the default warm-up of 5 s is left out of the figures)
@@ -176,11 +177,11 @@ def test_the_prefix_replay_is_bench_prefix_traffic_routed_with_its_prompt_keys()
     """`--workload prefix`: bench/prefix.py's default conversations on its four engines; llmgw gets
     each turn's block keys (a later turn is matched where its history went) and learns the engines'
     prefill rate from their counters; the smg model never moves a conversation."""
-    from bench import prefix
-    from bench.fleetsim import PREFIX_CONVERSATIONS, PREFIX_LOAD, PREFIX_RATE, prefix_fleets
+    from bench.fleets import PREFIX_CONVERSATIONS, PREFIX_LOAD, PREFIX_RATE, prefix_fleets
+    from bench.traffic import workload
 
     fleet = prefix_fleets()["prefix-bench"]
-    convs = prefix.workload(PREFIX_CONVERSATIONS, PREFIX_RATE, 0.2, 2)
+    convs = workload(PREFIX_CONVERSATIONS, PREFIX_RATE, 0.2, 2)
     sim = Simulation(fleet, PREFIX_LOAD, "llmgw", seed=2, workload="prefix")
     res = sim.run()
     assert len(res.requests) == sum(c.turns for c in convs) and all(r.status == "ok" for r in res.requests)
@@ -220,7 +221,7 @@ def test_simulated_gateways_share_their_sends_and_counts_as_the_real_ones_do():
     stream what the other sent (so a conversation's next turn finds its history whichever gateway
     takes it) and holds (so neither fills an engine the other just filled); with sharing off they
     agree only by the prompt's hash and see each other only in scrapes."""
-    from bench.fleetsim import PREFIX_LOAD, prefix_fleets
+    from bench.fleets import PREFIX_LOAD, prefix_fleets
     from gateway.config import GatewaySettings
 
     one_fleet = prefix_fleets()["prefix-bench"]

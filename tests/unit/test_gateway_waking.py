@@ -13,7 +13,7 @@ from gateway.routing.choice import Choice, Rejection
 from gateway.routing.ledger import NO_TENANT
 from gateway.routing.queue import GONE, Ticket, WaitQueue, WaitQueues
 from llmgw.state.records import EndpointInfo
-from tests.support.procs import wait_until
+from harness.procs import wait_until
 
 EP = EndpointInfo(id="a", url="http://a", models=("m",), engine="sim")
 OK = Choice(EP, 0.1, 0)

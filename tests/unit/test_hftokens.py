@@ -11,7 +11,7 @@ from tokenizers import Regex, Tokenizer, models, pre_tokenizers
 from gateway.server.tokenizers import Tokenizers
 from llmgw.engines.hftokens import ChatTokenizer, TokenizerUnavailable, fetch
 from llmgw.state.records import EndpointInfo
-from tests.support.fakehub import FakeHub
+from harness.fakehub import FakeHub
 
 VOCAB = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>", "system", "user", "assistant", "be", "brief", "hi",
          "there", "\n"]

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from llmgw.local import localstack
 from llmgw.proc import ports, proctable
-from tests.support import procs
-from tests.support.procs import wait_until
+from harness import procs
+from harness.procs import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,7 +12,7 @@ from llmgw.engines.llamacpp import _package_dir
 from llmgw.weights import fit
 from llmgw.weights.fit import GIB, MIB, Workload, advise, cpu_device, estimate, fits, gpu_device
 from llmgw.weights.meta import MetaError, Shape, file_fetch, gguf_shape, local_shape, read_gguf
-from tests.support.fakehub import tiny_model_files
+from harness.fakehub import tiny_model_files
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 

@@ -491,7 +491,7 @@ def tiny_model_files(layers: int = 2, hidden: int = 64, heads: int = 4, kv_heads
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m tests.support.fakehub FILE...`: serve each file as a plain URL and as the only file
+    """`python -m harness.fakehub FILE...`: serve each file as a plain URL and as the only file
     of the repository `bench/<its name>`; print {"endpoint", "urls"} as one JSON line; stop on SIGTERM."""
     import argparse
     import signal

@@ -1,5 +1,5 @@
 """A Redis as production runs it, on loopback: one master, one replica and three sentinels, all from
-the same `redis-server` binary (the tests' one: tests.support.procs.redis_server_binary).
+the same `redis-server` binary (the tests' one: harness.procs.redis_server_binary).
 
     ha = SentinelRedis(tmp_path / "ha", ProcessSet(tmp_path / "logs"))
     url = ha.start()                  # redis+sentinel://127.0.0.1:S1,127.0.0.1:S2,127.0.0.1:S3/mymaster/0
@@ -14,7 +14,7 @@ rewrite theirs; a master turned replica rewrites its own), on free ports; `stop`
 owner) ends them. The failover is fast on purpose: the sentinels call a master down after
 `down_after` ms (1000) without an answer, where production sets seconds (docs/store.md).
 
-`python -m tests.support.sentinel [--password PW] [--dir DIR]` runs one for a trial, prints its URL,
+`python -m harness.sentinel [--password PW] [--dir DIR]` runs one for a trial, prints its URL,
 and stops it on Ctrl-C (docs/store.md, "A local HA stack").
 """
 
@@ -29,10 +29,10 @@ from urllib.parse import quote
 
 import redis
 
-from tests.support.procs import Proc, ProcessSet, free_port, redis_server_binary, socket_inodes, wait_until
+from harness.procs import Proc, ProcessSet, free_port, redis_server_binary, socket_inodes, wait_until
 
 if TYPE_CHECKING:
-    from tests.support.cluster import RedisTLS
+    from harness.cluster import RedisTLS
 
 MASTER_NAME = "mymaster"
 DATA = ("redis-a", "redis-b")  # redis-a starts as the master, redis-b as its replica
@@ -289,7 +289,7 @@ def main(argv: list[str] | None = None) -> None:
     import signal
     import tempfile
 
-    parser = argparse.ArgumentParser(prog="python -m tests.support.sentinel",
+    parser = argparse.ArgumentParser(prog="python -m harness.sentinel",
                                      description="one master, one replica and three sentinels on loopback")
     parser.add_argument("--password", default=None)
     parser.add_argument("--dir", default=None, help="data and logs (default: a new temporary directory)")

@@ -33,9 +33,9 @@ import yaml
 from llmgw.local.embedded_redis import redis_server_argv
 from llmgw.state.keys import BATCH_QUEUE, CONTROL_QUEUE, node_queue
 from llmgw.state.store import Store, connect
-from tests.support import needs
-from tests.support.sentinel import SentinelRedis
-from tests.support.procs import (
+from harness import needs
+from harness.sentinel import SentinelRedis
+from harness.procs import (
     ProcessSet,
     bin_path,
     free_port,
@@ -136,7 +136,7 @@ class Cluster:
         as `llmgw up`, the Procfile and compose run it (llmgw.local.embedded_redis); otherwise nothing is
         kept. `password` and `tls` (a RedisTLS: certificates made by the test) change `redis_url` to match;
         `bind` adds addresses (another network namespace's way in) to loopback. `binary`: another
-        redis-server than the tests' (tests.support.procs.redis_server_binary)."""
+        redis-server than the tests' (harness.procs.redis_server_binary)."""
         if tls is not None:
             needs.tls_redis(binary or redis_server_binary())
         self.redis_port = free_port()
@@ -147,7 +147,7 @@ class Cluster:
 
     def start_sentinel_redis(self, password: str | None = None, persistent: bool = True,
                              tls: RedisTLS | None = None, binary: str | None = None, **kw) -> str:
-        """Redis as production runs it (tests/support/sentinel.py): one master, one replica and three
+        """Redis as production runs it (harness/sentinel.py): one master, one replica and three
         sentinels on free loopback ports; `redis_url` is then its `redis+sentinel://` URL, and `self.ha`
         kills, restarts and inspects its instances."""
         if tls is not None:
