@@ -7,6 +7,7 @@ to the replica that has not seen it."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pytest
@@ -36,8 +37,9 @@ def system_prompt(topic: str) -> str:
     return f"You are the {topic} assistant of a shop. {rules}"
 
 
-def turn(gw: str, messages: list[dict]) -> tuple[float, int, str, str]:
-    """One streamed turn: (seconds to the first content token, timings.cache_n, endpoint, answer)."""
+def turn(gw: str, messages: list[dict], why: list | None = None) -> tuple[float, int, str, str]:
+    """One streamed turn: (seconds to the first content token, timings.cache_n, endpoint, answer); the
+    gateway's routing note (X-LLMGW-Prefix) is appended to `why`."""
     t0 = time.monotonic()
     first, cache_n, text = None, None, []
     with requests.post(gw + "/v1/chat/completions", stream=True, timeout=120,
@@ -45,6 +47,8 @@ def turn(gw: str, messages: list[dict]) -> tuple[float, int, str, str]:
                              "temperature": 0}) as r:
         assert r.status_code == 200, r.text
         endpoint = r.headers["X-LLMGW-Endpoint"]
+        if why is not None:
+            why.append(r.headers.get("X-LLMGW-Prefix"))
         for line in r.iter_lines():
             if not line.startswith(b"data: {"):
                 continue
@@ -60,12 +64,12 @@ def turn(gw: str, messages: list[dict]) -> tuple[float, int, str, str]:
     return (first if first is not None else time.monotonic() - t0), cache_n, endpoint, "".join(text)
 
 
-def conversation(gw: str, topic: str, turns: int = 4) -> list[tuple[float, int, str]]:
+def conversation(gw: str, topic: str, turns: int = 4, why: list | None = None) -> list[tuple[float, int, str]]:
     msgs = [{"role": "system", "content": system_prompt(topic)}]
     out = []
     for i in range(turns):
         msgs.append({"role": "user", "content": f"Question {i}: is item {i} in stock?"})
-        ttft, cache_n, ep, text = turn(gw, msgs)
+        ttft, cache_n, ep, text = turn(gw, msgs, why)
         out.append((ttft, cache_n, ep))
         msgs.append({"role": "assistant", "content": text or "ok"})
     return out
@@ -75,15 +79,32 @@ def test_later_turns_reuse_the_prompt_and_answer_sooner_than_round_robin(cluster
     [gw] = cluster.start_system(CATALOG, node_env=AGENT, routed=2)
     rr = cluster.start_gateway(port=free_port(), name="gateway-rr", LLMGW_GATEWAY_POLICY="round_robin")
     wait_until(lambda: requests.get(rr + "/healthz", timeout=5).json()["endpoints"] == 2, 30, what="rr endpoints")
-    # Warm both replicas (first-request costs), with prompts that share nothing with the conversations.
-    for url in (gw, rr, rr):
+    # Warm both replicas (first-request costs) through both gateways, with prompts that share nothing
+    # with the conversations. Through llmgw two at once: each replica takes one (capacity 1), so the
+    # gateway has seen both answer a short prompt before the conversation, as one in service has. A
+    # replica whose first answer seen is the conversation's opening miss would have its time to first
+    # byte learned from that one answer, net of a prefill estimate a loaded machine can make several
+    # times too low (gateway.routing.router.Router.release): then the later turns' hits look dearer
+    # there than a miss elsewhere.
+    warmed: list[str] = []
+    both = [threading.Thread(target=lambda i=i: warmed.append(
+        turn(gw, [{"role": "user", "content": f"Say hello {i}"}])[2])) for i in range(2)]
+    for t in both:
+        t.start()
+    for t in both:
+        t.join(120)
+    assert len(set(warmed)) == 2, f"llmgw's two warm-up requests went to {warmed}, not one to each replica"
+    for url in (rr, rr):
         turn(url, [{"role": "user", "content": "Say hello"}])
 
     robin = conversation(rr, "garden")
-    ours = conversation(gw, "kitchen")
+    why: list = []
+    ours = conversation(gw, "kitchen", why=why)
     print("\nround robin (ttft, cache_n, endpoint):", robin, "\nllmgw:", ours)
+    print("llmgw's routing notes:", *why, sep="\n  ")
 
-    assert len({ep for _, _, ep in ours}) == 1  # every turn back to the replica holding the conversation
+    # every turn back to the replica holding the conversation
+    assert len({ep for _, _, ep in ours}) == 1, "\n".join(map(str, why))
     assert len({ep for _, _, ep in robin}) == 2
     long = len(system_prompt("kitchen")) // 8  # well under its token count
     assert all(cache_n > long for _, cache_n, _ in ours[1:])  # later turns reuse the system prompt and more
