@@ -132,7 +132,7 @@ class ReplicaRecord:
     weights_error_kind: str | None = None  # auth | not_found | disk_full | checksum | connection | ...
     weights_error: str | None = None
     weights_failed_at: float | None = None
-    # What the engine's log said it took once Ready (`EngineAdapter.memory_report`), beside the fit estimate.
+    # What the engine's log said it took once Ready (`EngineDriver.memory_report`), beside the fit estimate.
     engine_memory: str | None = None
     # --- loaded, never stored under this name ------------------------------------------------------
     # Nodes whose agent confirmed its part stopped (the `stopped_on:<node>` fields), sorted.

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping
 
-from llmgw.engines.base import AdapterCall, EngineAdapter
+from llmgw.engines.base import AdapterCall, EngineDriver
 from llmgw.state.records import ReplicaRecord
 from workers.control.adapters import Backoff, LoadFailure
 
@@ -92,7 +92,7 @@ def _blocked(failures: Mapping, rid: str, adapter: str, now: float, backoff: Bac
     return now < backoff.retry_at(failure)
 
 
-def runtime_step(rec: ReplicaRecord, memory: Memory | None, results: Iterable[Result], engine: EngineAdapter,
+def runtime_step(rec: ReplicaRecord, memory: Memory | None, results: Iterable[Result], engine: EngineDriver,
                  paths: Mapping[str, str], unresolved: Mapping[str, str], active: frozenset[str], now: float,
                  backoff: Backoff = Backoff(), grace: float = UNLOAD_GRACE) -> Step:
     """One pass over a Ready replica of an engine that loads adapters at run time. `paths`: where
