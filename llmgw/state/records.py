@@ -138,7 +138,7 @@ class ReplicaRecord:
     # Nodes whose agent confirmed its part stopped (the `stopped_on:<node>` fields), sorted.
     stopped_nodes: list[str] = field(default_factory=list)
     # --- LoRA adapters (docs/catalog.md#adapters-lora) ------------------------------------------------
-    # Control plane: the adapters this replica should hold (`workers.control.adapters.place_adapters`).
+    # Control plane: the adapters this replica should hold (`workers.control.adapterplacement.place_adapters`).
     # On an engine that loads adapters at launch (llama.cpp) it is the launch set, in id order, written
     # with the record and never changed in place (a different set is a replacement replica).
     adapters_wanted: list[str] = field(default_factory=list)

@@ -1,5 +1,5 @@
 """The node agent's adapter rules (workers/agent/adapterrules.py) and its shell's pieces
-(workers/agent/adapters.py): ask the engine first, load what is wanted with backoff after a failure,
+(workers/agent/adapterkeeper.py): ask the engine first, load what is wanted with backoff after a failure,
 unload only after the grace and while nothing runs on it, a restart or an adoption starts over from
 what the engine lists, llama.cpp holds its launch set; sources resolved on the node; the scrape's
 LoRA activity."""
@@ -14,7 +14,7 @@ from llmgw.catalog import Profile
 from llmgw.engines import get_engine
 from llmgw.state.records import ReplicaRecord
 from workers.agent.adapterrules import Memory, Result, launch_step, listed_adapters, runtime_step
-from workers.agent.adapters import adapter_path, lora_fields
+from workers.agent.adapterkeeper import adapter_path, lora_fields
 
 SIM = get_engine("sim")
 NOW = 100.0
@@ -132,7 +132,7 @@ def test_a_call_not_made_for_a_deleted_record_is_not_left_counted_in_flight():
     """The keeper skips the calls of a replica whose record the pass's write found deleted; the
     adapter must not stay busy in its memory, or its call would never be made again."""
     from workers.agent.adapterrules import Job
-    from workers.agent.adapters import AdapterKeeper
+    from workers.agent.adapterkeeper import AdapterKeeper
 
     keeper = AdapterKeeper(store=None, catalog=None, node="n1", prober=None, kick=lambda task: None)
     try:

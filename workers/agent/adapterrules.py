@@ -4,7 +4,7 @@ agent remembers of the attempt, the answers of its engine since the last pass, n
 An engine that loads adapters at run time (vLLM, the sim) is first asked what it holds (`GET
 /v1/models`: after a restart it holds nothing, an adopted one may hold some), then each adapter
 the record wants and the engine lacks is loaded, one call per adapter, unless its last load failed
-and the backoff the reconciler also reads (`workers.control.adapters.Backoff`) has not ended. An
+and the backoff the reconciler also reads (`workers.control.adapterplacement.Backoff`) has not ended. An
 adapter it holds that is no longer wanted is unloaded once it has been unwanted for `grace` seconds
 (the publisher dropped it at once: every gateway has moved on by then) and the engine runs and
 queues no request for it. Where adapters are part of the launch (llama.cpp) the engine holds its
@@ -19,7 +19,7 @@ from typing import Iterable, Mapping
 
 from llmgw.engines.base import AdapterCall, EngineDriver
 from llmgw.state.records import ReplicaRecord
-from workers.control.adapters import Backoff, LoadFailure
+from workers.control.adapterplacement import Backoff, LoadFailure
 
 UNLOAD_GRACE = 5.0  # seconds an adapter stays loaded after it stopped being wanted
 

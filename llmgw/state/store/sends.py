@@ -7,7 +7,7 @@ gateway.server.sentlog) has its own stream, `llmgw:sends:<origin>`, and says it 
 nothing. An entry is one flush of one worker: `d`, a JSON list of [endpoint id, sent at (the sender's
 wall clock), prefill seconds it needed there, block keys as little-endian int64s in base64], and/or
 `h`, what the whole gateway held per endpoint then, {"at": wall clock, "n": {endpoint id: requests}}
-(gateway.routing.holds: the others count it as their sibling workers'). A stream
+(gateway.routing.othergateways: the others count it as their sibling workers'). A stream
 is trimmed by age as it is written (MINID), so it holds the last `keep` seconds of sends whatever the
 traffic, and expires with its gateway. An unreadable entry (a newer or broken writer) is skipped,
 never fatal to the reader.
