@@ -42,6 +42,7 @@ _LAZY = {
     "compact_yaml": "compact",
     "HISTORY_LIMIT": "store",
     "apply_catalog": "store",
+    "AppliedCatalog": "store",
     "parse_applied": "store",
     "read_applied": "store",
     "read_version": "store",

@@ -15,7 +15,7 @@ any changed), the calls to make, and what to tell the event history.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, NamedTuple
 
 from llmgw.engines.base import AdapterCall, EngineDriver
 from llmgw.state.records import ReplicaRecord
@@ -61,12 +61,20 @@ class Memory:
     unwanted_since: Mapping[str, float] = field(default_factory=dict)
 
 
+class AdapterEvent(NamedTuple):
+    """An event for the history about one adapter of a replica (`adapter_loaded`, ...)."""
+
+    kind: str
+    adapter: str
+    message: str
+
+
 @dataclass(frozen=True)
 class Step:
     fields: Mapping[str, object]  # the record's adapter fields (empty: nothing changed)
     jobs: tuple[Job, ...] = ()
     memory: Memory | None = None
-    news: tuple[tuple[str, str, str], ...] = ()  # (event kind, adapter, message)
+    news: tuple[AdapterEvent, ...] = ()
 
 
 def launch_step(rec: ReplicaRecord) -> Step:
@@ -104,7 +112,7 @@ def runtime_step(rec: ReplicaRecord, memory: Memory | None, results: Iterable[Re
     loading = set(rec.adapters_loading) if current else set()
     failures = dict(rec.adapter_failures or {})
     busy, synced, syncing = set(mem.busy), mem.synced, mem.syncing
-    news: list[tuple[str, str, str]] = []
+    news: list[AdapterEvent] = []
     for r in results:
         if r.replica_id != rec.id or r.attempt != rec.attempt:
             continue
@@ -118,14 +126,14 @@ def runtime_step(rec: ReplicaRecord, memory: Memory | None, results: Iterable[Re
         if r.kind == "load" and r.done:
             held = held if r.adapter in held else [*held, r.adapter]
             failures.pop(r.adapter, None)
-            news.append(("adapter_loaded", r.adapter, f"adapter {r.adapter} loaded"))
+            news.append(AdapterEvent("adapter_loaded", r.adapter, f"adapter {r.adapter} loaded"))
         elif r.kind == "load":
             failures = _failure(failures, rec.id, r.adapter, r.reason, now, backoff)
-            news.append(("adapter_load_failed", r.adapter, f"loading adapter {r.adapter} failed "
-                         f"({failures[r.adapter]['attempts']}x): {r.reason}"))
+            news.append(AdapterEvent("adapter_load_failed", r.adapter, f"loading adapter {r.adapter} failed "
+                                     f"({failures[r.adapter]['attempts']}x): {r.reason}"))
         elif r.done:
             held = [a for a in held if a != r.adapter]
-            news.append(("adapter_unloaded", r.adapter, f"adapter {r.adapter} unloaded: no longer wanted here"))
+            news.append(AdapterEvent("adapter_unloaded", r.adapter, f"adapter {r.adapter} unloaded: no longer wanted here"))
     jobs: list[Job] = []
     since: dict[str, float] = {}
     if not synced and not syncing:
@@ -137,7 +145,7 @@ def runtime_step(rec: ReplicaRecord, memory: Memory | None, results: Iterable[Re
                 continue
             if a in unresolved or a not in paths:
                 failures = _failure(failures, rec.id, a, unresolved.get(a, "its source is not on this node"), now, backoff)
-                news.append(("adapter_load_failed", a, f"adapter {a} cannot be loaded: {failures[a]['reason']}"))
+                news.append(AdapterEvent("adapter_load_failed", a, f"adapter {a} cannot be loaded: {failures[a]['reason']}"))
                 continue
             call = engine.adapter_load_call(a, paths[a])
             if call is not None:
