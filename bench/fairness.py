@@ -189,7 +189,7 @@ class FairSim:
             st = PolledRouter(self.store, self.cfg.model_copy(update={"seed": seed * 100 + g}), self.clock)
             st.refresh_endpoints()
             if gateways > 1:
-                st.share_sends()  # what each holds, for the others (gateway.routing.holds)
+                st.share_sends()  # what each holds, for the others (gateway.routing.othergateways)
             ledger = ledger_type(self.cfg.fair_output_weight, fairness == "fcfs", self.clock.monotonic)
             self.gateways.append(FairGateway(self, g, st, ledger))
         self.requests: list[TReq] = []

@@ -115,7 +115,7 @@ def counters(urls: dict[str, str]) -> dict[str, tuple[float, float]]:
 
 # --- real vLLM: its CPU build, two replicas on this machine -------------------------------------------
 class RealVllmFleet:
-    """Two real vLLM CPU replicas (what `make vllm` prepared), started once by the vllm adapter's own
+    """Two real vLLM CPU replicas (what `make vllm` prepared), started once by the vllm engine driver's own
     command, published to Redis for llmgw's gateways (KV event addresses with `kv_events`), their loads
     scraped as the agent does; `reset()` empties their prefix caches between routers."""
 
@@ -127,7 +127,7 @@ class RealVllmFleet:
         from llmgw.catalog import Model, Profile
         from llmgw.engines.base import LaunchContext
         from llmgw.engines.selfcheck import VLLM_MODEL, VLLM_PYTHON
-        from llmgw.engines.vllm import VllmAdapter, prepared_env
+        from llmgw.engines.vllm import VllmDriver, prepared_env
 
         root = prepared_env(__import__("os").environ)
         if root is None or not (root / VLLM_PYTHON).is_file():
@@ -138,9 +138,9 @@ class RealVllmFleet:
         profile = Profile(name="cpu", engine="vllm", device="cpu", threads=1, kv_events=True,
                           args=["--max-model-len", "4096", "--max-num-seqs", "8"])
         model = Model(name="m", source=self.model_dir, profiles=[profile])
-        adapter = VllmAdapter(environ={"LLMGW_VLLM_PYTHON": str(root / VLLM_PYTHON)})
+        driver = VllmDriver(environ={"LLMGW_VLLM_PYTHON": str(root / VLLM_PYTHON)})
         for core, n in enumerate(self.names):
-            spec = adapter.command(LaunchContext(replica_id=n, model=model, profile=profile, host="127.0.0.1",
+            spec = driver.command(LaunchContext(replica_id=n, model=model, profile=profile, host="127.0.0.1",
                                                  port=self.ports[n], cpus=(core,), kv_events_port=self.kv[n][0],
                                                  kv_replay_port=self.kv[n][1]))
             cluster.procs.start(f"engine-{n}", list(spec.argv), env={**cluster.env(), **spec.env,

@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
             chunks = list(c.chat.completions.create(model=name, stream=True, **ask))
             check(r.model == name and bool(r.choices[0].message.content) and {x.model for x in chunks} == {name},
                   f"answers under {name!r}, streamed and not: {r.choices[0].message.content!r}")
-        eps = store.read_endpoints()[2]
+        eps = store.read_endpoints().endpoints
         text = requests.get(eps[0].url + "/metrics", timeout=5).text
         block = re.search(r'vllm:cache_config_info\{[^}]*block_size="(\d+)"', text)
         say(f"  vLLM reports block_size={block.group(1) if block else '?'}")

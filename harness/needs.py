@@ -100,7 +100,7 @@ def netns_problem() -> str | None:
 
 
 def vllm_dir() -> Path | None:
-    """The vLLM CPU environment `make vllm` prepared (its `current` link, as the vllm adapter finds it)."""
+    """The vLLM CPU environment `make vllm` prepared (its `current` link, as the vllm engine driver finds it)."""
     from llmgw.engines.vllm import prepared_env
 
     return prepared_env(os.environ)

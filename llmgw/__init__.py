@@ -1,7 +1,7 @@
 """llmgw's shared domain package, one subpackage per part:
 
 - `catalog/`: the catalog's types, validation, YAML loading, diff, storage in Redis and file watch;
-- `engines/`: the engine adapters (vllm, llamacpp, sim) and reading their `/metrics`;
+- `engines/`: the engine drivers (vllm, llamacpp, sim) and reading their `/metrics`;
 - `state/`: the Redis key schema, records, derived replica state, the store, API keys, the clock;
 - `proc/`: the process table and local ports;
 - `local/`: the whole system on one machine (`llmgw up`); `cli/`: the `llmgw` command;

@@ -50,7 +50,7 @@ class CatalogConflict(LlmgwError):
 
 
 class EngineRefused(LlmgwError):
-    """An engine adapter refuses a profile (e.g. llama.cpp with tensor parallelism)."""
+    """An engine driver refuses a profile (e.g. llama.cpp with tensor parallelism)."""
 
     def __init__(self, engine: str, field: str, reason: str):
         self.engine, self.field, self.reason = engine, field, reason

@@ -1,8 +1,8 @@
 """The OpenAI-compatible operations llmgw proxies, and what an engine's paths for them are.
 
 An operation is a short name (`chat`, `responses.get`, `tokenize`, ...) for one method and path of
-the surface the gateway serves. Each engine adapter says which operations its engine serves and at
-which of its own paths (`EngineAdapter.paths(profile)`: llama-server tokenizes at `/tokenize`, not
+the surface the gateway serves. Each engine driver says which operations its engine serves and at
+which of its own paths (`EngineDriver.paths(profile)`: llama-server tokenizes at `/tokenize`, not
 `/v1/tokenize`); the publisher copies that map into every endpoint (`EndpointInfo.paths`), and the
 gateway sends an operation only to endpoints that serve it. `{id}` in a path is a response id.
 """

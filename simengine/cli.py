@@ -1,4 +1,4 @@
-"""The simulated engine's command-line options, shared by `__main__` and the sim adapter (which
+"""The simulated engine's command-line options, shared by `__main__` and the sim engine driver (which
 checks a profile's args against them when the catalog is applied). Only ever add flags."""
 
 from __future__ import annotations

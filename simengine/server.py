@@ -252,7 +252,7 @@ class Handler(BaseHTTPRequestHandler):
                 self.close_connection = True
             return
         # vLLM aborts a non-streamed request whose client left, as it does a stream; llama-server
-        # notices only between streamed tokens (llmgw's adapters say so: `aborts_unstreamed`).
+        # notices only between streamed tokens (llmgw's engine drivers say so: `aborts_unstreamed`).
         gone = None if llamacpp else (lambda: sse.peer_closed(self.connection))
         try:
             content, cached, first, last = sse.whole_answer(q, words, gone)

@@ -67,7 +67,7 @@ class Metrics:
         self.sends_shared = Counter("llmgw_gateway_sends_shared", "Requests with block keys exchanged with the "
                                     "other gateways through Redis, by direction (published|learned)",
                                     ["direction"], **kw)
-        # What the other gateways said they hold per endpoint (gateway.routing.holds), as routing counts it.
+        # What the other gateways said they hold per endpoint (gateway.routing.othergateways), as routing counts it.
         # Each worker reads them on its own: the least any worker counts (one that has not heard yet shows).
         self.other_gateways_inflight = Gauge("llmgw_gateway_other_gateways_inflight", "Requests the other gateways "
                                              "said they hold per endpoint, as the least informed worker of this "

@@ -131,7 +131,7 @@ class Call:
 
 def adapter_changes(body: dict, adapter: AdapterRoute | None, ep: EndpointInfo, served: str) -> dict:
     """What a request for `adapter` (None: for the model) changes in its body on an endpoint that may
-    hold adapters: as its engine must receive it (`EngineAdapter.adapter_body`: vLLM and the sim name
+    hold adapters: as its engine must receive it (`EngineDriver.adapter_body`: vLLM and the sim name
     the adapter as `model`; llama.cpp keeps the model and gets a `lora` list of every adapter it
     holds, all at scale 0 but this one)."""
     out = get_engine(ep.engine).adapter_body({**body, "model": served}, adapter, ep.adapters)

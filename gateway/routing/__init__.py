@@ -5,7 +5,8 @@
 - `load`, `speed`, `learn`: what an endpoint holds and how fast it serves, learned by pure functions
   that return new values (`EndpointStats` is what routing reads of one endpoint);
 - `choice`: the pure `choose(...) -> Choice | Rejection` and its cost function `score`;
-- `inflight`: the counts the request path changes (the only state it mutates);
+- `inflight`: the counts the request path changes (the only state it mutates), with what the other
+  gateways said they hold (`othergateways`);
 - `router`: the `Router` that holds the snapshot and the counts and reserves a slot per request;
 - `admission`: one pure step, `decide(result, queued, request, settings) -> Send | Queue | Refuse`:
   whether a routed request is sent, waits in its model's queue (saturated, a cold start, an adapter

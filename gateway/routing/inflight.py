@@ -13,7 +13,7 @@ from collections import deque
 from contextlib import nullcontext
 from typing import Iterable, Mapping, NamedTuple
 
-from gateway.routing.holds import RemoteHolds
+from gateway.routing.othergateways import RemoteHolds
 from llmgw.state.records import EndpointInfo
 
 CHANGES_KEPT = 512  # changes of our in-flight count kept per endpoint (seconds of traffic)
@@ -53,7 +53,7 @@ class InFlight:
         self.ok_at: dict[str, float] = {}  # wall clock of the last response head per endpoint
         self.fail_at: dict[str, float] = {}  # ... of the last connection failure or first-byte timeout
         self.last_request_at: dict[str, float] = {}  # by canonical name (the requested one if unpublished)
-        # The other gateways' counts, as they last said (gateway.routing.holds): counted as siblings'.
+        # The other gateways' counts, as they last said (gateway.routing.othergateways): counted as siblings'.
         self.remote = RemoteHolds()
 
     def add(self, ep: EndpointInfo, wall: float, now: float, adapter: str = "") -> None:
@@ -99,7 +99,7 @@ class InFlight:
 
     def gateway_held(self, endpoint_ids, now: float) -> dict[str, int]:
         """What this gateway holds on each endpoint, its workers together (what it tells the other
-        gateways: gateway.routing.holds), without what they told it."""
+        gateways: gateway.routing.othergateways), without what they told it."""
         out = {eid: n for eid in endpoint_ids if (n := self.counts.get(eid, 0)) > 0}
         if self.shared is not None:
             for eid, n in self.shared.others(endpoint_ids, now).items():

@@ -23,7 +23,7 @@ from gateway.config import RoutingConfig
 from gateway.routing.adapters import NO_ADAPTER, no_holder
 from gateway.routing.backlog import PrefillBacklog
 from gateway.routing.choice import Choice, Rejection, RouteContext, RouteRequest, choose, fleet_rate
-from gateway.routing.holds import report_due
+from gateway.routing.othergateways import report_due
 from gateway.routing.inflight import InFlight
 from gateway.routing.kvindex import SharedIndex
 from gateway.routing.learn import Learning, answer_sample, fold_answers, is_new, observe_loads
@@ -222,7 +222,7 @@ class Router:
 
     def take_holds(self) -> dict[str, int] | None:
         """What this gateway holds per endpoint (its workers together), for the other gateways, when
-        it is time to say it (gateway.routing.holds.report_due); None otherwise. The benchmark
+        it is time to say it (gateway.routing.othergateways.report_due); None otherwise. The benchmark
         baselines (`LLMGW_GATEWAY_POLICY`) say nothing: they stand for peers whose instances share
         nothing."""
         if self.routing.policy != "llmgw":
@@ -237,7 +237,7 @@ class Router:
 
     def learn_holds(self, origin: str, counts: Mapping[str, int], at: float) -> None:
         """Another gateway (`origin`) held `counts` at `at` (its wall clock): counted from now on as
-        its sibling workers' are (gateway.routing.holds), until it says otherwise or goes silent."""
+        its sibling workers' are (gateway.routing.othergateways), until it says otherwise or goes silent."""
         now = self.clock.monotonic()
         listed = self.snapshot.tables.by_id
         mine = {e: int(n) for e, n in counts.items() if e in listed and n > 0}

@@ -93,7 +93,7 @@ class SendShare:
 
     def flush(self) -> int:
         """Publish what this worker sent since the last flush, and what the gateway holds when it is
-        time to say it (gateway.routing.holds), once another gateway shares; and every
+        time to say it (gateway.routing.othergateways), once another gateway shares; and every
         ORIGINS_EVERY, that this one does. Returns how many sends."""
         now = self.clock.monotonic()
         announce = now - self._announced_at >= ORIGINS_EVERY

@@ -2,9 +2,9 @@
 
 Other packages import the public names from here (`from llmgw.catalog import Catalog, apply_catalog`).
 The types are imported at once; every other name on first use (PEP 562). That is not a cycle between
-modules but how Python imports packages: the engine adapters import `llmgw.catalog.types`, which runs
-this file first, and validation imports the adapters, so importing `validate` here eagerly would import
-the adapters in the middle of their own import. The layering (types < engines < lora < validate < load,
+modules but how Python imports packages: the engine drivers import `llmgw.catalog.types`, which runs
+this file first, and validation imports the drivers, so importing `validate` here eagerly would import
+the drivers in the middle of their own import. The layering (types < engines < lora < validate < load,
 diff, store, compact < watch) is declared in pyproject.toml and checked by import-linter.
 """
 
@@ -42,6 +42,7 @@ _LAZY = {
     "compact_yaml": "compact",
     "HISTORY_LIMIT": "store",
     "apply_catalog": "store",
+    "AppliedCatalog": "store",
     "parse_applied": "store",
     "read_applied": "store",
     "read_version": "store",

@@ -1,7 +1,7 @@
 """The catalog's rules for LoRA adapters, asked by `llmgw.catalog.validate.parse_catalog`.
 
 `model_problems(model, path)` checks one model's adapters against the profiles that serve them
-(each engine's adapter says which sources and ranks it takes); `name_problems(raw_models)` checks
+(each engine's driver says which sources and ranks it takes); `name_problems(raw_models)` checks
 that no adapter name or alias collides with any model's or adapter's name or alias in the catalog.
 Every problem is reported at the path of the field it is about.
 """

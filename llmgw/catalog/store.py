@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import NamedTuple
 
 from pydantic import ValidationError
 
@@ -18,7 +19,7 @@ from llmgw.state import keys
 from llmgw.state.store import HISTORY_LIMIT, Store
 from llmgw.state.store.catalog import meta
 
-__all__ = ["HISTORY_LIMIT", "apply_catalog", "catalog_from_doc", "parse_applied", "read_applied", "read_version"]
+__all__ = ["HISTORY_LIMIT", "AppliedCatalog", "apply_catalog", "catalog_from_doc", "parse_applied", "read_applied", "read_version"]
 
 
 def catalog_from_doc(doc: dict, where: str) -> Catalog:
@@ -31,17 +32,25 @@ def catalog_from_doc(doc: dict, where: str) -> Catalog:
         raise CatalogInvalid(where, pydantic_problems(e, "", "catalog")) from e
 
 
-def parse_applied(raw: str | None) -> tuple[int, Catalog | None, dict]:
-    """(version, catalog, metadata) of the applied document as stored (`Store.catalog_document`);
-    version 0 and None when nothing was ever applied."""
+class AppliedCatalog(NamedTuple):
+    """The applied catalog as read back: version 0, catalog None and no metadata when nothing was ever
+    applied."""
+
+    version: int
+    catalog: Catalog | None
+    meta: dict  # the stored document without its spec: who applied it, when, from what source
+
+
+def parse_applied(raw: str | None) -> AppliedCatalog:
+    """The applied document as stored (`Store.catalog_document`), read back."""
     if not raw:
-        return 0, None, {}
+        return AppliedCatalog(0, None, {})
     doc = json.loads(raw)
-    return int(doc["version"]), catalog_from_doc(doc, "redis:" + keys.CATALOG), meta(doc)
+    return AppliedCatalog(int(doc["version"]), catalog_from_doc(doc, "redis:" + keys.CATALOG), meta(doc))
 
 
-def read_applied(store: Store) -> tuple[int, Catalog | None, dict]:
-    """(version, catalog, metadata); version 0 and None when nothing was ever applied."""
+def read_applied(store: Store) -> AppliedCatalog:
+    """The applied catalog, its version and metadata."""
     return parse_applied(store.catalog_document())
 
 

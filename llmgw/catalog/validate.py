@@ -5,7 +5,7 @@ once, each with its field path, so a catalog that would fail later (a vLLM profi
 GPU count that cannot hold the parallelism, a typo in a key) is refused before it is applied. The
 returned catalog is fully resolved: top-level `defaults:` and the per-engine defaults are folded into
 every profile, so readers never apply defaults themselves. What an engine can run (its parallelism,
-the model sources it loads) is asked of its adapter (`llmgw.engines`): no engine is named here.
+the model sources it loads) is asked of its engine driver (`llmgw.engines`): no engine is named here.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ MERGED_MAPS = ("env", "node_selector", "gpu")
 
 
 # Flags llmgw sets itself on every engine command line; passing them in `args` would fight the
-# adapter (two --port flags, a served name the router does not know, parallelism the GPU
+# engine driver (two --port flags, a served name the router does not know, parallelism the GPU
 # allocation does not match).
 _RESERVED_ARGS: dict[str, str] = {
     "--host": "llmgw binds each replica itself (LLMGW_ENGINE_HOST)",
@@ -115,17 +115,17 @@ def _args_problems(args: list[str], path: str) -> list[Problem]:
 
 
 def _field_problems(rawp: dict, engine: str, path: str) -> tuple[list[Problem], set[str]]:
-    """The fields a profile writes that its engine refuses (its adapter says why), and their names;
+    """The fields a profile writes that its engine refuses (its engine driver says why), and their names;
     they are left out of the profile so no further problem is reported about them. A field written
     with the value the profile would have anyway is no problem: a resolved catalog (every default
     spelled out, as stored) validates as it is."""
-    adapter = ENGINES[engine]
+    driver = ENGINES[engine]
     problems, refused = [], set()
     for key, value in rawp.items():
         # Unknown keys are pydantic's to report (with a hint when they look like a credential).
         if key not in PROFILE_FIELDS or value == _neutral(engine, key):
             continue
-        why = adapter.field_refusal(key)
+        why = driver.field_refusal(key)
         if why:
             problems.append(Problem(f"{path}.{key}", why))
             refused.add(key)
@@ -140,22 +140,22 @@ def _neutral(engine: str, key: str) -> Any:
 
 
 def _applicable(defaults: dict, engine: Any) -> dict:
-    """The `defaults:` an engine's profiles take: those its adapter does not refuse (an external
+    """The `defaults:` an engine's profiles take: those its engine driver does not refuse (an external
     profile does not inherit `replicas`, `gpu` or `env` meant for the engines llmgw runs)."""
     if not isinstance(engine, str) or engine not in ENGINE_NAMES:
         return defaults
-    adapter = ENGINES[engine]
-    return {k: v for k, v in defaults.items() if not adapter.field_refusal(k)}
+    driver = ENGINES[engine]
+    return {k: v for k, v in defaults.items() if not driver.field_refusal(k)}
 
 
 def _profile_problems(p: Profile, path: str) -> list[Problem]:
-    """Rules across fields of one profile: the engine's own (parallelism, GPUs) come from its adapter,
+    """Rules across fields of one profile: the engine's own (parallelism, GPUs) come from its engine driver,
     then llmgw's reserved flags and variables."""
-    adapter = ENGINES[p.engine]
+    driver = ENGINES[p.engine]
     try:
-        refusals = list(adapter.refusals(p))
-    except Exception as e:  # noqa: BLE001 - a broken adapter check is a problem to report, not a crash
-        refusals = [Problem("", f"the {p.engine} adapter could not check this profile: {e!r}")]
+        refusals = list(driver.refusals(p))
+    except Exception as e:  # noqa: BLE001 - a broken driver check is a problem to report, not a crash
+        refusals = [Problem("", f"the {p.engine} engine driver could not check this profile: {e!r}")]
     problems = [Problem(join_path(path, r.path), r.reason) for r in refusals]
     problems += _autoscale_problems(p, f"{path}.autoscale")
     problems += _args_problems(p.args, f"{path}.args")
@@ -202,7 +202,7 @@ def _rules_despite(e: ValidationError, merged: dict, path: str) -> list[Problem]
 
 
 def _source_problems(source: Any, engine: str, path: str, profile_name: str = "") -> list[Problem]:
-    """Whether `engine` can load `source` (its adapter says); `profile_name` is set when the source is
+    """Whether `engine` can load `source` (its engine driver says); `profile_name` is set when the source is
     the model's."""
     if not isinstance(source, str):
         return []  # already reported as a type error

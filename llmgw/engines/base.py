@@ -1,11 +1,11 @@
-"""The engine adapter interface: one module per engine (vllm.py, llamacpp.py, sim.py).
+"""The engine driver interface: one module per engine (vllm.py, llamacpp.py, sim.py).
 
-An adapter turns (replica, profile, port, GPU indexes, node) into a command line and environment,
+An engine driver turns (replica, profile, port, GPU indexes, node) into a command line and environment,
 declares whether it can serve without a GPU, states its own rules (the parallelism it supports, the
 model sources it loads: the catalog's validation asks `refusals` and `source_problems`), and names
 its default metric mapping. It also says how the engine serves LoRA adapters: whether it does, the
 ranks it takes, whether adapters are loaded at launch or at run time (the calls for that, and what
-their answers mean), and how a request for an adapter is rewritten. Adapters are pure: they build
+their answers mean), and how a request for an adapter is rewritten. Drivers are pure: they build
 data, the node agent runs it.
 """
 
@@ -62,7 +62,7 @@ class LaunchContext:
 
     def __post_init__(self) -> None:
         # A profile may override its model's `source` (e.g. a GGUF file for the llama.cpp tier of a
-        # model vLLM loads from Hugging Face); adapters read ctx.model.source and see the right one.
+        # model vLLM loads from Hugging Face); drivers read ctx.model.source and see the right one.
         source = getattr(self.profile, "source", None)
         if source and source != self.model.source:
             object.__setattr__(self, "model", self.model.model_copy(update={"source": source}))
@@ -100,7 +100,7 @@ class LaunchSpec:
 KV_EVENTS_FLAG = "--kv-events-config"
 
 
-class EngineAdapter(ABC):
+class EngineDriver(ABC):
     name: ClassVar[str]
     needs_gpu: ClassVar[bool]  # True: a profile without `gpu` is an error
     supports_tensor_parallel: ClassVar[bool]

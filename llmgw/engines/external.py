@@ -1,9 +1,9 @@
-"""Adapter for engine `external`: a server llmgw does not run (an existing vLLM deployment, a llama.cpp
+"""Engine driver for engine `external`: a server llmgw does not run (an existing vLLM deployment, a llama.cpp
 box, a hosted OpenAI-compatible API as an overflow tier).
 
 Nothing is launched: the control plane health-checks each `url` and publishes it as an endpoint while
 it answers (workers/control/external.py), and the gateway sends it the key named by `api_key_env`.
-This adapter states what such a profile may say (the catalog asks it, field by field and as a whole):
+This driver states what such a profile may say (the catalog asks it, field by field and as a whole):
 `url` (one or a list, http or https, the server's root), `served_name`, `api_key_env` (the NAME of a
 variable in the gateway's environment, never a key), `server` (what kind of server it is), `capacity`,
 `priority`, `weight` and `metrics`; everything that starts, places or supervises a process is refused.
@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 from llmgw.catalog.types import EXTERNAL_FIELDS, MetricMapping, Profile
 from llmgw import surface as op
-from llmgw.engines.base import EngineAdapter, EngineUnavailable, LaunchContext, LaunchSpec
+from llmgw.engines.base import EngineDriver, EngineUnavailable, LaunchContext, LaunchSpec
 from llmgw.errors import Problem
 
 # Routing hints stay: a server llmgw does not run is still routed to, its prefix cache included.
@@ -67,19 +67,19 @@ def url_problem(url: str) -> str | None:
     return None
 
 
-class ExternalAdapter(EngineAdapter):
+class ExternalDriver(EngineDriver):
     name = "external"
     needs_gpu = False
     supports_tensor_parallel = False
     supports_multi_node = False
     default_metrics = MetricMapping()  # a generic server's series have no known names
 
-    def __init__(self, kinds: Mapping[str, EngineAdapter]):
+    def __init__(self, kinds: Mapping[str, EngineDriver]):
         # `server: vllm|llamacpp|sim` borrows that engine's paths, health path and metric names.
         self._kinds = dict(kinds)
 
-    def kind(self, profile: Profile) -> EngineAdapter | None:
-        """The engine adapter whose server this is, or None for a generic OpenAI-compatible API."""
+    def kind(self, profile: Profile) -> EngineDriver | None:
+        """The engine driver whose server this is, or None for a generic OpenAI-compatible API."""
         return self._kinds.get(profile.server or "openai")
 
     def field_refusal(self, field: str) -> str | None:
@@ -125,8 +125,8 @@ class ExternalAdapter(EngineAdapter):
         """What the control plane checks: the engine's own health path, else GET /v1/models."""
         return "/v1/models" if self.kind(profile) is None else "/health"
 
-    def metrics_engine(self, profile: Profile) -> EngineAdapter:
-        """The adapter whose metric names and fallbacks read this server's /metrics."""
+    def metrics_engine(self, profile: Profile) -> EngineDriver:
+        """The engine driver whose metric names and fallbacks read this server's /metrics."""
         return self.kind(profile) or self
 
     def command(self, ctx: LaunchContext) -> LaunchSpec:

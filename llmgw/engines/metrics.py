@@ -1,7 +1,7 @@
 """Map an engine's scraped /metrics text to llmgw's load numbers.
 
 `read_load(text, engine, profile)` applies the profile's effective mapping (the seed's rule, in
-`EngineAdapter.effective_metrics`), the engine's KV fallbacks and its token counters. A series that
+`EngineDriver.effective_metrics`), the engine's KV fallbacks and its token counters. A series that
 is unmapped or absent is None (unknown), never 0: the router must not mistake "not reported" for
 "idle". Several label sets of one series (vLLM labels by model_name and engine; data parallelism
 gives one per engine) are summed, except the KV ratio, which is averaged.
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmgw.catalog.types import Profile
-from llmgw.engines.base import EngineAdapter
+from llmgw.engines.base import EngineDriver
 from llmgw.errors import LlmgwError
 
 
@@ -108,7 +108,7 @@ def read_kv_tokens(metrics_text: str, name: str | None) -> int | None:
     return total or None
 
 
-def read_load(metrics_text: str, engine: EngineAdapter, profile: Profile) -> MappedLoad:
+def read_load(metrics_text: str, engine: EngineDriver, profile: Profile) -> MappedLoad:
     """The load numbers of one replica from its /metrics text. Raises MetricsMalformed."""
     samples = parse_samples(metrics_text)
     mapping = engine.effective_metrics(profile)

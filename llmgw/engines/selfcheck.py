@@ -4,12 +4,12 @@ or, with `--vllm DIR`, that the vLLM CPU environment `make vllm` prepared in DIR
 `make install` runs it right after installing the engine, so a binary this machine cannot run (built
 for other CPU instructions, a missing library) fails the install with an explanation instead of
 surfacing minutes later as a replica in CrashLoop. It starts the engine the way the node agent would
-(the llamacpp adapter's command, CPU only, one slot) on the bundled model and a free loopback port,
+(the llamacpp engine driver's command, CPU only, one slot) on the bundled model and a free loopback port,
 waits for /health, asks for a one-token completion, stops it and exits 0. On failure it exits 1 and
 prints how the engine ended, what that means, what to do, and the last lines of the engine's output.
 
 `make vllm` runs the vLLM check on the environment it just built, before it puts it in place: the
-vllm adapter's command for a one-thread CPU replica (`device: cpu`) of the prepared model, through
+vllm engine driver's command for a one-thread CPU replica (`device: cpu`) of the prepared model, through
 the environment's Python (the API server module), on a free loopback port; vLLM takes about 70 s to
 become healthy on 2 cores.
 """
@@ -31,8 +31,8 @@ import requests
 
 from llmgw.catalog import Model, Profile
 from llmgw.engines.base import EngineUnavailable, LaunchContext, LaunchSpec
-from llmgw.engines.llamacpp import DEFAULT_MODEL, LlamaCppAdapter
-from llmgw.engines.vllm import VllmAdapter
+from llmgw.engines.llamacpp import DEFAULT_MODEL, LlamaCppDriver
+from llmgw.engines.vllm import VllmDriver
 from llmgw.proc.exitstatus import describe_exit
 from llmgw.proc.ports import free_port
 
@@ -90,25 +90,25 @@ def failure_message(binary: str, failure: Failure, task: str = "the install chec
 
 def launch_spec(binary: str | None, model: str | None, port: int, environ: Mapping[str, str],
                 args: tuple[str, ...] = ()) -> LaunchSpec:
-    """The adapter's command for a one-slot CPU replica of `model` (default: the bundled SmolLM2),
+    """The llamacpp engine driver's command for a one-slot CPU replica of `model` (default: the bundled SmolLM2),
     with extra llama-server `args`."""
     env = dict(environ)
     if binary:
         env["LLMGW_LLAMA_SERVER"] = binary
     profile = Profile(name="selfcheck", engine="llamacpp", capacity=1, args=list(args))
     m = Model(name="selfcheck", source=model or DEFAULT_MODEL, profiles=[profile])
-    return LlamaCppAdapter(environ=env).command(
+    return LlamaCppDriver(environ=env).command(
         LaunchContext(replica_id="selfcheck", model=m, profile=profile, host=HOST, port=port))
 
 
 def vllm_launch_spec(directory: Path, port: int, environ: Mapping[str, str]) -> LaunchSpec:
-    """The vllm adapter's command for a one-thread CPU replica of the model `make vllm` prepared in
+    """The vllm engine driver's command for a one-thread CPU replica of the model `make vllm` prepared in
     `directory`, run by that environment's Python."""
     env = {**environ, "LLMGW_VLLM_PYTHON": str(directory / VLLM_PYTHON)}
     env.pop("LLMGW_VLLM", None)
     profile = Profile(name="selfcheck", engine="vllm", device="cpu", threads=1, args=["--max-model-len", "2048"])
     m = Model(name="selfcheck", source=str(directory / VLLM_MODEL), profiles=[profile])
-    return VllmAdapter(environ=env).command(
+    return VllmDriver(environ=env).command(
         LaunchContext(replica_id="selfcheck", model=m, profile=profile, host=HOST, port=port))
 
 

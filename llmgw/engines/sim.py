@@ -1,4 +1,4 @@
-"""Adapter for engine `sim`: the simulated engine (`python -m simengine`), no GPU needed.
+"""Engine driver for engine `sim`: the simulated engine (`python -m simengine`), no GPU needed.
 
 It reports vLLM's metric names by default; a profile with `--metrics-style llamacpp` in its args
 reports llama.cpp's, and then its default mapping follows (see `effective_metrics`).
@@ -18,13 +18,13 @@ from collections.abc import Mapping
 
 from llmgw.catalog.types import MetricMapping, Profile
 from llmgw import surface as op
-from llmgw.engines.base import AdapterCall, AdapterOutcome, EngineAdapter, LaunchContext, LaunchSpec
-from llmgw.engines.llamacpp import LLAMACPP_METRICS, LlamaCppAdapter
+from llmgw.engines.base import AdapterCall, AdapterOutcome, EngineDriver, LaunchContext, LaunchSpec
+from llmgw.engines.llamacpp import LLAMACPP_METRICS, LlamaCppDriver
 from llmgw.engines.vllm import (
     VLLM_KV_FALLBACKS,
     VLLM_LORA_RANKS,
     VLLM_METRICS,
-    VllmAdapter,
+    VllmDriver,
     runtime_lora_launch,
     runtime_lora_problems,
     vllm_adapter_outcome,
@@ -56,24 +56,24 @@ SIM_PATHS = {
 # The KV block of vLLM's CPU build (its cache_config_info says block_size="128"; GPUs: 16).
 CPU_BLOCK_SIZE = 128
 
-# Flags the adapter sets for multi-node replicas (the catalog already reserves --nnodes, --node-rank
+# Flags the driver sets for multi-node replicas (the catalog already reserves --nnodes, --node-rank
 # and --master-addr for every engine).
 _MULTI_NODE_FLAGS = ("--master-port", "--headless")
 
 
-class SimAdapter(EngineAdapter):
+class SimDriver(EngineDriver):
     name = "sim"
     needs_gpu = False
     supports_tensor_parallel = True
     supports_multi_node = True
     default_metrics = VLLM_METRICS
     kv_fallbacks = VLLM_KV_FALLBACKS
-    prompt_tokens_metric = VllmAdapter.prompt_tokens_metric
-    generation_tokens_metric = VllmAdapter.generation_tokens_metric
-    prefix_queries_metric = VllmAdapter.prefix_queries_metric
-    prefix_hits_metric = VllmAdapter.prefix_hits_metric
-    prefill_seconds_metric = VllmAdapter.prefill_seconds_metric
-    kv_config_metric = VllmAdapter.kv_config_metric
+    prompt_tokens_metric = VllmDriver.prompt_tokens_metric
+    generation_tokens_metric = VllmDriver.generation_tokens_metric
+    prefix_queries_metric = VllmDriver.prefix_queries_metric
+    prefix_hits_metric = VllmDriver.prefix_hits_metric
+    prefill_seconds_metric = VllmDriver.prefill_seconds_metric
+    kv_config_metric = VllmDriver.kv_config_metric
     credential_env = "SIMENGINE_API_KEY"  # guards /v1, like vLLM
     # LoRA as vLLM serves it: loaded and unloaded at run time, with vLLM's calls, answers and flags.
     supports_lora = True
@@ -116,12 +116,12 @@ class SimAdapter(EngineAdapter):
 
     def token_metrics(self, profile: Profile) -> tuple[str | None, str | None]:
         if _metrics_style(profile.args) == "llamacpp":
-            return LlamaCppAdapter.prompt_tokens_metric, LlamaCppAdapter.generation_tokens_metric
+            return LlamaCppDriver.prompt_tokens_metric, LlamaCppDriver.generation_tokens_metric
         return super().token_metrics(profile)
 
     def cache_metrics(self, profile: Profile) -> tuple[str | None, str | None, str | None]:
         if _metrics_style(profile.args) == "llamacpp":
-            return None, None, LlamaCppAdapter.prefill_seconds_metric
+            return None, None, LlamaCppDriver.prefill_seconds_metric
         return super().cache_metrics(profile)
 
     def tokenize_prompt(self, operation: str, body: Mapping) -> list[int] | None:

@@ -1,4 +1,4 @@
-"""Adapter for engine `vllm`: `vllm serve` (V1 engine), one process per replica per node.
+"""Engine driver for engine `vllm`: `vllm serve` (V1 engine), one process per replica per node.
 
 Which vLLM runs: `LLMGW_VLLM` (a `vllm` executable: `vllm serve`), else `LLMGW_VLLM_PYTHON` (a Python
 with vLLM installed: `python -m vllm.entrypoints.openai.api_server`, which also starts builds whose
@@ -37,7 +37,7 @@ from llmgw.engines.base import (
     PKG_SOURCE,
     AdapterCall,
     AdapterOutcome,
-    EngineAdapter,
+    EngineDriver,
     EngineUnavailable,
     LaunchContext,
     LaunchSpec,
@@ -218,7 +218,7 @@ def vllm_adapter_outcome(call: AdapterCall, status: int, text: str) -> AdapterOu
     return AdapterOutcome(False, f"vLLM answered {status}: {message}")
 
 
-class VllmAdapter(EngineAdapter):
+class VllmDriver(EngineDriver):
     name = "vllm"
     needs_gpu = True
     supports_tensor_parallel = True

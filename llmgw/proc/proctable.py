@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 REPLICA_ENV = "LLMGW_REPLICA_ID"
 ATTEMPT_ENV = "LLMGW_REPLICA_ATTEMPT"
@@ -31,14 +32,23 @@ class ProcInfo:
         return self.state in ("Z", "X", "x")
 
 
-def parse_stat(text: str) -> tuple[str, int, int, int]:
-    """(state, ppid, pgrp, start_ticks) from the text of /proc/<pid>/stat.
+class Stat(NamedTuple):
+    """The fields of /proc/<pid>/stat llmgw reads (as ProcInfo's)."""
+
+    state: str
+    ppid: int
+    pgrp: int
+    start_ticks: int
+
+
+def parse_stat(text: str) -> Stat:
+    """The fields llmgw reads from the text of /proc/<pid>/stat.
 
     The command name (field 2) is in parentheses and may itself contain spaces and ')', so split on
     the last ')'."""
     rest = text.rsplit(")", 1)[1].split()
     # rest[0] is field 3 (state); field N is rest[N - 3].
-    return rest[0], int(rest[1]), int(rest[2]), int(rest[19])
+    return Stat(rest[0], int(rest[1]), int(rest[2]), int(rest[19]))
 
 
 def read_proc(pid: int, proc_root: Path = Path("/proc")) -> ProcInfo | None:
@@ -125,7 +135,7 @@ def pids_with_env(var: str, value: str, proc_root: Path = Path("/proc"), include
             continue
         try:
             env = (proc_root / entry / "environ").read_bytes()
-            state = parse_stat((proc_root / entry / "stat").read_text())[0]
+            state = parse_stat((proc_root / entry / "stat").read_text()).state
         except (OSError, ValueError, IndexError):
             continue
         if needle in env.split(b"\0") and state not in ("Z", "X", "x"):

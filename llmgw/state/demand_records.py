@@ -23,7 +23,7 @@ class GatewaySent(NamedTuple):
 
 class GatewayHolds(NamedTuple):
     """One gateway (`origin`) held `counts` requests per endpoint at `at` (its wall clock, seconds),
-    its workers together. The other gateways count them as their sibling workers' (gateway.routing.holds)."""
+    its workers together. The other gateways count them as their sibling workers' (gateway.routing.othergateways)."""
 
     origin: str
     at: float

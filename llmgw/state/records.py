@@ -132,13 +132,13 @@ class ReplicaRecord:
     weights_error_kind: str | None = None  # auth | not_found | disk_full | checksum | connection | ...
     weights_error: str | None = None
     weights_failed_at: float | None = None
-    # What the engine's log said it took once Ready (`EngineAdapter.memory_report`), beside the fit estimate.
+    # What the engine's log said it took once Ready (`EngineDriver.memory_report`), beside the fit estimate.
     engine_memory: str | None = None
     # --- loaded, never stored under this name ------------------------------------------------------
     # Nodes whose agent confirmed its part stopped (the `stopped_on:<node>` fields), sorted.
     stopped_nodes: list[str] = field(default_factory=list)
     # --- LoRA adapters (docs/catalog.md#adapters-lora) ------------------------------------------------
-    # Control plane: the adapters this replica should hold (`workers.control.adapters.place_adapters`).
+    # Control plane: the adapters this replica should hold (`workers.control.adapterplacement.place_adapters`).
     # On an engine that loads adapters at launch (llama.cpp) it is the launch set, in id order, written
     # with the record and never changed in place (a different set is a replacement replica).
     adapters_wanted: list[str] = field(default_factory=list)

@@ -42,7 +42,7 @@ LLAMACPP_UBATCH = 512
 
 @dataclass(frozen=True)
 class Workload:
-    """What a profile asks of its engine: the engine adapters fill this from the profile's args."""
+    """What a profile asks of its engine: the engine drivers fill this from the profile's args."""
 
     engine: str  # vllm | llamacpp
     context: int  # llama.cpp: -c (all slots); vLLM: max_model_len

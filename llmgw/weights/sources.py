@@ -175,7 +175,7 @@ def _names_gguf(path: str | None) -> bool:
 
 def engine_refusal(source: Source | None, engine: str, who: str | None = None) -> str | None:
     """Why `engine` cannot load `source` (None: it can). `who` names the engine (and profile) in the
-    reason, as the adapters' own messages do."""
+    reason, as the engine drivers' own messages do."""
     who = who or engine
     if engine == "vllm":
         if isinstance(source, HubSource) and source.path:

@@ -23,7 +23,7 @@ AGENT = {"LLMGW_AGENT_TICK": "0.2"}
 
 
 def published(cluster) -> set[str]:
-    return {e.id for e in cluster.store().read_endpoints()[2]}
+    return {e.id for e in cluster.store().read_endpoints().endpoints}
 
 
 def start(cluster, **env):

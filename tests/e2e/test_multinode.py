@@ -144,7 +144,7 @@ def test_two_node_replica_serves_restarts_and_stops_on_both_nodes(cluster):
     assert len(new_members) == 1 and new_members[0] != old_member
     assert rec2.id == rec.id and rec2.all_nodes == [head, member]
     # Published again (it left the list while not Ready), still once, under the head's new URL.
-    wait_until(lambda: [(e.id, e.url) for e in cluster.store().read_endpoints()[2]] == [(rec2.id, rec2.url)],
+    wait_until(lambda: [(e.id, e.url) for e in cluster.store().read_endpoints().endpoints] == [(rec2.id, rec2.url)],
                20, what="the restarted replica to be published")
     resp = wait_until(lambda: answer(client, "again"), 20, what="the gateway to route to the restarted replica")
     assert resp.system_fingerprint == f"llmgw-sim-{rec2.port}"
@@ -176,7 +176,7 @@ def test_two_node_replica_serves_restarts_and_stops_on_both_nodes(cluster):
                       what="the head's node to confirm its part stopped")
     assert not pid_alive(head_pid) and pid_alive(member_pid)
     assert derive(half, True, time.time()).state is State.STOPPING
-    assert cluster.store().read_endpoints()[2] == []
+    assert cluster.store().read_endpoints().endpoints == []
     used = gpus_free(cluster)
     assert used[member] == {"total": 1, "used": 1, "free": 0}, used  # the member still holds its GPU
 
@@ -194,7 +194,7 @@ def test_two_node_replica_serves_restarts_and_stops_on_both_nodes(cluster):
     timings["deleted_after_removal"] = time.monotonic() - removed
     # Deleted only once confirmed: by now neither part may still run.
     assert not pid_alive(member_pid) and not sim_parts(headless=True) and not sim_parts(headless=False)
-    assert cluster.store().read_endpoints()[2] == []
+    assert cluster.store().read_endpoints().endpoints == []
 
     def all_free():
         g = gpus_free(cluster)

@@ -43,7 +43,7 @@ def turn(gw: str, messages: list[dict]) -> tuple[str, int, str]:
 def test_later_turns_go_where_the_engine_reports_the_history(cluster):
     [gw] = cluster.start_system(CATALOG, node_env=FAST_AGENT, routed=2)
     store = cluster.store()
-    eps = wait_until(lambda: (e := store.read_endpoints()[2]) and all(x.kv_events for x in e) and len(e) == 2 and e, 30,
+    eps = wait_until(lambda: (e := store.read_endpoints().endpoints) and all(x.kv_events for x in e) and len(e) == 2 and e, 30,
                      what="both endpoints published with their KV event addresses")
     ports = {x.kv_events.rsplit(":", 1)[1] for x in eps} | {x.kv_replay.rsplit(":", 1)[1] for x in eps}
     assert len(ports) == 4  # each replica its own pair, chosen by the agent

@@ -63,7 +63,7 @@ class Stack:
         return self.store_
 
     def endpoints(self) -> list:
-        return self.store().read_endpoints()[2]
+        return self.store().read_endpoints().endpoints
 
     def records(self) -> dict:
         return {r.id: r for r in self.store().all_replicas() if r.stop_requested_at is None}

@@ -212,7 +212,7 @@ def run(cluster, requests: int, clients: int, warmup: int | None = None) -> Figu
     store = cluster.store()
     import requests as http
 
-    eps = store.read_endpoints()[2]
+    eps = store.read_endpoints().endpoints
     ports = {int(e.url.rsplit(":", 1)[1]) for e in eps}
     worker = gateway_worker(cluster.procs.get("gateway").pid)
 

@@ -91,7 +91,7 @@ def test_two_gateways_one_killed_and_restarted(cluster):
     survivor, victim = cluster.start_system(sim_catalog(replicas=2, capacity=CAPACITY), nodes=("a", "b"),
                                             node_env=AGENT, gateways=2, routed=2)
     victim_port = int(victim.rsplit(":", 1)[1])
-    published = cluster.store().read_endpoints()[2]
+    published = cluster.store().read_endpoints().endpoints
     counter = EngineCounter([e.url for e in published], CAPACITY, cluster.store(), [e.id for e in published])
     counter.start()
     # 12 clients for 8 slots: the gateways must share the engines' capacity through the scraped load.

@@ -134,13 +134,13 @@ def test_two_hosts_link_down_and_back(cluster, hosts):
 
     loops = start_loops(url, "chat", streaming=2, plain=2)
     try:
-        wait_until(lambda: {e.id for e in store.read_endpoints()[2]} == {r.id for r in recs.values()}, 10,
+        wait_until(lambda: {e.id for e in store.read_endpoints().endpoints} == {r.id for r in recs.values()}, 10,
                    what="both endpoints published")
         wait_until(lambda: sum(loop.ok for loop in loops) > 20, 30, what="traffic through both hosts")
         stale = recs["h1"]
         h1.link(up=False)
         cut = time.monotonic()
-        wait_until(lambda: stale.id not in {e.id for e in store.read_endpoints()[2]}, TTL + 10, interval=0.1,
+        wait_until(lambda: stale.id not in {e.id for e in store.read_endpoints().endpoints}, TTL + 10, interval=0.1,
                    what="h1's endpoint to leave routing")
         left = time.monotonic() - cut
         assert left <= TTL + 2, f"h1's endpoint left routing {left:.1f}s after its link went down (TTL {TTL}s)"

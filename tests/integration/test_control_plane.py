@@ -84,7 +84,7 @@ def test_placement_publish_drain_and_node_loss(cluster):
         return sorted(e.id for e in eps) == sorted(r.id for r in ready(cluster)) and len(eps) == 4
 
     wait_until(published, 20, what="the four endpoints to be published")
-    eps = store.read_endpoints()[2]
+    eps = store.read_endpoints().endpoints
     assert {e.models for e in eps if e.model == "gpt"} == {("gpt", "gpt-sim")}
 
     report = status(cluster)
@@ -115,7 +115,7 @@ def test_placement_publish_drain_and_node_loss(cluster):
     )
 
     def only_live_published():
-        return all(e.node != "d" for e in store.read_endpoints()[2]) and len(store.read_endpoints()[2]) == 4
+        return all(e.node != "d" for e in store.read_endpoints().endpoints) and len(store.read_endpoints().endpoints) == 4
 
     wait_until(only_live_published, 20, what="the endpoint list to drop d")
 

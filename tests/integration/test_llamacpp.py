@@ -1,4 +1,4 @@
-"""llama.cpp for real: the adapter's command for a SmolLM2 profile serves chat and maps its load."""
+"""llama.cpp for real: the engine driver's command for a SmolLM2 profile serves chat and maps its load."""
 
 from __future__ import annotations
 

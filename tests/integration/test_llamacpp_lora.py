@@ -1,5 +1,5 @@
 """LoRA on the real llama-server: two adapters written for SmolLM2 by tests/support/lora_gguf.py,
-declared in a catalog, launched by the adapter's command; each request rewritten by the adapter
+declared in a catalog, launched by the engine driver's command; each request rewritten by the driver
 (`adapter_body`) gets its own greedy answer, the base model is unchanged by adapters it does not
 select, and the prompt cache never answers from KV computed under another adapter."""
 

@@ -41,7 +41,7 @@ def test_the_store_follows_a_failover_and_nothing_confirmed_is_lost(ha):
     # The same client, without being told: its next commands reach the promoted replica.
     wait_until(store.ping, 10, what="the store to reach the new master")
     assert store.r.connection_pool.get_master_address() == ("127.0.0.1", ha.ha.port(new))
-    assert read_applied(store)[0] == version and kid in store.api_key_table()
+    assert read_applied(store).version == version and kid in store.api_key_table()
     # Writes land on the new master; with no replica left, one that must not be lost says so.
     with pytest.raises(NotReplicated) as e:
         apply(store, 2)
@@ -99,7 +99,7 @@ def test_a_confirmed_write_waits_for_a_replica_on_its_own_connection(ha):
         assert "0 of 1 replica(s) acknowledged it within 0.5 s" in str(e.value)
         with pytest.raises(NotReplicated) as e:
             apply(store, 5)
-        assert e.value.value == (2, True) and read_applied(store)[0] == 2
+        assert e.value.value == (2, True) and read_applied(store).version == 2
         assert apply(store, 5) == (2, False), "an unchanged apply writes nothing and waits for nothing"
         # Every other operator write that must not be lost waits the same way.
         for write in (lambda: store.update_key("frozen", rpm=5), lambda: store.revoke_key("frozen"),
@@ -180,6 +180,6 @@ def test_tls_to_the_sentinels_and_to_redis_for_the_store_and_the_broker(cluster,
     old = cluster.ha.kill_master()
     cluster.ha.wait_failover(old)
     wait_until(store.ping, 10, what="the store to reach the new master over TLS")
-    assert read_applied(store)[0] == version
+    assert read_applied(store).version == version
     roundtrip(2)
     store.close()

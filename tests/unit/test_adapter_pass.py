@@ -16,7 +16,7 @@ from llmgw.state.node_records import NodeInfo
 from llmgw.state.records import ReplicaRecord
 from llmgw.state.store import Store
 from workers.control.adapterplan import AdapterRow, adapter_demand, decide_adapters
-from workers.control.adapters import published_adapters
+from workers.control.adapterplacement import published_adapters
 from workers.control.apply import ReconcilePass, apply_reconcile
 from workers.control.placement import Placement
 from workers.control.plan import CreateReplica, StopReplica

@@ -1,4 +1,4 @@
-"""Adapter placement (workers/control/adapters.py): table-driven cases and properties over random
+"""Adapter placement (workers/control/adapterplacement.py): table-driven cases and properties over random
 fleets: never above max_loras, pinned everywhere, floors met when slots allow, spread over nodes,
 busier adapters on more replicas, stable once applied, failed loads retried only after backoff."""
 
@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmgw.catalog import parse_catalog_text
-from workers.control.adapters import (
+from workers.control.adapterplacement import (
     AdapterWant,
     Backoff,
     LoadAdapter,

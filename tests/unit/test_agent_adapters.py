@@ -1,5 +1,5 @@
 """The node agent's adapter rules (workers/agent/adapterrules.py) and its shell's pieces
-(workers/agent/adapters.py): ask the engine first, load what is wanted with backoff after a failure,
+(workers/agent/adapterkeeper.py): ask the engine first, load what is wanted with backoff after a failure,
 unload only after the grace and while nothing runs on it, a restart or an adoption starts over from
 what the engine lists, llama.cpp holds its launch set; sources resolved on the node; the scrape's
 LoRA activity."""
@@ -14,7 +14,7 @@ from llmgw.catalog import Profile
 from llmgw.engines import get_engine
 from llmgw.state.records import ReplicaRecord
 from workers.agent.adapterrules import Memory, Result, launch_step, listed_adapters, runtime_step
-from workers.agent.adapters import adapter_path, lora_fields
+from workers.agent.adapterkeeper import adapter_path, lora_fields
 
 SIM = get_engine("sim")
 NOW = 100.0
@@ -50,7 +50,7 @@ def test_after_the_sync_wanted_adapters_are_loaded_one_call_each():
     assert step(r, synced.memory).jobs == ()  # a1's call is in flight
     done = step(r, synced.memory, [Result("r1", 1, "load", "a1", done=True)])
     assert done.fields["adapters_held"] == ["a2", "a1"] and done.fields["adapters_loading"] == []
-    assert [n[0] for n in done.news] == ["adapter_loaded"]
+    assert [n.kind for n in done.news] == ["adapter_loaded"]
 
 
 def test_a_failed_load_is_kept_with_its_reason_and_retried_after_the_backoff():
@@ -59,7 +59,7 @@ def test_a_failed_load_is_kept_with_its_reason_and_retried_after_the_backoff():
     s = step(r, mem, [Result("r1", 1, "load", "a1", done=False, reason="vLLM answered 500: boom")])
     assert s.fields["adapter_failures"] == {"a1": {"reason": "vLLM answered 500: boom", "at": NOW, "attempts": 1,
                                                    "retry_at": NOW + 5}}
-    assert s.jobs == () and s.news[0][0] == "adapter_load_failed"
+    assert s.jobs == () and s.news[0].kind == "adapter_load_failed"
     failed = rec(adapters_wanted=["a1"], adapters_attempt=1, adapter_failures=s.fields["adapter_failures"])
     assert step(failed, s.memory, now=NOW + 4).jobs == ()  # Backoff: 5 s after the first failure
     again = step(failed, s.memory, now=NOW + 5)
@@ -86,7 +86,7 @@ def test_an_unwanted_adapter_is_unloaded_after_the_grace_and_once_idle():
     s = step(r, s.memory, now=NOW + 5)
     assert [(j.kind, j.adapter, j.call.body) for j in s.jobs] == [("unload", "a1", {"lora_name": "a1"})]
     gone = step(r, s.memory, [Result("r1", 1, "unload", "a1", done=True)], now=NOW + 6)
-    assert gone.fields["adapters_held"] == [] and gone.news[0][0] == "adapter_unloaded"
+    assert gone.fields["adapters_held"] == [] and gone.news[0].kind == "adapter_unloaded"
     # Wanted again before the grace ended: kept, the clock forgotten.
     s = step(r, Memory(1, synced=True))
     back = rec(adapters_wanted=["a1"], adapters_held=["a1"], adapters_attempt=1)
@@ -132,7 +132,7 @@ def test_a_call_not_made_for_a_deleted_record_is_not_left_counted_in_flight():
     """The keeper skips the calls of a replica whose record the pass's write found deleted; the
     adapter must not stay busy in its memory, or its call would never be made again."""
     from workers.agent.adapterrules import Job
-    from workers.agent.adapters import AdapterKeeper
+    from workers.agent.adapterkeeper import AdapterKeeper
 
     keeper = AdapterKeeper(store=None, catalog=None, node="n1", prober=None, kick=lambda task: None)
     try:

@@ -353,7 +353,7 @@ def test_scraper_writes_load_records(env):
 
 
 def record_engine_commands(monkeypatch) -> list:
-    """Replace the engine adapters with one that records each LaunchContext (a member part is
+    """Replace the engine drivers with one that records each LaunchContext (a member part is
     headless: only rank 0 serves HTTP); returns the list it appends to."""
     from llmgw.engines.base import LaunchSpec
 

@@ -33,7 +33,7 @@ def test_apply_read_and_same_content_again(store):
     assert version == 1 and got == cat(1)
     assert meta == {"version": 1, "hash": cat(1).hash(), "applied_at": 100.0, "applied_by": "alice", "source": "a.yaml"}
     assert apply_catalog(store, cat(1), source="a.yaml", applied_by="bob", now=200.0) == (1, False)
-    assert read_applied(store)[2]["applied_by"] == "alice" and store.r.llen(keys.CATALOG_HISTORY) == 1
+    assert read_applied(store).meta["applied_by"] == "alice" and store.r.llen(keys.CATALOG_HISTORY) == 1
     assert apply_catalog(store, cat(2), source="a.yaml", applied_by="bob", now=300.0) == (2, True)
     assert store.catalog_version() == 2
 

@@ -34,7 +34,7 @@ def test_applies_then_is_cheap_when_unchanged(r, tmp_path, monkeypatch):
     write(f, GOOD % 1)
     res = sync_from_file(r, f, "watcher")
     assert res.applied and res.version == 1 and res.problems == []
-    assert read_applied(r)[1].model("m").profiles[0].replicas == 1
+    assert read_applied(r).catalog.model("m").profiles[0].replicas == 1
 
     calls = []
     monkeypatch.setattr(catalog_watch, "parse_catalog_bytes", lambda *a, **k: calls.append(a))
@@ -64,7 +64,7 @@ def test_bad_change_is_logged_once_and_ignored(r, tmp_path, caplog):
     assert all(not x.applied and x.version == 1 for x in results)
     assert all("replicas: must be at least 0" in x.problems[0] for x in results)
     assert len([rec for rec in caplog.records if "invalid" in rec.getMessage()]) == 1
-    assert read_applied(r)[0] == 1  # the running catalog stays
+    assert read_applied(r).version == 1  # the running catalog stays
 
     # another control worker (same Redis) does not log it again either
     caplog.clear()

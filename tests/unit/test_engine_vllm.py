@@ -1,11 +1,11 @@
-"""vLLM adapter: exact command lines, environments, multi-node head/worker, refusals."""
+"""vLLM engine driver: exact command lines, environments, multi-node head/worker, refusals."""
 
 import pytest
 
 from llmgw.catalog import Model, Profile
 from llmgw.engines import get_engine
 from llmgw.engines.base import EngineUnavailable, LaunchContext
-from llmgw.engines.vllm import VllmAdapter
+from llmgw.engines.vllm import VllmDriver
 
 
 def model(**profile_kw) -> Model:
@@ -20,7 +20,7 @@ def ctx(m: Model, **kw) -> LaunchContext:
 def test_single_node_command_and_gpu_env():
     m = model(tensor_parallel=2, gpu={"class": "a100", "count": 2}, args=["--max-model-len", "8192"],
               env={"HF_HOME": "/data/hf"})
-    spec = VllmAdapter(environ={}).command(ctx(m, gpus=(2, 3)))
+    spec = VllmDriver(environ={}).command(ctx(m, gpus=(2, 3)))
     assert spec.argv == (
         "vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct", "--host", "10.0.0.5", "--port", "8101",
         "--served-model-name", "llama-8b", "llama", "l8", "--tensor-parallel-size", "2",
@@ -31,29 +31,29 @@ def test_single_node_command_and_gpu_env():
 
 
 def test_default_start_timeout_is_long():
-    assert VllmAdapter(environ={}).command(ctx(model(), gpus=(0,))).start_timeout == 900.0
-    assert VllmAdapter(environ={}).command(ctx(model(start_timeout=1800.0), gpus=(0,))).start_timeout == 1800.0
+    assert VllmDriver(environ={}).command(ctx(model(), gpus=(0,))).start_timeout == 900.0
+    assert VllmDriver(environ={}).command(ctx(model(start_timeout=1800.0), gpus=(0,))).start_timeout == 1800.0
 
 
 def test_pipeline_parallel_flag_only_when_used():
-    spec = VllmAdapter(environ={}).command(ctx(model(tensor_parallel=2, pipeline_parallel=2), gpus=(0, 1, 2, 3)))
+    spec = VllmDriver(environ={}).command(ctx(model(tensor_parallel=2, pipeline_parallel=2), gpus=(0, 1, 2, 3)))
     i = spec.argv.index("--pipeline-parallel-size")
     assert spec.argv[i + 1] == "2"
-    assert "--pipeline-parallel-size" not in VllmAdapter(environ={}).command(ctx(model(), gpus=(0,))).argv
+    assert "--pipeline-parallel-size" not in VllmDriver(environ={}).command(ctx(model(), gpus=(0,))).argv
 
 
 def test_source_defaults_to_model_name_and_executable_override():
     m = Model(name="Qwen/Qwen2.5-7B", profiles=[Profile(name="p", engine="vllm", gpu={"class": "l4"})])
-    spec = VllmAdapter(environ={"LLMGW_VLLM": "/opt/vllm/bin/vllm"}).command(ctx(m, gpus=(0,)))
+    spec = VllmDriver(environ={"LLMGW_VLLM": "/opt/vllm/bin/vllm"}).command(ctx(m, gpus=(0,)))
     assert spec.argv[:3] == ("/opt/vllm/bin/vllm", "serve", "Qwen/Qwen2.5-7B")
 
 
 def test_multi_node_head_and_worker():
     m = model(tensor_parallel=8, pipeline_parallel=2, nodes=2)
-    adapter = VllmAdapter(environ={})
-    head = adapter.command(ctx(m, gpus=tuple(range(8)), nnodes=2, node_rank=0, master_addr="10.0.0.5",
+    driver = VllmDriver(environ={})
+    head = driver.command(ctx(m, gpus=tuple(range(8)), nnodes=2, node_rank=0, master_addr="10.0.0.5",
                                master_port=30007))
-    worker = adapter.command(ctx(m, gpus=tuple(range(8)), nnodes=2, node_rank=1, master_addr="10.0.0.5",
+    worker = driver.command(ctx(m, gpus=tuple(range(8)), nnodes=2, node_rank=1, master_addr="10.0.0.5",
                                  master_port=30007))
     tail = ("--nnodes", "2", "--node-rank", "0", "--master-addr", "10.0.0.5", "--master-port", "30007")
     assert head.argv[-len(tail):] == tail and head.serves_http
@@ -68,7 +68,7 @@ def test_multi_node_head_and_worker():
 def test_multi_node_without_master_address_is_a_clear_error():
     m = model(tensor_parallel=8, nodes=2)
     with pytest.raises(EngineUnavailable, match="master address"):
-        VllmAdapter(environ={}).command(ctx(m, gpus=(0, 1, 2, 3), nnodes=2, node_rank=1))
+        VllmDriver(environ={}).command(ctx(m, gpus=(0, 1, 2, 3), nnodes=2, node_rank=1))
 
 
 def test_refuses_a_profile_without_gpu():
@@ -89,7 +89,7 @@ def test_default_metric_mapping():
 
 def test_lora_profile_enables_runtime_adapters():
     m = model(lora={"max_loras": 4, "max_lora_rank": 64, "max_cpu_loras": 16}, args=["--max-model-len", "8192"])
-    spec = VllmAdapter(environ={}).command(ctx(m, gpus=(0,)))
+    spec = VllmDriver(environ={}).command(ctx(m, gpus=(0,)))
     a = spec.argv
     assert a[a.index("--tensor-parallel-size") + 2:] == (
         "--enable-lora", "--max-loras", "4", "--max-lora-rank", "64", "--max-cpu-loras", "16",
@@ -100,16 +100,16 @@ def test_lora_profile_enables_runtime_adapters():
 
 
 def test_lora_defaults_and_no_lora():
-    a = VllmAdapter(environ={}).command(ctx(model(lora={}), gpus=(0,))).argv
+    a = VllmDriver(environ={}).command(ctx(model(lora={}), gpus=(0,))).argv
     assert a[-5:] == ("--enable-lora", "--max-loras", "1", "--max-lora-rank", "16")
-    spec = VllmAdapter(environ={}).command(ctx(model(), gpus=(0,)))
+    spec = VllmDriver(environ={}).command(ctx(model(), gpus=(0,)))
     assert "--enable-lora" not in spec.argv and "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in spec.env
 
 
 def test_lora_flags_on_every_node_of_a_multi_node_replica():
     m = model(tensor_parallel=2, nodes=2, gpu={"class": "a100", "count": 1}, lora={"max_loras": 2})
     for rank in (0, 1):
-        spec = VllmAdapter(environ={}).command(ctx(m, gpus=(0,), nnodes=2, node_rank=rank, master_addr="10.0.0.1"))
+        spec = VllmDriver(environ={}).command(ctx(m, gpus=(0,), nnodes=2, node_rank=rank, master_addr="10.0.0.1"))
         assert "--enable-lora" in spec.argv and spec.env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
 
 

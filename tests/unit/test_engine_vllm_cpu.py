@@ -1,4 +1,4 @@
-"""vLLM's CPU build (`device: cpu`): the catalog takes it only when said explicitly, the adapter starts
+"""vLLM's CPU build (`device: cpu`): the catalog takes it only when said explicitly, the engine driver starts
 the API server module where `vllm serve` cannot start, sizes the KV cache from `kv_cache_tokens`,
 binds each replica's threads to the cores its agent chose, and the agent chooses distinct cores."""
 
@@ -11,7 +11,7 @@ import pytest
 from llmgw.catalog import Model, Profile, parse_catalog_text
 from llmgw.catalog.spec import profile_spec_hash
 from llmgw.engines.base import EngineUnavailable, LaunchContext
-from llmgw.engines.vllm import API_SERVER_MODULE, VllmAdapter, kv_space_gib, prepared_env
+from llmgw.engines.vllm import API_SERVER_MODULE, VllmDriver, kv_space_gib, prepared_env
 from llmgw.weights.meta import Shape
 from workers.agent.cores import choose_cores
 
@@ -30,8 +30,8 @@ def ctx(m: Model, **kw) -> LaunchContext:
     return LaunchContext(replica_id="r1", model=m, profile=m.profiles[0], host="127.0.0.1", port=8101, **kw)
 
 
-def adapter(environ=None, on_path=False, files=(), shape=SMOL) -> VllmAdapter:
-    return VllmAdapter(environ={} if environ is None else environ,
+def driver(environ=None, on_path=False, files=(), shape=SMOL) -> VllmDriver:
+    return VllmDriver(environ={} if environ is None else environ,
                        which=lambda cmd, path: f"/usr/bin/{cmd}" if on_path else None,
                        exists=lambda p: str(p) in files, shape=lambda source: shape)
 
@@ -55,48 +55,48 @@ def test_profiles_without_device_hash_as_before():
 
 def test_api_server_module_from_the_settings_and_the_prepared_env():
     py = "/opt/vllm-cpu/bin/python"
-    argv = adapter({"LLMGW_VLLM_PYTHON": py}, files={py}).command(ctx(cpu_model())).argv
+    argv = driver({"LLMGW_VLLM_PYTHON": py}, files={py}).command(ctx(cpu_model())).argv
     assert argv[:5] == (py, *MODULE, "/models/smol")
     with pytest.raises(EngineUnavailable, match="LLMGW_VLLM_PYTHON=/nope is not a file"):
-        adapter({"LLMGW_VLLM_PYTHON": "/nope"}).command(ctx(cpu_model()))
+        driver({"LLMGW_VLLM_PYTHON": "/nope"}).command(ctx(cpu_model()))
     # LLMGW_VLLM (a `vllm` executable) wins; then `vllm` on PATH; then what `make vllm` prepared.
-    assert adapter({"LLMGW_VLLM": "/x/vllm", "LLMGW_VLLM_PYTHON": py}, files={py}).command(
+    assert driver({"LLMGW_VLLM": "/x/vllm", "LLMGW_VLLM_PYTHON": py}, files={py}).command(
         ctx(cpu_model())).argv[:3] == ("/x/vllm", "serve", "/models/smol")
     home = {"HOME": "/home/u", "PATH": "/usr/bin"}
-    assert adapter(home, on_path=True).command(ctx(cpu_model())).argv[:2] == ("vllm", "serve")
+    assert driver(home, on_path=True).command(ctx(cpu_model())).argv[:2] == ("vllm", "serve")
     prepared = "/home/u/.cache/llmgw/vllm/current/env/bin/python"
-    assert adapter(home, files={prepared}).command(ctx(cpu_model())).argv[:5] == (prepared, *MODULE, "/models/smol")
+    assert driver(home, files={prepared}).command(ctx(cpu_model())).argv[:5] == (prepared, *MODULE, "/models/smol")
     assert prepared_env({"XDG_CACHE_HOME": "/c", "HOME": "/h"}) == Path("/c/llmgw/vllm/current")
-    assert adapter(home).command(ctx(cpu_model())).argv[:2] == ("vllm", "serve")  # nothing found: as before
+    assert driver(home).command(ctx(cpu_model())).argv[:2] == ("vllm", "serve")  # nothing found: as before
     # The prepared environment is a CPU build: a GPU profile never runs it.
     gpu = Model(name="m", source="org/m", profiles=[Profile(name="g", engine="vllm", gpu={"class": "h100"})])
-    assert adapter(home, files={prepared}).command(ctx(gpu, gpus=(0,))).argv[:2] == ("vllm", "serve")
+    assert driver(home, files={prepared}).command(ctx(gpu, gpus=(0,))).argv[:2] == ("vllm", "serve")
 
 
 def test_cpu_env_kv_space_and_core_binding():
-    spec = adapter().command(ctx(cpu_model(threads=2), cpus=(2, 3)))
+    spec = driver().command(ctx(cpu_model(threads=2), cpus=(2, 3)))
     assert spec.env["VLLM_CPU_OMP_THREADS_BIND"] == "2,3" and spec.env["CUDA_VISIBLE_DEVICES"] == ""
     assert spec.env["VLLM_CPU_KVCACHE_SPACE"] == "1"  # no kv_cache_tokens: 1 GiB, not a share of the machine
     # 200,000 tokens x 23,040 bytes = 4.3 GiB -> 5 (whole GiB, rounded up).
-    assert adapter().command(ctx(cpu_model(kv_cache_tokens=200_000))).env["VLLM_CPU_KVCACHE_SPACE"] == "5"
+    assert driver().command(ctx(cpu_model(kv_cache_tokens=200_000))).env["VLLM_CPU_KVCACHE_SPACE"] == "5"
     # An fp8 KV cache holds twice the tokens per GiB.
     fp8 = cpu_model(kv_cache_tokens=200_000, args=["--kv-cache-dtype", "fp8"])
-    assert adapter().command(ctx(fp8)).env["VLLM_CPU_KVCACHE_SPACE"] == "3"
+    assert driver().command(ctx(fp8)).env["VLLM_CPU_KVCACHE_SPACE"] == "3"
     with pytest.raises(EngineUnavailable, match="cannot size the KV cache of 65536 tokens"):
-        adapter(shape=None).command(ctx(cpu_model(kv_cache_tokens=65536)))
-    unbound = adapter().command(ctx(cpu_model(threads=3))).env
+        driver(shape=None).command(ctx(cpu_model(kv_cache_tokens=65536)))
+    unbound = driver().command(ctx(cpu_model(threads=3))).env
     assert unbound["VLLM_CPU_OMP_THREADS_BIND"] == "nobind" and unbound["OMP_NUM_THREADS"] == "3"
     # A GPU profile gets none of it.
     gpu = Model(name="m", source="org/m", profiles=[Profile(name="g", engine="vllm", gpu={"class": "h100"})])
     assert not {"VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND"} & set(
-        adapter().command(ctx(gpu, gpus=(0,))).env)
+        driver().command(ctx(gpu, gpus=(0,))).env)
     assert kv_space_gib(1, 1.0) == 1 and kv_space_gib(2 * 1024 ** 3, 1.0) == 2
 
 
 def test_home_relative_source_is_expanded(monkeypatch):
     monkeypatch.setenv("HOME", "/home/u")
     m = cpu_model().model_copy(update={"source": "~/.cache/llmgw/vllm/current/models/smol"})
-    assert adapter().command(ctx(m)).argv[2] == "/home/u/.cache/llmgw/vllm/current/models/smol"
+    assert driver().command(ctx(m)).argv[2] == "/home/u/.cache/llmgw/vllm/current/models/smol"
 
 
 @pytest.mark.parametrize("held, want, prefer, chosen", [
@@ -126,13 +126,13 @@ def test_memory_report_reads_the_cpu_builds_lines():
            "on node 0.\n"
            "(EngineCore pid=23994) INFO 12-05 08:45:39 [kv_cache_utils.py:2327] CPU KV cache size: 46,592 tokens, "
            "Maximum concurrency for 8,192 tokens per request: 5.69x\n")
-    assert VllmAdapter(environ={}).memory_report(log) == "weights 0.25 GiB, KV cache 1.00 GiB (46,592 tokens)"
+    assert VllmDriver(environ={}).memory_report(log) == "weights 0.25 GiB, KV cache 1.00 GiB (46,592 tokens)"
 
 
 def test_a_local_model_directory_is_its_own_tokenizer_source(monkeypatch):
     # Precise prefix routing: a gateway on the same machine reads the tokenizer from the directory.
     monkeypatch.setenv("HOME", "/home/u")
-    a = adapter()
+    a = driver()
     home = cpu_model().model_copy(update={"source": "~/.cache/llmgw/vllm/current/models/smol"})
     assert a.tokenizer_source(home, home.profiles[0]) == "/home/u/.cache/llmgw/vllm/current/models/smol"
     assert a.tokenizer_source(cpu_model(), cpu_model().profiles[0]) == "/models/smol"

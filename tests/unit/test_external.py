@@ -173,7 +173,7 @@ def test_a_pass_checks_scrapes_publishes_and_forgets(store):
     run()
     assert {derive_external(r).state for r in store.external_records()} == {State.UNREACHABLE}
     publish_once(store, clock.time)
-    assert store.read_endpoints()[2] == []
+    assert store.read_endpoints().endpoints == []
 
     housekeeping_once(store, clock.time())  # an external url keeps its load sample
     assert a.id in store.loads([a.id])

@@ -1,5 +1,5 @@
 """What a gateway sent where and what it holds, shared with the other gateways through Redis
-(gateway.server.sendshare, llmgw.state.store.sends, gateway.routing.holds): the stream's encoding,
+(gateway.server.sendshare, llmgw.state.store.sends, gateway.routing.othergateways): the stream's encoding,
 the router's outbox and what it learns from the others' sends and counts, and one pass of the
 exchange between two gateways (fakeredis: one module at a time)."""
 
@@ -60,7 +60,8 @@ def test_sends_cross_the_stream_intact_and_each_origin_has_its_own():
     assert s.sending_origins(1000.5, 120) == ["gw-1"]
     cursors, read, got, holds = s.sends_after({"gw-1": "0-0"}, 100)
     assert (read, got, holds) == (1, sent, [])
-    assert s.sends_after(cursors, 100)[1:] == (0, [], [])  # read on from where it stopped
+    again = s.sends_after(cursors, 100)
+    assert (again.read, again.sends, again.holds) == (0, [], [])  # read on from where it stopped
     assert s.sends_after({}, 100) == ({}, 0, [], [])  # nobody else shares: nothing is read
     assert 0 < s.r.pttl(keys.sends("gw-1")) <= 120_000  # a gateway that stops leaves nothing behind
     assert s.sending_origins(1000.5 + 121, 120) == [] and not s.r.exists(keys.SENDS_ORIGINS)
@@ -133,7 +134,7 @@ def test_one_pass_publishes_ours_and_learns_only_the_other_gateways():
     assert late.step() == 1
 
 
-# --- what the other gateways hold (gateway.routing.holds) ---------------------------------------------
+# --- what the other gateways hold (gateway.routing.othergateways) ---------------------------------------------
 def test_holds_cross_the_stream_with_the_sends_or_alone():
     s = store()
     s.add_sends("gw-1", [GatewaySent("a", [5], 1.0, 0.0)], 1.0, 120, holds={"a": 3, "b": 1})
@@ -145,7 +146,7 @@ def test_holds_cross_the_stream_with_the_sends_or_alone():
 
 
 def test_another_gateways_requests_count_where_they_are_until_it_goes_silent():
-    from gateway.routing.holds import STALE
+    from gateway.routing.othergateways import STALE
 
     clock = FakeClock(t=5000.0, mono=100.0)
     r = router(clock, ("a", "b"))
@@ -171,7 +172,7 @@ def test_another_gateways_requests_count_where_they_are_until_it_goes_silent():
 
 
 def test_a_gateway_says_what_it_holds_when_it_changes_and_again_while_it_holds_anything():
-    from gateway.routing.holds import REPEAT
+    from gateway.routing.othergateways import REPEAT
 
     clock = FakeClock(t=5000.0, mono=100.0)
     r = router(clock, ("a", "b"))

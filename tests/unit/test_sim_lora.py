@@ -1,4 +1,4 @@
-"""The sim engine's LoRA adapters (simengine/lora.py, simengine/core.py) and the sim adapter's LoRA side
+"""The sim engine's LoRA adapters (simengine/lora.py, simengine/core.py) and the sim engine driver's LoRA side
 (llmgw/engines/sim.py): vLLM's load and unload answers, at most max_loras distinct adapters in a
 batch (a request for another one waits, as in vLLM's scheduler), the vllm:lora_requests_info series
 llmgw reads back, and the command line a profile with `lora:` gets."""

@@ -1,4 +1,4 @@
-"""The sim's /metrics text parses, and maps through the same adapters as the real engines."""
+"""The sim's /metrics text parses, and maps through the same engine drivers as the real engines."""
 
 from llmgw.catalog import Profile
 from llmgw.engines import get_engine

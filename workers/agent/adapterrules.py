@@ -4,7 +4,7 @@ agent remembers of the attempt, the answers of its engine since the last pass, n
 An engine that loads adapters at run time (vLLM, the sim) is first asked what it holds (`GET
 /v1/models`: after a restart it holds nothing, an adopted one may hold some), then each adapter
 the record wants and the engine lacks is loaded, one call per adapter, unless its last load failed
-and the backoff the reconciler also reads (`workers.control.adapters.Backoff`) has not ended. An
+and the backoff the reconciler also reads (`workers.control.adapterplacement.Backoff`) has not ended. An
 adapter it holds that is no longer wanted is unloaded once it has been unwanted for `grace` seconds
 (the publisher dropped it at once: every gateway has moved on by then) and the engine runs and
 queues no request for it. Where adapters are part of the launch (llama.cpp) the engine holds its
@@ -15,11 +15,11 @@ any changed), the calls to make, and what to tell the event history.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, NamedTuple
 
-from llmgw.engines.base import AdapterCall, EngineAdapter
+from llmgw.engines.base import AdapterCall, EngineDriver
 from llmgw.state.records import ReplicaRecord
-from workers.control.adapters import Backoff, LoadFailure
+from workers.control.adapterplacement import Backoff, LoadFailure
 
 UNLOAD_GRACE = 5.0  # seconds an adapter stays loaded after it stopped being wanted
 
@@ -61,12 +61,20 @@ class Memory:
     unwanted_since: Mapping[str, float] = field(default_factory=dict)
 
 
+class AdapterEvent(NamedTuple):
+    """An event for the history about one adapter of a replica (`adapter_loaded`, ...)."""
+
+    kind: str
+    adapter: str
+    message: str
+
+
 @dataclass(frozen=True)
 class Step:
     fields: Mapping[str, object]  # the record's adapter fields (empty: nothing changed)
     jobs: tuple[Job, ...] = ()
     memory: Memory | None = None
-    news: tuple[tuple[str, str, str], ...] = ()  # (event kind, adapter, message)
+    news: tuple[AdapterEvent, ...] = ()
 
 
 def launch_step(rec: ReplicaRecord) -> Step:
@@ -92,7 +100,7 @@ def _blocked(failures: Mapping, rid: str, adapter: str, now: float, backoff: Bac
     return now < backoff.retry_at(failure)
 
 
-def runtime_step(rec: ReplicaRecord, memory: Memory | None, results: Iterable[Result], engine: EngineAdapter,
+def runtime_step(rec: ReplicaRecord, memory: Memory | None, results: Iterable[Result], engine: EngineDriver,
                  paths: Mapping[str, str], unresolved: Mapping[str, str], active: frozenset[str], now: float,
                  backoff: Backoff = Backoff(), grace: float = UNLOAD_GRACE) -> Step:
     """One pass over a Ready replica of an engine that loads adapters at run time. `paths`: where
@@ -104,7 +112,7 @@ def runtime_step(rec: ReplicaRecord, memory: Memory | None, results: Iterable[Re
     loading = set(rec.adapters_loading) if current else set()
     failures = dict(rec.adapter_failures or {})
     busy, synced, syncing = set(mem.busy), mem.synced, mem.syncing
-    news: list[tuple[str, str, str]] = []
+    news: list[AdapterEvent] = []
     for r in results:
         if r.replica_id != rec.id or r.attempt != rec.attempt:
             continue
@@ -118,14 +126,14 @@ def runtime_step(rec: ReplicaRecord, memory: Memory | None, results: Iterable[Re
         if r.kind == "load" and r.done:
             held = held if r.adapter in held else [*held, r.adapter]
             failures.pop(r.adapter, None)
-            news.append(("adapter_loaded", r.adapter, f"adapter {r.adapter} loaded"))
+            news.append(AdapterEvent("adapter_loaded", r.adapter, f"adapter {r.adapter} loaded"))
         elif r.kind == "load":
             failures = _failure(failures, rec.id, r.adapter, r.reason, now, backoff)
-            news.append(("adapter_load_failed", r.adapter, f"loading adapter {r.adapter} failed "
-                         f"({failures[r.adapter]['attempts']}x): {r.reason}"))
+            news.append(AdapterEvent("adapter_load_failed", r.adapter, f"loading adapter {r.adapter} failed "
+                                     f"({failures[r.adapter]['attempts']}x): {r.reason}"))
         elif r.done:
             held = [a for a in held if a != r.adapter]
-            news.append(("adapter_unloaded", r.adapter, f"adapter {r.adapter} unloaded: no longer wanted here"))
+            news.append(AdapterEvent("adapter_unloaded", r.adapter, f"adapter {r.adapter} unloaded: no longer wanted here"))
     jobs: list[Job] = []
     since: dict[str, float] = {}
     if not synced and not syncing:
@@ -137,7 +145,7 @@ def runtime_step(rec: ReplicaRecord, memory: Memory | None, results: Iterable[Re
                 continue
             if a in unresolved or a not in paths:
                 failures = _failure(failures, rec.id, a, unresolved.get(a, "its source is not on this node"), now, backoff)
-                news.append(("adapter_load_failed", a, f"adapter {a} cannot be loaded: {failures[a]['reason']}"))
+                news.append(AdapterEvent("adapter_load_failed", a, f"adapter {a} cannot be loaded: {failures[a]['reason']}"))
                 continue
             call = engine.adapter_load_call(a, paths[a])
             if call is not None:

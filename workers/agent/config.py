@@ -110,7 +110,7 @@ class AgentSettings(Settings):
     log_keep: int = env("LLMGW_AGENT_LOG_KEEP", default=3, ge=0, meaning="rotated log files kept")
     dir_retention: Seconds = env("LLMGW_AGENT_DIR_RETENTION", default=3600.0, ge=0,
                                  meaning="keep a deleted replica's files this long")
-    # --- LoRA adapters (workers/agent/adapters.py) ---------------------------------------------------
+    # --- LoRA adapters (workers/agent/adapterkeeper.py) ---------------------------------------------------
     adapter_unload_grace: Seconds = env("LLMGW_AGENT_ADAPTER_UNLOAD_GRACE", default=5.0, ge=0,
                                         meaning="an adapter no longer wanted is unloaded this long after (the "
                                                 "gateways stopped sending it requests meanwhile)")

@@ -1,5 +1,5 @@
 """Turning a replica record into the process to spawn for this node's part of it: the catalog entry,
-a port from LLMGW_PORT_RANGE (and a multi-node head's rendezvous port), and the engine adapter's
+a port from LLMGW_PORT_RANGE (and a multi-node head's rendezvous port), and the engine driver's
 command with this node's GPUs. Reads the catalog (cached) and checks ports on the machine; decides
 nothing about *whether* to start (that is `supervisor.decide`)."""
 

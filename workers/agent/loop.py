@@ -11,7 +11,7 @@ Each pass (`Agent.tick`) observes, decides and acts:
    head writes the record's agent fields), then the signals and spawns. A started replica's shim pid
    is the one later write: its intent must be in Redis before the process exists, and the pid exists
    only after.
-The LoRA adapters of Ready replicas (`workers.agent.adapters`) add their facts to that one write and
+The LoRA adapters of Ready replicas (`workers.agent.adapterkeeper`) add their facts to that one write and
 make their engine calls after it, off the loop's thread.
 The loop never dies: a replica that cannot be observed or acted on is logged with its id and skipped.
 Launches are built in `launch.py`; the loop's thread, the heartbeat's and the scraper's are run by
@@ -38,7 +38,7 @@ from llmgw.state.replica_state import drain_progress, head_drained
 from llmgw.state.store import Store
 from llmgw.tracing import OFF
 from workers.agent import supervisor as sv
-from workers.agent.adapters import AdapterKeeper
+from workers.agent.adapterkeeper import AdapterKeeper
 from workers.agent.config import AgentSettings
 from workers.agent.inventory import core_ids, node_info
 from workers.agent.launch import CatalogCache, Launch, Launcher, launch_span, ready_span

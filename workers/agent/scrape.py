@@ -20,7 +20,7 @@ from llmgw.engines import get_engine
 from llmgw.engines.metrics import read_load
 from llmgw.engines.modelcard import context_length
 from llmgw.state.records import LoadRecord, ReplicaRecord
-from workers.agent.adapters import lora_fields
+from workers.agent.adapterkeeper import lora_fields
 from workers.agent.launch import Launch
 from workers.agent.supervisor import ready_this_attempt
 

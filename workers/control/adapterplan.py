@@ -21,7 +21,7 @@ from llmgw.catalog import Catalog, Model, profile_spec_hash
 from llmgw.catalog.types import ADAPTERS_AT_LAUNCH
 from llmgw.state.records import ReplicaRecord
 from llmgw.state.replica_state import CrashPolicy, State, derive
-from workers.control.adapters import (
+from workers.control.adapterplacement import (
     Backoff,
     LoadFailure,
     RelaunchWithAdapters,

@@ -23,7 +23,7 @@ from typing import Callable, Iterable, Mapping, Protocol
 
 from llmgw.catalog import Catalog, Profile
 from llmgw.engines import ENGINES
-from llmgw.engines.external import ExternalAdapter
+from llmgw.engines.external import ExternalDriver
 from llmgw.engines.metrics import read_load
 from llmgw.engines.modelcard import context_length
 from llmgw.state import keys
@@ -36,7 +36,7 @@ from workers.control.snapshot import CatalogKeeper
 
 log = logging.getLogger("llmgw.control")
 
-ADAPTER: ExternalAdapter = ENGINES["external"]  # type: ignore[assignment]
+DRIVER: ExternalDriver = ENGINES["external"]  # type: ignore[assignment]
 # Answers of GET /v1/models that prove a server is up although it wants a key the check does not send.
 AUTH_ANSWERS = (401, 403)
 
@@ -51,7 +51,7 @@ class Target:
     url: str  # without a trailing slash
 
     def health_url(self) -> str:
-        return self.url + ADAPTER.health_path(self.profile)
+        return self.url + DRIVER.health_path(self.profile)
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,7 @@ def external_endpoints(catalog: Catalog, records: Iterable[ExternalRecord]) -> l
         out.append(EndpointInfo(
             id=t.id, url=t.url, models=tuple(model.names), engine="external", weight=p.weight,
             priority=p.priority, capacity=p.capacity, served_name=p.served_name or model.name, model=model.name,
-            profile=p.name, paths=ADAPTER.paths(p), api_key_env=p.api_key_env,
+            profile=p.name, paths=DRIVER.paths(p), api_key_env=p.api_key_env,
             objective=(model.routing.objective or "") if model.routing else "", kv_tokens=p.kv_cache_tokens,
         ))
     return out
@@ -134,9 +134,9 @@ def check(target: Target, http: Http, timeout: float, want_context: bool) -> Che
         status, body = http.get(target.health_url(), timeout)
     except OSError as e:
         return Check(False, str(e) or type(e).__name__)
-    models = ADAPTER.health_path(target.profile) == "/v1/models"
+    models = DRIVER.health_path(target.profile) == "/v1/models"
     if not (200 <= status < 300 or (models and status in AUTH_ANSWERS)):
-        return Check(False, f"HTTP {status} from {ADAPTER.health_path(target.profile)}")
+        return Check(False, f"HTTP {status} from {DRIVER.health_path(target.profile)}")
     ctx = None
     if want_context:
         if not models:
@@ -157,7 +157,7 @@ def scrape(target: Target, rec: ExternalRecord, http: Http, timeout: float, now:
             return None
         return LoadRecord(replica_id=target.id, ts=now, ok=True, context_length=rec.context_length)
     try:
-        load = read_load(http.fetch(target.url + "/metrics", timeout), ADAPTER.metrics_engine(p), p)
+        load = read_load(http.fetch(target.url + "/metrics", timeout), DRIVER.metrics_engine(p), p)
     except Exception as e:  # noqa: BLE001 - any failure is a stale sample, described
         return LoadRecord(replica_id=target.id, ts=now, ok=False, error=str(e) or type(e).__name__,
                           context_length=rec.context_length)

@@ -29,7 +29,7 @@ from llmgw.state.node_records import NodeInfo
 from llmgw.state.records import EndpointInfo, ReplicaRecord
 from llmgw.state.replica_state import CrashPolicy, State, derive, nodes_alive, served_this_attempt
 from llmgw.state.views import PublishView
-from workers.control.adapters import published_adapters
+from workers.control.adapterplacement import published_adapters
 
 # How long a Lost node's Ready replicas stay routable without contrary evidence (seconds); the
 # planner asks them to stop after the same time (PlanConfig.lost_grace).

@@ -4,7 +4,7 @@ endpoints}, its version (a counter, bumped in the same MULTI), and a pub/sub hin
 from __future__ import annotations
 
 import json
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Iterator, NamedTuple, Sequence
 
 import redis
 
@@ -29,17 +29,25 @@ def take_published_stamp(replies: Iterator) -> tuple[int, str]:
     return int(doc.get("version", 0)), doc.get("fingerprint", "")
 
 
+class PublishedEndpoints(NamedTuple):
+    """The endpoint list as last published (version 0, no fingerprint and no endpoints: never)."""
+
+    version: int
+    fingerprint: str  # of the list and the catalog version (`workers.control.publish.fingerprint`)
+    endpoints: list[EndpointInfo]
+
+
 class Endpoints(Aggregate):
     def endpoints_version(self) -> int:
         return int(self.r.get(keys.ENDPOINTS_VERSION) or 0)
 
-    def read_endpoints(self) -> tuple[int, str, list[EndpointInfo]]:
-        """(version, fingerprint, endpoints) as last published."""
+    def read_endpoints(self) -> PublishedEndpoints:
+        """The endpoint list as last published."""
         raw = self.r.get(keys.ENDPOINTS)
         if not raw:
-            return 0, "", []
+            return PublishedEndpoints(0, "", [])
         doc = json.loads(raw)
-        return (
+        return PublishedEndpoints(
             int(doc.get("version", 0)),
             doc.get("fingerprint", ""),
             [EndpointInfo.from_dict(e) for e in doc.get("endpoints", [])],

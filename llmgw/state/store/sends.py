@@ -7,7 +7,7 @@ gateway.server.sentlog) has its own stream, `llmgw:sends:<origin>`, and says it 
 nothing. An entry is one flush of one worker: `d`, a JSON list of [endpoint id, sent at (the sender's
 wall clock), prefill seconds it needed there, block keys as little-endian int64s in base64], and/or
 `h`, what the whole gateway held per endpoint then, {"at": wall clock, "n": {endpoint id: requests}}
-(gateway.routing.holds: the others count it as their sibling workers'). A stream
+(gateway.routing.othergateways: the others count it as their sibling workers'). A stream
 is trimmed by age as it is written (MINID), so it holds the last `keep` seconds of sends whatever the
 traffic, and expires with its gateway. An unreadable entry (a newer or broken writer) is skipped,
 never fatal to the reader.
@@ -18,11 +18,20 @@ from __future__ import annotations
 import base64
 import json
 import struct
-from typing import Mapping, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 from llmgw.state import keys
 from llmgw.state.demand_records import GatewayHolds, GatewaySent
 from llmgw.state.store.base import Aggregate, compact, ms
+
+
+class SendsRead(NamedTuple):
+    """One read of the other gateways' streams (`Sends.sends_after`)."""
+
+    cursors: dict[str, str]  # origin -> the entry to read on from
+    read: int  # how many entries were read
+    sends: list[GatewaySent]  # the sends in them, in order
+    holds: list[GatewayHolds]  # what their gateways said they held, in order
 
 
 def pack_keys(block_keys: Sequence[int]) -> str:
@@ -106,12 +115,12 @@ class Sends(Aggregate):
         return sorted(live)
 
     def sends_after(self, cursors: Mapping[str, str], count: int, block: float | None = None
-                    ) -> tuple[dict[str, str], int, list[GatewaySent], list[GatewayHolds]]:
+                    ) -> SendsRead:
         """Of the entries after each origin's cursor (at most `count` per origin; with `block`, waiting
         up to that many seconds for one when there is none): the cursors to read on from, how many
         entries were read, the sends in them and what their gateways said they held, in order."""
         if not cursors:
-            return {}, 0, [], []
+            return SendsRead({}, 0, [], [])
         streams = {keys.sends(o): c for o, c in cursors.items()}
         origin_of = {keys.sends(o): o for o in cursors}
         got = self.r.xread(streams, count=count, block=None if block is None else ms(block))
@@ -132,4 +141,4 @@ class Sends(Aggregate):
                         holds.append(decode_holds(origin_of[stream], json.loads(fields["h"])))
                     except (ValueError, TypeError, KeyError):
                         pass
-        return moved, n, out, holds
+        return SendsRead(moved, n, out, holds)

@@ -37,7 +37,7 @@ again from the copy saved when the attempt started (`restored`); a deleted repli
 
 Modules: `decide` (the rules above, and `remember`), `probes` (`due_probes`: which replicas to probe
 now; `probed`: what one result means), `parts` (multi-node member parts), `rules` (the facts of a
-start, a failed launch, a shutdown; `stop_signals`), `leftovers`, `news` (events and kicks),
+start, a failed launch, a shutdown; `stop_signals`), `leftovers`, `events` (`news`: the events and kicks an applied action makes),
 `writes` (one pass's facts merged per record), `weights` (the download phase), `policy`, `observed` and
 `actions` (the data).
 """
@@ -63,7 +63,7 @@ from workers.agent.supervisor.actions import (
 )
 from workers.agent.supervisor.decide import decide, decide_one, remember
 from workers.agent.supervisor.leftovers import Leftovers, leftovers, restored
-from workers.agent.supervisor.news import News, news
+from workers.agent.supervisor.events import News, news
 from workers.agent.supervisor.observed import Attempt, ExitFacts, Fetch, Found, Observed, Orphan
 from workers.agent.supervisor.parts import PART_FIELDS, head_of_part, part_view
 from workers.agent.supervisor.policy import LOG_TAIL_BYTES, MAX_FAILURE_TIMES, Policy, backoff

@@ -97,7 +97,7 @@ class Rejoin(Facts):
 
 @dataclass(frozen=True)
 class LaunchFailed(Facts):
-    """An attempt that could not even be launched (adapter error, no free port, shim failed to start):
+    """An attempt that could not even be launched (engine driver error, no free port, shim failed to start):
     a failure like a crash, with the same streak and backoff."""
 
     replica_id: str

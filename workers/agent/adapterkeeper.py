@@ -31,7 +31,16 @@ from llmgw.state.kicks import PUBLISH
 from llmgw.state.records import ReplicaRecord
 from llmgw.state.store import Store
 from workers.agent import supervisor as sv
-from workers.agent.adapterrules import Job, Memory, Result, Step, launch_step, listed_adapters, runtime_step
+from workers.agent.adapterrules import (
+    AdapterEvent,
+    Job,
+    Memory,
+    Result,
+    Step,
+    launch_step,
+    listed_adapters,
+    runtime_step,
+)
 from workers.agent.launch import CatalogCache
 
 log = logging.getLogger("llmgw.agent")
@@ -92,7 +101,7 @@ class AdapterKeeper:
         self._results: list[Result] = []
         self._lock = threading.Lock()
         self._jobs: list[tuple[ReplicaRecord, Job]] = []
-        self._news: list[tuple[ReplicaRecord, tuple[str, str, str]]] = []
+        self._news: list[tuple[ReplicaRecord, AdapterEvent]] = []
         self._held_changed = False
         self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="llmgw-adapters")
 
@@ -169,10 +178,11 @@ class AdapterKeeper:
             elif (m := self.memory.get(rec.id)) is not None:
                 # Not made: the call must not stay counted as in flight, or it is never made again.
                 self.memory[rec.id] = replace(m, busy=m.busy - {job.adapter}, syncing=m.syncing and job.kind != "sync")
-        for rec, (kind, adapter, message) in news:
-            log.log(logging.WARNING if kind.endswith("failed") else logging.INFO, "replica %s: %s", rec.id, message)
-            self.store.emit(kind, message, source=f"agent:{self.node}", model=rec.model, profile=rec.profile,
-                            node=self.node, replica=rec.id, adapter=adapter)
+        for rec, event in news:
+            log.log(logging.WARNING if event.kind.endswith("failed") else logging.INFO, "replica %s: %s", rec.id,
+                    event.message)
+            self.store.emit(event.kind, event.message, source=f"agent:{self.node}", model=rec.model,
+                            profile=rec.profile, node=self.node, replica=rec.id, adapter=event.adapter)
         if self._held_changed:
             self._held_changed = False
             self.kick(PUBLISH)  # what may be routed to a replica changed
