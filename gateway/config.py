@@ -207,7 +207,7 @@ class GatewaySettings(Settings):
                                  "`off`, nothing is served until the key table was read once")
 
 # Open requests per process when LLMGW_GATEWAY_MAX_CONNECTIONS is unset: 10,000 streams take about
-# 20,000 file descriptors and (bench/streams.py) well under 1 GiB.
+# 20,000 file descriptors and well under 1 GiB (`python -m bench.streams` prints the RSS).
 DEFAULT_MAX_CONNECTIONS = 10_000
 
 def _readable(path: Path) -> Path:
