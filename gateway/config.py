@@ -2,7 +2,8 @@
 
 `GatewaySettings` is what a gateway process reads (Redis from the shared `llmgw.settings.Settings`),
 with the router's knobs grouped in `RoutingConfig` (what `choose` and `admit` need; unit tests build
-their own). `GunicornSettings` is what `gateway/gunicorn_conf.py` reads. Bad values raise
+their own), whose cost-model coefficients are declared apart in `RoutingTuning` (tuning, not settings:
+change one only with a benchmark that shows why). `GunicornSettings` is what `gateway/gunicorn_conf.py` reads. Bad values raise
 `ConfigError(variable, reason)` at start-up, never later on the request path.
 """
 
@@ -25,23 +26,18 @@ AuthMode = Literal["auto", "required", "off"]
 AUTH_MODES: tuple[str, ...] = typing.get_args(AuthMode)
 
 
-class RoutingConfig(EnvSettings):
-    """What `choose` and `admit` need."""
+class RoutingTuning(EnvSettings):
+    """The cost model's coefficients: how `choose` weighs what it knows, not what a deployment is.
+
+    Tuning, not settings: each default was chosen on the routing benchmarks (docs/history.md has the
+    runs), and a change is worth making only with a benchmark that shows why (`python -m bench.fleetsim
+    --set FIELD=VALUE`, `python -m bench.prefix`). `RoutingConfig` inherits these fields, so the request
+    path reads them as flat attributes of the one config object; docs/gateway.md lists them in a table
+    of their own.
+    """
 
     docs: ClassVar[str] = "docs/gateway.md"
 
-    policy: Policy = env("LLMGW_GATEWAY_POLICY", default="llmgw",
-                         meaning="`llmgw`, or the benchmark baselines `round_robin`, `least_inflight`")
-    # An endpoint is saturated when its engine reports this many waiting requests ...
-    # At least 1: at 0 every endpoint would be saturated, waiting or not, and nothing routed.
-    max_waiting: float = env("LLMGW_GATEWAY_MAX_WAITING", default=5, ge=1,
-                             meaning="engine-reported waiting requests that make an endpoint saturated (at least 1)")
-    # ... or this KV-cache usage (0..1), or when the gateway's in-flight count reaches its capacity.
-    max_kv: float = env("LLMGW_GATEWAY_MAX_KV", default=0.8, ge=0, le=1,
-                        meaning="engine-reported KV-cache usage (0..1) that makes an endpoint saturated")
-    # LoadRecords older than this (seconds), or with ok=False, are ignored.
-    stale_after: Seconds = env("LLMGW_GATEWAY_STALE_AFTER", default=3.0, ge=0.01,
-                               meaning="seconds (gateway clock) without a new LoadRecord `ts` after which it is ignored")
     # Scores within this fraction of the best are near-ties, picked at random (spreads gateways).
     tie_tolerance: float = env("LLMGW_GATEWAY_TIE_TOLERANCE", default=0.05, ge=0, le=10,
                                meaning="near-tie band for the random pick")
@@ -51,9 +47,8 @@ class RoutingConfig(EnvSettings):
                                       meaning="bounded load for session affinity")
     # A prompt no endpoint was sent yet goes, by rendezvous hashing of its head, to one of the
     # endpoints whose cost is within this factor of the best: wider, more gateways agree on a new
-    # system prompt's replica; narrower, a long new prompt waits less behind others' prefills (on
-    # bench/prefix.py 1.1 beat 1.5 on TTFT p99 in 5 of 5 paired runs and on end-to-end p99 in 4, while the
-    # two-gateway simulation kept 0.851 of the hits against 0.855).
+    # system prompt's replica; narrower, a long new prompt waits less behind others' prefills
+    # (`python -m bench.prefix` compares the two; docs/history.md has the runs that chose 1.1).
     placement_band: float = env("LLMGW_GATEWAY_PLACEMENT_BAND", default=1.1, ge=1,
                                 meaning="cost band for placing a prompt no endpoint holds")
     # What a prefix-cache miss evicts: the prompt it writes into the engine's cache pushes out as many
@@ -86,14 +81,37 @@ class RoutingConfig(EnvSettings):
     learn_half_life: Seconds = env("LLMGW_GATEWAY_LEARN_HALF_LIFE", default=10.0, ge=0.01,
                                    meaning="seconds after which a speed sample weighs half: how fast the learned "
                                            "speed follows a changing engine")
-    # An endpoint that refused a connection is passed over for this long (seconds) while its peers
-    # can serve, instead of costing a retry on every request until the publisher drops it.
-    # Prefill seconds per prompt token assumed when routing by prefix match (gateway.routing.prefixkeys):
-    # what a cached token saves, and what an uncached one costs the request and the batch it joins.
-    # A GPU replica of a 7-8B model prefills ~5-20k tokens/s (0.05-0.2 ms); a CPU llama.cpp far slower.
+
+
+class RoutingConfig(RoutingTuning):
+    """What `choose` and `admit` need: the settings a deployment sets, and (inherited, flat on the same
+    object) the cost model's coefficients of `RoutingTuning`."""
+
+    docs: ClassVar[str] = "docs/gateway.md"
+
+    # A benchmark baseline switch, not a setting for a deployment: `round_robin` and `least_inflight`
+    # stand for peers' routers in the benchmarks (no speed, no saturation, no admission).
+    policy: Policy = env("LLMGW_GATEWAY_POLICY", default="llmgw",
+                         meaning="`llmgw`, or the benchmark baselines `round_robin`, `least_inflight`")
+    # An endpoint is saturated when its engine reports this many waiting requests ...
+    # At least 1: at 0 every endpoint would be saturated, waiting or not, and nothing routed.
+    max_waiting: float = env("LLMGW_GATEWAY_MAX_WAITING", default=5, ge=1,
+                             meaning="engine-reported waiting requests that make an endpoint saturated (at least 1)")
+    # ... or this KV-cache usage (0..1), or when the gateway's in-flight count reaches its capacity.
+    max_kv: float = env("LLMGW_GATEWAY_MAX_KV", default=0.8, ge=0, le=1,
+                        meaning="engine-reported KV-cache usage (0..1) that makes an endpoint saturated")
+    # LoadRecords older than this (seconds), or with ok=False, are ignored.
+    stale_after: Seconds = env("LLMGW_GATEWAY_STALE_AFTER", default=3.0, ge=0.01,
+                               meaning="seconds (gateway clock) without a new LoadRecord `ts` after which it is ignored")
+    # Prefill seconds per prompt token assumed when routing by prefix match (gateway.routing.prefixkeys)
+    # until an endpoint's own rate is learned from its engine's counters: what a cached token saves,
+    # and what an uncached one costs the request and the batch it joins. A GPU replica of a 7-8B model
+    # prefills ~5-20k tokens/s (0.05-0.2 ms); a CPU llama.cpp far slower. 0 turns the prefix term off.
     prefill_ms_per_token: float = env("LLMGW_GATEWAY_PREFILL_MS_PER_TOKEN", default=0.1, ge=0,
                                       meaning="milliseconds of prefill per prompt token, for the prefix-cache "
                                               "term of the score (0: prefix matches are ignored)")
+    # An endpoint that refused a connection is passed over for this long (seconds) while its peers
+    # can serve, instead of costing a retry on every request until the publisher drops it.
     eject_for: Seconds = env("LLMGW_GATEWAY_EJECT_FOR", default=5.0, ge=0,
                              meaning="seconds an endpoint that refused a connection is passed over while its peers can serve (0: never)")
 
@@ -189,7 +207,7 @@ class GatewaySettings(Settings):
                                  "`off`, nothing is served until the key table was read once")
 
 # Open requests per process when LLMGW_GATEWAY_MAX_CONNECTIONS is unset: 10,000 streams take about
-# 20,000 file descriptors and (bench/streams.py) well under 1 GiB.
+# 20,000 file descriptors and well under 1 GiB (`python -m bench.streams` prints the RSS).
 DEFAULT_MAX_CONNECTIONS = 10_000
 
 def _readable(path: Path) -> Path:

@@ -24,7 +24,7 @@ log = logging.getLogger("llmgw.gateway")
 
 def fast_path(proxy: Proxy, open_requests: OpenRequests, metrics: Metrics, flask_wsgi):
     # A request's id when the client sent none: this process's random prefix and a counter, 32 hex
-    # digits as a uuid4's (uuid4 cost 3 % of the gateway's CPU per request, bench/hotpath.py).
+    # digits as a uuid4's (uuid4 showed in the gateway's CPU per request: `python -m bench.hotpath`).
     # Built after gunicorn forks (create_app runs in each worker), so every worker has its own prefix.
     prefix, counter = os.urandom(8).hex(), itertools.count()
 

@@ -259,12 +259,12 @@ def _candidates(ctx: RouteContext, tried: Sequence[EndpointInfo], request: Route
             # wait for a slot is part of the cost: a hit is traded against queueing). Only where the
             # engine shows its queue: blind, the gateway would pile requests onto it. Never past requests
             # waiting in the gateway's queue (`queued`): a hit sent into the engine's queue takes the
-            # next slot there before them, and at 95 % on fleet A they waited 2.4 s at p99 while later
-            # turns went by (bench/fleetsim.py `--workload mix`). Priced with the
+            # next slot there before them, and they waited while later turns went by (fleet A at 95 %
+            # in `python -m bench.fleetsim --workload mix`). Priced with the
             # slowdown it brings to the full batch it joins: left out, the queue looked cheaper than
             # the free slots elsewhere by that much, and conversations' turns piled up past capacity
-            # in the engine holding their history on fast-prefill engines (bench/fleetsim.py
-            # `--workload mix`, `homogeneous` at 80 %: a TTFT p99 2.7x least in-flight's).
+            # in the engine holding their history on fast-prefill engines (`homogeneous` at 80 % in
+            # `python -m bench.fleetsim --workload mix`; docs/history.md, 2026-12-04).
             soft, joins = False, True
         else:
             joins = False
@@ -389,8 +389,9 @@ def _pick(tier: list[_Cand], request: RouteRequest, rng: random.Random, cfg: Rou
         # that head once, after which two endpoints hold it, while where it goes is where all its
         # later turns will stay. So it is placed with bounded load, as sessions are: an endpoint
         # holding more than `affinity_load_factor` times the tier's mean, plus one, takes it only
-        # when every endpoint does. (A bound on every request moved 42 of 366 later turns on
-        # bench/prefix.py; none at all let one engine take 1.9x another's share in one run of four.)
+        # when every endpoint does. (A bound on every request moved later turns off the engines
+        # holding their history; none at all let one engine take far more than its share:
+        # `python -m bench.prefix` prints both, docs/history.md has the runs.)
         if request.opens:
             bound = cfg.affinity_load_factor * sum(c.ahead for c in tier) / len(tier) + 1
             tier = [c for c in tier if c.ahead <= bound] or tier

@@ -2,9 +2,9 @@
 
 Behind an L4 load balancer each gateway knows its own requests in flight exactly (its gunicorn
 workers share theirs in memory, gateway.server.siblings) and the other gateways' only through the
-engines' scrapes, a second or more late. At bench/prefix.py's rate that is a dozen requests each
-gateway does not see, and two gateways put turns into the same engine's last slots while another
-had room (two gateways behind round robin: TTFT p99 0.83 s in the simulator against 0.72 s for one).
+engines' scrapes, a second or more late. At a busy fleet's rate that is many requests each gateway
+does not see, and two gateways put turns into the same engine's last slots while another had room
+(`python -m bench.fleetsim --workload prefix --gateways 2` against one; docs/history.md).
 So every gateway says what it holds with the sends it shares (gateway.server.sendshare, every
 `LLMGW_GATEWAY_SHARE_SENDS`), and the others count it as they count their sibling workers': in what
 an endpoint holds now, and at its peak over the last PEAK_WINDOW for what a scrape may already show

@@ -29,8 +29,8 @@ def prefill_seen(since: LoadRecord | None, rec: LoadRecord, prev: float | None
     next scrape: the engine counts a prompt's cache hits when it schedules it and its prompt tokens
     when its first token is out (vLLM, the sim engine), so a scrape between the two sees hits without
     their prompt, few tokens computed, and the next one the prompt without its hits, many. Dropping
-    the short spans and keeping the long ones took mostly the ones whose tokens were overcounted:
-    bench/prefix.py's engines, at 0.25 ms a token, were learned at 0.14-0.25."""
+    the short spans and keeping the long ones took mostly the ones whose tokens were overcounted, so
+    engines were learned faster than they are and a miss was priced below its cost (docs/history.md)."""
     if not rec.ok:
         return prev, since
     if since is None or not since.ok:

@@ -3,9 +3,9 @@
 Behind an L4 load balancer the turns of one conversation reach different gateways. Each gateway's
 prefix index knows only what it sent (its gunicorn workers share theirs in memory,
 gateway.server.sentlog), so a turn that reaches another gateway than its previous one finds no
-endpoint holding its history there and is placed by its system prompt's head alone: on
-bench/prefix.py with two gateways behind round robin, 141 of 366 later turns moved engine and the
-fleet kept 76 % of prompt tokens cached against 83 % with one gateway (docs/gateway.md).
+endpoint holding its history there and is placed by its system prompt's head alone, and loses the
+prefill its history would have saved (`python -m bench.prefix --routers llmgw,llmgw-2gw` counts the
+turns moved and the hits; docs/history.md has the runs before this exchange).
 
 A conversation's next turn comes a think time after the last answer, seconds rather than
 milliseconds, so the gateways need not agree per request (a round trip on every decision). Each
@@ -18,8 +18,8 @@ gateway's stream from its beginning, the last KEEP seconds of its sends, so it r
 under way as the others do.
 
 A gateway alone writes nothing but its name, once every ORIGINS_EVERY: encoding and appending its
-sends cost it about a quarter of its CPU per request (bench/hotpath.py with
-LLMGW_GATEWAY_SHARE_SENDS=0), for no reader. It keeps what it sent in its outbox meanwhile (the last
+sends cost it a large share of its CPU per request (`python -m bench.hotpath`, against `--set
+LLMGW_GATEWAY_SHARE_SENDS=0`), for no reader. It keeps what it sent in its outbox meanwhile (the last
 OUTBOX_MAX sends, gateway.routing.router), and once it sees another gateway announce itself (within
 ORIGINS_EVERY) it publishes them and shares from then on. So a gateway that starts beside a lone one
 learns at most OUTBOX_MAX of its past sends (all of them at conversational rates; the last seconds

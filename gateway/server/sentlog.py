@@ -2,10 +2,9 @@
 prefix index (gateway.routing.prefixindex) holds what the whole gateway sent each endpoint.
 
 Without it each worker knows only its own requests: the next turn of a conversation, taken by the
-other worker, finds no endpoint holding its history there and is placed by its system prompt alone.
-Measured on bench/prefix.py before this log (4 identical engines, 557 streamed requests, 2 workers):
-92-159 of 366 later turns moved to another engine, against 43 with one worker, and the fleet kept
-72-77 % of prompt tokens cached against 80 % (docs/gateway.md has the figures with it).
+other worker, finds no endpoint holding its history there and is placed by its system prompt alone:
+with 2 workers far more later turns moved engine, and fewer prompt tokens stayed cached, than with one
+(`python -m bench.prefix` counts both; docs/history.md has the runs before and after this log).
 
 A ring of int64 words in the same shared anonymous memory as the in-flight table
 (gateway.server.siblings: made by the gunicorn master before it forks). Each routing decision that

@@ -3,7 +3,8 @@
 Each worker counts its own requests per endpoint exactly; without this it would see its siblings'
 requests only in the engines' scrapes, a second late. Two workers then each hold requests for a
 fast endpoint the other has just filled, or both send to it past its capacity (two workers' time
-to first token p99 was twice one worker's, docs/benchmarks.md).
+to first token tail was far longer than one worker's: `python -m bench.routing --gateway-workers 2`,
+docs/benchmarks.md).
 
 The table is an anonymous shared memory map the gunicorn master makes before it forks (so every
 worker inherits the same pages): one row per worker, each written by its worker alone, so no lock

@@ -4,14 +4,14 @@ and, when told to stop, closes the connections that are only waiting for a next 
 Why batches: with more than one worker, gunicorn's gevent worker accepts one connection per turn of
 the event loop (`max_accept = 1`, to spread connections over the workers). Under load a turn of the
 loop serves every ready connection first, so it lasts tens of milliseconds, and a burst of new
-connections waits in the listen queue meanwhile: at 4,096 concurrent streams most clients waited
-there tens of seconds for their first byte while the connections already accepted were served
-(`ss -ltn` showed ~3,000 connections queued for 15 s; the tail the 4,096-stream benchmark saw).
+connections waits in the listen queue meanwhile: at thousands of concurrent streams most clients
+waited there for their first byte while the connections already accepted were served (`ss -ltn`
+showed the queue; the tail of `python -m bench.streams --levels 4096`, docs/history.md).
 Each worker now takes several pending connections per turn, as many as keep it level with its
 least-loaded sibling (their open connection counts are in the sibling table, gateway.server.siblings)
 plus ACCEPT_SLACK, at most ACCEPT_BATCH: a burst is taken in a few turns and still spread over the
-workers. (A fixed batch let one worker take all 32 connections of a benchmark's client at once and
-halved the gateway's throughput at concurrency 32, bench/gateway.py.) A worker alone takes ACCEPT_BATCH.
+workers. (A fixed batch let one worker take all 32 connections of a benchmark's client at once, its
+sibling idle: `python -m bench.gateway` at concurrency 32.) A worker alone takes ACCEPT_BATCH.
 
 Why: on SIGTERM gunicorn's gevent worker stops accepting, then waits until every connection of its
 pool is gone, up to graceful_timeout (30 s). A connection kept alive between requests (the OpenAI SDK,

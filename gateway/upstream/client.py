@@ -242,8 +242,8 @@ def _ip_family(host: str) -> int | None:
 def _connect_ip(family: int, host: str, port: int, timeout: float) -> socket.socket:
     """A connection to an address literal without `getaddrinfo`: under gevent every getaddrinfo goes
     through its resolver's thread pool, even for "127.0.0.1", and each call waits there for the GIL
-    behind the busy event loop. At thousands of new connections that queue took seconds per connect
-    (a connect p50 of 7 s at 4,096 streams), the whole of the gateway's time-to-first-byte tail."""
+    behind the busy event loop. At thousands of new connections that queue took seconds per connect,
+    the whole of the gateway's time-to-first-byte tail (`python -m bench.streams --levels 4096`)."""
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.settimeout(timeout)

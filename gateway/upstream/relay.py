@@ -1,8 +1,8 @@
 """A proxied stream written straight to the client's socket, under gunicorn's gevent worker.
 
 gunicorn writes a WSGI body piece by piece through its Response (`write` checks the head, the length,
-the framing, then gevent's `sendall` in Python): about 25 µs of CPU per piece here, 0.2 of the
-~2 ms a proxied stream of 8 SSE events costs (measured in a bare proxy; docs/gateway.md). For a
+the framing, then gevent's `sendall` in Python): a tenth of what a proxied stream of 8 SSE events
+costs in a bare proxy (docs/history.md has the measurement). For a
 stream we keep gunicorn for what it does once per request (parsing, the status line and headers,
 keep-alive) and write the body ourselves: each piece framed as an HTTP/1.1 chunk in one `send` on
 the raw non-blocking socket beneath gevent's, falling back to gevent's `sendall` (which waits

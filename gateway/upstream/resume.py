@@ -37,7 +37,7 @@ RESUMABLE_OPS = frozenset({op.CHAT, op.COMPLETIONS})
 STREAMED_OPS = frozenset({op.CHAT, op.COMPLETIONS, op.RESPONSES})
 # Pieces a stream holds before folding them into its Said: a 256-token answer of vLLM's or
 # llama-server's (an event a piece, ~200 bytes) is never folded before it ends; a longer one holds
-# ~50 KB at most and pays ~1 us per event for the fold (bench/resume.py --per-piece).
+# ~50 KB at most and pays a little per event for the fold (`python -m bench.resume --per-piece`).
 FOLD_PIECES = 256
 
 # Engines write compact JSON (vLLM's pydantic, llama-server's nlohmann); the simulated engine writes

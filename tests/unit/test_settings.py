@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config import GatewaySettings, GunicornSettings, RoutingConfig
+from gateway.config import GatewaySettings, GunicornSettings, RoutingConfig, RoutingTuning
 from llmgw.batch.config import BatchSettings
 from llmgw.errors import ConfigError
 from llmgw.settings import ControlSettings, EnvSettings, Settings, variables
@@ -13,7 +13,8 @@ from workers.agent.config import AgentSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 # Every settings class of every process role; each names the page whose table lists its variables.
-CLASSES = [Settings, ControlSettings, AgentSettings, GatewaySettings, RoutingConfig, GunicornSettings, BatchSettings]
+CLASSES = [Settings, ControlSettings, AgentSettings, GatewaySettings, RoutingConfig, RoutingTuning, GunicornSettings,
+           BatchSettings]
 
 
 def test_state_dir_is_absolute_even_when_given_relative(tmp_path, monkeypatch):
@@ -101,6 +102,22 @@ def table_variables(page: str) -> set[str]:
 def test_every_variable_has_a_row_in_its_docs_table(cls):
     missing = [v for v in own_variables(cls) if v not in table_variables(cls.docs)]
     assert not missing, f"{cls.docs} has no knob table row (variable | default | meaning) for {missing}"
+
+
+def test_tuning_coefficients_have_a_table_of_their_own():
+    """docs/gateway.md says which knobs are settings and which are the cost model's tuning: no table
+    mixes RoutingTuning's variables with the settings'."""
+    tuning = set(own_variables(RoutingTuning))
+    tables, rows = [], set()
+    for line in [*(ROOT / RoutingTuning.docs).read_text().splitlines(), ""]:
+        cells = line.split("|")
+        if line.startswith("|") and len(cells) >= 5:
+            rows |= set(re.findall(r"`([A-Z][A-Z0-9_]*)`", cells[1]))
+        elif rows:
+            tables, rows = [*tables, rows], set()
+    assert any(t and t <= tuning for t in tables), "no table of the tuning coefficients alone"
+    mixed = [sorted(t) for t in tables if t & tuning and not t <= tuning]
+    assert not mixed, f"a table mixes settings with tuning coefficients: {mixed}"
 
 
 def test_every_documented_llmgw_variable_is_read_by_a_settings_class():

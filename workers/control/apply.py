@@ -233,7 +233,7 @@ def _reconcile(p: ReconcilePass) -> ApplyResult | None:
     catalog = loaded.catalog
     t = p.now()
     snap = load_snapshot(p.store, t, reconcile.demand_reads(catalog, t))
-    # plan makes many small objects and no cycles: GC sweeps amid it cost a third of it (bench/scheduler.py)
+    # plan makes many small objects and no cycles: GC sweeps amid it are pure cost (`python -m bench.scheduler`)
     with paused_gc():
         decision = reconcile.decide(catalog, snap, t, p.config)
     result = apply_reconcile(decision, p, t)

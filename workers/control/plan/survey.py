@@ -40,7 +40,7 @@ def survey(catalog: Catalog, snap: Snapshot, now: float, config: PlanConfig) -> 
         try:
             nodes = node_lists[rec.id] = rec.all_nodes
             # `llmgw.state.replica_state.nodes_alive`, inlined: this loop runs once per replica of the
-            # fleet every pass, and the call costs 15 ms per 10,000 replicas (bench/scheduler.py).
+            # fleet every pass, where a call's overhead adds up (`python -m bench.scheduler`).
             alive = True
             for n in nodes:
                 if n not in live:
