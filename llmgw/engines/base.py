@@ -94,6 +94,9 @@ class LaunchSpec:
     health_path: str = "/health"
     metrics_path: str = "/metrics"
     start_timeout: float = 120.0  # seconds from start until healthy before it counts as failed
+    # The cores the engine's processes may run on (empty: the agent's own). Set by the agent for a CPU
+    # replica (workers/agent/cores.py `launch_cores`); the shim applies it before it starts the engine.
+    cpus: tuple[int, ...] = ()
 
 
 # vLLM's flag for its KV cache events (the simulated engine takes the same).

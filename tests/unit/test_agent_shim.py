@@ -35,6 +35,18 @@ def test_exit_status_and_output_are_recorded(tmp_path):
     assert "hello from the engine" in log and "engine exited with code 3" in log
 
 
+def test_the_engine_and_its_children_run_on_the_cores_given(tmp_path):
+    one = sorted(os.sched_getaffinity(0))[-1:]
+    code = ("import os, subprocess, sys; print('engine', sorted(os.sched_getaffinity(0)));"
+            "subprocess.run([sys.executable, '-c', 'import os; print(\\'child\\', sorted(os.sched_getaffinity(0)))'])")
+    shim = subprocess.Popen([sys.executable, str(SHIM_PATH), "--replica", "r1", "--attempt", "1", "--dir",
+                             str(tmp_path), "--cpus", ",".join(map(str, one)), "--", sys.executable, "-c", code],
+                            start_new_session=True)
+    assert shim.wait(20) == 0
+    log = (tmp_path / "engine.log").read_text()
+    assert f"engine {one}" in log and f"child {one}" in log, log
+
+
 def test_a_missing_engine_binary_is_exit_127(tmp_path):
     shim = subprocess.Popen([sys.executable, str(SHIM_PATH), "--replica", "r1", "--attempt", "1", "--dir",
                              str(tmp_path), "--", "/nonexistent/engine"], start_new_session=True)

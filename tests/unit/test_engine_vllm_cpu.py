@@ -13,7 +13,7 @@ from llmgw.catalog.spec import profile_spec_hash
 from llmgw.engines.base import EngineUnavailable, LaunchContext
 from llmgw.engines.vllm import API_SERVER_MODULE, VllmDriver, kv_space_gib, prepared_env
 from llmgw.weights.meta import Shape
-from workers.agent.cores import choose_cores
+from workers.agent.cores import choose_cores, launch_cores
 
 MODULE = ("-m", API_SERVER_MODULE, "--model")
 # SmolLM2-135M: 30 layers x 3 KV heads x 64 dims x (K and V) = 11,520 KV elements per token, bf16.
@@ -111,6 +111,28 @@ def test_home_relative_source_is_expanded(monkeypatch):
 ])
 def test_choose_cores(held, want, prefer, chosen):
     assert choose_cores((0, 1, 2, 3), want, held, prefer) == chosen
+
+
+def test_a_surge_replica_takes_the_core_of_the_replica_being_stopped_on_two_cores():
+    """A rolling replacement on 2 cores: one old replica is being stopped, the other stays and serves
+    every request; the new one must not bind to the serving replica's core."""
+    for staying, going in (((0,), (1,)), ((1,), (0,))):
+        assert choose_cores((0, 1), 1, [staying], leaving=[going]) == going
+    # a free core still comes first, and a leaving core before a shared live one
+    assert choose_cores((0, 1, 2), 1, [(0,)], leaving=[(1,)]) == (2,)
+    assert choose_cores((0, 1), 2, [(0,)], leaving=[(1,)]) == (0, 1)
+    # a restart keeps its cores only while nobody holds them, leaving or not
+    assert choose_cores((0, 1, 2), 1, [], prefer=(1,), leaving=[(1,)]) == (0,)
+    assert choose_cores((0, 1, 2), 1, [], prefer=(1,), leaving=[(2,)]) == (1,)
+
+
+def test_launch_cores_are_the_chosen_ones_and_those_nobody_holds():
+    assert launch_cores((0, 1), (0,), []) == (0, 1)                        # alone: the spare core too
+    assert launch_cores((0, 1), (1,), [(0,)]) == (1,)                      # never another replica's core
+    assert launch_cores((0, 1), (0,), [(1,)], leaving=[(0,)]) == (0,)      # the surge on 2 cores
+    assert launch_cores((0, 1, 2, 3), (1,), [(0,)], leaving=[(2,)]) == (1, 3)
+    assert launch_cores((0, 1), (0,), [(0,), (1,)]) == (0,)                # shared chosen core: still its own
+    assert launch_cores((0, 1), (), []) == ()                               # binds nothing: no restriction
 
 
 def test_choose_cores_uses_the_agents_own_cores_only():

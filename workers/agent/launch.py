@@ -18,7 +18,7 @@ from llmgw.state.records import ReplicaRecord
 from llmgw.state.store import Store
 from llmgw.tracing import NO_SPAN
 from workers.agent.config import AgentSettings
-from workers.agent.cores import choose_cores
+from workers.agent.cores import choose_cores, launch_cores
 from workers.agent.ports import choose_port
 
 
@@ -85,11 +85,13 @@ class Launcher:
         self.node = settings.node_name
 
     def prepare(self, rec: ReplicaRecord, reserved: set[int], weights_path: str | None = None,
-                held_cpus: list[tuple[int, ...]] | None = None) -> Launch | None:
+                held_cpus: list[tuple[int, ...]] | None = None,
+                leaving_cpus: list[tuple[int, ...]] | None = None) -> Launch | None:
         """The next attempt of this node's part: ports chosen (never one in `reserved`, held by other
         records on this node), a CPU replica's cores (the least held in `held_cpus`, the cores of the
-        other records on this node) and its command built (on `weights_path`, the downloaded weights,
-        when the source is remote). None when the replica's model or profile is not in the applied
+        other records on this node that stay, then in `leaving_cpus`, those of records being stopped;
+        its processes restricted to `launch_cores`) and its command built (on `weights_path`, the
+        downloaded weights, when the source is remote). None when the replica's model or profile is not in the applied
         catalog; raises (NoFreePort, EngineUnavailable, ...) when it cannot be built."""
         found = self.catalog.lookup(rec)
         if found is None:
@@ -113,8 +115,12 @@ class Launcher:
             kv_ports = (pub, replay)
         cpus: tuple[int, ...] = ()
         if profile.device == "cpu" and profile.gpu is None and get_engine(profile.engine).runs_on_cpu:
-            cpus = choose_cores(self.cores, profile.cpu_threads, held_cpus or (), prefer=rec.cpus)
+            cpus = choose_cores(self.cores, profile.cpu_threads, held_cpus or (), prefer=rec.cpus,
+                                leaving=leaving_cpus or ())
         spec = self.command(rec, model, profile, port, master_port, weights_path, kv_ports, cpus)
+        if cpus:
+            spec = dataclasses.replace(spec, cpus=launch_cores(self.cores, cpus, held_cpus or (),
+                                                               leaving_cpus or ()))
         return Launch(spec, profile.engine, profile, port, f"http://{self.settings.node_address}:{port}", master_port,
                       kv_ports, cpus)
 

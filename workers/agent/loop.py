@@ -344,15 +344,19 @@ class Agent:
                     | {p for r in records if r.node == self.node
                        for p in (r.master_port, r.kv_events_port, r.kv_replay_port) if p})
         # Cores held by the CPU replicas on this node (each start below avoids the others').
-        cpus = {r.id: tuple(r.cpus) for r in records if r.node == self.node and r.cpus and r.stopped_at is None}
+        # A record whose stop was asked for still runs while it drains, but goes: its cores count last.
+        cpus = {r.id: (tuple(r.cpus), r.stop_requested_at is not None)
+                for r in records if r.node == self.node and r.cpus and r.stopped_at is None}
         ready, failed = [], []
         for start in starts:
             if self.stopping.is_set():
                 break  # shutting down: stop_engines() may already have made its list
             rec = by_id[start.replica_id]
             try:
-                launch = self.launcher.prepare(rec, reserved, start.weights_path,
-                                               held_cpus=[c for rid, c in cpus.items() if rid != rec.id])
+                launch = self.launcher.prepare(
+                    rec, reserved, start.weights_path,
+                    held_cpus=[c for rid, (c, going) in cpus.items() if rid != rec.id and not going],
+                    leaving_cpus=[c for rid, (c, going) in cpus.items() if rid != rec.id and going])
             except Exception as e:  # noqa: BLE001 - e.g. no free port, an engine binary missing
                 failed.append((rec, sv.launch_failed(rec, start.attempt, now, f"cannot build the launch: {e}",
                                                      self.policy)))
@@ -363,7 +367,7 @@ class Agent:
                 continue
             reserved |= launch.ports
             if launch.cpus:
-                cpus[rec.id] = launch.cpus
+                cpus[rec.id] = (launch.cpus, False)
             intent = sv.starting(rec, start, now, launch.port, launch.url, launch.master_port,
                                  launch.spec.serves_http, log_path=str(self.runner.log_path(rec.id)),
                                  kv_ports=launch.kv_ports, cpus=launch.cpus)

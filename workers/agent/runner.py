@@ -62,6 +62,7 @@ class ShimRunner:
             sys.executable, str(SHIM_PATH),
             "--replica", replica_id, "--attempt", str(attempt), "--dir", str(d),
             "--log-max-bytes", str(self.log_max_bytes), "--log-keep", str(self.log_keep),
+            *(("--cpus", ",".join(map(str, spec.cpus))) if spec.cpus else ()),
             "--", *spec.argv,
         ]
         # The agent's own environment plus the engine's: never a scrubbed one.

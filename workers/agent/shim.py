@@ -1,6 +1,9 @@
 """The per-engine shim: starts one engine, forwards signals to it, logs its output, records its end.
 
-    python workers/agent/shim.py --replica ID --attempt N --dir STATE/replicas/ID -- ENGINE ARGV...
+    python workers/agent/shim.py --replica ID --attempt N --dir STATE/replicas/ID [--cpus 0,1] -- ENGINE ARGV...
+
+`--cpus`: the cores the engine and the processes it starts may run on (a CPU replica's, chosen by the
+agent); the shim restricts itself to them before it starts the engine, which inherits the mask.
 
 The agent starts the shim in its own session (so the shim leads a process group that the engine
 joins). The shim is the engine's parent, so it alone can learn the exit status; it writes it to
@@ -142,6 +145,12 @@ def run(args: argparse.Namespace) -> int:
         log.write(f"[llmgw-shim {time.strftime('%Y-%m-%dT%H:%M:%S')}] {text}\n".encode())
 
     note(f"attempt {args.attempt}: starting {' '.join(args.argv)}")
+    if args.cpus:
+        # The engine and every process it starts inherit this mask (workers/agent/cores.py, launch_cores).
+        try:
+            os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
+        except (OSError, ValueError) as e:
+            note(f"cannot restrict the engine to cores {args.cpus}: {e}; it runs on the agent's cores")
     try:
         engine = subprocess.Popen(
             args.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
@@ -206,6 +215,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--dir", required=True)
     p.add_argument("--log-max-bytes", type=int, default=10 * 1024 * 1024)
     p.add_argument("--log-keep", type=int, default=3)
+    p.add_argument("--cpus", default="", help="comma-separated cores the engine's processes may run on")
     p.add_argument("argv", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
     if args.argv and args.argv[0] == "--":
