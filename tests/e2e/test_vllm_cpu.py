@@ -7,7 +7,7 @@ answers streamed and not under the name asked, each replica bound to its own cor
 and prefix counters in `llmgw explain` and the fleet's metrics; precise prefix routing fed by the
 engines' own KV events; a client that leaves frees the engine; a LoRA adapter loaded and unloaded at
 run time and routed to its holder; kill -9 of a vLLM process under a client loop with no error; and a
-rolling replacement of both replicas under a client loop with no error. Skipped with the reason where
+rolling replacement down to one replica under a client loop with no error. Skipped with the reason where
 `make vllm` has not run (failed under CI: .ci/run runs it).
 """
 
@@ -415,18 +415,23 @@ def test_kill_9_of_a_vllm_process_costs_no_client_request(stack):
 
 
 def test_a_rolling_replacement_costs_no_client_request(stack):
+    """A launch field changed and one replica asked for where two run: one old replica is stopped, the
+    other replaced through a surge, so for a while a single old replica serves every request alone
+    and its replacement must be Ready before it goes (one vLLM start, where rolling both took two)."""
     before = set(stack.records())
     catalog = json.loads(json.dumps(stack.catalog))
-    catalog["models"][0]["profiles"][0]["env"] = {"LLMGW_TEST_ROLL": "1"}  # a launch field: rolls the replicas
+    profile = catalog["models"][0]["profiles"][0]
+    profile["env"] = {"LLMGW_TEST_ROLL": "1"}  # a launch field: rolls the replicas
+    profile["replicas"] = 1
     with ClientLoop(stack.url, stream=True) as loop:
         wait_until(lambda: loop.ok >= 3, 60, what="the client loop running")
         stack.apply(catalog, "rolled.yaml")
-        wait_until(lambda: (recs := stack.records()) and not (set(recs) & before) and len(recs) == 2
+        wait_until(lambda: (recs := stack.records()) and not (set(recs) & before) and len(recs) == 1
                    and all(ready(r) for r in recs.values()), 900, interval=1.0,
-                   what="both replicas replaced by Ready ones")
+                   what="the replicas replaced by one Ready one")
         wait_until(lambda: {e.id for e in stack.endpoints()} == set(stack.records()), 60,
                    what="only the new replicas routed")
         served = loop.ok
         wait_until(lambda: loop.ok >= served + 3, 60, what="more answers after the roll")
     assert loop.errors == [], loop.errors[:5]
-    print(f"rolling replacement of 2 vLLM replicas under a client loop: {loop.ok} answers, 0 errors")
+    print(f"rolling replacement of 2 vLLM replicas by 1 under a client loop: {loop.ok} answers, 0 errors")
