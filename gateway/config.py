@@ -232,6 +232,9 @@ class GunicornSettings(EnvSettings):
     bind: str | None = env("LLMGW_GATEWAY_BIND", default=None,
                            meaning="listen address; unset: `127.0.0.1:$PORT`; compose sets `0.0.0.0:8080`")
     port: int = env("PORT", default=8080, ge=0, le=65535, meaning="the port of the default listen address")
+    backlog: int = env("LLMGW_GATEWAY_BACKLOG", default=65535, ge=64, le=1 << 20,
+                       meaning="connections the kernel keeps waiting to be accepted (the listen queue); the "
+                               "kernel caps it at net.core.somaxconn, which the gateway logs at start when lower")
     certfile: Annotated[Path, AfterValidator(_readable)] | None = env(
         "LLMGW_GATEWAY_CERTFILE", default=None,
         meaning="PEM certificate (chain) file: with the key file, gunicorn serves HTTPS; unset: plain HTTP")

@@ -37,6 +37,12 @@ _settings = GunicornSettings.from_env()
 worker_class = "gateway.server.worker.GatewayWorker"
 workers = _settings.workers
 bind = _settings.address
+# The listen queue: a burst of clients connecting at once waits here until a worker accepts them.
+# gunicorn's default (2048) overflowed at 4,096 clients opening their connections together, and the
+# kernel dropped the SYNs of the rest, who then waited out TCP's retransmit backoff (1 s, 3 s, 7 s,
+# ...): a TTFT p99 over 60 s (`python -m bench.streams --at-once`, docs/gateway.md). The kernel caps
+# it at net.core.somaxconn (see `on_starting`).
+backlog = _settings.backlog
 # The gevent worker tells the master it is alive every second from its own greenlet: a worker
 # silent for this long has its event loop stuck (a request hogging the CPU), not a long stream.
 timeout = 30
@@ -55,10 +61,25 @@ if workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
     _made_dir = os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="llmgw-gateway-metrics-")
 
 
+def somaxconn() -> int | None:
+    try:
+        with open("/proc/sys/net/core/somaxconn") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def on_starting(server):
     """A previous run's value files would be summed into this run's counters: remove them. The
     sibling table gets two rows per worker: a reload's new workers start while the old ones finish."""
     server.llmgw_siblings = siblings.setup(2 * server.cfg.workers + 2 if server.cfg.workers > 1 else 0)
+    cap = somaxconn()
+    asked = getattr(server.cfg, "backlog", backlog)  # a command line's --backlog wins
+    if cap is not None and cap < asked and cap < 4096:
+        server.log.warning("the kernel caps the listen queue at %d connections (net.core.somaxconn), under the "
+                           "%d asked (LLMGW_GATEWAY_BACKLOG): a burst of more clients connecting at once has "
+                           "SYNs dropped and waits out TCP's retransmits; raise it with `sysctl -w "
+                           "net.core.somaxconn=%d`", cap, asked, min(asked, 65535))
     d = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if d:
         os.makedirs(d, exist_ok=True)
