@@ -49,7 +49,7 @@ from bench.fleetsim import Req, SimClock, _Engine, _Store
 from gateway.config import GatewaySettings
 from gateway.routing.admission import Send, Shed, Wait, admit, drain_time
 from gateway.routing.choice import Choice, Rejection, RouteRequest
-from gateway.routing.ledger import Backlog, Ledger
+from gateway.routing.ledger import Backlog, Charge, Ledger
 from gateway.routing.queue import WaitQueues
 from gateway.server.pollers import PolledRouter
 from llmgw.state.keypolicy import Tenant
@@ -89,7 +89,7 @@ class Flow:
 @dataclass
 class TReq(Req):
     tenant: Tenant = Tenant("", "")
-    call: SimpleNamespace | None = None
+    charge: Charge | None = None  # what its tenant was charged when sent (gateway.routing.ledger)
     queued_at: float = 0.0
 
 
@@ -154,15 +154,14 @@ class FairGateway:
     def send(self, req: TReq, choice: Choice) -> None:
         req.choice, req.sent, req.endpoint = choice, self.sim.now, choice.endpoint.id
         # What gateway.http.proxy hands WaitQueues.sent: a streamed chat request without max_tokens.
-        req.call = SimpleNamespace(tenant=req.tenant, charge=None, model="m", body={"stream": True},
-                                   prompt_tokens=float(req.prompt), data=None, route=SimpleNamespace(op=CHAT))
-        self.queues.sent(req.call, choice)
+        call = SimpleNamespace(model="m", body={"stream": True}, data=None, route=SimpleNamespace(op=CHAT))
+        req.charge = self.queues.sent(call, SimpleNamespace(tenant=req.tenant, prompt_tokens=float(req.prompt)), choice)
         self.sim.engines[choice.endpoint.id].submit(req, self.sim.now)
 
     def release(self, req: TReq, ok: bool) -> None:
         now = self.sim.now
-        if ok and req.call is not None and req.call.charge is not None:
-            req.call.charge.done((req.prompt, req.output))  # the answer's usage
+        if ok and req.charge is not None:
+            req.charge.done((req.prompt, req.output))  # the answer's usage
         ttfb = (req.first - req.sent) if (ok and req.first is not None) else None
         self.router.release(req.choice, (now - req.sent) if ok else None, req.output if ok else None, ttfb)
         self.drain()
@@ -492,14 +491,12 @@ def hot_path(n: int = 200_000) -> None:
     usage = (300, 120)
 
     def one() -> None:
-        call = SimpleNamespace(tenant=tenant_of(key, None), charge=None, model="m", body=body, prompt_tokens=300.0,
-                               data=b"", route=SimpleNamespace(op=CHAT))
-        queues.sent(call, choice)
-        call.charge.done(usage)
+        call = SimpleNamespace(model="m", body=body, data=b"", route=SimpleNamespace(op=CHAT))
+        queues.sent(call, SimpleNamespace(tenant=tenant_of(key, None), prompt_tokens=300.0), choice).done(usage)
 
     def empty() -> None:  # the same request object, nothing charged: what the loop itself costs
-        SimpleNamespace(tenant=None, charge=None, model="m", body=body, prompt_tokens=300.0, data=b"",
-                        route=SimpleNamespace(op=CHAT))
+        SimpleNamespace(model="m", body=body, data=b"", route=SimpleNamespace(op=CHAT))
+        SimpleNamespace(tenant=None, prompt_tokens=300.0)
 
     def per_call(fn, k: int) -> float:
         best = float("inf")

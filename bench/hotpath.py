@@ -3,11 +3,14 @@ gevent), its WSGI entry called back to back for a JSON and a streamed chat reque
 engine (bench/fast_engine.py) on loopback. Prints the microseconds of the gateway's CPU per request
 (this process's CPU time over the loop, the engine's excluded) and cProfile's top functions.
 
-    python -m bench.hotpath [--requests 3000] [--top 20] [--set KEY=VALUE ...]
+    python -m bench.hotpath [--requests 3000] [--top 20] [--set KEY=VALUE ...] [--rooms]
 
 What gunicorn adds on top (parsing, the response head, the socket writes) is bench/gateway.py's
 `floor-answer` row; this is the part that is llmgw's to make cheaper. `--set` passes a gateway
-setting (`LLMGW_GATEWAY_...=...`) to see what one part of the path costs.
+setting (`LLMGW_GATEWAY_...=...`) to see what one part of the path costs. `--rooms` prints, for one
+request of each kind, how many times its way through the code enters each of the gateway's modules
+(a call from another module into it): a request that keeps going back into the same rooms is a shell
+whose decisions leaked out of one place.
 """
 
 from __future__ import annotations
@@ -51,11 +54,32 @@ def one(wsgi, body: bytes) -> int:
     return int(status[0][:3])
 
 
+def rooms(wsgi, body: bytes) -> dict[str, int]:
+    """Per gateway module, how many times one request's way through the code enters it from another."""
+    entered: dict[str, int] = {}
+
+    def prof(frame, event, arg):
+        if event != "call":
+            return
+        mod = frame.f_globals.get("__name__", "")
+        back = frame.f_back
+        if mod.startswith("gateway.") and (back is None or back.f_globals.get("__name__") != mod):
+            entered[mod] = entered.get(mod, 0) + 1
+
+    sys.setprofile(prof)
+    try:
+        one(wsgi, body)
+    finally:
+        sys.setprofile(None)
+    return dict(sorted(entered.items(), key=lambda kv: -kv[1]))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=3000)
     ap.add_argument("--top", type=int, default=20)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--rooms", action="store_true", help="print the modules one request enters, and how often")
     a = ap.parse_args()
     for kv in a.set:
         k, _, v = kv.partition("=")
@@ -82,6 +106,9 @@ def main() -> None:
         for name, body in (("json", BODY), ("stream", SBODY)):
             for _ in range(200):  # warm: pools, caches, the learner's first samples
                 assert one(wsgi, body) == 200
+            if a.rooms:
+                print(f"{name}: modules entered by one request (entries from another module): "
+                      + ", ".join(f"{m} {n}" for m, n in rooms(wsgi, body).items()))
             t0, c0 = time.perf_counter(), time.process_time()
             for _ in range(a.requests):
                 one(wsgi, body)

@@ -176,7 +176,12 @@ def one_run(a, run: int) -> dict:
 
 
 def per_piece(tokens: int) -> None:
-    from gateway.http.resume import Hop, Resumes, ResumingBody
+    from types import SimpleNamespace
+
+    from gateway.http.attempt import Hop
+    from gateway.http.resume import ResumingBody
+    from gateway.request.call import Call, EngineRequest
+    from gateway.request.surface import ROUTES
     from gateway.upstream.rewrite import AnswerRewrite
     from gateway.upstream.stream import StreamBody
 
@@ -211,8 +216,8 @@ def per_piece(tokens: int) -> None:
         def release(self, *a):
             pass
 
-    class Resender:
-        off, limit, rid = None, 2, "r"
+    # The request's Exchange, as far as a stream that never breaks reads it.
+    ex = SimpleNamespace(call=Call(ROUTES["chat"], "m", body={}), rid="r")
 
     def noop(*a):
         pass
@@ -221,8 +226,8 @@ def per_piece(tokens: int) -> None:
         return StreamBody(Resp(), float("inf"), noop, noop, rewrite=AnswerRewrite("m"))
 
     def resuming():
-        res = Resumes("chat", {}, Resender(), 30.0, "m", noop)
-        return ResumingBody(Hop(Lease(), Resp()), res, float("inf"), noop, noop, time.monotonic)
+        hop = Hop(Lease(), Resp(), EngineRequest("", None, None, None), 0.0)
+        return ResumingBody(hop, ex, 30.0, float("inf"), noop, noop, time.monotonic, noop, "m")
 
     best = {"plain": float("inf"), "resuming": float("inf")}
     for _ in range(7):

@@ -24,6 +24,8 @@ from flask import Flask
 
 from gateway.config import DEFAULT_MAX_CONNECTIONS, GatewaySettings
 from gateway.http.answer import Answers, OpenRequests
+from gateway.http.admit import Admission
+from gateway.http.attempt import Sender
 from gateway.http.proxy import Proxy
 from gateway.http.refusal import unready
 from gateway.http.views import flask_app
@@ -106,8 +108,10 @@ class Gateway:
                                      saturation, self.router, self.queues, self.identity, resumes)
         answers = Answers(clock, metrics, self.traffic, self.usage, cfg.total_timeout, self.open_requests,
                           cfg.stall_timeout, resumes)
-        self.proxy = Proxy(cfg, clock, self.router, self.gate, self.upstream, self.queues, answers, metrics,
-                           self.traffic, saturation, self.demand, self.not_ready, tracing=self.tracing)
+        admission = Admission(cfg, clock, self.router, self.queues, metrics, saturation, self.demand)
+        sender = Sender(cfg, clock, self.router, self.upstream, admission, self.queues, metrics)
+        self.proxy = Proxy(cfg, clock, self.router, self.gate, sender, answers, metrics, self.traffic, saturation,
+                           self.not_ready, tracing=self.tracing)
         self.send_share: SendShare | None = None  # made by `start`
         self.fair_share = FairShare(self.store, self.queues, clock, cfg.share_fairness, metrics,
                                     lambda kid: (k.name if (k := self.keys.find(kid)) is not None else kid))

@@ -12,26 +12,23 @@ from flask import Response
 from werkzeug.http import HTTP_STATUS_CODES
 
 from gateway.errors import ApiError, engine_error, error_body
-from gateway.http.resume import Hop, ResendFailed, Resender, Resumes, ResumingBody
-from gateway.keys.table import ApiKey
+from gateway.http.attempt import Exchange, Hop
+from gateway.http.resume import ResumingBody
 from gateway.keys.usage import UsageRecorder
 from gateway.observe.metrics import Metrics
 from gateway.observe.resumes import ResumeSignals
 from gateway.observe.traffic import TrafficCounter
 from gateway.request.client import ClientConn
-from gateway.request.surface import Route
-from gateway.response_ids import IdRewrite
 from gateway.routing.choice import Choice
 from gateway.routing.router import Lease
 from gateway.upstream.assemble import Assembler
 from gateway.upstream.client import STREAM_REPLACED, UpstreamResponse, response_headers
 from gateway.upstream.rewrite import AnswerRewrite
-from gateway.upstream.resume import STREAMED_OPS
+from gateway.upstream.resume import STREAMED_OPS, ask_again
 from gateway.upstream.stream import StreamBody, usage_from_json
 from llmgw import surface as op
 from llmgw.state.keypolicy import ANONYMOUS
 from llmgw.state.clock import Clock
-from llmgw.tracing import NOOP_REQUEST
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -114,10 +111,110 @@ class Answers:
         self.stall_timeout = stall_timeout  # seconds without a piece after the first: a stalled engine
         self.resumes = resumes if resumes is not None else ResumeSignals()
 
-    def _on_hop(self, model: str, canon: str):
-        """What a break of an answer's engine is told to (gateway.http.resume): the counter by model,
-        cause and outcome, and the signals the event history is written from."""
-        metrics, signals = self.metrics, self.resumes
+    def respond(self, ex: Exchange, hop: Hop) -> RawAnswer:
+        """The client's answer to request `ex`, from the endpoint of `hop`. On return the answer owns
+        `hop` (a stream gives it back when it ends or the client leaves); if this raises, the caller
+        still owns it. An answer the engine streams to a client that did not ask for a stream is read
+        into one JSON answer while the client is watched (gateway.upstream.assemble). An engine that
+        breaks off is not the answer's end: a stream resumes on another endpoint (gateway.http.resume),
+        a whole answer is asked for again there (`gateway.upstream.resume.ask_again`)."""
+        sse = hop.resp.content_type.startswith("text/event-stream")
+        if sse and hop.ask.assemble is None:
+            return self._stream(ex, hop)
+        return self._whole(ex, hop, sse and hop.ask.assemble is not None)
+
+    def _stream(self, ex: Exchange, hop: Hop) -> RawAnswer:
+        end, mono, metrics, traffic = _Ending(self, ex, hop), self.clock.monotonic, self.metrics, self.traffic
+        call, model, open_ = ex.call, ex.call.model, self.open
+        status = hop.resp.status
+        headers = self._headers(hop.resp, hop.lease, ex.rid, False, True) + SSE_HEADERS
+
+        def first() -> None:
+            end.first_at = mono()
+            ex.trace.first_byte()
+            waited = end.first_at - ex.t0
+            metrics.child(metrics.ttft, model).observe(waited)
+            traffic.first_byte(ex.plan.canon, waited)
+
+        def finish(completed: bool, usage, lease: Lease = hop.lease) -> None:
+            open_.n -= 1  # counted by the WSGI entry, which left it to the stream
+            end(lease, status, completed, usage)
+
+        deadline = ex.t0 + self.total_timeout
+        if status < 400 and call.route.op in STREAMED_OPS and call.body is not None:
+            body = ResumingBody(hop, ex, self.stall_timeout, deadline, first, finish, mono, self._on_hop(ex), model)
+        else:
+            body = StreamBody(hop.resp, deadline, first, finish, monotonic=mono,
+                              rewrite=AnswerRewrite(model, hop.ask.rewrite) if status < 400 else None)
+        return RawAnswer(status, headers, body)
+
+    def _whole(self, ex: Exchange, hop: Hop, assembling: bool) -> RawAnswer:
+        """A whole answer: read, asked for again on another endpoint if its engine breaks off before
+        it is read whole (nothing reached the client yet), then passed on."""
+        end, model, hops = _Ending(self, ex, hop), ex.call.model, 0
+        ex.trace.first_byte()  # the head arrived (a whole answer's first byte); the body follows
+        while True:
+            try:
+                status, payload = self._read(hop, assembling, ex.call.route.op == op.CHAT)
+                break
+            except Exception as e:  # noqa: BLE001 - asked for again elsewhere, or a clean 502/504 below
+                hop.resp.close()
+                gone = assembling and hop.ask.assemble.gone()
+                new, failed = self._again(ex, hop, e, hops, gone)
+                if new is None:
+                    end(hop.lease, hop.resp.status, False, None, charted=False)
+                    if gone:
+                        self.metrics.child(self.metrics.client_gone, model, "answering").inc()
+                        raise ApiError("client_gone", f"the client left while endpoint {hop.choice.endpoint.id} "
+                                                      "answered") from None
+                    raise failed from None
+                hop.lease.release()
+                hop, hops = new, hops + 1
+                assembling = hop.ask.assemble is not None and hop.resp.content_type.startswith("text/event-stream")
+        hop.resp.release()
+        headers = self._headers(hop.resp, hop.lease, ex.rid, assembling, False)
+        if status >= 400:  # the engine's error in the gateway's shape (a 2xx answer never comes here)
+            status, payload = engine_error(status, payload, hop.choice.endpoint.id)
+            headers = [h for h in headers if h[0].lower() != "content-type"]
+            headers.append(("Content-Type", "application/json"))
+        elif hop.ask.rewrite is not None or assembling or hop.resp.content_type.startswith("application/json"):
+            payload = AnswerRewrite(model, hop.ask.rewrite).body(payload)
+        waited = self.clock.monotonic() - ex.t0
+        self.metrics.child(self.metrics.ttft, model).observe(waited)
+        self.traffic.first_byte(ex.plan.canon, waited)
+        end(hop.lease, status, True, usage_from_json(payload) if status < 400 else None)
+        headers.append(("Content-Length", str(len(payload))))
+        return RawAnswer(status, headers, [payload])
+
+    def _read(self, hop: Hop, assembling: bool, chat: bool) -> tuple[int, bytes]:
+        if assembling:
+            return self._assemble(hop.resp, hop.ask.assemble, chat)
+        return hop.resp.status, hop.resp.read()
+
+    def _again(self, ex: Exchange, hop: Hop, e: Exception, hops: int, gone: bool) -> tuple[Hop | None, ApiError]:
+        """A whole answer's engine failed while it was read: the new Hop that answers it instead, or
+        None and the error the request ends with."""
+        ep, status = hop.choice.endpoint.id, hop.resp.status
+        again = ask_again(status, hops, ex.sender.cfg.resumes, ex.resume_off(), gone)
+        ex.trace.attempt_failed("broken", status, again)
+        kind = "upstream_timeout" if "timed out" in str(e).lower() else "upstream_error"
+        failed = ApiError(kind, f"endpoint {ep} failed while answering: {type(e).__name__}")
+        if not again:
+            return None, failed
+        try:
+            new = ex.send(exclude=frozenset({ep}))
+        except ApiError as why:
+            return None, ApiError(kind, f"endpoint {ep} failed while answering ({type(e).__name__}) and no other "
+                                        f"took it: {why.message}")
+        self._on_hop(ex)("reset", ep, "retried", new.choice.endpoint.id, 0)
+        log.warning("request %s: endpoint %s failed while answering (%s); asked %s again", ex.rid, ep,
+                    type(e).__name__, new.choice.endpoint.id)
+        return new, failed
+
+    def _on_hop(self, ex: Exchange):
+        """What a break of an answer's engine is told to: the counter by model, cause and outcome, and
+        the signals the event history is written from."""
+        metrics, signals, model, canon = self.metrics, self.resumes, ex.call.model, ex.plan.canon
 
         def on_hop(cause: str, old: str, outcome: str, new: str | None, tokens: int) -> None:
             metrics.child(metrics.stream_resumes, model, cause, outcome).inc()
@@ -125,143 +222,6 @@ class Answers:
             signals.hop(canon, cause, outcome)
 
         return on_hop
-
-    def respond(self, resp: UpstreamResponse, lease: Lease, model: str, canon: str, key: ApiKey | None, rid: str,
-                t0: float, t_send: float, route: Route, rewrite: IdRewrite | None = None,
-                assemble: ClientConn | None = None, trace=NOOP_REQUEST, resend: Resender | None = None,
-                charge=None) -> RawAnswer:
-        """Build the client's answer. On return the answer owns `resp` and `lease` (a stream releases
-        them when it ends or the client leaves); if this raises, the caller still owns both. With
-        `assemble` (the client) the engine was asked for a stream the client did not ask for: it is
-        read into one JSON answer while the client is watched (gateway.upstream.assemble). `trace`
-        (llmgw.tracing) gets the first byte and the end. With `resend` (gateway.http.resume) an
-        engine that breaks off is not the answer's end: a stream resumes on another endpoint, a whole
-        answer is asked for again there. `charge`
-        (gateway.routing.ledger.Charge): what the request's tenant was charged when it was sent, corrected
-        by the usage the answer reports.
-
-        Only generating operations teach the router an endpoint's speed; a stored response read
-        again (by id) is not usage again; an answer that moved to another endpoint teaches nothing."""
-        first_lease = lease
-        ep = lease.choice.endpoint
-        mono = self.clock.monotonic
-        sse = resp.content_type.startswith("text/event-stream")
-        assembling = assemble is not None and sse
-        streamed = sse and not assembling
-        headers = self._headers(resp, lease, rid, assembling, streamed)
-        status = resp.status
-        key_id = key.id if key else ANONYMOUS
-        limited = bool(key and key.tpm)
-        budgeted = key if key is not None and key.budget else None
-        metrics, traffic, usage_of = self.metrics, self.traffic, self.usage
-
-        learns, counts = route.learns, not route.by_id
-        first_at: list[float] = []  # when the stream's first bytes came (once per request, not per chunk)
-        serving = [lease]  # the lease of the endpoint answering now (another after a resume)
-
-        def finish(completed: bool, usage, charted: bool = True) -> None:
-            now = mono()
-            lease, ep = serving[0], serving[0].choice.endpoint  # the endpoint that answered last
-            learn = learns and lease is first_lease
-            ok = completed and status < 400
-            usage = usage if counts else None
-            lease.release((now - t_send) if ok and learn else None, usage[1] if usage and learn else None,
-                          (first_at[0] - t_send) if ok and learn and first_at else None)
-            child = metrics.child
-            child(metrics.requests, model, ep.id, str(status) if completed else "aborted").inc()
-            child(metrics.latency, model).observe(now - t0)
-            if charted:  # else the error answer raised next is counted (Proxy.refused)
-                traffic.request(canon, error=not completed or status >= 500, seconds=now - t0)
-                trace.finish(status, completed, usage)
-            cached = getattr(usage, "cached", None)  # gateway.upstream.stream.Usage
-            if cached is not None and status < 400:
-                lease.router.reused(ep.id, usage[0], cached)
-                child(metrics.prefix_measured, ep.id).inc(cached)
-            if usage:
-                child(metrics.tokens, model, "prompt").inc(usage[0])
-                child(metrics.tokens, model, "completion").inc(usage[1])
-            if charge is not None:  # an engine's error answer cost next to nothing: given back
-                charge.done(usage if status < 400 else (0, 0))
-            if status < 400:
-                usage_of.record(key_id, ep.model or model, *(usage or (0, 0)), limited=limited,
-                                budget=budgeted.period(self.clock.time()) if budgeted else None)
-
-        if streamed:
-            open_ = self.open
-
-            def first() -> None:
-                first_at.append(mono())
-                trace.first_byte()
-                waited = first_at[0] - t0
-                metrics.child(metrics.ttft, model).observe(waited)
-                traffic.first_byte(canon, waited)
-
-            def finish_stream(completed: bool, usage) -> None:
-                open_.n -= 1  # counted by the WSGI entry, which left it to the stream
-                finish(completed, usage)
-
-            headers += SSE_HEADERS
-            if resend is not None and status < 400 and route.op in STREAMED_OPS and resend.call.body is not None:
-                hop = Hop(lease, resp, None, rewrite)
-                res = Resumes(route.op, resend.call.body, resend, self.stall_timeout, model,
-                              self._on_hop(model, canon), trace)
-                body = ResumingBody(hop, res, t0 + self.total_timeout, first, finish_stream, mono, serving)
-            else:
-                body = StreamBody(resp, t0 + self.total_timeout, first, finish_stream, monotonic=mono,
-                                  rewrite=AnswerRewrite(model, rewrite) if status < 400 else None)
-            return RawAnswer(status, headers, body)
-        trace.first_byte()  # the head arrived (a whole answer's first byte); the body follows
-        hops = 0
-        while True:
-            try:
-                if assembling:
-                    status, payload = self._assemble(resp, assemble, route.op == op.CHAT)
-                else:
-                    payload = resp.read()
-                break
-            except Exception as e:  # noqa: BLE001 - asked for again elsewhere, or a clean 502/504 below
-                resp.close()
-                gone = assembling and assemble.gone()
-                again = (resend is not None and not gone and resend.off is None and hops < resend.limit
-                         and status < 400)
-                trace.attempt_failed("broken", status, again)
-                kind = "upstream_timeout" if "timed out" in str(e).lower() else "upstream_error"
-                failed = ApiError(kind, f"endpoint {ep.id} failed while answering: {type(e).__name__}")
-                if again:  # nothing reached the client: the whole request goes to another endpoint
-                    try:
-                        hop = resend.resend(frozenset({ep.id}), None)
-                    except ResendFailed as why:
-                        failed = ApiError(kind, f"endpoint {ep.id} failed while answering "
-                                                f"({type(e).__name__}) and no other took it: {why}")
-                    else:
-                        self._on_hop(model, canon)("reset", ep.id, "retried", hop.lease.choice.endpoint.id, 0)
-                        log.warning("request %s: endpoint %s failed while answering (%s); asked %s again", rid, ep.id,
-                                    type(e).__name__, hop.lease.choice.endpoint.id)
-                        serving[0].release()
-                        serving[0], resp, lease = hop.lease, hop.resp, hop.lease
-                        ep, status, rewrite = lease.choice.endpoint, hop.resp.status, hop.rewrite
-                        assembling = hop.assemble is not None and resp.content_type.startswith("text/event-stream")
-                        assemble = hop.assemble
-                        headers = self._headers(resp, lease, rid, assembling, False)
-                        hops += 1
-                        continue
-                finish(False, None, charted=False)
-                if gone:
-                    metrics.child(metrics.client_gone, model, "answering").inc()
-                    raise ApiError("client_gone", f"the client left while endpoint {ep.id} answered") from None
-                raise failed from None
-        resp.release()
-        if status >= 400:  # the engine's error in the gateway's shape (a 2xx answer never comes here)
-            status, payload = engine_error(status, payload, ep.id)
-            headers = [h for h in headers if h[0].lower() != "content-type"]
-            headers.append(("Content-Type", "application/json"))
-        elif rewrite is not None or assembling or resp.content_type.startswith("application/json"):
-            payload = AnswerRewrite(model, rewrite).body(payload)
-        metrics.child(metrics.ttft, model).observe(mono() - t0)
-        traffic.first_byte(canon, mono() - t0)
-        finish(True, usage_from_json(payload) if status < 400 else None)
-        headers.append(("Content-Length", str(len(payload))))
-        return RawAnswer(status, headers, [payload])
 
     def _headers(self, resp: UpstreamResponse, lease: Lease, rid: str, assembling: bool,
                  streamed: bool) -> list[tuple[str, str]]:
@@ -296,3 +256,48 @@ class Answers:
             if unwatch is not None:
                 unwatch()
         return asm.result()
+
+
+class _Ending:
+    """What an answer counts when it ends (metrics, the console's traffic, usage, the tenant's charge
+    corrected, and the sample the router learns from): `end(lease, status, completed, usage)`. Only
+    generating operations teach the router an endpoint's speed, and only from the endpoint first sent
+    to (an answer that moved to another teaches nothing); a stored response read again (by id) is not
+    usage again."""
+
+    __slots__ = ("answers", "ex", "first", "first_at")
+
+    def __init__(self, answers: Answers, ex: Exchange, hop: Hop):
+        self.answers, self.ex, self.first = answers, ex, hop
+        self.first_at: float | None = None  # when a stream's first bytes came
+
+    def __call__(self, lease: Lease, status: int, completed: bool, usage, charted: bool = True) -> None:
+        a, ex = self.answers, self.ex
+        now = a.clock.monotonic()
+        ep, route, model = lease.choice.endpoint, ex.call.route, ex.call.model
+        learn = route.learns and lease is self.first.lease
+        ok = completed and status < 400
+        usage = usage if not route.by_id else None
+        t_send, first_at = self.first.sent_at, self.first_at
+        lease.release((now - t_send) if ok and learn else None, usage[1] if usage and learn else None,
+                      (first_at - t_send) if ok and learn and first_at is not None else None)
+        metrics, child = a.metrics, a.metrics.child
+        child(metrics.requests, model, ep.id, str(status) if completed else "aborted").inc()
+        child(metrics.latency, model).observe(now - ex.t0)
+        if charted:  # else the error answer raised next is counted (Proxy.refused)
+            a.traffic.request(ex.plan.canon, error=not completed or status >= 500, seconds=now - ex.t0)
+            ex.trace.finish(status, completed, usage)
+        cached = getattr(usage, "cached", None)  # gateway.upstream.stream.Usage
+        if cached is not None and status < 400:
+            lease.router.reused(ep.id, usage[0], cached)
+            child(metrics.prefix_measured, ep.id).inc(cached)
+        if usage:
+            child(metrics.tokens, model, "prompt").inc(usage[0])
+            child(metrics.tokens, model, "completion").inc(usage[1])
+        if ex.charge is not None:  # an engine's error answer cost next to nothing: given back
+            ex.charge.done(usage if status < 400 else (0, 0))
+        if status < 400:
+            key = ex.key
+            budget = key.period(a.clock.time()) if key is not None and key.budget else None
+            a.usage.record(key.id if key else ANONYMOUS, ep.model or model, *(usage or (0, 0)),
+                           limited=bool(key and key.tpm), budget=budget)

@@ -1,15 +1,11 @@
-"""An answer that survives its engine: the shell around gateway.upstream.resume.
+"""A stream that survives its engine: the shell around gateway.upstream.resume.
 
-- `Resender` is what the proxy hands an answer (the one interface to routing): `resend(exclude,
-  body)` routes the request again (the proxy's own admission, never to the endpoints in `exclude`),
-  sends it (`body`: the continuation; None: the request as it was), and returns the new `Hop`
-  (its lease, its response), moving on past connect errors and 5xx/429 answers like the first
-  attempt's retries.
-- `resuming_stream` is a stream's body: it passes the engine's pieces on as `stream_body` does, and
-  keeps each one it sent (an append: no parsing per piece). When the engine breaks off (the
-  connection reset or closed without the answer's end, an error event, no piece within the stall
-  limit), the pure `decide` says what follows: the continuation sent to another replica and its
-  stream spliced in, the answer's end written, or an error event.
+`ResumingBody` is a stream's WSGI body: it passes the engine's pieces on as `stream_body` does, and
+keeps each one it sent (an append: no parsing per piece). When the engine breaks off (the connection
+reset or closed without the answer's end, an error event, no piece within the stall limit), the pure
+`decide` says what follows: the continuation sent through the request's Exchange (gateway.http.attempt,
+the one place a request is sent) to another replica and its stream spliced in, the answer's end
+written, or an error event.
 
 Each hop is counted (`llmgw_gateway_stream_resumes`), logged, a span of its own in the request's
 trace (`llmgw.upstream_attempt`), and an event in the history (gateway.observe.resumes).
@@ -17,165 +13,51 @@ trace (`llmgw.upstream_attempt`), and an event in the history (gateway.observe.r
 
 from __future__ import annotations
 
-import json
 import logging
 import socket
-from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from gateway.config import GatewaySettings
 from gateway.errors import ApiError
-from gateway.request.call import Call
-from gateway.request.client import ClientConn
-from gateway.response_ids import IdRewrite
-from gateway.routing.choice import Choice
-from gateway.routing.retry import retryable_status
-from gateway.routing.router import Lease, Router
+from gateway.http.attempt import Exchange, Hop
+from gateway.routing.router import Lease
 from gateway.upstream import resume as rs
-from gateway.upstream.client import Upstream, UpstreamConnectError, UpstreamResponse, UpstreamTimeout
 from gateway.upstream.rewrite import AnswerRewrite
 from gateway.upstream.stream import StreamBody, sse_usage
-from llmgw.engines import ENGINES
-from llmgw.tracing import NOOP_REQUEST
 
 log = logging.getLogger("llmgw.gateway")
 
-
-@dataclass
-class Hop:
-    """One endpoint's part of an answer: its slot, its response, and how its answer is read."""
-
-    lease: Lease
-    resp: UpstreamResponse
-    assemble: ClientConn | None = None  # gateway.request.call.Call.assembled
-    rewrite: IdRewrite | None = None
-
-
-class ResendFailed(Exception):
-    """No other endpoint took the request: why, in words."""
-
-
-class Resender:
-    """Sends a request again, to an endpoint it did not go to. `admit(call, exclude) -> Choice` is the
-    proxy's admission (it raises ApiError when nothing may take the request)."""
-
-    def __init__(self, router: Router, upstream: Upstream, admit: Callable[[Call, frozenset[str]], Choice],
-                 call: Call, headers: dict[str, str], method: str, cfg: GatewaySettings, metrics=None,
-                 trace=NOOP_REQUEST, rid: str = ""):
-        self.router, self.upstream, self.admit, self.call = router, upstream, admit, call
-        self.headers, self.method, self.retries, self.metrics = headers, method, cfg.retries, metrics
-        self.trace, self.rid, self.limit = trace, rid, cfg.resumes
-        self.attempt = 1  # the trace's attempt number of the next send (0 was the first)
-        # Why this answer may not move to another replica (None: it may).
-        canon = router.tables.canonical.get(call.model, call.model)
-        self.off = (f"resuming is off for model {canon!r} (its catalog's routing.resume)"
-                    if canon in router.tables.no_resume else
-                    "resuming is off in this gateway (LLMGW_GATEWAY_RESUMES=0)" if not cfg.resumes else None)
-
-    def resend(self, exclude: frozenset[str], body: dict | None) -> Hop:
-        """Route and send; raises ResendFailed."""
-        call = self.call if body is None else continued_call(self.call, body)
-        router = self.router
-        if body is not None:  # only engines that continue an answer take a continuation
-            exclude = exclude | {e.id for e in router.tables.endpoints if not continues(e.engine)}
-        tries = 0
-        while True:
-            try:
-                choice = self.admit(call, exclude)
-            except ApiError as e:
-                raise ResendFailed(e.message) from None
-            self.trace.choice(choice.endpoint.id, choice.reason, choice.saturated)
-            self.trace.admitted("send")
-            lease = Lease(router, choice)
-            ep = choice.endpoint
-            resp = None
-            try:
-                path, out = call.request_for(ep)
-                secret = router.tables.api_keys.get(ep.id) or ep.engine_secret
-                sent = {**self.headers, "authorization": f"Bearer {secret}"} if secret else dict(self.headers)
-                self.trace.attempt(self.attempt, ep.id, ep.url + path)
-                self.attempt += 1
-                self.trace.inject(sent)
-                resp = self.upstream.send(ep.url, path, out, sent, self.method)
-                router.answered(ep.id)
-                if not retryable_status(resp.status):
-                    hop = Hop(lease, resp, call.assembled(ep), call.rewrite(ep))
-                    lease = resp = None
-                    return hop
-                why = f"endpoint {ep.id} answered {resp.status}"
-                self.trace.attempt_failed("answer", resp.status, True)
-            except UpstreamConnectError as e:
-                router.mark_unreachable(ep.id)
-                why = f"endpoint {ep.id} could not be reached: {e}"
-                self.trace.attempt_failed("connect_error", None, True)
-            except UpstreamTimeout:
-                router.timed_out(ep.id)
-                self.trace.attempt_failed("timeout", None, False)
-                raise ResendFailed(f"endpoint {ep.id} sent nothing in time") from None
-            finally:
-                if resp is not None:
-                    resp.close()
-                if lease is not None:
-                    lease.release()
-            if self.metrics is not None:
-                self.metrics.child(self.metrics.upstream_errors, ep.id, "resend").inc()
-            exclude = exclude | {ep.id}
-            tries += 1
-            if tries > self.retries:
-                raise ResendFailed(why)
-
-
-def continues(engine: str) -> bool:
-    """Whether an engine continues an assistant message (llmgw.engines: `continues_answers`)."""
-    e = ENGINES.get(engine)
-    return bool(e is not None and e.continues_answers)
-
-
-def continued_call(call: Call, body: dict) -> Call:
-    """`call` with another body (the continuation), routed like it."""
-    out = Call(call.route, call.model, json.dumps(body).encode(), body, call.form_at, call.pin, call.response_id,
-               call.previous, call.query)
-    out.adapter, out.client, out.prefix, out.prompt_tokens = call.adapter, call.client, call.prefix, call.prompt_tokens
-    out.opens, out.objective = call.opens, call.objective
-    return out
-
-
-class Resumes:
-    """What a stream's body needs to resume: the request's operation and body, the Resender, the
-    limits, how a break is told (`on_hop(cause, old endpoint, outcome, new endpoint or None,
-    tokens)`), and the request's trace (the broken attempt's span ends failed before the next is sent)."""
-
-    __slots__ = ("op", "body", "resender", "stall", "model", "on_hop", "off", "limit", "trace")
-
-    def __init__(self, op: str, body: dict, resender: Resender, stall: float, model: str,
-                 on_hop: Callable[[str, str, str, str | None, int], None], trace=NOOP_REQUEST):
-        self.op, self.body, self.resender, self.stall, self.model = op, body, resender, stall, model
-        self.on_hop, self.off, self.limit, self.trace = on_hop, resender.off, resender.limit, trace
+OnHop = Callable[[str, str, str, "str | None", int], None]  # (cause, old endpoint, outcome, new endpoint, tokens)
 
 
 class ResumingBody(StreamBody):
-    """The WSGI body of a stream that may resume (see `resuming_stream`). `hop` is the Hop serving it
-    now; `completed`: the answer was passed on whole (the relay then writes HTTP's last chunk);
-    `on_done(completed, usage)` runs once."""
+    """The WSGI body of a stream that may resume. `hop` is the Hop serving it now; `completed`: the
+    answer was passed on whole (the relay then writes HTTP's last chunk); `on_done(completed, usage,
+    lease)` runs once, after the upstream is released (answer whole) or closed, with the lease of the
+    endpoint that answered last. `stall`: seconds without a piece after the first that count as a
+    break; `on_hop` is told of each break."""
 
-    def __init__(self, hop: Hop, res: Resumes, deadline: float, on_first: Callable[[], None],
-                 on_done: Callable[[bool, tuple[int, int] | None], None], monotonic: Callable[[], float],
-                 serving: list | None = None):
-        self.hop = hop
-        self.serving = serving if serving is not None else [hop.lease]  # [the lease answering now]
-        self.done = False
-        self.completed = False
+    def __init__(self, hop: Hop, ex: Exchange, stall: float, deadline: float, on_first: Callable[[], None],
+                 on_done: Callable[[bool, tuple[int, int] | None, Lease], None], monotonic: Callable[[], float],
+                 on_hop: OnHop, model: str):
+        self.hop, self.ex, self.stall, self.on_hop, self.model = hop, ex, stall, on_hop, model
+        self.op = ex.call.route.op
+        self.done = self.completed = False
+        self.said = rs.Said()
+        self.held: list[bytes] = []  # pieces sent and not folded yet
+        self.before: list[bytes] = []  # the last pieces sent before the last break (folded already)
+        self.first: bytes | None = None  # the first piece sent: the answer's id and creation time
+        self.hops = 0
 
         def once(answered: bool, usage) -> None:
             if not self.done:
                 self.done = True
-                on_done(answered, usage)
+                on_done(answered, usage, self.hop.lease)
 
         self.on_done = once
-        self.gen = resuming_stream(self, res, deadline, on_first, once, monotonic)
+        self.gen = self._stream(deadline, on_first, monotonic)
 
     @property
-    def resp(self) -> UpstreamResponse:  # StreamBody's, for its readers
+    def resp(self):  # StreamBody's, for its readers
         return self.hop.resp
 
     def close(self) -> None:
@@ -184,122 +66,128 @@ class ResumingBody(StreamBody):
             self.hop.resp.close()
             self.on_done(False, None)
 
-
-def resuming_stream(body: ResumingBody, res: Resumes, deadline: float, on_first: Callable[[], None],
-                    on_done: Callable[[bool, tuple[int, int] | None], None],
-                    monotonic: Callable[[], float]) -> Iterator[bytes]:
-    """The client's stream: the engine's pieces as they arrive (through the answer's rewrite), and at
-    a break what `decide` says. Per piece: the error-event check (one substring search), an append,
-    the clock. `on_done(answered, usage)` runs once, in `finally`, after the upstream is released
-    (answer whole) or closed."""
-    route_op, ended = res.op, rs.ended
-    mark, fold_at = rs.ERROR_MARK, rs.FOLD_PIECES
-    said = rs.Said()
-    held: list[bytes] = []  # pieces sent and not folded yet
-    before: list[bytes] = []  # the last pieces sent before the last break (folded already)
-    first: bytes | None = None  # the first piece sent: the answer's id and creation time
-    hops = 0
-    fresh = True
-    answered = False
-    resp = body.hop.resp
-    pieces = AnswerRewrite(res.model, body.hop.rewrite).stream(resp.chunks())
-    try:
-        while True:
-            cause = "closed"
-            try:
-                for chunk in pieces:
-                    if mark in chunk:
-                        at = rs.error_at(chunk)
-                        if at >= 0:
-                            if at:
-                                held.append(chunk[:at])
-                                yield chunk[:at]
-                            cause = "engine_error"
-                            break
-                    if fresh:  # this hop's first piece: tokens flow, from now a silence is a stall
-                        fresh = False
-                        if res.stall:
-                            resp.idle_timeout(res.stall)
-                        if first is None:
-                            first = chunk
-                            on_first()
-                    held.append(chunk)
-                    yield chunk
-                    if len(held) > fold_at:
-                        said = rs.fold(route_op, said, b"".join(held[:-2]), last=False)
-                        del held[:-2]
-                    if monotonic() > deadline:
-                        log.warning("stream exceeded the total timeout; closing it")
-                        return
-                else:
-                    if ended(route_op, b"".join((before + held)[-2:])):
-                        answered = body.completed = True
-                        return
-            except socket.timeout:
-                cause = "stall"
-            except OSError as e:
-                cause = "reset"
-                log.debug("upstream stream broke: %s", e)
-            # The engine broke off: what the client was sent decides what follows.
-            said = rs.fold(route_op, said, b"".join(held))
-            tail = (before + held)[-2:]
-            before, held = tail, []
-            old = body.hop.lease.choice.endpoint.id
-            step = rs.decide(route_op, res.body, said, hops, res.limit, res.off)
-            res.trace.attempt_failed(f"broken:{cause}", None, isinstance(step, rs.Resume))
-            sep = rs.separator(tail[-1] if tail else b"")
-            if isinstance(step, rs.Finish):
-                res.on_hop(cause, old, "finished", None, said.tokens)
-                out = sep + rs.finish_events(route_op, rs.head_of(first or b""), res.model, step)
-                if out:
-                    held.append(out)
-                    yield out
-                answered = body.completed = True
-                return
-            if isinstance(step, rs.Resume):
-                try:
-                    new = res.resender.resend(frozenset({old}), step.body)
-                except ResendFailed as e:
-                    step = rs.Cut("stream_resume_failed", str(e))
-                else:
-                    if new.resp.status >= 400 or not new.resp.content_type.startswith("text/event-stream"):
-                        detail = new.resp.status
-                        new.resp.close()
-                        new.lease.release()
-                        step = rs.Cut("stream_resume_failed", f"endpoint {new.lease.choice.endpoint.id} "
-                                                              f"answered the continuation with {detail}")
-            if isinstance(step, rs.Cut):
-                res.on_hop(cause, old, "cut", None, said.tokens)
-                log.warning("request %s: the stream on %s broke off (%s) after %d tokens and was not resumed: %s",
-                            res.resender.rid, old, cause, said.tokens, step.reason)
-                yield sep + rs.cut_event(route_op, step)
-                return
-            # Resumed: the old engine is let go, the new one's stream continues the client's.
-            hops += 1
-            prev, body.hop = body.hop, new
-            body.serving[0] = new.lease
-            prev.resp.close()
-            prev.lease.release()
-            res.on_hop(cause, old, "resumed", new.lease.choice.endpoint.id, said.tokens)
-            log.warning("request %s: the stream on %s broke off (%s) after %d tokens; resumed on %s",
-                        res.resender.rid, old, cause, said.tokens, new.lease.choice.endpoint.id)
-            if sep:
-                held.append(sep)
-                yield sep
-            resp, fresh = new.resp, True
-            chunks = resp.chunks()
-            if first is not None:  # else the client was sent nothing yet: the new stream is its whole answer
-                chunks = _spliced(rs.Splice(route_op, rs.head_of(first), said.tokens), chunks)
-            pieces = AnswerRewrite(res.model, new.rewrite).stream(chunks)
-    finally:
-        cur = body.hop.resp
+    def _stream(self, deadline: float, on_first: Callable[[], None], monotonic: Callable[[], float]) -> Iterator[bytes]:
+        """The client's stream: the engine's pieces as they arrive (through the answer's rewrite), and
+        at a break what `_broke` says."""
+        answered = False
+        pieces = self._pieces(self.hop)
         try:
-            if answered:
-                cur.release()
-            else:
-                cur.close()  # the engine sees the client leave and aborts
+            while True:
+                cause = yield from self._relay(pieces, deadline, on_first, monotonic)
+                if cause is not None:
+                    out, pieces = self._broke(cause)
+                    if out:
+                        yield out
+                if cause is None or pieces is None:
+                    answered = self.completed
+                    return
         finally:
-            on_done(answered, sse_usage(b"".join((before + held)[-2:])))
+            cur = self.hop.resp
+            try:
+                if answered:
+                    cur.release()
+                else:
+                    cur.close()  # the engine sees the client leave and aborts
+            finally:
+                self.on_done(answered, sse_usage(b"".join((self.before + self.held)[-2:])))
+
+    def _relay(self, pieces: Iterator[bytes], deadline: float, on_first: Callable[[], None],
+               monotonic: Callable[[], float]):
+        """Pass one hop's pieces on; returns why it broke off (None: the answer ended, or its time ran
+        out). Per piece: the error-event check (one substring search), an append, the clock."""
+        held, route_op, mark, fold_at = self.held, self.op, rs.ERROR_MARK, rs.FOLD_PIECES
+        fresh = True
+        try:
+            for chunk in pieces:
+                if mark in chunk:
+                    at = rs.error_at(chunk)
+                    if at >= 0:
+                        if at:
+                            held.append(chunk[:at])
+                            yield chunk[:at]
+                        return "engine_error"
+                if fresh:  # this hop's first piece: tokens flow, from now a silence is a stall
+                    fresh = False
+                    if self.stall:
+                        self.hop.resp.idle_timeout(self.stall)
+                    if self.first is None:
+                        self.first = chunk
+                        on_first()
+                held.append(chunk)
+                yield chunk
+                if len(held) > fold_at:
+                    self.said = rs.fold(route_op, self.said, b"".join(held[:-2]), last=False)
+                    del held[:-2]
+                if monotonic() > deadline:
+                    log.warning("stream exceeded the total timeout; closing it")
+                    return None
+        except socket.timeout:
+            return "stall"
+        except OSError as e:
+            log.debug("upstream stream broke: %s", e)
+            return "reset"
+        if rs.ended(route_op, b"".join((self.before + held)[-2:])):
+            self.completed = True
+            return None
+        return "closed"
+
+    def _broke(self, cause: str) -> tuple[bytes, Iterator[bytes] | None]:
+        """The engine broke off: what the client was sent decides what follows. Returns what to send
+        the client now, and the stream that continues the answer (None: the answer ends here)."""
+        ex, route_op = self.ex, self.op
+        self.said = said = rs.fold(route_op, self.said, b"".join(self.held))
+        tail = (self.before + self.held)[-2:]
+        self.before, self.held = tail, []
+        old = self.hop.choice.endpoint.id
+        step = rs.decide(route_op, ex.call.body, said, self.hops, ex.sender.cfg.resumes, ex.resume_off())
+        ex.trace.attempt_failed(f"broken:{cause}", None, isinstance(step, rs.Resume))
+        sep = rs.separator(tail[-1] if tail else b"")
+        if isinstance(step, rs.Finish):
+            self.on_hop(cause, old, "finished", None, said.tokens)
+            self.completed = True
+            out = sep + rs.finish_events(route_op, rs.head_of(self.first or b""), self.model, step)
+            if out:
+                self.held.append(out)
+            return out, None
+        new = None
+        if isinstance(step, rs.Resume):
+            new, step = self._resend(old, step)
+        if isinstance(step, rs.Cut):
+            self.on_hop(cause, old, "cut", None, said.tokens)
+            log.warning("request %s: the stream on %s broke off (%s) after %d tokens and was not resumed: %s",
+                        ex.rid, old, cause, said.tokens, step.reason)
+            return sep + rs.cut_event(route_op, step), None
+        # Resumed: the old engine is let go, the new one's stream continues the client's.
+        self.hops += 1
+        prev, self.hop = self.hop, new
+        prev.close()
+        self.on_hop(cause, old, "resumed", new.choice.endpoint.id, said.tokens)
+        log.warning("request %s: the stream on %s broke off (%s) after %d tokens; resumed on %s",
+                    ex.rid, old, cause, said.tokens, new.choice.endpoint.id)
+        if sep:
+            self.held.append(sep)
+        return sep, self._pieces(new)
+
+    def _resend(self, old: str, step: rs.Resume) -> tuple[Hop | None, rs.Resume | rs.Cut]:
+        """The continuation, sent through the request's Exchange to an endpoint other than `old`."""
+        try:
+            new = self.ex.send(self.ex.call.continued(step.body), frozenset({old}))
+        except ApiError as e:
+            return None, rs.Cut("stream_resume_failed", e.message)
+        if new.resp.status >= 400 or not new.resp.content_type.startswith("text/event-stream"):
+            detail = new.resp.status
+            new.close()
+            return None, rs.Cut("stream_resume_failed", f"endpoint {new.choice.endpoint.id} answered the "
+                                                        f"continuation with {detail}")
+        return new, step
+
+    def _pieces(self, hop: Hop) -> Iterator[bytes]:
+        """A hop's stream as the client reads it: after a break, spliced into the answer it continues
+        (else the client was sent nothing yet: the new stream is its whole answer)."""
+        chunks = hop.resp.chunks()
+        if self.hops and self.first is not None:
+            chunks = _spliced(rs.Splice(self.op, rs.head_of(self.first), self.said.tokens), chunks)
+        return AnswerRewrite(self.model, hop.ask.rewrite).stream(chunks)
 
 
 def _spliced(splice: rs.Splice, chunks: Iterator[bytes]) -> Iterator[bytes]:

@@ -5,7 +5,7 @@ priority its requests may claim. No Redis except the rate-limited keys' one roun
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from gateway.errors import ApiError
 from gateway.keys.limits import RateLimiter
@@ -16,6 +16,16 @@ from llmgw.state.keypolicy import PRIORITIES, Tenant, TenantRefused, cap_priorit
 from llmgw.state.clock import Clock
 
 NOT_LOADED = "the gateway has not loaded its API keys yet"
+ASK = object()  # `check`: authenticate the caller (else the key is given, already authenticated)
+
+
+class Verdict(NamedTuple):
+    """What a request's key lets it do, once checked: who asks, the criticality it may claim, and whom
+    it is served for in fair order (None: a retrieval by id, never queued; or an unknown model)."""
+
+    key: ApiKey | None
+    priority: str
+    tenant: Tenant | None
 
 
 class KeyGate:
@@ -26,6 +36,28 @@ class KeyGate:
         self.default_priority = default_priority
         self.names_of = names_of  # every name of a model (the routing tables'), for a key's `--models`
         self.not_ready = not_ready  # why the process cannot serve yet, for the 503 that says so
+
+    def check(self, environ: dict, model: str, known: bool | None, by_id: bool = False, key=ASK) -> Verdict:
+        """Every check of a request's key, in order, raising the first refusal: who asks (401), the
+        priority header (400), the key's policy for `model` (401, 404, 429), the sub-tenant it names
+        (403, 400) and its rate limits (429). A model the gateway does not `know` is refused by the
+        caller, after the policy and before the rate limits; `known` None: the gateway has not loaded
+        its models yet, and refuses the request (503) once it knows who asks. A read by response id
+        (`by_id`) is critical and has no tenant: it generates nothing. `key`: the caller, already
+        authenticated (a read by id asks who calls before saying whether the response exists)."""
+        if key is ASK:
+            key = self.authenticate(environ)
+        if known is None:
+            return Verdict(key, "critical" if by_id else self.default_priority, None)
+        prio = "critical" if by_id else self.priority(environ.get("HTTP_X_LLMGW_PRIORITY") or None, key)
+        if key is not None:
+            self.enforce(key, model)  # expiry, the key's models, its budget: 401 / 404 / 429
+        if not known:
+            return Verdict(key, prio, None)
+        tenant = None if by_id else self.tenant(environ, key)
+        if key is not None:
+            self.limit(key, model)
+        return Verdict(key, prio, tenant)
 
     def authenticate(self, environ: dict) -> ApiKey | None:
         """The caller's key when LLMGW_GATEWAY_AUTH requires one (None when it does not)."""

@@ -1,6 +1,7 @@
 """One proxied request as the gateway reads it: `read_call(route, response_id, environ, tables, limit)
--> Call`, from the WSGI environ and the routing tables, raising ApiError (400, 404, 413, 503) for
-what cannot be sent.
+-> Call`, a frozen value read once from the WSGI environ and the routing tables, raising ApiError
+(400, 404, 413, 503) for what cannot be sent; and what one endpoint is sent for it (`engine_request`).
+What the gateway decides for the request (adapter, prefix, objective, tenant) is gateway.request.plan's.
 
 Only what routing needs is read: a JSON object's `model`/`stream`/`user`, a multipart form's `model`
 field (gateway.request.forms), or the endpoint a response id leads to (gateway.response_ids). The
@@ -10,15 +11,15 @@ body is forwarded as it came unless the endpoint serves the model under another 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from gateway.errors import ApiError
-from gateway.request.client import ClientConn, client_of
+from gateway.request.client import NO_CLIENT, ClientConn, client_of
 from gateway.request.forms import FormError, find_field
 from gateway.request.surface import Route, engine_path
 from gateway.response_ids import IdRewrite, unwrap
 from gateway.routing.adapters import AdapterRoute
-from gateway.routing.choice import COMPLETION, FIRST_TOKEN
-from gateway.routing.prefixkeys import opens_conversation, prefix_of
 from gateway.routing.tables import Tables
 from llmgw import surface as op
 from llmgw.engines import ENGINES, get_engine
@@ -33,44 +34,22 @@ FORWARD_REQUEST_HEADERS = (
 )  # (header, WSGI environ key); X-Request-Id is always set
 
 
+@dataclass(frozen=True, slots=True)
 class Call:
-    """One proxied request as the gateway read it: the model it names, and what to send to whichever
-    endpoint takes it (the body with the endpoint's served name, the engine's path)."""
+    """One proxied request as the gateway read it, never changed after: the model it names, and what
+    to send to whichever endpoint takes it (`engine_request`). A continuation or a request that asks
+    for its usage is another Call (`continued`, `with_usage`), made by `replace`, so no field is lost."""
 
-    __slots__ = ("route", "model", "data", "body", "form_at", "pin", "response_id", "previous", "query", "adapter",
-                 "client", "prefix", "prompt_tokens", "opens", "objective", "tenant", "charge")
-
-    def __init__(self, route: Route, model: str, data: bytes | None = None, body: dict | None = None,
-                 form_at: tuple[int, int] | None = None, pin: str | None = None,
-                 response_id: tuple[str, str] | None = None, previous: tuple[str, str] | None = None,
-                 query: str = ""):
-        self.route, self.model, self.data, self.body, self.form_at = route, model, data, body, form_at
-        self.pin = pin  # the endpoint a response id leads to
-        self.response_id = response_id  # (client id, engine id) named by the path
-        self.previous = previous  # (client id, engine id) of a JSON body's previous_response_id
-        self.query = query
-        self.adapter: AdapterRoute | None = None  # the LoRA adapter it names (set by the proxy)
-        self.client = ClientConn(None)  # the client's connection (read_call sets it)
-        # For prefix-cache routing (set by `plan_prefix`): block keys, prompt tokens, objective.
-        self.prefix: tuple[int, ...] = ()
-        self.prompt_tokens = 0.0
-        self.opens = False  # it starts a conversation (gateway.routing.prefixkeys.opens_conversation)
-        self.objective = COMPLETION
-        # Fair queueing (gateway.routing.fairness): whom it is served for (None: a retrieval, which is
-        # never queued), and what its tenant was charged when it was sent (gateway.routing.ledger.Charge).
-        self.tenant = None
-        self.charge = None
-
-    def plan_prefix(self, canon: str, objective: str | None, enabled: bool = True) -> None:
-        """What routing needs for the prefix cache: the prompt's block keys (seeded with the model's
-        canonical name and the adapter), and what the request minimises: the catalog's
-        `routing.objective` for the model, else its first token when it streams, else its completion."""
-        self.objective = objective or (FIRST_TOKEN if self.streams() else COMPLETION)
-        if enabled and self.body is not None:
-            self.prefix, self.prompt_tokens = prefix_of(self.body, self.route.op, canon,
-                                                        self.adapter.name if self.adapter is not None else "")
-            # (read only with block keys: where a prompt's history goes, gateway.routing.choice._pick)
-            self.opens = bool(self.prefix) and opens_conversation(self.body, self.route.op)
+    route: Route
+    model: str
+    data: bytes | None = None
+    body: dict | None = None
+    form_at: tuple[int, int] | None = None
+    pin: str | None = None  # the endpoint a response id leads to
+    response_id: tuple[str, str] | None = None  # (client id, engine id) named by the path
+    previous: tuple[str, str] | None = None  # (client id, engine id) of a JSON body's previous_response_id
+    query: str = ""
+    client: ClientConn = NO_CLIENT  # the client's connection
 
     @property
     def affinity(self) -> str | None:
@@ -81,10 +60,16 @@ class Call:
     def streams(self) -> bool:
         return self.body is not None and self.body.get("stream") is True
 
-    def ask_for_usage(self) -> None:
+    def with_usage(self) -> "Call":
         """A stream whose tokens count against a budget asks the engine for its usage chunk."""
         if self.streams() and self.route.op in (op.CHAT, op.COMPLETIONS):  # a Responses stream ends with usage
-            self.body, self.data = with_stream_usage(self.body, self.data)
+            body, data = with_stream_usage(self.body, self.data)
+            return replace(self, body=body, data=data) if data is not self.data else self
+        return self
+
+    def continued(self, body: dict) -> "Call":
+        """This request with another body (the continuation of its answer), routed like it."""
+        return replace(self, body=body, data=json.dumps(body).encode())
 
     def assembled(self, ep: EndpointInfo) -> ClientConn | None:
         """The client, when endpoint `ep` is asked for a stream the client did not ask for: its
@@ -95,38 +80,55 @@ class Call:
         engine = ENGINES.get(ep.engine)
         return self.client if engine is not None and not engine.aborts_unstreamed else None
 
-    def request_for(self, ep: EndpointInfo) -> tuple[str, bytes | None]:
-        """The engine's path and the body for endpoint `ep`."""
-        path = engine_path(ep.path(self.route.op), self.response_id[1] if self.response_id else None)
-        if self.query:
-            path += "?" + self.query
-        served = ep.served_name or ep.model or self.model
-        if self.body is not None:
-            changes = {}
-            if self.assembled(ep) is not None:
-                opts = self.body.get("stream_options")
-                changes = {"stream": True,
-                           "stream_options": {**(opts if isinstance(opts, dict) else {}), "include_usage": True}}
-            if self.adapter is not None or ep.adapters:
-                changes.update(adapter_changes(self.body, self.adapter, ep, served))
-            elif served != self.model:
-                changes["model"] = served
-            if self.previous is not None:
-                changes["previous_response_id"] = self.previous[1]
-            return path, (json.dumps({**self.body, **changes}).encode() if changes else self.data)
-        if self.form_at is not None and self.adapter is not None:
-            served = self.adapter.name  # a form names the adapter as vLLM serves it
-        if self.form_at is not None and served != self.model:
-            start, end = self.form_at
-            return path, self.data[:start] + served.encode() + self.data[end:]
-        return path, self.data
 
-    def rewrite(self, ep: EndpointInfo) -> IdRewrite | None:
-        """How the endpoint's response ids become the client's, for the Responses operations."""
-        if self.route.op not in RESPONSE_OPS:
-            return None
-        known = {pair[1]: pair[0] for pair in (self.response_id, self.previous) if pair is not None}
-        return IdRewrite(ep.id, known, learn=True)
+class EngineRequest(NamedTuple):
+    """What one endpoint is sent for a Call, and how its answer is read."""
+
+    path: str
+    body: bytes | None
+    assemble: ClientConn | None  # Call.assembled
+    rewrite: IdRewrite | None  # how the endpoint's response ids become the client's (Responses operations)
+
+
+def engine_request(call: Call, adapter: AdapterRoute | None, ep: EndpointInfo) -> EngineRequest:
+    """The engine's path and body for endpoint `ep` (`adapter`: the LoRA adapter the request names),
+    whether its answer is assembled from a stream, and how its response ids are rewritten."""
+    path = engine_path(ep.path(call.route.op), call.response_id[1] if call.response_id else None)
+    if call.query:
+        path += "?" + call.query
+    assemble = call.assembled(ep)
+    return EngineRequest(path, _engine_body(call, adapter, ep, assemble is not None), assemble,
+                         _rewrite(call, ep) if call.route.op in RESPONSE_OPS else None)
+
+
+def _engine_body(call: Call, adapter: AdapterRoute | None, ep: EndpointInfo, assembled: bool) -> bytes | None:
+    served = ep.served_name or ep.model or call.model
+    body = call.body
+    if body is not None:
+        changes = {}
+        if assembled:
+            opts = body.get("stream_options")
+            changes = {"stream": True,
+                       "stream_options": {**(opts if isinstance(opts, dict) else {}), "include_usage": True}}
+        if adapter is not None or ep.adapters:
+            changes.update(adapter_changes(body, adapter, ep, served))
+        elif served != call.model:
+            changes["model"] = served
+        if call.previous is not None:
+            changes["previous_response_id"] = call.previous[1]
+        return json.dumps({**body, **changes}).encode() if changes else call.data
+    if call.form_at is not None and adapter is not None:
+        served = adapter.name  # a form names the adapter as vLLM serves it
+    if call.form_at is not None and served != call.model:
+        start, end = call.form_at
+        return call.data[:start] + served.encode() + call.data[end:]
+    return call.data
+
+
+def _rewrite(call: Call, ep: EndpointInfo) -> IdRewrite:
+    """How the endpoint's response ids become the client's, for the Responses operations."""
+    known = {pair[1]: pair[0] for pair in (call.response_id, call.previous) if pair is not None}
+    return IdRewrite(ep.id, known, learn=True)
 
 
 def adapter_changes(body: dict, adapter: AdapterRoute | None, ep: EndpointInfo, served: str) -> dict:
@@ -177,16 +179,11 @@ def read_body(environ: dict, limit: int) -> bytes:
 def read_call(route: Route, response_id: str | None, environ: dict, tables: Tables, limit: int) -> Call:
     """Read what routing needs from the request: the body's model (JSON or a form field), or the
     endpoint a response id leads to; and where its client is (gateway.request.client)."""
-    call = _read(route, response_id, environ, tables, limit)
-    call.client = client_of(environ)
-    return call
-
-
-def _read(route: Route, response_id: str | None, environ: dict, tables: Tables, limit: int) -> Call:
+    client = client_of(environ)
     if route.body == "none":
         ep, engine_id = response_endpoint(tables, response_id or "", "response")
         return Call(route, ep.model or ep.models[0], pin=ep.id, response_id=(response_id or "", engine_id),
-                    query=environ.get("QUERY_STRING", ""))
+                    query=environ.get("QUERY_STRING", ""), client=client)
     data = read_body(environ, limit)
     if route.body == "form":
         try:
@@ -195,7 +192,7 @@ def _read(route: Route, response_id: str | None, environ: dict, tables: Tables, 
             raise ApiError("bad_request", str(e)) from None
         if found is None or not found[0]:
             raise ApiError("missing_model", "the form field 'model' is required")
-        return Call(route, found[0], data, form_at=found[1:])
+        return Call(route, found[0], data, form_at=found[1:], client=client)
     try:
         body = json.loads(data)
     except ValueError as e:  # UnicodeDecodeError included: not UTF-8
@@ -209,14 +206,14 @@ def _read(route: Route, response_id: str | None, environ: dict, tables: Tables, 
         raise ApiError("missing_model", "'model' is required and must be a non-empty string")
     previous = body.get("previous_response_id") if route.op == op.RESPONSES else None
     if previous is None:
-        return Call(route, model, data, body)
+        return Call(route, model, data, body, client=client)
     if not isinstance(previous, str):
         raise ApiError("bad_request", "'previous_response_id' must be a string")
     ep, engine_id = response_endpoint(tables, previous, "previous_response_id")
     if model not in ep.models:
         raise ApiError("bad_request", f"previous_response_id {previous!r} belongs to model {ep.model!r}, "
                        f"not {model!r}")
-    return Call(route, model, data, body, pin=ep.id, previous=(previous, engine_id))
+    return Call(route, model, data, body, pin=ep.id, previous=(previous, engine_id), client=client)
 
 
 def response_endpoint(tables: Tables, client_id: str, what: str) -> tuple[EndpointInfo, str]:

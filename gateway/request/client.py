@@ -74,3 +74,6 @@ class ClientConn:
 
 def client_of(environ: dict) -> ClientConn:
     return ClientConn(environ.get("gunicorn.socket"))
+
+
+NO_CLIENT = ClientConn(None)  # a request without a socket to watch (the test client, a simulator)

@@ -13,7 +13,7 @@ from typing import Callable, Collection, Iterator
 
 from gateway.routing.choice import Choice, Rejection
 from gateway.routing.fairness import estimate, output_estimate, prompt_estimate
-from gateway.routing.ledger import NO_TENANT, Backlog, Ledger
+from gateway.routing.ledger import NO_TENANT, Backlog, Charge, Ledger
 from llmgw.state.keypolicy import Tenant
 from llmgw import surface as op
 
@@ -155,13 +155,14 @@ class WaitQueues:
                                                         self.ledger, lambda: self.model_of(model))
         return q
 
-    def sent(self, call, choice: Choice) -> None:
-        """A request (gateway.request.call.Call) is sent with `choice`: charge its tenant the service it
-        is expected to cost (gateway.routing.fairness.estimate); `call.charge` corrects it when its
-        answer ends. Once per request (a retry is not charged again); nothing without a tenant."""
-        tenant = call.tenant
-        if tenant is None or call.charge is not None:
-            return
+    def sent(self, call, plan, choice: Choice) -> Charge | None:
+        """A request (gateway.request.call.Call, planned by gateway.request.plan.Plan) is sent with
+        `choice`: charge its tenant the service it is expected to cost (gateway.routing.fairness.estimate).
+        The Charge returned corrects it when its answer ends; the caller charges a request once (a retry
+        is not charged again). Nothing without a tenant."""
+        tenant = plan.tenant
+        if tenant is None:
+            return None
         model = self.model_of(call.model)
         body = call.body
         if body is not None:
@@ -169,9 +170,9 @@ class WaitQueues:
         else:
             most = None
         led = self.ledger
-        prompt = prompt_estimate(call.prompt_tokens, len(call.data) if call.data else 0)
+        prompt = prompt_estimate(plan.prompt_tokens, len(call.data) if call.data else 0)
         output = output_estimate(most, led.expected_output(model, tenant.key), call.route.op in GENERATING)
-        call.charge = led.sent(model, tenant, estimate(prompt, choice.matched, output, led.output_weight))
+        return led.sent(model, tenant, estimate(prompt, choice.matched, output, led.output_weight))
 
     def waiting_models(self) -> set[str]:
         """The models some request waits for here (their counters are read back at every exchange)."""

@@ -8,9 +8,10 @@ token within the stall limit), these functions say what happens:
   carried it, whether it had ended). The shell folds only every FOLD_PIECES pieces (to bound what a
   stream holds) and at a break: per piece it only appends, so a stream that never breaks costs no
   parsing.
-- `decide` says what to do: `Resume` with the request that continues the answer (`continuation`),
-  `Finish` (the answer had ended: close it as the engine would have), or `Cut` with the reason,
-  sent as an OpenAI-shaped error event (`cut_event`) where a resume could not be exact.
+- `decide` says what to do with a stream: `Resume` with the request that continues the answer
+  (`continuation`), `Finish` (the answer had ended: close it as the engine would have), or `Cut`
+  with the reason, sent as an OpenAI-shaped error event (`cut_event`) where a resume could not be
+  exact. `ask_again` says it for a whole answer, of which the client was sent nothing yet.
 - `Splice` rewrites the continuing stream's events so the client sees one answer: its first id and
   creation time, no second role chunk, the usage counted once (the prompt without the resent text,
   the completion with it).
@@ -223,6 +224,14 @@ def decide(route_op: str, body: dict, said: Said, hops: int, limit: int, off: st
     if budget is not None and budget <= 0:
         return Finish("length", True)
     return Resume(continuation(route_op, body, said))
+
+
+def ask_again(status: int, hops: int, limit: int, off: str | None, client_gone: bool) -> bool:
+    """Whether a whole (not streamed) answer whose engine broke off while its body was read is asked
+    for again on another endpoint: nothing of it reached the client, so the request goes again as it
+    was, unless the engine's answer was an error already (`status`), the client left, resuming is
+    `off` for it, or it was asked again `limit` times (LLMGW_GATEWAY_RESUMES) already."""
+    return status < 400 and not client_gone and off is None and hops < limit
 
 
 MAX_FIELDS = ("max_completion_tokens", "max_tokens", "n_predict")

@@ -13,12 +13,15 @@ from types import SimpleNamespace
 import pytest
 
 import bench.fleetsim as fleetsim
-import gateway.http.proxy as proxy_mod
+import gateway.http.admit as admit_mod
 from gateway.config import GatewaySettings
 from gateway.errors import ApiError
-from gateway.http.proxy import Proxy
+from gateway.http.admit import Admission
 from gateway.observe.metrics import Metrics
 from gateway.observe.saturation import SaturationSignals
+from gateway.request.call import Call
+from gateway.request.plan import Plan
+from gateway.request.surface import ROUTES
 from gateway.routing import admission
 from gateway.routing.choice import Choice, Rejection
 from gateway.routing.ledger import NO_TENANT
@@ -87,7 +90,7 @@ def recorded(monkeypatch, module) -> list:
 
 
 def through_proxy(monkeypatch, waiting, prio, first, result, rate) -> tuple[list, str, int]:
-    calls = recorded(monkeypatch, proxy_mod)
+    calls = recorded(monkeypatch, admit_mod)
     router = ScriptedRouter(result, rate)
     clock = FakeClock(0.0)
     queues = WaitQueues(QUEUE_MAX, clock.monotonic)
@@ -96,14 +99,12 @@ def through_proxy(monkeypatch, waiting, prio, first, result, rate) -> tuple[list
         q.waiters.push(NO_TENANT, Ticket(), q.ledger, "m")
     cfg = GatewaySettings(queue_max=QUEUE_MAX, queue_timeout=QUEUE_TIMEOUT)
     demand = SimpleNamespace(demand=lambda name, n: False)
-    p = Proxy(cfg, clock, router, None, None, queues, None, Metrics(), None, SaturationSignals(), demand,
-              lambda: None)
+    a = Admission(cfg, clock, router, queues, Metrics(), SaturationSignals(), demand)
     waited = []
-    monkeypatch.setattr(p, "_wait", lambda q, req, attempt, timeout, **kw: waited.append(timeout))  # times out
-    call = SimpleNamespace(model="m", route=SimpleNamespace(op=CHAT), pin=None, prefix=(), prompt_tokens=0.0,
-                           objective="completion", body=None, opens=False, adapter=None, client=None, tenant=None)
+    monkeypatch.setattr(a, "_wait", lambda q, req, attempt, timeout, *args: waited.append(timeout))  # times out
+    call = Call(ROUTES[CHAT], "m")
     try:
-        got = p._admit(call, prio, None, frozenset(), first, None)
+        got = a.admit(call, Plan("m", prio), frozenset(), first, None)
         outcome = "sent" if got is result else "?"
     except ApiError as e:
         outcome = ("queued, then " if waited else "") + ("shed" if e.kind == "shed" else "error")

@@ -284,21 +284,15 @@ def test_a_full_queue_refuses_the_backlogged_tenant_not_the_light_one():
     assert len(q) == 0
 
 
-def test_the_queues_charge_a_sent_request_once():
+def test_the_queues_charge_a_sent_request_its_estimate():
     qs = WaitQueues(10)
-    call = SimpleNamespace(tenant=HEAVY, charge=None, model="m", body={"max_tokens": 50}, prompt_tokens=0.0,
-                           data=b"x" * 400, route=SimpleNamespace(op=CHAT))
-    qs.sent(call, Choice(EP, 0.1, 0, matched=40.0))
-    assert qs.ledger.counter("m", "k-h") == (100 - 40) + 2 * 50
-    qs.sent(call, OK)  # a retry: already charged
-    assert qs.ledger.counter("m", "k-h") == 160.0
-    embed = SimpleNamespace(tenant=LIGHT, charge=None, model="m", body={}, prompt_tokens=0.0, data=b"y" * 40,
-                            route=SimpleNamespace(op=EMBEDDINGS))
-    qs.sent(embed, OK)
+    call = SimpleNamespace(model="m", body={"max_tokens": 50}, data=b"x" * 400, route=SimpleNamespace(op=CHAT))
+    charge = qs.sent(call, SimpleNamespace(tenant=HEAVY, prompt_tokens=0.0), Choice(EP, 0.1, 0, matched=40.0))
+    assert qs.ledger.counter("m", "k-h") == (100 - 40) + 2 * 50 and charge.estimate == 160.0
+    embed = SimpleNamespace(model="m", body={}, data=b"y" * 40, route=SimpleNamespace(op=EMBEDDINGS))
+    qs.sent(embed, SimpleNamespace(tenant=LIGHT, prompt_tokens=0.0), OK)
     assert qs.ledger.counter("m", "k-l") == 10.0
-    nobody = SimpleNamespace(tenant=None, charge=None)
-    qs.sent(nobody, OK)
-    assert nobody.charge is None
+    assert qs.sent(call, SimpleNamespace(tenant=None, prompt_tokens=0.0), OK) is None
 
 
 # --- the exchange through Redis ------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import timeit
 import fakeredis
 
 from gateway.config import RoutingConfig
-from gateway.request.call import Call
+from gateway.request.call import Call, engine_request
 from gateway.request.surface import ROUTES
 from gateway.routing.adapters import NO_ADAPTER, AdapterRoute, no_holder
 from gateway.routing.admission import load_hold
@@ -92,9 +92,7 @@ def test_waiting_for_a_load_only_when_one_can_come():
 def body_for(model: str, e: EndpointInfo, adapter: AdapterRoute | None, **extra) -> dict:
     raw = json.dumps({"model": model, "messages": [], **extra}).encode()
     call = Call(ROUTES[op.CHAT], model, raw, json.loads(raw))
-    call.adapter = adapter
-    _path, out = call.request_for(e)
-    return json.loads(out)
+    return json.loads(engine_request(call, adapter, e).body)
 
 
 def test_each_engine_receives_the_adapter_as_it_serves_it():

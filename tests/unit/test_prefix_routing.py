@@ -389,21 +389,20 @@ def test_a_learned_slow_prefill_makes_a_hit_worth_more():
 
 def test_the_objective_comes_from_the_request_unless_the_catalog_fixes_it():
     from gateway.request.call import Call
+    from gateway.request.plan import plan
     from gateway.request.surface import ROUTES
-    from gateway.routing.tables import tables_from
+    from gateway.routing.tables import EMPTY, tables_from
 
-    def planned(body, objective=None):
-        c = Call(ROUTES[CHAT], "m", b"", body)
-        c.plan_prefix("m", objective)
-        return c
+    def planned(body, objective=None, enabled=True):
+        tables = replace(EMPTY.tables, objectives={"m": objective} if objective else {})
+        return plan(Call(ROUTES[CHAT], "m", b"", body), tables, "standard", None, None, enabled)
 
     assert planned(chat("hi", stream=True)).objective == FIRST_TOKEN
     assert planned(chat("hi")).objective == COMPLETION
     assert planned(chat("hi", stream=True), COMPLETION).objective == COMPLETION
     c = planned(chat("hi"))
     assert c.prefix == prefix_of(chat("hi"), CHAT, "m")[0] and c.prompt_tokens > 0
-    off = Call(ROUTES[CHAT], "m", b"", chat("hi"))
-    off.plan_prefix("m", None, enabled=False)
+    off = planned(chat("hi"), enabled=False)
     assert off.prefix == () and off.prompt_tokens == 0
     # the catalog's routing.objective, published on the model's endpoints, reaches the tables
     names = type("Names", (), {"canonical": {}, "groups": [], "cold_start": {}})()

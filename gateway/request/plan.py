@@ -1,0 +1,49 @@
+"""What the gateway decides for a request before routing it, pure: `plan(call, tables, verdict, affinity,
+prefix_routing) -> Plan`, a frozen value beside the frozen Call.
+
+A retry, a resumed answer and an evicted one keep the same Plan: they are the same request, served for
+the same tenant, under the same key, charged once (gateway.http.attempt holds the charge).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gateway.request.call import Call
+from gateway.routing.adapters import AdapterRoute
+from gateway.routing.choice import COMPLETION, FIRST_TOKEN
+from gateway.routing.prefixkeys import opens_conversation, prefix_of
+from gateway.routing.tables import Tables
+from llmgw.state.keypolicy import Tenant
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """How a request is routed and queued."""
+
+    canon: str  # the canonical name of the model it asks for (an alias's, an adapter's name as listed)
+    priority: str  # its criticality (gateway.keys.gate: the header, capped at its key's)
+    tenant: Tenant | None = None  # whom it is served for in fair order (None: a retrieval, never queued)
+    affinity: str | None = None  # X-Session-ID, else the body's `user`: keeps a session on one endpoint
+    adapter: AdapterRoute | None = None  # the LoRA adapter it names
+    objective: str = COMPLETION  # what routing minimises: its first token, or its completion
+    prefix: tuple[int, ...] = ()  # the prompt's block keys (gateway.routing.prefixkeys)
+    prompt_tokens: float = 0.0
+    opens: bool = False  # it starts a conversation (gateway.routing.prefixkeys.opens_conversation)
+
+
+def plan(call: Call, tables: Tables, priority: str, tenant: Tenant | None, affinity: str | None,
+         prefix_routing: bool = True) -> Plan:
+    """The request's plan over the routing tables. Its objective: the catalog's `routing.objective` for
+    the model, else its first token when it streams, else its completion. Its block keys are seeded
+    with the model's canonical name and the adapter; only read with `prefix_routing`."""
+    model = call.model
+    canon = tables.canonical.get(model, model)
+    adapter = tables.adapters.get(model) if tables.adapters else None
+    objective = tables.objectives.get(canon) or (FIRST_TOKEN if call.streams() else COMPLETION)
+    if not prefix_routing or call.body is None:
+        return Plan(canon, priority, tenant, affinity or call.affinity, adapter, objective)
+    keys, tokens = prefix_of(call.body, call.route.op, canon, adapter.name if adapter is not None else "")
+    # (read only with block keys: where a prompt's history goes, gateway.routing.choice._pick)
+    opens = bool(keys) and opens_conversation(call.body, call.route.op)
+    return Plan(canon, priority, tenant, affinity or call.affinity, adapter, objective, keys, tokens, opens)
