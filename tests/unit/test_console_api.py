@@ -23,7 +23,8 @@ from llmgw.state.records import LoadRecord
 from llmgw.state.store import Store
 from tests.support.clock import FakeClock
 from tests.unit.control_support import catalog, cpu_profile, gpu_profile, model, node
-from workers.control.apply import publish_once, reconcile_once
+from workers.control.apply import reconcile_once
+from workers.control.publish_pass import publish_once
 
 STATIC = Path(__file__).resolve().parents[2] / "gateway" / "ui" / "static"
 

@@ -16,8 +16,10 @@ from llmgw.state.records import LoadRecord, ReplicaRecord
 from llmgw.state.store import Store
 from tests.support.clock import FakeClock
 from tests.unit.control_support import catalog, cpu_profile, gpu_profile, model, node
-from workers.control.apply import housekeeping_once, publish_once, reconcile_once
+from workers.control.apply import reconcile_once
+from workers.control.housekeeping_pass import housekeeping_once
 from workers.control.plan import PlanConfig
+from workers.control.publish_pass import publish_once
 from workers.control.snapshot import CatalogKeeper
 
 
@@ -268,7 +270,7 @@ def test_moving_a_crash_looping_replica_is_an_event(store):
 
 
 def test_a_node_loss_and_return_are_each_one_event_whoever_notices(store):
-    from workers.control.apply import PublishMemory, publish_once
+    from workers.control.publish_pass import PublishMemory, publish_once
 
     setup(store, catalog(model("m", cpu_profile())), node("a"), node("b"))
     mem1, mem2 = PublishMemory(), PublishMemory()  # two control workers

@@ -12,7 +12,8 @@ from llmgw.catalog import apply_catalog
 from llmgw.state.node_records import NodeAdmin
 from llmgw.state.store import Store
 from tests.unit.control_support import catalog, cpu_profile, gpu_profile, model, node
-from workers.control.apply import publish_once, reconcile_once
+from workers.control.apply import reconcile_once
+from workers.control.publish_pass import publish_once
 
 
 class NullDispatcher:

@@ -16,7 +16,8 @@ from llmgw.state.demand_records import EndpointUse, GatewayReport, ModelDemand
 from llmgw.state.records import LoadRecord
 from llmgw.state.store import Store
 from tests.unit.control_support import catalog, cpu_profile, gpu_profile, model, node
-from workers.control.apply import publish_once, reconcile_once
+from workers.control.apply import reconcile_once
+from workers.control.publish_pass import publish_once
 
 NOW = 10_000.0
 

@@ -14,7 +14,6 @@ from llmgw.state.replica_state import State, derive_external
 from llmgw.state.store import Store
 from llmgw import surface as op
 from tests.support.clock import FakeClock
-from workers.control.apply import housekeeping_once, publish_once
 from workers.control.external import (
     Check,
     ExternalConfig,
@@ -26,6 +25,8 @@ from workers.control.external import (
     external_once,
     targets,
 )
+from workers.control.housekeeping_pass import housekeeping_once
+from workers.control.publish_pass import publish_once
 
 
 def catalog(*profiles: dict, aliases=("q-alias",)):

@@ -128,7 +128,7 @@ def test_status_shows_wanted_min_max_and_the_last_decision(store, monkeypatch, c
 
 
 def test_a_catalog_apply_moves_the_endpoint_list_version_so_gateways_learn_a_model_at_zero(store):
-    from workers.control.apply import publish_once
+    from workers.control.publish_pass import publish_once
 
     setup(store, auto())
     first = publish_once(store, lambda: 1.0)
