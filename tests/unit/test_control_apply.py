@@ -7,9 +7,6 @@ from __future__ import annotations
 import json
 import logging
 
-import fakeredis
-import pytest
-
 from llmgw.catalog import apply_catalog
 from llmgw.state import keys
 from llmgw.state.records import LoadRecord, ReplicaRecord
@@ -44,11 +41,6 @@ class FakeDispatcher:
         rec = self.store.get_replica(replica_id)
         assert rec is not None and rec.stop_requested_at is not None, "stop dispatched before it was recorded"
         self.sent.append(("stop", replica_id, node))
-
-
-@pytest.fixture
-def store():
-    return Store(fakeredis.FakeRedis(decode_responses=True))
 
 
 def setup(store: Store, cat, *nodes, ttl=60.0):

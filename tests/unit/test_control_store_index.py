@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import logging
 
-import fakeredis
 import pytest
 
 from llmgw.catalog import apply_catalog
@@ -31,11 +30,6 @@ class Dispatcher:
 
     def stop(self, rid, node):
         self.sent.append(("stop", rid, node))
-
-
-@pytest.fixture
-def store():
-    return Store(fakeredis.FakeRedis(decode_responses=True))
 
 
 def rec(rid: str, *nodes: str) -> ReplicaRecord:
