@@ -1,4 +1,5 @@
-"""What one control pass reads of Redis in one call (`Store.fleet_view`, `Store.publish_view`): plain
+"""What one control pass reads of Redis in one call (`Store.fleet_view`, `Store.publish_view`,
+`Store.housekeeping_view`): plain
 data, so the decisions over it are tested on hand-built views."""
 
 from __future__ import annotations
@@ -72,3 +73,16 @@ class PublishView:
     externals: tuple[ExternalRecord, ...] = ()
     version: int = 0  # the published list's version and fingerprint
     fingerprint: str = ""
+
+
+@dataclass(frozen=True)
+class HousekeepingView:
+    """What the housekeeping pass decides on."""
+
+    replicas: tuple[ReplicaRecord, ...] = ()
+    externals: tuple[ExternalRecord, ...] = ()
+    known: frozenset[str] = frozenset()  # every node that ever sent a heartbeat
+    live: Mapping[str, NodeInfo] = field(default_factory=dict)  # heartbeat present, by name
+    admin: Mapping[str, NodeAdmin] = field(default_factory=dict)  # operator flags of every known node
+    missing_since: Mapping[str, float] = field(default_factory=dict)  # node -> when first seen without a heartbeat
+    last_seen: Mapping[str, float] = field(default_factory=dict)  # node -> time of its last heartbeat

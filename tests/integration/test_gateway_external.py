@@ -9,23 +9,16 @@ from __future__ import annotations
 import logging
 import time
 
-import fakeredis
-import pytest
 import requests
 
 from gateway.app import create_app
 from gateway.config import GatewaySettings, RoutingConfig
 from llmgw import surface as op
 from llmgw.state.records import EndpointInfo, LoadRecord
-from llmgw.state.store import Store
+from tests.support.gateway_app import server, store  # noqa: F401 - fixtures
 
 CHAT = "/v1/chat/completions"
 SIM_LIKE = op.same_paths(op.CHAT, op.COMPLETIONS, op.TRANSCRIPTIONS)
-
-
-@pytest.fixture
-def store():
-    return Store(fakeredis.FakeRedis(server=fakeredis.FakeServer(), decode_responses=True))
 
 
 def endpoint(i, url, model="m", **kw):

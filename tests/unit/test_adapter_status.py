@@ -5,7 +5,6 @@ its demand; through the real CLI on fakeredis."""
 
 from __future__ import annotations
 
-import fakeredis
 import pytest
 
 from gateway.ui.views import models_view
@@ -15,7 +14,6 @@ from llmgw.cli.adapterview import adapter_rows
 from llmgw.cli.status import build_status, render
 from llmgw.state.node_records import NodeInfo
 from llmgw.state.records import ReplicaRecord
-from llmgw.state.store import Store
 
 NOW = 5000.0
 CATALOG = parse_catalog({"models": [
@@ -55,18 +53,17 @@ def test_rows_join_the_placement_with_the_records():
 
 
 @pytest.fixture
-def store(monkeypatch):
-    s = Store(fakeredis.FakeRedis(decode_responses=True))
+def fleet(store, monkeypatch):
+    """`store` holds CATALOG and its replicas, and `llmgw explain` and `llmgw status` read it, at NOW."""
     for mod in ("explain", "status"):
-        monkeypatch.setattr(f"llmgw.cli.{mod}.store", lambda *_: s)
+        monkeypatch.setattr(f"llmgw.cli.{mod}.store", lambda *_: store)
     monkeypatch.setattr("llmgw.cli.explain.time.time", lambda: NOW)
-    apply_catalog(s, CATALOG, source="t", applied_by="t", now=0)
+    apply_catalog(store, CATALOG, source="t", applied_by="t", now=0)
     for r in replicas():
-        s.create_replica(r)
-    return s
+        store.create_replica(r)
 
 
-def test_explain_an_adapter_by_its_alias(store, capsys):
+def test_explain_an_adapter_by_its_alias(store, fleet, capsys):
     store.write_adapter_rows(PLACED, NOW)
     code = cli.main(["explain", "x1"])
     out = capsys.readouterr().out
@@ -84,6 +81,6 @@ def test_explain_an_adapter_by_its_alias(store, capsys):
     assert "No replica holds it: a request for a2 waits for one to load it" in out
 
 
-def test_explain_an_adapter_not_placed_yet(store, capsys):
+def test_explain_an_adapter_not_placed_yet(store, fleet, capsys):
     assert cli.main(["explain", "a1"]) == 1
     assert "the control plane has not placed it yet" in capsys.readouterr().out

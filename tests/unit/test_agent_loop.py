@@ -489,7 +489,7 @@ def test_engines_on_a_gpu_node_see_only_their_gpus(env):
 
     store, runner, clock, make_agent = env
     agent = make_agent()
-    agent.gpus = agent.launcher.gpus = parse_gpu_spec("l4:4")
+    agent.launcher.gpus = parse_gpu_spec("l4:4")
     store.create_replica(ReplicaRecord(id="g", model="m", profile="p", node="a", nodes=["a"], gpus={"a": [2, 3]}))
     create(store, "cpu")
     agent.tick()
@@ -559,13 +559,13 @@ def test_multi_node_member_rejoins_when_the_head_restarts(env, monkeypatch):
     member.tick()
     assert member_runner.procs["mn"].signals == [signal.SIGTERM]
     member.tick()  # its exit is not a failure of its own, and it waits for the head's next attempt
-    assert len(member_runner.spawned) == 1 and member.members["mn"].get("failure_times", []) == []
+    assert len(member_runner.spawned) == 1 and member.memory.members["mn"].get("failure_times", []) == []
     clock.advance(1)
     head.tick()  # head attempt 2
     assert store.get_replica("mn").attempt == 2
     member.tick()
     assert len(member_runner.spawned) == 2 and member_runner.procs["mn"].alive
-    assert member.members["mn"]["joined_attempt"] == 2
+    assert member.memory.members["mn"]["joined_attempt"] == 2
 
 
 def test_probe_outcomes_come_from_the_supervisor(env, monkeypatch):
@@ -620,6 +620,25 @@ def test_shutdown_waits_on_the_injected_clock(env, monkeypatch):
     assert 10 <= clock.t - t0 <= 10 + max(slept)
     rec = store.get_replica("r1")
     assert rec.exit_signal == signal.SIGKILL and not rec.failure_times
+
+
+def test_shutdown_is_given_what_it_needs_and_stops_what_the_state_dir_lists_when_redis_is_gone(env):
+    """`stop_engines` takes a `Shutdown`, not the agent: with the records unreadable it still stops
+    every attempt the state dir lists, and has no record to write of them."""
+    from workers.agent.shutdown import Shutdown, stop_engines
+
+    store, runner, clock, make_agent = env
+    agent = make_agent()
+    create(store)
+    agent.tick()
+    recorded: list[list] = []
+
+    def unreadable(found, now):
+        raise ConnectionError("Redis is gone")
+
+    stop_engines(Shutdown("a", runner, unreadable, recorded.append, agent.policy, clock, clock.sleep))
+    assert runner.procs["r1"].signals == [signal.SIGTERM] and not runner.procs["r1"].alive
+    assert recorded == [[]]
 
 
 def count_writes(store, monkeypatch) -> list[dict]:

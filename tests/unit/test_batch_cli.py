@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-import fakeredis
 import pytest
 
 from llmgw import cli
@@ -14,14 +13,13 @@ from llmgw.state.store import Store
 
 
 @pytest.fixture
-def store(monkeypatch):
-    s = Store(fakeredis.FakeRedis(decode_responses=True))
-    monkeypatch.setattr("llmgw.cli.keys.checked_store", lambda: s)
+def kicks(store, monkeypatch) -> list[str]:
+    """`llmgw batches` reads this test's `store`; the batches it kicks are listed here, not sent."""
+    monkeypatch.setattr("llmgw.cli.keys.checked_store", lambda: store)
     sent: list[str] = []
     monkeypatch.setattr("llmgw.cli.batches.kick.celery_run_sender", lambda app: sent.append)
     monkeypatch.setattr("llmgw.cli.batches.broker_app", lambda url: None)
-    s.sent = sent  # type: ignore[attr-defined]
-    return s
+    return sent
 
 
 def make(s: Store, bid: str, created: float, **facts) -> None:
@@ -31,7 +29,7 @@ def make(s: Store, bid: str, created: float, **facts) -> None:
                                model="chat", **facts))
 
 
-def test_list_shows_progress_rate_and_time_left(store, capsys):
+def test_list_shows_progress_rate_and_time_left(store, kicks, capsys):
     make(store, "batch_old", 1.0, in_progress_at=2.0, progress=[[100.0, 0], [120.0, 4]])
     for i in range(4):
         store.record_line("batch_old", i, i != 3, "{}")
@@ -46,12 +44,12 @@ def test_list_shows_progress_rate_and_time_left(store, capsys):
     assert [r["id"] for r in rows] == ["batch_new", "batch_old"] and rows[1]["rate"] == 0.2
 
 
-def test_show_and_cancel(store, capsys):
+def test_show_and_cancel(store, kicks, capsys):
     make(store, "batch_a", 1.0, in_progress_at=2.0)
     assert cli.main(["batches", "show", "batch_a"]) == 0
     assert json.loads(capsys.readouterr().out)["status"] == "in_progress"
     assert cli.main(["batches", "cancel", "batch_a"]) == 0
-    assert store.batch("batch_a").status == "cancelling" and store.sent == ["batch_a"]
+    assert store.batch("batch_a").status == "cancelling" and kicks == ["batch_a"]
     assert store.r.exists(keys.batch_queued("batch_a"))
     assert cli.main(["batches", "show", "nope"]) == 1
     assert "no batch named 'nope'" in capsys.readouterr().err

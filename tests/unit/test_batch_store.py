@@ -5,19 +5,10 @@ from __future__ import annotations
 
 import json
 
-import fakeredis
-import pytest
-
 from llmgw.state import keys
 from llmgw.state.batch_records import BatchRecord, FileRecord
 from llmgw.state.keypolicy import hash_key
-from llmgw.state.store import Store
 from llmgw.state.store.batches import BATCH_KEY_NAME, Bill
-
-
-@pytest.fixture
-def store() -> Store:
-    return Store(fakeredis.FakeRedis(decode_responses=True))
 
 
 def batch(bid="b1", owner="k1", total=3, created=10.0) -> BatchRecord:

@@ -4,22 +4,15 @@ from __future__ import annotations
 
 import json
 
-import fakeredis
 import pytest
 
 from llmgw.catalog import HISTORY_LIMIT, apply_catalog, parse_catalog_text, read_applied, read_version
 from llmgw.errors import CatalogConflict
 from llmgw.state import keys
-from llmgw.state.store import Store
 
 
 def cat(replicas: int = 1, name: str = "m"):
     return parse_catalog_text(f"models:\n  - {{name: {name}, profiles: [{{name: s, engine: sim, replicas: {replicas}}}]}}\n")
-
-
-@pytest.fixture
-def store():
-    return Store(fakeredis.FakeRedis(decode_responses=True))
 
 
 def test_nothing_applied(store):

@@ -8,7 +8,6 @@ import re
 import time
 from pathlib import Path
 
-import fakeredis
 import pytest
 import redis
 
@@ -20,10 +19,10 @@ from llmgw.state import events, keys
 from llmgw.state.keypolicy import new_key
 from llmgw.state.demand_records import EndpointUse, GatewayReport, ModelDemand
 from llmgw.state.records import LoadRecord
-from llmgw.state.store import Store
 from tests.support.clock import FakeClock
 from tests.unit.control_support import catalog, cpu_profile, gpu_profile, model, node
-from workers.control.apply import publish_once, reconcile_once
+from workers.control.apply import reconcile_once
+from workers.control.publish_pass import publish_once
 
 STATIC = Path(__file__).resolve().parents[2] / "gateway" / "ui" / "static"
 
@@ -34,11 +33,6 @@ class NullDispatcher:
 
     def stop(self, *a):
         pass
-
-
-@pytest.fixture
-def store():
-    return Store(fakeredis.FakeRedis(decode_responses=True))
 
 
 @pytest.fixture

@@ -7,17 +7,16 @@ from __future__ import annotations
 import json
 import logging
 
-import fakeredis
-import pytest
-
 from llmgw.catalog import apply_catalog
 from llmgw.state import keys
 from llmgw.state.records import LoadRecord, ReplicaRecord
 from llmgw.state.store import Store
 from tests.support.clock import FakeClock
 from tests.unit.control_support import catalog, cpu_profile, gpu_profile, model, node
-from workers.control.apply import housekeeping_once, publish_once, reconcile_once
+from workers.control.apply import reconcile_once
+from workers.control.housekeeping_pass import housekeeping_once
 from workers.control.plan import PlanConfig
+from workers.control.publish_pass import publish_once
 from workers.control.snapshot import CatalogKeeper
 
 
@@ -42,11 +41,6 @@ class FakeDispatcher:
         rec = self.store.get_replica(replica_id)
         assert rec is not None and rec.stop_requested_at is not None, "stop dispatched before it was recorded"
         self.sent.append(("stop", replica_id, node))
-
-
-@pytest.fixture
-def store():
-    return Store(fakeredis.FakeRedis(decode_responses=True))
 
 
 def setup(store: Store, cat, *nodes, ttl=60.0):
@@ -268,7 +262,7 @@ def test_moving_a_crash_looping_replica_is_an_event(store):
 
 
 def test_a_node_loss_and_return_are_each_one_event_whoever_notices(store):
-    from workers.control.apply import PublishMemory, publish_once
+    from workers.control.publish_pass import PublishMemory, publish_once
 
     setup(store, catalog(model("m", cpu_profile())), node("a"), node("b"))
     mem1, mem2 = PublishMemory(), PublishMemory()  # two control workers

@@ -12,7 +12,8 @@ from llmgw.catalog import apply_catalog
 from llmgw.state.node_records import NodeAdmin
 from llmgw.state.store import Store
 from tests.unit.control_support import catalog, cpu_profile, gpu_profile, model, node
-from workers.control.apply import publish_once, reconcile_once
+from workers.control.apply import reconcile_once
+from workers.control.publish_pass import publish_once
 
 
 class NullDispatcher:
@@ -24,14 +25,13 @@ class NullDispatcher:
 
 
 @pytest.fixture
-def store(monkeypatch):
-    s = Store(fakeredis.FakeRedis(decode_responses=True))
-    monkeypatch.setattr("llmgw.cli.node.store", lambda *_: s)
-    monkeypatch.setattr("llmgw.cli.status.store", lambda *_: s)
-    return s
+def cli_reads_store(store, monkeypatch):
+    """`llmgw node` and `llmgw status` read this test's `store`."""
+    monkeypatch.setattr("llmgw.cli.node.store", lambda *_: store)
+    monkeypatch.setattr("llmgw.cli.status.store", lambda *_: store)
 
 
-def test_cordon_drain_uncordon_set_the_admin_flags(store, capsys):
+def test_cordon_drain_uncordon_set_the_admin_flags(store, cli_reads_store, capsys):
     store.write_heartbeat(node("a"), ttl=60)
     assert cli.main(["node", "cordon", "a"]) == 0
     assert store.node_admin("a") == NodeAdmin(cordoned=True, draining=False)
@@ -42,7 +42,7 @@ def test_cordon_drain_uncordon_set_the_admin_flags(store, capsys):
     assert store.node_admin("a") == NodeAdmin()
 
 
-def test_unknown_node_is_a_clear_error_with_exit_2(store, capsys):
+def test_unknown_node_is_a_clear_error_with_exit_2(store, cli_reads_store, capsys):
     store.write_heartbeat(node("a"), ttl=60)
     assert cli.main(["node", "cordon", "nope"]) == 2
     err = capsys.readouterr().err
@@ -50,7 +50,7 @@ def test_unknown_node_is_a_clear_error_with_exit_2(store, capsys):
     assert store.node_admin("nope") == NodeAdmin()  # nothing written
 
 
-def test_status_reports_nodes_replicas_and_endpoints(store, capsys):
+def test_status_reports_nodes_replicas_and_endpoints(store, cli_reads_store, capsys):
     apply_catalog(store, catalog(model("llama", gpu_profile(count=2, replicas=2)), model("tiny", cpu_profile())),
                   source="t", applied_by="t", now=0)
     store.write_heartbeat(node("a", "h100:3"), ttl=60)
@@ -82,7 +82,7 @@ def test_status_reports_nodes_replicas_and_endpoints(store, capsys):
     assert "ENDPOINTS version 1, 1 routable" in text
 
 
-def test_status_shows_a_node_that_went_away(store, capsys):
+def test_status_shows_a_node_that_went_away(store, cli_reads_store, capsys):
     store.write_heartbeat(node("a"), ttl=60)
     store.r.delete("llmgw:node:a:heartbeat")
     assert cli.main(["status", "--json"]) == 0
@@ -101,7 +101,7 @@ def test_unreachable_redis_is_one_line_not_a_traceback(monkeypatch, capsys, argv
     assert err.startswith("llmgw: cannot reach Redis at redis://127.0.0.1:") and "Traceback" not in err
 
 
-def test_status_with_a_catalog_this_version_cannot_read_still_reports(store, capsys):
+def test_status_with_a_catalog_this_version_cannot_read_still_reports(store, cli_reads_store, capsys):
     from llmgw.state import keys
 
     apply_catalog(store, catalog(model("m", cpu_profile())), source="t", applied_by="t", now=0)
@@ -114,7 +114,7 @@ def test_status_with_a_catalog_this_version_cannot_read_still_reports(store, cap
     assert out.startswith("catalog version 9 (this llmgw cannot read it:") and "NODES (1)" in out
 
 
-def test_status_without_a_catalog_says_to_apply_one_and_why_replicas_run(store, capsys):
+def test_status_without_a_catalog_says_to_apply_one_and_why_replicas_run(store, cli_reads_store, capsys):
     from llmgw.state.records import ReplicaRecord
 
     store.write_heartbeat(node("a"), ttl=60)
@@ -129,7 +129,7 @@ def test_status_without_a_catalog_says_to_apply_one_and_why_replicas_run(store, 
     assert "re-apply the catalog with `llmgw catalog apply FILE`" in out
 
 
-def test_status_warns_when_a_nodes_clock_runs_ahead(store, capsys):
+def test_status_warns_when_a_nodes_clock_runs_ahead(store, cli_reads_store, capsys):
     import dataclasses
     import time
 

@@ -6,18 +6,10 @@ from __future__ import annotations
 import json
 import logging
 
-import fakeredis
-import pytest
-
 from llmgw.state import keys
 from llmgw.state.records import ReplicaRecord
 from llmgw.state.store import Store
 from workers.control.migrations import MIGRATIONS, Migration, run_pending
-
-
-@pytest.fixture
-def store():
-    return Store(fakeredis.FakeRedis(decode_responses=True))
 
 
 def written_by_an_older_release(store: Store, rid: str, node: str) -> None:

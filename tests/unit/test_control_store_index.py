@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import logging
 
-import fakeredis
 import pytest
 
 from llmgw.catalog import apply_catalog
@@ -15,7 +14,10 @@ from llmgw.state import keys
 from llmgw.state.records import ReplicaRecord
 from llmgw.state.store import Store
 from tests.unit.control_support import catalog, cpu_profile, model, node
-from workers.control.apply import Forget, forget, housekeeping_once, publish_once, reconcile_once
+from workers.control.apply import reconcile_once
+from workers.control.housekeeping import Forget, forget
+from workers.control.housekeeping_pass import housekeeping_once
+from workers.control.publish_pass import publish_once
 from workers.control.snapshot import CatalogKeeper
 
 
@@ -28,11 +30,6 @@ class Dispatcher:
 
     def stop(self, rid, node):
         self.sent.append(("stop", rid, node))
-
-
-@pytest.fixture
-def store():
-    return Store(fakeredis.FakeRedis(decode_responses=True))
 
 
 def rec(rid: str, *nodes: str) -> ReplicaRecord:
@@ -101,6 +98,40 @@ def test_forget_is_a_pure_decision():
     got = forget(nodes, missing, referenced={"used"}, now=800.0, forget_after=600.0)
     assert got == Forget(first_missing={"new-gone": 800.0}, back=("back",), gone=("old-gone",))
     assert forget(nodes, missing, {"used"}, now=699.0, forget_after=600.0).gone == ()
+
+
+def test_housekeeping_decides_over_one_view():
+    """The records and operator flags keep a node; the replicas' and external urls' load samples stay;
+    the index follows every record read."""
+    from llmgw.state.node_records import NodeAdmin
+    from llmgw.state.records import ExternalRecord
+    from llmgw.state.views import HousekeepingView
+    from workers.control.housekeeping import decide
+
+    view = HousekeepingView(
+        replicas=(rec("r1", "a", "held"),), externals=(ExternalRecord(id="x1", model="m", profile="p", url="http://x"),),
+        known=frozenset({"a", "held", "flagged", "old-gone", "new-gone"}), live={"a": node("a")},
+        admin={"flagged": NodeAdmin(cordoned=True), "old-gone": NodeAdmin()},
+        missing_since={"held": 100.0, "flagged": 100.0, "old-gone": 100.0, "a": 50.0})
+    d = decide(view, now=800.0, forget_after=600.0)
+    assert d.keep_loads == ("r1", "x1") and d.index == view.replicas
+    assert d.nodes == Forget(first_missing={"new-gone": 800.0}, back=("a",), gone=("old-gone",))
+
+
+def test_housekeeping_reads_in_one_view(store, monkeypatch):
+    """The pass reads through `housekeeping_view` alone (its write reads what writing needs)."""
+    from llmgw.state.store import Store as StoreType
+
+    views = []
+    real = StoreType.housekeeping_view
+    monkeypatch.setattr(store, "housekeeping_view", lambda: views.append(1) or real(store))
+    for read in ("all_replicas", "external_records", "live_nodes", "all_node_admin", "nodes_missing_since",
+                 "nodes_last_seen"):
+        monkeypatch.setattr(store, read, lambda *a, _read=read: pytest.fail(f"housekeeping called {_read}"))
+    store.write_heartbeat(node("x"), ttl=60)
+    store.r.delete(keys.node_heartbeat("x"))
+    housekeeping_once(store, 1000.0)
+    assert views == [1] and store.r.hgetall(keys.NODES_MISSING_SINCE) == {"x": "1000.0"}
 
 
 def test_housekeeping_forgets_every_trace_of_a_node(store):

@@ -5,14 +5,11 @@ agent's launch of a record is that pass's child and hands itself to the engine's
 
 from __future__ import annotations
 
-import fakeredis
-import pytest
 from opentelemetry.trace import SpanKind
 
 from llmgw.engines.base import LaunchSpec
 from llmgw.state.kicks import Kicker
 from llmgw.state.records import ReplicaRecord
-from llmgw.state.store import Store
 from llmgw.tracing import NO_SPAN, OFF
 from tests.support.clock import FakeClock
 from tests.unit.control_support import catalog, cpu_profile, gpu_profile, model, node
@@ -21,12 +18,6 @@ from workers.agent.launch import Launch, launch_span, ready_span
 from workers.control.apply import reconcile_once
 
 TP = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-
-
-@pytest.fixture
-def store():
-    return Store(fakeredis.FakeRedis(decode_responses=True))
-
 
 
 def test_a_kick_sends_its_carrier_as_task_headers_and_a_folded_kick_sends_nothing(store):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 
-import fakeredis
 import pytest
 
 from llmgw import cli
@@ -14,9 +13,9 @@ from llmgw.catalog import apply_catalog
 from llmgw.state import events, keys
 from llmgw.state.demand_records import EndpointUse, GatewayReport, ModelDemand
 from llmgw.state.records import LoadRecord
-from llmgw.state.store import Store
 from tests.unit.control_support import catalog, cpu_profile, gpu_profile, model, node
-from workers.control.apply import publish_once, reconcile_once
+from workers.control.apply import reconcile_once
+from workers.control.publish_pass import publish_once
 
 NOW = 10_000.0
 
@@ -30,12 +29,11 @@ class NullDispatcher:
 
 
 @pytest.fixture
-def store(monkeypatch):
-    s = Store(fakeredis.FakeRedis(decode_responses=True))
+def cli_reads_store(store, monkeypatch):
+    """`llmgw explain` and `llmgw events` read this test's `store`, at NOW + 30."""
     for mod in ("explain", "events"):
-        monkeypatch.setattr(f"llmgw.cli.{mod}.store", lambda *_: s)
+        monkeypatch.setattr(f"llmgw.cli.{mod}.store", lambda *_: store)
     monkeypatch.setattr("llmgw.cli.explain.time.time", lambda: NOW + 30)
-    return s
 
 
 def explain(capsys, name: str) -> tuple[int, str]:
@@ -43,7 +41,7 @@ def explain(capsys, name: str) -> tuple[int, str]:
     return code, capsys.readouterr().out
 
 
-def test_a_pending_model_says_why_each_node_refused_it(store, capsys):
+def test_a_pending_model_says_why_each_node_refused_it(store, cli_reads_store, capsys):
     apply_catalog(store, catalog(model("big", gpu_profile(cls="h100", count=2))), source="t", applied_by="t")
     store.write_heartbeat(node("cpu1"), ttl=60)
     store.write_heartbeat(node("a10", "a10g:2"), ttl=60)
@@ -62,7 +60,7 @@ def test_a_pending_model_says_why_each_node_refused_it(store, capsys):
     assert "No endpoint of big is published" in out
 
 
-def test_a_crash_loop_shows_the_exit_and_the_last_log_lines(store, capsys):
+def test_a_crash_loop_shows_the_exit_and_the_last_log_lines(store, cli_reads_store, capsys):
     apply_catalog(store, catalog(model("chat", cpu_profile())), source="t", applied_by="t")
     store.write_heartbeat(node("a"), ttl=60)
     reconcile_once(store, NullDispatcher(), lambda: NOW)
@@ -78,7 +76,7 @@ def test_a_crash_loop_shows_the_exit_and_the_last_log_lines(store, capsys):
     assert "    | fatal: model file is truncated" in out and "    | line 21" in out and "line 20\n" not in out
 
 
-def test_a_crash_loop_between_two_crashes_is_still_told_as_one(store, capsys):
+def test_a_crash_loop_between_two_crashes_is_still_told_as_one(store, cli_reads_store, capsys):
     """After its backoff the agent starts the engine again: the replica is Starting for a moment, and
     `explain` still says it is crash-looping, with the last exit (the e2e test once caught it there)."""
     apply_catalog(store, catalog(model("chat", cpu_profile())), source="t", applied_by="t")
@@ -94,7 +92,7 @@ def test_a_crash_loop_between_two_crashes_is_still_told_as_one(store, capsys):
     assert "Next start" not in out  # the attempt that runs is that start
 
 
-def test_a_healthy_model_exits_0_and_tells_the_gateways_view(store, capsys):
+def test_a_healthy_model_exits_0_and_tells_the_gateways_view(store, cli_reads_store, capsys):
     apply_catalog(store, catalog(model("chat", cpu_profile(), aliases=["c"])), source="t", applied_by="t")
     store.write_heartbeat(node("a"), ttl=60)
     reconcile_once(store, NullDispatcher(), lambda: NOW)
@@ -115,7 +113,7 @@ def test_a_healthy_model_exits_0_and_tells_the_gateways_view(store, capsys):
     assert "20s ago gateway:g:1 reported it saturated: every endpoint saturated: 1 queued, 0 shed." in out
 
 
-def test_explain_shows_the_prefix_cache_expected_by_the_gateways_and_measured_by_the_engine(store, capsys):
+def test_explain_shows_the_prefix_cache_expected_by_the_gateways_and_measured_by_the_engine(store, cli_reads_store, capsys):
     apply_catalog(store, catalog(model("chat", cpu_profile())), source="t", applied_by="t")
     store.write_heartbeat(node("a"), ttl=60)
     reconcile_once(store, NullDispatcher(), lambda: NOW)
@@ -141,14 +139,14 @@ def test_explain_shows_the_prefix_cache_expected_by_the_gateways_and_measured_by
     assert "indexed up to 432,544 tokens (the engine's)" in out  # what the gateways size it to, and why
 
 
-def test_an_unknown_model_names_the_ones_there_are(store, capsys):
+def test_an_unknown_model_names_the_ones_there_are(store, cli_reads_store, capsys):
     apply_catalog(store, catalog(model("chat", cpu_profile())), source="t", applied_by="t")
     code, out = explain(capsys, "nope")
     assert code == 1 and "nope is not a model or alias of the applied catalog (models: chat)." in out
 
 
 # --- llmgw events ---------------------------------------------------------------------------------------
-def test_events_filters_and_prints_json_lines_in_order(store, capsys):
+def test_events_filters_and_prints_json_lines_in_order(store, cli_reads_store, capsys):
     for i, (kind, m, n) in enumerate([("replica_placed", "chat", "a"), ("node_cordoned", "", "b"),
                                       ("replica_failed", "chat", "a"), ("replica_ready", "big", "b")]):
         store.emit(kind, f"m{i}", model=m, node=n, ts=NOW + i)
@@ -160,7 +158,7 @@ def test_events_filters_and_prints_json_lines_in_order(store, capsys):
     assert "replica_ready" in text and "big on b: m3" in text
 
 
-def test_events_since_reads_every_event_of_the_while(store, capsys, monkeypatch):
+def test_events_since_reads_every_event_of_the_while(store, cli_reads_store, capsys, monkeypatch):
     monkeypatch.setattr("llmgw.cli.events.time.time", lambda: NOW + 100)
     for i in range(30):
         store.emit("replica_ready", f"m{i}", ts=NOW + i * 3)  # the last one at NOW + 87
@@ -173,13 +171,13 @@ def test_events_since_reads_every_event_of_the_while(store, capsys, monkeypatch)
     (["--kind", "replica_exploded"], "llmgw: --kind: no event kind 'replica_exploded'; kinds: catalog_applied,"),
     (["-n", "0"], "llmgw: -n: must be at least 1, got 0"),
 ])
-def test_events_bad_arguments_are_one_clear_line(store, capsys, argv, message):
+def test_events_bad_arguments_are_one_clear_line(store, cli_reads_store, capsys, argv, message):
     assert cli.main(["events", *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith(message) and "Traceback" not in err
 
 
-def test_a_download_is_told_with_its_figures_its_failure_and_the_fit_estimate(store, capsys):
+def test_a_download_is_told_with_its_figures_its_failure_and_the_fit_estimate(store, cli_reads_store, capsys):
     from llmgw.state.weights import WeightsFacts
 
     hf = "hf://org/smol-gguf/*Q4_1.gguf"

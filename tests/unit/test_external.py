@@ -4,17 +4,14 @@ kicks, loads, removal), and the publisher listing the Ready ones."""
 
 from __future__ import annotations
 
-import fakeredis
 import pytest
 
 from llmgw.catalog import apply_catalog, parse_catalog
 from llmgw.state.kicks import PUBLISH, Kicker
 from llmgw.state.records import ExternalRecord
 from llmgw.state.replica_state import State, derive_external
-from llmgw.state.store import Store
 from llmgw import surface as op
 from tests.support.clock import FakeClock
-from workers.control.apply import housekeeping_once, publish_once
 from workers.control.external import (
     Check,
     ExternalConfig,
@@ -26,6 +23,8 @@ from workers.control.external import (
     external_once,
     targets,
 )
+from workers.control.housekeeping_pass import housekeeping_once
+from workers.control.publish_pass import publish_once
 
 
 def catalog(*profiles: dict, aliases=("q-alias",)):
@@ -124,11 +123,6 @@ class SentKicks:
 
     def __call__(self, task, countdown):
         self.sent.append(task)
-
-
-@pytest.fixture
-def store():
-    return Store(fakeredis.FakeRedis(decode_responses=True))
 
 
 METRICS = "vllm:num_requests_running 3\nvllm:num_requests_waiting 1\nvllm:generation_tokens_total 50\n"

@@ -8,7 +8,6 @@ from __future__ import annotations
 import threading
 from types import SimpleNamespace
 
-import fakeredis
 import pytest
 
 from gateway.observe.metrics import Metrics
@@ -28,7 +27,6 @@ from llmgw.state.keypolicy import (
     updated,
 )
 from llmgw.state.records import EndpointInfo
-from llmgw.state.store import Store
 from llmgw.state.tenants import TenantTotals, parse_totals, service_rows
 from llmgw.surface import CHAT, EMBEDDINGS
 from tests.support.clock import FakeClock
@@ -296,11 +294,6 @@ def test_the_queues_charge_a_sent_request_its_estimate():
 
 
 # --- the exchange through Redis ------------------------------------------------------------------------------
-@pytest.fixture
-def store():
-    return Store(fakeredis.FakeRedis(decode_responses=True))
-
-
 def test_two_workers_share_their_counters_through_redis(store):
     clock = FakeClock(1_000_000.0)
     a = WaitQueues(10, ledger=Ledger(monotonic=clock.monotonic))

@@ -8,7 +8,6 @@ from __future__ import annotations
 import random
 from types import SimpleNamespace
 
-import fakeredis
 import pytest
 
 from gateway.config import RoutingConfig
@@ -20,16 +19,11 @@ from gateway.server.sendshare import SendShare
 from llmgw.state import keys
 from llmgw.state.demand_records import GatewayHolds, GatewaySent
 from llmgw.state.records import EndpointInfo
-from llmgw.state.store import Store
 from llmgw.surface import CHAT
 from tests.support.clock import FakeClock
 
 CFG = RoutingConfig(evict_weight=0)
 SYSTEM = "You are the billing assistant. " + "Refunds need an order number and a reason. " * 80
-
-
-def store() -> Store:
-    return Store(fakeredis.FakeRedis(decode_responses=True))
 
 
 def ep(i: str) -> EndpointInfo:
@@ -53,8 +47,8 @@ def turn(*questions: str) -> RouteRequest:
     return RouteRequest("m", prefix=block_keys, prompt_tokens=tokens, objective=FIRST_TOKEN)
 
 
-def test_sends_cross_the_stream_intact_and_each_origin_has_its_own():
-    s = store()
+def test_sends_cross_the_stream_intact_and_each_origin_has_its_own(store):
+    s = store
     sent = [GatewaySent("a", [1, -2, 2**62, -(2**63)], 1000.25, 0.125), GatewaySent("b", [7], 1000.5, 0.0)]
     s.add_sends("gw-1", sent, 1000.5, 120)
     assert s.sending_origins(1000.5, 120) == ["gw-1"]
@@ -67,8 +61,8 @@ def test_sends_cross_the_stream_intact_and_each_origin_has_its_own():
     assert s.sending_origins(1000.5 + 121, 120) == [] and not s.r.exists(keys.SENDS_ORIGINS)
 
 
-def test_an_unreadable_entry_is_skipped_and_what_follows_it_is_read():
-    s = store()
+def test_an_unreadable_entry_is_skipped_and_what_follows_it_is_read(store):
+    s = store
     s.r.xadd(keys.sends("gw-1"), {"d": '[["a", 1, 0, "not base64!"]]'})
     s.r.xadd(keys.sends("gw-1"), {"d": '{"a": 1}'})
     s.add_sends("gw-1", [GatewaySent("a", [5, 6], 1.0, 0.0)], 1.0, 120)
@@ -110,8 +104,8 @@ def test_a_send_long_past_adds_no_backlog_and_an_unlisted_endpoint_is_ignored():
     assert set(r.prefixes.by_ep) == {"a"}
 
 
-def test_one_pass_publishes_ours_and_learns_only_the_other_gateways():
-    s = store()
+def test_one_pass_publishes_ours_and_learns_only_the_other_gateways(store):
+    s = store
     clock = FakeClock(t=5000.0, mono=100.0)
     routers = [router(clock) for _ in range(3)]
     # The first two are workers of one gateway (one origin: they share sends in memory), the third another.
@@ -135,8 +129,8 @@ def test_one_pass_publishes_ours_and_learns_only_the_other_gateways():
 
 
 # --- what the other gateways hold (gateway.routing.othergateways) ---------------------------------------------
-def test_holds_cross_the_stream_with_the_sends_or_alone():
-    s = store()
+def test_holds_cross_the_stream_with_the_sends_or_alone(store):
+    s = store
     s.add_sends("gw-1", [GatewaySent("a", [5], 1.0, 0.0)], 1.0, 120, holds={"a": 3, "b": 1})
     s.add_sends("gw-1", [], 1.5, 120, holds={})  # it holds nothing now: said, so the others drop it
     s.add_sends("gw-1", [], 2.0, 120)  # nothing to say: no entry
@@ -194,8 +188,8 @@ def test_a_gateway_says_what_it_holds_when_it_changes_and_again_while_it_holds_a
     assert baseline.take_holds() is None
 
 
-def test_one_pass_carries_a_gateways_holds_to_the_others_and_not_back():
-    s = store()
+def test_one_pass_carries_a_gateways_holds_to_the_others_and_not_back(store):
+    s = store
     clock = FakeClock(t=5000.0, mono=100.0)
     one, two = router(clock), router(clock)
     shares = [SendShare(s, r, clock, 0.05, origin) for r, origin in ((one, "gw-1"), (two, "gw-2"))]

@@ -13,7 +13,7 @@ from llmgw.state.records import EndpointInfo
 from llmgw.state.store import Store
 from llmgw.state.views import PublishView
 from tests.unit.control_support import Sim, catalog, cpu_profile, gpu_profile, model, node, ready_record
-from workers.control.apply import publish_once
+from workers.control.publish_pass import publish_once
 from workers.control.publish import decide, endpoints_from, fingerprint
 
 NOW = 1000.0

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 
-import fakeredis
 import pytest
 
 from llmgw.catalog import apply_catalog
@@ -19,11 +18,6 @@ from tests.unit.control_support import catalog, cpu_profile, model, node
 from tests.unit.test_control_apply import FakeDispatcher
 from workers.control.apply import reconcile_once
 from workers.control.autoscale import HISTORY_SLACK
-
-
-@pytest.fixture
-def store():
-    return Store(fakeredis.FakeRedis(decode_responses=True))
 
 
 def auto(min_=0, max_=3, **kw) -> dict:
@@ -128,7 +122,7 @@ def test_status_shows_wanted_min_max_and_the_last_decision(store, monkeypatch, c
 
 
 def test_a_catalog_apply_moves_the_endpoint_list_version_so_gateways_learn_a_model_at_zero(store):
-    from workers.control.apply import publish_once
+    from workers.control.publish_pass import publish_once
 
     setup(store, auto())
     first = publish_once(store, lambda: 1.0)

@@ -9,7 +9,9 @@ from __future__ import annotations
 import socket
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -68,3 +70,19 @@ class HttpProber:
                 return resp.read(limit).decode("utf-8", errors="replace")
         except Exception as e:  # noqa: BLE001
             raise OSError(_describe(e)) from e
+
+
+class HealthProbes:
+    """The `/health` probes of one agent pass, run concurrently: a hung engine costs the pass one
+    timeout, not one per replica."""
+
+    def __init__(self, prober: Any, timeout: float, workers: int = 4):
+        self.prober, self.timeout = prober, timeout
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="llmgw-probe")
+
+    def run(self, urls: list[str]) -> list[ProbeResult]:
+        """Each url's result, in order."""
+        return list(self._pool.map(lambda url: self.prober.health(url, self.timeout), urls))
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)

@@ -1,12 +1,11 @@
-"""The control plane's side effects: apply what a reconcile pass decided to Redis and the node queues,
-and the three passes (reconcile, publish, housekeeping) the Celery tasks run.
+"""The reconcile pass's shell: under the reconcile lock, one read (`load_snapshot`), one decision
+(`reconcile.decide`), and `apply_reconcile`, which writes what it returned to Redis and the node
+queues. The other passes have shells of their own (`publish_pass.py`, `housekeeping_pass.py`,
+`external.py`).
 
-Each pass reads once, decides once (a pure function) and writes what the decision returned: reconcile
-is `load_snapshot` -> `reconcile.decide` -> `apply_reconcile`, publish is `Store.publish_view` ->
-`publish.decide` -> `Store.write_publish`. Every action records its intent in the replica record
-BEFORE the dispatch that acts on it, so a crash in between leaves a record the next pass repairs
-(re-dispatching a stale launch or stop) instead of an engine nobody knows about. Each action is
-applied on its own: one failure is logged and the rest go on.
+Every action records its intent in the replica record BEFORE the dispatch that acts on it, so a crash
+in between leaves a record the next pass repairs (re-dispatching a stale launch or stop) instead of an
+engine nobody knows about. Each action is applied on its own: one failure is logged and the rest go on.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ import logging
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import AbstractSet, Callable, Mapping, Protocol
+from typing import Callable, Protocol
 
 from llmgw.state import keys
 from llmgw.state.kicks import PUBLISH, RECONCILE, Kicker, disabled
@@ -34,10 +33,8 @@ from workers.control.plan import (
 )
 from workers.control import reconcile
 from workers.control.autoscale import HISTORY_MAX
-from workers.control.external import external_endpoints
 from workers.control.gcpause import paused_gc
 from workers.control.migrations import run_pending
-from workers.control.publish import LOST_GRACE, decide
 from workers.control.reconcile import AdapterChanges, PassEvent, Reconcile, Scaling
 from workers.control.snapshot import CatalogKeeper, load_snapshot
 
@@ -306,123 +303,3 @@ def _write_adapters(store: Store, a: AdapterChanges, now: float) -> None:
         _emit(store, e, now)
     if a.rows is not None:
         store.write_adapter_rows([r.to_dict() for r in a.rows], now)
-
-
-@dataclass
-class PublishMemory:
-    """What one control worker process remembers between publish passes."""
-
-    live: frozenset[str] | None = None  # the live nodes at the last pass
-
-
-def publish_once(
-    store: Store, now: Callable[[], float], lock_ttl: float = 10.0, catalogs: CatalogKeeper | None = None,
-    kicker: Kicker | None = None, memory: PublishMemory | None = None, lost_grace: float | None = None,
-) -> int | None:
-    """Publish the routable endpoints if they changed (`publish.decide`, over one `Store.publish_view`,
-    written by one `Store.write_publish`). Returns the new version, else None (also when no readable
-    catalog was ever seen: the published list then stays as it is).
-
-    The write also stamps `unpublished_version` on every replica asked to stop that the list no longer
-    holds: its agent drains it once every gateway has loaded that version. And when the set of live
-    nodes changed since this process's last pass (a node joined or was lost), it kicks a reconcile."""
-    kicker = kicker or disabled()
-    began = time.monotonic()
-    with store.lock(keys.PUBLISH_LOCK, lock_ttl) as held:
-        if not held:
-            kicker.mark_dirty(PUBLISH)
-            return None
-        kicker.started(PUBLISH)
-        version = None
-        try:
-            view = store.publish_view()
-            loaded = (catalogs or CatalogKeeper()).accept(view.catalog)
-            if loaded is None:
-                return None
-            catalog_version, catalog = loaded
-            t = now()
-            d = decide(catalog, catalog_version, view, t, external_endpoints(catalog, view.externals),
-                       memory.live if memory is not None else None,
-                       LOST_GRACE if lost_grace is None else lost_grace)
-            current = store.write_publish(d.endpoints if d.changed else None, d.fingerprint, d.unpublish,
-                                          view.version, t)
-            if d.changed:
-                version = current
-                log.info("published %d endpoints as version %d", len(d.endpoints), version)
-            if memory is not None:
-                memory.live = d.live
-            if d.nodes_changed:
-                kicker.kick(RECONCILE)  # a node joined or went quiet: place or replace now
-                # Housekeeping would notice too, up to its interval later.
-                note_nodes(store, {n: t for n in d.lost}, d.returned, t)
-            return version
-        finally:
-            kicker.finished(PUBLISH)
-            store.count_pass("publish", time.monotonic() - began, 1 if version else 0)
-
-
-@dataclass(frozen=True)
-class Forget:
-    """Housekeeping's decision about nodes without a heartbeat."""
-
-    first_missing: Mapping[str, float] = field(default_factory=dict)  # start their clock now
-    back: tuple[str, ...] = ()  # heartbeating again: clear their clock
-    gone: tuple[str, ...] = ()  # forget them
-
-
-def forget(
-    nodes: Mapping[str, bool],
-    missing_since: Mapping[str, float],
-    referenced: AbstractSet[str],
-    now: float,
-    forget_after: float = 600.0,
-) -> Forget:
-    """Which nodes to forget. Pure. `nodes`: every known node -> live; `missing_since`: when a node was
-    first seen without a heartbeat; `referenced`: nodes a replica record or an operator flag names.
-    A node is forgotten once it has been missing `forget_after` seconds and nothing refers to it, so
-    `llmgw status` keeps showing a recently gone node and one that still matters."""
-    first: dict[str, float] = {}
-    gone: list[str] = []
-    for name in sorted(nodes):
-        if nodes[name]:
-            continue
-        since = missing_since.get(name)
-        if since is None:
-            first[name] = now
-        elif now - since >= forget_after and name not in referenced:
-            gone.append(name)
-    back = tuple(sorted(n for n in missing_since if nodes.get(n)))
-    return Forget(first_missing=first, back=back, gone=tuple(gone))
-
-
-def note_nodes(store: Store, first_missing: Mapping[str, float], back: AbstractSet[str] | tuple[str, ...],
-               now: float) -> None:
-    """Start (stop) the missing clock of nodes whose heartbeat expired (came back), and put each loss and
-    return in the event history once, whichever control worker or pass noticed it first."""
-    lost, returned = store.note_missing_nodes(first_missing, back)
-    seen = store.nodes_last_seen() if lost else {}
-    for n in lost:
-        silent = f" for {now - seen[n]:.0f}s" if n in seen else ""
-        store.emit("node_lost", f"no heartbeat{silent}; its replicas count as Lost", source="control", node=n, ts=now)
-    for n in returned:
-        store.emit("node_joined", "heartbeats again after it was lost", source="control", node=n, ts=now)
-
-
-def housekeeping_once(store: Store, now: float, forget_after: float = 600.0) -> dict[str, int]:
-    """Tidy what nobody else removes: load samples of deleted replicas (external urls keep theirs), nodes gone for `forget_after`
-    seconds that nothing refers to any more (no replica record, no operator flag), and the per-node
-    replica index (rebuilt from the records, which also indexes records written before it existed)."""
-    replicas = store.all_replicas()
-    stale_loads = store.delete_loads_except([*(r.id for r in replicas), *(x.id for x in store.external_records())])
-    store.reindex_replica_nodes(replicas)
-    known = store.known_nodes()
-    live = store.live_nodes()
-    admin = store.all_node_admin(sorted(known))
-    referenced = {n for r in replicas for n in r.all_nodes}
-    referenced |= {n for n, a in admin.items() if a.cordoned or a.draining}
-    decision = forget({n: n in live for n in known}, store.nodes_missing_since(), referenced, now, forget_after)
-    store.forget_nodes(decision.gone)
-    note_nodes(store, decision.first_missing, decision.back, now)
-    if stale_loads or decision.gone:
-        log.info("housekeeping: %d stale load keys, forgot nodes %s", stale_loads, list(decision.gone))
-    return {"loads": stale_loads, "nodes": len(decision.gone)}

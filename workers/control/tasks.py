@@ -1,4 +1,5 @@
-"""Control-queue tasks: thin shells around `workers.control.apply` (load, decide, apply).
+"""Control-queue tasks: thin shells around each pass's shell (`apply.reconcile_once`,
+`publish_pass.publish_once`, `housekeeping_pass.housekeeping_once`, `external.external_once`).
 
 They share the worker process's one Redis client (workers/store_cache.py): beat runs them every
 second or two, and the locks keep passes of the same kind from overlapping.
@@ -16,15 +17,11 @@ from llmgw import tracing
 from llmgw.catalog import sync_from_file
 from llmgw.state.kicks import Kicker, celery_sender
 from llmgw.state.store import Store
-from workers.control.apply import (
-    CeleryDispatcher,
-    PublishMemory,
-    housekeeping_once,
-    publish_once,
-    reconcile_once,
-)
+from workers.control.apply import CeleryDispatcher, reconcile_once
 from workers.agent.probe import HttpProber
 from workers.control.external import ExternalConfig, external_once
+from workers.control.housekeeping_pass import housekeeping_once
+from workers.control.publish_pass import PublishMemory, publish_once
 from workers.control.snapshot import CatalogKeeper
 from workers.store_cache import STORES
 

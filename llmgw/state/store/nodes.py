@@ -24,6 +24,14 @@ def take_last_seen(replies: Iterator) -> dict[str, float]:
     return floats(next(replies))
 
 
+def queue_missing_since(pipe: Pipeline) -> None:
+    pipe.hgetall(keys.NODES_MISSING_SINCE)
+
+
+def take_missing_since(replies: Iterator) -> dict[str, float]:
+    return floats(next(replies))
+
+
 def queue_heartbeats(pipe: Pipeline, names: Sequence[str]) -> None:
     if names:
         pipe.mget([keys.node_heartbeat(n) for n in names])

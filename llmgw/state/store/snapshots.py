@@ -1,11 +1,15 @@
 """Reads that span aggregates: what one control pass decides on, in one call of two pipelined round
 trips (the id sets and the small hashes first, then everything they name; the reconcile pass's
-replica loads take a third, as they are named by records only the second brings). Each aggregate
+replica loads take a third, as they are named by records only the second brings); and the
+housekeeping pass's one write, which spans aggregates too. Each aggregate
 module queues its own commands and decodes its own replies (`queue_*`, `take_*`), so the keys stay
 theirs. The views are plain data (`llmgw.state.views`)."""
 
 from __future__ import annotations
 
+from typing import Iterable, Mapping, NamedTuple
+
+from llmgw.state.records import ReplicaRecord
 from llmgw.state.store import (
     adapters,
     autoscale,
@@ -20,7 +24,16 @@ from llmgw.state.store import (
     weights,
 )
 from llmgw.state.store.base import Aggregate
-from llmgw.state.views import DemandReads, DemandView, FleetView, PublishView
+from llmgw.state.views import DemandReads, DemandView, FleetView, HousekeepingView, PublishView
+
+
+class Tidied(NamedTuple):
+    """What `write_housekeeping` changed: the load samples it deleted, the nodes whose missing clock
+    it started (lost) and stopped (returned)."""
+
+    stale_loads: int
+    lost: tuple[str, ...]
+    returned: tuple[str, ...]
 
 
 class Snapshots(Aggregate):
@@ -106,3 +119,41 @@ class Snapshots(Aggregate):
         self.tidy_replica_ids(stale)  # type: ignore[attr-defined]
         self.tidy_gateway_ids(gone)  # type: ignore[attr-defined]
         return PublishView(doc, tuple(recs), live, last_seen, tuple(reports), tuple(ext), version, fingerprint)
+
+    def housekeeping_view(self) -> HousekeepingView:
+        """Ids whose record is gone are tidied from the replica set, as `all_replicas` does."""
+        pipe = self.r.pipeline(transaction=False)
+        replicas.queue_ids(pipe)
+        externals.queue_ids(pipe)
+        nodes.queue_names(pipe)
+        nodes.queue_missing_since(pipe)
+        nodes.queue_last_seen(pipe)
+        replies = iter(pipe.execute())
+        rids, xids, names = sorted(next(replies)), sorted(next(replies)), sorted(next(replies))
+        missing_since, last_seen = nodes.take_missing_since(replies), nodes.take_last_seen(replies)
+
+        pipe = self.r.pipeline(transaction=False)
+        replicas.queue_records(pipe, rids)
+        externals.queue_records(pipe, xids)
+        nodes.queue_heartbeats(pipe, names)
+        nodes.queue_admin(pipe, names)
+        replies = iter(pipe.execute())
+        recs, stale = replicas.take_records(rids, replies)
+        ext = externals.take_records(xids, replies)
+        live = nodes.take_live(names, replies)
+        admin = nodes.take_admin(names, replies)
+        self.tidy_replica_ids(stale)  # type: ignore[attr-defined]
+        return HousekeepingView(tuple(recs), tuple(ext), frozenset(names), live, admin, missing_since, last_seen)
+
+    def write_housekeeping(self, keep_loads: Iterable[str], records: Iterable[ReplicaRecord],
+                           forget: Iterable[str], first_missing: Mapping[str, float],
+                           back: Iterable[str]) -> Tidied:
+        """What one housekeeping pass decided: delete the load samples of ids not in `keep_loads`,
+        make the per-node replica index agree with `records` (every record, as just read), drop
+        every trace of the nodes to `forget`, start the missing clock of `first_missing` and stop it
+        for those `back`."""
+        stale = self.delete_loads_except(keep_loads)  # type: ignore[attr-defined]
+        self.reindex_replica_nodes(records)  # type: ignore[attr-defined]
+        self.forget_nodes(forget)  # type: ignore[attr-defined]
+        lost, returned = self.note_missing_nodes(first_missing, back)  # type: ignore[attr-defined]
+        return Tidied(stale, tuple(lost), tuple(returned))
