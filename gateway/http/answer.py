@@ -14,6 +14,7 @@ from werkzeug.http import HTTP_STATUS_CODES
 from gateway.errors import ApiError, engine_error, error_body
 from gateway.http.attempt import Exchange, Hop
 from gateway.http.resume import ResumingBody
+from gateway.http.tally import Tally
 from gateway.keys.usage import UsageRecorder
 from gateway.observe.metrics import Metrics
 from gateway.observe.resumes import ResumeSignals
@@ -27,7 +28,6 @@ from gateway.upstream.rewrite import AnswerRewrite
 from gateway.upstream.resume import STREAMED_OPS, ask_again
 from gateway.upstream.stream import StreamBody, usage_from_json
 from llmgw import surface as op
-from llmgw.state.keypolicy import ANONYMOUS
 from llmgw.state.clock import Clock
 
 log = logging.getLogger("llmgw.gateway")
@@ -123,35 +123,25 @@ class Answers:
             return self._stream(ex, hop)
         return self._whole(ex, hop, sse and hop.ask.assemble is not None)
 
+    def _tally(self, ex: Exchange, hop: Hop) -> Tally:
+        return Tally(self.clock, self.metrics, self.traffic, self.usage, self.open, ex, hop)
+
     def _stream(self, ex: Exchange, hop: Hop) -> RawAnswer:
-        end, mono, metrics, traffic = _Ending(self, ex, hop), self.clock.monotonic, self.metrics, self.traffic
-        call, model, open_ = ex.call, ex.call.model, self.open
-        status = hop.resp.status
+        tally, call, status = self._tally(ex, hop), ex.call, hop.resp.status
         headers = self._headers(hop.resp, hop.lease, ex.rid, False, True) + SSE_HEADERS
-
-        def first() -> None:
-            end.first_at = mono()
-            ex.trace.first_byte()
-            waited = end.first_at - ex.t0
-            metrics.child(metrics.ttft, model).observe(waited)
-            traffic.first_byte(ex.plan.canon, waited)
-
-        def finish(completed: bool, usage, lease: Lease = hop.lease) -> None:
-            open_.n -= 1  # counted by the WSGI entry, which left it to the stream
-            end(lease, status, completed, usage)
-
         deadline = ex.t0 + self.total_timeout
         if status < 400 and call.route.op in STREAMED_OPS and call.body is not None:
-            body = ResumingBody(hop, ex, self.stall_timeout, deadline, first, finish, mono, self._on_hop(ex), model)
+            body = ResumingBody(hop, ex, self.stall_timeout, deadline, tally.first, tally.stream_end,
+                                self.clock.monotonic, self._on_hop(ex), call.model)
         else:
-            body = StreamBody(hop.resp, deadline, first, finish, monotonic=mono,
-                              rewrite=AnswerRewrite(model, hop.ask.rewrite) if status < 400 else None)
+            body = StreamBody(hop.resp, deadline, tally.first, tally.stream_end, monotonic=self.clock.monotonic,
+                              rewrite=AnswerRewrite(call.model, hop.ask.rewrite) if status < 400 else None)
         return RawAnswer(status, headers, body)
 
     def _whole(self, ex: Exchange, hop: Hop, assembling: bool) -> RawAnswer:
         """A whole answer: read, asked for again on another endpoint if its engine breaks off before
         it is read whole (nothing reached the client yet), then passed on."""
-        end, model, hops = _Ending(self, ex, hop), ex.call.model, 0
+        tally, model, hops = self._tally(ex, hop), ex.call.model, 0
         ex.trace.first_byte()  # the head arrived (a whole answer's first byte); the body follows
         while True:
             try:
@@ -162,7 +152,7 @@ class Answers:
                 gone = assembling and hop.ask.assemble.gone()
                 new, failed = self._again(ex, hop, e, hops, gone)
                 if new is None:
-                    end(hop.lease, hop.resp.status, False, None, charted=False)
+                    tally.end(hop.lease, hop.resp.status, False, None, charted=False)
                     if gone:
                         self.metrics.child(self.metrics.client_gone, model, "answering").inc()
                         raise ApiError("client_gone", f"the client left while endpoint {hop.choice.endpoint.id} "
@@ -179,10 +169,7 @@ class Answers:
             headers.append(("Content-Type", "application/json"))
         elif hop.ask.rewrite is not None or assembling or hop.resp.content_type.startswith("application/json"):
             payload = AnswerRewrite(model, hop.ask.rewrite).body(payload)
-        waited = self.clock.monotonic() - ex.t0
-        self.metrics.child(self.metrics.ttft, model).observe(waited)
-        self.traffic.first_byte(ex.plan.canon, waited)
-        end(hop.lease, status, True, usage_from_json(payload) if status < 400 else None)
+        tally.whole(hop.lease, status, usage_from_json(payload) if status < 400 else None)
         headers.append(("Content-Length", str(len(payload))))
         return RawAnswer(status, headers, [payload])
 
@@ -257,47 +244,3 @@ class Answers:
                 unwatch()
         return asm.result()
 
-
-class _Ending:
-    """What an answer counts when it ends (metrics, the console's traffic, usage, the tenant's charge
-    corrected, and the sample the router learns from): `end(lease, status, completed, usage)`. Only
-    generating operations teach the router an endpoint's speed, and only from the endpoint first sent
-    to (an answer that moved to another teaches nothing); a stored response read again (by id) is not
-    usage again."""
-
-    __slots__ = ("answers", "ex", "first", "first_at")
-
-    def __init__(self, answers: Answers, ex: Exchange, hop: Hop):
-        self.answers, self.ex, self.first = answers, ex, hop
-        self.first_at: float | None = None  # when a stream's first bytes came
-
-    def __call__(self, lease: Lease, status: int, completed: bool, usage, charted: bool = True) -> None:
-        a, ex = self.answers, self.ex
-        now = a.clock.monotonic()
-        ep, route, model = lease.choice.endpoint, ex.call.route, ex.call.model
-        learn = route.learns and lease is self.first.lease
-        ok = completed and status < 400
-        usage = usage if not route.by_id else None
-        t_send, first_at = self.first.sent_at, self.first_at
-        lease.release((now - t_send) if ok and learn else None, usage[1] if usage and learn else None,
-                      (first_at - t_send) if ok and learn and first_at is not None else None)
-        metrics, child = a.metrics, a.metrics.child
-        child(metrics.requests, model, ep.id, str(status) if completed else "aborted").inc()
-        child(metrics.latency, model).observe(now - ex.t0)
-        if charted:  # else the error answer raised next is counted (Proxy.refused)
-            a.traffic.request(ex.plan.canon, error=not completed or status >= 500, seconds=now - ex.t0)
-            ex.trace.finish(status, completed, usage)
-        cached = getattr(usage, "cached", None)  # gateway.upstream.stream.Usage
-        if cached is not None and status < 400:
-            lease.router.reused(ep.id, usage[0], cached)
-            child(metrics.prefix_measured, ep.id).inc(cached)
-        if usage:
-            child(metrics.tokens, model, "prompt").inc(usage[0])
-            child(metrics.tokens, model, "completion").inc(usage[1])
-        if ex.charge is not None:  # an engine's error answer cost next to nothing: given back
-            ex.charge.done(usage if status < 400 else (0, 0))
-        if status < 400:
-            key = ex.key
-            budget = key.period(a.clock.time()) if key is not None and key.budget else None
-            a.usage.record(key.id if key else ANONYMOUS, ep.model or model, *(usage or (0, 0)),
-                           limited=bool(key and key.tpm), budget=budget)

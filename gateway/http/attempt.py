@@ -64,14 +64,14 @@ class Sender:
 
 class Exchange:
     """One client request, as every one of its sends needs it: the Call and its Plan, who asked, its id,
-    when it arrived, the headers every attempt carries, its trace, and its charge."""
+    when it arrived, its method, its trace, and its charge."""
 
-    __slots__ = ("sender", "call", "plan", "key", "rid", "t0", "headers", "method", "trace", "charge", "attempts")
+    __slots__ = ("sender", "call", "plan", "key", "rid", "t0", "method", "trace", "charge", "attempts")
 
     def __init__(self, sender: Sender, call: Call, plan: Plan, key: ApiKey | None, rid: str, t0: float,
-                 headers: dict[str, str], method: str = "POST", trace=NOOP_REQUEST):
+                 method: str = "POST", trace=NOOP_REQUEST):
         self.sender, self.call, self.plan, self.key, self.rid, self.t0 = sender, call, plan, key, rid, t0
-        self.headers, self.method, self.trace = headers, method, trace
+        self.method, self.trace = method, trace
         self.charge: Charge | None = None  # what its tenant was charged, once, when first sent
         self.attempts = 0  # the trace's number of the next attempt
 
@@ -131,7 +131,7 @@ class Exchange:
         # The engine's credential, or an external server's own key (for this attempt only); never the
         # client's key (forward_headers drops it), never another endpoint's.
         secret = s.router.tables.api_keys.get(ep.id) or ep.engine_secret
-        headers = {**self.headers, "authorization": f"Bearer {secret}"} if secret else self.headers
+        headers = {**call.headers, "authorization": f"Bearer {secret}"} if secret else dict(call.headers)
         self.trace.attempt(self.attempts, ep.id, ep.url + ask.path)
         self.attempts += 1
         self.trace.inject(headers)  # the engine's parent: this attempt (tracing off: the client's, as sent)

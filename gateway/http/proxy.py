@@ -19,7 +19,7 @@ from gateway.observe.metrics import Metrics
 from gateway.observe.saturation import SaturationSignals
 from gateway.observe.tracing import route_path
 from gateway.observe.traffic import TrafficCounter
-from gateway.request.call import forward_headers, read_call
+from gateway.request.call import read_call
 from gateway.request.plan import plan
 from gateway.request.surface import Route
 from gateway.routing.choice import Rejection, RouteRequest
@@ -54,7 +54,7 @@ class Proxy:
         key = gate.authenticate(environ) if route.by_id else ASK  # who asks, before saying whether a response exists
         if route.by_id and not router.tables.loaded:
             raise not_loaded(self.not_ready())
-        call = read_call(route, response_id, environ, router.tables, self.cfg.max_body_bytes)
+        call = read_call(route, response_id, environ, router.tables, self.cfg.max_body_bytes, rid)
         tables = router.tables
         known = call.model in tables.known_models if tables.loaded else None
         verdict = gate.check(environ, call.model, known, route.by_id, key)
@@ -71,8 +71,7 @@ class Proxy:
             call = call.with_usage()
         p = plan(call, tables, verdict.priority, verdict.tenant, environ.get("HTTP_X_SESSION_ID"), self.prefix_routing)
         environ["llmgw.model"] = p.canon  # known: charts may count it
-        ex = Exchange(self.sender, call, p, verdict.key, rid, t0, forward_headers(environ, rid, call.data is not None),
-                      environ.get("REQUEST_METHOD", "POST"), trace)
+        ex = Exchange(self.sender, call, p, verdict.key, rid, t0, environ.get("REQUEST_METHOD", "POST"), trace)
         hop = ex.send(first=True)
         try:
             return self.answers.respond(ex, hop)

@@ -11,8 +11,8 @@ body is forwarded as it came unless the endpoint serves the model under another 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
-from typing import NamedTuple
+from dataclasses import dataclass, field, replace
+from typing import Mapping, NamedTuple
 
 from gateway.errors import ApiError
 from gateway.request.client import NO_CLIENT, ClientConn, client_of
@@ -50,19 +50,15 @@ class Call:
     previous: tuple[str, str] | None = None  # (client id, engine id) of a JSON body's previous_response_id
     query: str = ""
     client: ClientConn = NO_CLIENT  # the client's connection
+    headers: Mapping[str, str] = field(default_factory=dict)  # what every attempt forwards (forward_headers)
+    stream: bool = field(init=False)  # the client asked for a stream
 
-    @property
-    def affinity(self) -> str | None:
-        """The body's OpenAI `user`, which keeps a session on one endpoint (X-Session-ID wins)."""
-        user = self.body.get("user") if self.body is not None else None
-        return user if isinstance(user, str) and user else None
-
-    def streams(self) -> bool:
-        return self.body is not None and self.body.get("stream") is True
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stream", self.body is not None and self.body.get("stream") is True)
 
     def with_usage(self) -> "Call":
         """A stream whose tokens count against a budget asks the engine for its usage chunk."""
-        if self.streams() and self.route.op in (op.CHAT, op.COMPLETIONS):  # a Responses stream ends with usage
+        if self.stream and self.route.op in (op.CHAT, op.COMPLETIONS):  # a Responses stream ends with usage
             body, data = with_stream_usage(self.body, self.data)
             return replace(self, body=body, data=data) if data is not self.data else self
         return self
@@ -75,7 +71,7 @@ class Call:
         """The client, when endpoint `ep` is asked for a stream the client did not ask for: its
         engine would not stop a non-streamed answer for a client that left, so the gateway reads
         the stream, watching the client, and answers with the whole body (gateway.upstream.assemble)."""
-        if self.body is None or self.route.op not in ASSEMBLED_OPS or self.streams():
+        if self.body is None or self.route.op not in ASSEMBLED_OPS or self.stream:
             return None
         engine = ENGINES.get(ep.engine)
         return self.client if engine is not None and not engine.aborts_unstreamed else None
@@ -176,14 +172,16 @@ def read_body(environ: dict, limit: int) -> bytes:
     return data
 
 
-def read_call(route: Route, response_id: str | None, environ: dict, tables: Tables, limit: int) -> Call:
+def read_call(route: Route, response_id: str | None, environ: dict, tables: Tables, limit: int, rid: str) -> Call:
     """Read what routing needs from the request: the body's model (JSON or a form field), or the
-    endpoint a response id leads to; and where its client is (gateway.request.client)."""
+    endpoint a response id leads to; where its client is (gateway.request.client); and the headers
+    every attempt forwards, with its id `rid`."""
     client = client_of(environ)
     if route.body == "none":
         ep, engine_id = response_endpoint(tables, response_id or "", "response")
         return Call(route, ep.model or ep.models[0], pin=ep.id, response_id=(response_id or "", engine_id),
-                    query=environ.get("QUERY_STRING", ""), client=client)
+                    query=environ.get("QUERY_STRING", ""), client=client, headers=forward_headers(environ, rid, False))
+    headers = forward_headers(environ, rid, True)
     data = read_body(environ, limit)
     if route.body == "form":
         try:
@@ -192,7 +190,7 @@ def read_call(route: Route, response_id: str | None, environ: dict, tables: Tabl
             raise ApiError("bad_request", str(e)) from None
         if found is None or not found[0]:
             raise ApiError("missing_model", "the form field 'model' is required")
-        return Call(route, found[0], data, form_at=found[1:], client=client)
+        return Call(route, found[0], data, form_at=found[1:], client=client, headers=headers)
     try:
         body = json.loads(data)
     except ValueError as e:  # UnicodeDecodeError included: not UTF-8
@@ -206,14 +204,14 @@ def read_call(route: Route, response_id: str | None, environ: dict, tables: Tabl
         raise ApiError("missing_model", "'model' is required and must be a non-empty string")
     previous = body.get("previous_response_id") if route.op == op.RESPONSES else None
     if previous is None:
-        return Call(route, model, data, body, client=client)
+        return Call(route, model, data, body, client=client, headers=headers)
     if not isinstance(previous, str):
         raise ApiError("bad_request", "'previous_response_id' must be a string")
     ep, engine_id = response_endpoint(tables, previous, "previous_response_id")
     if model not in ep.models:
         raise ApiError("bad_request", f"previous_response_id {previous!r} belongs to model {ep.model!r}, "
                        f"not {model!r}")
-    return Call(route, model, data, body, pin=ep.id, previous=(previous, engine_id), client=client)
+    return Call(route, model, data, body, pin=ep.id, previous=(previous, engine_id), client=client, headers=headers)
 
 
 def response_endpoint(tables: Tables, client_id: str, what: str) -> tuple[EndpointInfo, str]:

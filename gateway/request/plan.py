@@ -1,5 +1,5 @@
-"""What the gateway decides for a request before routing it, pure: `plan(call, tables, verdict, affinity,
-prefix_routing) -> Plan`, a frozen value beside the frozen Call.
+"""What the gateway decides for a request before routing it, pure: `plan(call, tables, priority, tenant,
+affinity, prefix_routing) -> Plan`, a frozen value beside the frozen Call.
 
 A retry, a resumed answer and an evicted one keep the same Plan: they are the same request, served for
 the same tenant, under the same key, charged once (gateway.http.attempt holds the charge).
@@ -34,16 +34,23 @@ class Plan:
 
 def plan(call: Call, tables: Tables, priority: str, tenant: Tenant | None, affinity: str | None,
          prefix_routing: bool = True) -> Plan:
-    """The request's plan over the routing tables. Its objective: the catalog's `routing.objective` for
+    """The request's plan over the routing tables. `affinity`: the X-Session-ID header. Its objective: the catalog's `routing.objective` for
     the model, else its first token when it streams, else its completion. Its block keys are seeded
     with the model's canonical name and the adapter; only read with `prefix_routing`."""
     model = call.model
     canon = tables.canonical.get(model, model)
     adapter = tables.adapters.get(model) if tables.adapters else None
-    objective = tables.objectives.get(canon) or (FIRST_TOKEN if call.streams() else COMPLETION)
+    objective = tables.objectives.get(canon) or (FIRST_TOKEN if call.stream else COMPLETION)
+    affinity = affinity or user_of(call.body)
     if not prefix_routing or call.body is None:
-        return Plan(canon, priority, tenant, affinity or call.affinity, adapter, objective)
+        return Plan(canon, priority, tenant, affinity, adapter, objective)
     keys, tokens = prefix_of(call.body, call.route.op, canon, adapter.name if adapter is not None else "")
     # (read only with block keys: where a prompt's history goes, gateway.routing.choice._pick)
     opens = bool(keys) and opens_conversation(call.body, call.route.op)
-    return Plan(canon, priority, tenant, affinity or call.affinity, adapter, objective, keys, tokens, opens)
+    return Plan(canon, priority, tenant, affinity, adapter, objective, keys, tokens, opens)
+
+
+def user_of(body: dict | None) -> str | None:
+    """The body's OpenAI `user`, which keeps a session on one endpoint (X-Session-ID wins)."""
+    user = body.get("user") if body is not None else None
+    return user if isinstance(user, str) and user else None

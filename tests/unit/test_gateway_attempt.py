@@ -93,7 +93,7 @@ def exchange(upstream, router=None, retries=2, tenant=TEAM):
                     Metrics())
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10}
     call = Call(ROUTES[CHAT], "m", b'{"model": "m"}', body)
-    return Exchange(sender, call, Plan("m", "standard", tenant), None, "rid", 0.0, {}), router, queues
+    return Exchange(sender, call, Plan("m", "standard", tenant), None, "rid", 0.0), router, queues
 
 
 def test_a_retry_goes_elsewhere_and_the_tenant_is_charged_once():
