@@ -36,6 +36,7 @@ from llmgw.state.store import Store, connect
 from harness import needs
 from harness.sentinel import SentinelRedis
 from harness.procs import (
+    TEST_PORT_RANGE,
     ProcessSet,
     bin_path,
     free_port,
@@ -213,7 +214,7 @@ class Cluster:
                    prefix: list[str] | None = None, **env: str):
         """A node agent: a Celery worker consuming node-<name>, with its own state dir and ports.
         `prefix` runs it under another command, e.g. `["ip", "netns", "exec", "h1"]`: another host."""
-        lo, hi = free_port_range(40)
+        lo, hi = free_port_range(40, TEST_PORT_RANGE)
         node_env = {
             "LLMGW_NODE": name,
             "LLMGW_NODE_GPUS": gpus,

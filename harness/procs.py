@@ -22,6 +22,11 @@ from llmgw.proc.ports import free_port, free_port_range  # noqa: F401
 from llmgw.proc.proctable import describe, pids_with_env  # noqa: F401
 
 TOKEN_VAR = "LLMGW_TEST_TOKEN"
+# Where test node agents take their engines' ports (`free_port_range(n, TEST_PORT_RANGE)`): below the
+# kernel's ephemeral range (a port there refuses a bind while an outgoing connection holds it, so a
+# busy machine left few blocks free), and apart from `llmgw up`'s LLMGW_UP_PORT_RANGE (22000-29999),
+# so the nodes of a test and the `llmgw up` of another running beside it never share a port.
+TEST_PORT_RANGE = (10000, 19999)
 T = TypeVar("T")
 
 

@@ -88,3 +88,19 @@ class NotFound(LlmgwError):
     def __init__(self, kind: str, name: str):
         self.kind, self.name = kind, name
         super().__init__(f"no {kind} named {name!r}")
+
+
+class NoFreePorts(LlmgwError):
+    """No `size` consecutive free ports in the range a variable sets (`LLMGW_UP_PORT_RANGE` for `llmgw
+    up`, `LLMGW_PORT_RANGE` for a node's engines): one line saying what to set."""
+
+    def __init__(self, variable: str, port_range: tuple[int, int], size: int = 1,
+                 ephemeral: tuple[int, int] | None = None):
+        self.variable, self.port_range, self.size, self.ephemeral = variable, port_range, size, ephemeral
+        lo, hi = port_range
+        what = "free port" if size == 1 else f"block of {size} free consecutive ports"
+        outside = (f"outside the kernel's ephemeral range {ephemeral[0]}-{ephemeral[1]} "
+                   "(net.ipv4.ip_local_port_range)" if ephemeral else
+                   "outside the kernel's ephemeral range (net.ipv4.ip_local_port_range)")
+        super().__init__(f"no {what} in {variable} {lo}-{hi} (each is held, or refuses a bind); "
+                         f"set {variable}=START-END to a range with free ports, {outside}")

@@ -20,9 +20,9 @@ import typing
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Mapping
 
-from pydantic import AfterValidator, AliasChoices, Field, ValidationError
+from pydantic import AfterValidator, AliasChoices, BeforeValidator, Field, ValidationError
 from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
+from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, SettingsConfigDict
 
 from llmgw.errors import ConfigError
 from llmgw.redisurl import Durability, check as check_redis_url
@@ -37,6 +37,26 @@ class Says:
 
 # Durations are floats in seconds; each field adds its own bounds (gt=0: positive, ge=0: 0 allowed).
 Seconds = Annotated[float, Says("seconds")]
+
+
+def parse_port_range(value: str) -> tuple[int, int]:
+    """`21000-21999` -> (21000, 21999); ValueError saying what is wrong."""
+    lo, sep, hi = value.partition("-")
+    try:
+        start, end = int(lo), int(hi)
+    except ValueError:
+        raise ValueError(f"expected START-END, got {value!r}") from None
+    if not sep or not (0 < start <= end < 65536):
+        raise ValueError(f"expected START-END within 1..65535, got {value!r}")
+    return start, end
+
+
+def _port_range(value: object) -> object:
+    return parse_port_range(value) if isinstance(value, str) else value
+
+
+# A range of TCP ports, `START-END` in the environment.
+PortRange = Annotated[tuple[int, int], NoDecode, BeforeValidator(_port_range)]
 
 
 def env(*names: str, default: Any = None, default_factory: Any = None, meaning: str,
@@ -177,6 +197,11 @@ class Settings(EnvSettings):
         meaning="logs, engine state, Redis data of `llmgw up`")
     node_name: str = env("LLMGW_NODE", default_factory=socket.gethostname,
                          meaning="this machine's node name; its agent consumes `node-<name>`")
+    up_port_range: PortRange = env(
+        "LLMGW_UP_PORT_RANGE", default=(22000, 29999),
+        meaning="where `llmgw up` takes its ports, `START-END`: a free block of 100 (its Redis on the first, "
+                "its engines on the rest unless `LLMGW_PORT_RANGE` is set); keep it outside the kernel's "
+                "ephemeral range (`net.ipv4.ip_local_port_range`), whose ports outgoing connections take")
     event_driven: bool = env("LLMGW_EVENT_DRIVEN", default=True,
                              meaning="facts (a catalog apply, a replica turning Ready or exiting, a stop) "
                                      "kick the control passes at once ([lifecycle](docs/lifecycle.md)); "

@@ -1,12 +1,13 @@
 """`llmgw up`: the whole system on this machine.
 
 Starts Redis (embedded unless REDIS_URL is set; data in the state directory, appendonly on), a control
-worker, beat, one node agent and the gateway; applies `--catalog FILE` or the default catalog
-(`llmgw/default_catalog.yaml`: a real llama.cpp replica), saying which file and how to copy it; shows a
-progress line per replica until a model is Ready, then prints the gateway URL, a curl line, the
-console's URL and the Redis URL to export in other shells (commands run from the same directory, or
-with LLMGW_STATE_DIR, find it by themselves: llmgw.local.stackfile); Ctrl-C (SIGINT or SIGTERM) stops
-every process it started, engines included.
+worker, beat, one node agent and the gateway (Redis and the engines on a free block of
+LLMGW_UP_PORT_RANGE, outside the kernel's ephemeral range: llmgw.proc.portrange); applies
+`--catalog FILE` or the default catalog (`llmgw/default_catalog.yaml`: a real llama.cpp replica),
+saying which file and how to copy it; shows a progress line per replica until a model is Ready, then
+prints the gateway URL, a curl line, the console's URL and the Redis URL to export in other shells
+(commands run from the same directory, or with LLMGW_STATE_DIR, find it by themselves:
+llmgw.local.stackfile); Ctrl-C (SIGINT or SIGTERM) stops every process it started, engines included.
 """
 
 from __future__ import annotations
@@ -28,12 +29,13 @@ import requests
 from llmgw.catalog import Catalog, apply_catalog, load_catalog_file, parse_catalog
 from llmgw.cli.common import kick, replicated
 from llmgw.cli.progress import Progress, Ticker
-from llmgw.errors import CatalogInvalid, LlmgwError
+from llmgw.errors import CatalogInvalid, ConfigError, LlmgwError
 from llmgw.local import stackfile
 from llmgw.local.embedded_redis import redis_server_argv
-from llmgw.local.localstack import LocalStack, celery_argv, free_port, port_is_free, python_module, wait_for
-from llmgw.proc.ports import free_port_range
-from llmgw.settings import Settings
+from llmgw.local.localstack import LocalStack, celery_argv, port_is_free, python_module, wait_for
+from llmgw.proc.portrange import ephemeral_warning
+from llmgw.proc.ports import ephemeral_range, free_port_range
+from llmgw.settings import Settings, parse_port_range
 from llmgw.engines.selfcheck import advice
 from llmgw.state.records import ReplicaRecord
 from llmgw.state.replica_state import State, derive, nodes_alive
@@ -81,6 +83,29 @@ def _say(msg: str) -> None:
     print(f"llmgw up: {msg}", flush=True)
 
 
+# The ports `llmgw up` takes from LLMGW_UP_PORT_RANGE: one block, its Redis on the first port (which
+# then tells another `llmgw up` that the block is held) and its engines on the rest.
+UP_BLOCK = 100
+
+
+def engine_port_range(environ) -> tuple[int, int] | None:
+    """LLMGW_PORT_RANGE when the user set it (the engines then take that range as is)."""
+    value = environ.get("LLMGW_PORT_RANGE")
+    if not value:
+        return None
+    try:
+        return parse_port_range(value)
+    except ValueError as e:
+        raise ConfigError("LLMGW_PORT_RANGE", str(e)) from None
+
+
+def port_warnings(up_range, engines, embedded_redis: bool, ephemeral) -> list[str]:
+    """What `llmgw up` says of the ranges it takes ports from that overlap the kernel's ephemeral range."""
+    ranges = [("LLMGW_UP_PORT_RANGE", up_range)] if embedded_redis or engines is None else []
+    ranges += [("LLMGW_PORT_RANGE", engines)] if engines is not None else []
+    return [w for variable, r in ranges if (w := ephemeral_warning(variable, r, ephemeral))]
+
+
 def cmd_up(args) -> int:
     settings = Settings.from_env()
     # Validate everything before starting anything: a bad file changes nothing.
@@ -92,6 +117,10 @@ def cmd_up(args) -> int:
         return 2
     if not port_is_free(args.port):
         raise LlmgwError(f"port {args.port} is already in use; pick another with --port")
+    engines = engine_port_range(os.environ)
+    for warning in port_warnings(settings.up_port_range, engines, "redis_url" not in settings.model_fields_set,
+                                 ephemeral_range()):
+        _say(f"warning: {warning}")
     state_dir = Path(args.state_dir or settings.state_dir).resolve()
     node = args.node or settings.node_name
     running, _stale = stackfile.running_stack(state_dir)
@@ -109,7 +138,7 @@ def cmd_up(args) -> int:
     old_handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     stack = LocalStack(state_dir, env={})
     try:
-        return _run(args, settings, catalog, state_dir, node, stack, stopping)
+        return _run(args, settings, catalog, state_dir, node, stack, stopping, engines)
     finally:
         stack.stop_all()
         for s, h in old_handlers.items():
@@ -117,20 +146,18 @@ def cmd_up(args) -> int:
         _say("stopped")
 
 
-def _run(args, settings, catalog, state_dir, node, stack: LocalStack, stopping) -> int:
+def _run(args, settings, catalog, state_dir, node, stack: LocalStack, stopping, engines) -> int:
     if "redis_url" in settings.model_fields_set:  # REDIS_URL or LLMGW_REDIS_URL was given
         redis_url = settings.redis_url
         _say(f"using Redis at {stackfile.masked(redis_url)}")
+        store = _store(redis_url, settings)
+        if not wait_for(store.ping, 20, stopping.is_set):
+            raise LlmgwError(f"Redis at {redis_url} did not answer within 20 s")
+        # The engines' ports: the range given, or a free block of LLMGW_UP_PORT_RANGE.
+        engines = engines or free_port_range(UP_BLOCK, settings.up_port_range)
     else:
-        port = free_port()
-        data = state_dir / "redis"
-        data.mkdir(parents=True, exist_ok=True)
-        stack.start("redis", redis_server_argv(port, data, persistent=True))
-        redis_url = f"redis://127.0.0.1:{port}/0"
-        _say(f"started Redis on 127.0.0.1:{port} (data in {data})")
-    store = Store(connect(redis_url), Durability.of(redis_url, settings.redis_wait_replicas, settings.redis_wait_timeout))
-    if not wait_for(store.ping, 20, stopping.is_set):
-        raise LlmgwError(f"Redis at {redis_url} did not answer within 20 s")
+        redis_url, store, block = _start_redis(stack, settings, state_dir, 1 if engines else UP_BLOCK, stopping)
+        engines = engines or (block[0] + 1, block[1])
     url = f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '') else args.host}:{args.port}"
     stack.announce(redis_url, url)
 
@@ -146,12 +173,10 @@ def _run(args, settings, catalog, state_dir, node, stack: LocalStack, stopping) 
         # The batch worker sends the Batch API's lines to this gateway (docs/batch.md).
         "LLMGW_BATCH_GATEWAY_URL": url,
     })
-    if not os.environ.get("LLMGW_PORT_RANGE"):
-        # The engines' ports from a block free now, not the agent's fixed default (21000-21999): a
-        # second `llmgw up` on the machine (or a test beside it) handed a vLLM replica's port, still
-        # unbound while vLLM loads for a minute, to its own llama-server.
-        lo, hi = free_port_range(100)
-        stack.env["LLMGW_PORT_RANGE"] = f"{lo}-{hi}"
+    # The engines' ports from a block free now, not the agent's fixed default (21000-21999): a second
+    # `llmgw up` on the machine (or a test beside it) handed a vLLM replica's port, still unbound while
+    # vLLM loads for a minute, to its own llama-server. The block's Redis keeps others off it.
+    stack.env["LLMGW_PORT_RANGE"] = f"{engines[0]}-{engines[1]}"
     common = ["--without-gossip", "--without-mingle", "-l", "info"]
     stack.start("control", celery_argv("worker", "-Q", CONTROL_QUEUE, "-n", "control@%h", "-P", "threads", "-c", "4",
                                        *common))
@@ -194,6 +219,38 @@ def _run(args, settings, catalog, state_dir, node, stack: LocalStack, stopping) 
         for text in crashes.check(store):
             _say(text)
     return 0
+
+
+def _store(redis_url: str, settings: Settings) -> Store:
+    durability = Durability.of(redis_url, settings.redis_wait_replicas, settings.redis_wait_timeout)
+    return Store(connect(redis_url), durability)
+
+
+def _start_redis(stack: LocalStack, settings: Settings, state_dir: Path, size: int, stopping,
+                 tries: int = 3) -> tuple[str, Store, tuple[int, int]]:
+    """The embedded Redis, on the first port of a free block of `size` ports of LLMGW_UP_PORT_RANGE.
+    A Redis that exits before it answers lost its port between the probe and its bind (another
+    process took it): it starts again on another block. Returns its URL, its store and the block."""
+    data = state_dir / "redis"
+    data.mkdir(parents=True, exist_ok=True)
+    log = state_dir / "logs" / "redis.log"
+    tried: set[int] = set()
+    for _ in range(tries):
+        block = free_port_range(size, settings.up_port_range, taken=tried)
+        port = block[0]
+        child = stack.start("redis", redis_server_argv(port, data, persistent=True))
+        redis_url = f"redis://127.0.0.1:{port}/0"
+        store = _store(redis_url, settings)
+        if wait_for(store.ping, 20, lambda: stopping.is_set() or not child.alive()):
+            _say(f"started Redis on 127.0.0.1:{port} (data in {data})")
+            return redis_url, store, block
+        if stopping.is_set() or child.alive():
+            raise LlmgwError(f"Redis on 127.0.0.1:{port} did not answer within 20 s; see {log}")
+        last = (child.log_tail(1) or f"exit code {child.popen.returncode}").strip()
+        _say(f"Redis exited on port {port} ({last}); trying another block of LLMGW_UP_PORT_RANGE")
+        stack.forget(child)
+        tried.update(range(block[0], block[1] + 1))
+    raise LlmgwError(f"Redis exited {tries} times at start, on ports {sorted(tried)[::size]}; see {log}")
 
 
 def found_by(state_dir: Path, cwd: Path) -> str:

@@ -102,6 +102,10 @@ class LocalStack:
         self.announced = info
         return info
 
+    def forget(self, child: Child) -> None:
+        """A child that exited on its own and is replaced (Redis that lost its port): no longer watched."""
+        self.children.remove(child)
+
     def dead_child(self) -> Child | None:
         return next((c for c in self.children if not c.alive()), None)
 

@@ -9,11 +9,13 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import time
 
 import pytest
 import requests
 
+from llmgw.proc.ports import ephemeral_range
 from llmgw.proc.proctable import is_same_process, read_proc
 from llmgw.state.keys import node_queue
 from llmgw.state.records import ReplicaRecord
@@ -136,6 +138,42 @@ def test_engine_crash_restarts_with_backoff_and_stop(cluster):
     assert not is_same_process(again.pid, again.pid_start, "r-crash")
     assert stopped.exit_code is not None and stopped.exited_at >= stopped.started_at
     assert len(stopped.failure_times) == 1, "a requested stop is not a failure"
+
+
+def test_a_restart_whose_port_another_program_took_starts_on_another_port(cluster):
+    """Issue 57: the engine's port is taken while it is down (here by a listener, as another program
+    would): the restart takes another port, records it and serves there; it is one failure (the
+    crash), not a crash loop on a port that refuses the bind."""
+    _up(cluster)
+    _create(cluster, "r-moved")
+    rec = wait_until(lambda: (r := _ready(cluster, "r-moved")) and r.engine_pid and r, 30, what="Ready")
+    os.kill(rec.engine_pid, signal.SIGKILL)
+    taker = socket.socket()
+    try:
+        taker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        wait_until(lambda: taker.bind(("127.0.0.1", rec.port)) is None, 10, interval=0.005,
+                   what="the engine's port to come free")
+        taker.listen()
+        again = wait_until(lambda: (r := _ready(cluster, "r-moved")) and r.attempt == rec.attempt + 1 and r, 30,
+                           what="restarted and Ready on another port")
+        assert again.port != rec.port and again.url == f"http://127.0.0.1:{again.port}"
+        assert again.restarts == 1 and len(again.failure_times) == 1
+        assert requests.get(again.url + "/health", timeout=2).status_code == 200
+    finally:
+        taker.close()
+
+
+def test_agent_warns_in_one_line_when_its_port_range_overlaps_the_ephemeral_range(cluster):
+    ephemeral = ephemeral_range()
+    if ephemeral is None:
+        pytest.skip("no readable net.ipv4.ip_local_port_range here")
+    lo = ephemeral[0]
+    cluster.start_redis()
+    node = cluster.start_node("a", **FAST_AGENT, LLMGW_PORT_RANGE=f"{lo}-{lo + 19}")
+    line = (f"LLMGW_PORT_RANGE {lo}-{lo + 19} overlaps the kernel's ephemeral port range "
+            f"{ephemeral[0]}-{ephemeral[1]} (net.ipv4.ip_local_port_range) by 20 ports")
+    wait_until(lambda: line in node.log(200), 30, what="the agent's warning")
+    assert "node agent for a started" in node.log(200)
 
 
 def test_always_failing_engine_ends_in_crashloop(cluster):

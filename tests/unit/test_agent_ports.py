@@ -7,7 +7,8 @@ import socket
 import pytest
 
 from llmgw.proc.ports import can_bind
-from workers.agent.ports import NoFreePort, choose_port
+from llmgw.errors import NoFreePorts
+from workers.agent.ports import choose_port
 
 
 def test_lowest_free_port():
@@ -22,8 +23,11 @@ def test_prefers_previous_port_when_free():
 
 
 def test_exhausted_range():
-    with pytest.raises(NoFreePort, match="100-101"):
+    with pytest.raises(NoFreePorts) as e:
         choose_port((100, 101), {100}, lambda p: p != 101)
+    # One line that says what to set (it is the failed launch's reason in the record and `llmgw up`).
+    assert str(e.value).startswith("no free port in LLMGW_PORT_RANGE 100-101 ")
+    assert "set LLMGW_PORT_RANGE=START-END" in str(e.value) and "\n" not in str(e.value)
 
 
 def test_can_bind_sees_a_listening_socket():

@@ -45,8 +45,9 @@ def test_one_implementation_behind_every_old_name():
 
 
 def test_port_helpers():
-    lo, hi = ports.free_port_range(5)
+    lo, hi = ports.free_port_range(5, procs.TEST_PORT_RANGE)
     assert hi - lo == 4 and all(ports.can_bind("127.0.0.1", p) for p in range(lo, hi + 1))
+    assert procs.TEST_PORT_RANGE[0] <= lo and hi <= procs.TEST_PORT_RANGE[1]
     with socket.socket() as s:
         s.bind(("127.0.0.1", lo))
         s.listen()

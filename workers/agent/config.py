@@ -11,7 +11,7 @@ from pydantic import BeforeValidator, model_validator
 from pydantic_settings import NoDecode
 
 from llmgw.errors import ConfigError
-from llmgw.settings import Seconds, Settings, env
+from llmgw.settings import PortRange, Seconds, Settings, env
 from workers.agent.supervisor import Policy
 
 
@@ -26,20 +26,6 @@ def _labels(value: object) -> object:
             raise ValueError(f"expected key=value, got {item!r}")
         labels[key.strip()] = val.strip()
     return labels
-
-
-def _port_range(value: object) -> object:
-    """`21000-21999` -> (21000, 21999)."""
-    if not isinstance(value, str):
-        return value
-    lo, sep, hi = value.partition("-")
-    try:
-        start, end = int(lo), int(hi)
-    except ValueError:
-        raise ValueError(f"expected START-END, got {value!r}") from None
-    if not sep or not (0 < start <= end < 65536):
-        raise ValueError(f"expected START-END within 1..65535, got {value!r}")
-    return start, end
 
 
 _UNITS = {"": 1, "k": 1000, "m": 1000 ** 2, "g": 1000 ** 3, "t": 1000 ** 4, "ki": 1024, "mi": 1024 ** 2,
@@ -73,8 +59,10 @@ class AgentSettings(Settings):
                             meaning="the address other machines (the gateway) use to reach this node's engines")
     engine_host: str = env("LLMGW_ENGINE_HOST", default="127.0.0.1",
                            meaning="the address engines bind to (`0.0.0.0` when the gateway is elsewhere)")
-    port_range: Annotated[tuple[int, int], NoDecode, BeforeValidator(_port_range)] = env(
-        "LLMGW_PORT_RANGE", default=(21000, 21999), meaning="ports handed to engines on this node, `START-END`")
+    port_range: PortRange = env(
+        "LLMGW_PORT_RANGE", default=(21000, 21999),
+        meaning="ports handed to engines on this node, `START-END`; keep it outside the kernel's ephemeral "
+                "range (`net.ipv4.ip_local_port_range`): the agent warns at start-up when it overlaps")
     heartbeat_interval: Seconds = env("LLMGW_HEARTBEAT_INTERVAL", default=2.0, gt=0,
                                       meaning="how often the node writes its heartbeat")
     heartbeat_ttl: Seconds = env("LLMGW_HEARTBEAT_TTL", default=6.0, gt=0,

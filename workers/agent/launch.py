@@ -92,7 +92,7 @@ class Launcher:
         other records on this node that stay, then in `leaving_cpus`, those of records being stopped;
         its processes restricted to `launch_cores`) and its command built (on `weights_path`, the
         downloaded weights, when the source is remote). None when the replica's model or profile is not in the applied
-        catalog; raises (NoFreePort, EngineUnavailable, ...) when it cannot be built."""
+        catalog; raises (NoFreePorts, EngineUnavailable, ...) when it cannot be built."""
         found = self.catalog.lookup(rec)
         if found is None:
             return None

@@ -2,17 +2,16 @@
 
 A port is taken if any replica record on this node names it (whether or not its process is up: a
 restart in place keeps its port while it can) or if binding it fails (some other process, or an engine
-we no longer track, holds it). The choice itself is a pure function over those two facts.
+we no longer track, holds it; or an outgoing connection drew it, when the range overlaps the kernel's
+ephemeral range). A restart whose port is taken so starts on another one, which the agent records
+(and publishing then routes to). The choice itself is a pure function over those two facts.
 """
 
 from __future__ import annotations
 
 from typing import Callable, Iterable
 
-
-class NoFreePort(RuntimeError):
-    def __init__(self, lo: int, hi: int):
-        super().__init__(f"no free port in LLMGW_PORT_RANGE {lo}-{hi}")
+from llmgw.errors import NoFreePorts
 
 
 def choose_port(
@@ -31,4 +30,4 @@ def choose_port(
     for port in range(lo, hi + 1):
         if port not in taken and bindable(port):
             return port
-    raise NoFreePort(lo, hi)
+    raise NoFreePorts("LLMGW_PORT_RANGE", (lo, hi))

@@ -18,6 +18,8 @@ from pathlib import Path
 from celery import bootsteps
 
 from llmgw.errors import ConfigError
+from llmgw.proc.portrange import ephemeral_warning
+from llmgw.proc.ports import ephemeral_range
 from llmgw.state.keys import NODE_QUEUE_PREFIX, node_queue
 
 log = logging.getLogger("llmgw.agent")
@@ -121,6 +123,9 @@ class _AgentService:
             self.threads.append(t)
         log.info("node agent for %s started (port range %s, state dir %s)", a.node, a.settings.port_range,
                  a.settings.state_dir)
+        warning = ephemeral_warning("LLMGW_PORT_RANGE", a.settings.port_range, ephemeral_range())
+        if warning:
+            log.warning("%s", warning)
 
     def _run_loop(self) -> None:
         a = self.agent
