@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import inspect
 import io
 import json
 import os
@@ -54,12 +55,16 @@ def one(wsgi, body: bytes) -> int:
     return int(status[0][:3])
 
 
+GENERATOR = inspect.CO_GENERATOR
+
+
 def rooms(wsgi, body: bytes) -> dict[str, int]:
-    """Per gateway module, how many times one request's way through the code enters it from another."""
+    """Per gateway module, how many times one request's way through the code enters it from another
+    (the server reading a stream's body piece by piece is not counted)."""
     entered: dict[str, int] = {}
 
     def prof(frame, event, arg):
-        if event != "call":
+        if event != "call" or frame.f_code.co_flags & GENERATOR:  # (a body's pieces, read by the server)
             return
         mod = frame.f_globals.get("__name__", "")
         back = frame.f_back

@@ -26,7 +26,10 @@ from gateway.config import DEFAULT_MAX_CONNECTIONS, GatewaySettings
 from gateway.http.answer import Answers, OpenRequests
 from gateway.http.admit import Admission
 from gateway.http.attempt import Sender
+from gateway.http.evictions import Evictions
+from gateway.http.resume import Pause
 from gateway.http.proxy import Proxy
+from gateway.routing import eviction
 from gateway.http.refusal import unready
 from gateway.http.views import flask_app
 from gateway.http.wsgi import fast_path
@@ -80,7 +83,8 @@ class Gateway:
         self.health = RedisHealth(clock, lambda ok: metrics.redis_unavailable.set(0 if ok else 1))
         # The keys' service counters fair queueing orders the queues by (gateway.routing.fairness).
         self.ledger = Ledger(cfg.fair_output_weight, cfg.fairness == "fcfs", clock.monotonic)
-        self.queues = WaitQueues(cfg.queue_max, clock.monotonic, model_of=self._model_of, ledger=self.ledger)
+        self.queues = WaitQueues(cfg.queue_max, clock.monotonic, model_of=self._model_of, ledger=self.ledger,
+                                 order=self._board)
         # Precise prefix routing: the engines' KV events and the tokenizers to match prompts with.
         self.tokenizers = Tokenizers(environ if environ is not None else os.environ)
         # A slot freed or new tables wake the waiting requests; a new endpoint list is reported at once.
@@ -104,11 +108,16 @@ class Gateway:
         self.demand = DemandSignal(
             self.store, lambda: Kicker(self.store, celery_sender(broker_app(cfg.redis_url)), enabled=cfg.event_driven),
             clock.time, clock.monotonic)
+        # Running answers a request that ranks first may evict (gateway.routing.eviction).
+        self.evictions = Evictions(
+            eviction.Settings(cfg.evict, cfg.evict_margin, cfg.evict_min_run, cfg.evict_max), clock, self.ledger,
+            self.queues.model_of, metrics, self._board)
         self.background = Background(cfg, clock, self.store, self.health, self.keys, self.usage, self.traffic,
-                                     saturation, self.router, self.queues, self.identity, resumes)
+                                     saturation, self.router, self.queues, self.identity, resumes, self.evictions)
         answers = Answers(clock, metrics, self.traffic, self.usage, cfg.total_timeout, self.open_requests,
-                          cfg.stall_timeout, resumes)
-        admission = Admission(cfg, clock, self.router, self.queues, metrics, saturation, self.demand)
+                          cfg.stall_timeout, resumes, self.evictions,
+                          Pause(cfg.pause_keepalive, clock.monotonic, metrics))
+        admission = Admission(cfg, clock, self.router, self.queues, metrics, saturation, self.demand, self.evictions)
         sender = Sender(cfg, clock, self.router, self.upstream, admission, self.queues, metrics)
         self.proxy = Proxy(cfg, clock, self.router, self.gate, sender, answers, metrics, self.traffic, saturation,
                            self.not_ready, tracing=self.tracing)
@@ -117,6 +126,12 @@ class Gateway:
                                     lambda kid: (k.name if (k := self.keys.find(kid)) is not None else kid))
         self.stopping = threading.Event()
         self.started = False
+
+    def _board(self):
+        """The sibling workers' board (gateway.server.board: their queue heads and running answers), None
+        when this process serves alone."""
+        shared = self.router.siblings
+        return shared.board if shared is not None else None
 
     def _model_of(self, name: str) -> str:
         """The model a requested name is served by (an adapter's: its base model's)."""

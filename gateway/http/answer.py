@@ -13,7 +13,8 @@ from werkzeug.http import HTTP_STATUS_CODES
 
 from gateway.errors import ApiError, engine_error, error_body
 from gateway.http.attempt import Exchange, Hop
-from gateway.http.resume import ResumingBody
+from gateway.http.evictions import Evictions
+from gateway.http.resume import Pause, ResumingBody
 from gateway.http.tally import Tally
 from gateway.keys.usage import UsageRecorder
 from gateway.observe.metrics import Metrics
@@ -105,11 +106,15 @@ class Answers:
 
     def __init__(self, clock: Clock, metrics: Metrics, traffic: TrafficCounter, usage: UsageRecorder,
                  total_timeout: float, open_requests: OpenRequests, stall_timeout: float = 0.0,
-                 resumes: ResumeSignals | None = None):
+                 resumes: ResumeSignals | None = None, evictions: Evictions | None = None,
+                 pause: Pause | None = None):
         self.clock, self.metrics, self.traffic, self.usage = clock, metrics, traffic, usage
         self.total_timeout, self.open = total_timeout, open_requests
         self.stall_timeout = stall_timeout  # seconds without a piece after the first: a stalled engine
         self.resumes = resumes if resumes is not None else ResumeSignals()
+        # The answers that may be evicted (gateway.http.evictions; None or disabled: none may).
+        self.evictions = evictions if evictions is not None and evictions.enabled else None
+        self.pause = pause if pause is not None else Pause(clock=clock.monotonic, metrics=metrics)
 
     def respond(self, ex: Exchange, hop: Hop) -> RawAnswer:
         """The client's answer to request `ex`, from the endpoint of `hop`. On return the answer owns
@@ -132,7 +137,7 @@ class Answers:
         deadline = ex.t0 + self.total_timeout
         if status < 400 and call.route.op in STREAMED_OPS and call.body is not None:
             body = ResumingBody(hop, ex, self.stall_timeout, deadline, tally.first, tally.stream_end,
-                                self.clock.monotonic, self._on_hop(ex), call.model)
+                                self.clock.monotonic, self._on_hop(ex), call.model, self.evictions, self.pause)
         else:
             body = StreamBody(hop.resp, deadline, tally.first, tally.stream_end, monotonic=self.clock.monotonic,
                               rewrite=AnswerRewrite(call.model, hop.ask.rewrite) if status < 400 else None)

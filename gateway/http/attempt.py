@@ -97,7 +97,8 @@ class Exchange:
         tries = 0
         while True:
             try:
-                choice = s.admission.admit(call, self.plan, exclude, first and not tries, last_error, trace, failed_at)
+                choice = s.admission.admit(call, self.plan, exclude, first and not tries, last_error, trace, failed_at,
+                                           continuation=call is not self.call)
             except ApiError as e:
                 trace.admitted(e.kind)
                 raise

@@ -52,6 +52,19 @@ class Metrics:
         self.stream_resumes = Counter("llmgw_gateway_stream_resumes", "Answers whose engine broke off after the "
                                       "first byte, by model, cause (reset, closed, stall, engine_error) and outcome "
                                       "(resumed, retried, finished, cut)", ["model", "reason", "outcome"], **kw)
+        # Eviction (gateway.routing.eviction): answers paused for a waiting request that outranked them,
+        # how long streams paused for a slot (evicted or broken off), what their continuations read again.
+        self.evictions = Counter("llmgw_gateway_evictions", "Running answers evicted for a waiting request that "
+                                 "outranked them (each pauses and resumes word for word), by model", ["model"], **kw)
+        self.pause_seconds = Histogram("llmgw_gateway_pause_seconds", "Seconds a stream paused between its eviction "
+                                       "(or its engine's break) and the slot its continuation got", ["model"],
+                                       buckets=LATENCY_BUCKETS, **kw)
+        self.evicted_tokens = Counter("llmgw_gateway_evicted_tokens", "Tokens of evicted answers that their "
+                                      "continuation's prefill reads again", ["model"], **kw)
+        self.resume_prefill = Counter("llmgw_gateway_resume_prefill_tokens", "Prompt tokens of continuations (after "
+                                      "an eviction or a break), by whether the engine served them from its prefix "
+                                      "cache (cached) or computed them (computed), as its usage reported",
+                                      ["model", "kind"], **kw)
         # Prefix-cache routing (gateway.routing.prefixkeys): what the gateway expected each endpoint to
         # hold of the prompts it sent there, and the prefill it expected that to save; the engines'
         # own counters (vllm:prefix_cache_hits, llama.cpp timings.cache_n) say what they kept.

@@ -32,16 +32,19 @@ SATURATION_EVENT_EVERY = 5.0
 # While requests wait, how often a worker looks whether a sibling worker freed a slot: one read of
 # the shared table per process (not per waiter), and none at all while nothing waits.
 SIBLING_RECHECK = 0.01
+EVICT_LOOK = 0.01  # seconds between looks at the eviction flags, while this worker runs answers
+EVICT_REFRESH = 0.25  # seconds between refreshes of what the sibling workers read of its answers
 
 
 class Background:
     def __init__(self, cfg: GatewaySettings, clock: Clock, store: Store, health: RedisHealth, keys: KeyTable,
                  usage: UsageRecorder, traffic: TrafficCounter, saturation: SaturationSignals, router: Router,
-                 queues: WaitQueues, identity: Identity, resumes: ResumeSignals | None = None):
+                 queues: WaitQueues, identity: Identity, resumes: ResumeSignals | None = None, evictions=None):
         self.cfg, self.clock, self.store, self.health = cfg, clock, store, health
         self.keys, self.usage, self.traffic, self.saturation = keys, usage, traffic, saturation
         self.router, self.queues, self.identity = router, queues, identity
         self.resumes = resumes if resumes is not None else ResumeSignals()
+        self.evictions = evictions  # gateway.http.evictions.Evictions: the sibling workers' eviction flags
         self.episodes: dict[str, Episode] = {}
         self.report_due = threading.Event()  # set: write the report now, not at the next tick
         self.stopping = threading.Event()
@@ -51,11 +54,37 @@ class Background:
         threading.Thread(target=self._report_loop, name="llmgw-report", daemon=True).start()
         if self.router.siblings is not None:
             threading.Thread(target=self._sibling_loop, name="llmgw-siblings", daemon=True).start()
+            if self.evictions is not None and self.evictions.enabled:
+                threading.Thread(target=self._evict_loop, name="llmgw-evictions", daemon=True).start()
 
     def stop(self) -> None:
         self.stopping.set()
         self.report_due.set()
         self.queues.waiting.set()
+        if self.evictions is not None:
+            self.evictions.listed.set()
+
+    def _evict_loop(self) -> None:
+        """While this worker has answers that may be evicted: every EVICT_LOOK seconds, pause the ones a
+        sibling worker asked to evict (gateway.server.board), and every EVICT_REFRESH seconds show the
+        siblings how far each got. Sleeps while it has none."""
+        ev, looks = self.evictions, 0
+        per_refresh = max(1, round(EVICT_REFRESH / EVICT_LOOK))
+        while not self.stopping.is_set():
+            try:
+                if not ev.busy:
+                    ev.listed.clear()
+                    if not ev.busy:  # (an answer added before the clear set it first)
+                        ev.listed.wait()
+                        continue
+                self.stopping.wait(EVICT_LOOK)
+                ev.look()
+                looks += 1
+                if looks % per_refresh == 0:
+                    ev.publish()
+            except Exception:  # noqa: BLE001 - the loop never dies
+                log.exception("looking at the sibling workers' eviction flags failed")
+                self.stopping.wait(1.0)
 
     def _sibling_loop(self) -> None:
         """A slot a sibling worker frees wakes this worker's queues (its own releases wake them

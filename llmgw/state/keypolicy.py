@@ -27,9 +27,11 @@ from typing import Callable, Literal, NamedTuple
 from llmgw.errors import LlmgwError
 from llmgw.state.budget import BUDGET_PERIODS, DEFAULT_BUDGET_PERIOD, Period, iso, period_of
 
-Priority = Literal["critical", "standard", "sheddable"]
+# A request's criticality, highest first; `batch` is a Batch API line's (workers/batch), below every
+# interactive class: shed first at saturation, and evicted first (gateway.routing.eviction).
+Priority = Literal["critical", "standard", "sheddable", "batch"]
 PRIORITIES: tuple[str, ...] = typing.get_args(Priority)
-PRIORITY_RANK = {"sheddable": 0, "standard": 1, "critical": 2}
+PRIORITY_RANK = {"batch": -1, "sheddable": 0, "standard": 1, "critical": 2}
 KEY_PREFIX = "sk-llmgw-"
 # The key id under which gateways count usage of requests served while no key was required.
 ANONYMOUS = "anonymous"

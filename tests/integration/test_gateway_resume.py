@@ -44,8 +44,8 @@ def sim(procs, name, *args, style="vllm"):
     return p, url
 
 
-def ep(i, url, engine="sim", resume=True, **kw):
-    return EndpointInfo(id=i, url=url, models=("m",), engine=engine, served_name="m", model="m", capacity=64,
+def ep(i, url, engine="sim", resume=True, capacity=64, **kw):
+    return EndpointInfo(id=i, url=url, models=("m",), engine=engine, served_name="m", model="m", capacity=capacity,
                         resume=resume, **kw, paths=surface.same_paths(surface.CHAT, surface.COMPLETIONS, surface.RESPONSES))
 
 

@@ -56,8 +56,8 @@ class Admission:
     def __init__(self, router):
         self.router, self.asked = router, []
 
-    def admit(self, call, plan, exclude, first, last_error, trace, failed_at):
-        self.asked.append((call, plan, exclude, first))
+    def admit(self, call, plan, exclude, first, last_error, trace, failed_at, continuation=False):
+        self.asked.append((call, plan, exclude, first, continuation))
         for e in self.router.tables.endpoints:
             if e.id not in exclude:
                 return Choice(e, 0.1, 0)
@@ -125,6 +125,7 @@ def test_only_the_first_send_lines_up_behind_the_queue():
     ex, _, _ = exchange(Upstream(503, 200, 200))
     ex.send(first=True).close()
     assert [a[3] for a in ex.sender.admission.asked] == [True, False]
+    assert not any(a[4] for a in ex.sender.admission.asked)  # the request itself: no continuation
     ex.send(exclude=frozenset({"a"})).close()  # a whole answer asked for again
     assert ex.sender.admission.asked[-1][3] is False
 
@@ -137,8 +138,8 @@ def test_a_continuation_keeps_the_plan_and_charge_and_skips_engines_that_cannot_
     cont = ex.call.continued({**ex.call.body, "messages": [*ex.call.body["messages"],
                                                            {"role": "assistant", "content": "Hel"}]})
     hop = ex.send(cont, exclude=frozenset({"x"}))
-    call, got_plan, exclude, _ = ex.sender.admission.asked[-1]
-    assert call is cont and got_plan is plan and {"x"} <= exclude
+    call, got_plan, exclude, _, continuation = ex.sender.admission.asked[-1]
+    assert call is cont and got_plan is plan and {"x"} <= exclude and continuation
     assert hop.choice.endpoint.engine != "external"  # the external server cannot continue an answer
     assert ex.charge is charge and queues.ledger.counter("m", TEAM.key) == charge.estimate
     assert cont.route is ex.call.route and cont.client is ex.call.client and cont.model == ex.call.model
