@@ -13,7 +13,9 @@ own undisturbed answer to the same request: an evicted answer must resume word f
 
 Prints, per mode: the light key's TTFT p50 and p99 alone and beside the heavy key (and their ratio),
 the heavy key's completed answers per second and tokens per second (and their ratio to fcfs's), the
-evictions the gateways counted, the pause p50/p99, and how many answers were cut or differed.
+evictions the gateways counted, the pause p50/p99 (histogram buckets' upper bounds), how many answers
+were cut or differed from the undisturbed one (`bad`: must be 0), and how many heavy requests were
+refused (429) before they began.
 """
 
 from __future__ import annotations
@@ -65,7 +67,8 @@ class Heavy:
         self.stop = threading.Event()
         self.lock = threading.Lock()
         self.done: list[tuple[float, int]] = []  # (end time, tokens)
-        self.bad: list[str] = []
+        self.bad: list[str] = []  # answers cut or different from the undisturbed one
+        self.refused = 0  # requests refused (429) before they began
         self.want: dict[int, str] = {}
         self.threads = [threading.Thread(target=self._client, args=(i,), daemon=True) for i in range(n)]
 
@@ -92,6 +95,11 @@ class Heavy:
                 text, ok = [], False
                 with s.post(url + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {self.key}"},
                             stream=True, timeout=300) as r:
+                    if r.status_code != 200:  # refused (a shed queue): not an answer lost
+                        with self.lock:
+                            self.refused += 1
+                        time.sleep(float(r.headers.get("Retry-After") or 1))  # noqa: as a client backs off
+                        continue
                     for line in r.iter_lines():
                         if line == b"data: [DONE]":
                             ok = True
@@ -172,7 +180,8 @@ def run_mode(cluster, engine: str, mode: str, a, keys) -> dict:
     for g in range(a.gateways):
         cluster.procs.get(f"gw-{mode}-{g}").stop()
     return {"mode": mode, "alone": alone, "beside": beside, "heavy_per_s": per_s, "heavy_tok_s": tok_s,
-            "evictions": evictions, "pause": (p50, p99), "bad": heavy.bad, "elapsed": elapsed}
+            "evictions": evictions, "pause": (p50, p99), "bad": heavy.bad, "refused": heavy.refused,
+            "elapsed": elapsed}
 
 
 def main() -> None:
@@ -214,7 +223,8 @@ def main() -> None:
         rows = [run_mode(cluster, engine, m, a, keys) for m in a.modes.split(",")]
         base = next((r for r in rows if r["mode"] == "fcfs"), rows[0])
         print(f"{'mode':6} {'alone p50':>9} {'p99':>7} {'beside p50':>10} {'p99':>7} {'p99/alone':>9} "
-              f"{'heavy/s':>8} {'tok/s':>7} {'/fcfs':>6} {'evicted':>7} {'pause p50':>9} {'p99':>6} {'bad':>4}")
+              f"{'heavy/s':>8} {'tok/s':>7} {'/fcfs':>6} {'evicted':>7} {'pause p50':>9} {'p99':>6} {'bad':>4} "
+              f"{'429':>4}")
         for r in rows:
             a50, a99 = statistics.median(r["alone"]), pct(r["alone"], 0.99)
             b50, b99 = statistics.median(r["beside"]), pct(r["beside"], 0.99)
@@ -223,8 +233,11 @@ def main() -> None:
             print(f"{r['mode']:6} {a50:9.3f} {a99:7.3f} {b50:10.3f} {b99:7.3f} {b99 / a99:9.2f} "
                   f"{r['heavy_per_s']:8.2f} {r['heavy_tok_s']:7.0f} {rel:6.2f} {r['evictions']:7.0f} "
                   f"{p50 if p50 is not None else float('nan'):9.3f} {p99 if p99 is not None else float('nan'):6.3f} "
-                  f"{len(r['bad']):4d}")
+                  f"{len(r['bad']):4d} {r['refused']:4d}")
         for r in rows:
+            slow = sorted(r["beside"])[-5:]
+            print(f"  {r['mode']}: the light key's slowest TTFTs beside the heavy key: "
+                  + ", ".join(f"{x:.3f}" for x in slow))
             for b in r["bad"][:5]:
                 print(f"  {r['mode']}: {b}")
     finally:

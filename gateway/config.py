@@ -178,7 +178,7 @@ class GatewaySettings(Settings):
     evict_margin: float = env("LLMGW_GATEWAY_EVICT_MARGIN", default=0.5, ge=0, le=1000,
                               meaning="in the same class, how far a waiting key's fair-share counter must be behind "
                                       "the running key's to evict, in requests of the waiting key")
-    evict_min_run: Seconds = env("LLMGW_GATEWAY_EVICT_MIN_RUN", default=1.0, ge=0,
+    evict_min_run: Seconds = env("LLMGW_GATEWAY_EVICT_MIN_RUN", default=0.25, ge=0,
                                  meaning="seconds an answer runs on its replica before it may be evicted")
     evict_max: int = env("LLMGW_GATEWAY_EVICT_MAX", default=2, ge=0, le=100,
                          meaning="times one answer may be evicted (then it runs to its end)")

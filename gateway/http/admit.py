@@ -46,14 +46,19 @@ class Admission:
         self.settings = Settings(cfg.queue_max, cfg.queue_timeout, cfg.total_timeout)
 
     def admit(self, call: Call, plan: Plan, exclude: frozenset[str], first: bool, last_error: ApiError | None,
-              trace=NOOP_REQUEST, failed_at: dict[str, str] | None = None, continuation: bool = False) -> Choice:
+              trace=NOOP_REQUEST, failed_at: dict[str, str] | None = None, continuation: bool = False,
+              arrived: float | None = None) -> Choice:
         """A reserved endpoint for this attempt, after waiting in the model's queue if admission says
         so; else raises the refusal. `failed_at`: the address each excluded endpoint failed at;
-        `continuation`: it continues an answer that began (admission.Request.continuation)."""
+        `continuation`: it continues an answer that began (admission.Request.continuation); `arrived`:
+        when its request arrived (monotonic), its place among the other workers' waiting requests."""
         router, tables = self.router, self.router.tables
         q = self.queues.get(call.model)
         trace.admitting(len(q))
-        req = RouteRequest(call.model, plan.priority, plan.affinity, exclude, len(q) + 1, op=call.route.op,
+        # The other workers' waiting requests count as this worker's: a slot that frees goes to the one
+        # that ranks first among all of them, not to whichever request routes first (gateway.server.board).
+        queued = len(q) + q.elsewhere()
+        req = RouteRequest(call.model, plan.priority, plan.affinity, exclude, queued + 1, op=call.route.op,
                            pin=call.pin, prefix=plan.prefix, prompt_tokens=plan.prompt_tokens,
                            objective=plan.objective, body=call.body, opens=plan.opens)
         res = router.route(req)
@@ -68,7 +73,7 @@ class Admission:
                                           restart=restart, adapter=plan.adapter, continuation=continuation,
                                           displaces=displaces), self.settings)
         if isinstance(step, Queue):
-            step = self._queue(step, res, q, req, call, plan, trace, failed_at)
+            step = self._queue(step, res, q, req, call, plan, trace, failed_at, arrived)
         if isinstance(step, Send):
             return step.choice
         if step.give_back:
@@ -78,7 +83,7 @@ class Admission:
         raise refused(step, req, router.tables, last_error)
 
     def _queue(self, step: Queue, res: Choice | Rejection, q: WaitQueue, req: RouteRequest, call: Call,
-               plan: Plan, trace, failed_at: dict[str, str] | None):
+               plan: Plan, trace, failed_at: dict[str, str] | None, arrived: float | None):
         """Wait in the model's queue as `step` says; what the wait came to (admission.after_wait). While
         it is first in line and its model saturated, it may evict a running answer it outranks."""
         router, tables = self.router, self.router.tables
@@ -106,11 +111,12 @@ class Admission:
                     got = replace(got, retry_in=max(0.001, soon))  # look again when it may evict
             return got
 
-        got = self._wait(q, req, again, step.timeout, step.keep, call.client, trace, plan.tenant, step.head)
+        got = self._wait(q, req, again, step.timeout, step.keep, call.client, trace, plan.tenant, step.head, arrived)
         return after_wait(got, step)
 
     def _wait(self, q: WaitQueue, req: RouteRequest, attempt: Callable[[], Choice | Rejection], timeout: float,
-              keep: Collection[str], client: ClientConn, trace, tenant, head: bool) -> Choice | Rejection | None:
+              keep: Collection[str], client: ClientConn, trace, tenant, head: bool,
+              arrived: float | None) -> Choice | Rejection | None:
         """Wait in `q`; a client that leaves meanwhile takes its request out of the queue (never sent)."""
         gauge = self.metrics.queue.labels(req.model)
         gauge.inc()
@@ -118,7 +124,7 @@ class Admission:
         outcome = "left"  # an exception ends the wait: the client went away, or the worker stops
         try:
             res = q.wait(attempt, timeout, keep=keep, gone=client.gone, watch=client.when_readable, tenant=tenant,
-                         head=head, rank=PRIORITY_RANK.get(req.priority, 1))
+                         head=head, rank=PRIORITY_RANK.get(req.priority, 1), arrived=arrived)
             outcome = queue_outcome(res)
         finally:
             gauge.dec()

@@ -98,7 +98,7 @@ class Exchange:
         while True:
             try:
                 choice = s.admission.admit(call, self.plan, exclude, first and not tries, last_error, trace, failed_at,
-                                           continuation=call is not self.call)
+                                           continuation=call is not self.call, arrived=self.t0)
             except ApiError as e:
                 trace.admitted(e.kind)
                 raise

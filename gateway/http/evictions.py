@@ -36,6 +36,10 @@ class Evictable(Protocol):
     def brief(self) -> tuple[str, int, float, int, bool]:
         """(endpoint, tokens so far, when it started there, evictions, fixed): cheap, no parsing."""
 
+    @property
+    def holding(self) -> bool:
+        """It holds a slot (it runs, or is being evicted and has not given it back yet)."""
+
     def evict(self, reason: str) -> None: ...
 
 
@@ -73,6 +77,12 @@ class Evictions:
     @property
     def busy(self) -> bool:
         return bool(self.answers)
+
+    def changed(self, ident: int, answer: Evictable) -> None:
+        """An answer paused or went on: the sibling workers see it at once."""
+        board = self.board()
+        if board is not None:
+            board.update_answer(ident, *answer.brief())
 
     def remove(self, ident: int) -> None:
         with self.lock:
@@ -120,7 +130,7 @@ class Evictions:
         """The answers of `model` running in this worker, as eviction reads them."""
         now, counter = self.clock.monotonic(), self._counter(model)
         with self.lock:
-            mine = [(i, a) for i, (m, a) in self.answers.items() if m == model]
+            mine = [(i, a) for i, (m, a) in self.answers.items() if m == model and a.holding]
         return [a.running(i, counter, now) for i, a in mine]
 
     def _counter(self, model: str) -> Callable[[str], float]:
@@ -162,8 +172,8 @@ class Evictions:
         Returns when to look again, when an answer it outranks will soon be evictable."""
         board = self.board()
         with self.lock:
-            mine = set(self.answers)
-        pending -= {i for i in pending if i > 0 and i not in mine}  # (its own answers that ended)
+            holding = {i for i, (_, a) in self.answers.items() if a.holding}
+        pending -= {i for i in pending if i > 0 and i not in holding}  # (the slot it freed was given back)
         if any(i > 0 for i in pending) or (board is not None and board.pending({i for i in pending if i < 0})):
             return None
         pending.clear()

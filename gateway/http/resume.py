@@ -78,6 +78,7 @@ class ResumingBody(StreamBody):
         self.hops = 0  # breaks resumed (bounded by LLMGW_GATEWAY_RESUMES)
         self.pieces = 0  # pieces sent: one token each on vLLM and llama-server
         self.evictions = 0  # times it was evicted (bounded by eviction's settings)
+        self.paused = False  # its continuation waits for a slot: it holds none, and may not be evicted
         self.evicting: str | None = None  # why it is being evicted now
         self.resent = 0  # tokens of the answer the last continuation sent back as its prompt
         self.pause = pause or Pause()
@@ -194,6 +195,7 @@ class ResumingBody(StreamBody):
         if isinstance(step, rs.Cut):
             return (yield from self._cut(cause, old, step, sep))
         # The old engine is let go first: an evicted answer's slot is what the waiting request takes.
+        self._pausing(True)
         self.hop.close()
         if sep:
             self.held.append(sep)
@@ -202,6 +204,7 @@ class ResumingBody(StreamBody):
             self.evictions += 1
             self.evicting = None
         new, step = yield from self._resend(old, step, evicted)
+        self._pausing(False)
         if isinstance(step, rs.Cut):
             return (yield from self._cut(cause, old, step, b""))
         if not evicted:
@@ -284,12 +287,24 @@ class ResumingBody(StreamBody):
     def brief(self) -> tuple[str, int, float, int, bool]:
         """What the sibling workers read of it (gateway.server.board): no parsing."""
         return (self.hop.choice.endpoint.id, self.pieces, self.hop.sent_at, self.evictions,
-                self.done or self.evicting is not None)
+                self.done or self.paused or self.evicting is not None)
+
+    @property
+    def holding(self) -> bool:
+        """It holds a slot: it runs, or is being evicted and has not given it back yet."""
+        return not (self.done or self.paused)
+
+    def _pausing(self, paused: bool) -> None:
+        self.paused = paused
+        if self.registry is not None:
+            self.registry.changed(self.ident, self)
 
     def fixed(self) -> str | None:
         """Why this answer may not be evicted now (None: it resumes exactly)."""
         if self.done or self.evicting is not None:
             return "it is ending, or being evicted already"
+        if self.paused:
+            return "it is paused already, holding no slot"
         off = self.ex.resume_off()
         if off is not None:
             return off

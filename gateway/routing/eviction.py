@@ -32,7 +32,7 @@ BATCH = "batch"  # a batch line's class: below every interactive one
 class Settings:
     enabled: bool = True
     margin: float = 0.5  # in requests of the waiting key: how far behind its counter must be
-    min_run: float = 1.0  # seconds an answer runs on its replica before it may be evicted
+    min_run: float = 0.25  # seconds an answer runs on its replica before it may be evicted
     max_evictions: int = 2  # times one answer may be evicted
 
 

@@ -39,11 +39,15 @@ class Order(Protocol):
     """The heads of the other workers' queues (gateway.server.board.Board): a head routes only when
     none of theirs for the same model ranks before it."""
 
-    def publish_head(self, model: str, rank: int, counter: float, waiting: int, arrival: float, now: float) -> None: ...
+    def publish_head(self, model: str, key: str, rank: int, counter: float, waiting: int, arrival: float,
+                     now: float, queued: int = 1) -> None: ...
+
+    def waiting_elsewhere(self, model: str, now: float) -> int: ...
 
     def drop_head(self, model: str) -> None: ...
 
-    def first(self, model: str, rank: int, counter: float, waiting: int, arrival: float, now: float) -> bool: ...
+    def first(self, model: str, key: str, rank: int, counter: float, waiting: int, arrival: float,
+              now: float) -> bool: ...
 
 
 class WaitQueue:
@@ -77,6 +81,11 @@ class WaitQueue:
         with self.lock:
             return self.waiters.head(self.ledger, self.model())
 
+    def elsewhere(self) -> int:
+        """Requests for this queue's model waiting in the other workers' queues (0: none, or alone)."""
+        order = self.order()
+        return order.waiting_elsewhere(self.model(), self.monotonic()) if order is not None else 0
+
     def position(self, tenant: Tenant | None) -> int:
         """Where a new request of `tenant` would leave the queue (1 = next)."""
         with self.lock:
@@ -92,7 +101,8 @@ class WaitQueue:
     def wait(self, attempt: Callable[[], Choice | Rejection], timeout: float,
              keep: Collection[str] = ("saturated",), gone: Callable[[], bool] | None = None,
              watch: Callable[[Callable[[], None]], Callable[[], None] | None] | None = None,
-             tenant: Tenant | None = None, head: bool = False, rank: int = 1) -> Choice | Rejection | None:
+             tenant: Tenant | None = None, head: bool = False, rank: int = 1,
+             arrived: float | None = None) -> Choice | Rejection | None:
         """Wait for a turn and an endpoint. Returns the Choice, a Rejection of a kind not in `keep`
         (the model went away), `GONE` when `gone()` says the client left, or None when the queue is
         full or the time ran out. A cold start keeps waiting while the model has no endpoint at all
@@ -100,8 +110,9 @@ class WaitQueue:
         may have left (gateway.request.client) and returns what cancels that. `tenant`: whom the
         request is served for (None: a FIFO of its own). `head`: it waits at the head of its tenant's
         FIFO and is never refused for a full queue (a continuation: admitted work). `rank`: its
-        criticality class's (llmgw.state.keypolicy.PRIORITY_RANK): a higher class goes first."""
-        ticket = Ticket(self.monotonic())
+        criticality class's (llmgw.state.keypolicy.PRIORITY_RANK): a higher class goes first. `arrived`:
+        when its request arrived (monotonic; a continuation's is its request's), else now."""
+        ticket = Ticket(self.monotonic() if arrived is None else arrived)
         tenant = tenant or NO_TENANT
         model = self.model()
         with self.lock:
@@ -162,9 +173,10 @@ class WaitQueue:
         with self.lock:
             subs = self.waiters.fifos.get(tenant.key)
             waiting = sum(len(f) for f in subs.values()) if subs else 1
+            queued = len(self.waiters)
         now = self.monotonic()
-        order.publish_head(model, rank, counter, waiting, ticket.arrived, now)
-        return order.first(model, rank, counter, waiting, ticket.arrived, now)
+        order.publish_head(model, tenant.key, rank, counter, waiting, ticket.arrived, now, queued)
+        return order.first(model, tenant.key, rank, counter, waiting, ticket.arrived, now)
 
 
 class WaitQueues:

@@ -38,8 +38,8 @@ _HEAD = 4  # owner pid (0: free), evictions asked of this worker (grows), runnin
 _KEY = 4  # int64s of a key id (32 bytes, ascii)
 # ident, model, endpoint, class rank, key (4), tokens, started (us), evictions, fixed, flag
 _RUN = 9 + _KEY
-# model, class rank, counter (float64 bits), its key's waiting, arrival (us), refreshed (us), seq
-_WAIT = 7
+# model, class rank, counter (float64 bits), its key's waiting, arrival (us), refreshed (us), key (4), queue length
+_WAIT = 7 + _KEY
 _ROW = _HEAD + RUN_MAX * _RUN + WAIT_MAX * _WAIT
 _D = struct.Struct("d")
 _Q = struct.Struct("q")
@@ -236,8 +236,9 @@ class Board:
         return False
 
     # --- one order ----------------------------------------------------------------------------------
-    def publish_head(self, model: str, rank: int, counter: float, waiting: int, arrival: float, now: float) -> None:
-        """Our queue of `model` has this head now."""
+    def publish_head(self, model: str, key: str, rank: int, counter: float, waiting: int, arrival: float,
+                     now: float, queued: int = 1) -> None:
+        """Our queue of `model` has this head now (of `key`'s requests), and `queued` waiters in all."""
         base = self._base(self.row)
         n = self._heads.get(model)
         b = self.buf
@@ -250,6 +251,8 @@ class Board:
         at = base + _HEAD + RUN_MAX * _RUN + n * _WAIT
         b[at + 1], b[at + 2], b[at + 3], b[at + 4] = rank, _bits(counter), waiting, int(arrival * 1e6)
         b[at + 5] = int(now * 1e6)
+        b[at + 6:at + 6 + _KEY] = memoryview(struct.pack(f"{_KEY}q", *_key_ints(key))).cast("q")
+        b[at + 6 + _KEY] = queued
         b[at] = self._hash(model)
 
     def drop_head(self, model: str) -> None:
@@ -270,11 +273,31 @@ class Board:
         b[last_at:last_at + _WAIT] = memoryview(bytes(_WAIT * 8)).cast("q")
         b[base + 3] = last
 
-    def first(self, model: str, rank: int, counter: float, waiting: int, arrival: float, now: float) -> bool:
+    def waiting_elsewhere(self, model: str, now: float) -> int:
+        """How many requests for `model` wait in the other workers' queues (their heads fresh): a
+        request arriving here lines up behind them as behind its own worker's."""
+        mh, us, b, total = self._hash(model), now * 1e6, self.buf, 0
+        for r in range(self.rows):
+            base = self._base(r)
+            if r == self.row or b[base] <= 0:
+                continue
+            wbase = base + _HEAD + RUN_MAX * _RUN
+            for n in range(min(b[base + 3], WAIT_MAX)):
+                at = wbase + n * _WAIT
+                if b[at] == mh and us - b[at + 5] <= STALE * 1e6:
+                    total += max(1, b[at + 6 + _KEY])
+        return total
+
+    def first(self, model: str, key: str, rank: int, counter: float, waiting: int, arrival: float,
+              now: float) -> bool:
         """Whether our head for `model` (as just published) ranks before every other worker's: the
-        highest class, then the least counter, then the fewest of its key waiting, then the oldest."""
+        highest class, then the least counter, then the fewest of its key waiting, then the oldest; a
+        head of the same key, the highest class, then the oldest (first come, first served within a key,
+        a continuation being as old as its request)."""
         mh = self._hash(model)
         mine = (-rank, counter, waiting, int(arrival * 1e6), self.row)
+        same_key = (-rank, int(arrival * 1e6), self.row)
+        kints = _key_ints(key)
         us = now * 1e6
         b = self.buf
         for r in range(self.rows):
@@ -286,8 +309,10 @@ class Board:
                 at = wbase + n * _WAIT
                 if b[at] != mh or us - b[at + 5] > STALE * 1e6:
                     continue
-                theirs = (-b[at + 1], _float(b[at + 2]), b[at + 3], b[at + 4], r)
-                if theirs < mine:
+                if list(b[at + 6:at + 6 + _KEY]) == kints:
+                    if (-b[at + 1], b[at + 4], r) < same_key:
+                        return False
+                elif (-b[at + 1], _float(b[at + 2]), b[at + 3], b[at + 4], r) < mine:
                     return False
         return True
 

@@ -56,7 +56,7 @@ class Admission:
     def __init__(self, router):
         self.router, self.asked = router, []
 
-    def admit(self, call, plan, exclude, first, last_error, trace, failed_at, continuation=False):
+    def admit(self, call, plan, exclude, first, last_error, trace, failed_at, continuation=False, arrived=None):
         self.asked.append((call, plan, exclude, first, continuation))
         for e in self.router.tables.endpoints:
             if e.id not in exclude:
