@@ -38,6 +38,10 @@ LOGS = WORK / "logs"
 # Hugging Face hub, which the machine cannot reach), one static binary.
 CUDA_ARGS = ("-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release", "-DGGML_CUDA=ON", "-DGGML_CUDA_NCCL=OFF",
              "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_BUILD_UI=OFF", "-DBUILD_SHARED_LIBS=OFF")
+# Without FlashAttention's CUDA kernels unless asked for (GGML_CUDA_FA=OFF: the 37 of the 144 CUDA
+# sources at 11434.0.0 that hold them, among the slowest to compile, compile to stubs, and llama-server
+# runs attention without them): the check is about placement and serving, and must fit one call.
+NO_FLASH_ATTENTION = ("-DGGML_CUDA_FA=OFF",)
 
 
 def say(line: str) -> None:
@@ -92,11 +96,12 @@ def cuda_arch(capability: tuple[int, int]) -> str:
     return f"{major}{minor}-real"
 
 
-def cmake_args(arch: str, makefile: str) -> list[str]:
+def cmake_args(arch: str, makefile: str, flash_attention: bool = False) -> list[str]:
     base = makefile_value(makefile, "LLAMA_CMAKE_ARGS").replace("$(strip $(LLAMA_ISA))", makefile_value(makefile, "LLAMA_ISA"))
     if "$(" in base:
         raise ValueError(f"Makefile: LLAMA_CMAKE_ARGS has a reference this reader does not expand: {base}")
-    return [*CUDA_ARGS, f"-DCMAKE_CUDA_ARCHITECTURES={arch}", *base.split()]
+    return [*CUDA_ARGS, *(() if flash_attention else NO_FLASH_ATTENTION), f"-DCMAKE_CUDA_ARCHITECTURES={arch}",
+            *base.split()]
 
 
 def _first(patterns: list[tuple[Path, str]]) -> Path | None:
@@ -192,9 +197,12 @@ def ninja_progress(log_text: str) -> str:
 
 
 def build_llama_server(archive: Path, arch: str, jobs: int, budget: float, makefile: str, extra: list[str],
-                       build_root: Path = BUILD, log_dir: Path = LOGS) -> Built:
+                       flash_attention: bool = False, build_root: Path = BUILD, log_dir: Path = LOGS) -> Built:
     """`extra`: cuda_library_args's entries. Stops at `budget` seconds (SIGINT to ninja)."""
-    args = cmake_args(arch, makefile) + extra
+    missing = [tool for tool in ("cmake", "ninja") if shutil.which(tool) is None]
+    if missing:
+        raise SystemExit(f"{' and '.join(missing)} not on PATH: cannot build llama-server here")
+    args = cmake_args(arch, makefile, flash_attention) + extra
     key = hashlib.sha256(json.dumps([archive.name, args]).encode()).hexdigest()[:12]
     build = build_root / key
     binary = build / "bin" / "llama-server"

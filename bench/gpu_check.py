@@ -57,7 +57,7 @@ from bench.gpu_wheels import CARRY, DEVICE_HAS_DIR, MIB, ROOT, SMOL, WHEELS, WOR
 
 STARTED_VAR = "LLMGW_GPU_CHECK_STARTED"
 IN_VENV_VAR = "LLMGW_GPU_CHECK_IN_VENV"
-CHECK_RESERVE = 210.0  # seconds the steps after the build need, kept back from the build's budget
+CHECK_RESERVE = 180.0  # seconds the steps after the build need, kept back from the build's budget
 SIMULATED = "NVIDIA H100 80GB HBM3"  # --cpu-only: the card the node declares
 PROMPT = ("Write a detailed story about a lighthouse keeper who finds a message in a bottle, describing the "
           "sea, the weather, the island and the people who live there. ") * 2
@@ -278,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds from the start the whole run must fit in (the device call's limit is 600)")
     ap.add_argument("--model", choices=("tiny", "smollm2"), default="tiny")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compile jobs")
+    ap.add_argument("--flash-attention", action="store_true",
+                    help="also compile llama.cpp's FlashAttention CUDA kernels (a longer build; its own build folder)")
     ap.add_argument("--work", default=str(WORK / "run"), help="the run's folder (model, state, logs), emptied first")
     a = ap.parse_args(argv)
     started = float(os.environ.get(STARTED_VAR) or time.time())
@@ -333,16 +335,20 @@ def run(a, started: float) -> int:
     else:
         arch = gpu_build.cuda_arch(gpu.capability)
         cuda = gpu_build.cuda_root()
-        ldconfig = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True).stdout
+        try:
+            ldconfig = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=30).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            ldconfig = ""
         import sysconfig
 
         base_sites = [Path(p) for p in {sysconfig.get_paths()["purelib"], *sys.path} if p and Path(p).is_dir()]
         extra, notes = gpu_build.cuda_library_args(cuda, base_sites, ldconfig)
         archive = gpu_build.sdist_archive()
         budget = build_budget(a.deadline, elapsed())
-        say(f"  {archive.name}, CMAKE_CUDA_ARCHITECTURES={arch}, CUDA {cuda}, {a.jobs} jobs, budget {budget:.0f} s; "
-            + "; ".join(notes))
-        built = gpu_build.build_llama_server(archive, arch, a.jobs, budget, (ROOT / "Makefile").read_text(), extra)
+        say(f"  {archive.name}, CMAKE_CUDA_ARCHITECTURES={arch}, FlashAttention kernels "
+            f"{'on' if a.flash_attention else 'off'}, CUDA {cuda}, {a.jobs} jobs, budget {budget:.0f} s; " + "; ".join(notes))
+        built = gpu_build.build_llama_server(archive, arch, a.jobs, budget, (ROOT / "Makefile").read_text(), extra,
+                                             a.flash_attention)
         build_log = built.log
         say(f"  {built.progress} in {built.seconds:.0f} s (log {gpu_build.relative(built.log)})")
         if built.binary is None:
