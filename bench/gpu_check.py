@@ -49,11 +49,12 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from bench import gpu_build
-from bench.gpu_wheels import CARRY, DEVICE_HAS_DIR, MIB, ROOT, SMOL, WHEELS, WORK, requirements
+from bench.gpu_wheels import DEVICE_HAS_DIR, MIB, ROOT, SMOL, WHEELS, WORK, requirements
 
 STARTED_VAR = "LLMGW_GPU_CHECK_STARTED"
 IN_VENV_VAR = "LLMGW_GPU_CHECK_IN_VENV"
@@ -232,6 +233,16 @@ class Checks:
     def info(self, what: str) -> None:
         say(f"  info {what}")
 
+    @contextmanager
+    def section(self, title: str):
+        """One group of checks; an error in it is its FAIL, and the next group still runs (a GPU run is
+        one call: every finding counts)."""
+        say(f" {title}")
+        try:
+            yield
+        except Exception as e:  # noqa: BLE001 - reported as the section's failure
+            self.check(False, f"{title}: {type(e).__name__}: {e}"[:1500])
+
 
 def join_smollm2(into: Path) -> Path:
     """The real SmolLM2 from the parts under .gpucheck/smol (each checked against the manifest)."""
@@ -266,6 +277,26 @@ def copy_out(files: dict[str, Path]) -> None:
         except OSError:
             continue
         Path(out, name).write_bytes(data[-8 * MIB:])
+
+
+def diagnose(state: Path, up) -> None:
+    """What the store says of the replicas and the node when they did not get routed, and up's log."""
+    from llmgw.local.stackfile import running_stack
+    from llmgw.state.store import Store, connect
+
+    try:
+        info, _ = running_stack(state)
+        store = Store(connect(info.redis_url))
+        for r in store.all_replicas():
+            say(f"  replica {r.id}: node {r.node}, GPUs {r.gpus}, pending: {r.pending_reason}, attempt {r.attempt}, "
+                f"exit {r.exit_code}, probe ok={r.last_probe_ok} {r.probe_error or ''}")
+            if r.log_tail:
+                say("\n".join("    " + ln for ln in r.log_tail.splitlines()[-15:]))
+        for n in store.live_nodes().values():
+            say(f"  node {n.name}: {n.cpu_cores} cores, GPUs {[(g.index, g.gpu_class, g.memory_mb, g.healthy, g.health) for g in n.gpus]}")
+    except Exception as e:  # noqa: BLE001 - the store may be what failed
+        say(f"  (the store cannot be read: {e!r})")
+    say(up.log(40))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -382,6 +413,9 @@ def run(a, started: float) -> int:
     say(f"  catalog {catalog_path.name}: model {name!r} on llama.cpp, profile gpu (gpu: {{class: {gpu_class}}}), profile cpu")
 
     say("== 5. llmgw up")
+    from llmgw.local.embedded_redis import redis_server_binary
+
+    say(f"  redis-server: {redis_server_binary()}; llama-server: {binary}")
     port, state = free_port(), work / "state"
     procs = ProcessSet(work / "logs", env={**os.environ, **env})
     t0 = time.monotonic()
@@ -396,7 +430,12 @@ def run(a, started: float) -> int:
             if not up.alive():
                 raise SystemExit(f"llmgw up exited {up.popen.returncode}:\n{up.log(60)}")
             return requests.get(url + "/healthz", timeout=2).json()["endpoints"] == 2
-        wait_until(routed, 240, interval=0.5, what="2 replicas routed")
+        try:
+            wait_until(routed, 240, interval=0.5, what="2 replicas routed")
+        except AssertionError as e:
+            c.check(False, str(e))
+            diagnose(state, up)
+            return 1
         info, _ = running_stack(state)
         store = Store(connect(info.redis_url))
         recs = {r.profile: r for r in store.all_replicas()}
@@ -406,166 +445,170 @@ def run(a, started: float) -> int:
         node = store.live_nodes()["gpu-node"]
 
         say("== 6. Checks")
-        say(" inventory")
-        for g in gpus:
-            dev = next((d for d in node.gpus if d.index == g.index), None)
-            c.check(dev is not None and dev.gpu_class == normalize_gpu_class(g.name) and abs(dev.memory_mb - g.memory_mib) <= 1,
-                    f"the node's heartbeat has GPU {g.index} as {dev and dev.gpu_class}, {dev and dev.memory_mb} MiB; "
-                    f"NVML: {g.name}, {g.memory_mib} MiB, {g.uuid}{' (simulated)' if g.simulated else ''}")
+        with c.section('inventory'):
+            for g in gpus:
+                dev = next((d for d in node.gpus if d.index == g.index), None)
+                c.check(dev is not None and dev.gpu_class == normalize_gpu_class(g.name) and abs(dev.memory_mb - g.memory_mib) <= 1,
+                        f"the node's heartbeat has GPU {g.index} as {dev and dev.gpu_class}, {dev and dev.memory_mb} MiB; "
+                        f"NVML: {g.name}, {g.memory_mib} MiB, {g.uuid}{' (simulated)' if g.simulated else ''}")
 
-        say(" placement")
-        g_env, c_env = proc_environ(g_rec.engine_pid), proc_environ(c_rec.engine_pid)
-        c.check(g_rec.gpus == {"gpu-node": [gpu.index]} and g_env.get("CUDA_VISIBLE_DEVICES") == str(gpu.index),
-                f"gpu replica: record's GPUs {g_rec.gpus}, engine pid {g_rec.engine_pid} has "
-                f"CUDA_VISIBLE_DEVICES={g_env.get('CUDA_VISIBLE_DEVICES')!r}")
-        c.check(not c_rec.gpus and c_env.get("CUDA_VISIBLE_DEVICES") == "",
-                f"cpu replica: record's GPUs {c_rec.gpus}, engine has CUDA_VISIBLE_DEVICES={c_env.get('CUDA_VISIBLE_DEVICES')!r}")
-        c.info("gpu engine: " + " ".join(proc_argv(g_rec.engine_pid)[1:]).replace(g_rec.engine_secret or "\0", "***"))
-        if a.cpu_only:
-            c.skip("NVML's processes on the card (--cpu-only)")
-        else:
-            on_card = nvml_processes(gpu.index)
-            c.check(g_rec.engine_pid in on_card and c_rec.engine_pid not in on_card,
-                    f"NVML's processes on {gpu.uuid}: {on_card} (gpu engine {g_rec.engine_pid}, cpu engine {c_rec.engine_pid})")
+        with c.section('placement'):
+            g_env, c_env = proc_environ(g_rec.engine_pid), proc_environ(c_rec.engine_pid)
+            c.check(g_rec.gpus == {"gpu-node": [gpu.index]} and g_env.get("CUDA_VISIBLE_DEVICES") == str(gpu.index),
+                    f"gpu replica: record's GPUs {g_rec.gpus}, engine pid {g_rec.engine_pid} has "
+                    f"CUDA_VISIBLE_DEVICES={g_env.get('CUDA_VISIBLE_DEVICES')!r}")
+            c.check(not c_rec.gpus and c_env.get("CUDA_VISIBLE_DEVICES") == "",
+                    f"cpu replica: record's GPUs {c_rec.gpus}, engine has CUDA_VISIBLE_DEVICES={c_env.get('CUDA_VISIBLE_DEVICES')!r}")
+            c.info("gpu engine: " + " ".join(proc_argv(g_rec.engine_pid)[1:]).replace(g_rec.engine_secret or "\0", "***"))
+            if a.cpu_only:
+                c.skip("NVML's processes on the card (--cpu-only)")
+            else:
+                on_card = nvml_processes(gpu.index)
+                c.check(g_rec.engine_pid in on_card and c_rec.engine_pid not in on_card,
+                        f"NVML's processes on {gpu.uuid}: {on_card} (gpu engine {g_rec.engine_pid}, cpu engine {c_rec.engine_pid})")
 
-        say(" llama-server's log")
-        g_log = Path(g_rec.log_path).read_text(errors="replace")
-        layers = offloaded_layers(g_log)
-        if a.cpu_only:
-            ignored = "no usable GPU found" in g_log
-            c.check(ignored, "the CPU build ignores -ngl 999 (its log: 'no usable GPU found')")
-            c.skip("layers offloaded to the GPU (--cpu-only)")
-        else:
-            c.check(layers is not None and layers[0] == layers[1] > 0, f"offloaded {layers} layers to GPU")
-            cuda_bufs = re.findall(r"CUDA0 (?:model|KV|compute) buffer size =\s*[\d.]+ MiB", g_log)
-            c.check(bool(cuda_bufs), f"buffers on CUDA0: {'; '.join(cuda_bufs) or 'none'}")
+        with c.section("llama-server's log"):
+            g_log = Path(g_rec.log_path).read_text(errors="replace")
+            layers = offloaded_layers(g_log)
+            if a.cpu_only:
+                ignored = "no usable GPU found" in g_log
+                c.check(ignored, "the CPU build ignores -ngl 999 (its log: 'no usable GPU found')")
+                c.skip("layers offloaded to the GPU (--cpu-only)")
+            else:
+                c.check(layers is not None and layers[0] == layers[1] > 0, f"offloaded {layers} layers to GPU")
+                cuda_bufs = re.findall(r"CUDA0 (?:model|KV|compute) buffer size =\s*[\d.]+ MiB", g_log)
+                c.check(bool(cuda_bufs), f"buffers on CUDA0: {'; '.join(cuda_bufs) or 'none'}")
 
-        say(" fit estimate")
-        driver_ = LlamaCppDriver()
-        shape = local_shape(model)
-        for rec in (g_rec, c_rec):
-            profile = catalog.model(name).profile(rec.profile)
-            est = fit.estimate(shape, driver_.fit_workload(profile, shape))
-            report = driver_.memory_report(Path(rec.log_path).read_text(errors="replace"))
-            ok, ratio = fit_verdict(est.total - (fit.LLAMACPP_GPU_CONTEXT if est.on_gpu else 0), int(reported_mib(report) * MIB))
-            c.check(ok, f"{rec.profile}: estimate {mib(est.total)} MiB (weights {mib(est.weights)}, KV cache {mib(est.kv)}, "
-                        f"overhead {mib(est.overhead)}{' with the CUDA context' if est.on_gpu else ''}); llama.cpp's "
-                        f"buffers: {report}; estimate less the CUDA context / buffers = {ratio:.2f}")
-        if a.cpu_only:
-            c.skip("the estimate against the GPU memory NVML says the engine holds (--cpu-only)")
-        else:
-            profile = catalog.model(name).profile("gpu")
-            est = fit.estimate(shape, driver_.fit_workload(profile, shape))
-            held = nvml_processes(gpu.index).get(g_rec.engine_pid)
-            how = "NVML, the engine's process"
-            if held is None:
-                held, how = nvml_used_mib(gpu.index) - (used_before or 0), "NVML, the card's use since before llmgw up"
-            ok, ratio = fit_verdict(est.total, held * MIB)
-            c.check(ok, f"gpu: estimate {est.total / MIB:.0f} MiB against {held} MiB held ({how}): {ratio:.2f}")
+        with c.section('fit estimate'):
+            driver_ = LlamaCppDriver()
+            shape = local_shape(model)
+            for rec in (g_rec, c_rec):
+                profile = catalog.model(name).profile(rec.profile)
+                est = fit.estimate(shape, driver_.fit_workload(profile, shape))
+                report = driver_.memory_report(Path(rec.log_path).read_text(errors="replace"))
+                ok, ratio = fit_verdict(est.total - (fit.LLAMACPP_GPU_CONTEXT if est.on_gpu else 0), int(reported_mib(report) * MIB))
+                c.check(ok, f"{rec.profile}: estimate {mib(est.total)} MiB (weights {mib(est.weights)}, KV cache {mib(est.kv)}, "
+                            f"overhead {mib(est.overhead)}{' with the CUDA context' if est.on_gpu else ''}); llama.cpp's "
+                            f"buffers: {report}; estimate less the CUDA context / buffers = {ratio:.2f}")
+            if a.cpu_only:
+                c.skip("the estimate against the GPU memory NVML says the engine holds (--cpu-only)")
+            else:
+                profile = catalog.model(name).profile("gpu")
+                est = fit.estimate(shape, driver_.fit_workload(profile, shape))
+                held = nvml_processes(gpu.index).get(g_rec.engine_pid)
+                how = "NVML, the engine's process"
+                if held is None:
+                    held, how = nvml_used_mib(gpu.index) - (used_before or 0), "NVML, the card's use since before llmgw up"
+                ok, ratio = fit_verdict(est.total, held * MIB)
+                c.check(ok, f"gpu: estimate {est.total / MIB:.0f} MiB against {held} MiB held ({how}): {ratio:.2f}")
 
-        say(" health")
-        for rec in (g_rec, c_rec):
-            r = requests.get(rec.url + "/health", timeout=5)
-            fresh = next(x for x in store.all_replicas() if x.id == rec.id)
-            c.check(r.status_code == 200 and fresh.last_probe_ok is True,
-                    f"{rec.profile}: GET {rec.url}/health {r.status_code}; the agent's last probe ok={fresh.last_probe_ok}")
-        if a.cpu_only:
-            c.skip("NVML's health verdict (--cpu-only: the node's GPUs are declared, not read)")
-        else:
-            reader = gpuhealth.NvmlReader()
-            try:
-                verdicts = gpuhealth.verdicts(reader.read(), {}, time.time())
-            finally:
-                reader.close()
-            v = verdicts.get(gpu.index)
-            dev = next(d for d in store.live_nodes()["gpu-node"].gpus if d.index == gpu.index)
-            c.check(v is not None and v.healthy and dev.healthy,
-                    f"NVML's verdict on GPU {gpu.index}: {v and (v.reason or 'healthy')}; the heartbeat says healthy={dev.healthy}")
-
-        say(" answers through the gateway (openai client)")
-        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
-        ask = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 12}
-        for model_name in (name, f"{name}-alias"):
-            r = client.chat.completions.create(model=model_name, **ask)
-            chunks = list(client.chat.completions.create(model=model_name, stream=True, **ask))
-            text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
-            c.check(r.model == model_name and r.usage.completion_tokens > 0 and bool(text),
-                    f"{model_name!r}: chat {r.usage.completion_tokens} tokens {r.choices[0].message.content!r}; streamed {len(chunks)} chunks")
-        comp = client.completions.create(model=name, prompt="Once upon a time", max_tokens=12)
-        c.check(comp.usage.completion_tokens > 0, f"completions: {comp.choices[0].text!r}")
-
-        def one(i: int) -> tuple[str, int, float]:
-            t = time.monotonic()
-            raw = client.chat.completions.with_raw_response.create(
-                model=name, messages=[{"role": "user", "content": f"Tell me about number {i}."}], max_tokens=48)
-            return raw.headers.get("X-LLMGW-Endpoint", "?"), raw.parse().usage.completion_tokens, time.monotonic() - t
-        t1 = time.monotonic()
-        with ThreadPoolExecutor(4) as pool:
-            burst = list(pool.map(one, range(16)))
-        wall = time.monotonic() - t1
-        by = {rid: [b for b in burst if b[0] == rid] for rid in sorted({b[0] for b in burst})}
-        c.check({g_rec.id, c_rec.id} <= set(by),
-                f"16 requests, 4 at a time, in {wall:.1f} s: " + "; ".join(
-                    f"{rid} ({'gpu' if rid == g_rec.id else 'cpu' if rid == c_rec.id else '?'}) {len(v)} answers, "
-                    f"{sum(x[1] for x in v)} tokens" for rid, v in by.items()))
-
-        say(" kill -9 of the GPU engine")
-        errors: list[str] = []
-        ok_count = [0]
-        stop = threading.Event()
-
-        def loop() -> None:
-            while not stop.is_set():
+        with c.section('health'):
+            for rec in (g_rec, c_rec):
+                r = requests.get(rec.url + "/health", timeout=5)
+                fresh = next(x for x in store.all_replicas() if x.id == rec.id)
+                c.check(r.status_code == 200 and fresh.last_probe_ok is True,
+                        f"{rec.profile}: GET {rec.url}/health {r.status_code}; the agent's last probe ok={fresh.last_probe_ok}")
+            if a.cpu_only:
+                c.skip("NVML's health verdict (--cpu-only: the node's GPUs are declared, not read)")
+            else:
+                reader = gpuhealth.NvmlReader()
                 try:
-                    client.chat.completions.create(model=name, **ask)
-                    ok_count[0] += 1
-                except Exception as e:  # noqa: BLE001 - every failure is reported
-                    errors.append(repr(e)[:200])
-                time.sleep(0.05)
-        th = threading.Thread(target=loop, daemon=True)
-        th.start()
-        wait_until(lambda: ok_count[0] >= 3, 60, what="the client loop")
-        victim = next(x for x in store.all_replicas() if x.id == g_rec.id)
-        os.kill(victim.engine_pid, signal.SIGKILL)
-        t2 = time.monotonic()
+                    verdicts = gpuhealth.verdicts(reader.read(), {}, time.time())
+                finally:
+                    reader.close()
+                v = verdicts.get(gpu.index)
+                dev = next(d for d in store.live_nodes()["gpu-node"].gpus if d.index == gpu.index)
+                c.check(v is not None and v.healthy and dev.healthy,
+                        f"NVML's verdict on GPU {gpu.index}: {v and (v.reason or 'healthy')}; the heartbeat says healthy={dev.healthy}")
 
-        def again():
-            r = next((x for x in store.all_replicas() if x.id == victim.id), None)
-            live = store.live_nodes()
-            return r if (r is not None and r.attempt > victim.attempt and r.engine_pid != victim.engine_pid
-                         and derive(r, r.node in live, time.time()).state is State.READY) else None
-        back = wait_until(again, 180, interval=0.2, what="the killed GPU replica Ready again")
-        took = time.monotonic() - t2
-        time.sleep(1.0)
-        stop.set()
-        th.join(150)
-        b_env = proc_environ(back.engine_pid)
-        c.check(back.gpus == victim.gpus and b_env.get("CUDA_VISIBLE_DEVICES") == str(gpu.index),
-                f"{victim.id}: engine {victim.engine_pid} killed, {back.engine_pid} Ready in {took:.1f} s on GPUs {back.gpus} "
-                f"with CUDA_VISIBLE_DEVICES={b_env.get('CUDA_VISIBLE_DEVICES')!r} (attempt {victim.attempt} -> {back.attempt})")
-        if not a.cpu_only:
-            on_card = nvml_processes(gpu.index)
-            c.check(back.engine_pid in on_card, f"NVML: the new engine {back.engine_pid} is on {gpu.uuid}: {on_card}")
-        c.info(f"client loop meanwhile: {ok_count[0]} answers, {len(errors)} errors {errors[:2]}")
+        with c.section('answers through the gateway (openai client)'):
+            client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
+            ask = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 12}
+            for model_name in (name, f"{name}-alias"):
+                r = client.chat.completions.create(model=model_name, **ask)
+                chunks = list(client.chat.completions.create(model=model_name, stream=True, **ask))
+                text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+                c.check(r.model == model_name and r.usage.completion_tokens > 0 and bool(text),
+                        f"{model_name!r}: chat {r.usage.completion_tokens} tokens {r.choices[0].message.content!r}; streamed {len(chunks)} chunks")
+            comp = client.completions.create(model=name, prompt="Once upon a time", max_tokens=12)
+            c.check(comp.usage.completion_tokens > 0, f"completions: {comp.choices[0].text!r}")
 
-        say(" throughput (llama-server's own timings, 128 generated tokens, median of 3)")
-        speeds = {}
-        for rec in (back, c_rec):
-            headers = {"Authorization": f"Bearer {rec.engine_secret}"} if rec.engine_secret else {}
-            body = {"prompt": PROMPT, "n_predict": 128, "ignore_eos": True, "cache_prompt": False, "temperature": 0}
-            requests.post(rec.url + "/completion", json={**body, "n_predict": 8}, headers=headers, timeout=120).raise_for_status()
-            runs = []
-            for _ in range(3):
-                r = requests.post(rec.url + "/completion", json=body, headers=headers, timeout=300)
-                r.raise_for_status()
-                runs.append(r.json()["timings"])
-            gen = statistics.median(t["predicted_per_second"] for t in runs)
-            pp = statistics.median(t["prompt_per_second"] for t in runs)
-            speeds[rec.profile] = gen
-            c.check(all(t["predicted_n"] == 128 for t in runs) and gen > 0,
-                    f"{rec.profile} replica{' (simulated card: a CPU build)' if a.cpu_only and rec.profile == 'gpu' else ''}: "
-                    f"generation {gen:.1f} tokens/s, prompt {pp:.1f} tokens/s ({runs[0]['prompt_n']}-token prompt)")
-        c.info(f"gpu/cpu generation speed: {speeds['gpu'] / speeds['cpu']:.2f}x")
+            def one(i: int) -> tuple[str, int, float]:
+                t = time.monotonic()
+                raw = client.chat.completions.with_raw_response.create(
+                    model=name, messages=[{"role": "user", "content": f"Tell me about number {i}."}], max_tokens=48)
+                return raw.headers.get("X-LLMGW-Endpoint", "?"), raw.parse().usage.completion_tokens, time.monotonic() - t
+            t1 = time.monotonic()
+            with ThreadPoolExecutor(4) as pool:
+                burst = list(pool.map(one, range(16)))
+            wall = time.monotonic() - t1
+            by = {rid: [b for b in burst if b[0] == rid] for rid in sorted({b[0] for b in burst})}
+            c.check({g_rec.id, c_rec.id} <= set(by),
+                    f"16 requests, 4 at a time, in {wall:.1f} s: " + "; ".join(
+                        f"{rid} ({'gpu' if rid == g_rec.id else 'cpu' if rid == c_rec.id else '?'}) {len(v)} answers, "
+                        f"{sum(x[1] for x in v)} tokens" for rid, v in by.items()))
+
+        with c.section('kill -9 of the GPU engine'):
+            errors: list[str] = []
+            ok_count = [0]
+            stop = threading.Event()
+
+            def loop() -> None:
+                while not stop.is_set():
+                    try:
+                        client.chat.completions.create(model=name, **ask)
+                        ok_count[0] += 1
+                    except Exception as e:  # noqa: BLE001 - every failure is reported
+                        errors.append(repr(e)[:200])
+                    time.sleep(0.05)
+            th = threading.Thread(target=loop, daemon=True)
+            th.start()
+            try:
+                wait_until(lambda: ok_count[0] >= 3, 60, what="the client loop")
+                victim = next(x for x in store.all_replicas() if x.id == g_rec.id)
+                os.kill(victim.engine_pid, signal.SIGKILL)
+                t2 = time.monotonic()
+
+                def again():
+                    r = next((x for x in store.all_replicas() if x.id == victim.id), None)
+                    live = store.live_nodes()
+                    return r if (r is not None and r.attempt > victim.attempt and r.engine_pid != victim.engine_pid
+                                 and derive(r, r.node in live, time.time()).state is State.READY) else None
+                back = wait_until(again, 180, interval=0.2, what="the killed GPU replica Ready again")
+                took = time.monotonic() - t2
+                time.sleep(1.0)
+            finally:
+                stop.set()
+                th.join(150)
+            b_env = proc_environ(back.engine_pid)
+            c.check(back.gpus == victim.gpus and b_env.get("CUDA_VISIBLE_DEVICES") == str(gpu.index),
+                    f"{victim.id}: engine {victim.engine_pid} killed, {back.engine_pid} Ready in {took:.1f} s on GPUs {back.gpus} "
+                    f"with CUDA_VISIBLE_DEVICES={b_env.get('CUDA_VISIBLE_DEVICES')!r} (attempt {victim.attempt} -> {back.attempt})")
+            if not a.cpu_only:
+                on_card = nvml_processes(gpu.index)
+                c.check(back.engine_pid in on_card, f"NVML: the new engine {back.engine_pid} is on {gpu.uuid}: {on_card}")
+            c.info(f"client loop meanwhile: {ok_count[0]} answers, {len(errors)} errors {errors[:2]}")
+
+        with c.section("throughput (llama-server's own timings, 128 generated tokens, median of 3)"):
+            speeds = {}
+            current = {r.profile: r for r in store.all_replicas()}
+            for rec in (current["gpu"], current["cpu"]):
+                headers = {"Authorization": f"Bearer {rec.engine_secret}"} if rec.engine_secret else {}
+                body = {"prompt": PROMPT, "n_predict": 128, "ignore_eos": True, "cache_prompt": False, "temperature": 0}
+                requests.post(rec.url + "/completion", json={**body, "n_predict": 8}, headers=headers, timeout=120).raise_for_status()
+                runs = []
+                for _ in range(3):
+                    r = requests.post(rec.url + "/completion", json=body, headers=headers, timeout=300)
+                    r.raise_for_status()
+                    runs.append(r.json()["timings"])
+                gen = statistics.median(t["predicted_per_second"] for t in runs)
+                pp = statistics.median(t["prompt_per_second"] for t in runs)
+                speeds[rec.profile] = gen
+                c.check(all(t["predicted_n"] == 128 for t in runs) and gen > 0,
+                        f"{rec.profile} replica{' (simulated card: a CPU build)' if a.cpu_only and rec.profile == 'gpu' else ''}: "
+                        f"generation {gen:.1f} tokens/s, prompt {pp:.1f} tokens/s ({runs[0]['prompt_n']}-token prompt)")
+            if speeds.get("cpu"):
+                c.info(f"gpu/cpu generation speed: {speeds.get('gpu', 0) / speeds['cpu']:.2f}x")
     finally:
         up.signal_group(signal.SIGINT)
         try:

@@ -34,7 +34,6 @@ import sys
 import tarfile
 import tempfile
 import tomllib
-import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
