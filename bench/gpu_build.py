@@ -74,12 +74,19 @@ def ensure_venv(python: str, reqs: list[str], wheel_dirs: list[Path], venv: Path
                          "is reachable and carry .gpucheck/carry (docs/engines.md, 'The GPU check')")
     t0 = time.monotonic()
     shutil.rmtree(venv, ignore_errors=True)
-    subprocess.run([python, "-m", "venv", str(venv)], check=True)
+    pip = [str(py), "-m", "pip"]
+    if subprocess.run([python, "-m", "venv", str(venv)], capture_output=True).returncode != 0:
+        # No ensurepip beside that Python (a Debian one without python3-venv): its own pip installs
+        # into the venv instead (pip >= 22.3).
+        shutil.rmtree(venv, ignore_errors=True)
+        subprocess.run([python, "-m", "venv", "--without-pip", str(venv)], check=True)
+        pip = [python, "-m", "pip", "--python", str(py)]
     base = _paths(python)
     own = _paths(str(py))[0]
-    Path(own, "_gpucheck_base.pth").write_text("".join(p + "\n" for p in base))
+    # addsitedir, not a bare path: the base's own .pth files are read too, as in the base itself.
+    Path(own, "_gpucheck_base.pth").write_text("".join(f"import site; site.addsitedir({p!r})\n" for p in base))
     links = [a for d in wheel_dirs for a in ("--find-links", str(d))]
-    out = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-index", "--disable-pip-version-check",
+    out = subprocess.run([*pip, "install", "-q", "--no-index", "--disable-pip-version-check",
                           "--no-cache-dir", *links, *reqs], capture_output=True, text=True)
     if out.returncode != 0:
         raise SystemExit(f"offline install into {venv} failed (exit {out.returncode}):\n{out.stdout}{out.stderr}")

@@ -350,6 +350,8 @@ def run(a, started: float) -> int:
     for g in gpus:
         say(f"  GPU {g.index}: {g.name}, {g.memory_mib} MiB, {g.uuid}, compute capability {g.capability[0]}.{g.capability[1]}"
             f"{' (simulated)' if g.simulated else ''}; driver {driver}")
+    if not a.cpu_only:
+        say(f"  nvidia-smi (the node agent's inventory): {shutil.which('nvidia-smi') or 'NOT on PATH: the node will report no GPU'}")
     gpu = gpus[0]
     gpu_class = normalize_gpu_class(gpu.name)
     used_before = None if a.cpu_only else nvml_used_mib(gpu.index)
