@@ -295,9 +295,7 @@ def gateway_shell(sim: "Simulation", idx: int, router, pollers=None, exchange=No
     """Gateway process `idx` of `sim` (bench/simshell.py), routed by the modelled peer its policy
     names, if any (MODELLED). Its figures were taken with a request that joins the queue waiting for
     the next release or load refresh before it routes again."""
-    gw = GatewayShell(sim, idx, router, pollers, exchange)
-    gw.peer = MODELLED[sim.policy](gw) if modelled(sim.policy) else None
-    return gw
+    return GatewayShell(sim, idx, router, pollers, exchange, peer=MODELLED.get(sim.policy))
 
 
 def _llamacpp_slots(sim: SimConfig) -> Slots:

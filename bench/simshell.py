@@ -74,18 +74,19 @@ def gateway_parts(store, cfg: GatewaySettings, clock: Clock, shares_sends: bool)
 
 class GatewayShell:
     """One gateway process (module docstring). `sim` is the simulation: its `cfg`, `now`, `at`, `finish`,
-    `engines` and `fleet`. `peer`: a modelled router that places every request instead (no admission,
-    no learning). `drain_on_join`: a request that joins the queue routes again at once when it is the
+    `engines` and `fleet`. `peer`: makes this gateway's modelled router, which then places every
+    request instead (no admission, no learning). `drain_on_join`: a request that joins the queue routes again at once when it is the
     head (the proxy's `WaitQueue.wait` does); bench/fleetsim.py's figures were taken without it."""
 
     def __init__(self, sim, idx: int, router: Router, pollers: Pollers | None = None,
-                 exchange: Exchange | None = None, ledger: Ledger | None = None, peer: Peer | None = None,
-                 drain_on_join: bool = False):
+                 exchange: Exchange | None = None, ledger: Ledger | None = None,
+                 peer: Callable[["GatewayShell"], Peer] | None = None, drain_on_join: bool = False):
         self.sim, self.idx, self.router, self.pollers, self.exchange = sim, idx, router, pollers, exchange
         self.ledger = ledger if ledger is not None else Ledger()
         self.queue: Backlog = Backlog()
         self.queues = WaitQueues(sim.cfg.queue_max, ledger=self.ledger)  # its `sent`: what a request is charged
-        self.peer, self.drain_on_join = peer, drain_on_join
+        self.drain_on_join = drain_on_join
+        self.peer = peer(self) if peer is not None else None
 
     # gateway.http.proxy.Proxy._admit, on the simulator's clock: the same pure step, carried out here
     def admit(self, req) -> None:
