@@ -48,7 +48,7 @@ class Evictions:
     requested name's queue (gateway.routing.queue.WaitQueues.model_of)."""
 
     def __init__(self, settings: ev.Settings, clock: Clock, ledger: Ledger, model_of: Callable[[str], str],
-                 metrics: Metrics, board: Callable[[], "Board | None"] = lambda: None):
+                 metrics: Metrics, board: "Board | None" = None):
         self.settings, self.clock, self.ledger, self.model_of, self.metrics = settings, clock, ledger, model_of, metrics
         self.board = board  # the sibling workers' answers (gateway.server.board; None: this worker alone)
         self.lock = threading.Lock()
@@ -67,7 +67,7 @@ class Evictions:
         model = self.model_of(model)
         with self.lock:
             self.answers[ident] = (model, answer)
-        board = self.board()
+        board = self.board
         if board is not None:
             endpoint, _, started, _, _ = answer.brief()
             board.list_answer(ident, model, endpoint, PRIORITY_RANK.get(answer.klass, 1), answer.key, started)
@@ -80,21 +80,21 @@ class Evictions:
 
     def changed(self, ident: int, answer: Evictable) -> None:
         """An answer paused or went on: the sibling workers see it at once."""
-        board = self.board()
+        board = self.board
         if board is not None:
             board.update_answer(ident, *answer.brief())
 
     def remove(self, ident: int) -> None:
         with self.lock:
             self.answers.pop(ident, None)
-        board = self.board()
+        board = self.board
         if board is not None:
             board.unlist_answer(ident)
 
     def look(self) -> None:
         """The flag loop's look (gateway.server.background, every EVICT_LOOK seconds while answers
         run): the answers another worker asked to evict are paused. One read when none was asked."""
-        board = self.board()
+        board = self.board
         if board is None:
             return
         asked = board.evictions_asked()
@@ -118,7 +118,7 @@ class Evictions:
     def publish(self) -> None:
         """What the board shows of our answers, brought up to date (the tokens each generated, where
         it runs now): the flag loop calls it every EVICT_REFRESH seconds."""
-        board = self.board()
+        board = self.board
         if board is None:
             return
         with self.lock:
@@ -157,7 +157,7 @@ class Evictions:
         model = self.model_of(call.model)
         w = self.waiting(call, plan, serving(tables, call.model, exclude))
         running = self.running(model)
-        board = self.board()
+        board = self.board
         if board is not None:
             eps = serving(tables, call.model, frozenset()) or ()
             running += board.running(model, self._counter(model), self.clock.monotonic(), eps)
@@ -170,7 +170,7 @@ class Evictions:
         """A waiting request that ranks first found its model saturated: evict the answer eviction
         names, unless one it evicted already has not given its slot back yet (`pending`, its own).
         Returns when to look again, when an answer it outranks will soon be evictable."""
-        board = self.board()
+        board = self.board
         with self.lock:
             holding = {i for i, (_, a) in self.answers.items() if a.holding}
         pending -= {i for i in pending if i > 0 and i not in holding}  # (the slot it freed was given back)

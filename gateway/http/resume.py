@@ -3,7 +3,7 @@
 `ResumingBody` is a stream's WSGI body: it passes the engine's pieces on as `stream_body` does, and
 keeps each one it sent (an append: no parsing per piece). When the engine breaks off (the connection
 reset or closed without the answer's end, an error event, no piece within the stall limit), the pure
-`decide` says what follows: the continuation sent through the request's Exchange (gateway.http.attempt,
+`decide` says what follows: the continuation sent as the request's next send (`Proxied.send`, gateway.http.attempt,
 the one place a request is sent) to another replica and its stream spliced in, the answer's end
 written, or an error event.
 
@@ -20,7 +20,7 @@ import time
 from typing import Callable, Iterator
 
 from gateway.errors import ApiError
-from gateway.http.attempt import Exchange, Hop
+from gateway.http.attempt import Proxied, Hop
 from gateway.routing import eviction as ev
 from gateway.routing.router import Lease
 from gateway.upstream import resume as rs
@@ -65,7 +65,7 @@ class ResumingBody(StreamBody):
     there while it runs: a waiting request that outranks it may `evict` it. `pause` is what tells the
     client a paused stream is still there (`keepalive` seconds apart) and what a pause is counted by."""
 
-    def __init__(self, hop: Hop, ex: Exchange, stall: float, deadline: float, on_first: Callable[[], None],
+    def __init__(self, hop: Hop, ex: Proxied, stall: float, deadline: float, on_first: Callable[[], None],
                  on_done: Callable[[bool, tuple[int, int] | None, Lease], None], monotonic: Callable[[], float],
                  on_hop: OnHop, model: str, evictions=None, pause: "Pause | None" = None):
         self.hop, self.ex, self.stall, self.on_hop, self.model = hop, ex, stall, on_hop, model
@@ -225,7 +225,7 @@ class ResumingBody(StreamBody):
         return None
 
     def _resend(self, old: str, step: rs.Resume, evicted: bool):
-        """The continuation, sent through the request's Exchange (an evicted answer's may go back to its
+        """The continuation, sent as the request's next send (an evicted answer's may go back to its
         own endpoint, which holds its prompt in cache; a broken one's never), while the client is told
         the stream is paused. Returns the new Hop and the step, or None and the Cut."""
         paused_at = self.pause.clock()

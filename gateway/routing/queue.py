@@ -63,7 +63,7 @@ class WaitQueue:
 
     def __init__(self, max_len: int, recheck: float = RECHECK, monotonic: Callable[[], float] = time.monotonic,
                  entered: threading.Event | None = None, ledger: Ledger | None = None,
-                 model: Callable[[], str] = lambda: "", order: Callable[[], Order | None] = lambda: None):
+                 model: Callable[[], str] = lambda: "", order: Order | None = None):
         self.max_len = max_len
         self.recheck = recheck
         self.monotonic = monotonic
@@ -83,7 +83,7 @@ class WaitQueue:
 
     def elsewhere(self) -> int:
         """Requests for this queue's model waiting in the other workers' queues (0: none, or alone)."""
-        order = self.order()
+        order = self.order
         return order.waiting_elsewhere(self.model(), self.monotonic()) if order is not None else 0
 
     def position(self, tenant: Tenant | None) -> int:
@@ -157,16 +157,14 @@ class WaitQueue:
                 head = self.waiters.head(self.ledger, model)
             if head is not None:
                 head.event.set()  # the next in line may take the next free slot
-            else:
-                order = self.order()
-                if order is not None:
-                    order.drop_head(model)
+            elif self.order is not None:
+                self.order.drop_head(model)
             self.ledger.waited(model, tenant, self.monotonic() - entered)
 
 
     def _first_everywhere(self, ticket: Ticket, tenant: Tenant, rank: int, model: str) -> bool:
         """Whether this head (published first) ranks before every other worker's head of the model."""
-        order = self.order()
+        order = self.order
         if order is None:
             return True
         counter = self.ledger.counter(model, tenant.key) if tenant.key else 0.0
@@ -187,7 +185,7 @@ class WaitQueues:
 
     def __init__(self, max_len: int, monotonic: Callable[[], float] = time.monotonic,
                  model_of: Callable[[str], str] = lambda name: name, recheck: float = RECHECK,
-                 ledger: Ledger | None = None, order: Callable[[], Order | None] = lambda: None):
+                 ledger: Ledger | None = None, order: Order | None = None):
         self.max_len, self.monotonic, self.model_of, self.recheck = max_len, monotonic, model_of, recheck
         self.order = order  # the sibling workers' queue heads (gateway.server.board; None: alone)
         self.by_name: dict[str, WaitQueue] = {}

@@ -19,8 +19,8 @@ from gateway.observe.saturation import Episode, SaturationSignals
 from gateway.observe.saturation import step as saturation_step
 from gateway.observe.traffic import KEEP as TRAFFIC_KEEP
 from gateway.observe.traffic import TrafficCounter
+from gateway.routing.exchange import Exchange
 from gateway.routing.queue import WaitQueues
-from gateway.routing.router import Router
 from llmgw.state.clock import Clock
 from llmgw.state.demand_records import GatewayReport
 from llmgw.state.store import Store
@@ -38,11 +38,13 @@ EVICT_REFRESH = 0.25  # seconds between refreshes of what the sibling workers re
 
 class Background:
     def __init__(self, cfg: GatewaySettings, clock: Clock, store: Store, health: RedisHealth, keys: KeyTable,
-                 usage: UsageRecorder, traffic: TrafficCounter, saturation: SaturationSignals, router: Router,
-                 queues: WaitQueues, identity: Identity, resumes: ResumeSignals | None = None, evictions=None):
+                 usage: UsageRecorder, traffic: TrafficCounter, saturation: SaturationSignals, exchange: Exchange,
+                 queues: WaitQueues, identity: Identity, resumes: ResumeSignals | None = None, siblings=None,
+                 evictions=None):
         self.cfg, self.clock, self.store, self.health = cfg, clock, store, health
         self.keys, self.usage, self.traffic, self.saturation = keys, usage, traffic, saturation
-        self.router, self.queues, self.identity = router, queues, identity
+        self.exchange, self.queues, self.identity = exchange, queues, identity
+        self.siblings = siblings  # the sibling workers' table (gateway.server.siblings; None: alone)
         self.resumes = resumes if resumes is not None else ResumeSignals()
         self.evictions = evictions  # gateway.http.evictions.Evictions: the sibling workers' eviction flags
         self.episodes: dict[str, Episode] = {}
@@ -52,7 +54,7 @@ class Background:
     def start(self) -> None:
         threading.Thread(target=self._slow_loop, name="llmgw-keys-usage", daemon=True).start()
         threading.Thread(target=self._report_loop, name="llmgw-report", daemon=True).start()
-        if self.router.siblings is not None:
+        if self.siblings is not None:
             threading.Thread(target=self._sibling_loop, name="llmgw-siblings", daemon=True).start()
             if self.evictions is not None and self.evictions.enabled:
                 threading.Thread(target=self._evict_loop, name="llmgw-evictions", daemon=True).start()
@@ -89,7 +91,7 @@ class Background:
     def _sibling_loop(self) -> None:
         """A slot a sibling worker frees wakes this worker's queues (its own releases wake them
         directly, gateway.routing.router). Sleeps on `queues.waiting` while no request waits."""
-        shared, queues = self.router.siblings, self.queues
+        shared, queues = self.siblings, self.queues
         last = shared.releases()
         while not self.stopping.is_set():
             try:
@@ -157,12 +159,12 @@ class Background:
 
     def report(self) -> GatewayReport:
         """This process's report now; queues are by the requested name (aliases have their own)."""
-        canonical = self.router.tables.canonical
+        canonical = self.exchange.tables().canonical
         queued: dict[str, int] = {}
         for name, n in self.queues.lengths().items():
             if n:
                 m = canonical.get(name, name)
                 queued[m] = queued.get(m, 0) + n
-        f = self.router.report_facts()
+        f = self.exchange.report_facts()
         return gateway_report(self.identity, self.clock.time(), f.version, self.keys.loaded, f.inflight, f.ok_at,
-                              f.fail_at, f.by_model, queued, f.last_request_at, self.router.prefix_facts())
+                              f.fail_at, f.by_model, queued, f.last_request_at, self.exchange.prefix_facts())

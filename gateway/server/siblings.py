@@ -21,17 +21,22 @@ wait per decision, and they then decide alone, as without a table.
 
 The master makes the table and assigns rows (gateway/gunicorn_conf.py: `claim_row` in pre_fork,
 `free_row` when a worker exits, which also drops its counts: its streams died with it); the worker's
-view of its row reaches its router through the worker object (gateway.server.boot). Without
-gunicorn, or with one worker, there is no table and the gateway counts alone.
+view of its row is handed to the app factory while the worker makes its app (`handing`, from
+gateway.server.worker: gunicorn calls `gateway:create_app()` with no arguments), so the gateway is
+built counting with its siblings. Without gunicorn, or with one worker, there is no table and the
+gateway counts alone.
 """
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import mmap
 import multiprocessing
 import os
 import socket
+from contextlib import contextmanager
+from typing import Iterator
 
 from gateway.server.board import Board
 from gateway.server.sentlog import SentLog
@@ -235,3 +240,22 @@ def attach(table: SharedCounts | None, row: int | None) -> SharedCounts | None:
     view = table.for_row(row)
     view.adopt(os.getpid())
     return view
+
+
+# The view a gunicorn worker hands the app factory while gunicorn makes its app (`handing`).
+_HANDED: contextvars.ContextVar[SharedCounts | None] = contextvars.ContextVar("llmgw_siblings", default=None)
+
+
+@contextmanager
+def handing(view: SharedCounts | None) -> Iterator[None]:
+    """While the worker makes its app: `handed()` is `view`."""
+    token = _HANDED.set(view)
+    try:
+        yield
+    finally:
+        _HANDED.reset(token)
+
+
+def handed() -> SharedCounts | None:
+    """The worker's view of its row, while its app is being made (`handing`); None otherwise."""
+    return _HANDED.get()

@@ -1,4 +1,4 @@
-"""The one attempt (gateway.http.attempt.Exchange): every send of a request goes through it, the retry
+"""The one attempt (gateway.http.attempt.Proxied): every send of a request goes through it, the retry
 is the pure `next_attempt`'s, the tenant is charged once, and a continuation keeps its plan and charge."""
 
 from __future__ import annotations
@@ -9,14 +9,13 @@ import pytest
 
 from gateway.config import GatewaySettings
 from gateway.errors import ApiError
-from gateway.http.attempt import Exchange, Sender
+from gateway.http.attempt import Proxied, Sender
 from gateway.observe.metrics import Metrics
 from gateway.request.call import Call
 from gateway.request.plan import Plan
 from gateway.request.surface import ROUTES
 from gateway.routing.choice import Choice
 from gateway.routing.queue import WaitQueues
-from gateway.routing.tables import EMPTY
 from gateway.upstream.client import UpstreamConnectError, UpstreamTimeout
 from llmgw.state.keypolicy import Tenant
 from llmgw.state.records import EndpointInfo
@@ -93,7 +92,7 @@ def exchange(upstream, router=None, retries=2, tenant=TEAM):
                     Metrics())
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10}
     call = Call(ROUTES[CHAT], "m", b'{"model": "m"}', body)
-    return Exchange(sender, call, Plan("m", "standard", tenant), None, "rid", 0.0), router, queues
+    return Proxied(sender, call, Plan("m", "standard", tenant), None, "rid", 0.0), router, queues
 
 
 def test_a_retry_goes_elsewhere_and_the_tenant_is_charged_once():
