@@ -13,6 +13,7 @@ import json
 
 from gateway.errors import ApiError
 from gateway.request.client import ClientConn, client_of
+from gateway.request.fields import check as check_fields
 from gateway.request.forms import FormError, find_field
 from gateway.request.surface import Route, engine_path
 from gateway.response_ids import IdRewrite, unwrap
@@ -205,6 +206,7 @@ def _read(route: Route, response_id: str | None, environ: dict, tables: Tables, 
     if not isinstance(body, dict):
         raise ApiError("bad_request", "request body must be a JSON object")
     model = body.get("model")
+    check_fields(body, route.op)  # the common fields' types and ranges: one 400 whatever the engine
     if not isinstance(model, str) or not model:
         raise ApiError("missing_model", "'model' is required and must be a non-empty string")
     previous = body.get("previous_response_id") if route.op == op.RESPONSES else None
