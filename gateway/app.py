@@ -33,6 +33,7 @@ from gateway.keys.limits import RateLimiter
 from gateway.keys.table import KeyTable
 from gateway.keys.usage import UsageRecorder
 from gateway.observe.demand import DemandSignal
+from gateway.observe.explain import ExplainLog, Explaining, explained_wsgi
 from gateway.observe.health import RedisHealth
 from gateway.observe.metrics import Metrics
 from gateway.observe.report import Identity
@@ -102,12 +103,17 @@ class Gateway:
         self.demand = DemandSignal(
             self.store, lambda: Kicker(self.store, celery_sender(broker_app(cfg.redis_url)), enabled=cfg.event_driven),
             clock.time, clock.monotonic)
+        # How the requests that ask (X-LLMGW-Explain) were served: `llmgw explain REQUEST_ID`, the playground.
+        self.explained = ExplainLog()
         self.background = Background(cfg, clock, self.store, self.health, self.keys, self.usage, self.traffic,
-                                     saturation, self.router, self.queues, self.identity, resumes)
+                                     saturation, self.router, self.queues, self.identity, resumes, self.explained)
         answers = Answers(clock, metrics, self.traffic, self.usage, cfg.total_timeout, self.open_requests,
                           cfg.stall_timeout, resumes)
+        explaining = Explaining(self.tracing, self.explained, clock.time, clock.monotonic,
+                                lambda eid: self.router.tables.by_id.get(eid),
+                                lambda name: k.id if (k := self.keys.find(name)) is not None else "")
         self.proxy = Proxy(cfg, clock, self.router, self.gate, self.upstream, self.queues, answers, metrics,
-                           self.traffic, saturation, self.demand, self.not_ready, tracing=self.tracing)
+                           self.traffic, saturation, self.demand, self.not_ready, tracing=explaining)
         self.send_share: SendShare | None = None  # made by `start`
         self.fair_share = FairShare(self.store, self.queues, clock, cfg.share_fairness, metrics,
                                     lambda kid: (k.name if (k := self.keys.find(kid)) is not None else kid))
@@ -205,5 +211,5 @@ def create_app(config: GatewaySettings | None = None, *, store: Store | None = N
     gw = Gateway(config or GatewaySettings.from_env(), store=store, clock=clock, environ=environ, siblings=siblings,
                  tracing=tracing)
     app = flask_app(gw)
-    app.wsgi_app = fast_path(gw.proxy, gw.open_requests, gw.metrics, app.wsgi_app)
+    app.wsgi_app = explained_wsgi(fast_path(gw.proxy, gw.open_requests, gw.metrics, app.wsgi_app))
     return app
