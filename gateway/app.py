@@ -111,7 +111,7 @@ class Gateway:
                           cfg.stall_timeout, resumes)
         explaining = Explaining(self.tracing, self.explained, clock.time, clock.monotonic,
                                 lambda eid: self.router.tables.by_id.get(eid),
-                                lambda name: k.id if (k := self.keys.find(name)) is not None else "")
+                                lambda key: (k.name, k.id) if (k := self.keys.lookup(key)) is not None else ("", ""))
         self.proxy = Proxy(cfg, clock, self.router, self.gate, self.upstream, self.queues, answers, metrics,
                            self.traffic, saturation, self.demand, self.not_ready, tracing=explaining)
         self.send_share: SendShare | None = None  # made by `start`

@@ -2,8 +2,9 @@
 (`X-LLMGW-Explain: 1`): the record of llmgw.state.served, its routing header read into fields, and
 the sentences `llmgw explain REQUEST_ID` prints. The console's playground shows it beside each answer.
 
-Who may read it: with keys in use, the key that made the request, or an admin key; any other caller
-gets the 404 of a request with no record (so a request id tells nothing about another key's traffic).
+Who may read it: with keys in use, the key the request was sent with, or an admin key; any other
+caller gets the 404 of a request with no record (so a request id tells nothing about another key's
+traffic).
 With no key required, anyone who reaches the gateway. The record is this process's own when it
 served the request (at once), else Redis's once the serving process flushed it (within
 LLMGW_GATEWAY_USAGE_FLUSH); 404 until then, and after SERVED_KEEP seconds.

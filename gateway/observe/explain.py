@@ -61,12 +61,12 @@ class Recorder:
 
     def __init__(self, inner, rid: str, route: str, log: ExplainLog, wall: Callable[[], float],
                  mono: Callable[[], float], endpoint: Callable[[str], EndpointInfo | None],
-                 key_id: Callable[[str], str]):
+                 owner: Callable[[], tuple[str, str]] = lambda: ("", "")):
         self.inner, self.rid, self.route, self.log = inner, rid, route, log
-        self.mono, self.endpoint, self.key_id = mono, endpoint, key_id
+        self.mono, self.endpoint, self.owner = mono, endpoint, owner
         self.on = inner.on
         self.ts, self.t0 = wall(), mono()
-        self.model = self.key = ""
+        self.model = ""
         self.steps: list[dict[str, Any]] = []
         self.first: float | None = None
         self.queued_at: float | None = None
@@ -81,7 +81,7 @@ class Recorder:
 
     # --- the trace's hooks (llmgw.tracing.request), passed on ----------------------------------------
     def identify(self, model: str, key_name: str | None, priority: str) -> None:
-        self.model, self.key = model, key_name or ""
+        self.model = model
         self.inner.identify(model, key_name, priority)
 
     def admitting(self, queue_len: int) -> None:
@@ -157,9 +157,9 @@ class Recorder:
             return
         self.done = True
         status, completed, usage, error, seconds = self.ended
+        name, kid = self.owner()  # the key the client presented, if the gateway knows it
         self.log.add(Served(
-            id=self.rid, ts=self.ts, route=self.route, model=self.model, key=self.key,
-            key_id=self.key_id(self.key) if self.key else "", status=status, completed=completed, error=error,
+            id=self.rid, ts=self.ts, route=self.route, model=self.model, key=name, key_id=kid, status=status, completed=completed, error=error,
             usage=usage, first_byte=self.first, seconds=seconds, steps=tuple(self.steps), routing=self.routing,
             header_endpoint=self.header_endpoint, served_by=dict(self.last) if not error else {}))
 
@@ -169,15 +169,18 @@ class Explaining:
     asks to be explained a Recorder over its trace."""
 
     def __init__(self, inner, log: ExplainLog, wall: Callable[[], float], mono: Callable[[], float],
-                 endpoint: Callable[[str], EndpointInfo | None], key_id: Callable[[str], str]):
+                 endpoint: Callable[[str], EndpointInfo | None], key_of: Callable[[str], tuple[str, str]]):
         self.inner, self.log, self.wall, self.mono = inner, log, wall, mono
-        self.endpoint, self.key_id = endpoint, key_id
+        self.endpoint, self.key_of = endpoint, key_of  # a presented key -> (its name, its id), or ("", "")
 
     def request(self, environ: dict, rid: str, method: str, route: str):
         trace = self.inner.request(environ, rid, method, route)
         if environ.get(ENVIRON_HEADER) is None or not recordable(rid):
             return trace
-        return Recorder(trace, rid, route, self.log, self.wall, self.mono, self.endpoint, self.key_id)
+        auth = environ.get("HTTP_AUTHORIZATION", "")
+        presented = auth[7:].strip() if auth[:7].lower() == "bearer " else environ.get("HTTP_API_KEY", "")
+        return Recorder(trace, rid, route, self.log, self.wall, self.mono, self.endpoint,
+                        lambda: self.key_of(presented) if presented else ("", ""))
 
     def __getattr__(self, name: str):  # span, start, record, shutdown: the tracing's own
         return getattr(self.inner, name)

@@ -42,8 +42,8 @@ class Served:
     ts: float  # when the gateway read it (epoch seconds)
     route: str  # "/v1/chat/completions"
     model: str = ""  # as the client named it
-    key: str = ""  # the API key's name ("" when no key was required)
-    key_id: str = ""
+    key: str = ""  # the name of the API key the client sent, if the gateway knew it ("" without one)
+    key_id: str = ""  # its id: who may read the record (gateway.http.served)
     status: int | None = None  # the status the client got
     completed: bool = False  # the answer was passed on whole
     error: str = ""  # the gateway's own refusal: "<kind>: <message>"

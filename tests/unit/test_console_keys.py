@@ -168,8 +168,9 @@ def test_an_explained_request_is_readable_by_its_key_or_an_admin(store, upstream
     # A request that did not ask is not recorded.
     plain = c.post(CHAT, json={"model": "m"}, headers=bearer(mine))
     assert c.get(f"/v1/llmgw/requests/{plain.headers['X-Request-Id']}", headers=bearer(mine)).status_code == 404
-    # A bad field: the gateway's own 400, recorded too (before its key was read: an admin's to read).
+    # A bad field: the gateway's own 400, recorded too, as the request of the key it sent.
     bad = c.post(CHAT, json={"model": "m", "temperature": "hot"}, headers={**bearer(mine), "X-LLMGW-Explain": "1"})
     assert bad.status_code == 400 and bad.json["error"]["param"] == "temperature"
-    doc = c.get(f"/v1/llmgw/requests/{bad.headers['X-Request-Id']}", headers=bearer(admin)).json
+    doc = c.get(f"/v1/llmgw/requests/{bad.headers['X-Request-Id']}", headers=bearer(mine)).json
     assert doc["status"] == 400 and doc["served_by"] == {} and "invalid_type" in doc["error"]
+    assert c.get(f"/v1/llmgw/requests/{bad.headers['X-Request-Id']}", headers=bearer(other)).status_code == 404

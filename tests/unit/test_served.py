@@ -22,9 +22,9 @@ class Clock:
         return self.t
 
 
-def recorder(log, clock, inner=NOOP_REQUEST, rid="rid-1"):
+def recorder(log, clock, inner=NOOP_REQUEST, rid="rid-1", owner=("team", "k-team")):
     return Recorder(inner, rid, "/v1/chat/completions", log, lambda: 1_700_000_000.0, clock, EPS.get,
-                    lambda name: "k-" + name)
+                    lambda: owner)
 
 
 def test_a_resumed_stream_is_written_down_step_by_step():
@@ -64,7 +64,7 @@ def test_a_resumed_stream_is_written_down_step_by_step():
 
 def test_a_whole_answer_ends_before_its_head_goes_out_and_is_recorded_once_both_are_known():
     log, clock = ExplainLog(), Clock()
-    rec = recorder(log, clock)
+    rec = recorder(log, clock, owner=("", ""))
     rec.identify("m", None, "standard")
     rec.attempt(0, "r1", "u")
     rec.finish(200, True, None)
@@ -107,11 +107,19 @@ def test_the_hooks_reach_the_real_trace():
     assert calls == ["identify", "choice", "attempt", "inject", "first_byte", "finish"] and rec.on
 
 
-def test_only_a_request_that_asks_with_a_plain_id_gets_a_recorder():
-    ex = Explaining(OFF, ExplainLog(), lambda: 0.0, lambda: 0.0, EPS.get, lambda n: n)
+def test_only_a_request_that_asks_with_a_plain_id_gets_a_recorder_owned_by_the_key_it_sent():
+    log = ExplainLog()
+    ex = Explaining(OFF, log, lambda: 0.0, lambda: 0.0, EPS.get, lambda k: ("team", "k-1") if k == "sk-1" else ("", ""))
     assert ex.request({}, "abc", "POST", "/v1/chat/completions") is NOOP_REQUEST
-    assert isinstance(ex.request({ENVIRON_HEADER: "1"}, "abc", "POST", "/v1/chat/completions"), Recorder)
     assert ex.request({ENVIRON_HEADER: "1"}, "a b/../c", "POST", "/x") is NOOP_REQUEST
+    for environ, owner in (({"HTTP_AUTHORIZATION": "Bearer sk-1"}, ("team", "k-1")), ({"HTTP_API_KEY": "sk-1"}, ("team", "k-1")),
+                           ({"HTTP_AUTHORIZATION": "Bearer sk-2"}, ("", "")), ({}, ("", ""))):
+        rec = ex.request({ENVIRON_HEADER: "1", **environ}, "abc", "POST", "/v1/chat/completions")
+        assert isinstance(rec, Recorder)
+        rec.refused(401, "unauthorized", "no")  # refused before its key was read: still its key's record
+        rec.answered([])
+        got = log.take()[0]
+        assert (got.key, got.key_id) == owner
     assert recordable("0f" * 16) and not recordable("x" * 129) and not recordable("")
 
 
