@@ -104,8 +104,18 @@ def _stream_options(name: str, v) -> None:
 
 
 def _messages(name: str, v) -> None:
-    if not isinstance(v, list):
+    if type(v) is not list:  # noqa: E721
         raise _wrong_type(name, "an array of objects", v)
+    for m in v:  # the usual message passes three type tests; a bad one is worded by _bad_message
+        if type(m) is dict and type(m.get("role")) is str:  # noqa: E721
+            content = m.get("content")
+            if content is None or type(content) is str or type(content) is list:  # noqa: E721
+                continue
+        _bad_message(name, v)
+
+
+def _bad_message(name: str, v: list) -> None:
+    """Raise the error of the first malformed message of `v`."""
     for i, m in enumerate(v):
         if not isinstance(m, dict):
             raise _wrong_type(f"{name}[{i}]", "an object", m)
