@@ -39,6 +39,7 @@ from gateway.keys.limits import RateLimiter
 from gateway.keys.table import KeyTable
 from gateway.keys.usage import UsageRecorder
 from gateway.observe.demand import DemandSignal
+from gateway.observe.explain import ExplainLog, Explaining, explained_wsgi
 from gateway.observe.health import RedisHealth
 from gateway.observe.metrics import Metrics
 from gateway.observe.report import Identity
@@ -126,16 +127,21 @@ class Gateway:
         self.evictions = Evictions(
             eviction.Settings(cfg.evict, cfg.evict_margin, cfg.evict_min_run, cfg.evict_max), clock, self.ledger,
             self.queues.model_of, metrics, board)
+        # How the requests that ask (X-LLMGW-Explain) were served: `llmgw explain REQUEST_ID`, the playground.
+        self.explained = ExplainLog()
         self.background = Background(cfg, clock, self.store, self.health, self.keys, self.usage, self.traffic,
                                      saturation, self.exchange, self.queues, self.identity, resumes, siblings,
-                                     self.evictions)
+                                     self.evictions, self.explained)
         answers = Answers(clock, metrics, self.traffic, self.usage, cfg.total_timeout, self.open_requests,
                           cfg.stall_timeout, resumes, self.evictions,
                           Pause(cfg.pause_keepalive, clock.monotonic, metrics))
+        explaining = Explaining(self.tracing, self.explained, clock.time, clock.monotonic,
+                                lambda eid: self.router.tables.by_id.get(eid),
+                                lambda key: (k.name, k.id) if (k := self.keys.lookup(key)) is not None else ("", ""))
         admission = Admission(cfg, clock, self.router, self.queues, metrics, saturation, self.demand, self.evictions)
         sender = Sender(cfg, clock, self.router, self.upstream, admission, self.queues, metrics)
         self.proxy = Proxy(cfg, clock, self.router, self.gate, sender, answers, metrics, self.traffic, saturation,
-                           self.not_ready, tracing=self.tracing)
+                           self.not_ready, tracing=explaining)
         # What this gateway sent and holds, exchanged with the other gateways under its name (the
         # gunicorn master's host:pid, which its workers share).
         self.send_share = SendShare(self.store, self.exchange, clock, cfg.share_sends,
@@ -229,5 +235,5 @@ def create_app(config: GatewaySettings | None = None, *, store: Store | None = N
     gw = Gateway(config or GatewaySettings.from_env(), store=store, clock=clock, environ=environ,
                  siblings=siblings if siblings is not None else handed(), tracing=tracing)
     app = flask_app(gw)
-    app.wsgi_app = fast_path(gw.proxy, gw.open_requests, gw.metrics, app.wsgi_app)
+    app.wsgi_app = explained_wsgi(fast_path(gw.proxy, gw.open_requests, gw.metrics, app.wsgi_app))
     return app

@@ -40,7 +40,8 @@ STREAMED_AS_JSON = STREAM_REPLACED | {"content-type"}
 
 
 def error_response(err: ApiError, request_id: str | None = None) -> Response:
-    resp = Response(json.dumps(error_body(err.kind, err.message)), status=err.status, mimetype="application/json")
+    resp = Response(json.dumps(error_body(err.kind, err.message, err.param)), status=err.status,
+                    mimetype="application/json")
     if err.retry_after is not None:
         resp.headers["Retry-After"] = str(int(err.retry_after))
     if request_id:

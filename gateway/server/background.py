@@ -11,6 +11,7 @@ import threading
 from gateway.config import GatewaySettings
 from gateway.keys.table import KeyTable
 from gateway.keys.usage import UsageRecorder
+from gateway.observe.explain import ExplainLog
 from gateway.observe.health import REDIS_ERRORS, RedisHealth
 from gateway.observe.report import Identity, gateway_report, report_ttl
 from gateway.observe.resumes import ResumeSignals
@@ -23,6 +24,7 @@ from gateway.routing.exchange import Exchange
 from gateway.routing.queue import WaitQueues
 from llmgw.state.clock import Clock
 from llmgw.state.demand_records import GatewayReport
+from llmgw.state.served import SERVED_KEEP
 from llmgw.state.store import Store
 
 log = logging.getLogger("llmgw.gateway")
@@ -40,13 +42,14 @@ class Background:
     def __init__(self, cfg: GatewaySettings, clock: Clock, store: Store, health: RedisHealth, keys: KeyTable,
                  usage: UsageRecorder, traffic: TrafficCounter, saturation: SaturationSignals, exchange: Exchange,
                  queues: WaitQueues, identity: Identity, resumes: ResumeSignals | None = None, siblings=None,
-                 evictions=None):
+                 evictions=None, explained: ExplainLog | None = None):
         self.cfg, self.clock, self.store, self.health = cfg, clock, store, health
         self.keys, self.usage, self.traffic, self.saturation = keys, usage, traffic, saturation
         self.exchange, self.queues, self.identity = exchange, queues, identity
         self.siblings = siblings  # the sibling workers' table (gateway.server.siblings; None: alone)
         self.resumes = resumes if resumes is not None else ResumeSignals()
         self.evictions = evictions  # gateway.http.evictions.Evictions: the sibling workers' eviction flags
+        self.explained = explained if explained is not None else ExplainLog()
         self.episodes: dict[str, Episode] = {}
         self.report_due = threading.Event()  # set: write the report now, not at the next tick
         self.stopping = threading.Event()
@@ -123,13 +126,20 @@ class Background:
             self.stopping.wait(self.cfg.usage_flush)
 
     def flush_traffic(self) -> None:
-        """Add this process's traffic counts to Redis (dropped on failure: they only feed charts), and
-        put a saturation episode's start and end in the event history."""
+        """Add this process's traffic counts to Redis (dropped on failure: they only feed charts) and
+        the records of its explained requests, and put a saturation episode's start and end in the
+        event history."""
         counts = self.traffic.take()
         if counts:
             try:
                 self.store.add_traffic(counts, TRAFFIC_KEEP)
             except REDIS_ERRORS as e:
+                self.health.failed(e)
+        served = self.explained.take()  # the requests that asked to be explained (gateway.observe.explain)
+        if served:
+            try:
+                self.store.add_served(served, SERVED_KEEP)
+            except REDIS_ERRORS as e:  # dropped: this process still answers for its recent ones
                 self.health.failed(e)
         self.episodes, news = saturation_step(self.episodes, self.saturation.take(), self.clock.time())
         for n in news:

@@ -151,7 +151,7 @@ def test_an_engines_error_has_the_gateways_shape_and_a_4xx_is_not_held_against_i
     _, gw, c = make_app(store, [endpoint("e1", bad.url)], retries=2)
     t0 = time.time()
     for stream in (False, True):
-        r = c.post(CHAT, json={"model": "m", "messages": "hi", "stream": stream})
+        r = c.post(CHAT, json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": stream})
         assert r.status_code == 400 and r.headers["X-LLMGW-Endpoint"] == "e1"
         assert r.json == {"error": {"message": "Expected 'messages' to be an array", "type": "invalid_request_error",
                                     "code": "invalid_request"}}
