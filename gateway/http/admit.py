@@ -57,8 +57,8 @@ class Admission:
         trace.admitting(len(q))
         # The other workers' waiting requests count as this worker's: a slot that frees goes to the one
         # that ranks first among all of them, not to whichever request routes first (gateway.server.board).
-        queued = len(q) + q.elsewhere()
-        req = RouteRequest(call.model, plan.priority, plan.affinity, exclude, queued + 1, op=call.route.op,
+        elsewhere = q.elsewhere()
+        req = RouteRequest(call.model, plan.priority, plan.affinity, exclude, len(q) + elsewhere + 1, op=call.route.op,
                            pin=call.pin, prefix=plan.prefix, prompt_tokens=plan.prompt_tokens,
                            objective=plan.objective, body=call.body, opens=plan.opens)
         res = router.route(req)
@@ -71,7 +71,7 @@ class Admission:
                      and isinstance(self.evictions.decide(call, plan, tables, exclude), Evict))
         step = decide(res, ahead, Request(plan.priority, canon, first, rate, cold_start=tables.cold_start.get(req.model),
                                           restart=restart, adapter=plan.adapter, continuation=continuation,
-                                          displaces=displaces), self.settings)
+                                          displaces=displaces, elsewhere=elsewhere), self.settings)
         if isinstance(step, Queue):
             step = self._queue(step, res, q, req, call, plan, trace, failed_at, arrived)
         if isinstance(step, Send):
