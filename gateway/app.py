@@ -85,7 +85,7 @@ class Gateway:
         self.router = PolledRouter(self.store, cfg, clock, metrics, environ=environ, shared=siblings, health=self.health,
                                    on_release=self.queues.wake, on_loaded=self._list_loaded,
                                    tokenize=self.tokenizers.tokenize)
-        self.kv_events = KvSubscriber(self.router.kv, lambda: self.router.endpoints, self.tokenizers)
+        self.kv_events = KvSubscriber(self.router.kv, lambda: self.router.endpoints, self.tokenizers, metrics.kv_index)
         self.keys = KeyTable(self.store, self.health, cfg.auth)
         self.usage = UsageRecorder(self.store, self.health, clock)
         self.gate = KeyGate(self.keys, self.usage, RateLimiter(self.rstore, self.health, clock), clock, metrics,
