@@ -96,7 +96,11 @@ class Stack:
         self.llmgw("catalog", "apply", str(path))
 
     def logs(self) -> str:
-        return self.procs.logs()
+        """The stack's own logs, then the last lines of each engine's (its errors: an EngineCore's
+        traceback is there, not in the gateway's answer)."""
+        tails = [f"--- {p.parent.name}/{p.name} (last 60 lines)\n" + "\n".join(p.read_text(errors="replace").splitlines()[-60:])
+                 for p in sorted((self.state / "replicas").glob("*/*.log"))]
+        return "\n".join([self.procs.logs(), *tails])
 
 
 def client(url: str) -> openai.OpenAI:
