@@ -27,6 +27,7 @@ from gateway.routing.eviction import Evict
 from gateway.routing.choice import Choice, Rejection, RouteRequest
 from gateway.routing.queue import GONE, WaitQueue, WaitQueues
 from gateway.routing.router import Router
+from gateway.routing import slo as targets
 from llmgw.state.clock import Clock
 from llmgw.state.keypolicy import PRIORITY_RANK
 from llmgw.tracing import NOOP_REQUEST
@@ -55,12 +56,14 @@ class Admission:
         router, tables = self.router, self.router.tables
         q = self.queues.get(call.model)
         trace.admitting(len(q))
+        slo = (targets.slo_of(plan.targets, self.clock.monotonic() - arrived if arrived is not None else 0.0,
+                              call.stream) if plan.targets else None)
         # The other workers' waiting requests count as this worker's: a slot that frees goes to the one
         # that ranks first among all of them, not to whichever request routes first (gateway.server.board).
         queued = len(q) + q.elsewhere()
         req = RouteRequest(call.model, plan.priority, plan.affinity, exclude, queued + 1, op=call.route.op,
                            pin=call.pin, prefix=plan.prefix, prompt_tokens=plan.prompt_tokens,
-                           objective=plan.objective, body=call.body, opens=plan.opens)
+                           objective=plan.objective, body=call.body, opens=plan.opens, slo=slo)
         res = router.route(req)
         # Who leaves the queue before it, in fair order (gateway.routing.fairness): its place in line.
         ahead = q.position(plan.tenant) - 1 if len(q) else 0
@@ -72,6 +75,8 @@ class Admission:
         step = decide(res, ahead, Request(plan.priority, canon, first, rate, cold_start=tables.cold_start.get(req.model),
                                           restart=restart, adapter=plan.adapter, continuation=continuation,
                                           displaces=displaces), self.settings)
+        if slo is not None:  # its latency targets: refused at once, or waiting no longer than they allow
+            step = targets.admit(step, res, slo, ahead + 1, rate)
         if isinstance(step, Queue):
             step = self._queue(step, res, q, req, call, plan, trace, failed_at, arrived)
         if isinstance(step, Send):
@@ -112,6 +117,8 @@ class Admission:
             return got
 
         got = self._wait(q, req, again, step.timeout, step.keep, call.client, trace, plan.tenant, step.head, arrived)
+        if req.slo is not None:
+            return targets.after_wait(after_wait(got, step), req.slo, step, self.settings.queue_timeout)
         return after_wait(got, step)
 
     def _wait(self, q: WaitQueue, req: RouteRequest, attempt: Callable[[], Choice | Rejection], timeout: float,

@@ -15,6 +15,7 @@ from gateway.http.answer import Answers, RawAnswer
 from gateway.http.attempt import Proxied, Sender
 from gateway.http.refusal import not_loaded, refusal
 from gateway.keys.gate import ASK, KeyGate
+from llmgw.state.keypolicy import ANONYMOUS
 from gateway.observe.metrics import Metrics
 from gateway.observe.saturation import SaturationSignals
 from gateway.observe.tracing import route_path
@@ -75,6 +76,9 @@ class Proxy:
         p = plan(call, tables, verdict.priority, verdict.tenant, environ.get("HTTP_X_SESSION_ID"), self.prefix_routing,
                  asked, key.slo() if key is not None else None)
         environ["llmgw.model"] = p.canon  # known: charts may count it
+        if p.targets:  # a refusal of it counts against its targets (`refused`)
+            environ["llmgw.targets"] = (key.id if key is not None else ANONYMOUS,
+                                        p.tenant.name if p.tenant is not None else ANONYMOUS)
         ex = Proxied(self.sender, call, p, verdict.key, rid, t0, environ.get("REQUEST_METHOD", "POST"), trace)
         hop = ex.send(first=True)
         try:
@@ -93,3 +97,7 @@ class Proxy:
         self.traffic.request(model, error=err.status >= 500, shed=err.kind in ("shed", "rate_limited"))
         if err.kind == "shed":
             self.saturation.shed(model)
+        targeted = environ.get("llmgw.targets")
+        if targeted is not None and err.kind != "client_gone":  # refused (early, or after a wait): not met
+            self.metrics.child(self.metrics.slo, model, targeted[1], "", "refused").inc()
+            self.gate.usage.targets(targeted[0], model, False)

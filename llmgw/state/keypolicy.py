@@ -437,7 +437,9 @@ def parse_table(raw: dict[str, str]) -> tuple[list[ApiKeyRecord], list[str]]:
 
 
 def usage_by_model(raw: dict[str, str]) -> dict[str, dict[str, int]]:
-    """A key's usage hash (`keys.usage`) as model -> {prompt_tokens, completion_tokens, requests}."""
+    """A key's usage hash (`keys.usage`) as model -> {prompt_tokens, completion_tokens, requests}, and
+    with latency targets (llmgw.slo) {slo_requests, slo_met}: the requests that had targets, and those
+    of them that met them (goodput)."""
     per_model: dict[str, dict[str, int]] = {}
     for field, value in raw.items():
         model, _, kind = field.rpartition(":")
@@ -448,7 +450,8 @@ def usage_by_model(raw: dict[str, str]) -> dict[str, dict[str, int]]:
     return per_model
 
 
-_USAGE_COLUMNS = {"prompt": "prompt_tokens", "completion": "completion_tokens", "requests": "requests"}
+_USAGE_COLUMNS = {"prompt": "prompt_tokens", "completion": "completion_tokens", "requests": "requests",
+                  "slo": "slo_requests", "slo_met": "slo_met"}
 
 
 def budget_status(rec: ApiKeyRecord, used: int, now: float) -> dict | None:
