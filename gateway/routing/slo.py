@@ -94,6 +94,32 @@ def after_wait(step: Send | Refuse, slo: Slo, queued: Queue, queue_timeout: floa
     return step
 
 
+def slack(slo: Slo, waited: float, result: Choice | Rejection, rate: float | None) -> float | None:
+    """Seconds a waiting request's first-byte target leaves it past the first byte it would get once the
+    next slot frees (the model completes `rate` requests a second when full; None: not known), having
+    waited `waited`; under 0 it will miss it unless it takes a slot now (eviction's `Waiting.slack`).
+    None: no target bounds its first byte."""
+    left = budget(slo)
+    if left is None:
+        return None
+    return left - waited - (_first(result, slo.stream) or 0.0) - (1.0 / rate if rate else 0.0)
+
+
+def running_slack(t: Targets, elapsed: float, running_for: float, began: bool) -> float | None:
+    """Seconds a running answer has to spare on its own targets if it is paused now (eviction's
+    `Running.slack`), `elapsed` after its request arrived, having run `running_for` on its replica;
+    `began`: its first byte went out. A time per token it would break: none to spare; a deadline: what
+    is left of it past as long again as it has run; a first byte still to come: what is left of its
+    target. None: nothing it has left to meet (so a pause costs it no target)."""
+    if t.tpot is not None:
+        return 0.0
+    if t.deadline is not None:
+        return t.deadline - elapsed - running_for
+    if t.ttft is not None and not began:
+        return t.ttft - elapsed
+    return None
+
+
 def due(arrived: float, t: Targets) -> float:
     """When a waiting request's first byte is due, on the clock of `arrived` (its target TTFT, else its
     deadline; inf: no target): the least due goes first once its slack runs short (Backlog.head)."""
