@@ -106,7 +106,7 @@ class Gateway:
         self.exchange = Exchange(counts, lambda: self.router.tables, clock, says_holds=cfg.routing.policy == "llmgw")
         self.pollers = Pollers(self.store, cfg, self.router, self.health, environ, on_loaded=self._list_loaded,
                                metrics=metrics)
-        self.kv_events = KvSubscriber(self.kv, lambda: self.router.endpoints, self.tokenizers)
+        self.kv_events = KvSubscriber(self.kv, lambda: self.router.endpoints, self.tokenizers, metrics.kv_index)
         self.keys = KeyTable(self.store, self.health, cfg.auth)
         self.usage = UsageRecorder(self.store, self.health, clock)
         self.gate = KeyGate(self.keys, self.usage, RateLimiter(self.rstore, self.health, clock), clock, metrics,

@@ -61,8 +61,8 @@ class Admission:
                               call.stream) if plan.targets else None)
         # The other workers' waiting requests count as this worker's: a slot that frees goes to the one
         # that ranks first among all of them, not to whichever request routes first (gateway.server.board).
-        queued = len(q) + q.elsewhere()
-        req = RouteRequest(call.model, plan.priority, plan.affinity, exclude, queued + 1, op=call.route.op,
+        elsewhere = q.elsewhere()
+        req = RouteRequest(call.model, plan.priority, plan.affinity, exclude, len(q) + elsewhere + 1, op=call.route.op,
                            pin=call.pin, prefix=plan.prefix, prompt_tokens=plan.prompt_tokens,
                            objective=plan.objective, body=call.body, opens=plan.opens, slo=slo)
         res = router.route(req)
@@ -78,7 +78,7 @@ class Admission:
                                                           targets.slack(slo, 0.0, res, rate) if slo else None), Evict))
         step = decide(res, ahead, Request(plan.priority, canon, first, rate, cold_start=tables.cold_start.get(req.model),
                                           restart=restart, adapter=plan.adapter, continuation=continuation,
-                                          displaces=displaces), self.settings)
+                                          displaces=displaces, elsewhere=elsewhere), self.settings)
         if slo is not None:  # its latency targets: refused at once, or waiting no longer than they allow
             step = targets.admit(step, res, slo, ahead + 1, rate)
         if isinstance(step, Queue):

@@ -97,6 +97,15 @@ class Metrics:
         self.other_gateways_inflight = Gauge("llmgw_gateway_other_gateways_inflight", "Requests the other gateways "
                                              "said they hold per endpoint, as the least informed worker of this "
                                              "gateway counts them", ["endpoint"], multiprocess_mode="livemin", **kw)
+        # Precise prefix routing (gateway.server.kvevents): how far each worker's index of an engine's KV
+        # events has got, as the least advanced worker has it (one that has not heard yet shows).
+        self.kv_index_batch = Gauge("llmgw_gateway_kv_index_batch", "The number of the last KV event batch of "
+                                    "the endpoint's engine folded into the prefix index (-1: none yet), as the "
+                                    "least advanced worker of this gateway has it", ["endpoint"],
+                                    multiprocess_mode="livemin", **kw)
+        self.kv_index_blocks = Gauge("llmgw_gateway_kv_index_blocks", "KV cache blocks the prefix index holds for "
+                                     "the endpoint, from its engine's events, as the least informed worker of "
+                                     "this gateway counts them", ["endpoint"], multiprocess_mode="livemin", **kw)
         # Fair queueing per API key (gateway.routing.fairness; `key` is the key's name): the service it
         # received in tokens (prompt tokens computed + LLMGW_GATEWAY_FAIR_OUTPUT_WEIGHT x tokens generated),
         # the seconds its requests waited in the queue, its requests sent, and its share of the model's
@@ -127,6 +136,11 @@ class Metrics:
         if c is None:
             c = self._children[key] = metric.labels(*labels)
         return c
+
+    def kv_index(self, endpoint: str, batch: int, blocks: int) -> None:
+        """Where this worker's KV index of `endpoint` stands (gateway.server.kvevents, after each batch)."""
+        self.child(self.kv_index_batch, endpoint).set(batch)
+        self.child(self.kv_index_blocks, endpoint).set(blocks)
 
     def render(self) -> bytes:
         if self.multiproc:

@@ -22,7 +22,12 @@ a full but much faster endpoint beats the open ones. Then:
 
 A continuation (an answer that began, resumed after its engine broke off or evicted from its slot) is
 work already admitted: it is never refused for saturation, counts against no queue bound, and waits
-at the head of its key's queue (`Queue.head`) up to the request's total timeout.
+at the head of its key's queue (`Queue.head`) up to the request's total timeout. Where others wait it
+takes no free slot before them: it lines up, and goes first only if it ranks first.
+
+Requests waiting in the sibling workers' queues count (`Request.elsewhere`): a new request does not
+take a slot that freed before the request that ranks first among all of them does (one order across
+the workers, gateway.server.board); it lines up with them and routes at once if it ranks first.
 
 Holds for a model or an adapter nothing serves yet:
 - Cold start: a model that autoscales from zero (a profile with `min: 0`, `Tables.cold_start`) and
@@ -137,6 +142,9 @@ class Request:
     # It outranks a running answer that may be evicted (gateway.routing.eviction): read only for a
     # saturated result; it then waits for that answer's slot instead of being shed.
     displaces: bool = False
+    # Requests of the model waiting in the sibling workers' queues (gateway.server.board): a slot that
+    # is free now goes to the one that ranks first among all of them, so this one lines up with them.
+    elsewhere: int = 0
 
 
 @dataclass(frozen=True)
@@ -167,10 +175,10 @@ def decide(result: Choice | Rejection, queued: int, req: Request, cfg: Settings)
     ahead of this one (its place in fair order, gateway.routing.fairness: all of them first come, first
     served)."""
     if req.continuation:
-        if isinstance(result, Choice):
+        if isinstance(result, Choice) and not (queued or req.elsewhere):
             return Send(result)
-        if result.kind == SATURATED:
-            return Queue(cfg.resume_wait, RESUMING, head=True)
+        if isinstance(result, Choice) or result.kind == SATURATED:  # others wait: it takes its place in order
+            return Queue(cfg.resume_wait, RESUMING, head=True, give_back=isinstance(result, Choice))
         queued = 0  # a hold below never refuses it for a full queue
     if isinstance(result, Rejection):
         if result.kind == "unknown_model" and req.cold_start is not None:
@@ -192,6 +200,10 @@ def decide(result: Choice | Rejection, queued: int, req: Request, cfg: Settings)
             return Queue(held.timeout, ADAPTER_LOAD, (SATURATED, "unknown_model", NO_ADAPTER), demand=demand)
     if req.displaces and needs_rate(result):  # it takes a running answer's slot: it waits for it
         return Queue(cfg.queue_timeout, SATURATED)
+    if req.elsewhere and req.first and isinstance(result, Choice) and req.priority != "critical":
+        if req.priority in SHED_FIRST:  # standard requests wait (in a sibling worker)
+            return Refuse(Shed("model saturated; sheddable requests are rejected first", 1), SATURATED, give_back=True)
+        return Queue(cfg.queue_timeout, SATURATED, give_back=True)
     drain = drain_time(queued + 1, req.rate) if needs_rate(result) else None
     verdict = admit(result, req.priority, queued if req.first else 0, cfg.queue_max, cfg.queue_timeout, drain)
     reserved = isinstance(result, Choice)

@@ -82,7 +82,7 @@ def test_a_continuation_is_never_refused_for_saturation_and_waits_at_the_head():
     for prio in ("sheddable", "batch", "standard", "critical"):
         step = decide(SAT, 64, Request(prio, "m", first=False, rate=0.01, continuation=True), cfg)
         assert step == Queue(600, RESUMING, head=True)  # a full queue and a slow fleet: still queued
-    assert decide(OK, 64, Request("sheddable", "m", continuation=True), cfg) == Send(OK)
+    assert decide(OK, 0, Request("sheddable", "m", continuation=True), cfg) == Send(OK)
     # a restart hold never sheds it for a full queue either
     held = decide(Rejection("no_ready", "m"), 64, Request("standard", "m", restart=30, continuation=True), cfg)
     assert isinstance(held, Queue) and held.timeout == 30
@@ -127,3 +127,22 @@ def test_a_higher_class_waits_ahead_of_a_lower_ones_continuation_whatever_the_co
     assert b.head(led, "m") == "interactive"
     b.remove(team, "interactive")
     assert b.head(led, "m") == "batch line, evicted"
+
+
+def test_where_others_wait_a_continuation_or_a_newcomer_lines_up_instead_of_taking_the_free_slot():
+    from gateway.routing.admission import RESUMING, SATURATED, Queue, Refuse, Request, Settings, decide
+
+    cfg = Settings(queue_max=4, queue_timeout=5, resume_wait=600)
+    # a continuation takes a free slot only when nobody waits, here or in a sibling worker
+    assert decide(OK, 0, Request("standard", "m", first=False, continuation=True), cfg) == Send(OK)
+    assert decide(OK, 2, Request("standard", "m", first=False, continuation=True), cfg) == \
+        Queue(600, RESUMING, head=True, give_back=True)
+    assert decide(OK, 0, Request("standard", "m", first=False, continuation=True, elsewhere=3), cfg) == \
+        Queue(600, RESUMING, head=True, give_back=True)
+    # a new request lines up with the sibling workers' waiting requests (the queue's order decides)
+    assert decide(OK, 0, Request("standard", "m", elsewhere=3), cfg) == Queue(5, SATURATED, give_back=True)
+    assert decide(OK, 0, Request("standard", "m", elsewhere=0), cfg) == Send(OK)
+    assert decide(OK, 0, Request("critical", "m", elsewhere=3), cfg) == Send(OK)  # critical never waits
+    shed = decide(OK, 0, Request("sheddable", "m", elsewhere=3), cfg)
+    assert isinstance(shed, Refuse) and shed.give_back
+    assert decide(OK, 0, Request("standard", "m", first=False, elsewhere=3), cfg) == Send(OK)  # a retry
