@@ -49,7 +49,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Sequence
 
 from gateway.config import GatewaySettings
-from gateway.routing.admission import Queue
+from gateway.routing.admission import Queue, Refuse
 from gateway.routing.choice import Choice, Slo
 from gateway.routing.prefixkeys import opens_conversation, prefix_of
 from llmgw.state.keypolicy import Tenant
@@ -256,6 +256,7 @@ class Req:
     # the time since is its `waited`), and when its first byte is due; None / inf: none.
     slo: Slo | None = None
     due: float = math.inf
+    refusal: Refuse | None = None  # the admission step that refused it (its 429's reason and Retry-After)
 
 
 @dataclass

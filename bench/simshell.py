@@ -126,6 +126,7 @@ class GatewayShell:
             return
         if step.give_back:
             self.router.release(res, None)
+        req.refusal = step
         self.sim.finish(req, "shed" if answered_as_shed(step) else "error")
 
     def drain(self) -> None:
