@@ -1,13 +1,13 @@
 """A model's `slo:` block in the catalog: the latency targets its requests get when neither their
-headers nor their key set them (llmgw.slo), and the share of requests that must meet them before the
-autoscaler adds replicas (workers/control/autoscale.py).
+headers nor their key set them (llmgw.slo), and the share of requests that must meet them (read and
+validated; the autoscaler, workers/control/autoscale.py, does not scale on it yet).
 
     slo:
       ttft: 500ms        # first byte within 500 ms of arrival
       tpot: 80ms         # at most 80 ms per output token after the first
       deadline: 60s      # the whole answer within 60 s
       strict: false      # true: a request predicted to miss them is refused at once (429)
-      attainment: 0.99   # the share that must meet them (autoscaling on attainment)
+      attainment: 0.99   # the share that must meet them (read and checked; the autoscaler does not use it yet)
 
 Durations are written with their unit (`500ms`, `0.5s`, `2s`, `5m`); published on each endpoint
 (EndpointInfo.slo_ttft, slo_tpot, slo_deadline, slo_strict) for the gateways to read.
