@@ -49,8 +49,8 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Sequence
 
 from gateway.config import GatewaySettings
-from gateway.routing.admission import Queue
-from gateway.routing.choice import Choice
+from gateway.routing.admission import Queue, Refuse
+from gateway.routing.choice import Choice, Slo
 from gateway.routing.prefixkeys import opens_conversation, prefix_of
 from llmgw.state.keypolicy import Tenant
 from llmgw.state.records import EndpointInfo, LoadRecord
@@ -252,6 +252,11 @@ class Req:
     charge: object | None = None
     queued_at: float = 0.0
     in_queue: bool = False
+    # Its latency targets (bench/slo.py), as routing reads them from its arrival (gateway.routing.slo:
+    # the time since is its `waited`), and when its first byte is due; None / inf: none.
+    slo: Slo | None = None
+    due: float = math.inf
+    refusal: Refuse | None = None  # the admission step that refused it (its 429's reason and Retry-After)
 
 
 @dataclass

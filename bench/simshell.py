@@ -24,6 +24,7 @@ from types import SimpleNamespace
 from typing import Callable, Protocol, Sequence
 
 from gateway.config import GatewaySettings
+from gateway.routing import slo as targets
 from gateway.routing.admission import (Queue, Request, Send, Settings, after_wait, answered_as_shed, decide,
                                        needs_rate, needs_restart)
 from gateway.routing.choice import COMPLETION, FIRST_TOKEN, Choice, Rejection, RouteRequest
@@ -93,20 +94,24 @@ class GatewayShell:
         if self.peer is not None:
             self.send(req, self.peer.choose(req, self.router.endpoints))
             return
-        cfg, router, queue = self.sim.cfg, self.router, self.queue
+        cfg, router, queue, now = self.sim.cfg, self.router, self.queue, self.sim.now
         tenant = req.tenant or NO_TENANT
-        res = router.route(self.request(req, len(queue) + 1))
-        # Who leaves the queue before it, in fair order (gateway.routing.fairness): its place in line.
-        ahead = queue.position(tenant, self.ledger.fcfs) - 1 if queue else 0
-        step = decide(res, ahead, Request(req.priority, MODEL, req.attempt == 0,
-                                          router.completion_rate(MODEL) if needs_rate(res) else None,
+        slo = req.slo
+        res = router.route(self.request(req, len(queue) + 1, waited=now - req.arrival if slo else 0.0))
+        # Who leaves the queue before it, in fair order (gateway.routing.fairness), or by its due time
+        # when its latency target is near (gateway.routing.slo): its place in line.
+        ahead = queue.position(tenant, self.ledger.fcfs, req.due, now, cfg.slo_urgent) - 1 if queue else 0
+        rate = router.completion_rate(MODEL) if needs_rate(res) else None
+        step = decide(res, ahead, Request(req.priority, MODEL, req.attempt == 0, rate,
                                           restart=(cfg.restart_hold or None) if needs_restart(res) else None),
                       Settings(cfg.queue_max, cfg.queue_timeout))
+        if slo is not None:  # gateway.http.admit does the same after `decide`
+            step = targets.admit(step, res, slo, ahead + 1, rate)
         if isinstance(step, Queue):
             if step.give_back:
                 router.release(res, None)
             req.deadline, req.waiting, req.queued_at = self.sim.now + step.timeout, step, self.sim.now
-            queue.push(tenant, req, self.ledger, MODEL)
+            queue.push(tenant, req, self.ledger, MODEL, due=req.due)
             req.in_queue = True
             self.sim.at(req.deadline, "timeout", (self, req))
             if self.drain_on_join:
@@ -121,23 +126,31 @@ class GatewayShell:
             return
         if step.give_back:
             self.router.release(res, None)
+        req.refusal = step
         self.sim.finish(req, "shed" if answered_as_shed(step) else "error")
 
     def drain(self) -> None:
         """The queue's head routes while endpoints free (WaitQueue.wait's loop)."""
-        queue, now = self.queue, self.sim.now
+        queue, now, urgent = self.queue, self.sim.now, self.sim.cfg.slo_urgent
         while queue:
-            head = queue.head(self.ledger, MODEL)
+            head = queue.head(self.ledger, MODEL, now, urgent)
             res = self.router.route(self.request(head, 1, waited=now - head.arrival))
             if isinstance(res, Rejection) and res.kind in head.waiting.keep:
                 return
             self._leave(head)
-            self.carry_out(head, after_wait(res, head.waiting))
+            self.carry_out(head, self._after_wait(head, res))
 
     def timeout(self, req) -> None:
         if req.in_queue and self.sim.now >= req.deadline:
             self._leave(req)
-            self.carry_out(req, after_wait(None, req.waiting))
+            self.carry_out(req, self._after_wait(req, None))
+
+    def _after_wait(self, req, res):
+        """admission.after_wait, and for a request with targets gateway.routing.slo's (as the proxy)."""
+        step = after_wait(res, req.waiting)
+        if req.slo is not None:
+            step = targets.after_wait(step, req.slo, req.waiting, self.sim.cfg.queue_timeout)
+        return step
 
     def _leave(self, req) -> None:
         tenant = req.tenant or NO_TENANT
@@ -151,7 +164,7 @@ class GatewayShell:
         request, so it carries its prompt's block keys and minimises its first token."""
         return RouteRequest(MODEL, req.priority, None, req.exclude, queued, waited=waited, prefix=req.keys,
                             prompt_tokens=req.prompt_estimate, objective=FIRST_TOKEN if req.keys else COMPLETION,
-                            opens=req.opens)
+                            opens=req.opens, slo=req.slo)
 
     def send(self, req, choice: Choice) -> None:
         sim = self.sim

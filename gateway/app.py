@@ -93,7 +93,7 @@ class Gateway:
         # serves alone): one order across the workers, and evictions of each other's answers.
         board = siblings.board if siblings is not None else None
         self.queues = WaitQueues(cfg.queue_max, clock.monotonic, model_of=self._model_of, ledger=self.ledger,
-                                 order=board)
+                                 order=board, urgent=cfg.slo_urgent)
         # Precise prefix routing: the engines' KV events and the tokenizers to match prompts with.
         self.tokenizers = Tokenizers(environ if environ is not None else os.environ)
         self.kv = SharedIndex()
@@ -125,7 +125,8 @@ class Gateway:
             clock.time, clock.monotonic)
         # Running answers a request that ranks first may evict (gateway.routing.eviction).
         self.evictions = Evictions(
-            eviction.Settings(cfg.evict, cfg.evict_margin, cfg.evict_min_run, cfg.evict_max), clock, self.ledger,
+            eviction.Settings(cfg.evict, cfg.evict_margin, cfg.evict_min_run, cfg.evict_max, cfg.evict_slack), clock,
+            self.ledger,
             self.queues.model_of, metrics, board)
         # How the requests that ask (X-LLMGW-Explain) were served: `llmgw explain REQUEST_ID`, the playground.
         self.explained = ExplainLog()

@@ -114,6 +114,16 @@ class RoutingConfig(RoutingTuning):
     # can serve, instead of costing a retry on every request until the publisher drops it.
     eject_for: Seconds = env("LLMGW_GATEWAY_EJECT_FOR", default=5.0, ge=0,
                              meaning="seconds an endpoint that refused a connection is passed over while its peers can serve (0: never)")
+    # Latency targets (llmgw.slo): a request whose first byte (else whole answer) has more than
+    # `slo_lax` seconds to spare on the endpoints that meet its targets is lax, and does not take the
+    # model's last `slo_reserve` free slots: it waits in the gateway's queue, where it still has time,
+    # and a request with a tight target that arrives meanwhile finds a slot free.
+    slo_reserve: float = env("LLMGW_GATEWAY_SLO_RESERVE", default=1, ge=0,
+                             meaning="free slots of a model a request with lax latency targets leaves to "
+                                     "requests with tight ones (0: none)")
+    slo_lax: Seconds = env("LLMGW_GATEWAY_SLO_LAX", default=2.0, ge=0,
+                           meaning="seconds to spare on its targets past which a request is lax (leaves the "
+                                   "reserved slots, LLMGW_GATEWAY_SLO_RESERVE)")
 
 
 class GatewaySettings(Settings):
@@ -182,6 +192,16 @@ class GatewaySettings(Settings):
                                  meaning="seconds an answer runs on its replica before it may be evicted")
     evict_max: int = env("LLMGW_GATEWAY_EVICT_MAX", default=2, ge=0, le=100,
                          meaning="times one answer may be evicted (then it runs to its end)")
+    # Latency targets in the queue (gateway.routing.ledger.Backlog.head): a waiter with less than this many
+    # seconds of slack goes first, the least slack first; fair share decides while every waiter has more.
+    slo_urgent: Seconds = env("LLMGW_GATEWAY_SLO_URGENT", default=1.0, ge=0,
+                              meaning="seconds of slack on its first-byte target under which a waiting request goes "
+                                      "first, least slack first (fair share decides while all have more)")
+    # ... and in eviction (gateway.routing.eviction.outranks): a request that would miss its first-byte
+    # target evicts a running answer (of its class or below) with at least this much slack on its own.
+    evict_slack: Seconds = env("LLMGW_GATEWAY_EVICT_SLACK", default=5.0, ge=0,
+                               meaning="seconds of slack a running answer keeps on its targets for a request that "
+                                       "would miss its first-byte target to evict it (no targets: any)")
     pause_keepalive: Seconds = env("LLMGW_GATEWAY_PAUSE_KEEPALIVE", default=5.0, ge=0.1,
                                    meaning="seconds between the SSE comment lines a paused stream sends while it waits "
                                            "for a slot, so proxies with idle timeouts keep it open")

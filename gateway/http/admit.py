@@ -6,6 +6,7 @@ tenant, gateway.routing.queue), or raise the refusal (worded by gateway.http.ref
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import replace
 from typing import Callable, Collection
 
@@ -27,6 +28,7 @@ from gateway.routing.eviction import Evict
 from gateway.routing.choice import Choice, Rejection, RouteRequest
 from gateway.routing.queue import GONE, WaitQueue, WaitQueues
 from gateway.routing.router import Router
+from gateway.routing import slo as targets
 from llmgw.state.clock import Clock
 from llmgw.state.keypolicy import PRIORITY_RANK
 from llmgw.tracing import NOOP_REQUEST
@@ -55,23 +57,30 @@ class Admission:
         router, tables = self.router, self.router.tables
         q = self.queues.get(call.model)
         trace.admitting(len(q))
+        slo = (targets.slo_of(plan.targets, self.clock.monotonic() - arrived if arrived is not None else 0.0,
+                              call.stream) if plan.targets else None)
         # The other workers' waiting requests count as this worker's: a slot that frees goes to the one
         # that ranks first among all of them, not to whichever request routes first (gateway.server.board).
         elsewhere = q.elsewhere()
         req = RouteRequest(call.model, plan.priority, plan.affinity, exclude, len(q) + elsewhere + 1, op=call.route.op,
                            pin=call.pin, prefix=plan.prefix, prompt_tokens=plan.prompt_tokens,
-                           objective=plan.objective, body=call.body, opens=plan.opens)
+                           objective=plan.objective, body=call.body, opens=plan.opens, slo=slo)
         res = router.route(req)
-        # Who leaves the queue before it, in fair order (gateway.routing.fairness): its place in line.
-        ahead = q.position(plan.tenant) - 1 if len(q) else 0
+        # Who leaves the queue before it, in fair order (gateway.routing.fairness), or by its due time when
+        # its latency target is near (gateway.routing.slo.due): its place in line.
+        due = targets.due(arrived, plan.targets) if slo is not None and arrived is not None else math.inf
+        ahead = q.position(plan.tenant, due) - 1 if len(q) else 0
         canon = plan.canon
         rate = router.completion_rate(req.model) if needs_rate(res) else None
         restart = (self.cfg.restart_hold or None) if needs_restart(res) and router.had_replica(canon) else None
         displaces = (self.evictions is not None and needs_rate(res) and not continuation
-                     and isinstance(self.evictions.decide(call, plan, tables, exclude), Evict))
+                     and isinstance(self.evictions.decide(call, plan, tables, exclude,
+                                                          targets.slack(slo, 0.0, res, rate) if slo else None), Evict))
         step = decide(res, ahead, Request(plan.priority, canon, first, rate, cold_start=tables.cold_start.get(req.model),
                                           restart=restart, adapter=plan.adapter, continuation=continuation,
                                           displaces=displaces, elsewhere=elsewhere), self.settings)
+        if slo is not None:  # its latency targets: refused at once, or waiting no longer than they allow
+            step = targets.admit(step, res, slo, ahead + 1, rate)
         if isinstance(step, Queue):
             step = self._queue(step, res, q, req, call, plan, trace, failed_at, arrived)
         if isinstance(step, Send):
@@ -106,17 +115,23 @@ class Admission:
             exclude = lift(router.tables.by_id)
             got = router.route(replace(req, queued=1, waited=self.clock.monotonic() - entered, exclude=exclude))
             if evictions is not None and isinstance(got, Rejection) and got.kind == SATURATED and step.why != RESUMING:
-                soon = evictions.consider(call, plan, router.tables, exclude, pending)
+                slack = (targets.slack(req.slo, self.clock.monotonic() - entered, got, router.completion_rate(req.model))
+                         if req.slo is not None else None)
+                soon = evictions.consider(call, plan, router.tables, exclude, pending, slack)
                 if soon is not None and (got.retry_in is None or soon < got.retry_in):
                     got = replace(got, retry_in=max(0.001, soon))  # look again when it may evict
             return got
 
-        got = self._wait(q, req, again, step.timeout, step.keep, call.client, trace, plan.tenant, step.head, arrived)
+        due = targets.due(arrived, plan.targets) if req.slo is not None and arrived is not None else math.inf
+        got = self._wait(q, req, again, step.timeout, step.keep, call.client, trace, plan.tenant, step.head, arrived,
+                         due)
+        if req.slo is not None:
+            return targets.after_wait(after_wait(got, step), req.slo, step, self.settings.queue_timeout)
         return after_wait(got, step)
 
     def _wait(self, q: WaitQueue, req: RouteRequest, attempt: Callable[[], Choice | Rejection], timeout: float,
               keep: Collection[str], client: ClientConn, trace, tenant, head: bool,
-              arrived: float | None) -> Choice | Rejection | None:
+              arrived: float | None, due: float = math.inf) -> Choice | Rejection | None:
         """Wait in `q`; a client that leaves meanwhile takes its request out of the queue (never sent)."""
         gauge = self.metrics.queue.labels(req.model)
         gauge.inc()
@@ -124,7 +139,7 @@ class Admission:
         outcome = "left"  # an exception ends the wait: the client went away, or the worker stops
         try:
             res = q.wait(attempt, timeout, keep=keep, gone=client.gone, watch=client.when_readable, tenant=tenant,
-                         head=head, rank=PRIORITY_RANK.get(req.priority, 1), arrived=arrived)
+                         head=head, rank=PRIORITY_RANK.get(req.priority, 1), arrived=arrived, due=due)
             outcome = queue_outcome(res)
         finally:
             gauge.dec()

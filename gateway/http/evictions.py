@@ -137,7 +137,8 @@ class Evictions:
         led = self.ledger
         return lambda key: led.counter(model, key)
 
-    def waiting(self, call: Call, plan: Plan, endpoints: frozenset[str] | None) -> ev.Waiting:
+    def waiting(self, call: Call, plan: Plan, endpoints: frozenset[str] | None,
+                slack: float | None = None) -> ev.Waiting:
         model = self.model_of(call.model)
         tenant = plan.tenant
         key = tenant.key if tenant is not None else ""
@@ -148,14 +149,17 @@ class Evictions:
             turn = estimate(prompt_estimate(plan.prompt_tokens, len(call.data or b"")), 0.0,
                             output_estimate(most, None, True), self.ledger.output_weight)
         weight = tenant.weight if tenant is not None else 1.0
-        return ev.Waiting(plan.priority, key, self.ledger.counter(model, key) if key else 0.0, turn / weight, endpoints)
+        return ev.Waiting(plan.priority, key, self.ledger.counter(model, key) if key else 0.0, turn / weight, endpoints,
+                          slack)
 
-    def decide(self, call: Call, plan: Plan, tables: Tables, exclude: frozenset[str]) -> ev.Evict | ev.Keep:
-        """What eviction says for a request of a saturated model (pure, over what runs now)."""
+    def decide(self, call: Call, plan: Plan, tables: Tables, exclude: frozenset[str],
+               slack: float | None = None) -> ev.Evict | ev.Keep:
+        """What eviction says for a request of a saturated model (pure, over what runs now); `slack`:
+        what its first-byte target leaves it (gateway.routing.slo.slack; None: no target)."""
         if not self.settings.enabled:
             return ev.Keep("eviction is off (LLMGW_GATEWAY_EVICT=0)")
         model = self.model_of(call.model)
-        w = self.waiting(call, plan, serving(tables, call.model, exclude))
+        w = self.waiting(call, plan, serving(tables, call.model, exclude), slack)
         running = self.running(model)
         board = self.board
         if board is not None:
@@ -166,7 +170,7 @@ class Evictions:
         return got
 
     def consider(self, call: Call, plan: Plan, tables: Tables, exclude: frozenset[str],
-                 pending: set[int]) -> float | None:
+                 pending: set[int], slack: float | None = None) -> float | None:
         """A waiting request that ranks first found its model saturated: evict the answer eviction
         names, unless one it evicted already has not given its slot back yet (`pending`, its own).
         Returns when to look again, when an answer it outranks will soon be evictable."""
@@ -177,7 +181,7 @@ class Evictions:
         if any(i > 0 for i in pending) or (board is not None and board.pending({i for i in pending if i < 0})):
             return None
         pending.clear()
-        got = self.decide(call, plan, tables, exclude)
+        got = self.decide(call, plan, tables, exclude, slack)
         if not isinstance(got, ev.Evict):
             return got.retry_in
         victim = got.victim

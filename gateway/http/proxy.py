@@ -15,12 +15,14 @@ from gateway.http.answer import Answers, RawAnswer
 from gateway.http.attempt import Proxied, Sender
 from gateway.http.refusal import not_loaded, refusal
 from gateway.keys.gate import ASK, KeyGate
+from llmgw.state.keypolicy import ANONYMOUS
 from gateway.observe.metrics import Metrics
 from gateway.observe.saturation import SaturationSignals
 from gateway.observe.tracing import route_path
 from gateway.observe.traffic import TrafficCounter
 from gateway.request.call import read_call
 from gateway.request.plan import plan
+from gateway.request.targets import asked as asked_targets
 from gateway.request.surface import Route
 from gateway.routing.choice import Rejection, RouteRequest
 from gateway.routing.router import Router
@@ -55,6 +57,7 @@ class Proxy:
         if route.by_id and not router.tables.loaded:
             raise not_loaded(self.not_ready())
         call = read_call(route, response_id, environ, router.tables, self.cfg.max_body_bytes, rid)
+        asked = asked_targets(environ)  # its latency targets' headers (400 naming a bad one)
         tables = router.tables
         known = call.model in tables.known_models if tables.loaded else None
         verdict = gate.check(environ, call.model, known, route.by_id, key)
@@ -69,8 +72,13 @@ class Proxy:
             router.requested(call.model)
         if verdict.key is not None and verdict.key.budget:
             call = call.with_usage()
-        p = plan(call, tables, verdict.priority, verdict.tenant, environ.get("HTTP_X_SESSION_ID"), self.prefix_routing)
+        key = verdict.key
+        p = plan(call, tables, verdict.priority, verdict.tenant, environ.get("HTTP_X_SESSION_ID"), self.prefix_routing,
+                 asked, key.slo() if key is not None else None)
         environ["llmgw.model"] = p.canon  # known: charts may count it
+        if p.targets:  # a refusal of it counts against its targets (`refused`)
+            environ["llmgw.targets"] = (key.id if key is not None else ANONYMOUS,
+                                        p.tenant.name if p.tenant is not None else ANONYMOUS)
         ex = Proxied(self.sender, call, p, verdict.key, rid, t0, environ.get("REQUEST_METHOD", "POST"), trace)
         hop = ex.send(first=True)
         try:
@@ -89,3 +97,7 @@ class Proxy:
         self.traffic.request(model, error=err.status >= 500, shed=err.kind in ("shed", "rate_limited"))
         if err.kind == "shed":
             self.saturation.shed(model)
+        targeted = environ.get("llmgw.targets")
+        if targeted is not None and err.kind != "client_gone":  # refused (early, or after a wait): not met
+            self.metrics.child(self.metrics.slo, model, targeted[1], "", "refused").inc()
+            self.gate.usage.targets(targeted[0], model, False)

@@ -10,6 +10,7 @@ from gateway.keys.policy import unknown_model
 from gateway.routing.adapters import NO_ADAPTER
 from gateway.routing.admission import ADAPTER_LOAD, COLD_START, RESTART, RESUMING, Refuse, Shed, TimedOut, retry_after
 from gateway.routing.choice import Rejection, RouteRequest
+from gateway.routing.slo import SLO_MISS
 from gateway.routing.retry import GiveUp, Outcome
 from gateway.routing.tables import Tables
 from llmgw import surface as op
@@ -56,6 +57,9 @@ def refusal(why: Rejection | Shed | TimedOut, req: RouteRequest, tables: Tables,
 
 def refused(step: Refuse, req: RouteRequest, tables: Tables, last_error: ApiError | None = None) -> ApiError:
     """The answer to admission's `Refuse`."""
+    if step.shed == SLO_MISS and isinstance(step.error, Shed):  # gateway.routing.slo: predicted to miss its targets
+        return ApiError("shed", f"model {req.model!r} cannot serve this request within its latency targets: "
+                        f"{step.error.reason}", step.error.retry_after)
     if step.during == RESUMING and isinstance(step.error, TimedOut):
         return ApiError("no_replica", f"no replica of model {req.model!r} took the rest of the answer within "
                         f"{step.hold:g}s", 1)

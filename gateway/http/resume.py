@@ -22,6 +22,7 @@ from typing import Callable, Iterator
 from gateway.errors import ApiError
 from gateway.http.attempt import Proxied, Hop
 from gateway.routing import eviction as ev
+from gateway.routing.slo import running_slack
 from gateway.routing.router import Lease
 from gateway.upstream import resume as rs
 from gateway.upstream.rewrite import AnswerRewrite
@@ -272,8 +273,10 @@ class ResumingBody(StreamBody):
         """This answer as eviction reads it."""
         plan, hop = self.ex.plan, self.hop
         key = plan.tenant.key if plan.tenant is not None else ""
+        slack = (running_slack(plan.targets, now - self.ex.t0, now - hop.sent_at, self.first is not None)
+                 if plan.targets else None)
         return ev.Running(ident, hop.choice.endpoint.id, plan.priority, key, counter(key) if key else 0.0,
-                          self.pieces, now - hop.sent_at, self.evictions, self.fixed())
+                          self.pieces, now - hop.sent_at, self.evictions, self.fixed(), slack)
 
     @property
     def klass(self) -> str:

@@ -1,6 +1,7 @@
 """What an answer counts, when its first bytes come and when it ends: the metrics, the console's
-traffic, the key's usage, the tenant's charge corrected by what the answer reported, and the sample
-the router learns from (given back with the slot)."""
+traffic, the key's usage, the tenant's charge corrected by what the answer reported, the sample
+the router learns from (given back with the slot), what the router predicted beside what happened (its
+error per engine), and whether the request met its latency targets (goodput, llmgw.slo)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from gateway.http.attempt import Proxied, Hop
 from gateway.keys.usage import UsageRecorder
 from gateway.observe.metrics import Metrics
 from gateway.observe.traffic import TrafficCounter
+from gateway.routing.choice import Choice
 from gateway.routing.router import Lease
+from llmgw.slo import met, missed
 from llmgw.state.clock import Clock
 from llmgw.state.keypolicy import ANONYMOUS
 
@@ -61,6 +64,10 @@ class Tally:
         t_send, first_at = self.hop.sent_at, self.first_at
         lease.release((now - t_send) if ok and learn else None, usage[1] if usage and learn else None,
                       (first_at - t_send) if ok and learn and first_at is not None else None)
+        if ok and learn and lease.choice.predicted_ttft is not None:
+            self.predicted(lease.choice, ep.engine, now - t_send, first_at, usage)
+        if ex.plan.targets and charted:  # (not charted: the refusal raised next counts it)
+            self.judged(ep.id, now, ok, usage)
         child = metrics.child
         child(metrics.requests, model, ep.id, str(status) if completed else "aborted").inc()
         child(metrics.latency, model).observe(now - ex.t0)
@@ -81,3 +88,37 @@ class Tally:
             budget = key.period(self.clock.time()) if key is not None and key.budget else None
             self.usage.record(key.id if key else ANONYMOUS, ep.model or model, *(usage or (0, 0)),
                               limited=bool(key and key.tpm), budget=budget)
+
+    def predicted(self, choice: Choice, engine: str, total: float, first_at: float | None, usage) -> None:
+        """What the router predicted for this answer (gateway.routing.choice.predict) beside what it took
+        from the send: a stream's first token and time per token, a whole answer's total."""
+        metrics = self.metrics
+        err = metrics.prediction_error
+        if first_at is None:
+            if total > 0:
+                metrics.child(err, engine, "total").observe(abs(choice.predicted_total - total) / total)
+            return
+        first = first_at - self.hop.sent_at
+        if first > 0:
+            metrics.child(err, engine, "ttft").observe(abs(choice.predicted_ttft - first) / first)
+        tpot = choice.predicted_tpot
+        if tpot is not None and usage and usage[1] > 1:
+            actual = (total - first) / (usage[1] - 1)
+            if actual > 0:
+                metrics.child(err, engine, "tpot").observe(abs(tpot - actual) / actual)
+
+    def judged(self, endpoint: str, now: float, ok: bool, usage) -> None:
+        """A request with latency targets ended: whether it met them, counted per model, key and endpoint
+        (and in the key's usage), and said in its trace (`llmgw explain`)."""
+        ex = self.ex
+        t, t0, first_at = ex.plan.targets, ex.t0, self.first_at
+        ttft = (first_at if first_at is not None else now) - t0
+        tpot = (now - first_at) / (usage[1] - 1) if first_at is not None and usage and usage[1] > 1 else None
+        total = now - t0 if ok else None
+        good = met(t, ttft, tpot, total)
+        key = ex.key
+        tenant = ex.plan.tenant
+        name = tenant.name if tenant is not None else (key.name if key is not None else ANONYMOUS)
+        self.metrics.child(self.metrics.slo, ex.plan.canon, name, endpoint, "met" if good else "missed").inc()
+        self.usage.targets(key.id if key is not None else ANONYMOUS, ex.plan.canon, good)
+        ex.trace.targets(t.describe(), "" if good else missed(t, ttft, tpot, total), self.hop.choice.predicted_ttft)

@@ -27,7 +27,8 @@ class UsageRecorder:
     def __init__(self, store: Store, health: RedisHealth, clock: Clock):
         self.store, self.health, self.clock = store, health, clock
         self.lock = threading.Lock()
-        self.usage: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0])
+        # (key id, model) -> [prompt, completion, requests, requests with targets, of them met]
+        self.usage: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0, 0, 0])
         self.tpm: dict[tuple[str, int], int] = defaultdict(int)
         # Budgets: tokens counted here that the last read of Redis did not hold yet, per (key id,
         # period id) -> [tokens, counter TTL] ...
@@ -56,6 +57,16 @@ class UsageRecorder:
             if limited and prompt + completion:
                 self.tpm[(key_id, int(self.clock.time() // 60))] += prompt + completion
 
+    def targets(self, key_id: str, model: str, met: bool) -> None:
+        """A request with latency targets ended (met them, or not: missed, refused early): `llmgw usage`
+        shows each key's goodput on each model."""
+        with self.lock:
+            if len(self.usage) > self.MAX_PENDING:
+                return
+            u = self.usage[(key_id, model)]
+            u[3] += 1
+            u[4] += met
+
     def flush(self, read: list[tuple[str, str]] | None = None) -> None:
         """Write what was counted; `read`: the (key id, period id) budget counters to read back."""
         read = read or []
@@ -65,7 +76,7 @@ class UsageRecorder:
             batch = {k: (n, ttl) for k, (n, ttl) in self.budget_pending.items()}
             if not usage and not tpm and not batch and not read:
                 return
-            self.usage, self.tpm = defaultdict(lambda: [0, 0, 0]), defaultdict(int)
+            self.usage, self.tpm = defaultdict(lambda: [0, 0, 0, 0, 0]), defaultdict(int)
         try:
             totals = self.store.add_usage(usage, tpm, batch, read)
             self.health.succeeded()

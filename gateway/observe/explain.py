@@ -127,6 +127,11 @@ class Recorder:
         self.inner.finish(status, completed, usage)
         self._end(status, completed, tuple(usage[:2]) if usage else None, "")
 
+    def targets(self, targets: str, missed: str, predicted: float | None) -> None:
+        self.steps.append({"kind": "targets", "targets": targets, "missed": missed,
+                           "predicted": round(predicted, 4) if predicted is not None else None})
+        self.inner.targets(targets, missed, predicted)
+
     def refused(self, status: int, kind: str, message: str) -> None:
         self.inner.refused(status, kind, message)
         self._end(status, False, None, f"{kind}: {message}")

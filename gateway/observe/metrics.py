@@ -11,6 +11,8 @@ import os
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+# |predicted - actual| / actual of the router's predictions (gateway.routing.choice.predict)
+ERROR_BUCKETS = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1, 2, 5)
 
 
 class Metrics:
@@ -65,6 +67,16 @@ class Metrics:
                                       "an eviction or a break), by whether the engine served them from its prefix "
                                       "cache (cached) or computed them (computed), as its usage reported",
                                       ["model", "kind"], **kw)
+        # Latency targets (llmgw.slo): what the router predicted beside what happened, per engine (its
+        # first token, time per token and whole answer), and the requests with targets by outcome
+        # (met, missed, refused early): goodput is met over all three.
+        self.prediction_error = Histogram("llmgw_gateway_prediction_error", "|predicted - actual| / actual of the "
+                                          "router's prediction of an answer, by engine and what (ttft: a stream's "
+                                          "first token, tpot: its time per token, total: a whole answer), from the "
+                                          "send", ["engine", "what"], buckets=ERROR_BUCKETS, **kw)
+        self.slo = Counter("llmgw_gateway_slo_requests", "Requests with latency targets by model, key, endpoint and "
+                           "outcome (met, missed, refused: refused early as predicted to miss); goodput is "
+                           "met / all", ["model", "key", "endpoint", "outcome"], **kw)
         # Prefix-cache routing (gateway.routing.prefixkeys): what the gateway expected each endpoint to
         # hold of the prompts it sent there, and the prefill it expected that to save; the engines'
         # own counters (vllm:prefix_cache_hits, llama.cpp timings.cache_n) say what they kept.

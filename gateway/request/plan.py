@@ -14,6 +14,7 @@ from gateway.routing.adapters import AdapterRoute
 from gateway.routing.choice import COMPLETION, FIRST_TOKEN
 from gateway.routing.prefixkeys import opens_conversation, prefix_of
 from gateway.routing.tables import Tables
+from llmgw.slo import NO_TARGETS, Targets, resolve
 from llmgw.state.keypolicy import Tenant
 
 
@@ -30,24 +31,30 @@ class Plan:
     prefix: tuple[int, ...] = ()  # the prompt's block keys (gateway.routing.prefixkeys)
     prompt_tokens: float = 0.0
     opens: bool = False  # it starts a conversation (gateway.routing.prefixkeys.opens_conversation)
+    # Its latency targets (llmgw.slo): its headers', else its key's defaults, else its model's catalog `slo:`.
+    targets: Targets = NO_TARGETS
 
 
 def plan(call: Call, tables: Tables, priority: str, tenant: Tenant | None, affinity: str | None,
-         prefix_routing: bool = True) -> Plan:
+         prefix_routing: bool = True, asked: Targets = NO_TARGETS, key_targets: Targets | None = None) -> Plan:
     """The request's plan over the routing tables. `affinity`: the X-Session-ID header. Its objective: the catalog's `routing.objective` for
     the model, else its first token when it streams, else its completion. Its block keys are seeded
-    with the model's canonical name and the adapter; only read with `prefix_routing`."""
+    with the model's canonical name and the adapter; only read with `prefix_routing`. Its targets:
+    what its headers `asked` (gateway.request.targets), else its key's defaults (`key_targets`), else
+    its model's (the catalog's `slo:`, `Tables.slos`)."""
     model = call.model
     canon = tables.canonical.get(model, model)
     adapter = tables.adapters.get(model) if tables.adapters else None
     objective = tables.objectives.get(canon) or (FIRST_TOKEN if call.stream else COMPLETION)
     affinity = affinity or user_of(call.body)
+    slos = tables.slos
+    targets = asked if key_targets is None and not slos else resolve(asked, key_targets, slos.get(canon))
     if not prefix_routing or call.body is None:
-        return Plan(canon, priority, tenant, affinity, adapter, objective)
+        return Plan(canon, priority, tenant, affinity, adapter, objective, targets=targets)
     keys, tokens = prefix_of(call.body, call.route.op, canon, adapter.name if adapter is not None else "")
     # (read only with block keys: where a prompt's history goes, gateway.routing.choice._pick)
     opens = bool(keys) and opens_conversation(call.body, call.route.op)
-    return Plan(canon, priority, tenant, affinity, adapter, objective, keys, tokens, opens)
+    return Plan(canon, priority, tenant, affinity, adapter, objective, keys, tokens, opens, targets)
 
 
 def user_of(body: dict | None) -> str | None:

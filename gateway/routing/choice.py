@@ -47,6 +47,51 @@ NOTHING_KNOWN = Speed(1.0, PRIOR_SLOWDOWN)  # before any speed is learned: all a
 
 # What a request minimises (RouteRequest.objective): its expected first token, or its completion.
 FIRST_TOKEN, COMPLETION = "first_token", "completion"
+MISSES = "slo_miss"  # a strict request no open endpoint is predicted to serve within its targets (Rejection.kind)
+
+
+class Slo(NamedTuple):
+    """A request's latency targets as routing reads them (llmgw.slo): the seconds left for its first byte
+    and for its whole answer as this attempt began routing (less `RouteRequest.waited` as it waits in
+    the queue; None: no such target), its seconds per token, whether it is strict (refused rather than
+    served late) and whether its client streams (else its first byte is its whole answer)."""
+
+    ttft: float | None
+    tpot: float | None
+    total: float | None
+    strict: bool = False
+    stream: bool = True
+
+
+def lateness(pred: tuple[float, float | None, float] | None, slo: Slo, waited: float) -> float:
+    """How far a prediction (`predict`) misses a request's targets, each miss over its target (0: it
+    meets them all; a prediction not yet learned meets them)."""
+    if pred is None:
+        return 0.0
+    first, tpot, total = pred
+    if not slo.stream:
+        first = total
+    worst = 0.0
+    if slo.ttft is not None:
+        left = slo.ttft - waited
+        worst = max(worst, (first - left) / max(slo.ttft, 1e-3))
+    if slo.tpot is not None and tpot is not None:
+        worst = max(worst, (tpot - slo.tpot) / slo.tpot)
+    if slo.total is not None:
+        left = slo.total - waited
+        worst = max(worst, (total - left) / max(slo.total, 1e-3))
+    return worst
+
+
+def spare(pred: tuple[float, float | None, float] | None, slo: Slo, waited: float) -> float:
+    """Seconds a request predicted `pred` has to spare on its first byte (else its whole answer)."""
+    if pred is None:
+        return 0.0
+    if slo.ttft is not None:
+        return slo.ttft - waited - (pred[0] if slo.stream else pred[2])
+    if slo.total is not None:
+        return slo.total - waited - pred[2]
+    return math.inf
 
 
 @dataclass(frozen=True)
@@ -70,6 +115,10 @@ class RouteRequest:
     # It starts a conversation (no earlier answer in its prompt, prefixkeys.opens_conversation): its
     # later turns follow it, so it is placed with bounded load (see `_pick`).
     opens: bool = False
+    # Its latency targets (None: none; routed as before, at no cost): among the endpoints predicted to
+    # meet them it is routed as usual; when none will, a strict one is refused (MISSES), any other goes
+    # where its miss is smallest (`_with_targets`).
+    slo: Slo | None = None
 
 
 @dataclass(frozen=True)
@@ -87,6 +136,13 @@ class Choice:
     prefill: float = 0.0  # prefill seconds the request still needs there (its backlog, gateway.routing.backlog)
     behind: float = 0.0  # prefill seconds already queued there when it was sent (the backlog it waits for)
     waited: float = 0.0  # seconds the request waited in the gateway's queue before this choice
+    # What the request is predicted to get there, in seconds from now (`predict`; None: the endpoint's
+    # speed is not learned yet): its first token, its seconds per token after the first (None also
+    # while the tokens per answer are unknown), and its whole answer. Tally records them beside what
+    # happened (the predictor's error per engine) and judges the request's targets by what happened.
+    predicted_ttft: float | None = None
+    predicted_tpot: float | None = None
+    predicted_total: float | None = None
 
 
 @dataclass(frozen=True)
@@ -97,6 +153,9 @@ class Rejection:
     # A deferral that time alone ends: seconds until routing would send the request after all (the
     # wait queue looks again then, not on a poll).
     retry_in: float | None = field(default=None, compare=False)
+    # A request with targets: the first byte it is predicted to get, in seconds from the moment a slot
+    # frees (saturated) or from now (MISSES, on the endpoint nearest its targets); None: not predicted.
+    predicted: float | None = field(default=None, compare=False)
 
 
 class _Cand(NamedTuple):  # a tuple: built for every endpoint on every request
@@ -309,6 +368,8 @@ def _least_inflight(cands: list[_Cand], ctx: RouteContext, request: RouteRequest
 
 def _llmgw(cands: list[_Cand], ctx: RouteContext, request: RouteRequest) -> Choice | Rejection:
     """llmgw's policy: the cheapest open endpoint of the highest tier with room (module docstring)."""
+    if request.slo is not None:
+        return _with_targets(cands, ctx, request, request.slo)
     rng, cfg = ctx.rng, ctx.cfg
     # Highest priority tier with room takes the request; lower tiers take the overflow.
     for prio in sorted({c.ep.priority for c in cands}, reverse=True):
@@ -325,6 +386,78 @@ def _llmgw(cands: list[_Cand], ctx: RouteContext, request: RouteRequest) -> Choi
         best_c = min(cands, key=lambda c: c.score)
         return _choice(best_c, True, "critical past saturation", cfg, request)
     return Rejection("saturated", request.model, f"all {len(cands)} endpoints saturated")
+
+
+def _with_targets(cands: list[_Cand], ctx: RouteContext, request: RouteRequest, slo: Slo) -> Choice | Rejection:
+    """llmgw's policy for a request with latency targets: among the open endpoints of the highest tier
+    that has one predicted to meet them (`predict`, `lateness`), as usual; a lax request (more than
+    `slo_lax` seconds to spare there) leaves the model's last `slo_reserve` free slots to the requests
+    that will need them, and waits in the queue instead while it can. When no open endpoint will meet
+    them, a strict request is refused (MISSES, with the predicted time) and any other goes where the
+    miss is smallest. When every endpoint is saturated it waits (admission's, gateway.routing.slo), told
+    the first byte it would get once a slot frees."""
+    rng, cfg, waited = ctx.rng, ctx.cfg, request.waited
+    nearest: tuple[float, _Cand, tuple | None] | None = None  # (lateness, candidate, prediction)
+    for prio in sorted({c.ep.priority for c in cands}, reverse=True):
+        tier = [c for c in cands if c.ep.priority == prio]
+        open_ = [c for c in tier if not c.saturated]
+        if not open_:
+            continue
+        meeting = []
+        for c in open_:
+            p = predict(c)
+            late = lateness(p, slo, waited)
+            if late <= 0.0:
+                meeting.append((c, p))
+            elif nearest is None or late < nearest[0]:
+                nearest = (late, c, p)
+        if not meeting:
+            continue
+        if cfg.slo_reserve > 0 and request.priority == "standard":  # (the others are not queued to wait)
+            left = min(spare(p, slo, waited) for _, p in meeting)
+            if left > cfg.slo_lax:
+                free = sum(c.slots - c.ahead for c in open_ if not math.isinf(c.slots))
+                if free - 1.0 < cfg.slo_reserve and len(open_) == sum(not math.isinf(c.slots) for c in open_):
+                    return Rejection("saturated", request.model, "deferred: a lax request leaves the last free slots "
+                                     "to tight ones", left - cfg.slo_lax)
+        if request.priority == "standard" and slo.ttft is None:  # only a request without a first-byte target
+            wait = _better_to_wait(tier, [c for c, _ in meeting], request, cfg)  # waits for a faster endpoint
+            if wait is not None:
+                return Rejection("saturated", request.model, "deferred: a faster endpoint frees sooner", wait)
+        return _pick([c for c, _ in meeting], request, rng, cfg, "tier %d, meets its targets" % prio)
+    if nearest is not None:
+        late, c, p = nearest
+        if slo.strict:
+            first = (p[0] if slo.stream else p[2]) if p is not None else 0.0
+            return Rejection(MISSES, request.model, f"no endpoint is predicted to meet its targets: the nearest, "
+                             f"{c.ep.id}, {_missed_by(p, slo, waited)}", predicted=first)
+        return _choice(c, False, "tier %d, the least miss of its targets" % c.ep.priority, cfg, request)
+    if request.priority == "critical":
+        best_c = min(cands, key=lambda c: c.score)
+        return _choice(best_c, True, "critical past saturation", cfg, request)
+    firsts = [c.speed.ttfb + c.prefill + (0.0 if slo.stream else c.speed.decode(c.slots))
+              for c in cands if c.speed is not NOTHING_KNOWN and not math.isinf(c.slots)]
+    return Rejection("saturated", request.model, f"all {len(cands)} endpoints saturated",
+                     predicted=min(firsts) if firsts else None)
+
+
+def _missed_by(p: tuple[float, float | None, float] | None, slo: Slo, waited: float) -> str:
+    """What an endpoint's prediction misses of a request's targets, in words."""
+    if p is None:
+        return "is not learned yet"
+    parts = []
+    first = p[0] if slo.stream else p[2]
+    if slo.ttft is not None and first > slo.ttft - waited:
+        parts.append(f"its first byte in {_ms(waited + first)} (target {_ms(slo.ttft)})")
+    if slo.tpot is not None and p[1] is not None and p[1] > slo.tpot:
+        parts.append(f"{_ms(p[1])} per token (target {_ms(slo.tpot)})")
+    if slo.total is not None and p[2] > slo.total - waited:
+        parts.append(f"the whole answer in {_ms(waited + p[2])} (deadline {_ms(slo.total)})")
+    return "predicts " + ", ".join(parts)
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms" if seconds < 10 else f"{seconds:.1f} s"
 
 
 # A policy picks among the candidates of one request.
@@ -445,6 +578,30 @@ def _head(keys: tuple[int, ...]) -> str:
 HEAD_BLOCKS = 4
 
 
+def predict(c: _Cand) -> tuple[float, float | None, float] | None:
+    """What a request sent to candidate `c` now is predicted to get, in seconds: its first token (the
+    wait for a slot when the batch is full, the prefill queued there before it, its own prefill of
+    what the engine is not expected to hold, the engine's time to first byte: the network and a
+    step), its time per token after the first (the decode step at the batch size once it joins; None
+    while the tokens per answer are unknown) and its whole answer. The terms of `score` without its
+    weights: what `choose` already computes. None while the endpoint's speed is unknown."""
+    sp = c.speed
+    if sp is NOTHING_KNOWN:
+        return None
+    held, slots = c.ahead, c.slots
+    first = sp.first_token(held, slots)
+    if c.behind:
+        first += c.behind if held + 1.0 <= slots else max(0.0, c.behind - (first - sp.ttfb))
+    first += c.prefill
+    batch = held + 1.0 if held + 1.0 <= slots else slots
+    return first, (sp.tpot(held, slots) or None), first + sp.decode1 * (1.0 + sp.slowdown * (batch - 1.0))
+
+
 def _choice(c: _Cand, saturated: bool, why: str, cfg: RoutingConfig, request: RouteRequest) -> Choice:
+    p = predict(c)
+    if p is None:
+        return Choice(c.ep, c.score, c.ahead, saturated, why, "", c.matched, c.saved, request.prompt_tokens,
+                      prefill=c.prefill, behind=c.behind, waited=request.waited)
     return Choice(c.ep, c.score, c.ahead, saturated, why, "", c.matched, c.saved, request.prompt_tokens,
-                  prefill=c.prefill, behind=c.behind, waited=request.waited)
+                  prefill=c.prefill, behind=c.behind, waited=request.waited, predicted_ttft=p[0],
+                  predicted_tpot=p[1], predicted_total=p[2])

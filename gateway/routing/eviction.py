@@ -9,7 +9,10 @@ A waiting request outranks a running answer when
 - its criticality class is higher (critical > standard > sheddable > a batch line), or
 - it is interactive and the answer is a batch line, or
 - in the same class, its key's fair-share counter (gateway.routing.fairness) is behind the running
-  answer's key's by more than `margin` of its own requests.
+  answer's key's by more than `margin` of its own requests, or
+- in the same class, it will miss its first-byte target unless it takes a slot now (`Waiting.slack`
+  under 0: its latency targets, llmgw.slo) and the answer has at least `slack` seconds to spare on its
+  own targets (or has none), whoever's key it is.
 
 Only an answer that resumes exactly may be evicted (`Running.fixed` says why another cannot), one
 that has run at least `min_run` seconds (a heavy tenant still makes progress), and one evicted fewer
@@ -34,6 +37,7 @@ class Settings:
     margin: float = 0.5  # in requests of the waiting key: how far behind its counter must be
     min_run: float = 0.25  # seconds an answer runs on its replica before it may be evicted
     max_evictions: int = 2  # times one answer may be evicted
+    slack: float = 5.0  # seconds an answer keeps to spare on its targets for a request that would miss its TTFT
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,8 @@ class Running:
     running_for: float  # seconds since it started on this endpoint
     evictions: int = 0  # times it was evicted already
     fixed: str | None = None  # why it cannot be evicted (None: it resumes exactly)
+    # Seconds it has to spare on its own latency targets if paused now (None: it has none, so any)
+    slack: float | None = None
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,9 @@ class Waiting:
     counter: float  # its key's counter on the model
     turn: float  # what one of its requests costs, in counter units (its key's tokens over weight)
     endpoints: frozenset[str] | None = None  # where it may be sent (None: anywhere its model is served)
+    # Seconds its first-byte target leaves it past waiting for the next slot to free (None: no target;
+    # under 0: it will miss it unless it takes a slot now)
+    slack: float | None = None
 
 
 @dataclass(frozen=True)
@@ -82,7 +91,12 @@ def outranks(w: Waiting, r: Running, s: Settings) -> str | None:
     wr, rr = PRIORITY_RANK.get(w.klass, 1), PRIORITY_RANK.get(r.klass, 1)
     if wr > rr:
         return "an interactive request over a batch line" if r.klass == BATCH else f"{w.klass} over {r.klass}"
-    if wr < rr or w.key == r.key:
+    if wr < rr:
+        return None
+    if w.slack is not None and w.slack < 0 and (r.slack is None or r.slack >= s.slack):
+        spare = "it has no targets" if r.slack is None else f"it has {r.slack:.1f}s to spare on its targets"
+        return f"it will miss its first-byte target by {-w.slack:.3f}s unless it takes a slot now; {spare}"
+    if w.key == r.key:
         return None
     if r.counter - w.counter > s.margin * w.turn:
         return (f"its key's fair-share counter is {r.counter - w.counter:.0f} behind the running key's "

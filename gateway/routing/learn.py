@@ -171,7 +171,10 @@ def speed_of(lr: Learned, tokens: float | None) -> tuple[Speed, float] | None:
     if not lines:
         return None
     w = sum(x[0] for x in lines)
-    speed = Speed(sum(x[0] * x[1] for x in lines) / w, sum(x[0] * x[2] for x in lines) / w, lr.ttfb or 0.0)
+    d1 = sum(x[0] * x[1] for x in lines) / w
+    # per token after the first, as the per-token samples are (decode / (tokens - 1))
+    per_token = d1 / (tokens - 1.0) if tokens and tokens > 1.0 else 0.0
+    speed = Speed(d1, sum(x[0] * x[2] for x in lines) / w, lr.ttfb or 0.0, per_token)
     return speed, w ** -0.5
 
 

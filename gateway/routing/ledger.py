@@ -15,6 +15,8 @@ across I/O); the exchange loop takes what was counted (`take`) and hands back wh
 
 from __future__ import annotations
 
+import heapq
+import math
 import threading
 import time
 from collections import deque
@@ -230,9 +232,12 @@ class Backlog(Generic[T]):
     """The waiters of one queue, a FIFO per tenant (key, then sub-tenant); `head` is who goes next: the
     waiters of the highest criticality class first (a FIFO's class is its first waiter's: a continuation
     of a batch line waits behind an interactive request it was evicted for), then
-    gateway.routing.fairness.next_of over the ledger's counters. Callers hold the queue's lock."""
+    gateway.routing.fairness.next_of over the ledger's counters. A waiter with a latency target has a
+    `due` time (gateway.routing.slo.due): once the least due of them is within `urgent` seconds, it goes
+    first, the least slack first; fair share decides while every waiter has more. Callers hold the
+    queue's lock."""
 
-    __slots__ = ("fifos", "weights", "n", "seq")
+    __slots__ = ("fifos", "weights", "n", "seq", "dues", "timed")
 
     def __init__(self) -> None:
         # key -> sub -> (arrival number, waiter, class rank: llmgw.state.keypolicy.PRIORITY_RANK)
@@ -240,6 +245,10 @@ class Backlog(Generic[T]):
         self.weights: dict[str, float] = {}  # key -> its weight, while it has waiters
         self.n = 0
         self.seq = 0
+        # The waiters with a due time: a heap of (due, arrival number, class rank, waiter), and each
+        # one's due by id while it waits (an entry whose waiter left is dropped when it reaches the top).
+        self.dues: list[tuple[float, int, int, T]] = []
+        self.timed: dict[int, float] = {}
 
     def __len__(self) -> int:
         return self.n
@@ -247,9 +256,10 @@ class Backlog(Generic[T]):
     def __bool__(self) -> bool:
         return self.n > 0
 
-    def push(self, tenant: Tenant, item: T, ledger: Ledger, model: str, front: bool = False, rank: int = 1) -> None:
+    def push(self, tenant: Tenant, item: T, ledger: Ledger, model: str, front: bool = False, rank: int = 1,
+             due: float = math.inf) -> None:
         """`front`: at the head of its tenant's FIFO, as the oldest (a continuation: work admitted before).
-        `rank`: its criticality class's."""
+        `rank`: its criticality class's. `due`: when its first byte is due (inf: no target)."""
         subs = self.fifos.get(tenant.key)
         if subs is None:
             ledger.join(model, tenant, self.fifos)
@@ -266,6 +276,9 @@ class Backlog(Generic[T]):
         else:
             fifo.append((self.seq, item, rank))
         self.n += 1
+        if due != math.inf:
+            heapq.heappush(self.dues, (due, self.seq, rank, item))
+            self.timed[id(item)] = due
 
     def remove(self, tenant: Tenant, item: T) -> None:
         subs = self.fifos[tenant.key]
@@ -278,17 +291,38 @@ class Backlog(Generic[T]):
                     del fifo[i]
                     break
         self.n -= 1
+        if self.timed:
+            self.timed.pop(id(item), None)
+            if not self.timed:
+                self.dues.clear()
         if not fifo:
             del subs[tenant.sub]
             if not subs:
                 del self.fifos[tenant.key]
                 del self.weights[tenant.key]
 
-    def head(self, ledger: Ledger, model: str) -> T | None:
-        """The waiter that goes next."""
+    def urgent(self, now: float, within: float) -> T | None:
+        """The waiter with the least due, when it is due within `within` seconds of `now` and no waiter
+        of a higher class waits (else None: the fair order decides)."""
+        dues, timed = self.dues, self.timed
+        while dues and timed.get(id(dues[0][3])) != dues[0][0]:
+            heapq.heappop(dues)  # (its waiter left)
+        if not dues or dues[0][0] - now > within:
+            return None
+        rank = dues[0][2]
+        if any(f[0][2] > rank for subs in self.fifos.values() for f in subs.values()):
+            return None
+        return dues[0][3]
+
+    def head(self, ledger: Ledger, model: str, now: float | None = None, within: float = 0.0) -> T | None:
+        """The waiter that goes next (`now`: the clock of the waiters' due times; None: no waiter is due)."""
         fifos = self.fifos
         if not fifos:
             return None
+        if self.timed and now is not None:
+            first = self.urgent(now, within)
+            if first is not None:
+                return first
         fcfs = ledger.fcfs
         if len(fifos) == 1:
             subs = next(iter(fifos.values()))
@@ -308,8 +342,12 @@ class Backlog(Generic[T]):
                        if f[0][2] == top), fcfs)
         return subs[sub][0][1]
 
-    def position(self, tenant: Tenant, fcfs: bool) -> int:
-        """Where a new request of `tenant` would leave the queue (fairness.fair_position)."""
+    def position(self, tenant: Tenant, fcfs: bool, due: float = math.inf, now: float = 0.0,
+                 within: float = 0.0) -> int:
+        """Where a new request of `tenant` would leave the queue (fairness.fair_position); one due within
+        `within` seconds of `now` leaves after the waiters due before it."""
+        if due - now <= within:
+            return 1 + sum(d <= due for d in self.timed.values())
         subs = self.fifos.get(tenant.key)
         own = sum(len(f) for f in subs.values()) if subs else 0
         others = (w for k, w in self.weights.items() if k != tenant.key)

@@ -7,6 +7,7 @@ within a tenant; with `LLMGW_GATEWAY_FAIRNESS=fcfs`, the oldest."""
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from typing import Callable, Collection, Iterator, Protocol
@@ -25,14 +26,20 @@ GENERATING = frozenset({op.CHAT, op.COMPLETIONS, op.RESPONSES})  # operations wh
 DEFER = 0.05  # seconds a head that another worker's outranks sleeps before it looks again
 
 
+# Across workers (Order.first), a head due within the urgent window publishes this plus its due time as its
+# counter: it then ranks before every head that is not (counters are never negative), the least due first.
+URGENT_COUNTER = -1e12
+
+
 class Ticket:
     """One waiter: woken (`set`) when it should look again, by the event that may let it go."""
 
-    __slots__ = ("event", "arrived")
+    __slots__ = ("event", "arrived", "due")
 
-    def __init__(self, arrived: float = 0.0):
+    def __init__(self, arrived: float = 0.0, due: float = math.inf):
         self.event = threading.Event()
         self.arrived = arrived
+        self.due = due  # when its first byte is due (gateway.routing.slo.due; inf: no target)
 
 
 class Order(Protocol):
@@ -63,8 +70,9 @@ class WaitQueue:
 
     def __init__(self, max_len: int, recheck: float = RECHECK, monotonic: Callable[[], float] = time.monotonic,
                  entered: threading.Event | None = None, ledger: Ledger | None = None,
-                 model: Callable[[], str] = lambda: "", order: Order | None = None):
+                 model: Callable[[], str] = lambda: "", order: Order | None = None, urgent: float = 1.0):
         self.max_len = max_len
+        self.urgent = urgent  # a waiter due within this many seconds goes first (Backlog.head)
         self.recheck = recheck
         self.monotonic = monotonic
         self.lock = threading.Lock()
@@ -79,17 +87,23 @@ class WaitQueue:
 
     def head(self) -> Ticket | None:
         with self.lock:
-            return self.waiters.head(self.ledger, self.model())
+            waiters = self.waiters
+            if waiters.timed:
+                return waiters.head(self.ledger, self.model(), self.monotonic(), self.urgent)
+            return waiters.head(self.ledger, self.model())
 
     def elsewhere(self) -> int:
         """Requests for this queue's model waiting in the other workers' queues (0: none, or alone)."""
         order = self.order
         return order.waiting_elsewhere(self.model(), self.monotonic()) if order is not None else 0
 
-    def position(self, tenant: Tenant | None) -> int:
-        """Where a new request of `tenant` would leave the queue (1 = next)."""
+    def position(self, tenant: Tenant | None, due: float = math.inf) -> int:
+        """Where a new request of `tenant` would leave the queue (1 = next); `due`: when its first byte
+        is due (Backlog.position)."""
         with self.lock:
-            return self.waiters.position(tenant or NO_TENANT, self.ledger.fcfs)
+            if due == math.inf:
+                return self.waiters.position(tenant or NO_TENANT, self.ledger.fcfs)
+            return self.waiters.position(tenant or NO_TENANT, self.ledger.fcfs, due, self.monotonic(), self.urgent)
 
     def notify(self) -> None:
         """Something that may free an endpoint happened: the head looks again."""
@@ -102,7 +116,7 @@ class WaitQueue:
              keep: Collection[str] = ("saturated",), gone: Callable[[], bool] | None = None,
              watch: Callable[[Callable[[], None]], Callable[[], None] | None] | None = None,
              tenant: Tenant | None = None, head: bool = False, rank: int = 1,
-             arrived: float | None = None) -> Choice | Rejection | None:
+             arrived: float | None = None, due: float = math.inf) -> Choice | Rejection | None:
         """Wait for a turn and an endpoint. Returns the Choice, a Rejection of a kind not in `keep`
         (the model went away), `GONE` when `gone()` says the client left, or None when the queue is
         full or the time ran out. A cold start keeps waiting while the model has no endpoint at all
@@ -111,8 +125,10 @@ class WaitQueue:
         request is served for (None: a FIFO of its own). `head`: it waits at the head of its tenant's
         FIFO and is never refused for a full queue (a continuation: admitted work). `rank`: its
         criticality class's (llmgw.state.keypolicy.PRIORITY_RANK): a higher class goes first. `arrived`:
-        when its request arrived (monotonic; a continuation's is its request's), else now."""
-        ticket = Ticket(self.monotonic() if arrived is None else arrived)
+        when its request arrived (monotonic; a continuation's is its request's), else now. `due`: when
+        its first byte is due (monotonic; inf: it has no target): once within the urgent window, the
+        least due goes first."""
+        ticket = Ticket(self.monotonic() if arrived is None else arrived, due)
         tenant = tenant or NO_TENANT
         model = self.model()
         with self.lock:
@@ -120,7 +136,7 @@ class WaitQueue:
             # backlog fills the queue for itself, not for one that sends little (fcfs: the length).
             if not head and self.waiters.position(tenant, self.ledger.fcfs) > self.max_len:
                 return None
-            self.waiters.push(tenant, ticket, self.ledger, model, front=head, rank=rank)
+            self.waiters.push(tenant, ticket, self.ledger, model, front=head, rank=rank, due=due)
         if self.entered is not None:
             self.entered.set()
         event = ticket.event
@@ -154,7 +170,7 @@ class WaitQueue:
                 unwatch()
             with self.lock:
                 self.waiters.remove(tenant, ticket)
-                head = self.waiters.head(self.ledger, model)
+                head = self.waiters.head(self.ledger, model, self.monotonic(), self.urgent)
             if head is not None:
                 head.event.set()  # the next in line may take the next free slot
             elif self.order is not None:
@@ -167,12 +183,15 @@ class WaitQueue:
         order = self.order
         if order is None:
             return True
-        counter = self.ledger.counter(model, tenant.key) if tenant.key else 0.0
+        now = self.monotonic()
+        if ticket.due - now <= self.urgent:
+            counter = URGENT_COUNTER + ticket.due  # before every head not due soon, the least due first
+        else:
+            counter = self.ledger.counter(model, tenant.key) if tenant.key else 0.0
         with self.lock:
             subs = self.waiters.fifos.get(tenant.key)
             waiting = sum(len(f) for f in subs.values()) if subs else 1
             queued = len(self.waiters)
-        now = self.monotonic()
         order.publish_head(model, tenant.key, rank, counter, waiting, ticket.arrived, now, queued)
         return order.first(model, tenant.key, rank, counter, waiting, ticket.arrived, now)
 
@@ -185,8 +204,9 @@ class WaitQueues:
 
     def __init__(self, max_len: int, monotonic: Callable[[], float] = time.monotonic,
                  model_of: Callable[[str], str] = lambda name: name, recheck: float = RECHECK,
-                 ledger: Ledger | None = None, order: Order | None = None):
+                 ledger: Ledger | None = None, order: Order | None = None, urgent: float = 1.0):
         self.max_len, self.monotonic, self.model_of, self.recheck = max_len, monotonic, model_of, recheck
+        self.urgent = urgent  # LLMGW_GATEWAY_SLO_URGENT
         self.order = order  # the sibling workers' queue heads (gateway.server.board; None: alone)
         self.by_name: dict[str, WaitQueue] = {}
         self.lock = threading.Lock()
@@ -201,7 +221,8 @@ class WaitQueues:
                 q = self.by_name.get(model)
                 if q is None:
                     q = self.by_name[model] = WaitQueue(self.max_len, self.recheck, self.monotonic, self.waiting,
-                                                        self.ledger, lambda: self.model_of(model), self.order)
+                                                        self.ledger, lambda: self.model_of(model), self.order,
+                                                        self.urgent)
         return q
 
     def sent(self, call, plan, choice: Choice) -> Charge | None:

@@ -108,7 +108,7 @@ class Router:
         # (Built directly: dataclasses.replace costs microseconds on the request path.)
         sub = RouteRequest(ad.model, req.priority, req.affinity, req.exclude, req.queued, op=req.op, pin=req.pin,
                            waited=req.waited, prefix=req.prefix, prompt_tokens=req.prompt_tokens,
-                           objective=req.objective, opens=req.opens)
+                           objective=req.objective, opens=req.opens, slo=req.slo)
         res = self._reserve(ad.holders, sub, snap, ad.name, req)
         if isinstance(res, Rejection):
             if res.kind == "unknown_model":  # none of them is the one its response id pins it to
@@ -282,7 +282,7 @@ def _reserved(c: Choice, adapter: str, kv_events: bool) -> Choice:
     """`c` routed for `adapter`, its match reported by the engine's KV events or not."""
     # (Built directly: dataclasses.replace costs microseconds on the request path.)
     return Choice(c.endpoint, c.score, c.ahead, c.saturated, c.reason, adapter, c.matched, c.saved, c.prompt,
-                  kv_events, c.prefill, c.behind, c.waited)
+                  kv_events, c.prefill, c.behind, c.waited, c.predicted_ttft, c.predicted_tpot, c.predicted_total)
 
 
 class Lease:

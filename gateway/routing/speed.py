@@ -140,7 +140,8 @@ def shrink(estimates: "list[tuple[Speed, float]]") -> "list[Speed]":
     out = []
     for (sp, _), x, v in zip(estimates, xs, vs):
         keep = max(0.0, spread) / (max(0.0, spread) + v)  # 0: all noise, 1: all signal
-        out.append(Speed(math.exp(mean + keep * (x - mean)), slow + keep * (sp.slowdown - slow), sp.ttfb))
+        d1 = math.exp(mean + keep * (x - mean))
+        out.append(Speed(d1, slow + keep * (sp.slowdown - slow), sp.ttfb, sp.per_token * d1 / sp.decode1))
     return out
 
 
@@ -151,6 +152,9 @@ class Speed:
     decode1: float  # decode time of a typical request alone on the endpoint
     slowdown: float  # fractional increase of that time per extra running sequence
     ttfb: float = 0.0  # time to first byte when a slot is free (network, first step; prefill of prompts routed without keys)
+    # Seconds per output token after the first at concurrency one (what a stream's TPOT is alone); 0:
+    # not known (no answer or scrape said how many tokens the answers had).
+    per_token: float = 0.0
 
     def decode(self, c: float) -> float:
         return self.decode1 * (1.0 + self.slowdown * max(0.0, c - 1.0))
@@ -173,6 +177,11 @@ class Speed:
         full = self.decode1 * (1.0 + self.slowdown * (slots - 1.0))
         return self.ttfb + (held + 1.0 - slots) * full / slots
 
+    def tpot(self, held: float, slots: float) -> float:
+        """Seconds per token of a request sent now, in the batch it joins (min(held + 1, slots)); 0
+        when the tokens per answer are not known."""
+        return self.per_token * (1.0 + self.slowdown * (min(held + 1.0, slots) - 1.0))
+
     def imposed(self, held: float, slots: float) -> float:
         """Seconds the request adds to the others' completions: joining a batch of `held` running
         slows each of them by one step's increment for about half of what they have left. Joining
@@ -191,4 +200,5 @@ class Speed:
         """This speed moved toward `best` by 1 - keep (an old slow estimate is given another chance)."""
         if self.decode1 <= best.decode1:
             return self
-        return Speed(best.decode1 + (self.decode1 - best.decode1) * keep, self.slowdown, self.ttfb)
+        d1 = best.decode1 + (self.decode1 - best.decode1) * keep
+        return Speed(d1, self.slowdown, self.ttfb, self.per_token * d1 / self.decode1)

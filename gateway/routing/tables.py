@@ -12,6 +12,7 @@ from typing import Mapping, Protocol, Sequence
 from gateway.response_ids import endpoint_ref
 from gateway.routing.adapters import AdapterRoute, adapter_table
 from gateway.routing.load import EndpointStats
+from llmgw.slo import Targets
 from llmgw.state.records import EndpointInfo, LoadRecord
 
 
@@ -49,6 +50,8 @@ class Tables:
     adapters: Mapping[str, AdapterRoute] = field(default_factory=dict)
     # Canonical model -> the catalog's `routing.objective` for it (published on its endpoints).
     objectives: Mapping[str, str] = field(default_factory=dict)
+    # Canonical model -> its requests' default latency targets (the catalog's `slo:`, published on its endpoints).
+    slos: Mapping[str, Targets] = field(default_factory=dict)
     # Canonical models whose answers do not move to another replica when their engine breaks off.
     no_resume: frozenset[str] = frozenset()
     # Some endpoint publishes KV events: precise prefix matches are looked up (gateway.routing.precise).
@@ -117,5 +120,6 @@ def tables_from(version: int, fingerprint: str, endpoints: Sequence[EndpointInfo
         cold_start=dict(catalog.cold_start),
         adapters=adapter_table(getattr(catalog, "adapters", None) or {}, endpoints, catalog.cold_start),
         objectives={e.model or e.models[0]: e.objective for e in endpoints if e.objective},
+        slos={e.model or e.models[0]: t for e in endpoints if (t := e.slo_targets()) is not None},
         no_resume=frozenset(e.model or e.models[0] for e in endpoints if not e.resume),
     )

@@ -9,13 +9,14 @@ from typing import Any
 from pydantic import ValidationError
 
 from llmgw.catalog.routing import RoutingSpec, objective_reason
+from llmgw.catalog.slo import SloSpec
 from llmgw.catalog.types import ENGINE_NAMES, SERVER_KINDS, Adapter, Autoscale, LoraSlots, Profile
 from llmgw.errors import Problem
 
 PROFILE_FIELDS: tuple[str, ...] = tuple(Profile.model_fields)
 KNOWN_KEYS: dict[str, tuple[str, ...]] = {
     "catalog": ("models", "defaults"),
-    "model": ("name", "aliases", "source", "profiles", "adapters", "routing"),
+    "model": ("name", "aliases", "source", "profiles", "adapters", "routing", "slo"),
     "profile": PROFILE_FIELDS,
     "adapter": tuple(Adapter.model_fields),
     "gpu": ("class", "count"),
@@ -23,6 +24,7 @@ KNOWN_KEYS: dict[str, tuple[str, ...]] = {
     "autoscale": tuple(Autoscale.model_fields),
     "lora": tuple(LoraSlots.model_fields),
     "routing": tuple(RoutingSpec.model_fields),
+    "slo": tuple(SloSpec.model_fields),
 }
 
 
@@ -69,7 +71,7 @@ def join_path(prefix: str, rest: str) -> str:
 
 def _known_for(loc: tuple[Any, ...], kind: str) -> tuple[str, ...]:
     parents = [p for p in loc[:-1] if isinstance(p, str)]
-    if parents and parents[-1] in ("gpu", "metrics", "autoscale", "lora", "routing"):
+    if parents and parents[-1] in ("gpu", "metrics", "autoscale", "lora", "routing", "slo"):
         return KNOWN_KEYS[parents[-1]]
     if kind == "model" and parents and parents[0] in ("profiles", "adapters"):
         return KNOWN_KEYS[parents[0][:-1]]

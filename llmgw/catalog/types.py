@@ -17,6 +17,7 @@ from pydantic import Field, field_validator, model_validator
 
 from llmgw.catalog.fields import ENV_RE, METRIC_RE, NAME_RE, Duration, SFloat, SInt, StrictModel
 from llmgw.catalog.routing import RoutingSpec
+from llmgw.catalog.slo import SloSpec
 from llmgw.gpus import normalize_gpu_class
 
 EngineName = Literal["vllm", "llamacpp", "sim", "external"]
@@ -326,6 +327,7 @@ class Model(_Served):
     profiles: list[Profile] = Field(default_factory=list)
     adapters: list[Adapter] = Field(default_factory=list)
     routing: RoutingSpec | None = None  # llmgw.catalog.routing
+    slo: SloSpec | None = None  # llmgw.catalog.slo: its requests' default latency targets
 
     def profile(self, name: str) -> Profile | None:
         return next((p for p in self.profiles if p.name == name), None)

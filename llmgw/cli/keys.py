@@ -57,6 +57,11 @@ def _policy_flags(p: argparse.ArgumentParser, update: bool) -> None:
                    help="the UTC calendar day or month a budget counts (default: month)")
     p.add_argument("--weight", help="this key's share of a saturated model against the other keys' waiting for it "
                                     "(default 1; 2 = twice the service of a key of weight 1)")
+    p.add_argument("--slo-ttft", help="its requests' default target for the first byte, from their arrival, e.g. "
+                                      "500ms (their X-LLMGW-TTFT header wins; docs/gateway.md)" + clear)
+    p.add_argument("--slo-tpot", help="its requests' default target per output token after the first, e.g. 80ms"
+                                      + clear)
+    p.add_argument("--slo-deadline", help="its requests' default target for the whole answer, e.g. 60s" + clear)
     if update:
         p.add_argument("--sub-tenants", action=argparse.BooleanOptionalAction, default=None,
                        help="may (or may no longer) split its share among sub-tenants named in X-LLMGW-Tenant")
@@ -117,7 +122,7 @@ def _update(args) -> int:
     changes = key_changes(vars(args), time.time())
     if not changes:
         print("llmgw: nothing to change: give at least one of --rpm, --tpm, --priority, --models, --expires, "
-              "--budget, --budget-period, --weight, --admin/--no-admin, --sub-tenants/--no-sub-tenants, "
+              "--budget, --budget-period, --weight, --slo-ttft, --slo-tpot, --slo-deadline, --admin/--no-admin, --sub-tenants/--no-sub-tenants, "
               "--batches/--no-batches", file=sys.stderr)
         return 2
     rec = common.replicated(lambda: store.update_key(args.name, by=common.who(), **changes))

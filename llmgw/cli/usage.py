@@ -1,4 +1,5 @@
-"""`llmgw usage`: tokens and requests per API key and model, the budgets of keys that have one
+"""`llmgw usage`: tokens and requests per API key and model (and the goodput of its requests that had
+latency targets: the share that met them, llmgw.slo), the budgets of keys that have one
 (tokens spent this UTC day or month, and what remains), and what fair queueing counted per key and
 model (its weight, the service it received, its share lately, its requests' mean wait in the queue),
 as the gateways flushed them."""
@@ -12,7 +13,8 @@ from llmgw.state.tenants import SHARE_MINUTES, service_rows
 
 
 def read_usage(store: Store) -> list[dict]:
-    """Rows {key, id, model, prompt_tokens, completion_tokens, requests}, sorted by key then model."""
+    """Rows {key, id, model, prompt_tokens, completion_tokens, requests}, and {slo_requests, slo_met} where
+    some had latency targets, sorted by key then model."""
     names = store.key_names()
     rows = []
     for kid, raw in sorted(store.all_key_usage({*names, ANONYMOUS}).items()):
@@ -28,6 +30,13 @@ def read_service(store: Store, now: float) -> list[dict]:
     minute = int(now // 60)
     recent = store.tenant_minutes(list(totals), range(minute - SHARE_MINUTES + 1, minute + 1))
     return service_rows({k.id: k for k in store.list_keys()}, totals, recent)
+
+
+def goodput(row: dict) -> str:
+    """`99.2% of 1250`: the share of a key's requests with latency targets that met them (met / all, the
+    refused early included); `-` when none had targets."""
+    n = row.get("slo_requests", 0)
+    return f"{100 * row.get('slo_met', 0) / n:.1f}% of {n}" if n else "-"
 
 
 def register(sub) -> None:
@@ -55,10 +64,10 @@ def _usage(args) -> int:
     if not rows:
         print("no usage recorded yet")
     else:
-        print(f"{'KEY':24} {'MODEL':28} {'REQUESTS':>9} {'PROMPT':>10} {'COMPLETION':>11}")
+        print(f"{'KEY':24} {'MODEL':28} {'REQUESTS':>9} {'PROMPT':>10} {'COMPLETION':>11} {'GOODPUT':>17}")
         for u in rows:
             print(f"{u['key']:24} {u['model']:28} {u['requests']:>9} {u['prompt_tokens']:>10} "
-                  f"{u['completion_tokens']:>11}")
+                  f"{u['completion_tokens']:>11} {goodput(u):>17}")
     if budgets:
         print(f"\n{'KEY':24} {'PERIOD':12} {'USED':>12} {'BUDGET':>12} {'REMAINING':>12} RESETS (UTC)")
         for b in budgets:

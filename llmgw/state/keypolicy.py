@@ -26,6 +26,7 @@ from datetime import datetime, timezone
 from typing import Callable, Literal, Mapping, NamedTuple
 
 from llmgw.errors import LlmgwError
+from llmgw.slo import LONGEST, BadDuration, Targets, parse_duration
 from llmgw.state.budget import BUDGET_PERIODS, DEFAULT_BUDGET_PERIOD, Period, iso, period_of
 
 # A request's criticality, highest first; `batch` is a Batch API line's (workers/batch), below every
@@ -68,6 +69,16 @@ class ApiKeyRecord:
     weight: float = DEFAULT_WEIGHT  # its share of a saturated model against the other keys' (fairness)
     sub_tenants: bool = False  # may name sub-tenants in X-LLMGW-Tenant (a trusted front end)
     batches: bool = True  # may upload batch files and create batches (docs/batch.md)
+    # Its requests' default latency targets in seconds (llmgw.slo; None: none), under their own headers.
+    slo_ttft: float | None = None
+    slo_tpot: float | None = None
+    slo_deadline: float | None = None
+
+    def slo(self) -> Targets | None:
+        """Its requests' default latency targets, or None when it sets none."""
+        if self.slo_ttft is None and self.slo_tpot is None and self.slo_deadline is None:
+            return None
+        return Targets(self.slo_ttft, self.slo_tpot, self.slo_deadline)
 
     def to_json(self) -> str:
         d = asdict(self)
@@ -96,13 +107,14 @@ class ApiKeyRecord:
             weight = float(d.get("weight", DEFAULT_WEIGHT))
             if not MIN_WEIGHT <= weight <= MAX_WEIGHT:
                 raise ValueError(f"bad weight {weight!r}")
+            slo = {f: _seconds(d.get(f), f) for f in SLO_FIELDS}
             return cls(id=key_id, name=str(d.get("name") or key_id), hash=d["hash"],
                        rpm=_pos_int(d.get("rpm")), tpm=_pos_int(d.get("tpm")), priority=prio,
                        created_at=float(d.get("created_at") or 0.0), models=tuple(models),
                        expires_at=None if expires is None else float(expires), budget=budget,
                        budget_period=(period or DEFAULT_BUDGET_PERIOD) if budget else None,
                        admin=d.get("admin") is True, weight=weight, sub_tenants=d.get("sub_tenants") is True,
-                       batches=d.get("batches") is not False)
+                       batches=d.get("batches") is not False, **slo)
         except (TypeError, ValueError) as e:
             raise ValueError(f"API key record {key_id}: {e}") from None
 
@@ -120,6 +132,15 @@ class ApiKeyRecord:
 
 def _pos_int(v) -> int | None:
     return None if v is None else int(v)
+
+
+def _seconds(v, field: str) -> float | None:
+    if v is None:
+        return None
+    v = float(v)
+    if not 0 < v <= LONGEST:
+        raise ValueError(f"bad {field} {v!r}")
+    return v
 
 
 def hash_key(key: str) -> str:
@@ -213,6 +234,14 @@ def parse_weight(text: str) -> float:
     return w
 
 
+def parse_target(text: str, field: str = "slo_ttft") -> float:
+    """`--slo-ttft`, `--slo-tpot`, `--slo-deadline`: a duration with its unit (`500ms`, `0.5s`, `2s`)."""
+    try:
+        return parse_duration(text)
+    except BadDuration as e:
+        raise ApiKeyInvalid(f"{_flag(field)}: {e}") from None
+
+
 def parse_tokens(text: str) -> int:
     """`--budget`: a token count, with an optional k, M or G suffix (powers of 1000): `5M`, `250k`."""
     m = _TOKENS.match(text)
@@ -228,7 +257,9 @@ def parse_tokens(text: str) -> int:
 CLEAR = ("none", "never", "all")
 # What `key_changes` reads: the flags of `llmgw keys create|update`, by their argparse names (the
 # console's keys form sends the same names): text values, and booleans for the switches.
-TEXT_FIELDS = ("rpm", "tpm", "priority", "models", "expires", "budget", "budget_period", "weight")
+TEXT_FIELDS = ("rpm", "tpm", "priority", "models", "expires", "budget", "budget_period", "weight", "slo_ttft",
+               "slo_tpot", "slo_deadline")
+SLO_FIELDS = ("slo_ttft", "slo_tpot", "slo_deadline")  # a key's default latency targets (llmgw.slo)
 SWITCHES = ("admin", "sub_tenants", "batches")
 KEY_FIELDS = TEXT_FIELDS + SWITCHES
 
@@ -289,6 +320,10 @@ def key_changes(values: Mapping[str, object], now: float) -> dict:
     weight = _text(values, "weight")
     if weight is not None:
         out["weight"] = parse_weight(weight)
+    for field in SLO_FIELDS:
+        text = _text(values, field)
+        if text is not None:
+            out[field] = None if text.lower() in CLEAR else parse_target(text, field)
     for field in SWITCHES:
         v = values.get(field)
         if v is not None:
@@ -314,6 +349,9 @@ def describe_key(rec: ApiKeyRecord) -> str:
     if rec.priority:
         parts.append(f"priority {rec.priority}")
     parts.append(f"weight {rec.weight:g}")
+    targets = rec.slo()
+    if targets is not None:
+        parts.append(f"targets {targets.describe()}")
     if rec.sub_tenants:
         parts.append("sub-tenants")
     if rec.admin:
@@ -340,6 +378,10 @@ def validate_record(rec: ApiKeyRecord) -> None:
         raise ApiKeyInvalid(f"--models: bad model name in {list(rec.models)}")
     if not isinstance(rec.weight, (int, float)) or not MIN_WEIGHT <= rec.weight <= MAX_WEIGHT:
         raise ApiKeyInvalid(f"--weight: must be between {MIN_WEIGHT:g} and {MAX_WEIGHT:g}, got {rec.weight!r}")
+    for field in SLO_FIELDS:
+        v = getattr(rec, field)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= LONGEST):
+            raise ApiKeyInvalid(f"{_flag(field)}: must be a duration of more than 0 and at most 7 days, got {v!r}")
 
 
 def validate(name: str, rpm: int | None, tpm: int | None, priority: str | None) -> None:
@@ -395,7 +437,9 @@ def parse_table(raw: dict[str, str]) -> tuple[list[ApiKeyRecord], list[str]]:
 
 
 def usage_by_model(raw: dict[str, str]) -> dict[str, dict[str, int]]:
-    """A key's usage hash (`keys.usage`) as model -> {prompt_tokens, completion_tokens, requests}."""
+    """A key's usage hash (`keys.usage`) as model -> {prompt_tokens, completion_tokens, requests}, and
+    with latency targets (llmgw.slo) {slo_requests, slo_met}: the requests that had targets, and those
+    of them that met them (goodput)."""
     per_model: dict[str, dict[str, int]] = {}
     for field, value in raw.items():
         model, _, kind = field.rpartition(":")
@@ -406,7 +450,8 @@ def usage_by_model(raw: dict[str, str]) -> dict[str, dict[str, int]]:
     return per_model
 
 
-_USAGE_COLUMNS = {"prompt": "prompt_tokens", "completion": "completion_tokens", "requests": "requests"}
+_USAGE_COLUMNS = {"prompt": "prompt_tokens", "completion": "completion_tokens", "requests": "requests",
+                  "slo": "slo_requests", "slo_met": "slo_met"}
 
 
 def budget_status(rec: ApiKeyRecord, used: int, now: float) -> dict | None:

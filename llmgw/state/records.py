@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, TypeVar
 
+from llmgw.slo import Targets
 from llmgw.state.keys import REPLICA_STOPPED_ON_PREFIX
 from llmgw.surface import LEGACY_OPERATIONS, OPERATIONS
 
@@ -268,6 +269,12 @@ class EndpointInfo:
     # Whether an answer of this model whose engine breaks off moves to another replica (the catalog's
     # `routing.resume`; gateway.http.resume).
     resume: bool = True
+    # The model's default latency targets (the catalog's `slo:`, llmgw.catalog.slo), in seconds (None:
+    # none); a request's own headers and its key's defaults come first (llmgw.slo.resolve).
+    slo_ttft: float | None = None
+    slo_tpot: float | None = None
+    slo_deadline: float | None = None
+    slo_strict: bool = False
     # Precise prefix routing (`kv_events: true`): where the engine publishes its KV cache events and
     # answers replays (tcp://node:port); empty: the gateway predicts from what it sent.
     kv_events: str = ""
@@ -278,6 +285,12 @@ class EndpointInfo:
     # The catalog's `kv_cache_tokens`: the KV cache one replica holds, in tokens, which sizes the
     # gateway's index of what it sent there (before the engine's own figure); None: not declared.
     kv_tokens: int | None = None
+
+    def slo_targets(self) -> Targets | None:
+        """The model's default latency targets, or None when its catalog sets none."""
+        if self.slo_ttft is None and self.slo_tpot is None and self.slo_deadline is None:
+            return None
+        return Targets(self.slo_ttft, self.slo_tpot, self.slo_deadline, self.slo_strict)
 
     def serves(self, op: str) -> bool:
         return op in self.paths if self.paths is not None else op in LEGACY_OPERATIONS

@@ -147,6 +147,11 @@ def sentences(rec: Served) -> list[str]:
             at = s.get("at")
             when = f" at {_secs(at)}" if at is not None else ""
             out.append(f"Attempt {s.get('n', attempts - 1) + 1} went to {_where(s)}{when}.")
+        elif kind == "targets":
+            pred = s.get("predicted")
+            said = f"; the router predicted its first token {_secs(pred)} after it was sent" if pred is not None else ""
+            verdict = f"it missed them: {s['missed']}" if s.get("missed") else "it met them"
+            out.append(f"Its latency targets were {s.get('targets')}{said}; {verdict}.")
         elif kind == "failed":
             outcome = str(s.get("outcome", ""))
             status = f" (HTTP {s['status']})" if s.get("status") else ""

@@ -148,6 +148,17 @@ class RequestTrace:
             self._fail(r, str(status) if completed else "cut")
         self._end_all()
 
+    def targets(self, targets: str, missed: str, predicted: float | None) -> None:
+        """The request had latency targets (`targets`, in words): what it `missed` ("" none) and the
+        first token the router predicted from its send (seconds; None: not predicted)."""
+        if self.done:
+            return
+        r = self.root
+        r.set_attribute("llmgw.slo.targets", targets)
+        r.set_attribute("llmgw.slo.met", not missed)
+        if predicted is not None:
+            r.set_attribute("llmgw.slo.predicted_ttft", predicted)
+
     def refused(self, status: int, kind: str, message: str) -> None:
         """The gateway answered with an error of its own (ApiError): its status, kind and message."""
         if self.done:
@@ -227,6 +238,9 @@ class NoRequestTrace:
         pass
 
     def finish(self, status: int, completed: bool, usage: tuple[int, int] | None) -> None:
+        pass
+
+    def targets(self, targets: str, missed: str, predicted: float | None) -> None:
         pass
 
     def refused(self, status: int, kind: str, message: str) -> None:

@@ -12,6 +12,14 @@ import requests
 from urllib3.exceptions import NewConnectionError
 
 PRIORITY_HEADER = "X-LLMGW-Priority"
+DEADLINE_HEADER = "X-LLMGW-Deadline"  # what is left of the batch's completion window (llmgw.slo)
+
+
+def deadline_header(expires_at: float, now: float) -> str | None:
+    """A line's deadline, from its batch's completion window: the seconds left of it (None: none left;
+    the window's end expires the line anyway). Whole milliseconds, as the gateway reads a duration."""
+    left = expires_at - now
+    return f"{max(1, int(left * 1000))}ms" if left > 0 else None
 
 
 @dataclass(frozen=True)
@@ -39,8 +47,10 @@ class LineSender:
             s = self._local.session = requests.Session()
         return s
 
-    def __call__(self, path: str, body: dict, request_id: str) -> Answer:
+    def __call__(self, path: str, body: dict, request_id: str, deadline: str | None = None) -> Answer:
         headers = {"Content-Type": "application/json", PRIORITY_HEADER: "batch", "X-Request-Id": request_id}
+        if deadline is not None:
+            headers[DEADLINE_HEADER] = deadline
         key = self.credential()
         if key:
             headers["Authorization"] = f"Bearer {key}"

@@ -30,7 +30,7 @@ from llmgw.batch.shapes import answer_line, error_line, usage_of
 from llmgw.state.batch_records import ANONYMOUS_OWNER, BatchRecord, FileRecord
 from llmgw.state.store import RedisError, Store
 from llmgw.state.store.batches import Bill
-from workers.batch.client import Answer
+from workers.batch.client import Answer, deadline_header
 from workers.batch.decide import (
     Again,
     Throttle,
@@ -74,7 +74,7 @@ class Outcome:
 
 
 class Run:
-    def __init__(self, store: Store, settings: BatchSettings, send_line: Callable[[str, dict, str], Answer],
+    def __init__(self, store: Store, settings: BatchSettings, send_line: Callable[..., Answer],
                  batch_id: str, token: str, kick_run: Callable[[str], None],
                  clock: Callable[[], float] = time.time, pool: ThreadPoolExecutor | None = None):
         self.store, self.settings, self.send_line = store, settings, send_line
@@ -256,7 +256,8 @@ class Run:
             if req is None:
                 return True
             r, tries = req
-            fut = pool.submit(self.send_line, b.endpoint, r.body, f"{self.batch_id}-{r.index}")
+            fut = pool.submit(self.send_line, b.endpoint, r.body, f"{self.batch_id}-{r.index}",
+                              deadline=deadline_header(b.expires_at, now))
             self.inflight[fut] = (r, tries)
             self.throttle.count(now, len(self.inflight))
             self.outcome.sent += 1

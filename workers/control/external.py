@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Mapping, Protocol
 
 from llmgw.catalog import Catalog, Profile
+from llmgw.catalog.slo import endpoint_fields as slo_fields
 from llmgw.engines import ENGINES
 from llmgw.engines.external import ExternalDriver
 from llmgw.engines.metrics import read_load
@@ -123,6 +124,7 @@ def external_endpoints(catalog: Catalog, records: Iterable[ExternalRecord]) -> l
             priority=p.priority, capacity=p.capacity, served_name=p.served_name or model.name, model=model.name,
             profile=p.name, paths=DRIVER.paths(p), api_key_env=p.api_key_env,
             objective=(model.routing.objective or "") if model.routing else "", kv_tokens=p.kv_cache_tokens,
+            **slo_fields(model.slo),
         ))
     return out
 

@@ -23,6 +23,7 @@ from typing import Iterable, Mapping, NamedTuple
 from urllib.parse import urlsplit
 
 from llmgw.catalog import Catalog, Model, Profile
+from llmgw.catalog.slo import endpoint_fields as slo_fields
 from llmgw.engines import ENGINES
 from llmgw.state.demand_records import GatewayReport
 from llmgw.state.node_records import NodeInfo
@@ -151,6 +152,7 @@ def endpoints_from(
                 objective=(model.routing.objective or "") if model.routing else "",
                 resume=model.routing.resume if model.routing else True,
                 kv_tokens=profile.kv_cache_tokens,
+                **slo_fields(model.slo),
                 **kv_event_addresses(rec, model, profile),
             )
         )

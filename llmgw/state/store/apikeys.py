@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Sequence
 
 from llmgw.errors import NotFound
 from llmgw.state import keys
@@ -153,21 +153,26 @@ class ApiKeys(Aggregate):
         out = pipe.execute()
         return (int(out[0]) if rpm else None), (int(out[-1] or 0) if tpm else 0)
 
-    def add_usage(self, usage: Mapping[tuple[str, str], tuple[int, int, int]],
+    def add_usage(self, usage: Mapping[tuple[str, str], Sequence[int]],
                   tokens: Mapping[tuple[str, int], int],
                   budgets: Mapping[tuple[str, str], tuple[int, int]] | None = None,
                   read: Iterable[tuple[str, str]] = ()) -> list[int]:
-        """Add counted usage in one pipeline: (key id, model) -> (prompt, completion, requests),
+        """Add counted usage in one pipeline: (key id, model) -> (prompt, completion, requests[, requests
+        with latency targets, of them met]),
         (key id, minute) -> tokens for the tokens-per-minute windows, and (key id, budget period id)
         -> (tokens, counter TTL) for budgets. Then, in the same round trip, read the budget counters
         of `read` ((key id, period id) pairs): what every gateway flushed so far, this one included."""
         read = list(read)
         pipe = self.r.pipeline(transaction=False)
-        for (kid, model), (p, c, n) in usage.items():
+        for (kid, model), (p, c, n, *slo) in usage.items():
             h = keys.usage(kid)
-            pipe.hincrby(h, f"{model}:prompt", p)
-            pipe.hincrby(h, f"{model}:completion", c)
-            pipe.hincrby(h, f"{model}:requests", n)
+            if p or c or n:
+                pipe.hincrby(h, f"{model}:prompt", p)
+                pipe.hincrby(h, f"{model}:completion", c)
+                pipe.hincrby(h, f"{model}:requests", n)
+            if slo and slo[0]:
+                pipe.hincrby(h, f"{model}:slo", slo[0])
+                pipe.hincrby(h, f"{model}:slo_met", slo[1])
         for (kid, minute), n in tokens.items():
             pipe.incrby(keys.rate_window(kid, "tpm", minute), n)
             pipe.expire(keys.rate_window(kid, "tpm", minute), 120)
