@@ -128,9 +128,9 @@ faults: install
 # Every benchmark, as `python -m bench.NAME` from the repository root; bench/litellm_peer.py and
 # bench/stream_floor.py are helpers that bench/routing.py and bench/streams.py start, bench/fleets.py,
 # bench/traffic.py, bench/report.py and bench/conversations.py modules the benchmarks share;
-# bench/vllm_gpu_check.py needs an NVIDIA GPU (run it by hand on one).
+# bench/vllm_gpu_check.py needs an NVIDIA GPU (run it by hand on one), bench/vllm_dtype.py `make vllm`.
 bench: install
-	for b in bench/*.py; do m=$$(basename $$b .py); case $$m in __init__|fleets|traffic|report|conversations|litellm_peer|stream_floor|vllm_gpu_check) ;; *) $(PY) -m bench.$$m || exit 1;; esac; done
+	for b in bench/*.py; do m=$$(basename $$b .py); case $$m in __init__|fleets|traffic|report|conversations|litellm_peer|stream_floor|vllm_gpu_check|vllm_dtype) ;; *) $(PY) -m bench.$$m || exit 1;; esac; done
 
 clean:
 	rm -rf $(VENV) .llmgw

@@ -44,7 +44,7 @@ from llmgw.engines.base import (
 )
 from llmgw.errors import Problem
 from llmgw.weights.fit import KV_TYPE_BYTES, Workload
-from llmgw.weights.meta import MetaError, Shape, local_shape
+from llmgw.weights.meta import TORCH_DTYPE_BYTES, MetaError, Shape, local_shape
 from llmgw.weights.errors import SourceInvalid
 from llmgw.weights.sources import HubSource, LocalPath, engine_refusal, parse_source
 
@@ -91,6 +91,16 @@ def prepared_env(environ: Mapping[str, str]) -> Path | None:
 def kv_space_gib(tokens: int, bytes_per_token: float) -> int:
     """VLLM_CPU_KVCACHE_SPACE for a KV cache of `tokens` tokens: whole GiB, rounded up, at least 1."""
     return max(1, math.ceil(tokens * bytes_per_token / GIB))
+
+
+def kv_elem_bytes(args: list[str]) -> float | None:
+    """Bytes of one KV cache element as a profile's args set them: `--kv-cache-dtype`, else `--dtype` (the
+    KV cache follows the model's dtype under `auto`); None: the model's own dtype decides."""
+    kv = _arg(args, "--kv-cache-dtype")
+    if kv and kv != "auto":
+        return KV_TYPE_BYTES.get(kv)
+    dtype = _arg(args, "--dtype")
+    return TORCH_DTYPE_BYTES.get(dtype) if dtype and dtype != "auto" else None
 
 
 def _model_shape(path: str) -> Shape | None:
@@ -357,10 +367,9 @@ class VllmDriver(EngineDriver):
             return None
         if ctx <= 0:
             return None
-        kv = _arg(args, "--kv-cache-dtype")
         return Workload("vllm", context=ctx, sequences=seqs, tensor_parallel=profile.tensor_parallel,
                         pipeline_parallel=profile.pipeline_parallel, gpu_memory_utilization=util,
-                        max_batched_tokens=batched, kv_bytes=KV_TYPE_BYTES.get(kv) if kv and kv != "auto" else None)
+                        max_batched_tokens=batched, kv_bytes=kv_elem_bytes(args))
 
     def tokenizer_source(self, model: Model, profile: Profile) -> str:
         # vLLM's --tokenizer (a hub id), else the model's own repository (hf:// or a bare org/name,
@@ -392,8 +401,7 @@ class VllmDriver(EngineDriver):
                 raise EngineUnavailable(self.name, "kv_cache_tokens", f"profile {p.name}: cannot size the KV cache "
                                         f"of {p.kv_cache_tokens} tokens: no model directory with a config.json "
                                         f"at {source!r} on this node")
-            kv = _arg(list(p.args), "--kv-cache-dtype")
-            per_elem = KV_TYPE_BYTES.get(kv) if kv and kv != "auto" else None
+            per_elem = kv_elem_bytes(list(p.args))
             gib = kv_space_gib(p.kv_cache_tokens, shape.kv_elems_per_token * (per_elem or shape.dtype_bytes))
         env = {"CUDA_VISIBLE_DEVICES": "", CPU_KV_ENV: str(gib)}
         if ctx.cpus:

@@ -82,6 +82,11 @@ def test_cpu_env_kv_space_and_core_binding():
     # An fp8 KV cache holds twice the tokens per GiB.
     fp8 = cpu_model(kv_cache_tokens=200_000, args=["--kv-cache-dtype", "fp8"])
     assert driver().command(ctx(fp8)).env["VLLM_CPU_KVCACHE_SPACE"] == "3"
+    # A model run at float32 (`--dtype`) keeps its KV cache at float32 too (`auto`): twice the bytes a token.
+    fp32 = cpu_model(kv_cache_tokens=200_000, args=["--dtype", "float32"])
+    assert driver().command(ctx(fp32)).env["VLLM_CPU_KVCACHE_SPACE"] == "9"
+    both = cpu_model(kv_cache_tokens=200_000, args=["--dtype=float32", "--kv-cache-dtype", "fp8"])
+    assert driver().command(ctx(both)).env["VLLM_CPU_KVCACHE_SPACE"] == "3"
     with pytest.raises(EngineUnavailable, match="cannot size the KV cache of 65536 tokens"):
         driver(shape=None).command(ctx(cpu_model(kv_cache_tokens=65536)))
     unbound = driver().command(ctx(cpu_model(threads=3))).env
