@@ -31,7 +31,11 @@ from gateway.routing import eviction as ev
 
 RUN_MAX = 1024  # running answers one worker lists (more are not offered to the other workers)
 WAIT_MAX = 64  # queue heads one worker publishes (one per model with waiters)
-STALE = 2.5  # seconds after which a head not refreshed is ignored (a head looks again at least every second)
+# Seconds after which a head not refreshed is ignored: its worker hung or died (a replaced worker clears
+# its row when it adopts it). A waiting head looks again at least every second (queue.RECHECK); on a
+# machine loaded past its cores a thread can wait seconds to run, and a live head taken for stale
+# loses its turn to a younger request of its own key (2.5 s did, in the suite at 3x the cores).
+STALE = 10.0
 EVICT_LOOK = 0.01  # seconds between a worker's looks at its eviction flags while it has answers running
 
 _HEAD = 4  # owner pid (0: free), evictions asked of this worker (grows), running listed, heads listed
