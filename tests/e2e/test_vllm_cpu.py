@@ -523,3 +523,12 @@ def test_a_rolling_replacement_costs_no_client_request(stack):
         wait_until(lambda: loop.ok >= served + 3, 60, what="more answers after the roll")
     assert loop.errors == [], loop.errors[:5]
     print(f"rolling replacement of 2 vLLM replicas by 1 under a client loop: {loop.ok} answers, 0 errors")
+
+
+def test_bad_fields_get_the_same_answers_as_from_the_other_engines(stack):
+    """tests/e2e/test_bad_fields.py's table through vLLM: the gateway checks the common fields itself,
+    so vLLM's own wording never reaches the client (its answer to a string temperature is shown beside)."""
+    from tests.e2e.test_bad_fields import check_engine
+
+    messages = check_engine(stack.url, "smollm2")
+    assert "Invalid type for 'temperature': expected a decimal, but got a string instead." in messages
