@@ -1,8 +1,8 @@
 """`llmgw keys create|update|list|revoke`: API keys for the gateway (a thin shell over the store's keys).
 
 A key is printed once, at creation; Redis keeps only its SHA-256 (`llmgw:apikeys` holds the records).
-`update` changes a key's limits and policy (models, expiry, budget, weight, sub-tenants, admin), never the key
-itself.
+`update` changes a key's limits and policy (models, expiry, budget, weight, sub-tenants, admin, batches, an
+isolated prefix cache), never the key itself.
 Whether the gateway requires a key is `LLMGW_GATEWAY_AUTH` (see docs/gateway.md).
 """
 
@@ -69,6 +69,9 @@ def _policy_flags(p: argparse.ArgumentParser, update: bool) -> None:
                             "X-LLMGW-Tenant")
     p.add_argument("--batches", action=argparse.BooleanOptionalAction, default=None,
                    help="may (the default) or may not use the Batch API (/v1/files, /v1/batches; docs/batch.md)")
+    p.add_argument("--isolate-cache", action=argparse.BooleanOptionalAction, default=None,
+                   help="its requests carry a cache_salt of their own, so they share no prefix-cache entry with "
+                        "other keys' on vLLM (default: off, prefixes are shared)")
 
 
 def register(sub) -> None:
@@ -125,6 +128,8 @@ def _changes(args, now: float) -> dict:
         out["weight"] = parse_weight(args.weight)
     if args.sub_tenants is not None:
         out["sub_tenants"] = args.sub_tenants
+    if args.isolate_cache is not None:
+        out["isolate_cache"] = args.isolate_cache
     return out
 
 
@@ -155,7 +160,7 @@ def _update(args) -> int:
     if not changes:
         print("llmgw: nothing to change: give at least one of --rpm, --tpm, --priority, --models, --expires, "
               "--budget, --budget-period, --weight, --admin/--no-admin, --sub-tenants/--no-sub-tenants, "
-              "--batches/--no-batches", file=sys.stderr)
+              "--batches/--no-batches, --isolate-cache/--no-isolate-cache", file=sys.stderr)
         return 2
     rec = common.replicated(lambda: store.update_key(args.name, **changes))
     _warn_unknown_models(store, changes.get("models") or ())
@@ -179,6 +184,8 @@ def _describe(rec: ApiKeyRecord) -> str:
         parts.append("admin")
     if not rec.batches:
         parts.append("no batches")
+    if rec.isolate_cache:
+        parts.append("isolated cache")
     return ", ".join(parts)
 
 

@@ -10,6 +10,9 @@ decision over them is `gateway.policy.decide`; `llmgw keys create|update` parses
 A key is also a tenant of a saturated model (gateway.routing.fairness): its `weight` is its share
 against the other keys waiting for the same model, and a key marked `sub_tenants` (a trusted front
 end) may split its share among the sub-tenants it names in `X-LLMGW-Tenant` (`tenant_of`).
+
+How the engines order a request (`order_rank`: its class as vLLM's `priority`) and the prefix-cache
+salt of a key that isolates its cache (`cache_salt_of`) are decided here too, beside the classes.
 """
 
 from __future__ import annotations
@@ -30,6 +33,11 @@ from llmgw.state.budget import BUDGET_PERIODS, DEFAULT_BUDGET_PERIOD, Period, is
 Priority = Literal["critical", "standard", "sheddable"]
 PRIORITIES: tuple[str, ...] = typing.get_args(Priority)
 PRIORITY_RANK = {"sheddable": 0, "standard": 1, "critical": 2}
+# The gateway's order as the engines receive it (vLLM's `priority`: lower first; `order_rank`). The
+# default class, `standard`, is vLLM's default 0, so its requests need no field in their body; a
+# batch line (sent as `sheddable`) comes last of all.
+ORDER_RANK = {"critical": -1, "standard": 0, "sheddable": 1}
+BATCH_RANK = 2
 KEY_PREFIX = "sk-llmgw-"
 # The key id under which gateways count usage of requests served while no key was required.
 ANONYMOUS = "anonymous"
@@ -65,6 +73,9 @@ class ApiKeyRecord:
     weight: float = DEFAULT_WEIGHT  # its share of a saturated model against the other keys' (fairness)
     sub_tenants: bool = False  # may name sub-tenants in X-LLMGW-Tenant (a trusted front end)
     batches: bool = True  # may upload batch files and create batches (docs/batch.md)
+    # Its requests carry a `cache_salt` of their own (`cache_salt_of`): they share no prefix-cache entry
+    # with other keys' on the engines that take one (vLLM, the sim).
+    isolate_cache: bool = False
 
     def to_json(self) -> str:
         d = asdict(self)
@@ -99,7 +110,7 @@ class ApiKeyRecord:
                        expires_at=None if expires is None else float(expires), budget=budget,
                        budget_period=(period or DEFAULT_BUDGET_PERIOD) if budget else None,
                        admin=d.get("admin") is True, weight=weight, sub_tenants=d.get("sub_tenants") is True,
-                       batches=d.get("batches") is not False)
+                       batches=d.get("batches") is not False, isolate_cache=d.get("isolate_cache") is True)
         except (TypeError, ValueError) as e:
             raise ValueError(f"API key record {key_id}: {e}") from None
 
@@ -157,6 +168,30 @@ def tenant_of(key: ApiKeyRecord | None, header: str | None) -> Tenant | TenantRe
     if key is None:
         return Tenant(ANONYMOUS, ANONYMOUS, DEFAULT_WEIGHT, header or "")
     return Tenant(key.id, key.name, key.weight, header or "")
+
+
+def order_rank(priority: str, batch: bool = False) -> int:
+    """Where a request stands in the gateway's order, as an engine's `priority` (lower first, vLLM's
+    sense): critical -1, standard 0 (the engines' default), sheddable 1, a batch line 2, whatever
+    class it was sent with. An unknown class ranks as standard."""
+    return BATCH_RANK if batch else ORDER_RANK.get(priority, 0)
+
+
+# What a key's cache salt is made from besides the key: fixed, so a key's salt never changes.
+_SALT_DOMAIN = b"llmgw-cache-salt\0"
+
+
+def cache_salt_of(key: ApiKeyRecord | None) -> str | None:
+    """The `cache_salt` a key's requests carry when it isolates its prefix cache (None: they carry
+    none, and share cached prefixes with every other key's). Derived from the key's id and its hash:
+    stable for the key's life (neither ever changes), the same in every gateway process, and
+    unguessable by other tenants (it takes the key's hash, which only Redis and the key's holder can
+    make), while it reveals nothing of the key (a SHA-256 over its SHA-256). 32 hex characters with a
+    prefix: within vLLM's limits (at most 128 characters, no '@', '/', '\\')."""
+    if key is None or not key.isolate_cache:
+        return None
+    digest = hashlib.sha256(_SALT_DOMAIN + key.id.encode() + b"\0" + key.hash.encode()).hexdigest()
+    return "llmgw-" + digest[:32]
 
 
 def cap_priority(requested: str, ceiling: str) -> str:
@@ -238,6 +273,8 @@ def validate_record(rec: ApiKeyRecord) -> None:
         raise ApiKeyInvalid(f"--models: bad model name in {list(rec.models)}")
     if not isinstance(rec.weight, (int, float)) or not MIN_WEIGHT <= rec.weight <= MAX_WEIGHT:
         raise ApiKeyInvalid(f"--weight: must be between {MIN_WEIGHT:g} and {MAX_WEIGHT:g}, got {rec.weight!r}")
+    if not isinstance(rec.isolate_cache, bool):
+        raise ApiKeyInvalid(f"--isolate-cache: must be true or false, got {rec.isolate_cache!r}")
 
 
 def validate(name: str, rpm: int | None, tpm: int | None, priority: str | None) -> None:
@@ -248,8 +285,8 @@ def new_key(name: str, rpm: int | None, tpm: int | None, priority: str | None, n
             token: Callable[[int], str] = secrets.token_urlsafe,
             hexid: Callable[[int], str] = secrets.token_hex, **policy) -> tuple[ApiKeyRecord, str]:
     """A validated new record and the key it hashes (pure but for the injected randomness). `policy`:
-    models, expires_at, budget, budget_period, admin, weight, sub_tenants (a budget without a period is
-    per month)."""
+    models, expires_at, budget, budget_period, admin, weight, sub_tenants, batches, isolate_cache (a
+    budget without a period is per month)."""
     if policy.get("budget") and not policy.get("budget_period"):
         policy["budget_period"] = DEFAULT_BUDGET_PERIOD
     key = KEY_PREFIX + token(32)
