@@ -33,11 +33,6 @@ from llmgw.state.budget import BUDGET_PERIODS, DEFAULT_BUDGET_PERIOD, Period, is
 Priority = Literal["critical", "standard", "sheddable"]
 PRIORITIES: tuple[str, ...] = typing.get_args(Priority)
 PRIORITY_RANK = {"sheddable": 0, "standard": 1, "critical": 2}
-# The gateway's order as the engines receive it (vLLM's `priority`: lower first; `order_rank`). The
-# default class, `standard`, is vLLM's default 0, so its requests need no field in their body; a
-# batch line (sent as `sheddable`) comes last of all.
-ORDER_RANK = {"critical": -1, "standard": 0, "sheddable": 1}
-BATCH_RANK = 2
 KEY_PREFIX = "sk-llmgw-"
 # The key id under which gateways count usage of requests served while no key was required.
 ANONYMOUS = "anonymous"
@@ -48,6 +43,10 @@ MIN_WEIGHT, MAX_WEIGHT = 0.01, 1000.0
 # The header a trusted front end names a sub-tenant of its key with, and the longest name it takes.
 TENANT_HEADER = "X-LLMGW-Tenant"
 MAX_SUB_TENANT = 64
+# The classes in the order the engines receive (vLLM's `priority`: lower first; `order_rank`): the
+# order of PRIORITY_RANK, with the default class, `standard`, at vLLM's default 0, so a standard
+# request's body needs no field; a Batch API line (`batch`) comes last of all.
+ORDER_RANK = {"critical": -1, "standard": 0, "sheddable": 1, "batch": 2}
 
 
 class ApiKeyInvalid(LlmgwError):
@@ -170,11 +169,11 @@ def tenant_of(key: ApiKeyRecord | None, header: str | None) -> Tenant | TenantRe
     return Tenant(key.id, key.name, key.weight, header or "")
 
 
-def order_rank(priority: str, batch: bool = False) -> int:
-    """Where a request stands in the gateway's order, as an engine's `priority` (lower first, vLLM's
-    sense): critical -1, standard 0 (the engines' default), sheddable 1, a batch line 2, whatever
-    class it was sent with. An unknown class ranks as standard."""
-    return BATCH_RANK if batch else ORDER_RANK.get(priority, 0)
+def order_rank(priority: str) -> int:
+    """Where a request of class `priority` stands in the gateway's order, as an engine's `priority`
+    (lower first, vLLM's sense): critical -1, standard 0 (the engines' default), sheddable 1, batch 2.
+    An unknown class ranks as standard."""
+    return ORDER_RANK.get(priority, 0)
 
 
 # What a key's cache salt is made from besides the key: fixed, so a key's salt never changes.

@@ -8,27 +8,27 @@ from llmgw import surface as op
 from llmgw.catalog import Model, Profile
 from llmgw.engines import get_engine
 from llmgw.engines.base import ORDERED_OPERATIONS, LaunchContext
-from llmgw.state.keypolicy import BATCH_RANK, ORDER_RANK, PRIORITIES, order_rank
+from llmgw.state.keypolicy import ORDER_RANK, PRIORITIES, PRIORITY_RANK, order_rank
 from simengine.core import SimConfig, SimCore
 
 
-@pytest.mark.parametrize("priority, batch, rank", [
-    ("critical", False, -1),
-    ("standard", False, 0),  # vLLM's default: a standard request's body needs no field
-    ("sheddable", False, 1),
-    ("sheddable", True, 2),  # a batch line ranks last, whatever class it is sent with
-    ("standard", True, 2),
-    ("critical", True, 2),
-    ("unheard-of", False, 0),
+@pytest.mark.parametrize("priority, rank", [
+    ("critical", -1),
+    ("standard", 0),  # vLLM's default: a standard request's body needs no field
+    ("sheddable", 1),
+    ("batch", 2),  # a Batch API line ranks last
+    ("unheard-of", 0),
 ])
-def test_order_rank(priority, batch, rank):
-    assert order_rank(priority, batch) == rank
+def test_order_rank(priority, rank):
+    assert order_rank(priority) == rank
 
 
-def test_the_rank_table_covers_every_class_in_order():
-    assert set(ORDER_RANK) == set(PRIORITIES)
-    assert sorted(PRIORITIES, key=order_rank) == ["critical", "standard", "sheddable"]
-    assert BATCH_RANK > max(ORDER_RANK.values()) and ORDER_RANK["standard"] == 0
+def test_the_rank_table_covers_every_class_in_the_gateway_s_order():
+    assert set(PRIORITIES) <= set(ORDER_RANK)
+    # the same order as the gateway's own table (higher there = earlier here)
+    ranked = [p for p in PRIORITY_RANK if p in ORDER_RANK]
+    assert sorted(ranked, key=order_rank) == sorted(ranked, key=lambda p: -PRIORITY_RANK[p])
+    assert max(ORDER_RANK, key=order_rank) == "batch"
 
 
 @pytest.mark.parametrize("engine, rank, salt, fields", [
