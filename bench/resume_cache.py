@@ -1,6 +1,6 @@
 """What share of a resumed prefill each engine serves from its cache.
 
-    python -m bench.resume_cache [--prompt-words 700] [--cut 32] [--runs 3] [--cache-ram 256]
+    python -m bench.resume_cache [--prompt-words 500] [--cut 32] [--runs 3] [--cache-ram 256]
                                  [--vllm DIR | --no-vllm]
 
 An answer the gateway evicts (or whose engine breaks off) is resumed by a second request: the prompt
@@ -220,7 +220,7 @@ def row(label: str, runs: list[Resumed]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.resume_cache", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--prompt-words", type=int, default=700, help="length of the prompt (about 1.4 tokens a word)")
+    ap.add_argument("--prompt-words", type=int, default=500, help="length of the prompt (about 1.4 tokens a word)")
     ap.add_argument("--cut", type=int, default=32, help="tokens said before the answer is cut off")
     ap.add_argument("--runs", type=int, default=3, help="runs of each scenario (the medians are printed)")
     ap.add_argument("--cache-ram", type=int, default=256, help="llama-server's prompt cache, MiB")

@@ -195,7 +195,6 @@ class LlamaCppDriver(EngineDriver):
                         devices=profile.gpu.count if profile.gpu else 0,
                         kv_bytes=KV_TYPE_BYTES.get(kv) if kv else None)
 
-    # --- LoRA adapters ------------------------------------------------------------------------
     def refusals(self, profile: Profile) -> list[Problem]:
         """Besides the base rules: `cache_ram` and a `--cache-ram` in args say the same thing (one of them)."""
         problems = super().refusals(profile)
@@ -204,6 +203,7 @@ class LlamaCppDriver(EngineDriver):
                                                  "size in one place (cache_ram)"))
         return problems
 
+    # --- LoRA adapters ------------------------------------------------------------------------
     def lora_refusals(self, profile: Profile) -> list[Problem]:
         problems = super().lora_refusals(profile)
         if profile.lora is not None and profile.lora.max_cpu_loras is not None:
