@@ -40,7 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.fleets import Dist, Engine, Fleet, Load
-from bench.fleetsim import Req, Result, Simulation, _Gateway
+from bench.fleetsim import Req, Result, Simulation
+from bench.simshell import GatewayShell
 from bench.report import pct
 from bench.routing import RunningFleet, bodies
 from simengine.core import SimConfig
@@ -269,7 +270,7 @@ def simulate(a) -> int:
 
         def report(self) -> None:  # every gateway's report, every LLMGW_GATEWAY_REPORT_INTERVAL
             now = self.sim.now
-            self.reports = [GatewayReport(str(g.idx), now, endpoints={e: EndpointUse(n) for e, n in g.state.inflight.items()},
+            self.reports = [GatewayReport(str(g.idx), now, endpoints={e: EndpointUse(n) for e, n in g.router.inflight.items()},
                                           models={"m": ModelDemand(0, len(g.queue))}) for g in self.sim.gateways]
             if self.todo or self.inflight:
                 self.sim.at(now + 0.5, "call", self.report)
@@ -314,16 +315,16 @@ def simulate(a) -> int:
 
     from gateway.routing.choice import Choice
 
-    class PreemptingGateway(_Gateway):
+    class PreemptingGateway(GatewayShell):
         """What this benchmark shows the gateway would need (not llmgw's code): a standard request
         that would wait for a slot takes one from the batch instead: the youngest sheddable request in
         flight is aborted at its engine (as closing its connection does) and its line sent again."""
 
         def admit(self, req: Req) -> None:
             if req.priority == "standard":
-                res = self.state.route(self._request(req, len(self.queue) + 1))
+                res = self.router.route(self.request(req, len(self.queue) + 1))
                 if isinstance(res, Choice):
-                    self.state.release(res, None)
+                    self.router.release(res, None)
                 elif res.kind == "saturated":
                     self._preempt()
             super().admit(req)
@@ -357,7 +358,7 @@ def simulate(a) -> int:
         load = Load("interactive", a.load, seconds=seconds, warmup=warm)
         sim = BatchSim(fleet, load, "llmgw", seed, GatewaySettings())
         if preempt:
-            sim.gateways = [PreemptingGateway(sim, g.idx, g.state) for g in sim.gateways]
+            sim.gateways = [PreemptingGateway(sim, g.idx, g.router, g.pollers, g.exchange) for g in sim.gateways]
         marks: dict[str, float] = {}
         sim.at(start, "call", lambda: marks.__setitem__("start", tokens(sim)))
         sim.at(seconds, "call", lambda: marks.__setitem__("end", tokens(sim)))

@@ -4,8 +4,9 @@ come, first served (`fcfs`), in one run, on the fleet simulator's engines.
     python -m bench.fairness [--seconds 150] [--seed 1] [--only light-heavy,weights,...]
 
 The engines are bench/fleetsim.py's (the sim engine's batching model on a virtual clock: continuous
-batching, a FIFO behind the batch, prefill stalling the step); the gateways are llmgw's code: the
-`PolledRouter`, `admit`, the queue's order (`gateway.routing.ledger.Backlog` over a `Ledger`, as
+batching, a FIFO behind the batch, prefill stalling the step); the gateways are llmgw's code, in the
+admission shell and event loop bench/fleetsim.py runs too (bench/simshell.py): the `Router`,
+`admission.decide`, the queue's order (`gateway.routing.ledger.Backlog` over a `Ledger`, as
 `WaitQueue` uses them), what a sent request is charged (`WaitQueues.sent`) and corrected by its
 answer's usage, and with several gateways the exchange of the counters every LLMGW_GATEWAY_SHARE_FAIRNESS
 (gateway.server.fairshare: add what was counted, read back the totals) and of what each holds. Same
@@ -37,21 +38,19 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import heapq
 import math
 import random
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from types import SimpleNamespace
 
 from bench.fleets import Dist, Engine, Fleet
-from bench.fleetsim import Req, SimClock, _Engine, _Store
+from bench.fleetsim import Req, _Engine, _Store
+from bench.simshell import EventLoop, GatewayShell, gateway_parts
 from gateway.config import GatewaySettings
-from gateway.routing.admission import Send, Shed, Wait, admit, drain_time
-from gateway.routing.choice import Choice, Rejection, RouteRequest
-from gateway.routing.ledger import Backlog, Charge, Ledger
+from gateway.routing.choice import Choice
+from gateway.routing.ledger import Ledger
 from gateway.routing.queue import WaitQueues
-from gateway.server.pollers import PolledRouter
 from llmgw.state.keypolicy import Tenant
 from llmgw.state.records import EndpointInfo
 from llmgw.state.tenants import TenantTotals
@@ -86,11 +85,7 @@ class Flow:
     start: float = 0.0
 
 
-@dataclass
-class TReq(Req):
-    tenant: Tenant = Tenant("", "")
-    charge: Charge | None = None  # what its tenant was charged when sent (gateway.routing.ledger)
-    queued_at: float = 0.0
+TReq = Req  # a tenant's request (its `tenant` set)
 
 
 class NoLift(Ledger):
@@ -100,105 +95,36 @@ class NoLift(Ledger):
         return None
 
 
-class FairGateway:
-    """One gateway process: the PolledRouter, admission, and the queue in its fair order."""
-
-    def __init__(self, sim: "FairSim", idx: int, router: PolledRouter, ledger: Ledger):
-        self.sim, self.idx, self.router, self.ledger = sim, idx, router, ledger
-        self.backlog: Backlog[TReq] = Backlog()
-        self.queues = WaitQueues(sim.cfg.queue_max, ledger=ledger)  # its `sent`: what a request is charged
-
-    def _request(self, queued: int, waited: float = 0.0) -> RouteRequest:
-        return RouteRequest("m", "standard", None, frozenset(), queued, waited=waited)
-
-    def admit(self, req: TReq) -> None:
-        cfg, st = self.sim.cfg, self.router
-        res = st.route(self._request(len(self.backlog) + 1))
-        ahead = self.backlog.position(req.tenant, self.ledger.fcfs) - 1  # as gateway.http.proxy's _admit
-        drain = drain_time(ahead + 1, st.completion_rate("m")) if isinstance(res, Rejection) else None
-        decision = admit(res, "standard", ahead, cfg.queue_max, cfg.queue_timeout, drain)
-        if isinstance(decision, Wait):
-            if isinstance(res, Choice):
-                st.release(res, None)
-            req.queued_at = self.sim.now
-            self.backlog.push(req.tenant, req, self.ledger, "m")
-            self.sim.at(self.sim.now + cfg.queue_timeout, "timeout", (self, req))
-            self.drain()
-        elif isinstance(decision, Send):
-            self.send(req, decision.choice)
-        else:
-            if isinstance(res, Choice):
-                st.release(res, None)
-            self.sim.finish(req, "shed" if isinstance(decision, Shed) else "error")
-
-    def drain(self) -> None:
-        """The queue's head routes while endpoints free (WaitQueue.wait's loop)."""
-        while self.backlog:
-            head = self.backlog.head(self.ledger, "m")
-            res = self.router.route(self._request(1, self.sim.now - head.queued_at))
-            if isinstance(res, Rejection) and res.kind == "saturated":
-                return
-            self.backlog.remove(head.tenant, head)
-            self.ledger.waited("m", head.tenant, self.sim.now - head.queued_at)
-            if isinstance(res, Choice):
-                self.send(head, res)
-            else:
-                self.sim.finish(head, "error")
-
-    def timeout(self, req: TReq) -> None:
-        if not req.status and req.choice is None:
-            self.backlog.remove(req.tenant, req)
-            self.ledger.waited("m", req.tenant, self.sim.now - req.queued_at)
-            self.sim.finish(req, "shed")
-
-    def send(self, req: TReq, choice: Choice) -> None:
-        req.choice, req.sent, req.endpoint = choice, self.sim.now, choice.endpoint.id
-        # What gateway.http.proxy hands WaitQueues.sent: a streamed chat request without max_tokens.
-        call = SimpleNamespace(model="m", body={"stream": True}, data=None, route=SimpleNamespace(op=CHAT))
-        req.charge = self.queues.sent(call, SimpleNamespace(tenant=req.tenant, prompt_tokens=float(req.prompt)), choice)
-        self.sim.engines[choice.endpoint.id].submit(req, self.sim.now)
-
-    def release(self, req: TReq, ok: bool) -> None:
-        now = self.sim.now
-        if ok and req.charge is not None:
-            req.charge.done((req.prompt, req.output))  # the answer's usage
-        ttfb = (req.first - req.sent) if (ok and req.first is not None) else None
-        self.router.release(req.choice, (now - req.sent) if ok else None, req.output if ok else None, ttfb)
-        self.drain()
+def gateway_shell(sim: "FairSim", idx: int, router, ledger: Ledger, pollers=None, exchange=None) -> GatewayShell:
+    """Gateway process `idx` of `sim` (bench/simshell.py), its queue in the fair order of `ledger`. A
+    request that joins the queue routes again at once when it leads it, as in WaitQueue.wait."""
+    return GatewayShell(sim, idx, router, pollers, exchange, ledger, drain_on_join=True)
 
 
-class FairSim:
+class FairSim(EventLoop):
     def __init__(self, flows: list[Flow], fairness: str, seconds: float, seed: int, gateways: int = 1,
                  share: float | None = SHARE_INTERVAL, ledger_type: type[Ledger] = Ledger, fleet: Fleet = FLEET,
                  mark_at: tuple[float, ...] = ()):
+        super().__init__()
         self.flows, self.seconds, self.seed, self.share, self.mark_at = flows, seconds, seed, share, mark_at
         self.fleet = replace(fleet, gateways=gateways)
         self.cfg = GatewaySettings().model_copy(update={"seed": seed})
-        self.now = 0.0
-        self.events: list = []
-        self._seq = 0
-        self.clock = SimClock()
+        self.scrape, self.load_interval = 1.0, self.cfg.load_interval
         self.engines = {e.name: _Engine(self, e) for e in fleet.engines}
         eps = [EndpointInfo(id=e.name, url=f"sim://{e.name}", models=("m",), engine="sim", model="m",
                             served_name="m", capacity=e.capacity) for e in fleet.engines]
         self.store = _Store(eps)
         self.redis: dict[str, TenantTotals] = {}  # what the gateways' exchanges add to (the model's hash)
-        self.gateways: list[FairGateway] = []
+        self.gateways: list[GatewayShell] = []
         for g in range(gateways):
-            st = PolledRouter(self.store, self.cfg.model_copy(update={"seed": seed * 100 + g}), self.clock)
-            st.refresh_endpoints()
-            if gateways > 1:
-                st.share_sends()  # what each holds, for the others (gateway.routing.othergateways)
+            # what each holds, for the others (gateway.routing.othergateways)
+            router, exchange, pollers = gateway_parts(self.store, self.cfg.model_copy(update={"seed": seed * 100 + g}),
+                                                      self.clock, gateways > 1)
             ledger = ledger_type(self.cfg.fair_output_weight, fairness == "fcfs", self.clock.monotonic)
-            self.gateways.append(FairGateway(self, g, st, ledger))
+            self.gateways.append(gateway_shell(self, g, router, ledger, pollers, exchange))
         self.requests: list[TReq] = []
-        self.pending = 0
         self.engine_waiting: list[int] = []  # each engine's own queue, sampled every 10 ms
         self.marks: dict[float, float] = {}  # time -> tokens the engines processed so far (prompt + output)
-
-    def at(self, t: float, kind: str, payload) -> None:
-        self._seq += 1
-        heapq.heappush(self.events, (t, self._seq, kind, payload))
 
     def finish(self, req: TReq, status: str) -> None:
         if req.status:
@@ -222,14 +148,14 @@ class FairSim:
             r.rid = i
         return out
 
-    def _exchange(self, gw: FairGateway) -> None:
+    def _exchange(self, gw: GatewayShell) -> None:
         """gateway.server.fairshare.FairShare.step: add what was counted, read back the totals."""
         batch = gw.ledger.take()
         for (_, kid), d in batch.items():
             t = self.redis.get(kid, TenantTotals())
             self.redis[kid] = TenantTotals(t.service + d.service, t.tokens + d.tokens, t.wait + d.wait,
                                            t.requests + d.requests)
-        gw.ledger.flushed(batch, {"m": dict(self.redis)} if gw.backlog else {})
+        gw.ledger.flushed(batch, {"m": dict(self.redis)} if gw.queue else {})
 
     def run(self) -> list[TReq]:
         self.requests = self._arrivals()
@@ -245,46 +171,22 @@ class FairSim:
         for g in self.gateways:
             self.at(rng.uniform(0, self.cfg.load_interval), "poll", g)
             if len(self.gateways) > 1:
-                self.at(rng.uniform(0, self.cfg.share_sends), "holds", g)
+                self.at(rng.uniform(0, self.cfg.share_sends), "sends", g)
                 if self.share:
-                    self.at(rng.uniform(0, self.share), "share", g)
-        end = self.seconds + 120.0
-        while self.events and self.pending:
-            t, _, kind, payload = heapq.heappop(self.events)
-            self.now = self.clock.now = t
-            if t > end:
-                break
-            if kind == "arrival":
-                self.gateways[payload.gateway].admit(payload)
-            elif kind == "step":
-                payload[0].step_done(payload[1], payload[2])
-            elif kind == "scrape":
-                self.store.records[payload.spec.name] = payload.record(t)
-                self.at(t + 1.0, "scrape", payload)
-            elif kind == "poll":
-                payload.router.refresh_loads()
-                payload.drain()
-                self.at(t + self.cfg.load_interval, "poll", payload)
-            elif kind == "holds":
-                holds = payload.router.take_holds()
-                payload.router.take_sends()
-                if holds is not None:
-                    for other in self.gateways:
-                        if other is not payload:
-                            other.router.learn_holds(str(payload.idx), holds, t)
-                self.at(t + self.cfg.share_sends, "holds", payload)
-            elif kind == "share":
-                self._exchange(payload)
-                self.at(t + self.share, "share", payload)
-            elif kind == "timeout":
-                payload[0].timeout(payload[1])
-            elif kind == "mark":
-                self.marks[t] = sum(e.core.prompt_tokens_total + e.core.generation_tokens_total
-                                    for e in self.engines.values())
-            elif kind == "sample":
-                self.engine_waiting.extend(e.core.num_waiting for e in self.engines.values())
-                self.at(t + 0.01, "sample", None)
+                    self.at(rng.uniform(0, self.share), "fairshare", g)
+        self.loop(self.seconds + 120.0)
         return self.requests
+
+    def on_fairshare(self, t: float, gw: GatewayShell) -> None:
+        self._exchange(gw)
+        self.at(t + self.share, "fairshare", gw)
+
+    def on_mark(self, t: float, _) -> None:
+        self.marks[t] = sum(e.core.prompt_tokens_total + e.core.generation_tokens_total for e in self.engines.values())
+
+    def on_sample(self, t: float, _) -> None:
+        self.engine_waiting.extend(e.core.num_waiting for e in self.engines.values())
+        self.at(t + 0.01, "sample", None)
 
 
 # --- measures -------------------------------------------------------------------------------------------
@@ -494,7 +396,7 @@ def hot_path(n: int = 200_000) -> None:
         call = SimpleNamespace(model="m", body=body, data=b"", route=SimpleNamespace(op=CHAT))
         queues.sent(call, SimpleNamespace(tenant=tenant_of(key, None), prompt_tokens=300.0), choice).done(usage)
 
-    def empty() -> None:  # the same request object, nothing charged: what the loop itself costs
+    def empty() -> None:  # the same request objects, nothing charged: what the loop itself costs
         SimpleNamespace(model="m", body=body, data=b"", route=SimpleNamespace(op=CHAT))
         SimpleNamespace(tenant=None, prompt_tokens=300.0)
 

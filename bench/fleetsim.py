@@ -8,16 +8,19 @@ Engines are the sim engine's own batching model (`simengine.core.SimCore`: conti
 FIFO wait, decode step `step_ms * (1 + batch_alpha * (running - 1)) / speed`, prefill per prompt
 token, one event per token). Every `scrape` seconds each engine's running/waiting/KV/token counters
 are written as a LoadRecord (as the agent does), which each gateway reads every `load_interval`
-seconds. The gateway is the real code: `PolledRouter` (route, release, what it learns) on a fake
-clock, `choose()`, `admit()` and the wait-queue rules of `gateway.http.proxy` (only the queue's head routes;
-it tries again when a request ends or new loads arrive). So a policy can be tried on a dozen fleets
-in seconds, without the CPU noise of real processes, and the same seed gives the same figures.
+seconds. The gateway is the real code: the `Router` (route, release, what it learns) fed by its
+`Pollers` on a fake clock, `choose()`, `admission.decide` and the wait-queue rules of
+`gateway.http.proxy`, in the admission shell bench/fairness.py runs too (bench/simshell.py: only the
+queue's head routes; it tries again when a request ends or new loads arrive). So a policy can be
+tried on a dozen fleets in seconds, without the CPU noise of real processes, and the same seed gives
+the same figures.
 
-Peers that are not llmgw code are modelled here: `power_of_two` (vLLM router's: two random engines,
-the one with fewer requests in flight from this router), and `smg_cache_aware` (SGLang's gateway,
-`SmgCacheAware`: a conversation stays where its prefix went, the rest go to the least loaded).
-Other bench modules register routers of their own in `MODELLED` (bench/oracle.py: routers that know
-every engine's exact state, to show how far routing can go).
+Peers that are not llmgw code are modelled in `MODELLED`, one instance per gateway process:
+`power_of_two` (vLLM router's: two random engines, the one with fewer requests in flight from this
+router), `speed_weighted` (least outstanding weighted by nominal speed) and `smg_cache_aware`
+(SGLang's gateway, `SmgCacheAware`: a conversation stays where its prefix went, the rest go to the
+least loaded). Other bench modules register routers of their own there (bench/oracle.py: routers that
+know every engine's exact state, to show how far routing can go).
 
 The default traffic (`--workload random`) has prompts that share nothing. `conversations` and `mix`
 are bench/prefix.py's sessions (bench/conversations.py): each turn resends the history over one of
@@ -39,22 +42,17 @@ processes, over as many seeds as asked (`--first-seed K --seeds 1` for one).
 from __future__ import annotations
 
 import argparse
-import heapq
 import math
 import random
 import sys
-from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 from gateway.config import GatewaySettings
-from gateway.routing.admission import (Queue, Request, Send, Settings, after_wait, answered_as_shed, decide,
-                                       needs_rate, needs_restart)
-from gateway.routing.choice import COMPLETION, FIRST_TOKEN, Choice, Rejection, RouteRequest
+from gateway.routing.admission import Queue
+from gateway.routing.choice import Choice
 from gateway.routing.prefixkeys import opens_conversation, prefix_of
-from gateway.routing.retry import Deliver, GiveUp, Outcome, next_attempt
-from gateway.server.pollers import PolledRouter
-from llmgw.state.clock import Clock
+from llmgw.state.keypolicy import Tenant
 from llmgw.state.records import EndpointInfo, LoadRecord
 from llmgw.state.store import CatalogOutline
 from bench import conversations as conv
@@ -62,6 +60,7 @@ from bench import traffic
 from bench.fleets import (FLEETS, HELD_OUT, LOADS, PREFIX_CONVERSATIONS, PREFIX_LOAD, PREFIX_RATE, Engine, Fleet, Load,
                           prefix_fleets)
 from bench.report import pct
+from bench.simshell import EventLoop, GatewayShell, Peer, gateway_parts
 from simengine.core import SimConfig, SimCore
 from simengine.engine import ServerOptions, prompt_cache_tokens
 from simengine.prefix import PrefixCache
@@ -69,19 +68,54 @@ from simengine.slots import Slots
 from llmgw.surface import CHAT
 from harness.loadgen import poisson_times
 
-# Modelled here; the others are llmgw's own policies (LLMGW_GATEWAY_POLICY).
-PEERS = ("power_of_two", "speed_weighted", "smg_cache_aware")
-# Routers modelled in other bench modules (bench/oracle.py): a policy's name -> the endpoint it
-# picks for a request, given the gateway it runs in (and through it the whole simulation).
-MODELLED: dict[str, Callable[["_Gateway", "Req"], EndpointInfo]] = {}
-
-
-def modelled(policy: str) -> bool:
-    """Whether `policy` is a peer modelled here or elsewhere rather than llmgw's own code."""
-    return policy in PEERS or policy in MODELLED
-
-
 # --- peers modelled --------------------------------------------------------------------------------
+class PowerOfTwo:
+    """vLLM router's: two random engines, the one with fewer requests in flight from this router."""
+
+    def __init__(self, gw: GatewayShell):
+        self.rng = gw.sim.rng
+        self.inflight: dict[str, int] = {}
+
+    def choose(self, req: Req, endpoints: Sequence[EndpointInfo]) -> Choice:
+        eps = [e for e in endpoints if e.id not in req.exclude] or list(endpoints)
+        a, b = self.rng.sample(eps, 2) if len(eps) > 1 else (eps[0], eps[0])
+        ia, ib = self.inflight.get(a.id, 0), self.inflight.get(b.id, 0)
+        e = a if ia <= ib else b
+        self.inflight[e.id] = self.inflight.get(e.id, 0) + 1
+        return Choice(e, 0.0, 0, reason="power_of_two")
+
+    def release(self, endpoint_id: str) -> None:
+        self.inflight[endpoint_id] -= 1
+
+
+class SpeedWeighted(PowerOfTwo):
+    """The issue's client-side reference: least outstanding weighted by each engine's nominal speed
+    (it is told the speeds; no capacity, no learning)."""
+
+    def __init__(self, gw: GatewayShell):
+        super().__init__(gw)
+        self.speed = {e.name: e.sim.speed for e in gw.sim.fleet.engines}
+
+    def choose(self, req: Req, endpoints: Sequence[EndpointInfo]) -> Choice:
+        eps = [e for e in endpoints if e.id not in req.exclude] or list(endpoints)
+        e = min(eps, key=lambda e: ((self.inflight.get(e.id, 0) + 1) / self.speed[e.id], self.rng.random()))
+        self.inflight[e.id] = self.inflight.get(e.id, 0) + 1
+        return Choice(e, 0.0, 0, reason="speed_weighted")
+
+
+class Picks:
+    """A router that picks the endpoint by `pick(gateway, request)` (bench/oracle.py's), named `name`."""
+
+    def __init__(self, gw: GatewayShell, pick: Callable[[GatewayShell, "Req"], EndpointInfo], name: str):
+        self.gw, self.pick, self.name = gw, pick, name
+
+    def choose(self, req: Req, endpoints: Sequence[EndpointInfo]) -> Choice:
+        return Choice(self.pick(self.gw, req), 0.0, 0, reason=self.name)
+
+    def release(self, endpoint_id: str) -> None:
+        pass
+
+
 class SmgCacheAware:
     """SGLang's gateway, `smg launch --policy cache_aware`, as its source has it (smg's
     model_gateway/src/policies/cache_aware.rs, HTTP mode, the defaults of bindings/python's
@@ -143,20 +177,25 @@ class SmgCacheAware:
         self.load[endpoint_id] -= 1
 
 
+# Routers modelled in place of llmgw's (the other policies are llmgw's own, LLMGW_GATEWAY_POLICY): a
+# policy's name -> the router of one gateway process, made for it (each has its own counts, as each
+# instance of the peer has). Other bench modules add theirs (bench/oracle.py).
+MODELLED: dict[str, Callable[[GatewayShell], Peer]] = {
+    "power_of_two": PowerOfTwo,
+    "speed_weighted": SpeedWeighted,
+    "smg_cache_aware": lambda gw: SmgCacheAware(),  # each gateway process its own tree and counts, as each smg has
+}
+PEERS = tuple(MODELLED)  # the ones modelled here
+
+
+def modelled(policy: str) -> bool:
+    """Whether `policy` is a peer modelled here or elsewhere rather than llmgw's own code."""
+    return policy in MODELLED
+
+
 # --- the simulation ----------------------------------------------------------------------------------
-class SimClock(Clock):
-    def __init__(self):
-        self.now = 0.0
-
-    def time(self) -> float:
-        return self.now
-
-    def monotonic(self) -> float:
-        return self.now
-
-
 class _Store:
-    """What PolledRouter reads from Redis: one endpoint list, the latest LoadRecords, no catalog."""
+    """What the Pollers read from Redis: one endpoint list, the latest LoadRecords, no catalog."""
 
     def __init__(self, endpoints: list[EndpointInfo]):
         self.eps = endpoints
@@ -206,6 +245,13 @@ class Req:
     prompt_estimate: float = 0.0
     opens: bool = False
     cached: int = 0  # prompt tokens the engine found cached (llama.cpp reports it per answer)
+    # Whom it is served for when its model is saturated (bench/fairness.py's tenants; None: no key),
+    # what the gateway charged it (gateway.routing.ledger.Charge, once, as gateway.http.attempt), and
+    # its time in the gateway's queue.
+    tenant: Tenant | None = None
+    charge: object | None = None
+    queued_at: float = 0.0
+    in_queue: bool = False
 
 
 @dataclass
@@ -245,131 +291,11 @@ class Result:
         return [sum(r.endpoint == n and r.status == "ok" for r in self.requests) for n in names]
 
 
-class _Gateway:
-    """One gateway process: the real PolledRouter and admission, and the shell of gateway.http.proxy."""
-
-    def __init__(self, sim: "Simulation", idx: int, state: PolledRouter):
-        self.sim, self.idx, self.state = sim, idx, state
-        self.queue: deque[Req] = deque()
-        self.p2c_inflight: dict[str, int] = {}
-        self.smg = SmgCacheAware()  # each gateway process its own tree and counts, as each smg has
-
-    # gateway.http.proxy.Proxy._admit, on the simulator's clock: the same pure step, carried out here
-    def admit(self, req: Req) -> None:
-        cfg = self.sim.cfg
-        st = self.state
-        if self.sim.policy == "power_of_two":
-            self._send(req, self._power_of_two(req))
-            return
-        if self.sim.policy == "speed_weighted":
-            self._send(req, self._speed_weighted(req))
-            return
-        if self.sim.policy == "smg_cache_aware":
-            self._send(req, self.smg.choose(req, self.state.endpoints))
-            return
-        if self.sim.policy in MODELLED:
-            e = MODELLED[self.sim.policy](self, req)
-            self.p2c_inflight[e.id] = self.p2c_inflight.get(e.id, 0) + 1
-            self._send(req, Choice(e, 0.0, 0, reason=self.sim.policy))
-            return
-        res = st.route(self._request(req, len(self.queue) + 1))
-        step = decide(res, len(self.queue), Request(req.priority, "m", req.attempt == 0,
-                                                    st.completion_rate("m") if needs_rate(res) else None,
-                                                    restart=(cfg.restart_hold or None) if needs_restart(res) else None),
-                      Settings(cfg.queue_max, cfg.queue_timeout))
-        if isinstance(step, Queue):
-            if step.give_back:
-                st.release(res, None)
-            req.deadline, req.waiting = self.sim.now + step.timeout, step
-            self.queue.append(req)
-            self.sim.at(req.deadline, "timeout", (self, req))
-            return
-        self._carry_out(req, step, res)
-
-    def _carry_out(self, req: Req, step, res=None) -> None:
-        """Send, or end the request as shed (a Shed, a wait that timed out) or failed (a rejection)."""
-        if isinstance(step, Send):
-            self._send(req, step.choice)
-            return
-        if step.give_back:
-            self.state.release(res, None)
-        self.sim.finish(req, "shed" if answered_as_shed(step) else "error")
-
-    def drain(self) -> None:
-        """The queue's head routes while endpoints free (WaitQueue.wait's loop)."""
-        while self.queue:
-            head = self.queue[0]
-            res = self.state.route(self._request(head, 1, waited=self.sim.now - head.arrival))
-            if isinstance(res, Rejection) and res.kind in head.waiting.keep:
-                return
-            self.queue.popleft()
-            self._carry_out(head, after_wait(res, head.waiting))
-
-    @staticmethod
-    def _request(req: Req, queued: int, waited: float = 0.0) -> RouteRequest:
-        """The RouteRequest gateway.http.proxy builds: a conversation's turn is a streamed chat
-        request, so it carries its prompt's block keys and minimises its first token."""
-        return RouteRequest("m", req.priority, None, req.exclude, queued, waited=waited, prefix=req.keys,
-                            prompt_tokens=req.prompt_estimate, objective=FIRST_TOKEN if req.keys else COMPLETION,
-                            opens=req.opens)
-
-    def timeout(self, req: Req) -> None:
-        if req in self.queue and self.sim.now >= req.deadline:
-            self.queue.remove(req)
-            self._carry_out(req, after_wait(None, req.waiting))
-
-    def _power_of_two(self, req: Req) -> Choice:
-        eps = [e for e in self.state.endpoints if e.id not in req.exclude] or list(self.state.endpoints)
-        a, b = self.sim.rng.sample(eps, 2) if len(eps) > 1 else (eps[0], eps[0])
-        ia, ib = self.p2c_inflight.get(a.id, 0), self.p2c_inflight.get(b.id, 0)
-        e = a if ia <= ib else b
-        self.p2c_inflight[e.id] = self.p2c_inflight.get(e.id, 0) + 1
-        return Choice(e, 0.0, 0, reason="power_of_two")
-
-    def _speed_weighted(self, req: Req) -> Choice:
-        """The issue's client-side reference: least outstanding weighted by each engine's nominal
-        speed (it is told the speeds; no capacity, no learning)."""
-        eps = [e for e in self.state.endpoints if e.id not in req.exclude] or list(self.state.endpoints)
-        speed = {e.name: e.sim.speed for e in self.sim.fleet.engines}
-        e = min(eps, key=lambda e: ((self.p2c_inflight.get(e.id, 0) + 1) / speed[e.id], self.sim.rng.random()))
-        self.p2c_inflight[e.id] = self.p2c_inflight.get(e.id, 0) + 1
-        return Choice(e, 0.0, 0, reason="speed_weighted")
-
-    def _send(self, req: Req, choice: Choice) -> None:
-        req.choice, req.sent, req.endpoint = choice, self.sim.now, choice.endpoint.id
-        eng = self.sim.engines[choice.endpoint.id]
-        if eng.dead(self.sim.now):
-            self.release(req, ok=False)
-            if not modelled(self.sim.policy):
-                self.state.mark_unreachable(choice.endpoint.id)
-            step = next_attempt(Outcome("connect_error"), req.attempt, self.sim.cfg.retries)
-            if isinstance(step, GiveUp):
-                self.sim.finish(req, "error")
-                return
-            req.attempt += 1
-            req.exclude = req.exclude | {choice.endpoint.id}
-            self.admit(req)
-            return
-        assert isinstance(next_attempt(Outcome("answer", 200), req.attempt, self.sim.cfg.retries), Deliver)
-        eng.submit(req, self.sim.now)
-
-    def release(self, req: Req, ok: bool) -> None:
-        if self.sim.policy == "smg_cache_aware":
-            self.smg.release(req.choice.endpoint.id)
-            return
-        if modelled(self.sim.policy):
-            eid = req.choice.endpoint.id
-            self.p2c_inflight[eid] -= 1
-            return
-        now = self.sim.now
-        if ok and req.keys and self.sim.fleet.make == "llamacpp":
-            # llama-server's answer says how much of its prompt it reused (timings.cache_n), which
-            # gateway.http.answer hands to the router
-            self.state.reused(req.endpoint, req.prompt, req.cached)
-        tokens = req.output if (ok and self.sim.fleet.usage) else None
-        ttfb = (req.first - req.sent) if (ok and req.first is not None) else None
-        self.state.release(req.choice, (now - req.sent) if ok else None, tokens, ttfb)
-        self.drain()
+def gateway_shell(sim: "Simulation", idx: int, router, pollers=None, exchange=None) -> GatewayShell:
+    """Gateway process `idx` of `sim` (bench/simshell.py), routed by the modelled peer its policy
+    names, if any (MODELLED). Its figures were taken with a request that joins the queue waiting for
+    the next release or load refresh before it routes again."""
+    return GatewayShell(sim, idx, router, pollers, exchange, peer=MODELLED.get(sim.policy))
 
 
 def _llamacpp_slots(sim: SimConfig) -> Slots:
@@ -460,11 +386,12 @@ class _Engine:
                           kv_tokens=c.config.kv_tokens)  # vllm:cache_config_info
 
 
-class Simulation:
+class Simulation(EventLoop):
     def __init__(self, fleet: Fleet, load: Load, policy: str, seed: int, cfg: GatewaySettings | None = None,
                  scrape: float = 1.0, load_interval: float = 0.5, workload: str = "random"):
         if workload != "random" and load.burst_seconds:
             raise ValueError("conversation workloads run at a steady rate: choose a load without a burst")
+        super().__init__()
         self.fleet, self.load, self.policy, self.seed, self.workload = fleet, load, policy, seed, workload
         self.sessions: list[conv.Session] = []
         base = cfg or GatewaySettings()
@@ -472,28 +399,19 @@ class Simulation:
         self.cfg = base.model_copy(update={"seed": seed, "routing": routing})
         self.scrape, self.load_interval = scrape, load_interval
         self.rng = random.Random(seed)
-        self.now = 0.0
-        self.events: list = []
-        self._seq = 0
         self.engines = {e.name: _Engine(self, e, caching=workload != "random") for e in fleet.engines}
         eps = [EndpointInfo(id=e.name, url=f"sim://{e.name}", models=("m",), engine="sim", model="m", served_name="m",
                             capacity=e.capacity, priority=e.priority) for e in fleet.engines]
         self.store = _Store(eps)
-        self.clock = SimClock()
-        self.gateways = []
+        self.gateways: list[GatewayShell] = []
+        # gateway.server.sendshare: what each sends and holds, for the other gateways (only llmgw's
+        # routing: the baselines stand for peers whose instances share nothing)
+        shares = fleet.gateways > 1 and self.cfg.share_sends > 0 and policy == "llmgw"
         for g in range(fleet.gateways):
-            st = PolledRouter(self.store, self.cfg.model_copy(update={"seed": seed * 100 + g}), self.clock)
-            st.refresh_endpoints()
-            if fleet.gateways > 1 and self.cfg.share_sends > 0 and policy == "llmgw":
-                # gateway.server.sendshare: what it sends and holds, for the other gateways (only
-                # llmgw's routing: the baselines stand for peers whose instances share nothing)
-                st.share_sends()
-            self.gateways.append(_Gateway(self, g, st))
+            router, exchange, pollers = gateway_parts(self.store, self.cfg.model_copy(update={"seed": seed * 100 + g}),
+                                                      self.clock, shares)
+            self.gateways.append(gateway_shell(self, g, router, pollers, exchange))
         self.result = Result(fleet.name, load.name, policy, seed)
-
-    def at(self, t: float, kind: str, payload) -> None:
-        self._seq += 1
-        heapq.heappush(self.events, (t, self._seq, kind, payload))
 
     def finish(self, req: Req, status: str) -> None:
         if req.status:
@@ -550,51 +468,29 @@ class Simulation:
                 self.at(e.spec.fail_at, "fail", e)
         for g in self.gateways:
             self.at(self.rng.uniform(0, self.load_interval), "poll", g)
-            if g.state.outbox is not None:
-                self.at(self.rng.uniform(0, self.cfg.share_sends), "share", g)
+            if g.exchange.shares_sends:
+                self.at(self.rng.uniform(0, self.cfg.share_sends), "sends", g)
         if self.workload != "random":
             self.at(self.load.warmup, "mark", None)
-        marked: dict[str, tuple[float, float]] = {}
-        end = self.load.seconds + 600.0
+        self.marked: dict[str, tuple[float, float]] = {}
         self.pending = len(reqs)
-        while self.events and self.pending:
-            t, _, kind, payload = heapq.heappop(self.events)
-            self.now = self.clock.now = t
-            if t > end:
-                break
-            if kind == "arrival":
-                self.gateways[payload.gateway].admit(payload)
-            elif kind == "step":
-                payload[0].step_done(payload[1], payload[2])
-            elif kind == "scrape":
-                self.store.records[payload.spec.name] = payload.record(t)
-                self.at(t + self.scrape, "scrape", payload)
-            elif kind == "poll":
-                if not modelled(self.policy):
-                    payload.state.refresh_loads()
-                    payload.drain()
-                self.at(t + self.load_interval, "poll", payload)
-            elif kind == "share":  # a flush to Redis, read at once by the others' waiting reads
-                sends, holds = payload.state.take_sends(), payload.state.take_holds()
-                for other in self.gateways:
-                    if other is not payload:
-                        other.state.learn_sends(sends)
-                        if holds is not None:
-                            other.state.learn_holds(str(payload.idx), holds, t)
-                self.at(t + self.cfg.share_sends, "share", payload)
-            elif kind == "timeout":
-                payload[0].timeout(payload[1])
-            elif kind == "fail":
-                payload.fail()
-            elif kind == "mark":  # the warm-up ends: the hit ratio counts from here
-                marked = self._counters()
-            elif kind == "call":  # a client of another bench module's (bench/batch.py's feeder)
-                payload()
+        self.loop(self.load.seconds + 600.0)
         if self.workload != "random":
             after = self._counters()
-            self.result.cache = (sum(after[n][0] - marked.get(n, (0.0, 0.0))[0] for n in after),
-                                 sum(after[n][1] - marked.get(n, (0.0, 0.0))[1] for n in after))
+            self.result.cache = (sum(after[n][0] - self.marked.get(n, (0.0, 0.0))[0] for n in after),
+                                 sum(after[n][1] - self.marked.get(n, (0.0, 0.0))[1] for n in after))
         return self.result
+
+    def on_fail(self, t: float, engine: "_Engine") -> None:
+        engine.fail()
+
+    def on_mark(self, t: float, _) -> None:
+        """The warm-up ends: the hit ratio counts from here."""
+        self.marked = self._counters()
+
+    def on_call(self, t: float, call: Callable[[], None]) -> None:
+        """A client of another bench module's (bench/batch.py's feeder)."""
+        call()
 
     def _counters(self) -> dict[str, tuple[float, float]]:
         return {n: conv.core_counters(e.core, self.fleet.make) for n, e in self.engines.items()}

@@ -1,7 +1,10 @@
 """The gateway's own code on the request path, profiled: one gateway app in this process (no gunicorn, no
 gevent), its WSGI entry called back to back for a JSON and a streamed chat request to a fast fake
 engine (bench/fast_engine.py) on loopback. Prints the microseconds of the gateway's CPU per request
-(this process's CPU time over the loop, the engine's excluded) and cProfile's top functions.
+(this process's CPU time over the loop, the engine's excluded) and cProfile's top functions; then what
+two parts every request pays cost alone, called 100,000 times each: the check of its common fields
+(gateway.request.fields) and the explain hooks of a request that does not ask (gateway.observe.explain),
+too small for the whole request's figure to resolve.
 
     python -m bench.hotpath [--requests 3000] [--top 20] [--set KEY=VALUE ...] [--rooms]
 
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import inspect
 import io
 import json
 import os
@@ -54,12 +58,16 @@ def one(wsgi, body: bytes) -> int:
     return int(status[0][:3])
 
 
+GENERATOR = inspect.CO_GENERATOR
+
+
 def rooms(wsgi, body: bytes) -> dict[str, int]:
-    """Per gateway module, how many times one request's way through the code enters it from another."""
+    """Per gateway module, how many times one request's way through the code enters it from another
+    (the server reading a stream's body piece by piece is not counted)."""
     entered: dict[str, int] = {}
 
     def prof(frame, event, arg):
-        if event != "call":
+        if event != "call" or frame.f_code.co_flags & GENERATOR:  # (a body's pieces, read by the server)
             return
         mod = frame.f_globals.get("__name__", "")
         back = frame.f_back
@@ -127,9 +135,37 @@ def main() -> None:
             st.sort_stats("tottime").print_stats(a.top)
             print("\n".join(line for line in s.getvalue().splitlines()
                             if line.strip() and not line.startswith(("   Ordered by", "   List reduced"))))
+        print(parts())
         gw.stop()
     finally:
         cluster.stop()
+
+
+def parts(n: int = 100_000) -> str:
+    """The CPU of the per-request checks added to the path, each called alone `n` times (less the loop's)."""
+    from gateway.observe.explain import ExplainLog, Explaining, explained_wsgi
+    from gateway.request.fields import check
+    from llmgw import surface
+    from llmgw.tracing import OFF
+
+    def per(fn) -> float:
+        c0 = time.process_time()
+        for _ in range(n):
+            fn()
+        return (time.process_time() - c0) / n * 1e6
+
+    loop = per(lambda: None)
+    body, sbody = json.loads(BODY), json.loads(SBODY)
+    fields = per(lambda: check(body, surface.CHAT)) - loop, per(lambda: check(sbody, surface.CHAT)) - loop
+    env = environ(BODY)
+    explaining = Explaining(OFF, ExplainLog(), time.time, time.monotonic, lambda e: None, lambda k: "")
+    hooks = per(lambda: explaining.request(env, "r", "POST", "/v1/chat/completions")) - \
+        per(lambda: OFF.request(env, "r", "POST", "/v1/chat/completions"))
+    app = lambda e, s: None  # noqa: E731
+    wrapped = explained_wsgi(app)
+    hooks += per(lambda: wrapped(env, None)) - per(lambda: app(env, None))
+    return (f"alone: fields.check {fields[0]:.2f} us per json request, {fields[1]:.2f} us per stream request; "
+            f"the explain hooks {hooks:.2f} us per request that does not ask ({n} calls each, less the loop's)")
 
 
 if __name__ == "__main__":

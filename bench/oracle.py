@@ -99,7 +99,7 @@ def ahead(engine, now: float, req: fs.Req | None, everyone: bool) -> tuple[dict[
 def oracle_own(gateway, req: fs.Req) -> EndpointInfo:
     """The engine where the request itself completes soonest."""
     now = gateway.sim.now
-    return min(gateway.state.endpoints,
+    return min(gateway.router.endpoints,
                key=lambda ep: ahead(gateway.sim.engines[ep.id], now, req, everyone=False)[1][NEW])
 
 
@@ -113,7 +113,7 @@ def oracle_total(gateway, req: fs.Req) -> EndpointInfo:
         _, with_it = ahead(engine, now, req, everyone=True)
         return (with_it[NEW] - now) + sum(with_it[r] - t for r, t in without.items())
 
-    return min(gateway.state.endpoints, key=cost)
+    return min(gateway.router.endpoints, key=cost)
 
 
 def tail_of(result: fs.Result) -> tuple[float, float]:
@@ -130,7 +130,8 @@ def tail_of(result: fs.Result) -> tuple[float, float]:
 
 
 ORACLES = {"oracle_own": oracle_own, "oracle_total": oracle_total}
-fs.MODELLED.update(ORACLES)
+fs.MODELLED.update({name: (lambda gw, pick=pick, name=name: fs.Picks(gw, pick, name))
+                    for name, pick in ORACLES.items()})
 
 
 def main(argv: list[str] | None = None) -> int:

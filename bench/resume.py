@@ -216,7 +216,7 @@ def per_piece(tokens: int) -> None:
         def release(self, *a):
             pass
 
-    # The request's Exchange, as far as a stream that never breaks reads it.
+    # The proxied request, as far as a stream that never breaks reads it.
     ex = SimpleNamespace(call=Call(ROUTES["chat"], "m", body={}), rid="r")
 
     def noop(*a):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import random
 import socket
 import threading
 from typing import Mapping
@@ -26,7 +27,10 @@ from gateway.config import DEFAULT_MAX_CONNECTIONS, GatewaySettings
 from gateway.http.answer import Answers, OpenRequests
 from gateway.http.admit import Admission
 from gateway.http.attempt import Sender
+from gateway.http.evictions import Evictions
+from gateway.http.resume import Pause
 from gateway.http.proxy import Proxy
+from gateway.routing import eviction
 from gateway.http.refusal import unready
 from gateway.http.views import flask_app
 from gateway.http.wsgi import fast_path
@@ -35,21 +39,26 @@ from gateway.keys.limits import RateLimiter
 from gateway.keys.table import KeyTable
 from gateway.keys.usage import UsageRecorder
 from gateway.observe.demand import DemandSignal
+from gateway.observe.explain import ExplainLog, Explaining, explained_wsgi
 from gateway.observe.health import RedisHealth
 from gateway.observe.metrics import Metrics
 from gateway.observe.report import Identity
 from gateway.observe.resumes import ResumeSignals
 from gateway.observe.saturation import SaturationSignals
 from gateway.observe.traffic import TrafficCounter
+from gateway.routing.exchange import Exchange
+from gateway.routing.inflight import InFlight
+from gateway.routing.kvindex import SharedIndex
 from gateway.routing.ledger import Ledger
 from gateway.routing.queue import WaitQueues
+from gateway.routing.router import Router
 from gateway.server.background import Background
 from gateway.server.kvevents import KvSubscriber
 from gateway.server.fairshare import FairShare
-from gateway.server.pollers import PolledRouter
+from gateway.server.pollers import Pollers
 from gateway.server.tokenizers import Tokenizers
 from gateway.server.sendshare import SendShare
-from gateway.server.siblings import SharedCounts
+from gateway.server.siblings import SharedCounts, handed
 from gateway.upstream.client import Upstream
 from llmgw.state.clock import Clock
 from llmgw.state.kicks import Kicker, broker_app, celery_sender
@@ -80,14 +89,24 @@ class Gateway:
         self.health = RedisHealth(clock, lambda ok: metrics.redis_unavailable.set(0 if ok else 1))
         # The keys' service counters fair queueing orders the queues by (gateway.routing.fairness).
         self.ledger = Ledger(cfg.fair_output_weight, cfg.fairness == "fcfs", clock.monotonic)
-        self.queues = WaitQueues(cfg.queue_max, clock.monotonic, model_of=self._model_of, ledger=self.ledger)
+        # The sibling workers' queue heads and running answers (gateway.server.board; None: this process
+        # serves alone): one order across the workers, and evictions of each other's answers.
+        board = siblings.board if siblings is not None else None
+        self.queues = WaitQueues(cfg.queue_max, clock.monotonic, model_of=self._model_of, ledger=self.ledger,
+                                 order=board)
         # Precise prefix routing: the engines' KV events and the tokenizers to match prompts with.
         self.tokenizers = Tokenizers(environ if environ is not None else os.environ)
+        self.kv = SharedIndex()
+        # The in-flight counts, with the sibling workers' (gunicorn hands this worker its row as it makes
+        # the app: gateway.server.worker), and what is sent kept for the other gateways when shared.
+        counts = InFlight(siblings, outbox=cfg.share_sends > 0)
         # A slot freed or new tables wake the waiting requests; a new endpoint list is reported at once.
-        self.router = PolledRouter(self.store, cfg, clock, metrics, environ=environ, shared=siblings, health=self.health,
-                                   on_release=self.queues.wake, on_loaded=self._list_loaded,
-                                   tokenize=self.tokenizers.tokenize)
-        self.kv_events = KvSubscriber(self.router.kv, lambda: self.router.endpoints, self.tokenizers)
+        self.router = Router(cfg.routing, clock, random.Random(cfg.seed), counts, self.kv, self.tokenizers.tokenize,
+                             metrics, on_release=self.queues.wake)
+        self.exchange = Exchange(counts, lambda: self.router.tables, clock, says_holds=cfg.routing.policy == "llmgw")
+        self.pollers = Pollers(self.store, cfg, self.router, self.health, environ, on_loaded=self._list_loaded,
+                               metrics=metrics)
+        self.kv_events = KvSubscriber(self.kv, lambda: self.router.endpoints, self.tokenizers, metrics.kv_index)
         self.keys = KeyTable(self.store, self.health, cfg.auth)
         self.usage = UsageRecorder(self.store, self.health, clock)
         self.gate = KeyGate(self.keys, self.usage, RateLimiter(self.rstore, self.health, clock), clock, metrics,
@@ -104,15 +123,29 @@ class Gateway:
         self.demand = DemandSignal(
             self.store, lambda: Kicker(self.store, celery_sender(broker_app(cfg.redis_url)), enabled=cfg.event_driven),
             clock.time, clock.monotonic)
+        # Running answers a request that ranks first may evict (gateway.routing.eviction).
+        self.evictions = Evictions(
+            eviction.Settings(cfg.evict, cfg.evict_margin, cfg.evict_min_run, cfg.evict_max), clock, self.ledger,
+            self.queues.model_of, metrics, board)
+        # How the requests that ask (X-LLMGW-Explain) were served: `llmgw explain REQUEST_ID`, the playground.
+        self.explained = ExplainLog()
         self.background = Background(cfg, clock, self.store, self.health, self.keys, self.usage, self.traffic,
-                                     saturation, self.router, self.queues, self.identity, resumes)
+                                     saturation, self.exchange, self.queues, self.identity, resumes, siblings,
+                                     self.evictions, self.explained)
         answers = Answers(clock, metrics, self.traffic, self.usage, cfg.total_timeout, self.open_requests,
-                          cfg.stall_timeout, resumes)
-        admission = Admission(cfg, clock, self.router, self.queues, metrics, saturation, self.demand)
+                          cfg.stall_timeout, resumes, self.evictions,
+                          Pause(cfg.pause_keepalive, clock.monotonic, metrics))
+        explaining = Explaining(self.tracing, self.explained, clock.time, clock.monotonic,
+                                lambda eid: self.router.tables.by_id.get(eid),
+                                lambda key: (k.name, k.id) if (k := self.keys.lookup(key)) is not None else ("", ""))
+        admission = Admission(cfg, clock, self.router, self.queues, metrics, saturation, self.demand, self.evictions)
         sender = Sender(cfg, clock, self.router, self.upstream, admission, self.queues, metrics)
         self.proxy = Proxy(cfg, clock, self.router, self.gate, sender, answers, metrics, self.traffic, saturation,
-                           self.not_ready, tracing=self.tracing)
-        self.send_share: SendShare | None = None  # made by `start`
+                           self.not_ready, tracing=explaining)
+        # What this gateway sent and holds, exchanged with the other gateways under its name (the
+        # gunicorn master's host:pid, which its workers share).
+        self.send_share = SendShare(self.store, self.exchange, clock, cfg.share_sends,
+                                    siblings.origin if siblings is not None else self.identity.id, metrics)
         self.fair_share = FairShare(self.store, self.queues, clock, cfg.share_fairness, metrics,
                                     lambda kid: (k.name if (k := self.keys.find(kid)) is not None else kid))
         self.stopping = threading.Event()
@@ -136,10 +169,6 @@ class Gateway:
     def max_open(self, cap: int) -> None:
         self.open_requests.cap = cap
 
-    def share_counts(self, table: SharedCounts | None) -> None:
-        """Count with the sibling workers (gunicorn hands a worker its row after making the app)."""
-        self.router.share(table)
-
     def _list_loaded(self) -> None:
         """A new endpoint list is in use: acknowledge it at once (the gateway report), and close the
         pooled connections to engines that left it."""
@@ -148,20 +177,17 @@ class Gateway:
 
     def refresh(self) -> None:
         """One synchronous pass of every background refresh (tests)."""
-        self.router.refresh_endpoints()
-        self.router.refresh_loads()
+        self.pollers.refresh_endpoints()
+        self.pollers.refresh_loads()
         self.keys.refresh()
 
     def start(self) -> None:
         """Start the background loops in the process that serves (never in a gunicorn master: they
         would not survive the fork). Each loads its table at once; `serve` waits for them."""
         self.started = True
-        self.router.run_pollers()
+        self.pollers.start()
         self.background.start()
         self.kv_events.start()
-        shared = self.router.siblings  # (set by share_counts, after the app was made)
-        self.send_share = SendShare(self.store, self.router, self.clock, self.cfg.share_sends,
-                                    shared.origin if shared is not None else self.identity.id, self.metrics)
         self.send_share.start()
         self.fair_share.start()
         atexit.register(self.usage.flush)  # a graceful worker exit writes the last usage
@@ -187,11 +213,10 @@ class Gateway:
 
     def stop(self) -> None:
         self.stopping.set()
-        self.router.stop()
+        self.pollers.stop()
         self.background.stop()
         self.kv_events.stop()
-        if self.send_share is not None:
-            self.send_share.stop()
+        self.send_share.stop()
         self.fair_share.stop()
         self.usage.flush()
 
@@ -200,14 +225,15 @@ def create_app(config: GatewaySettings | None = None, *, store: Store | None = N
                environ: Mapping[str, str] | None = None, siblings: SharedCounts | None = None,
                tracing=None) -> Flask:
     """Build the app. With no arguments (gunicorn) the config comes from the environment; tests pass a
-    Store on fakeredis, and a sibling table to route as one of several workers. Nothing runs in the
+    Store on fakeredis, and a sibling table to route as one of several workers (under gunicorn, the
+    worker's row handed to it while it makes the app: gateway.server.siblings.handing). Nothing runs in the
     background until `Gateway.serve` (gunicorn's post_worker_init, in the worker) or `Gateway.start`.
     `tracing`: a `llmgw.tracing.Tracing` (tests: over an in-memory exporter); None configures the
     process's from the OpenTelemetry environment."""
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    gw = Gateway(config or GatewaySettings.from_env(), store=store, clock=clock, environ=environ, siblings=siblings,
-                 tracing=tracing)
+    gw = Gateway(config or GatewaySettings.from_env(), store=store, clock=clock, environ=environ,
+                 siblings=siblings if siblings is not None else handed(), tracing=tracing)
     app = flask_app(gw)
-    app.wsgi_app = fast_path(gw.proxy, gw.open_requests, gw.metrics, app.wsgi_app)
+    app.wsgi_app = explained_wsgi(fast_path(gw.proxy, gw.open_requests, gw.metrics, app.wsgi_app))
     return app

@@ -169,6 +169,22 @@ class GatewaySettings(Settings):
     share_fairness: Seconds = env("LLMGW_GATEWAY_SHARE_FAIRNESS", default=0.05, ge=0, le=10,
                                   meaning="seconds between a worker's exchanges of the keys' service counters with "
                                           "Redis, for the other gateways and workers (0: counted alone)")
+    # Eviction (gateway.routing.eviction): a waiting request that outranks a running answer takes its
+    # slot now; the answer pauses and resumes word for word when a slot frees (gateway.http.resume).
+    evict: bool = env("LLMGW_GATEWAY_EVICT", default=True,
+                      meaning="a waiting request that outranks a running answer (a higher class; interactive over "
+                              "a batch line; a key behind on its fair share) evicts it; the answer pauses and "
+                              "resumes word for word (0: never)")
+    evict_margin: float = env("LLMGW_GATEWAY_EVICT_MARGIN", default=0.5, ge=0, le=1000,
+                              meaning="in the same class, how far a waiting key's fair-share counter must be behind "
+                                      "the running key's to evict, in requests of the waiting key")
+    evict_min_run: Seconds = env("LLMGW_GATEWAY_EVICT_MIN_RUN", default=0.25, ge=0,
+                                 meaning="seconds an answer runs on its replica before it may be evicted")
+    evict_max: int = env("LLMGW_GATEWAY_EVICT_MAX", default=2, ge=0, le=100,
+                         meaning="times one answer may be evicted (then it runs to its end)")
+    pause_keepalive: Seconds = env("LLMGW_GATEWAY_PAUSE_KEEPALIVE", default=5.0, ge=0.1,
+                                   meaning="seconds between the SSE comment lines a paused stream sends while it waits "
+                                           "for a slot, so proxies with idle timeouts keep it open")
     default_priority: Priority = env("LLMGW_GATEWAY_DEFAULT_PRIORITY", default="standard",
                                      meaning="for requests without X-LLMGW-Priority and without a key default")
     poll_interval: Seconds = env("LLMGW_GATEWAY_POLL_INTERVAL", default=0.5, ge=0.01,

@@ -1,7 +1,8 @@
 """The one table that turns every gateway failure into an OpenAI-shaped error body.
 
 Views raise `ApiError(kind, message)`; gateway.http.answer.error_response renders it as
-`{"error": {"message", "type", "code"}}` with the status, and `Retry-After` where it applies.
+`{"error": {"message", "type", "code"}}` with the status, and `Retry-After` where it applies; an error
+about one field of the request also names it, as OpenAI's do, in `param` (gateway.request.fields).
 An engine's own error answer is put in the same shape by `engine_error` (its message kept), so a
 client sees one dialect whichever part refused it.
 """
@@ -14,6 +15,10 @@ import json
 TABLE: dict[str, tuple[int, str, str]] = {
     "bad_request": (400, "invalid_request_error", "invalid_request"),
     "missing_model": (400, "invalid_request_error", "model_required"),
+    # A field of the request the gateway checks itself (gateway.request.fields), OpenAI's codes for it.
+    "invalid_type": (400, "invalid_request_error", "invalid_type"),
+    "invalid_value": (400, "invalid_request_error", "invalid_value"),
+    "missing_field": (400, "invalid_request_error", "missing_required_parameter"),
     "unauthorized": (401, "authentication_error", "invalid_api_key"),
     "key_expired": (401, "authentication_error", "expired_api_key"),
     "forbidden": (403, "permission_error", "admin_key_required"),
@@ -44,9 +49,10 @@ TABLE: dict[str, tuple[int, str, str]] = {
 
 
 class ApiError(Exception):
-    def __init__(self, kind: str, message: str, retry_after: int | None = None):
+    def __init__(self, kind: str, message: str, retry_after: int | None = None, param: str | None = None):
         assert kind in TABLE, kind
         self.kind, self.message, self.retry_after = kind, message, retry_after
+        self.param = param  # the request's field it is about ("temperature", "messages[1].role"), or None
         super().__init__(f"{kind}: {message}")
 
     @property
@@ -54,9 +60,12 @@ class ApiError(Exception):
         return TABLE[self.kind][0]
 
 
-def error_body(kind: str, message: str) -> dict:
+def error_body(kind: str, message: str, param: str | None = None) -> dict:
+    """The OpenAI-shaped body; `param` only for an error about one field of the request."""
     _, etype, code = TABLE[kind]
-    return {"error": {"message": message, "type": etype, "code": code}}
+    if param is None:
+        return {"error": {"message": message, "type": etype, "code": code}}
+    return {"error": {"message": message, "type": etype, "code": code, "param": param}}
 
 
 # An engine's 4xx status -> the kind whose type and code its answer carries (other 4xx: bad_request).

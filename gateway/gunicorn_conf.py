@@ -13,7 +13,8 @@
   and waits for the endpoint list and the key table (gateway.server.boot).
 - In-flight counts shared by the workers (gateway.server.siblings): the master makes the table on
   start (kept on gunicorn's arbiter) and gives each worker a row as it forks (pre_fork/post_fork,
-  kept on the worker object), freed when the worker exits, so the workers route as one router
+  kept on the worker object, which hands it to the app factory as it makes its app:
+  gateway.server.worker), freed when the worker exits, so the workers route as one router
   instead of seeing each other only in the engines' scrapes.
 - PROMETHEUS_MULTIPROC_DIR: with more than one worker /metrics needs it; when unset a fresh temporary
   directory is made here (before the workers fork, so they all inherit it). Stale files of a previous

@@ -20,12 +20,15 @@ from gateway.request.call import Call
 from gateway.request.client import ClientConn
 from gateway.request.plan import Plan
 from gateway.routing.adapters import Lift
-from gateway.routing.admission import (COLD_START, SATURATED, Queue, Request, Send, Settings, after_wait, decide,
-                                       needs_rate, needs_restart)
+from gateway.http.evictions import Evictions
+from gateway.routing.admission import (COLD_START, RESUMING, SATURATED, Queue, Request, Send, Settings, after_wait,
+                                       decide, needs_rate, needs_restart)
+from gateway.routing.eviction import Evict
 from gateway.routing.choice import Choice, Rejection, RouteRequest
 from gateway.routing.queue import GONE, WaitQueue, WaitQueues
 from gateway.routing.router import Router
 from llmgw.state.clock import Clock
+from llmgw.state.keypolicy import PRIORITY_RANK
 from llmgw.tracing import NOOP_REQUEST
 
 log = logging.getLogger("llmgw.gateway")
@@ -35,19 +38,27 @@ class Admission:
     """Admits attempts of requests to this gateway process's endpoints."""
 
     def __init__(self, cfg: GatewaySettings, clock: Clock, router: Router, queues: WaitQueues, metrics: Metrics,
-                 saturation: SaturationSignals, demand: DemandSignal):
+                 saturation: SaturationSignals, demand: DemandSignal, evictions: Evictions | None = None):
         self.cfg, self.clock, self.router, self.queues, self.metrics = cfg, clock, router, queues, metrics
         self.saturation, self.demand = saturation, demand
-        self.settings = Settings(cfg.queue_max, cfg.queue_timeout)
+        # Running answers a request that ranks first may evict (gateway.http.evictions; None: none).
+        self.evictions = evictions if evictions is not None and evictions.enabled else None
+        self.settings = Settings(cfg.queue_max, cfg.queue_timeout, cfg.total_timeout)
 
     def admit(self, call: Call, plan: Plan, exclude: frozenset[str], first: bool, last_error: ApiError | None,
-              trace=NOOP_REQUEST, failed_at: dict[str, str] | None = None) -> Choice:
+              trace=NOOP_REQUEST, failed_at: dict[str, str] | None = None, continuation: bool = False,
+              arrived: float | None = None) -> Choice:
         """A reserved endpoint for this attempt, after waiting in the model's queue if admission says
-        so; else raises the refusal. `failed_at`: the address each excluded endpoint failed at."""
+        so; else raises the refusal. `failed_at`: the address each excluded endpoint failed at;
+        `continuation`: it continues an answer that began (admission.Request.continuation); `arrived`:
+        when its request arrived (monotonic), its place among the other workers' waiting requests."""
         router, tables = self.router, self.router.tables
         q = self.queues.get(call.model)
         trace.admitting(len(q))
-        req = RouteRequest(call.model, plan.priority, plan.affinity, exclude, len(q) + 1, op=call.route.op,
+        # The other workers' waiting requests count as this worker's: a slot that frees goes to the one
+        # that ranks first among all of them, not to whichever request routes first (gateway.server.board).
+        elsewhere = q.elsewhere()
+        req = RouteRequest(call.model, plan.priority, plan.affinity, exclude, len(q) + elsewhere + 1, op=call.route.op,
                            pin=call.pin, prefix=plan.prefix, prompt_tokens=plan.prompt_tokens,
                            objective=plan.objective, body=call.body, opens=plan.opens)
         res = router.route(req)
@@ -56,10 +67,13 @@ class Admission:
         canon = plan.canon
         rate = router.completion_rate(req.model) if needs_rate(res) else None
         restart = (self.cfg.restart_hold or None) if needs_restart(res) and router.had_replica(canon) else None
+        displaces = (self.evictions is not None and needs_rate(res) and not continuation
+                     and isinstance(self.evictions.decide(call, plan, tables, exclude), Evict))
         step = decide(res, ahead, Request(plan.priority, canon, first, rate, cold_start=tables.cold_start.get(req.model),
-                                          restart=restart, adapter=plan.adapter), self.settings)
+                                          restart=restart, adapter=plan.adapter, continuation=continuation,
+                                          displaces=displaces, elsewhere=elsewhere), self.settings)
         if isinstance(step, Queue):
-            step = self._queue(step, res, q, req, call.client, plan, trace, failed_at)
+            step = self._queue(step, res, q, req, call, plan, trace, failed_at, arrived)
         if isinstance(step, Send):
             return step.choice
         if step.give_back:
@@ -68,9 +82,10 @@ class Admission:
             self.metrics.shed.labels(req.model, step.shed).inc()
         raise refused(step, req, router.tables, last_error)
 
-    def _queue(self, step: Queue, res: Choice | Rejection, q: WaitQueue, req: RouteRequest, client: ClientConn,
-               plan: Plan, trace, failed_at: dict[str, str] | None):
-        """Wait in the model's queue as `step` says; what the wait came to (admission.after_wait)."""
+    def _queue(self, step: Queue, res: Choice | Rejection, q: WaitQueue, req: RouteRequest, call: Call,
+               plan: Plan, trace, failed_at: dict[str, str] | None, arrived: float | None):
+        """Wait in the model's queue as `step` says; what the wait came to (admission.after_wait). While
+        it is first in line and its model saturated, it may evict a running answer it outranks."""
         router, tables = self.router, self.router.tables
         if step.give_back:  # others queued first: give the slot back and line up
             router.release(res, None)
@@ -85,20 +100,31 @@ class Admission:
         # endpoint counts again once its engine restarted (left the list, or is listed at another
         # address than the one it failed at).
         lift = Lift(req.exclude, tables.by_id, failed_at or {})
-        again = lambda: router.route(replace(req, queued=1, waited=self.clock.monotonic() - entered,  # noqa: E731
-                                             exclude=lift(router.tables.by_id)))
-        got = self._wait(q, req, again, step.timeout, step.keep, client, trace, plan.tenant)
+        evictions, pending = self.evictions, set()  # (the answers it evicted that still hold their slot)
+
+        def again() -> Choice | Rejection:
+            exclude = lift(router.tables.by_id)
+            got = router.route(replace(req, queued=1, waited=self.clock.monotonic() - entered, exclude=exclude))
+            if evictions is not None and isinstance(got, Rejection) and got.kind == SATURATED and step.why != RESUMING:
+                soon = evictions.consider(call, plan, router.tables, exclude, pending)
+                if soon is not None and (got.retry_in is None or soon < got.retry_in):
+                    got = replace(got, retry_in=max(0.001, soon))  # look again when it may evict
+            return got
+
+        got = self._wait(q, req, again, step.timeout, step.keep, call.client, trace, plan.tenant, step.head, arrived)
         return after_wait(got, step)
 
     def _wait(self, q: WaitQueue, req: RouteRequest, attempt: Callable[[], Choice | Rejection], timeout: float,
-              keep: Collection[str], client: ClientConn, trace, tenant) -> Choice | Rejection | None:
+              keep: Collection[str], client: ClientConn, trace, tenant, head: bool,
+              arrived: float | None) -> Choice | Rejection | None:
         """Wait in `q`; a client that leaves meanwhile takes its request out of the queue (never sent)."""
         gauge = self.metrics.queue.labels(req.model)
         gauge.inc()
         trace.queued(len(q) + 1)
         outcome = "left"  # an exception ends the wait: the client went away, or the worker stops
         try:
-            res = q.wait(attempt, timeout, keep=keep, gone=client.gone, watch=client.when_readable, tenant=tenant)
+            res = q.wait(attempt, timeout, keep=keep, gone=client.gone, watch=client.when_readable, tenant=tenant,
+                         head=head, rank=PRIORITY_RANK.get(req.priority, 1), arrived=arrived)
             outcome = queue_outcome(res)
         finally:
             gauge.dec()

@@ -12,8 +12,9 @@ from flask import Response
 from werkzeug.http import HTTP_STATUS_CODES
 
 from gateway.errors import ApiError, engine_error, error_body
-from gateway.http.attempt import Exchange, Hop
-from gateway.http.resume import ResumingBody
+from gateway.http.attempt import Proxied, Hop
+from gateway.http.evictions import Evictions
+from gateway.http.resume import Pause, ResumingBody
 from gateway.http.tally import Tally
 from gateway.keys.usage import UsageRecorder
 from gateway.observe.metrics import Metrics
@@ -39,7 +40,8 @@ STREAMED_AS_JSON = STREAM_REPLACED | {"content-type"}
 
 
 def error_response(err: ApiError, request_id: str | None = None) -> Response:
-    resp = Response(json.dumps(error_body(err.kind, err.message)), status=err.status, mimetype="application/json")
+    resp = Response(json.dumps(error_body(err.kind, err.message, err.param)), status=err.status,
+                    mimetype="application/json")
     if err.retry_after is not None:
         resp.headers["Retry-After"] = str(int(err.retry_after))
     if request_id:
@@ -105,13 +107,17 @@ class Answers:
 
     def __init__(self, clock: Clock, metrics: Metrics, traffic: TrafficCounter, usage: UsageRecorder,
                  total_timeout: float, open_requests: OpenRequests, stall_timeout: float = 0.0,
-                 resumes: ResumeSignals | None = None):
+                 resumes: ResumeSignals | None = None, evictions: Evictions | None = None,
+                 pause: Pause | None = None):
         self.clock, self.metrics, self.traffic, self.usage = clock, metrics, traffic, usage
         self.total_timeout, self.open = total_timeout, open_requests
         self.stall_timeout = stall_timeout  # seconds without a piece after the first: a stalled engine
         self.resumes = resumes if resumes is not None else ResumeSignals()
+        # The answers that may be evicted (gateway.http.evictions; None or disabled: none may).
+        self.evictions = evictions if evictions is not None and evictions.enabled else None
+        self.pause = pause if pause is not None else Pause(clock=clock.monotonic, metrics=metrics)
 
-    def respond(self, ex: Exchange, hop: Hop) -> RawAnswer:
+    def respond(self, ex: Proxied, hop: Hop) -> RawAnswer:
         """The client's answer to request `ex`, from the endpoint of `hop`. On return the answer owns
         `hop` (a stream gives it back when it ends or the client leaves); if this raises, the caller
         still owns it. An answer the engine streams to a client that did not ask for a stream is read
@@ -123,22 +129,22 @@ class Answers:
             return self._stream(ex, hop)
         return self._whole(ex, hop, sse and hop.ask.assemble is not None)
 
-    def _tally(self, ex: Exchange, hop: Hop) -> Tally:
+    def _tally(self, ex: Proxied, hop: Hop) -> Tally:
         return Tally(self.clock, self.metrics, self.traffic, self.usage, self.open, ex, hop)
 
-    def _stream(self, ex: Exchange, hop: Hop) -> RawAnswer:
+    def _stream(self, ex: Proxied, hop: Hop) -> RawAnswer:
         tally, call, status = self._tally(ex, hop), ex.call, hop.resp.status
         headers = self._headers(hop.resp, hop.lease, ex.rid, False, True) + SSE_HEADERS
         deadline = ex.t0 + self.total_timeout
         if status < 400 and call.route.op in STREAMED_OPS and call.body is not None:
             body = ResumingBody(hop, ex, self.stall_timeout, deadline, tally.first, tally.stream_end,
-                                self.clock.monotonic, self._on_hop(ex), call.model)
+                                self.clock.monotonic, self._on_hop(ex), call.model, self.evictions, self.pause)
         else:
             body = StreamBody(hop.resp, deadline, tally.first, tally.stream_end, monotonic=self.clock.monotonic,
                               rewrite=AnswerRewrite(call.model, hop.ask.rewrite) if status < 400 else None)
         return RawAnswer(status, headers, body)
 
-    def _whole(self, ex: Exchange, hop: Hop, assembling: bool) -> RawAnswer:
+    def _whole(self, ex: Proxied, hop: Hop, assembling: bool) -> RawAnswer:
         """A whole answer: read, asked for again on another endpoint if its engine breaks off before
         it is read whole (nothing reached the client yet), then passed on."""
         tally, model, hops = self._tally(ex, hop), ex.call.model, 0
@@ -178,7 +184,7 @@ class Answers:
             return self._assemble(hop.resp, hop.ask.assemble, chat)
         return hop.resp.status, hop.resp.read()
 
-    def _again(self, ex: Exchange, hop: Hop, e: Exception, hops: int, gone: bool) -> tuple[Hop | None, ApiError]:
+    def _again(self, ex: Proxied, hop: Hop, e: Exception, hops: int, gone: bool) -> tuple[Hop | None, ApiError]:
         """A whole answer's engine failed while it was read: the new Hop that answers it instead, or
         None and the error the request ends with."""
         ep, status = hop.choice.endpoint.id, hop.resp.status
@@ -198,7 +204,7 @@ class Answers:
                     type(e).__name__, new.choice.endpoint.id)
         return new, failed
 
-    def _on_hop(self, ex: Exchange):
+    def _on_hop(self, ex: Proxied):
         """What a break of an answer's engine is told to: the counter by model, cause and outcome, and
         the signals the event history is written from."""
         metrics, signals, model, canon = self.metrics, self.resumes, ex.call.model, ex.plan.canon

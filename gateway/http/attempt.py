@@ -1,4 +1,4 @@
-"""One request's traffic with the engines, in one place. `Exchange.send` admits an attempt
+"""One request's traffic with the engines, in one place. `Proxied.send` admits an attempt
 (gateway.http.admit), sends it once (the endpoint's credential, the trace's attempt span,
 `upstream.send`, what the router learns of the endpoint), asks the pure `retry.next_attempt` whether to
 deliver, try another endpoint or give up, and returns the `Hop` that holds the slot and the response.
@@ -6,7 +6,7 @@ deliver, try another endpoint or give up, and returns the `Hop` that holds the s
 Every send of a request goes through it: the first, its retries, a whole answer asked for again on
 another endpoint (gateway.http.answer), a stream's continuation after its engine broke off
 (gateway.http.resume). A request is charged to its tenant once, by the first send that reaches an
-endpoint; the charge stays with the Exchange, so a continuation keeps its tenant and its charge.
+endpoint; the charge stays with the request (`Proxied`), so a continuation keeps its tenant and its charge.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ class Sender:
         self.admission, self.queues, self.metrics = admission, queues, metrics
 
 
-class Exchange:
+class Proxied:
     """One client request, as every one of its sends needs it: the Call and its Plan, who asked, its id,
     when it arrived, its method, its trace, and its charge."""
 
@@ -97,7 +97,8 @@ class Exchange:
         tries = 0
         while True:
             try:
-                choice = s.admission.admit(call, self.plan, exclude, first and not tries, last_error, trace, failed_at)
+                choice = s.admission.admit(call, self.plan, exclude, first and not tries, last_error, trace, failed_at,
+                                           continuation=call is not self.call, arrived=self.t0)
             except ApiError as e:
                 trace.admitted(e.kind)
                 raise

@@ -12,7 +12,7 @@ from typing import Callable
 from gateway.config import GatewaySettings
 from gateway.errors import ApiError
 from gateway.http.answer import Answers, RawAnswer
-from gateway.http.attempt import Exchange, Sender
+from gateway.http.attempt import Proxied, Sender
 from gateway.http.refusal import not_loaded, refusal
 from gateway.keys.gate import ASK, KeyGate
 from gateway.observe.metrics import Metrics
@@ -45,7 +45,7 @@ class Proxy:
 
     def __call__(self, route: Route, response_id: str | None, environ: dict, rid: str) -> RawAnswer:
         """Read the request once (a frozen Call), check its key once, plan it (a frozen Plan), send it
-        through its Exchange (gateway.http.attempt), and answer with what the engine sent."""
+        as a `Proxied` (gateway.http.attempt: its every send), and answer with what the engine sent."""
         t0 = self.clock.monotonic()
         router, gate = self.router, self.gate
         # Kept in the environ: whatever ends the request (an answer, a refusal) ends its trace.
@@ -71,7 +71,7 @@ class Proxy:
             call = call.with_usage()
         p = plan(call, tables, verdict.priority, verdict.tenant, environ.get("HTTP_X_SESSION_ID"), self.prefix_routing)
         environ["llmgw.model"] = p.canon  # known: charts may count it
-        ex = Exchange(self.sender, call, p, verdict.key, rid, t0, environ.get("REQUEST_METHOD", "POST"), trace)
+        ex = Proxied(self.sender, call, p, verdict.key, rid, t0, environ.get("REQUEST_METHOD", "POST"), trace)
         hop = ex.send(first=True)
         try:
             return self.answers.respond(ex, hop)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from gateway.errors import ApiError
 from gateway.keys.policy import unknown_model
 from gateway.routing.adapters import NO_ADAPTER
-from gateway.routing.admission import ADAPTER_LOAD, COLD_START, RESTART, Refuse, Shed, TimedOut, retry_after
+from gateway.routing.admission import ADAPTER_LOAD, COLD_START, RESTART, RESUMING, Refuse, Shed, TimedOut, retry_after
 from gateway.routing.choice import Rejection, RouteRequest
 from gateway.routing.retry import GiveUp, Outcome
 from gateway.routing.tables import Tables
@@ -56,6 +56,9 @@ def refusal(why: Rejection | Shed | TimedOut, req: RouteRequest, tables: Tables,
 
 def refused(step: Refuse, req: RouteRequest, tables: Tables, last_error: ApiError | None = None) -> ApiError:
     """The answer to admission's `Refuse`."""
+    if step.during == RESUMING and isinstance(step.error, TimedOut):
+        return ApiError("no_replica", f"no replica of model {req.model!r} took the rest of the answer within "
+                        f"{step.hold:g}s", 1)
     if step.during == RESTART:
         model = req.model
         if isinstance(step.error, Shed):

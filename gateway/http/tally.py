@@ -4,7 +4,7 @@ the router learns from (given back with the slot)."""
 
 from __future__ import annotations
 
-from gateway.http.attempt import Exchange, Hop
+from gateway.http.attempt import Proxied, Hop
 from gateway.keys.usage import UsageRecorder
 from gateway.observe.metrics import Metrics
 from gateway.observe.traffic import TrafficCounter
@@ -21,7 +21,7 @@ class Tally:
     __slots__ = ("clock", "metrics", "traffic", "usage", "open", "ex", "hop", "first_at")
 
     def __init__(self, clock: Clock, metrics: Metrics, traffic: TrafficCounter, usage: UsageRecorder, open_requests,
-                 ex: Exchange, hop: Hop):
+                 ex: Proxied, hop: Hop):
         self.clock, self.metrics, self.traffic, self.usage = clock, metrics, traffic, usage
         self.open = open_requests  # gateway.http.answer.OpenRequests
         self.ex, self.hop = ex, hop  # the request, and its first endpoint's part

@@ -14,7 +14,7 @@ from flask import Flask, Response, redirect, request
 from werkzeug.exceptions import HTTPException
 
 from gateway.errors import ApiError
-from gateway.http import batches
+from gateway.http import batches, served
 from gateway.http.answer import error_response
 from gateway.keys.policy import allows, unknown_model
 from gateway.observe import batchmetrics, fleetmetrics
@@ -210,6 +210,7 @@ def flask_app(gw) -> Flask:
     app.add_url_rule("/metrics", "metrics", lambda: Response(gw.metrics.render(), mimetype=None,
                                                              content_type=gw.metrics.content_type))
     batches.register(app, gw)  # /v1/files, /v1/batches (docs/batch.md)
+    served.register(app, gw)  # /v1/llmgw/requests/{id}: how an explained request was served
 
     fleet = FleetView(gw.store, gw.clock)  # the console and the fleet metrics share one cached read
     app.register_blueprint(console_blueprint(gw, fleet))

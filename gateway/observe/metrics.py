@@ -52,6 +52,19 @@ class Metrics:
         self.stream_resumes = Counter("llmgw_gateway_stream_resumes", "Answers whose engine broke off after the "
                                       "first byte, by model, cause (reset, closed, stall, engine_error) and outcome "
                                       "(resumed, retried, finished, cut)", ["model", "reason", "outcome"], **kw)
+        # Eviction (gateway.routing.eviction): answers paused for a waiting request that outranked them,
+        # how long streams paused for a slot (evicted or broken off), what their continuations read again.
+        self.evictions = Counter("llmgw_gateway_evictions", "Running answers evicted for a waiting request that "
+                                 "outranked them (each pauses and resumes word for word), by model", ["model"], **kw)
+        self.pause_seconds = Histogram("llmgw_gateway_pause_seconds", "Seconds a stream paused between its eviction "
+                                       "(or its engine's break) and the slot its continuation got", ["model"],
+                                       buckets=LATENCY_BUCKETS, **kw)
+        self.evicted_tokens = Counter("llmgw_gateway_evicted_tokens", "Tokens of evicted answers that their "
+                                      "continuation's prefill reads again", ["model"], **kw)
+        self.resume_prefill = Counter("llmgw_gateway_resume_prefill_tokens", "Prompt tokens of continuations (after "
+                                      "an eviction or a break), by whether the engine served them from its prefix "
+                                      "cache (cached) or computed them (computed), as its usage reported",
+                                      ["model", "kind"], **kw)
         # Prefix-cache routing (gateway.routing.prefixkeys): what the gateway expected each endpoint to
         # hold of the prompts it sent there, and the prefill it expected that to save; the engines'
         # own counters (vllm:prefix_cache_hits, llama.cpp timings.cache_n) say what they kept.
@@ -72,6 +85,15 @@ class Metrics:
         self.other_gateways_inflight = Gauge("llmgw_gateway_other_gateways_inflight", "Requests the other gateways "
                                              "said they hold per endpoint, as the least informed worker of this "
                                              "gateway counts them", ["endpoint"], multiprocess_mode="livemin", **kw)
+        # Precise prefix routing (gateway.server.kvevents): how far each worker's index of an engine's KV
+        # events has got, as the least advanced worker has it (one that has not heard yet shows).
+        self.kv_index_batch = Gauge("llmgw_gateway_kv_index_batch", "The number of the last KV event batch of "
+                                    "the endpoint's engine folded into the prefix index (-1: none yet), as the "
+                                    "least advanced worker of this gateway has it", ["endpoint"],
+                                    multiprocess_mode="livemin", **kw)
+        self.kv_index_blocks = Gauge("llmgw_gateway_kv_index_blocks", "KV cache blocks the prefix index holds for "
+                                     "the endpoint, from its engine's events, as the least informed worker of "
+                                     "this gateway counts them", ["endpoint"], multiprocess_mode="livemin", **kw)
         # Fair queueing per API key (gateway.routing.fairness; `key` is the key's name): the service it
         # received in tokens (prompt tokens computed + LLMGW_GATEWAY_FAIR_OUTPUT_WEIGHT x tokens generated),
         # the seconds its requests waited in the queue, its requests sent, and its share of the model's
@@ -102,6 +124,11 @@ class Metrics:
         if c is None:
             c = self._children[key] = metric.labels(*labels)
         return c
+
+    def kv_index(self, endpoint: str, batch: int, blocks: int) -> None:
+        """Where this worker's KV index of `endpoint` stands (gateway.server.kvevents, after each batch)."""
+        self.child(self.kv_index_batch, endpoint).set(batch)
+        self.child(self.kv_index_blocks, endpoint).set(blocks)
 
     def render(self) -> bytes:
         if self.multiproc:

@@ -16,6 +16,7 @@ from typing import Mapping, NamedTuple
 
 from gateway.errors import ApiError
 from gateway.request.client import NO_CLIENT, ClientConn, client_of
+from gateway.request.fields import check as check_fields
 from gateway.request.forms import FormError, find_field
 from gateway.request.surface import Route, engine_path
 from gateway.response_ids import IdRewrite, unwrap
@@ -200,6 +201,7 @@ def read_call(route: Route, response_id: str | None, environ: dict, tables: Tabl
     if not isinstance(body, dict):
         raise ApiError("bad_request", "request body must be a JSON object")
     model = body.get("model")
+    check_fields(body, route.op)  # the common fields' types and ranges: one 400 whatever the engine
     if not isinstance(model, str) or not model:
         raise ApiError("missing_model", "'model' is required and must be a non-empty string")
     previous = body.get("previous_response_id") if route.op == op.RESPONSES else None

@@ -5,9 +5,12 @@
 - `load`, `speed`, `learn`: what an endpoint holds and how fast it serves, learned by pure functions
   that return new values (`EndpointStats` is what routing reads of one endpoint);
 - `choice`: the pure `choose(...) -> Choice | Rejection` and its cost function `score`;
-- `inflight`: the counts the request path changes (the only state it mutates), with what the other
-  gateways said they hold (`othergateways`);
-- `router`: the `Router` that holds the snapshot and the counts and reserves a slot per request;
+- `inflight`: the counts the request path changes (the only state it mutates, under their own lock),
+  with what the other gateways said they hold (`othergateways`);
+- `router`: the `Router` the request path uses: it holds the snapshot, and reserves and releases a
+  slot per request in the counts;
+- `exchange`: what the gateways tell each other over the same counts (sends, holds) and the facts of
+  the gateway's report;
 - `admission`: one pure step, `decide(result, queued, request, settings) -> Send | Queue | Refuse`:
   whether a routed request is sent, waits in its model's queue (saturated, a cold start, an adapter
   load) or is refused, and `after_wait` for what its wait came to; the proxy and bench/fleetsim.py

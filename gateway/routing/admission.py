@@ -12,11 +12,22 @@ Saturation (`admit`): a model is saturated when every one of its endpoints is (w
 max_waiting, KV >= max_kv, or what it holds >= capacity), or when the router judged that waiting for
 a full but much faster endpoint beats the open ones. Then:
 - `critical` is always sent (the router picks the endpoint with the lowest expected completion);
-- `sheddable` gets 429 at once, and also whenever standard requests are already waiting;
+- `sheddable` (and a batch line, class `batch`) gets 429 at once, and also whenever standard requests
+  are already waiting, unless it outranks a running answer it may evict (`Request.displaces`,
+  gateway.routing.eviction): then it waits for that answer's slot;
 - `standard` waits in a bounded FIFO queue and is sent as soon as an endpoint frees. It is refused
   (429 with Retry-After) only when the queue cannot drain in time: at once when the estimated wait,
   its queue position over the fleet's learned completion rate, exceeds the wait bound, or when the
   queue is full, or when its wait actually reaches the bound.
+
+A continuation (an answer that began, resumed after its engine broke off or evicted from its slot) is
+work already admitted: it is never refused for saturation, counts against no queue bound, and waits
+at the head of its key's queue (`Queue.head`) up to the request's total timeout. Where others wait it
+takes no free slot before them: it lines up, and goes first only if it ranks first.
+
+Requests waiting in the sibling workers' queues count (`Request.elsewhere`): a new request does not
+take a slot that freed before the request that ranks first among all of them does (one order across
+the workers, gateway.server.board); it lines up with them and routes at once if it ranks first.
 
 Holds for a model or an adapter nothing serves yet:
 - Cold start: a model that autoscales from zero (a profile with `min: 0`, `Tables.cold_start`) and
@@ -72,8 +83,11 @@ class TimedOut:
     seconds: float
 
 
-# Why a request waits or is refused: the label of its metrics and what its refusal says.
+# Why a request waits or is refused: the label of its metrics and what its refusal says. RESUMING: an
+# answer that began (a stream whose engine broke off, or an evicted one) waits for a slot to go on.
 SATURATED, COLD_START, ADAPTER_LOAD, RESTART = "saturated", "cold_start", "adapter_load", "restart"
+RESUMING = "resuming"
+SHED_FIRST = ("sheddable", "batch")  # classes shed when their model is saturated (batch: a batch line)
 GONE_KINDS = ("unknown_model", "no_ready")  # no endpoint listed, or none this request has not failed on
 
 
@@ -90,6 +104,7 @@ class Queue:
     keep: tuple[str, ...] = (SATURATED,)
     give_back: bool = False
     demand: tuple[str, ...] = ()
+    head: bool = False  # it waits at the head of its key's queue, counted against no bound (a continuation)
 
 
 @dataclass(frozen=True)
@@ -121,12 +136,22 @@ class Request:
     # else None.
     restart: float | None = None
     adapter: AdapterRoute | None = None  # the LoRA adapter it names, if any
+    # It continues an answer that began (resumed after its engine broke off, or evicted): work already
+    # admitted, never refused for saturation, waiting at the head of its key's queue.
+    continuation: bool = False
+    # It outranks a running answer that may be evicted (gateway.routing.eviction): read only for a
+    # saturated result; it then waits for that answer's slot instead of being shed.
+    displaces: bool = False
+    # Requests of the model waiting in the sibling workers' queues (gateway.server.board): a slot that
+    # is free now goes to the one that ranks first among all of them, so this one lines up with them.
+    elsewhere: int = 0
 
 
 @dataclass(frozen=True)
 class Settings:
     queue_max: int
     queue_timeout: float
+    resume_wait: float = 600.0  # how long a continuation waits for a slot (the request's total timeout)
 
 
 def answered_as_shed(step: Refuse) -> bool:
@@ -149,6 +174,12 @@ def decide(result: Choice | Rejection, queued: int, req: Request, cfg: Settings)
     """What to do with one routing result; `queued` is how many requests wait in the model's queue
     ahead of this one (its place in fair order, gateway.routing.fairness: all of them first come, first
     served)."""
+    if req.continuation:
+        if isinstance(result, Choice) and not (queued or req.elsewhere):
+            return Send(result)
+        if isinstance(result, Choice) or result.kind == SATURATED:  # others wait: it takes its place in order
+            return Queue(cfg.resume_wait, RESUMING, head=True, give_back=isinstance(result, Choice))
+        queued = 0  # a hold below never refuses it for a full queue
     if isinstance(result, Rejection):
         if result.kind == "unknown_model" and req.cold_start is not None:
             held = hold(req.cold_start, queued, cfg.queue_max)
@@ -167,6 +198,12 @@ def decide(result: Choice | Rejection, queued: int, req: Request, cfg: Settings)
                 return Refuse(held or result, ADAPTER_LOAD, ADAPTER_LOAD, route.wait)
             demand = (route.name,) + ((route.model,) if route.can_cold_start and not route.servers else ())
             return Queue(held.timeout, ADAPTER_LOAD, (SATURATED, "unknown_model", NO_ADAPTER), demand=demand)
+    if req.displaces and needs_rate(result):  # it takes a running answer's slot: it waits for it
+        return Queue(cfg.queue_timeout, SATURATED)
+    if req.elsewhere and req.first and isinstance(result, Choice) and req.priority != "critical":
+        if req.priority in SHED_FIRST:  # standard requests wait (in a sibling worker)
+            return Refuse(Shed("model saturated; sheddable requests are rejected first", 1), SATURATED, give_back=True)
+        return Queue(cfg.queue_timeout, SATURATED, give_back=True)
     drain = drain_time(queued + 1, req.rate) if needs_rate(result) else None
     verdict = admit(result, req.priority, queued if req.first else 0, cfg.queue_max, cfg.queue_timeout, drain)
     reserved = isinstance(result, Choice)
@@ -192,6 +229,8 @@ def after_wait(result: Choice | Rejection | None, queued: Queue) -> Send | Refus
         return Refuse(TimedOut(queued.timeout), "cold_start_timeout", COLD_START, queued.timeout)
     if queued.why == RESTART:
         return Refuse(result or TimedOut(queued.timeout), "restart_timeout", RESTART, queued.timeout)
+    if queued.why == RESUMING:
+        return Refuse(result or TimedOut(queued.timeout), "", RESUMING, queued.timeout)
     return Refuse(result or TimedOut(queued.timeout), "adapter_load_timeout", ADAPTER_LOAD, queued.timeout)
 
 
@@ -213,7 +252,7 @@ def admit(result: Choice | Rejection, priority: str, queue_len: int, queue_max: 
     if priority == "critical":
         # choose() never rejects critical traffic for saturation.
         return Send(result) if isinstance(result, Choice) else Shed("saturated", 1)
-    if priority == "sheddable" and (isinstance(result, Rejection) or queue_len > 0):
+    if priority in SHED_FIRST and (isinstance(result, Rejection) or queue_len > 0):
         return Shed("model saturated; sheddable requests are rejected first", 1)
     if isinstance(result, Choice):
         # The router saw the queue (RouteRequest.queued): a Choice means an open endpoint serves this

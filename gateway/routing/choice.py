@@ -194,7 +194,8 @@ class RouteContext:
     exact and immediate, plus its sibling workers' and the other gateways'); `now` the caller's
     monotonic clock (load freshness via `stats[...].load_seen`, learned speeds via `last_sample`);
     `stats` what was learned of each endpoint; `rng` is always the caller's, so a seed reproduces every
-    choice; `rr_counter` the round-robin baseline's position. `matched` is how many of the request's
+    choice; `policy` the caller's instance of the policy `cfg.policy` names (`policy_of`: round robin
+    keeps its turn in it; None: a fresh one). `matched` is how many of the request's
     leading prefix keys each endpoint was sent lately (gateway.routing.prefixindex): the prefill it
     saves comes off that endpoint's cost. For the endpoints in `exact` it is what the engine reports
     holding (its KV events, gateway.routing.precise), taken as it is rather than discounted by how
@@ -208,7 +209,7 @@ class RouteContext:
     rng: random.Random
     cfg: RoutingConfig = RoutingConfig()
     stats: Mapping[str, EndpointStats] = field(default_factory=dict)
-    rr_counter: int = 0
+    policy: "Policy | None" = None
     matched: Mapping[str, float] | None = None
     exact: frozenset[str] = frozenset()
     backlog: Mapping[str, float] | None = None
@@ -222,7 +223,7 @@ def choose(ctx: RouteContext, request: RouteRequest) -> Choice | Rejection:
     tried = eligible(ctx.endpoints, request, ctx.stats, ctx.now)
     if isinstance(tried, Rejection):
         return tried
-    return POLICIES[ctx.cfg.policy](_candidates(ctx, tried, request), ctx, request)
+    return (ctx.policy or policy_of(ctx.cfg.policy))(_candidates(ctx, tried, request), ctx, request)
 
 
 def _candidates(ctx: RouteContext, tried: Sequence[EndpointInfo], request: RouteRequest) -> list[_Cand]:
@@ -283,11 +284,20 @@ def _candidates(ctx: RouteContext, tried: Sequence[EndpointInfo], request: Route
     return cands
 
 
-def _round_robin(cands: list[_Cand], ctx: RouteContext, request: RouteRequest) -> Choice | Rejection:
-    """A benchmark baseline, as the peers' routers do it: in turn, no saturation, no admission."""
-    cands.sort(key=lambda c: c.ep.id)
-    c = cands[ctx.rr_counter % len(cands)]
-    return Choice(c.ep, c.score, c.ahead, c.saturated, "round_robin")
+class RoundRobin:
+    """A benchmark baseline, as the peers' routers do it: in turn, no saturation, no admission. Its turn
+    is its own: one per router, moved on by every choice it makes."""
+
+    __slots__ = ("turn",)
+
+    def __init__(self, turn: int = 0):
+        self.turn = turn
+
+    def __call__(self, cands: list[_Cand], ctx: RouteContext, request: RouteRequest) -> Choice | Rejection:
+        cands.sort(key=lambda c: c.ep.id)
+        c = cands[self.turn % len(cands)]
+        self.turn += 1
+        return Choice(c.ep, c.score, c.ahead, c.saturated, "round_robin")
 
 
 def _least_inflight(cands: list[_Cand], ctx: RouteContext, request: RouteRequest) -> Choice | Rejection:
@@ -317,13 +327,20 @@ def _llmgw(cands: list[_Cand], ctx: RouteContext, request: RouteRequest) -> Choi
     return Rejection("saturated", request.model, f"all {len(cands)} endpoints saturated")
 
 
-# Routing policies by name (`LLMGW_GATEWAY_POLICY`): llmgw's, and the benchmark baselines that stand
-# for the peers' routers.
-POLICIES: dict[str, Callable[[list[_Cand], RouteContext, RouteRequest], Choice | Rejection]] = {
-    "llmgw": _llmgw,
-    "round_robin": _round_robin,
-    "least_inflight": _least_inflight,
+# A policy picks among the candidates of one request.
+Policy = Callable[[list[_Cand], RouteContext, RouteRequest], Choice | Rejection]
+# Routing policies by name (`LLMGW_GATEWAY_POLICY`), each a maker of one router's instance: llmgw's, and
+# the benchmark baselines that stand for the peers' routers.
+POLICIES: dict[str, Callable[[], Policy]] = {
+    "llmgw": lambda: _llmgw,
+    "round_robin": RoundRobin,
+    "least_inflight": lambda: _least_inflight,
 }
+
+
+def policy_of(name: str) -> Policy:
+    """A new instance of the policy `name` (`LLMGW_GATEWAY_POLICY`)."""
+    return POLICIES[name]()
 
 
 def _better_to_wait(tier: list[_Cand], open_: list[_Cand], request: RouteRequest,

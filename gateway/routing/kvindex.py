@@ -177,6 +177,11 @@ class Index:
         b = self.endpoints.get(endpoint)
         return len(b.keys) if b is not None else 0
 
+    def folded(self, endpoint: str) -> int:
+        """The number of the endpoint's last batch folded in, in order (-1: none, or its engine started
+        again): what was published up to it is in the index."""
+        return self.next_seq.get(endpoint, 0) - 1
+
 
 class SharedIndex:
     """The index as the gateway process shares it between its KV-events loop (the writer) and the
@@ -201,3 +206,8 @@ class SharedIndex:
     def forget(self, endpoint: str) -> None:
         with self.lock:
             self.index.forget(endpoint)
+
+    def progress(self, endpoint: str) -> tuple[int, int]:
+        """(the last batch folded in, the blocks held) of one endpoint."""
+        with self.lock:
+            return self.index.folded(endpoint), self.index.size(endpoint)

@@ -227,13 +227,16 @@ class Ledger:
 
 
 class Backlog(Generic[T]):
-    """The waiters of one queue, a FIFO per tenant (key, then sub-tenant); `head` is who goes next
-    (gateway.routing.fairness.next_of over the ledger's counters). Callers hold the queue's lock."""
+    """The waiters of one queue, a FIFO per tenant (key, then sub-tenant); `head` is who goes next: the
+    waiters of the highest criticality class first (a FIFO's class is its first waiter's: a continuation
+    of a batch line waits behind an interactive request it was evicted for), then
+    gateway.routing.fairness.next_of over the ledger's counters. Callers hold the queue's lock."""
 
     __slots__ = ("fifos", "weights", "n", "seq")
 
     def __init__(self) -> None:
-        self.fifos: dict[str, dict[str, deque[tuple[int, T]]]] = {}  # key -> sub -> (arrival number, waiter)
+        # key -> sub -> (arrival number, waiter, class rank: llmgw.state.keypolicy.PRIORITY_RANK)
+        self.fifos: dict[str, dict[str, deque[tuple[int, T, int]]]] = {}
         self.weights: dict[str, float] = {}  # key -> its weight, while it has waiters
         self.n = 0
         self.seq = 0
@@ -244,7 +247,9 @@ class Backlog(Generic[T]):
     def __bool__(self) -> bool:
         return self.n > 0
 
-    def push(self, tenant: Tenant, item: T, ledger: Ledger, model: str) -> None:
+    def push(self, tenant: Tenant, item: T, ledger: Ledger, model: str, front: bool = False, rank: int = 1) -> None:
+        """`front`: at the head of its tenant's FIFO, as the oldest (a continuation: work admitted before).
+        `rank`: its criticality class's."""
         subs = self.fifos.get(tenant.key)
         if subs is None:
             ledger.join(model, tenant, self.fifos)
@@ -256,7 +261,10 @@ class Backlog(Generic[T]):
                 ledger.join_sub(model, tenant, subs)
             fifo = subs[tenant.sub] = deque()
         self.seq += 1
-        fifo.append((self.seq, item))
+        if front:
+            fifo.appendleft((min(fifo[0][0], 0) - 1 if fifo else -self.seq, item, rank))
+        else:
+            fifo.append((self.seq, item, rank))
         self.n += 1
 
     def remove(self, tenant: Tenant, item: T) -> None:
@@ -265,8 +273,8 @@ class Backlog(Generic[T]):
         if fifo[0][1] is item:
             fifo.popleft()
         else:
-            for i, (_, it) in enumerate(fifo):
-                if it is item:
+            for i, entry in enumerate(fifo):
+                if entry[1] is item:
                     del fifo[i]
                     break
         self.n -= 1
@@ -286,14 +294,18 @@ class Backlog(Generic[T]):
             subs = next(iter(fifos.values()))
             key = None
         else:
+            top = max(f[0][2] for subs in fifos.values() for f in subs.values())
             key = next_of(((k, ledger.counter(model, k), sum(len(f) for f in subs.values()),
-                            min(f[0][0] for f in subs.values())) for k, subs in fifos.items()), fcfs)
+                            min(f[0][0] for f in subs.values())) for k, subs in fifos.items()
+                           if any(f[0][2] == top for f in subs.values())), fcfs)
             subs = fifos[key]
         if len(subs) == 1:
             return next(iter(subs.values()))[0][1]
         if key is None:
             key = next(iter(fifos))
-        sub = next_of(((s, ledger.sub_counter(model, key, s), len(f), f[0][0]) for s, f in subs.items()), fcfs)
+        top = max(f[0][2] for f in subs.values())
+        sub = next_of(((s, ledger.sub_counter(model, key, s), len(f), f[0][0]) for s, f in subs.items()
+                       if f[0][2] == top), fcfs)
         return subs[sub][0][1]
 
     def position(self, tenant: Tenant, fcfs: bool) -> int:

@@ -11,7 +11,7 @@ an endpoint holds now, and at its peak over the last PEAK_WINDOW for what a scra
 (gateway.routing.learn subtracts it from the scrape, so it is never counted twice). A gateway that
 stops saying is forgotten after STALE seconds: its requests ended with it.
 
-Pure: the caller passes its monotonic clock; `Router` holds one under its lock.
+Pure: the caller passes its monotonic clock; `InFlight` holds one, under its lock.
 """
 
 from __future__ import annotations

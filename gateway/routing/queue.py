@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, Collection, Iterator
+from typing import Callable, Collection, Iterator, Protocol
 
 from gateway.routing.choice import Choice, Rejection
 from gateway.routing.fairness import estimate, output_estimate, prompt_estimate
@@ -22,13 +22,32 @@ RECHECK = 1.0  # seconds: the head re-routes at least this often, only a fallbac
 GENERATING = frozenset({op.CHAT, op.COMPLETIONS, op.RESPONSES})  # operations whose output is charged
 
 
+DEFER = 0.05  # seconds a head that another worker's outranks sleeps before it looks again
+
+
 class Ticket:
     """One waiter: woken (`set`) when it should look again, by the event that may let it go."""
 
-    __slots__ = ("event",)
+    __slots__ = ("event", "arrived")
 
-    def __init__(self):
+    def __init__(self, arrived: float = 0.0):
         self.event = threading.Event()
+        self.arrived = arrived
+
+
+class Order(Protocol):
+    """The heads of the other workers' queues (gateway.server.board.Board): a head routes only when
+    none of theirs for the same model ranks before it."""
+
+    def publish_head(self, model: str, key: str, rank: int, counter: float, waiting: int, arrival: float,
+                     now: float, queued: int = 1) -> None: ...
+
+    def waiting_elsewhere(self, model: str, now: float) -> int: ...
+
+    def drop_head(self, model: str) -> None: ...
+
+    def first(self, model: str, key: str, rank: int, counter: float, waiting: int, arrival: float,
+              now: float) -> bool: ...
 
 
 class WaitQueue:
@@ -44,7 +63,7 @@ class WaitQueue:
 
     def __init__(self, max_len: int, recheck: float = RECHECK, monotonic: Callable[[], float] = time.monotonic,
                  entered: threading.Event | None = None, ledger: Ledger | None = None,
-                 model: Callable[[], str] = lambda: ""):
+                 model: Callable[[], str] = lambda: "", order: Order | None = None):
         self.max_len = max_len
         self.recheck = recheck
         self.monotonic = monotonic
@@ -53,6 +72,7 @@ class WaitQueue:
         self.entered = entered  # set when a request joins (WaitQueues.waiting)
         self.ledger = ledger if ledger is not None else Ledger()
         self.model = model  # the model whose counters order it (an alias's: its model's)
+        self.order = order  # the sibling workers' heads (None: this worker alone)
 
     def __len__(self) -> int:
         return len(self.waiters)
@@ -60,6 +80,11 @@ class WaitQueue:
     def head(self) -> Ticket | None:
         with self.lock:
             return self.waiters.head(self.ledger, self.model())
+
+    def elsewhere(self) -> int:
+        """Requests for this queue's model waiting in the other workers' queues (0: none, or alone)."""
+        order = self.order
+        return order.waiting_elsewhere(self.model(), self.monotonic()) if order is not None else 0
 
     def position(self, tenant: Tenant | None) -> int:
         """Where a new request of `tenant` would leave the queue (1 = next)."""
@@ -76,22 +101,26 @@ class WaitQueue:
     def wait(self, attempt: Callable[[], Choice | Rejection], timeout: float,
              keep: Collection[str] = ("saturated",), gone: Callable[[], bool] | None = None,
              watch: Callable[[Callable[[], None]], Callable[[], None] | None] | None = None,
-             tenant: Tenant | None = None) -> Choice | Rejection | None:
+             tenant: Tenant | None = None, head: bool = False, rank: int = 1,
+             arrived: float | None = None) -> Choice | Rejection | None:
         """Wait for a turn and an endpoint. Returns the Choice, a Rejection of a kind not in `keep`
         (the model went away), `GONE` when `gone()` says the client left, or None when the queue is
         full or the time ran out. A cold start keeps waiting while the model has no endpoint at all
         (gateway.routing.admission). `watch(wake)`, when given, arranges for `wake()` when the client
         may have left (gateway.request.client) and returns what cancels that. `tenant`: whom the
-        request is served for (None: a FIFO of its own)."""
-        ticket = Ticket()
+        request is served for (None: a FIFO of its own). `head`: it waits at the head of its tenant's
+        FIFO and is never refused for a full queue (a continuation: admitted work). `rank`: its
+        criticality class's (llmgw.state.keypolicy.PRIORITY_RANK): a higher class goes first. `arrived`:
+        when its request arrived (monotonic; a continuation's is its request's), else now."""
+        ticket = Ticket(self.monotonic() if arrived is None else arrived)
         tenant = tenant or NO_TENANT
         model = self.model()
         with self.lock:
             # Full for this tenant when its place in the fair order is past the bound: a tenant's
             # backlog fills the queue for itself, not for one that sends little (fcfs: the length).
-            if self.waiters.position(tenant, self.ledger.fcfs) > self.max_len:
+            if not head and self.waiters.position(tenant, self.ledger.fcfs) > self.max_len:
                 return None
-            self.waiters.push(tenant, ticket, self.ledger, model)
+            self.waiters.push(tenant, ticket, self.ledger, model, front=head, rank=rank)
         if self.entered is not None:
             self.entered.set()
         event = ticket.event
@@ -106,7 +135,9 @@ class WaitQueue:
                     return GONE
                 sleep = None
                 head = self.head()
-                if head is ticket:
+                if head is ticket and not self._first_everywhere(ticket, tenant, rank, model):
+                    sleep = DEFER  # another worker's head goes first: it takes the slot that frees
+                elif head is ticket:
                     res = attempt()
                     if isinstance(res, Choice) or res.kind not in keep:
                         return res
@@ -126,7 +157,24 @@ class WaitQueue:
                 head = self.waiters.head(self.ledger, model)
             if head is not None:
                 head.event.set()  # the next in line may take the next free slot
+            elif self.order is not None:
+                self.order.drop_head(model)
             self.ledger.waited(model, tenant, self.monotonic() - entered)
+
+
+    def _first_everywhere(self, ticket: Ticket, tenant: Tenant, rank: int, model: str) -> bool:
+        """Whether this head (published first) ranks before every other worker's head of the model."""
+        order = self.order
+        if order is None:
+            return True
+        counter = self.ledger.counter(model, tenant.key) if tenant.key else 0.0
+        with self.lock:
+            subs = self.waiters.fifos.get(tenant.key)
+            waiting = sum(len(f) for f in subs.values()) if subs else 1
+            queued = len(self.waiters)
+        now = self.monotonic()
+        order.publish_head(model, tenant.key, rank, counter, waiting, ticket.arrived, now, queued)
+        return order.first(model, tenant.key, rank, counter, waiting, ticket.arrived, now)
 
 
 class WaitQueues:
@@ -137,8 +185,9 @@ class WaitQueues:
 
     def __init__(self, max_len: int, monotonic: Callable[[], float] = time.monotonic,
                  model_of: Callable[[str], str] = lambda name: name, recheck: float = RECHECK,
-                 ledger: Ledger | None = None):
+                 ledger: Ledger | None = None, order: Order | None = None):
         self.max_len, self.monotonic, self.model_of, self.recheck = max_len, monotonic, model_of, recheck
+        self.order = order  # the sibling workers' queue heads (gateway.server.board; None: alone)
         self.by_name: dict[str, WaitQueue] = {}
         self.lock = threading.Lock()
         self.waiting = threading.Event()  # set when a request joins any queue (cleared by a watcher)
@@ -152,7 +201,7 @@ class WaitQueues:
                 q = self.by_name.get(model)
                 if q is None:
                     q = self.by_name[model] = WaitQueue(self.max_len, self.recheck, self.monotonic, self.waiting,
-                                                        self.ledger, lambda: self.model_of(model))
+                                                        self.ledger, lambda: self.model_of(model), self.order)
         return q
 
     def sent(self, call, plan, choice: Choice) -> Charge | None:

@@ -1,7 +1,7 @@
 """How a gateway worker process starts serving (gunicorn's `post_worker_init`, gateway.gunicorn_conf):
-raise its file-descriptor limit, size its connection cap to fit it, hand the app its row of the
-sibling table, then start the background loops and wait for the endpoint list and the key table
-before gunicorn accepts the first connection.
+raise its file-descriptor limit, size its connection cap to fit it, then start the background loops
+and wait for the endpoint list and the key table before gunicorn accepts the first connection. (The
+app was given its row of the sibling table as it was made: gateway.server.worker.)
 
 Imported only inside the worker, after gevent has patched it: nothing here may be imported by the
 gunicorn master.
@@ -60,6 +60,4 @@ def start(worker) -> None:
             wanted, 2 * wanted + FD_RESERVE + HEADROOM, fds, cap)
     gw.max_open = cap
     worker.worker_connections = cap + HEADROOM  # gevent's pool: read by the worker's run()
-    # gunicorn made the app (`create_app()`, no arguments) after post_fork: the row comes in here.
-    gw.share_counts(getattr(worker, "llmgw_siblings", None))
     gw.serve(gw.cfg.start_wait, tick=worker.notify)

@@ -5,7 +5,9 @@ endpoint list says where: `EndpointInfo.kv_events`), folds each batch into the s
 `gateway.routing.kvindex.Index` (through `SharedIndex`, which takes its lock), and on a gap asks that endpoint's replay socket for
 the missing batches (a DEALER, as vLLM's replay socket is a ROUTER). Endpoints that leave the list are
 unsubscribed and forgotten; the tokenizers their prompts are matched with are loaded here too
-(gateway.server.tokenizers), never on the request path. pyzmq is imported only when an endpoint publishes events; under gunicorn's
+(gateway.server.tokenizers), never on the request path. After each batch, and when an endpoint is
+subscribed or forgotten, `observe(endpoint, last batch folded, blocks held)` is told where the index
+stands (the gateway's metrics: a test or an operator sees what the index has heard). pyzmq is imported only when an endpoint publishes events; under gunicorn's
 gevent worker its cooperative flavour (zmq.green) is used, so a wait never blocks other requests.
 
 The loop never dies: a failure is logged and the next pass goes on.
@@ -16,6 +18,8 @@ from __future__ import annotations
 import logging
 import threading
 from typing import Callable, Sequence
+
+Observe = Callable[[str, int, int], None]  # (endpoint id, last batch folded or -1, blocks held)
 
 from gateway.routing.kvindex import SharedIndex
 from gateway.server.tokenizers import Tokenizers
@@ -46,8 +50,9 @@ def _zmq():
 
 class KvSubscriber:
     def __init__(self, index: SharedIndex, endpoints: Callable[[], Sequence[EndpointInfo]],
-                 tokenizers: Tokenizers | None = None):
+                 tokenizers: Tokenizers | None = None, observe: Observe | None = None):
         self.index, self.endpoints, self.tokenizers = index, endpoints, tokenizers
+        self.observe = observe
         self.stopping = threading.Event()
         self._subs: dict[str, tuple[str, object]] = {}  # endpoint id -> (its kv_events address, SUB socket)
         self._replay_at: dict[str, str] = {}
@@ -89,6 +94,7 @@ class KvSubscriber:
                 del self._subs[eid]
                 self._replay_at.pop(eid, None)
                 self.index.forget(eid)
+                self._observed(eid)
         if not wanted:
             return
         if self.tokenizers is not None:
@@ -105,6 +111,7 @@ class KvSubscriber:
             sock.connect(e.kv_events)
             self._subs[eid] = (e.kv_events, sock)
             self._replay_at[eid] = e.kv_replay
+            self._observed(eid)  # -1: subscribed, nothing heard yet
 
     def _receive(self) -> None:
         zmq = self._zmq
@@ -133,6 +140,11 @@ class KvSubscriber:
         gap = self.index.apply(eid, batch)
         if gap is not None:
             self._replay(eid, gap)
+        self._observed(eid)
+
+    def _observed(self, eid: str) -> None:
+        if self.observe is not None:
+            self.observe(eid, *self.index.progress(eid))
 
     def _replay(self, eid: str, start: int) -> None:
         """Ask the endpoint's replay socket for every batch from `start` on; what it cannot give is

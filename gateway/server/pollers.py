@@ -1,5 +1,5 @@
-"""The router as a gateway process runs it: its tables read from Redis in the background, never per
-request (`PolledRouter`).
+"""What keeps a router's tables fresh in a gateway process: read from Redis in the background, never
+per request (`Pollers`, which holds the router it feeds).
 
 - the endpoint list: reloaded when `Store.endpoints_version()` changes (polled every
   LLMGW_GATEWAY_POLL_INTERVAL, woken early by the pub/sub hint), with the applied catalog's names;
@@ -15,16 +15,13 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import threading
 from typing import Callable, Mapping
 
 from gateway.config import GatewaySettings
 from gateway.observe.health import REDIS_ERRORS, RedisHealth
-from gateway.routing.precise import Tokenize, no_tokenizer
 from gateway.routing.router import Router
 from gateway.routing.tables import tables_from
-from llmgw.state.clock import Clock
 from llmgw.state.store import Store
 
 log = logging.getLogger("llmgw.gateway")
@@ -32,22 +29,24 @@ log = logging.getLogger("llmgw.gateway")
 FULL_RELOAD_EVERY = 30.0  # seconds
 
 
-class PolledRouter(Router):
-    def __init__(self, store: Store, cfg: GatewaySettings, clock: Clock | None = None, metrics=None,
-                 rng: random.Random | None = None, environ: Mapping[str, str] | None = None, shared=None,
-                 health: RedisHealth | None = None, on_release: Callable[[str | None], None] = lambda model: None,
-                 on_loaded: Callable[[], None] = lambda: None, tokenize: Tokenize = no_tokenizer):
-        clock = clock or Clock()
-        super().__init__(cfg.routing, clock, rng or random.Random(cfg.seed), metrics, shared, on_release, tokenize)
-        self.store, self.cfg = store, cfg
-        # Where the API keys of external servers are read from (`api_key_env` names a variable here).
+class Pollers:
+    """The loops over one `router`: each read of Redis goes through `refresh_endpoints` or
+    `refresh_loads` (tests call them directly), on the router's clock. `environ`: where the API keys of
+    external servers are read from (`api_key_env` names a variable here); `on_loaded`: a new endpoint
+    list is in use (report it)."""
+
+    def __init__(self, store: Store, cfg: GatewaySettings, router: Router, health: RedisHealth | None = None,
+                 environ: Mapping[str, str] | None = None, on_loaded: Callable[[], None] = lambda: None,
+                 metrics=None):
+        self.store, self.cfg, self.router, self.metrics = store, cfg, router, metrics
+        self.clock = router.clock
         self.environ = os.environ if environ is None else environ
-        self.health = health or RedisHealth(clock)
+        self.health = health or RedisHealth(self.clock)
+        self.on_loaded = on_loaded
         self._warned: set[tuple[str, str, str]] = set()
         self._last_full = float("-inf")
         self.wake = threading.Event()
         self.stopping = threading.Event()
-        self.on_loaded = on_loaded  # a new endpoint list is in use (report it)
 
     def refresh_endpoints(self, force: bool = False) -> bool:
         """Reload the endpoint list if its version changed; True if it did. Never raises."""
@@ -55,11 +54,12 @@ class PolledRouter(Router):
         # process re-reads now and then anyway: an equal version number is then not proof of equality.
         now = self.clock.monotonic()
         force = force or not self.health.ok or now - self._last_full >= FULL_RELOAD_EVERY
+        router = self.router
         try:
             version = self.store.endpoints_version()
-            if version < self.tables.version:
-                self.renumber(version)
-            tables = self.tables
+            if version < router.tables.version:
+                router.renumber(version)
+            tables = router.tables
             if version == tables.version and not force and tables.loaded:
                 self.health.succeeded()
                 return False
@@ -80,7 +80,7 @@ class PolledRouter(Router):
         new_list = not (tables.loaded and v == tables.version and fp == tables.fingerprint)
         new = tables_from(v, fp, eps, outline, self.environ)
         self._warn_missing_keys([(e.model, e.profile, e.api_key_env) for e in eps if e.id in new.missing_keys])
-        self.apply_tables(new, new_list)
+        router.apply_tables(new, new_list)
         if not new_list:
             return False
         if self.metrics:
@@ -101,25 +101,26 @@ class PolledRouter(Router):
                             var, model, profile, var)
 
     def refresh_loads(self) -> None:
-        ids = list(self.tables.by_id)
+        router = self.router
+        ids = list(router.tables.by_id)
         if not ids:
-            self.fold_answers()
+            router.fold_answers()
             return
         try:
             loads = self.store.loads(ids)
             self.health.succeeded()
         except REDIS_ERRORS as e:
             self.health.failed(e)
-            self.fold_answers()
+            router.fold_answers()
             return
         except (ValueError, TypeError) as e:
             log.error("cannot read loads: %s", e)
-            self.fold_answers()
+            router.fold_answers()
             return
-        self.apply_loads(loads)
+        router.apply_loads(loads)
 
     # --- the loops --------------------------------------------------------------------------------
-    def run_pollers(self) -> list[threading.Thread]:
+    def start(self) -> list[threading.Thread]:
         """Start the background threads (daemon): endpoint poller, pub/sub listener, load refresher."""
         threads = [
             threading.Thread(target=self._poll_loop, name="llmgw-endpoints", daemon=True),

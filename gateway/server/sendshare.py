@@ -12,15 +12,15 @@ milliseconds, so the gateways need not agree per request (a round trip on every 
 worker runs two loops: every `interval` it appends what it sent since its last flush to its
 gateway's stream (llmgw.state.store.sends), and it reads the other gateways' streams as entries
 arrive (a read that waits in Redis, so an idle fleet costs nothing and a lone gateway reads nothing),
-into its router's prefix index and prefill backlog (Router.learn_sends). A send reaches the other
-gateways within about one interval. A gateway that starts, or that sees a new one, reads that
+into its prefix index and prefill backlog (gateway.routing.exchange: `learn_sends`). A send reaches
+the other gateways within about one interval. A gateway that starts, or that sees a new one, reads that
 gateway's stream from its beginning, the last KEEP seconds of its sends, so it routes conversations
 under way as the others do.
 
 A gateway alone writes nothing but its name, once every ORIGINS_EVERY: encoding and appending its
 sends cost it a large share of its CPU per request (`python -m bench.hotpath`, against `--set
 LLMGW_GATEWAY_SHARE_SENDS=0`), for no reader. It keeps what it sent in its outbox meanwhile (the last
-OUTBOX_MAX sends, gateway.routing.router), and once it sees another gateway announce itself (within
+OUTBOX_MAX sends, gateway.routing.inflight), and once it sees another gateway announce itself (within
 ORIGINS_EVERY) it publishes them and shares from then on. So a gateway that starts beside a lone one
 learns at most OUTBOX_MAX of its past sends (all of them at conversational rates; the last seconds
 at thousands of requests a second, older turns then placed by their head's hash as before). When Redis fails, the sends of that pass are dropped (stale by the next
@@ -33,7 +33,7 @@ import logging
 import threading
 
 from gateway.observe.health import REDIS_ERRORS
-from gateway.routing.router import Router
+from gateway.routing.exchange import Exchange
 from llmgw.state.clock import Clock
 from llmgw.state.store import Store
 
@@ -49,8 +49,10 @@ ORIGINS_EVERY = 1.0  # seconds between reads of which gateways share (a new one 
 
 
 class SendShare:
-    def __init__(self, store: Store, router: Router, clock: Clock, interval: float, origin: str, metrics=None):
-        self.store, self.router, self.clock, self.metrics = store, router, clock, metrics
+    """The two loops over `exchange` (its counts made with an outbox when `interval` > 0: gateway.app)."""
+
+    def __init__(self, store: Store, exchange: Exchange, clock: Clock, interval: float, origin: str, metrics=None):
+        self.store, self.exchange, self.clock, self.metrics = store, exchange, clock, metrics
         self.interval, self.origin = interval, origin
         self.cursors: dict[str, str] = {}  # another origin -> the position read up to in its stream
         self._origins_at = self._announced_at = float("-inf")
@@ -61,7 +63,6 @@ class SendShare:
     def start(self) -> None:
         if self.interval <= 0:
             return
-        self.router.share_sends()
         threading.Thread(target=self._flush_loop, name="llmgw-sends-out", daemon=True).start()
         threading.Thread(target=self._read_loop, name="llmgw-sends-in", daemon=True).start()
 
@@ -97,8 +98,8 @@ class SendShare:
         ORIGINS_EVERY, that this one does. Returns how many sends."""
         now = self.clock.monotonic()
         announce = now - self._announced_at >= ORIGINS_EVERY
-        ours = self.router.take_sends() if self.peers else []
-        holds = self.router.take_holds() if self.peers else None
+        ours = self.exchange.take_sends() if self.peers else []
+        holds = self.exchange.take_holds() if self.peers else None
         if ours or holds is not None:
             self.store.add_sends(self.origin, ours, self.clock.time(), KEEP, announce, holds)
             if self.metrics is not None:
@@ -126,9 +127,9 @@ class SendShare:
         for i in range(READS_PER_PASS):
             self.cursors, read, theirs, holds = self.store.sends_after(self.cursors, READ_BATCH,
                                                                        block if i == 0 else None)
-            self.router.learn_sends(theirs)
+            self.exchange.learn_sends(theirs)
             for h in holds:
-                self.router.learn_holds(h.origin, h.counts, h.at)
+                self.exchange.learn_holds(h.origin, h.counts, h.at)
             learned += len(theirs)
             if read < READ_BATCH:
                 break
@@ -141,7 +142,7 @@ class SendShare:
         """What the other gateways hold, as routing counts it now, into the metric (a gateway gone
         silent drops out of it here too)."""
         if self.metrics is not None:
-            for endpoint_id, n in self.router.remote_held().items():
+            for endpoint_id, n in self.exchange.remote_held().items():
                 self.metrics.child(self.metrics.other_gateways_inflight, endpoint_id).set(n)
 
     def step(self) -> int | None:

@@ -21,18 +21,24 @@ wait per decision, and they then decide alone, as without a table.
 
 The master makes the table and assigns rows (gateway/gunicorn_conf.py: `claim_row` in pre_fork,
 `free_row` when a worker exits, which also drops its counts: its streams died with it); the worker's
-view of its row reaches its router through the worker object (gateway.server.boot). Without
-gunicorn, or with one worker, there is no table and the gateway counts alone.
+view of its row is handed to the app factory while the worker makes its app (`handing`, from
+gateway.server.worker: gunicorn calls `gateway:create_app()` with no arguments), so the gateway is
+built counting with its siblings. Without gunicorn, or with one worker, there is no table and the
+gateway counts alone.
 """
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import mmap
 import multiprocessing
 import os
 import socket
+from contextlib import contextmanager
+from typing import Iterator
 
+from gateway.server.board import Board
 from gateway.server.sentlog import SentLog
 
 ENDPOINTS = 256  # endpoints one row can count (a gateway's whole fleet); past that, counted alone
@@ -56,7 +62,7 @@ class SharedCounts:
     """A view of the table from one worker (`row`), or from the master (`row` None: assigns rows)."""
 
     def __init__(self, buf, rows: int, row: int | None = None, lock=None, sent: SentLog | None = None,
-                 origin: str = ""):
+                 origin: str = "", board: Board | None = None):
         self.raw = buf  # the shared bytes (an mmap); `buf` reads them as int64s
         # The gateway these workers make up (the master's host:pid): what they send is shared with the
         # other gateways under this name, and read back by none of them (gateway.server.sendshare).
@@ -69,6 +75,9 @@ class SharedCounts:
         self._keys: dict[str, int] = {}  # endpoint id -> key_of(id): read on every routing decision
         # What each worker sent where, for the siblings' prefix indexes (gateway.server.sentlog).
         self.sent = sent if sent is not None else SentLog.create(key_of)
+        # The workers' queue heads and running answers: one order, and evictions across workers
+        # (gateway.server.board).
+        self.board = board if board is not None else Board.create(rows)
 
     @classmethod
     def create(cls, rows: int) -> "SharedCounts":
@@ -76,7 +85,8 @@ class SharedCounts:
         return cls(mmap.mmap(-1, rows * _ROW * 8), rows)
 
     def for_row(self, row: int) -> "SharedCounts":
-        return SharedCounts(self.raw, self.rows, row, self.lock, self.sent.for_row(row), self.origin)
+        return SharedCounts(self.raw, self.rows, row, self.lock, self.sent.for_row(row), self.origin,
+                            self.board.for_row(row))
 
     def deciding(self) -> "_Deciding":
         """Held around one routing decision (read, choose, reserve), across the worker processes."""
@@ -95,6 +105,7 @@ class SharedCounts:
     def free_row(self, row: int) -> None:
         """Its worker exited: its requests are gone, and the row is free for the next one."""
         self._clear(row)
+        self.board.clear(row)
         self.buf[row * _ROW] = 0
 
     def _clear(self, row: int) -> None:
@@ -112,6 +123,7 @@ class SharedCounts:
 
     def adopt(self, pid: int) -> None:
         self.buf[self.row * _ROW] = pid
+        self.board.adopt(pid)
 
     def _find(self, row: int, key: int) -> int | None:
         """Entry index of `key` in `row`, or None: it sits within PROBE entries of its place."""
@@ -228,3 +240,22 @@ def attach(table: SharedCounts | None, row: int | None) -> SharedCounts | None:
     view = table.for_row(row)
     view.adopt(os.getpid())
     return view
+
+
+# The view a gunicorn worker hands the app factory while gunicorn makes its app (`handing`).
+_HANDED: contextvars.ContextVar[SharedCounts | None] = contextvars.ContextVar("llmgw_siblings", default=None)
+
+
+@contextmanager
+def handing(view: SharedCounts | None) -> Iterator[None]:
+    """While the worker makes its app: `handed()` is `view`."""
+    token = _HANDED.set(view)
+    try:
+        yield
+    finally:
+        _HANDED.reset(token)
+
+
+def handed() -> SharedCounts | None:
+    """The worker's view of its row, while its app is being made (`handing`); None otherwise."""
+    return _HANDED.get()

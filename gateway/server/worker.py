@@ -33,6 +33,8 @@ from gevent.server import StreamServer
 from gunicorn.workers import ggevent
 from gunicorn.workers.ggevent import GeventWorker
 
+from gateway.server import siblings
+
 # Connections a worker accepts per turn of its event loop, at most (gevent's own default is 100), and
 # how many more than its least-loaded sibling holds it may take in one turn.
 ACCEPT_BATCH = 64
@@ -67,6 +69,12 @@ class GatewayWorker(GeventWorker):
         # request, by the greenlet that serves it (one greenlet per connection).
         self._clients: dict[object, socket.socket] = {}
         self._idle: dict[object, socket.socket] = {}
+
+    def load_wsgi(self):
+        # gunicorn makes the app now (`gateway:create_app()`, no arguments), after post_fork attached
+        # this worker's row of the sibling table: the factory is handed the row as it builds the gateway.
+        with siblings.handing(getattr(self, "llmgw_siblings", None)):
+            super().load_wsgi()
 
     def run(self):
         # gunicorn builds its servers from this module name inside run(): in this worker process

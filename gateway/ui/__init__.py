@@ -1,4 +1,5 @@
-"""The web console at `/ui`: read-only pages over the fleet, served by the gateway itself (docs/console.md).
+"""The web console at `/ui`: pages over the fleet, a playground to try a model, and the keys page, served
+by the gateway itself (docs/console.md).
 
 Plain HTML, CSS and JavaScript files in `static/` (no build step, nothing from a CDN), which poll the
 JSON API below every 2 s. The API views are thin: read the facts (the fleet through `gateway.observe.fleet`,
@@ -11,6 +12,10 @@ cached for a second), call the pure builders of `gateway.ui.views`, answer.
     /ui/api/events      the event history, filtered, paged with `after`
     /ui/api/catalog     the applied catalog as YAML and its history (`?version=N` for a past one)
     /ui/api/batches     the Batch API's batches (running ones and the latest), progress and rate
+    /ui/api/keys        the API keys: list, create, change, revoke (gateway.ui.keys; an admin's)
+
+The playground page calls the gateway's own API (/v1/models, /v1/chat/completions, /v1/llmgw/usage,
+/v1/llmgw/requests/{id}) with the key pasted into it, as any client does.
 
 When API keys are in use the API needs an admin key (`KeyGate.require_admin`); with auth off, or before any
 key exists (`LLMGW_GATEWAY_AUTH=auto`), it is open like the rest of the gateway.
@@ -27,6 +32,7 @@ from gateway.errors import ApiError
 from gateway.observe.fleet import FleetView
 from gateway.observe.health import REDIS_ERRORS
 from gateway.observe.traffic import SLOT, SLOTS, series, slot_of
+from gateway.ui.keys import add_key_routes
 from gateway.ui.views import catalog_view, models_view
 from llmgw.batch.view import batch_row
 from llmgw.catalog import read_applied, read_version
@@ -35,24 +41,51 @@ from llmgw.state.tenants import SHARE_MINUTES, service_rows
 
 EVENTS_MAX = 1000  # events one answer carries at most
 BATCHES_MAX = 50  # ended batches one answer lists (every running one is listed)
+KEY_MISS_REFRESH = 1.0  # seconds between two re-reads of the key table for an unknown key
 
 
 def console_blueprint(gw, fleet: FleetView) -> Blueprint:
     """The console of one gateway process (`gw`: its gateway.app.Gateway)."""
     bp = Blueprint("console", __name__, url_prefix="/ui", static_folder="static", static_url_path="/static")
 
-    def api(view):
+    def served(view):
+        """A JSON view (a body, or a body and a status), never cached; Redis errors are 503s."""
         @functools.wraps(view)
         def run(*args, **kw):
-            gw.gate.require_admin(request.environ, open_without_keys=True)
             try:
                 body = view(*args, **kw)
             except REDIS_ERRORS as e:
                 raise ApiError("unavailable", f"the console cannot read Redis: {type(e).__name__}: {e}") from None
+            body, status = body if isinstance(body, tuple) else (body, 200)
             resp = jsonify(body)
+            resp.status_code = status
             resp.headers["Cache-Control"] = "no-store"
             return resp
         return run
+
+    missed = [float("-inf")]  # when an unknown key last made this process read the key table again
+
+    def admin(open_without_keys: bool = False):
+        """The caller's admin key (`KeyGate.require_admin`). A key this process does not know may have
+        been made a moment ago (the keys page, on another worker, or the CLI): the table is read again
+        then, at most once per KEY_MISS_REFRESH seconds, before the 401."""
+        try:
+            return gw.gate.require_admin(request.environ, open_without_keys=open_without_keys)
+        except ApiError as e:
+            now = gw.clock.monotonic()
+            if e.kind != "unauthorized" or now - missed[0] < KEY_MISS_REFRESH:
+                raise
+            missed[0] = now
+            gw.keys.refresh()
+            return gw.gate.require_admin(request.environ, open_without_keys=open_without_keys)
+
+    def api(view):
+        """A read-only page's view: an admin key, or open while the gateway requires no key."""
+        @functools.wraps(view)
+        def gated(*args, **kw):
+            admin(open_without_keys=True)
+            return view(*args, **kw)
+        return served(gated)
 
     @bp.get("")
     @bp.get("/")
@@ -136,4 +169,5 @@ def console_blueprint(gw, fleet: FleetView) -> Blueprint:
         version, catalog, meta = read_applied(gw.store)
         return catalog_view(version, catalog, meta, past)
 
+    add_key_routes(bp, gw, served, admin)  # the keys page: an admin's, through llmgw keys' code path
     return bp

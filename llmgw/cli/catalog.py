@@ -12,9 +12,7 @@ catalog to print (an empty file applied would remove every model). Never a trace
 from __future__ import annotations
 
 import argparse
-import getpass
 import os
-import socket
 import sys
 import time
 from datetime import datetime, timezone
@@ -30,7 +28,7 @@ from llmgw.catalog import (
     read_applied,
     read_version,
 )
-from llmgw.cli.common import kick, print_json, replicated, settings
+from llmgw.cli.common import kick, print_json, replicated, settings, who
 from llmgw.cli.progress import Progress, Ticker
 from llmgw.errors import CatalogConflict, CatalogInvalid, RedisUnreachable
 from llmgw.settings import Settings
@@ -73,14 +71,6 @@ def register(sub) -> None:
     h.add_argument("-n", type=_positive, default=10, metavar="N", help="how many versions (default 10)")
     h.add_argument("--json", action="store_true")
     h.set_defaults(func=cmd_history)
-
-
-def _who() -> str:
-    try:
-        user = getpass.getuser()
-    except Exception:  # noqa: BLE001 - no passwd entry in some containers
-        user = f"uid{os.getuid()}"
-    return f"{user}@{socket.gethostname()}"
 
 
 def _load(path: str, applying: bool) -> Catalog | None:
@@ -173,7 +163,7 @@ def cmd_apply(args) -> int:
                                          attributes={"llmgw.catalog.hash": cat.hash()}) as span:
         try:
             new_version, changed = replicated(lambda: apply_catalog(
-                r, cat, source=os.path.abspath(args.file), applied_by=_who(), expected_version=version
+                r, cat, source=os.path.abspath(args.file), applied_by=who(), expected_version=version
             ))
         except CatalogConflict as e:
             span.fail(str(e), "conflict")

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import getpass
 import json
+import os
+import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +60,15 @@ def settings() -> Settings:
     for note in found.lookup.notes if found.lookup else ():
         print(f"llmgw: {note}", file=sys.stderr)
     return found.settings
+
+
+def who() -> str:
+    """Who runs this command, for the records and events it writes: user@host."""
+    try:
+        user = getpass.getuser()
+    except Exception:  # noqa: BLE001 - no passwd entry in some containers
+        user = f"uid{os.getuid()}"
+    return f"{user}@{socket.gethostname()}"
 
 
 def store(s: Settings | None = None) -> Store:

@@ -1,6 +1,8 @@
 """`llmgw explain MODEL`: in plain sentences, why a model has fewer Ready replicas than asked, or why its
 requests are shed. `llmgw explain ADAPTER`: where a LoRA adapter is held, loading or failing, and why it
-is on fewer replicas than wanted (llmgw.cli.adapterview).
+is on fewer replicas than wanted (llmgw.cli.adapterview). `llmgw explain REQUEST_ID`: how the gateway served
+a request that asked to be explained (`X-LLMGW-Explain: 1`, as the console's playground does): the
+replica, why it was picked, retries and resumed answers (llmgw.state.served).
 
 Per replica: its state and why (a Pending one: the placement reason and why each live node refused it;
 a crash loop: the exit and the last lines of the engine's log; a Lost one: since when its node is
@@ -11,6 +13,7 @@ the replicas it asks for Ready, 1 otherwise.
 
 from __future__ import annotations
 
+import sys
 import textwrap
 import time
 from dataclasses import dataclass
@@ -26,6 +29,7 @@ from llmgw.state import events
 from llmgw.state.demand_records import GatewayReport
 from llmgw.state.records import EndpointInfo, LoadRecord, ReplicaRecord
 from llmgw.state.replica_state import CrashPolicy, download_failed, recent_failures
+from llmgw.state.served import SERVED_KEEP, recordable, sentences
 
 LOG_LINES = 10  # of a failing engine's log
 SATURATION_WINDOW = 600.0  # seconds of event history the gateways' saturation is read from
@@ -33,8 +37,11 @@ SATURATION_WINDOW = 600.0  # seconds of event history the gateways' saturation i
 
 def register(sub) -> None:
     p = sub.add_parser("explain", help="why a model has fewer Ready replicas than asked, or sheds requests; "
-                                       "where a LoRA adapter is loaded")
-    p.add_argument("model", metavar="MODEL", help="a model or LoRA adapter name (or alias) of the applied catalog")
+                                       "where a LoRA adapter is loaded; how a request was served")
+    p.add_argument("model", metavar="NAME", help="a model or LoRA adapter name (or alias) of the applied catalog, or "
+                                                 "the X-Request-Id of a request sent with X-LLMGW-Explain: 1")
+    p.add_argument("--request", action="store_true", help="NAME is a request id (else: one when no model or "
+                                                          "adapter has that name)")
     p.set_defaults(func=cmd_explain)
 
 
@@ -48,6 +55,16 @@ def cmd_explain(args) -> int:
     s = store(settings())
     now = time.time()
     _version, catalog, _meta = read_applied(s)
+    named = catalog is not None and (catalog.resolve(args.model) or catalog.resolve_adapter(args.model))
+    if args.request or not named:
+        rec = s.served(args.model) if recordable(args.model) else None
+        if rec is not None:
+            print("\n".join(sentences(rec)))
+            return 0
+        if args.request:
+            print(f"llmgw: no record of request {args.model!r}: a request is recorded when it is sent with "
+                  f"X-LLMGW-Explain: 1, and kept {SERVED_KEEP // 60} minutes", file=sys.stderr)
+            return 1
     report = gather_status(s, now)
     records = {r.id: r for r in s.all_replicas()}
     _v, _fp, endpoints = s.read_endpoints()

@@ -1,4 +1,8 @@
 """`llmgw keys create|update|list|revoke`: API keys for the gateway (a thin shell over the store's keys).
+The console's keys page is the same shell in the browser: both read the flags' values with
+`llmgw.state.keypolicy.key_changes` and write through the store's `create_key`, `update_key` and
+`revoke_key`, which put each change in the event history (`key_created`, `key_updated`, `key_revoked`)
+with who made it (here `user@host`; there the admin key).
 
 A key is printed once, at creation; Redis keeps only its SHA-256 (`llmgw:apikeys` holds the records).
 `update` changes a key's limits and policy (models, expiry, budget, weight, sub-tenants, admin, batches, an
@@ -18,16 +22,12 @@ from llmgw.state.budget import BUDGET_PERIODS, iso
 from llmgw.state.keypolicy import (  # noqa: F401 - hash_key: tests
     PRIORITIES,
     ApiKeyInvalid,
-    ApiKeyRecord,
+    describe_key,
     hash_key,
-    parse_expires,
-    parse_models,
-    parse_tokens,
-    parse_weight,
+    key_changes,
+    unlisted_models,
 )
 from llmgw.state.store import RedisError, Store
-
-CLEAR = ("none", "never", "all")  # the words that remove a limit or a policy in `update`
 
 
 def checked_store() -> Store:
@@ -94,50 +94,10 @@ def register(sub) -> None:
     p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
 
 
-def _count(text: str | None, flag: str) -> int | None:
-    """An integer flag value (validated as positive with the record)."""
-    if text is None or text.lower() in CLEAR:
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        raise ApiKeyInvalid(f"{flag}: expected an integer, got {text!r}") from None
-
-
-def _changes(args, now: float) -> dict:
-    """The fields the flags given set (`update`: only those; a CLEAR word sets None or nothing)."""
-    out: dict = {}
-    for flag, field in (("rpm", "rpm"), ("tpm", "tpm")):
-        if getattr(args, flag) is not None:
-            out[field] = _count(getattr(args, flag), f"--{flag}")
-    if args.priority is not None:
-        out["priority"] = None if args.priority == "none" else args.priority
-    if args.models is not None:
-        out["models"] = parse_models(args.models)
-    if args.expires is not None:
-        out["expires_at"] = None if args.expires.lower() in CLEAR else parse_expires(args.expires, now)
-    if args.budget is not None:
-        out["budget"] = None if args.budget.lower() in CLEAR else parse_tokens(args.budget)
-    if args.budget_period is not None:
-        out["budget_period"] = args.budget_period
-    if args.admin is not None:
-        out["admin"] = args.admin
-    if args.batches is not None:
-        out["batches"] = args.batches
-    if args.weight is not None:
-        out["weight"] = parse_weight(args.weight)
-    if args.sub_tenants is not None:
-        out["sub_tenants"] = args.sub_tenants
-    if args.isolate_cache is not None:
-        out["isolate_cache"] = args.isolate_cache
-    return out
-
-
 def _warn_unknown_models(store: Store, models) -> None:
     """A key may name a model before it is in the catalog; say so, in case it is a typo."""
-    known = store.catalog_names()
-    unknown = [m for m in models if m not in known]
-    if unknown and known:
+    unknown = unlisted_models(models, store.catalog_names())
+    if unknown:
         print(f"note: {', '.join(unknown)} not in the applied catalog (yet); requests for it answer 404 until it is",
               file=sys.stderr)
 
@@ -145,9 +105,10 @@ def _warn_unknown_models(store: Store, models) -> None:
 def _create(args) -> int:
     store = checked_store()
     now = time.time()
-    changes = _changes(args, now)
+    changes = key_changes(vars(args), now)
     rpm, tpm, priority = (changes.pop(f, None) for f in ("rpm", "tpm", "priority"))
-    kid, key = common.replicated(lambda: store.create_key(args.name, rpm, tpm, priority, now=now, **changes))
+    kid, key = common.replicated(lambda: store.create_key(args.name, rpm, tpm, priority, now=now, by=common.who(),
+                                                          **changes))
     _warn_unknown_models(store, changes.get("models") or ())
     print(key)
     print(f"created key {args.name!r} (id {kid}); it is shown only now, store it safely", file=sys.stderr)
@@ -156,37 +117,17 @@ def _create(args) -> int:
 
 def _update(args) -> int:
     store = checked_store()
-    changes = _changes(args, time.time())
+    changes = key_changes(vars(args), time.time())
     if not changes:
         print("llmgw: nothing to change: give at least one of --rpm, --tpm, --priority, --models, --expires, "
               "--budget, --budget-period, --weight, --admin/--no-admin, --sub-tenants/--no-sub-tenants, "
               "--batches/--no-batches, --isolate-cache/--no-isolate-cache", file=sys.stderr)
         return 2
-    rec = common.replicated(lambda: store.update_key(args.name, **changes))
+    rec = common.replicated(lambda: store.update_key(args.name, by=common.who(), **changes))
     _warn_unknown_models(store, changes.get("models") or ())
-    print(f"updated key {rec.name!r} (id {rec.id}): {_describe(rec)}; gateways apply it within their key "
+    print(f"updated key {rec.name!r} (id {rec.id}): {describe_key(rec)}; gateways apply it within their key "
           "refresh (LLMGW_GATEWAY_KEYS_INTERVAL)")
     return 0
-
-
-def _describe(rec: ApiKeyRecord) -> str:
-    parts = [f"models {','.join(rec.models) if rec.models else 'all'}",
-             f"expires {iso(rec.expires_at) if rec.expires_at is not None else 'never'}",
-             f"budget {f'{rec.budget} tokens per {rec.budget_period}' if rec.budget else 'none'}"]
-    if rec.rpm or rec.tpm:
-        parts.append(f"rpm {rec.rpm or '-'} tpm {rec.tpm or '-'}")
-    if rec.priority:
-        parts.append(f"priority {rec.priority}")
-    parts.append(f"weight {rec.weight:g}")
-    if rec.sub_tenants:
-        parts.append("sub-tenants")
-    if rec.admin:
-        parts.append("admin")
-    if not rec.batches:
-        parts.append("no batches")
-    if rec.isolate_cache:
-        parts.append("isolated cache")
-    return ", ".join(parts)
 
 
 def _list(args) -> int:
@@ -213,6 +154,6 @@ def _list(args) -> int:
 
 def _revoke(args) -> int:
     store = checked_store()
-    kid = common.replicated(lambda: store.revoke_key(args.name))
+    kid = common.replicated(lambda: store.revoke_key(args.name, by=common.who()))
     print(f"revoked {args.name} ({kid})")
     return 0

@@ -20,6 +20,7 @@ KINDS = (
     "replica_stopped", "replica_scaled", "replica_preempted",
     "node_joined", "node_lost", "node_cordoned", "node_uncordoned", "node_drained",
     "credentials_rotated",
+    "key_created", "key_updated", "key_revoked",
     "endpoints_published", "external_ready", "external_unreachable",
     "model_saturated", "model_recovered", "model_cold_start", "stream_resumed",
     "weights_download_started", "weights_download_progress", "weights_download_failed", "weights_download_complete",

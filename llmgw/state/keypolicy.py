@@ -4,8 +4,9 @@ and what a key's usage and budget say. Pure: the store's `apikeys` aggregate rea
 A key is shown once, at creation; Redis keeps only its SHA-256 (`hash_key`). Besides its limits (rpm,
 tpm, priority) a record carries its policy: the models it may call (names or aliases; empty = all),
 when it expires, a token budget per UTC day or month, and whether it is an admin key. The gateway's
-decision over them is `gateway.policy.decide`; `llmgw keys create|update` parses the flags with
-`parse_models`, `parse_expires`, `parse_tokens` and `parse_weight`.
+decision over them is `gateway.policy.decide`; `llmgw keys create|update` and the console's keys page
+read their values with `key_changes` (`parse_models`, `parse_expires`, `parse_tokens`, `parse_weight`),
+and say what a key may do with `describe_key`.
 
 A key is also a tenant of a saturated model (gateway.routing.fairness): its `weight` is its share
 against the other keys waiting for the same model, and a key marked `sub_tenants` (a trusted front
@@ -25,14 +26,16 @@ import secrets
 import typing
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
-from typing import Callable, Literal, NamedTuple
+from typing import Callable, Literal, Mapping, NamedTuple
 
 from llmgw.errors import LlmgwError
 from llmgw.state.budget import BUDGET_PERIODS, DEFAULT_BUDGET_PERIOD, Period, iso, period_of
 
-Priority = Literal["critical", "standard", "sheddable"]
+# A request's criticality, highest first; `batch` is a Batch API line's (workers/batch), below every
+# interactive class: shed first at saturation, and evicted first (gateway.routing.eviction).
+Priority = Literal["critical", "standard", "sheddable", "batch"]
 PRIORITIES: tuple[str, ...] = typing.get_args(Priority)
-PRIORITY_RANK = {"sheddable": 0, "standard": 1, "critical": 2}
+PRIORITY_RANK = {"batch": -1, "sheddable": 0, "standard": 1, "critical": 2}
 KEY_PREFIX = "sk-llmgw-"
 # The key id under which gateways count usage of requests served while no key was required.
 ANONYMOUS = "anonymous"
@@ -253,6 +256,107 @@ def parse_tokens(text: str) -> int:
     if n <= 0:
         raise ApiKeyInvalid(f"--budget: must be at least one token, got {text!r}")
     return n
+
+
+# The words that remove a limit or a policy in `update` (`--rpm none`, `--expires never`, `--models all`).
+CLEAR = ("none", "never", "all")
+# What `key_changes` reads: the flags of `llmgw keys create|update`, by their argparse names (the
+# console's keys form sends the same names): text values, and booleans for the switches.
+TEXT_FIELDS = ("rpm", "tpm", "priority", "models", "expires", "budget", "budget_period", "weight")
+SWITCHES = ("admin", "sub_tenants", "batches", "isolate_cache")
+KEY_FIELDS = TEXT_FIELDS + SWITCHES
+
+
+def _flag(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def _text(values: Mapping[str, object], field: str) -> str | None:
+    """A text flag's value; a number (the console's JSON) as its text; None when not given."""
+    v = values.get(field)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (str, int, float)):
+        raise ApiKeyInvalid(f"{_flag(field)}: expected text, got {v!r}")
+    return str(v)
+
+
+def _count(text: str | None, field: str) -> int | None:
+    """An integer flag value (validated as positive with the record)."""
+    if text is None or text.lower() in CLEAR:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ApiKeyInvalid(f"{_flag(field)}: expected an integer, got {text!r}") from None
+
+
+def key_changes(values: Mapping[str, object], now: float) -> dict:
+    """The record fields the given flag values set, for `llmgw keys create|update` and the console
+    alike: only the flags given (None: not given); a CLEAR word sets None. Raises ApiKeyInvalid
+    naming the flag. The record itself is validated when it is made (`new_key`, `updated`)."""
+    out: dict = {}
+    for field in ("rpm", "tpm"):
+        text = _text(values, field)
+        if text is not None:
+            out[field] = _count(text, field)
+    priority = _text(values, "priority")
+    if priority is not None:
+        out["priority"] = None if priority == "none" else priority
+    models = values.get("models")
+    if isinstance(models, (list, tuple)):  # the console may send a list
+        if not all(isinstance(m, str) for m in models):
+            raise ApiKeyInvalid(f"--models: expected model names, got {models!r}")
+        models = ",".join(models) if models else "all"
+    models = _text({"models": models}, "models")
+    if models is not None:
+        out["models"] = parse_models(models)
+    expires = _text(values, "expires")
+    if expires is not None:
+        out["expires_at"] = None if expires.lower() in CLEAR else parse_expires(expires, now)
+    budget = _text(values, "budget")
+    if budget is not None:
+        out["budget"] = None if budget.lower() in CLEAR else parse_tokens(budget)
+    period = _text(values, "budget_period")
+    if period is not None:
+        out["budget_period"] = period
+    weight = _text(values, "weight")
+    if weight is not None:
+        out["weight"] = parse_weight(weight)
+    for field in SWITCHES:
+        v = values.get(field)
+        if v is not None:
+            if not isinstance(v, bool):
+                raise ApiKeyInvalid(f"{_flag(field)}: expected true or false, got {v!r}")
+            out[field] = v
+    return out
+
+
+def unlisted_models(models, known) -> list[str]:
+    """The names a key's `--models` lists that the applied catalog does not (yet): a typo, or a model
+    still to come. Nothing when the catalog is empty."""
+    return [m for m in models if m not in known] if known else []
+
+
+def describe_key(rec: ApiKeyRecord) -> str:
+    """What a key may do, in one line (`llmgw keys update`, the key events, the playground)."""
+    parts = [f"models {','.join(rec.models) if rec.models else 'all'}",
+             f"expires {iso(rec.expires_at) if rec.expires_at is not None else 'never'}",
+             f"budget {f'{rec.budget} tokens per {rec.budget_period}' if rec.budget else 'none'}"]
+    if rec.rpm or rec.tpm:
+        parts.append(f"rpm {rec.rpm or '-'} tpm {rec.tpm or '-'}")
+    if rec.priority:
+        parts.append(f"priority {rec.priority}")
+    parts.append(f"weight {rec.weight:g}")
+    if rec.sub_tenants:
+        parts.append("sub-tenants")
+    if rec.admin:
+        parts.append("admin")
+    if not rec.batches:
+        parts.append("no batches")
+    if rec.isolate_cache:
+        parts.append("isolated cache")
+    return ", ".join(parts)
 
 
 def validate_record(rec: ApiKeyRecord) -> None:

@@ -243,6 +243,12 @@ def traffic(slot: int) -> str:
     return f"{PREFIX}:traffic:{slot}"
 
 
+def served(request_id: str) -> str:
+    """JSON llmgw.state.served.Served: how the gateway served one request that asked to be explained
+    (X-LLMGW-Explain), written by its gateway's usage flush, expiring SERVED_KEEP seconds later."""
+    return f"{PREFIX}:served:{request_id}"
+
+
 def usage(key_id: str) -> str:
     return f"{PREFIX}:usage:{key_id}"  # hash: "<model>:prompt" / "<model>:completion" / "<model>:requests"
 

@@ -103,5 +103,5 @@ def test_every_line_answered_once_after_a_process_is_killed(cluster, victim):
     # What the gateways served the batch workers, re-sent lines included, is counted under the workers'
     # own key (less what a killed gateway had not flushed yet).
     [svc] = [k for k in store.list_keys() if k.name == BATCH_KEY_NAME]
-    assert svc.priority == "sheddable"
+    assert svc.priority == "batch"
     print(f"{victim}: {LINES} lines; the gateways served the batch workers {store.key_usage(svc.id)['chat:requests']}")

@@ -59,6 +59,16 @@ def test_later_turns_go_where_the_engine_reports_the_history(cluster):
     messages = [SYSTEM, {"role": "user", "content": "where is my invoice for order 1234?"}]
     first, _, answer = turn(gw, messages)
     before = hits(recs[first].url)
+
+    def indexed(name: str, endpoint: str) -> float:
+        m = re.search(r'^%s\{endpoint="%s"\} (\S+)$' % (name, re.escape(endpoint)),
+                      requests.get(gw + "/metrics", timeout=5).text, re.M)
+        return float(m.group(1)) if m else -1.0
+
+    # Every worker's index has the conversation's blocks, as /metrics shows it (the least of the workers).
+    wait_until(lambda: indexed("llmgw_gateway_kv_index_blocks", first) > 0, 10,
+               what="the gateway's KV index to hold the first turn's blocks")
+    assert indexed("llmgw_gateway_kv_index_batch", first) >= 0
     for i in range(4):
         messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": f"and question {i}?"}]
         # The gateway hears the engine's events within milliseconds; the next turn waits for nothing else.

@@ -45,12 +45,15 @@ def test_llmgw_up_serves_and_stops_clean(tmp_path, no_leaked_processes):
         assert events.returncode == 0 and "replica_placed" in events.stdout, events.stdout + events.stderr
         assert "no live node" not in events.stdout and "no schedulable node" not in events.stdout
         # An engine's error has the gateway's shape (llama-server's own has a number for `code`).
-        bad = requests.post(f"http://127.0.0.1:{port}/v1/chat/completions", json={"model": "smollm2", "messages": "hi"},
-                            timeout=30)
-        assert bad.status_code == 400 and bad.json() == {"error": {"message": "Expected 'messages' to be an array",
+        bad = requests.post(f"http://127.0.0.1:{port}/v1/chat/completions", json={"model": "smollm2"}, timeout=30)
+        assert bad.status_code == 400 and bad.json() == {"error": {"message": "'messages' is required",
                                                                    "type": "invalid_request_error",
                                                                    "code": "invalid_request"}}
         assert "Access-Control-Allow-Origin" not in bad.headers
+        # A common field of the wrong type is the gateway's own 400, naming it (docs/gateway.md#bad-fields).
+        field = requests.post(f"http://127.0.0.1:{port}/v1/chat/completions", json={"model": "smollm2", "messages": "hi"},
+                              timeout=30)
+        assert field.status_code == 400 and field.json()["error"]["param"] == "messages"
 
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=60)
         resp = client.chat.completions.create(

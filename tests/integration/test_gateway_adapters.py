@@ -74,7 +74,7 @@ def test_an_adapter_no_endpoint_holds_waits_for_a_load_and_is_sent_to_the_new_ho
                what="the control plane told and the request queued under the adapter's name")
     assert store.r.get(keys.demand_hint("a3")) and t.is_alive()
     store.write_endpoints([ep("e1", up1.url, ["a1", "a3"])], "fp2", time.time())
-    g.router.refresh_endpoints()
+    g.pollers.refresh_endpoints()
     t.join(5)
     assert out["r"].status_code == 200 and out["r"].headers["X-LLMGW-Endpoint"] == "e1"
     assert up1.stats["models_seen"][-1] == "a3"
@@ -114,7 +114,7 @@ def test_an_adapter_whose_only_holder_died_waits_for_a_load_elsewhere(gw, store,
     g, c, _, up2, kicks = gw
     dead = upstreams(name="dead")
     store.write_endpoints([ep("e1", dead.url, ["a1"]), ep("e2", up2.url, ["a2"])], "fp-dead", time.time())
-    g.router.refresh_endpoints()
+    g.pollers.refresh_endpoints()
     dead.stop()  # kill -9: connections refused from now on
     out = {}
     t = threading.Thread(target=lambda: out.update(r=c.post(CHAT, json={"model": "a1"})))
@@ -122,7 +122,7 @@ def test_an_adapter_whose_only_holder_died_waits_for_a_load_elsewhere(gw, store,
     wait_until(lambda: kicks.sent, 5, interval=0.01, what="the control plane told of the request held for a1")
     assert t.is_alive()  # still waiting
     store.write_endpoints([ep("e1", dead.url, ["a1"]), ep("e2", up2.url, ["a2", "a1"])], "fp-loaded", time.time())
-    g.router.refresh_endpoints()
+    g.pollers.refresh_endpoints()
     t.join(5)
     assert out["r"].status_code == 200 and out["r"].headers["X-LLMGW-Endpoint"] == "e2", out["r"].json
 
@@ -131,7 +131,7 @@ def test_an_adapter_whose_only_holder_died_waits_for_the_holder_to_come_back(gw,
     g, c, _, up2, _ = gw
     dead = upstreams(name="dead")
     store.write_endpoints([ep("e1", dead.url, ["a1"]), ep("e2", up2.url, ["a2"])], "fp-dead", time.time())
-    g.router.refresh_endpoints()
+    g.pollers.refresh_endpoints()
     dead.stop()
     out = {}
     t = threading.Thread(target=lambda: out.update(r=c.post(CHAT, json={"model": "a1"})))
@@ -139,10 +139,10 @@ def test_an_adapter_whose_only_holder_died_waits_for_the_holder_to_come_back(gw,
     wait_until(lambda: g.background.report().models.get("a1"), 5, interval=0.01, what="the request held for a1")
     # The agent sees the engine exit (unpublished), restarts it on a new port, it loads a1 again.
     store.write_endpoints([ep("e2", up2.url, ["a2"])], "fp-gone", time.time())
-    g.router.refresh_endpoints()
+    g.pollers.refresh_endpoints()
     back = upstreams(name="back")
     store.write_endpoints([ep("e1", back.url, ["a1"]), ep("e2", up2.url, ["a2"])], "fp-back", time.time())
-    g.router.refresh_endpoints()
+    g.pollers.refresh_endpoints()
     t.join(30)  # a wait for the answer, not a time it must take (a loaded machine takes seconds)
     assert "r" in out, "the held request never ended"
     assert out["r"].status_code == 200 and out["r"].headers["X-LLMGW-Endpoint"] == "e1", out["r"].json

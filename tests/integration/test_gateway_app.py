@@ -32,7 +32,7 @@ def test_forwards_rewrites_model_and_passes_request_id(store, upstreams):
     assert r.json["usage"]["completion_tokens"] == 8
     # the answer was learned from once, at its end; the speed is derived on the next load refresh
     assert gw.router.inflight["e1"] == 0 and gw.router.learning.learned["e1"].per_request.w == 1
-    gw.router.refresh_loads()
+    gw.pollers.refresh_loads()
     assert gw.router.stats["e1"].speed.decode1 > 0
     gw.usage.flush()
     assert store.r.hgetall(keys.usage("anonymous")) == {"m:prompt": "5", "m:completion": "8", "m:requests": "1"}
@@ -92,12 +92,12 @@ def test_503_when_model_known_but_no_ready_endpoint(store, upstreams):
     store.r.set(keys.CATALOG, json.dumps({"version": 1, "spec": {"models": [{"name": "m"}]}}))
     _, gw, c = make_app(store, [endpoint("e1", up.url)])
     store.write_endpoints([], "fp2", time.time())
-    gw.router.refresh_endpoints()
+    gw.pollers.refresh_endpoints()
     r = c.post(CHAT, json={"model": "m"})
     assert r.status_code == 503 and r.json["error"]["code"] == "no_ready_replica"
     # a model in the catalog but never published is also 503, not 404
     store.r.set(keys.CATALOG, json.dumps({"version": 2, "spec": {"models": [{"name": "cat", "aliases": ["c2"]}]}}))
-    gw.router.refresh_endpoints(force=True)
+    gw.pollers.refresh_endpoints(force=True)
     assert c.post(CHAT, json={"model": "c2"}).status_code == 503
     # ... and a model that left the catalog, once unpublished, is unknown again: 404
     assert c.post(CHAT, json={"model": "m"}).status_code == 404
@@ -151,7 +151,7 @@ def test_an_engines_error_has_the_gateways_shape_and_a_4xx_is_not_held_against_i
     _, gw, c = make_app(store, [endpoint("e1", bad.url)], retries=2)
     t0 = time.time()
     for stream in (False, True):
-        r = c.post(CHAT, json={"model": "m", "messages": "hi", "stream": stream})
+        r = c.post(CHAT, json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": stream})
         assert r.status_code == 400 and r.headers["X-LLMGW-Endpoint"] == "e1"
         assert r.json == {"error": {"message": "Expected 'messages' to be an array", "type": "invalid_request_error",
                                     "code": "invalid_request"}}
@@ -161,7 +161,7 @@ def test_an_engines_error_has_the_gateways_shape_and_a_4xx_is_not_held_against_i
     assert bad.stats["requests"] == 2  # a 4xx is the client's: never retried elsewhere
     # ... nor evidence against the endpoint: it answered (ok_at), it never failed (fail_at), it is not
     # passed over, the model's charts count no error, and no upstream error is counted.
-    facts = gw.router.report_facts()
+    facts = gw.exchange.report_facts()
     ok_at, fail_at = facts.ok_at, facts.fail_at
     assert ok_at["e1"] >= t0 and "e1" not in fail_at
     assert gw.router.stats.get("e1") is None or gw.router.stats["e1"].down_until <= time.monotonic()
@@ -188,7 +188,7 @@ def test_shedding_by_priority(store, upstreams):
     up = upstreams()
     _, gw, c = make_app(store, [endpoint("e1", up.url)], queue_timeout=0.2, routing=NEVER_STALE)
     store.write_load(LoadRecord("e1", time.time(), True, running=4, waiting=9))
-    gw.router.refresh_loads()
+    gw.pollers.refresh_loads()
     r = c.post(CHAT, json={"model": "m"}, headers={"X-LLMGW-Priority": "sheddable"})
     assert r.status_code == 429 and r.json["error"]["code"] == "overloaded" and int(r.headers["Retry-After"]) >= 1
     t0 = time.monotonic()
@@ -198,7 +198,7 @@ def test_shedding_by_priority(store, upstreams):
     assert r.status_code == 200
     # once the engine drains, standard goes through again
     store.write_load(LoadRecord("e1", time.time(), True, running=0, waiting=0))
-    gw.router.refresh_loads()
+    gw.pollers.refresh_loads()
     assert c.post(CHAT, json={"model": "m"}).status_code == 200
 
 
@@ -273,7 +273,7 @@ def test_service_time_learned_from_token_counters(store, upstreams):
     t0 = time.time()
     for i in range(3):  # two intervals that agree: the estimate is not mistaken for noise
         store.write_load(LoadRecord("e2", t0 - 2 + i, True, running=2, waiting=0, generation_tokens_total=100 + 32 * i))
-        gw.router.refresh_loads()
+        gw.pollers.refresh_loads()
     # 32 tokens in 1 s over 2 running sequences: 16 tokens/s each; 8 tokens per answer = 0.5 s
     assert gw.router.stats["e2"].speed.decode(2) == pytest.approx(0.5, rel=0.01)  # (a hair toward e1: shrink)
     assert gw.router.stats["e2"].scrape_inflight == 0

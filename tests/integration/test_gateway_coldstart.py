@@ -67,7 +67,7 @@ def test_a_held_request_is_sent_once_a_replica_is_published(cold, store, upstrea
     assert kicks.sent == ["llmgw.reconcile"] and store.r.get(keys.demand_hint("m"))
     assert t.is_alive()
     store.write_endpoints([endpoint("m-1", up.url, models=("m", "m-alias"))], "fp", time.time())
-    gw.router.refresh_endpoints()  # what the pub/sub hint makes the poller do
+    gw.pollers.refresh_endpoints()  # what the pub/sub hint makes the poller do
     t.join(5)
     r = out["r"]
     assert r.status_code == 200 and out["took"] < 2

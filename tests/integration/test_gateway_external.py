@@ -54,7 +54,7 @@ def test_a_missing_key_variable_takes_only_its_endpoint_out(store, upstreams, ca
            endpoint("x", a.url, model="lonely", api_key_env="LEGACY_KEY")]
     with caplog.at_level(logging.WARNING, logger="llmgw.gateway"):
         _, gw, client = make_app(store, eps, {})
-        gw.router.refresh_endpoints(force=True)
+        gw.pollers.refresh_endpoints(force=True)
     warnings = [r.getMessage() for r in caplog.records if "LEGACY_KEY" in r.getMessage()]
     assert len(warnings) == 2 and any("m/p-a" in w for w in warnings) and any("lonely/p-x" in w for w in warnings)
     for _ in range(4):

@@ -58,10 +58,16 @@ def ask(url: str, messages: list[dict]) -> str:
 
 
 @pytest.fixture
-def subscriber():
+def observed():
+    """What the subscriber last told its observer (the gateway's metrics) per endpoint."""
+    return {}
+
+
+@pytest.fixture
+def subscriber(observed):
     shared = SharedIndex()
     endpoints: list[EndpointInfo] = []
-    sub = KvSubscriber(shared, lambda: tuple(endpoints))
+    sub = KvSubscriber(shared, lambda: tuple(endpoints), observe=lambda eid, *at: observed.__setitem__(eid, at))
     sub.start()
     yield shared.index, shared.lock, endpoints
     sub.stop()
@@ -73,7 +79,7 @@ def held(index, lock, ep, messages) -> int:
         return cached_tokens(index, [ep], "chat", {"messages": messages}, TOKENIZERS.tokenize)[ep.id]
 
 
-def test_the_index_holds_what_the_engine_cached_even_before_the_gateway_listened(procs, subscriber):
+def test_the_index_holds_what_the_engine_cached_even_before_the_gateway_listened(procs, subscriber, observed):
     index, lock, endpoints = subscriber
     port, pub, replay = free_port(), free_port(), free_port()
     _, url = start_sim(procs, port, pub, replay)
@@ -89,6 +95,11 @@ def test_the_index_holds_what_the_engine_cached_even_before_the_gateway_listened
     wait_until(lambda: held(index, lock, ep, turn2) >= prompt_len - 40, 15,
                what=f"the index to hold turn 1's prefix (holds {held(index, lock, ep, turn2)} of {prompt_len})")
     assert index.gaps.get(ep.id, 0) == 0
+    # What the index has folded in, as the gateway's metrics show it (llmgw_gateway_kv_index_*).
+    with lock:
+        at = (index.folded(ep.id), index.size(ep.id))
+    assert at[0] >= 1 and at[1] > 0
+    wait_until(lambda: observed.get(ep.id) == at, 5, what=f"the observer told {at} (told {observed.get(ep.id)})")
     # A different system prompt shares nothing.
     other = [{"role": "system", "content": "You are a travel agent. " * 20}, {"role": "user", "content": "hi"}]
     assert held(index, lock, ep, other) == 0
@@ -122,8 +133,10 @@ def test_an_engine_started_again_is_known_empty(procs, subscriber):
     assert held(index, lock, ep, conv) == 0
 
 
-def test_an_endpoint_that_leaves_the_list_is_forgotten(procs, subscriber):
+def test_an_endpoint_that_leaves_the_list_is_forgotten(procs, subscriber, observed):
     index, _, endpoints = subscriber
     _, _, ep, _ = conversation_held(procs, subscriber, "a question")
+    assert observed[ep.id][1] > 0
     endpoints.clear()
     wait_until(lambda: not index.listening(ep.id), 5, what="the endpoint forgotten")
+    wait_until(lambda: observed[ep.id] == (-1, 0), 5, what="the observer told it is gone")

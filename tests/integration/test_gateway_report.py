@@ -65,7 +65,7 @@ def test_loading_a_new_list_reports_at_once(store, upstreams):
     _, gw, _ = make_app(store, [endpoint("e1", up.url)])
     gw.background.report_due.clear()
     store.write_endpoints([endpoint("e2", up.url)], "fp2", time.time())
-    assert gw.router.refresh_endpoints()
+    assert gw.pollers.refresh_endpoints()
     assert gw.background.report_due.is_set()  # the report loop writes now, not at its next tick
 
 
@@ -79,11 +79,11 @@ def test_readyz_waits_for_the_list_and_the_keys(store, server, upstreams):
     r = c.get("/readyz")
     assert r.status_code == 503 and "endpoint list" in r.json["reason"]
     server.connected = False
-    gw.router.refresh_endpoints()
+    gw.pollers.refresh_endpoints()
     r = c.get("/readyz")
     assert r.status_code == 503 and "Redis unavailable" in r.json["reason"]
     server.connected = True
-    gw.router.refresh_endpoints()
+    gw.pollers.refresh_endpoints()
     r = c.get("/readyz")
     assert r.status_code == 200 and r.json == {"ready": True, "endpoints_version": 1}
     assert c.get("/healthz").json["ready"] is True

@@ -27,10 +27,10 @@ def test_a_request_waits_for_the_models_replica_to_restart_and_is_answered_there
         wait_until(lambda: held(gw), 10, interval=0.01, what="the request held for the model's replica")
         # The agent sees the engine exit: the endpoint is unpublished, then back on a new port.
         store.write_endpoints([], "fp-gone", time.time())
-        gw.router.refresh_endpoints()
+        gw.pollers.refresh_endpoints()
         back = upstreams(name="back")
         store.write_endpoints([endpoint("e1", back.url)], "fp-back", time.time())
-        gw.router.refresh_endpoints()
+        gw.pollers.refresh_endpoints()
         t.join(10)
         assert out["r"].status_code == 200 and out["r"].headers["X-LLMGW-Endpoint"] == "e1", out["r"].json
         assert back.stats["requests"] == 1

@@ -44,8 +44,8 @@ def sim(procs, name, *args, style="vllm"):
     return p, url
 
 
-def ep(i, url, engine="sim", resume=True, **kw):
-    return EndpointInfo(id=i, url=url, models=("m",), engine=engine, served_name="m", model="m", capacity=64,
+def ep(i, url, engine="sim", resume=True, capacity=64, **kw):
+    return EndpointInfo(id=i, url=url, models=("m",), engine=engine, served_name="m", model="m", capacity=capacity,
                         resume=resume, **kw, paths=surface.same_paths(surface.CHAT, surface.COMPLETIONS, surface.RESPONSES))
 
 
@@ -250,3 +250,20 @@ def test_each_hop_is_an_attempt_span_and_the_broken_one_says_why(procs, store, t
     assert attempts[1].attributes["llmgw.outcome"] == "answer" and attempts[1].attributes["llmgw.attempt"] == 1
     (root,) = [s for s in spans if s.name == "POST /v1/chat/completions"]
     assert root.attributes["llmgw.completed"] is True
+
+
+def test_an_explained_answer_says_which_replica_it_went_on_from(procs, store):  # noqa: F811
+    """X-LLMGW-Explain (the console's playground): the record names the replica that broke off, why,
+    and the one that finished the answer (gateway.observe.explain)."""
+    _, u1 = sim(procs, "e1", "--step-ms", "5", "--close-early", "5")
+    _, u2 = sim(procs, "e2", "--step-ms", "5")
+    _, c = gateway(store, [ep("e1", u1, priority=1), ep("e2", u2)])  # e1's tier first
+    r = c.post(CHAT, json=chat_body(0, stream_options={"include_usage": True}), headers={"X-LLMGW-Explain": "1"})
+    assert streamed_text(r.get_data(as_text=True))
+    rec = c.get("/v1/llmgw/requests/" + r.headers["X-Request-Id"]).json
+    assert r.headers["X-LLMGW-Endpoint"] == rec["header_endpoint"] == "e1" and rec["served_by"]["replica"] == "e2"
+    assert [s["kind"] for s in rec["steps"]] == ["choice", "attempt", "failed", "choice", "attempt"]
+    assert rec["steps"][2]["outcome"] == "broken:closed" and rec["completed"] and rec["usage"][1] == TOKENS
+    assert "Its engine broke off after the first byte (closed): the answer went on from another replica." \
+        in rec["explanation"]
+    assert rec["explanation"][-1].startswith("Served by replica e2 (sim): HTTP 200, ")

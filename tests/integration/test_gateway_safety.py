@@ -25,7 +25,7 @@ from tests.support.gateway_app import (  # noqa: F401 - server, store: fixtures
 def test_no_service_until_the_key_table_was_read(store, server, upstreams):
     up = upstreams()
     _, gw, c = bare_app(store, [endpoint("e1", up.url)])
-    gw.router.refresh_endpoints()
+    gw.pollers.refresh_endpoints()
     server.connected = False  # Redis goes away before the first key refresh
     gw.keys.refresh()
     r = c.post(CHAT, json={"model": "m"})
@@ -41,7 +41,7 @@ def test_auth_off_serves_without_a_key_table(store, server, upstreams):
     up = upstreams()
     _, gw, c = bare_app(store, [endpoint("e1", up.url)], auth="off")
     store.create_key("k")
-    gw.router.refresh_endpoints()
+    gw.pollers.refresh_endpoints()
     server.connected = False
     assert c.post(CHAT, json={"model": "m"}).status_code == 200
 
@@ -129,7 +129,7 @@ def test_key_priority_caps_the_header(store, upstreams, key_prio):
     _, key = store.create_key("k", priority=key_prio)
     gw.keys.refresh()
     store.write_load(LoadRecord("e1", time.time(), True, running=4, waiting=9))  # saturated
-    gw.router.refresh_loads()
+    gw.pollers.refresh_loads()
     auth = {"Authorization": f"Bearer {key}", "X-LLMGW-Priority": "critical"}
     r = c.post(CHAT, json={"model": "m"}, headers=auth)
     assert r.status_code == 429 and r.json["error"]["code"] == "overloaded"  # not sent past saturation
@@ -143,7 +143,7 @@ def test_critical_key_may_send_critical(store, upstreams):
     _, std = store.create_key("s", priority="standard")
     gw.keys.refresh()
     store.write_load(LoadRecord("e1", time.time(), True, running=4, waiting=9))
-    gw.router.refresh_loads()
+    gw.pollers.refresh_loads()
     # the endpoint is saturated (a standard key is turned away) ...
     assert c.post(CHAT, json={"model": "m"}, headers={"Authorization": f"Bearer {std}"}).status_code == 429
     # ... and the critical key's request is sent past it

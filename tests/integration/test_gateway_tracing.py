@@ -199,7 +199,7 @@ def test_a_queued_request_shows_its_wait_and_how_it_ended(store, upstreams, trac
     up = upstreams()
     _, gw, c = make_app(store, [endpoint("e1", up.url)], queue_timeout=0.3, routing=NEVER_STALE, tracing=t)
     store.write_load(LoadRecord("e1", time.time(), True, running=4, waiting=9))  # saturated
-    gw.router.refresh_loads()
+    gw.pollers.refresh_loads()
     assert c.post(CHAT, json={"model": "m"}, headers={"X-Request-Id": "rid-timeout"}).status_code == 429
 
     def spans_of(rid):
@@ -217,7 +217,7 @@ def test_a_queued_request_shows_its_wait_and_how_it_ended(store, upstreams, trac
     assert s["POST /v1/chat/completions"].attributes["error.type"] == "shed"
     # a wait that ends with an endpoint free: admitted, and the admission says it waited
     _, gw, c = make_app(store, [endpoint("e1", up.url)], queue_timeout=30, routing=NEVER_STALE, tracing=t)
-    gw.router.refresh_loads()
+    gw.pollers.refresh_loads()
     got = {}
     th = threading.Thread(target=lambda: got.setdefault("r", c.post(CHAT, json={"model": "m"},
                                                                        headers={"X-Request-Id": "rid-wait"})))
@@ -225,7 +225,7 @@ def test_a_queued_request_shows_its_wait_and_how_it_ended(store, upstreams, trac
     try:
         wait_until(lambda: len(gw.queues.get("m")) == 1, 5, what="the request to queue")
         store.write_load(LoadRecord("e1", time.time(), True, running=0, waiting=0))
-        gw.router.refresh_loads()
+        gw.pollers.refresh_loads()
         gw.queues.wake()
     finally:
         th.join(15)

@@ -19,7 +19,7 @@ def test_the_gateway_counts_requests_and_a_shed_storm_is_one_event(store, upstre
     assert c.post(CHAT, json={"model": "nope"}).status_code == 404  # unknown names are never counted
     store.write_load(LoadRecord("e1", time.time(), True, running=4, waiting=9))
     for g in (gw, gw2):
-        g.router.refresh_loads()
+        g.pollers.refresh_loads()
     for client in (c, c2):
         for _ in range(3):
             r = client.post(CHAT, json={"model": "m"}, headers={"X-LLMGW-Priority": "sheddable"})

@@ -1,18 +1,20 @@
-"""The gateway's proxy and bench/fleetsim.py carry out the same admission step: one trace of routing
-results, queue lengths and attempts through both shells, every decision and what each shell then did
+"""The gateway's proxy and the simulators (bench/fleetsim.py, bench/fairness.py: one shell,
+bench/simshell.py, as each sets it up) carry out the same admission step: one trace of routing
+results, queue lengths and attempts through every shell, every decision and what each shell then did
 compared. A shell that passed `decide` something else (the queue length of a retry, a drain rate, a
 priority) or acted otherwise on its verdict (kept a slot it should give back, queued a request it
-should refuse) fails here, so the simulator cannot drift from the gateway again."""
+should refuse) fails here, so no simulator can drift from the gateway again."""
 
 from __future__ import annotations
 
 import random
-from collections import deque
 from types import SimpleNamespace
 
 import pytest
 
+import bench.fairness as fairness
 import bench.fleetsim as fleetsim
+import bench.simshell as simshell
 import gateway.http.admit as admit_mod
 from gateway.config import GatewaySettings
 from gateway.errors import ApiError
@@ -24,9 +26,10 @@ from gateway.request.plan import Plan
 from gateway.request.surface import ROUTES
 from gateway.routing import admission
 from gateway.routing.choice import Choice, Rejection
-from gateway.routing.ledger import NO_TENANT
+from gateway.routing.ledger import NO_TENANT, Ledger
 from gateway.routing.queue import Ticket, WaitQueues
 from gateway.routing.tables import EMPTY
+from llmgw.state.keypolicy import Tenant
 from llmgw.state.records import EndpointInfo
 from llmgw.surface import CHAT
 from tests.support.clock import FakeClock
@@ -111,18 +114,24 @@ def through_proxy(monkeypatch, waiting, prio, first, result, rate) -> tuple[list
     return calls, outcome, len(router.released)
 
 
-def through_fleetsim(monkeypatch, waiting, prio, first, result, rate) -> tuple[list, str, int]:
-    calls = recorded(monkeypatch, fleetsim)
+def through_simulator(monkeypatch, make, tenant, waiting, prio, first, result, rate) -> tuple[list, str, int]:
+    """The trace's row through a simulator's gateway shell, made by `make(sim, router)` as the
+    simulator makes it, for requests of `tenant` (None: no key)."""
+    calls = recorded(monkeypatch, simshell)
     router = ScriptedRouter(result, rate)
     ends, timers = [], []
     sim = SimpleNamespace(cfg=GatewaySettings(queue_max=QUEUE_MAX, queue_timeout=QUEUE_TIMEOUT), now=0.0,
                           policy="llmgw", rng=random.Random(1), at=lambda t, kind, payload: timers.append(payload),
                           finish=lambda req, status: ends.append(status))
-    gw = fleetsim._Gateway(sim, 0, router)
-    gw.queue = deque(object() for _ in range(waiting))
+    gw = make(sim, router)
+    for i in range(waiting):  # others of the same tenant wait ahead (one FIFO, as in the proxy's queue)
+        ahead = fleetsim.Req(rid=100 + i, arrival=0.0, prompt=8, output=8, priority="standard", gateway=0,
+                             tenant=tenant, waiting=admission.Queue(QUEUE_TIMEOUT, admission.SATURATED))
+        gw.queue.push(tenant or NO_TENANT, ahead, gw.ledger, "m")
     sent = []
-    gw._send = lambda req, choice: sent.append(choice)
-    req = fleetsim.Req(rid=1, arrival=0.0, prompt=8, output=8, priority=prio, gateway=0, attempt=0 if first else 1)
+    gw.send = lambda req, choice: sent.append(choice)
+    req = fleetsim.Req(rid=1, arrival=0.0, prompt=8, output=8, priority=prio, gateway=0, attempt=0 if first else 1,
+                       tenant=tenant)
     gw.admit(req)
     outcome = "sent" if sent == [result] else "?"
     if timers:  # queued: its wait runs out
@@ -134,10 +143,18 @@ def through_fleetsim(monkeypatch, waiting, prio, first, result, rate) -> tuple[l
     return calls, outcome, len(router.released)
 
 
+SHELLS = {
+    "fleetsim": lambda mp, *row: through_simulator(mp, lambda sim, r: fleetsim.gateway_shell(sim, 0, r), None, *row),
+    "fairness": lambda mp, *row: through_simulator(
+        mp, lambda sim, r: fairness.gateway_shell(sim, 0, r, Ledger()), Tenant("k-a", "a", 2.0), *row),
+}
+
+
+@pytest.mark.parametrize("shell", list(SHELLS))
 @pytest.mark.parametrize("waiting, prio, first, result, rate", TRACE)
-def test_the_proxy_and_the_simulator_decide_and_act_alike(monkeypatch, waiting, prio, first, result, rate):
+def test_the_proxy_and_each_simulator_decide_and_act_alike(monkeypatch, shell, waiting, prio, first, result, rate):
     p_calls, p_outcome, p_given_back = through_proxy(monkeypatch, waiting, prio, first, result, rate)
-    s_calls, s_outcome, s_given_back = through_fleetsim(monkeypatch, waiting, prio, first, result, rate)
+    s_calls, s_outcome, s_given_back = SHELLS[shell](monkeypatch, waiting, prio, first, result, rate)
     assert p_calls == s_calls and len(p_calls) == 1
     assert (p_outcome, p_given_back) == (s_outcome, s_given_back)
     assert "?" not in p_outcome

@@ -95,9 +95,9 @@ def test_the_batch_workers_key_is_made_once_and_replaced_when_revoked(store):
     k1 = store.ensure_batch_credential(now=1.0)
     assert store.ensure_batch_credential(now=2.0) == k1
     [rec] = [r for r in store.list_keys() if r.name == BATCH_KEY_NAME]
-    assert rec.priority == "sheddable" and rec.hash == hash_key(k1)
+    assert rec.priority == "batch" and rec.hash == hash_key(k1)
     store.revoke_key(BATCH_KEY_NAME)
     k2 = store.ensure_batch_credential(now=3.0)
     assert k2 != k1 and [r.hash for r in store.list_keys() if r.name == BATCH_KEY_NAME] == [hash_key(k2)]
     assert store.key_record(rec.id) is None
-    assert json.loads(store.r.hget(keys.API_KEYS, store.list_keys()[0].id))["priority"] == "sheddable"
+    assert json.loads(store.r.hget(keys.API_KEYS, store.list_keys()[0].id))["priority"] == "batch"

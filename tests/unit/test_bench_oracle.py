@@ -67,7 +67,7 @@ def test_both_oracles_send_a_prompt_where_the_engine_holds_it_when_all_else_is_e
     run_for_real(warm, 0.0)  # its blocks stay in the cache, unreferenced
     eps = [EndpointInfo(id=i, url=f"sim://{i}", models=("m",), engine="sim") for i in ("cold", "warm")]
     gateway = SimpleNamespace(sim=SimpleNamespace(now=10.0, engines={"cold": cold, "warm": warm}),
-                              state=SimpleNamespace(endpoints=eps))
+                              router=SimpleNamespace(endpoints=eps))
     turn = request(prompt + [1, 2, 3], 16)
     assert oracle_own(gateway, turn).id == "warm"
     assert oracle_total(gateway, turn).id == "warm"

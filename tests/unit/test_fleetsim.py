@@ -190,7 +190,7 @@ def test_the_prefix_replay_is_bench_prefix_traffic_routed_with_its_prompt_keys()
     assert 0.7 < res.hit_ratio() < 0.95
     # the prefill rate comes from the engines' counters (their prefill seconds over computed tokens),
     # as the agent scrapes them; without them it would stay unknown (None) and be taken as the default
-    learned = [s.prefill for s in sim.gateways[0].state.stats.values()]
+    learned = [s.prefill for s in sim.gateways[0].router.stats.values()]
     assert len(learned) == 4 and None not in learned
     assert sum(learned) / 4 == pytest.approx(fleet.engines[0].sim.prefill_ms_per_token / 1000, rel=0.25)
     smg = Simulation(fleet, PREFIX_LOAD, "smg_cache_aware", seed=2, workload="prefix").run()
@@ -230,13 +230,13 @@ def test_simulated_gateways_share_their_sends_and_counts_as_the_real_ones_do():
     sim = Simulation(two_fleet, PREFIX_LOAD, "llmgw", seed=3, workload="prefix")
     heard = {g.idx: [] for g in sim.gateways}  # what each heard the other hold
     for g in sim.gateways:
-        learn = g.state.learn_holds
-        g.state.learn_holds = lambda origin, counts, at, learn=learn, idx=g.idx: (
+        learn = g.exchange.learn_holds
+        g.exchange.learn_holds = lambda origin, counts, at, learn=learn, idx=g.idx: (
             heard[idx].append(sum(counts.values())), learn(origin, counts, at))
     two = sim.run()
     alone = Simulation(two_fleet, PREFIX_LOAD, "llmgw", seed=3, workload="prefix",
                        cfg=GatewaySettings(share_sends=0)).run()
     assert two.hit_ratio() >= 0.95 * one.hit_ratio() > alone.hit_ratio()
     assert two.pct("ttft", .99) < alone.pct("ttft", .99)
-    assert all(g.state.outbox is not None for g in sim.gateways)
+    assert all(g.exchange.shares_sends for g in sim.gateways)
     assert all(max(n) >= 4 and 0 in n for n in heard.values())  # busy at times, and idle at others

@@ -1,4 +1,4 @@
-"""The one attempt (gateway.http.attempt.Exchange): every send of a request goes through it, the retry
+"""The one attempt (gateway.http.attempt.Proxied): every send of a request goes through it, the retry
 is the pure `next_attempt`'s, the tenant is charged once, and a continuation keeps its plan and charge."""
 
 from __future__ import annotations
@@ -9,14 +9,13 @@ import pytest
 
 from gateway.config import GatewaySettings
 from gateway.errors import ApiError
-from gateway.http.attempt import Exchange, Sender
+from gateway.http.attempt import Proxied, Sender
 from gateway.observe.metrics import Metrics
 from gateway.request.call import Call
 from gateway.request.plan import Plan
 from gateway.request.surface import ROUTES
 from gateway.routing.choice import Choice
 from gateway.routing.queue import WaitQueues
-from gateway.routing.tables import EMPTY
 from gateway.upstream.client import UpstreamConnectError, UpstreamTimeout
 from llmgw.state.keypolicy import Tenant
 from llmgw.state.records import EndpointInfo
@@ -56,8 +55,8 @@ class Admission:
     def __init__(self, router):
         self.router, self.asked = router, []
 
-    def admit(self, call, plan, exclude, first, last_error, trace, failed_at):
-        self.asked.append((call, plan, exclude, first))
+    def admit(self, call, plan, exclude, first, last_error, trace, failed_at, continuation=False, arrived=None):
+        self.asked.append((call, plan, exclude, first, continuation))
         for e in self.router.tables.endpoints:
             if e.id not in exclude:
                 return Choice(e, 0.1, 0)
@@ -93,7 +92,7 @@ def exchange(upstream, router=None, retries=2, tenant=TEAM):
                     Metrics())
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10}
     call = Call(ROUTES[CHAT], "m", b'{"model": "m"}', body)
-    return Exchange(sender, call, Plan("m", "standard", tenant), None, "rid", 0.0), router, queues
+    return Proxied(sender, call, Plan("m", "standard", tenant), None, "rid", 0.0), router, queues
 
 
 def test_a_retry_goes_elsewhere_and_the_tenant_is_charged_once():
@@ -125,6 +124,7 @@ def test_only_the_first_send_lines_up_behind_the_queue():
     ex, _, _ = exchange(Upstream(503, 200, 200))
     ex.send(first=True).close()
     assert [a[3] for a in ex.sender.admission.asked] == [True, False]
+    assert not any(a[4] for a in ex.sender.admission.asked)  # the request itself: no continuation
     ex.send(exclude=frozenset({"a"})).close()  # a whole answer asked for again
     assert ex.sender.admission.asked[-1][3] is False
 
@@ -137,8 +137,8 @@ def test_a_continuation_keeps_the_plan_and_charge_and_skips_engines_that_cannot_
     cont = ex.call.continued({**ex.call.body, "messages": [*ex.call.body["messages"],
                                                            {"role": "assistant", "content": "Hel"}]})
     hop = ex.send(cont, exclude=frozenset({"x"}))
-    call, got_plan, exclude, _ = ex.sender.admission.asked[-1]
-    assert call is cont and got_plan is plan and {"x"} <= exclude
+    call, got_plan, exclude, _, continuation = ex.sender.admission.asked[-1]
+    assert call is cont and got_plan is plan and {"x"} <= exclude and continuation
     assert hop.choice.endpoint.engine != "external"  # the external server cannot continue an answer
     assert ex.charge is charge and queues.ledger.counter("m", TEAM.key) == charge.estimate
     assert cont.route is ex.call.route and cont.client is ex.call.client and cont.model == ex.call.model

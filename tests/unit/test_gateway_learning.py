@@ -6,14 +6,14 @@ import pytest
 
 from gateway.config import GatewaySettings
 from gateway.routing.choice import Choice
-from gateway.server.pollers import PolledRouter
 from llmgw.state.records import EndpointInfo, LoadRecord
 from llmgw.state.store import CatalogOutline
 from tests.support.clock import FakeClock
+from tests.support.routers import polled
 
 
 class Store:
-    """What PolledRouter reads: the endpoint list, the loads, and no catalog."""
+    """What the Pollers read: the endpoint list, the loads, and no catalog."""
 
     def __init__(self, eps):
         self.eps, self.records = eps, {}
@@ -40,22 +40,21 @@ def ep(i, model="m", capacity=8):
 
 def setup(*eps):
     clock = FakeClock()
-    store = Store(list(eps))
-    st = PolledRouter(store, GatewaySettings(seed=1), clock)
-    st.refresh_endpoints()
-    return st, store, clock
+    st, polls = polled(Store(list(eps)), GatewaySettings(seed=1), clock)
+    polls.refresh_endpoints()
+    return st, polls, clock
 
 
-def scrape(st, store, clock, i, running, waiting, gen):
+def scrape(polls, clock, i, running, waiting, gen):
     clock.advance(1.0)
-    store.records[i] = LoadRecord(i, clock.t, True, running=running, waiting=waiting, generation_tokens_total=gen)
-    st.refresh_loads()
+    polls.store.records[i] = LoadRecord(i, clock.t, True, running=running, waiting=waiting, generation_tokens_total=gen)
+    polls.refresh_loads()
 
 
 def test_per_token_time_from_an_engine_busy_between_two_scrapes():
-    st, store, clock = setup(ep("a"))
-    scrape(st, store, clock, "a", 4, 0, 1000)
-    scrape(st, store, clock, "a", 4, 0, 1200)  # 200 tokens in 1 s over 4 sequences: 20 ms per token
+    st, polls, clock = setup(ep("a"))
+    scrape(polls, clock, "a", 4, 0, 1000)
+    scrape(polls, clock, "a", 4, 0, 1200)  # 200 tokens in 1 s over 4 sequences: 20 ms per token
     f = st.learning.learned["a"].per_token
     assert f.w == 1 and f.sx == 4 and f.sy == pytest.approx(0.020)
 
@@ -64,32 +63,32 @@ def test_an_engine_idle_at_either_end_teaches_nothing():
     """One request ending and the next arriving later looks like a slow engine: 5 tokens in 1 s with
     one running at both ends may be 20 ms of work. Such intervals are skipped (this once stuck a
     half-speed engine at three times its real decode time, so it got no traffic)."""
-    st, store, clock = setup(ep("a"))
+    st, polls, clock = setup(ep("a"))
     for running, gen in ((1, 0), (1, 5), (0, 64), (3, 70), (1, 80)):
-        scrape(st, store, clock, "a", running, 0, gen)
+        scrape(polls, clock, "a", running, 0, gen)
     assert "a" not in st.learning.learned
 
 
 def test_batch_limit_seen_while_requests_wait_in_two_scrapes_in_a_row():
-    st, store, clock = setup(ep("a", capacity=None))
-    scrape(st, store, clock, "a", 3, 1, 0)  # a request between arrival and the next step: not a limit
-    scrape(st, store, clock, "a", 5, 0, 100)
+    st, polls, clock = setup(ep("a", capacity=None))
+    scrape(polls, clock, "a", 3, 1, 0)  # a request between arrival and the next step: not a limit
+    scrape(polls, clock, "a", 5, 0, 100)
     assert st.stats["a"].slots is None
-    scrape(st, store, clock, "a", 6, 2, 200)
-    scrape(st, store, clock, "a", 6, 3, 300)
+    scrape(polls, clock, "a", 6, 2, 200)
+    scrape(polls, clock, "a", 6, 3, 300)
     assert st.stats["a"].slots == 6
 
 
 def test_a_batch_limit_learned_too_low_is_raised_by_what_the_engine_runs():
     """A long prefill holds newer requests waiting with one running, two scrapes in a row: that
     looks like a limit of 1. The next scrape with more running at once shows it was not one."""
-    st, store, clock = setup(ep("a", capacity=None))
-    scrape(st, store, clock, "a", 1, 2, 0)
-    scrape(st, store, clock, "a", 1, 3, 0)
+    st, polls, clock = setup(ep("a", capacity=None))
+    scrape(polls, clock, "a", 1, 2, 0)
+    scrape(polls, clock, "a", 1, 3, 0)
     assert st.stats["a"].slots == 1
-    scrape(st, store, clock, "a", 4, 0, 60)
+    scrape(polls, clock, "a", 4, 0, 60)
     assert st.stats["a"].slots == 4
-    scrape(st, store, clock, "a", 2, 0, 100)  # fewer running later teaches nothing
+    scrape(polls, clock, "a", 2, 0, 100)  # fewer running later teaches nothing
     assert st.stats["a"].slots == 4
 
 
@@ -98,12 +97,12 @@ def test_a_wait_never_teaches_a_limit_below_what_the_engine_was_seen_running():
     a request waiting: its limit is 8, not 2. Before, the most seen running was kept only once a
     limit had been learned, so the first wait taught 2, and the router took its free slots for a
     queue."""
-    st, store, clock = setup(ep("a", capacity=8))
-    scrape(st, store, clock, "a", 8, 0, 0)
-    scrape(st, store, clock, "a", 5, 0, 100)
+    st, polls, clock = setup(ep("a", capacity=8))
+    scrape(polls, clock, "a", 8, 0, 0)
+    scrape(polls, clock, "a", 5, 0, 100)
     assert st.stats["a"].slots is None and st.stats["a"].most_running == 8
-    scrape(st, store, clock, "a", 2, 1, 200)
-    scrape(st, store, clock, "a", 2, 1, 300)
+    scrape(polls, clock, "a", 2, 1, 200)
+    scrape(polls, clock, "a", 2, 1, 300)
     assert st.stats["a"].slots == 8
 
 
@@ -115,7 +114,7 @@ def test_the_time_to_first_byte_is_learned_net_of_the_prompt_work_the_cost_adds_
     from gateway.routing.prefixkeys import prefix_of
     from llmgw.surface import CHAT
 
-    st, store, clock = setup(ep("a"))
+    st, polls, clock = setup(ep("a"))
     keys, tokens = prefix_of({"messages": [{"role": "user", "content": "word " * 1600}]}, CHAT, "m")
     c = st.route(RouteRequest("m", prefix=keys, prompt_tokens=tokens))
     assert c.prefill == pytest.approx(tokens * 0.0001) and c.behind == 0
@@ -131,7 +130,7 @@ def test_the_time_to_first_byte_is_learned_net_of_the_prompt_work_the_cost_adds_
 
 
 def test_each_answer_is_learned_once_at_its_end():
-    st, store, clock = setup(ep("a"), ep("b"))
+    st, polls, clock = setup(ep("a"), ep("b"))
     for _ in range(4):
         c = st.route(st_req())
         # 1.1 s in all, the first byte after 0.1 s: 1.0 s of decoding; 51 tokens: 20 ms per token
@@ -148,35 +147,35 @@ def test_each_answer_is_learned_once_at_its_end():
 
 
 def test_tokens_per_answer_are_inferred_when_answers_do_not_report_usage():
-    st, store, clock = setup(ep("a"))
+    st, polls, clock = setup(ep("a"))
     for i in range(4):  # the engine's counters: 20 ms per token at 4 running
-        scrape(st, store, clock, "a", 4, 0, 200 * i)
+        scrape(polls, clock, "a", 4, 0, 200 * i)
     c = st.route(st_req())
     st.release(c, 1.3, None, 0.02)  # no usage: 1.28 s of decoding at ~20 ms per token
     assert st.learning.tokens.reported is None and 50 < st.learning.tokens.estimate < 75
 
 
 def test_speeds_are_derived_on_refresh_and_models_are_not_mixed():
-    st, store, clock = setup(ep("a"), ep("b"), ep("big", model="large"))
+    st, polls, clock = setup(ep("a"), ep("b"), ep("big", model="large"))
     for c, seconds in ((ep("a"), 1.0), (ep("b"), 1.02), (ep("big", model="large"), 6.0)):
         for _ in range(6):
             st.release(Choice(c, 0.0, 0), seconds)
     assert st.stats.get("a") is None or st.stats["a"].speed is None  # not per request: on refresh
-    scrape(st, store, clock, "a", 0, 0, 0)
+    scrape(polls, clock, "a", 0, 0, 0)
     a, b, big = (st.stats[i].speed.decode1 for i in ("a", "b", "big"))
     assert a == pytest.approx(b, rel=0.02)  # the same speed, told apart only by noise
     assert big == pytest.approx(6.0, rel=0.01)  # another model: not pulled toward a and b
 
 
 def test_completion_rate_needs_every_endpoint_known():
-    st, store, clock = setup(ep("a", capacity=4), ep("b", capacity=4))
+    st, polls, clock = setup(ep("a", capacity=4), ep("b", capacity=4))
     for _ in range(3):
         st.release(Choice(ep("a", capacity=4), 0.0, 0), 1.0)
-    scrape(st, store, clock, "a", 0, 0, 0)
+    scrape(polls, clock, "a", 0, 0, 0)
     assert st.completion_rate("m") is None  # b's speed is unknown: the drain time cannot be bounded
     for _ in range(3):
         st.release(Choice(ep("b", capacity=4), 0.0, 0), 1.0)
-    scrape(st, store, clock, "a", 0, 0, 0)
+    scrape(polls, clock, "a", 0, 0, 0)
     rate = st.completion_rate("m")
     assert 4 < rate < 8  # two endpoints of 4 slots, about 1 s each (a little slower when full)
 
@@ -194,26 +193,26 @@ def test_a_scrape_is_compared_with_what_we_held_when_it_was_taken():
     from gateway.routing.choice import RouteRequest
     from gateway.routing.load import ahead_of, fresh_load
 
-    st, store, clock = setup(ep("a"))
+    st, polls, clock = setup(ep("a"))
     held = [st.route(RouteRequest("m")) for _ in range(3)]
     clock.advance(0.3)
-    store.records["a"] = LoadRecord("a", clock.t, True, running=3, waiting=0)  # the agent's scrape
+    polls.store.records["a"] = LoadRecord("a", clock.t, True, running=3, waiting=0)  # the agent's scrape
     clock.advance(0.2)
     st.release(held[0], 1.0)
     st.release(held[1], 1.0)
-    st.refresh_loads()  # read a little later
+    polls.refresh_loads()  # read a little later
     s = st.stats["a"]
     assert s.scrape_inflight == 3 and s.others_ratio == 0
 
     def ahead(n):
         s = st.stats["a"]
-        return ahead_of(ep("a"), fresh_load(st.loads["a"], clock.t, st.cfg.routing, s.load_seen), n, s)
+        return ahead_of(ep("a"), fresh_load(st.loads["a"], clock.t, st.routing, s.load_seen), n, s)
 
     assert ahead(1) == 1
     # another gateway's requests count: the next scrape shows 5 running while we hold 1
     clock.advance(1.0)
-    store.records["a"] = LoadRecord("a", clock.t, True, running=5, waiting=0)
-    st.refresh_loads()
+    polls.store.records["a"] = LoadRecord("a", clock.t, True, running=5, waiting=0)
+    polls.refresh_loads()
     assert ahead(1) == 5 and st.stats["a"].others_ratio == 4
     # if we send it two more before the next scrape, the others (4 per one of ours) likely did too
     assert ahead(3) == 3 + 4 + 4 * 2
@@ -222,11 +221,11 @@ def test_a_scrape_is_compared_with_what_we_held_when_it_was_taken():
 def test_an_agent_clock_that_disagrees_falls_back_to_the_most_we_held():
     from gateway.routing.choice import RouteRequest
 
-    st, store, clock = setup(ep("a"))
+    st, polls, clock = setup(ep("a"))
     held = [st.route(RouteRequest("m")) for _ in range(3)]
     st.release(held[0], 1.0)
-    store.records["a"] = LoadRecord("a", clock.t - 3600, True, running=3, waiting=0)  # an hour behind
-    st.refresh_loads()
+    polls.store.records["a"] = LoadRecord("a", clock.t - 3600, True, running=3, waiting=0)  # an hour behind
+    polls.refresh_loads()
     assert st.stats["a"].scrape_inflight == 3  # not 2: our own ended request is no other gateway's
 
 
@@ -254,8 +253,8 @@ def test_the_learner_returns_new_values_and_leaves_its_inputs_alone():
 
 
 def test_readers_keep_the_snapshot_they_took():
-    st, store, clock = setup(ep("a"))
+    st, polls, clock = setup(ep("a"))
     taken = st.snapshot
-    scrape(st, store, clock, "a", 4, 0, 1000)
+    scrape(polls, clock, "a", 4, 0, 1000)
     assert st.snapshot is not taken and taken.loads == {} and taken.stats == {}
     assert st.snapshot.tables is taken.tables  # the list did not change: the same tables

@@ -11,9 +11,9 @@ import pytest
 
 from gateway.config import GatewaySettings, RoutingConfig
 from gateway.routing.choice import RouteRequest
-from gateway.server.pollers import PolledRouter
 from llmgw.state.records import LoadRecord
 from tests.support.clock import FakeClock
+from tests.support.routers import polled
 from tests.support.gateway_app import endpoint, server, store  # noqa: F401 - server, store: fixtures
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,38 +31,38 @@ def test_auth_mode_is_validated():
 def test_load_freshness_uses_when_we_first_saw_the_record(store):
     clock = FakeClock(2_000_000_000.0, mono=500.0)
     store.write_endpoints([endpoint("e1", "http://127.0.0.1:9")], "fp", 0)
-    st = PolledRouter(store, GatewaySettings(routing=RoutingConfig(stale_after=3)), clock)
-    st.refresh_endpoints()
+    st, polls = polled(store, GatewaySettings(routing=RoutingConfig(stale_after=3)), clock)
+    polls.refresh_endpoints()
     store.write_load(LoadRecord("e1", 12.0, True, running=4, waiting=9))  # the agent's clock is way off
-    st.refresh_loads()
+    polls.refresh_loads()
     assert st.route(RouteRequest("m")).kind == "saturated"  # just seen: trusted
     clock.mono += 2.9
-    st.refresh_loads()  # same ts again: not new
+    polls.refresh_loads()  # same ts again: not new
     assert st.route(RouteRequest("m")).kind == "saturated"
     clock.mono += 0.2
-    st.refresh_loads()
+    polls.refresh_loads()
     assert st.route(RouteRequest("m")).endpoint.id == "e1"  # no new sample for 3.1 s: stale, ignored
 
 
 def test_our_own_requests_in_a_scrape_are_not_taken_for_other_gateways(store):
     clock = FakeClock(2_000_000_000.0, mono=500.0)
     store.write_endpoints([endpoint("e1", "http://127.0.0.1:9")], "fp", 0)  # capacity 4
-    st = PolledRouter(store, GatewaySettings(routing=RoutingConfig(stale_after=3)), clock)
-    st.refresh_endpoints()
+    st, polls = polled(store, GatewaySettings(routing=RoutingConfig(stale_after=3)), clock)
+    polls.refresh_endpoints()
     mine = [st.route(RouteRequest("m")) for _ in range(4)]
     clock.advance(0.3)
     store.write_load(LoadRecord("e1", clock.t, True, running=4, waiting=0))  # the agent scrapes: our 4
     clock.advance(0.6)
     for choice in mine:  # they finish before this gateway reads that scrape
         st.release(choice, 0.8)
-    st.refresh_loads()
+    polls.refresh_loads()
     # The 4 in the scrape were ours and are done: the engine is free, not full of others' requests.
     assert st.route(RouteRequest("m")).endpoint.id == "e1"
     # Requests in a scrape that were not ours are others', and count against the capacity.
     clock.advance(0.4)
     store.write_load(LoadRecord("e1", clock.t, True, running=4, waiting=0))  # ours: 1 of them
     clock.advance(0.2)
-    st.refresh_loads()
+    polls.refresh_loads()
     assert [st.route(RouteRequest("m")).kind] == ["saturated"]  # 1 + 3 others = 4
 
 

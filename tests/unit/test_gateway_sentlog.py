@@ -5,11 +5,11 @@ behind on; two routers on one table agree on where a conversation's history is."
 from gateway.config import GatewaySettings
 from gateway.routing.choice import Choice, RouteRequest
 from gateway.routing.prefixkeys import prefix_of
-from gateway.server.pollers import PolledRouter
 from gateway.server.sentlog import SentLog
 from gateway.server.siblings import SharedCounts, key_of
 from llmgw.surface import CHAT
 from tests.support.clock import FakeClock
+from tests.support.routers import polled
 from tests.unit.test_gateway_learning import Store, ep
 
 EPS = {"e1": None, "e2": None}
@@ -71,9 +71,10 @@ def test_two_workers_agree_on_where_a_conversation_went():
     views_ = [master.for_row(master.claim_row()) for _ in range(2)]
     clock = FakeClock()
     store = Store([ep(f"x{i}", capacity=8) for i in range(4)])
-    one, two = (PolledRouter(store, GatewaySettings(seed=1), clock, shared=v) for v in views_)
-    for r in (one, two):
-        r.refresh_endpoints()
+    (one, one_polls), (two, two_polls) = (polled(store, GatewaySettings(seed=1), clock, shared=v)
+                                          for v in views_)
+    for polls in (one_polls, two_polls):
+        polls.refresh_endpoints()
     body = {"model": "m", "messages": [{"role": "system", "content": "policy " * 300}, {"role": "user", "content": "hi"}]}
     keys, tokens = prefix_of(body, CHAT, "m")
     first = one.route(RouteRequest("m", prefix=keys, prompt_tokens=tokens))

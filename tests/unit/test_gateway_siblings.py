@@ -9,9 +9,9 @@ from gateway.server import siblings
 from gateway.config import GatewaySettings
 from gateway.routing.choice import Choice, Rejection, RouteRequest
 from gateway.server.siblings import PEAK_WINDOW, SharedCounts
-from gateway.server.pollers import PolledRouter
 from llmgw.state.records import LoadRecord
 from tests.support.clock import FakeClock
+from tests.support.routers import polled
 from tests.unit.test_gateway_learning import Store, ep
 
 
@@ -110,16 +110,17 @@ def gateway_pair(capacity=2):
     a.adopt(1), b.adopt(2)
     clock = FakeClock()
     store = Store([ep("x", capacity=capacity)])
-    states = []
+    routers, pollers = [], []
     for view in (a, b):
-        st = PolledRouter(store, GatewaySettings(seed=1), clock, shared=view)
-        st.refresh_endpoints()
-        states.append(st)
-    return states, store, clock
+        st, polls = polled(store, GatewaySettings(seed=1), clock, shared=view)
+        polls.refresh_endpoints()
+        routers.append(st)
+        pollers.append(polls)
+    return routers, pollers, store, clock
 
 
 def test_capacity_counts_the_sibling_workers_requests_at_once():
-    (one, two), _, _ = gateway_pair(capacity=2)
+    (one, two), _, _, _ = gateway_pair(capacity=2)
     req = RouteRequest("m")
     assert isinstance(one.route(req), Choice)
     assert isinstance(two.route(req), Choice)
@@ -130,7 +131,7 @@ def test_capacity_counts_the_sibling_workers_requests_at_once():
 
 
 def test_a_siblings_release_frees_the_slot_for_this_worker():
-    (one, two), _, _ = gateway_pair(capacity=1)
+    (one, two), _, _, _ = gateway_pair(capacity=1)
     held = one.route(RouteRequest("m"))
     assert isinstance(two.route(RouteRequest("m")), Rejection)
     one.release(held, None)
@@ -140,12 +141,12 @@ def test_a_siblings_release_frees_the_slot_for_this_worker():
 def test_a_scrape_counts_the_siblings_requests_as_this_gateways():
     """A scrape showing three requests, all from the sibling, is not another gateway's traffic:
     without the table it would be counted twice (once as the sibling's, once as others')."""
-    (one, two), store, clock = gateway_pair(capacity=8)
+    (one, two), (_, two_polls), store, clock = gateway_pair(capacity=8)
     for _ in range(3):
         assert isinstance(one.route(RouteRequest("m")), Choice)
     clock.advance(1.0)
     store.records["x"] = LoadRecord("x", clock.t, True, running=3, waiting=0)
-    two.refresh_loads()
+    two_polls.refresh_loads()
     assert two.stats["x"].scrape_inflight == 3
     assert two.stats["x"].others_ratio == 0.0
     assert two.held(clock.monotonic()) == {"x": 3}
@@ -154,10 +155,12 @@ def test_a_scrape_counts_the_siblings_requests_as_this_gateways():
 def test_without_a_table_each_worker_counts_alone():
     clock = FakeClock()
     store = Store([ep("x", capacity=1)])
-    one, two = (PolledRouter(store, GatewaySettings(seed=1), clock, shared=None) for _ in range(2))
-    for st in (one, two):
-        st.refresh_endpoints()
-    assert not hasattr(siblings, "table")  # no process-wide table: a router gets one handed in, or none
+    (one, one_polls), (two, two_polls) = (polled(store, GatewaySettings(seed=1), clock, shared=None) for _ in range(2))
+    for polls in (one_polls, two_polls):
+        polls.refresh_endpoints()
+    # no process-wide table: a router gets one handed in, or none (a gunicorn worker hands its row to
+    # the app factory only while it makes the app)
+    assert not hasattr(siblings, "table") and siblings.handed() is None
     assert one.counts.shared is None and two.counts.shared is None
     assert isinstance(one.route(RouteRequest("m")), Choice)
     assert isinstance(two.route(RouteRequest("m")), Choice)

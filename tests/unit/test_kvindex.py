@@ -111,12 +111,16 @@ def test_a_gap_waits_for_the_replay_and_folds_every_batch_in_order():
     b2 = batch(cache, 2)
     cached(cache, list(range(90, 98)))
     b3 = batch(cache, 3)
+    assert index.folded("e0") == -1
     assert index.apply("e0", b0) is None
+    assert index.folded("e0") == 0 and index.size("e0") == 2
     assert index.apply("e0", b2) == 1  # b1 was dropped: replay from 1
     assert index.apply("e0", b3) is None  # waits behind the gap
+    assert index.folded("e0") == 0  # what waits behind the gap is not in the index yet
     index.replayed("e0", b1)
     index.replayed("e0", b2)
     index.replay_done("e0")
+    assert index.folded("e0") == 3
     # In order, the evictions of b2 removed b0's and b1's blocks; b3's chain is held.
     assert index.cached_tokens("e0", chain_keys(list(range(0, 9)), BS), 9) == 0
     assert index.cached_tokens("e0", chain_keys(list(range(50, 59)), BS), 9) == 0
@@ -155,6 +159,7 @@ def test_an_engine_that_started_again_begins_empty():
     fresh = PrefixCache(block_size=BS)
     cached(fresh, list(range(40, 48)))
     assert index.apply("e0", batch(fresh, 0)) is None
+    assert index.folded("e0") == 0  # counted from the new engine's numbers
     assert index.cached_tokens("e0", chain_keys(list(range(0, 9)), BS), 9) == 0
     assert index.cached_tokens("e0", chain_keys(list(range(40, 49)), BS), 9) == 8
 

@@ -31,9 +31,8 @@ def ep(i: str) -> EndpointInfo:
 
 def router() -> Router:
     # A prefill slow enough that a hit outweighs any tie-break between otherwise equal endpoints.
-    r = Router(RoutingConfig(prefill_ms_per_token=5.0), Clock(), random.Random(1))
+    r = Router(RoutingConfig(prefill_ms_per_token=5.0), Clock(), random.Random(1), tokenize=Tokenizers({}).tokenize)
     r.apply_tables(tables_from(1, "fp", [ep("e0"), ep("e1")], CatalogOutline(), {}), True)
-    r.tokenize = Tokenizers({}).tokenize
     return r
 
 
@@ -51,7 +50,7 @@ def request(body: dict) -> RouteRequest:
 
 def test_the_engines_report_wins_over_what_was_sent():
     r = router()
-    r.prefixes.sent("e0", request(BODY).prefix)  # predicted: e0 holds it (it was sent there)
+    r.counts.prefixes.sent("e0", request(BODY).prefix)  # predicted: e0 holds it (it was sent there)
     engine_holds(r, "e0", {"messages": [{"role": "user", "content": "something else " * 10}]})  # e0 says: no
     engine_holds(r, "e1", BODY)  # e1 says it holds it (another gateway sent it there)
     c = r.route(request(BODY))
@@ -60,7 +59,7 @@ def test_the_engines_report_wins_over_what_was_sent():
 
 def test_without_the_body_or_before_any_event_the_prediction_stands():
     r = router()
-    r.prefixes.sent("e0", request(BODY).prefix)
+    r.counts.prefixes.sent("e0", request(BODY).prefix)
     c = r.route(request(BODY))
     assert c.endpoint.id == "e0" and not c.kv_events  # nothing heard from the engines yet
     keys, n = prefix_of(BODY, CHAT, "m")

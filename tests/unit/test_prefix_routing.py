@@ -21,10 +21,10 @@ from llmgw.state.records import EndpointInfo, LoadRecord
 from llmgw.surface import CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES
 
 
-def choose(endpoints, loads, inflight, request, now, *, rng, stats=None, cfg=RoutingConfig(), rr_counter=0,
+def choose(endpoints, loads, inflight, request, now, *, rng, stats=None, cfg=RoutingConfig(), policy=None,
            matched=None, exact=frozenset(), backlog=None):
     """The routing decision over the values it reads (gateway.routing.choice.RouteContext)."""
-    return choose_in(RouteContext(endpoints, loads, inflight, now, rng, cfg, stats or {}, rr_counter, matched, exact,
+    return choose_in(RouteContext(endpoints, loads, inflight, now, rng, cfg, stats or {}, policy, matched, exact,
                                   backlog), request)
 
 NOW = 1000.0
@@ -126,17 +126,17 @@ def test_each_index_is_sized_to_its_engines_kv_cache_the_catalogs_figure_first()
     r.apply_tables(tables_from(1, "fp", eps, Names(), {}), True)
     keys = tuple(range(1, 400))
     for i in "abc":
-        r.prefixes.sent(i, keys)
-    caps = lambda: {i: ix.cap for i, ix in r.prefixes.by_ep.items()}  # noqa: E731
+        r.counts.prefixes.sent(i, keys)
+    caps = lambda: {i: ix.cap for i, ix in r.counts.prefixes.by_ep.items()}  # noqa: E731
     assert caps() == {"a": blocks_for(1600), "b": blocks_for(None), "c": blocks_for(None)}
     said = {i: LoadRecord(i, ts=NOW, ok=True, running=0, waiting=0, kv_tokens=3200) for i in "ab"}
     r.apply_loads(said)
     assert caps() == {"a": blocks_for(1600), "b": blocks_for(3200), "c": blocks_for(None)}
-    assert len(r.prefixes.by_ep["b"].keys) == blocks_for(3200) < len(keys)  # shrunk: its oldest keys went
+    assert len(r.counts.prefixes.by_ep["b"].keys) == blocks_for(3200) < len(keys)  # shrunk: its oldest keys went
     r.apply_loads({"b": LoadRecord("b", ts=NOW + 1, ok=False, error="timed out")})
-    assert r.prefixes.kv_tokens("b") == 3200  # a failed scrape says nothing new
+    assert r.counts.prefixes.kv_tokens("b") == 3200  # a failed scrape says nothing new
     r.apply_tables(tables_from(2, "fp2", [ep("a"), ep("b")], Names(), {}), True)  # a's figure left the catalog
-    assert r.prefixes.kv_tokens("a") == 3200 and set(r.prefixes.by_ep) == {"a", "b"}  # c left the list
+    assert r.counts.prefixes.kv_tokens("a") == 3200 and set(r.counts.prefixes.by_ep) == {"a", "b"}  # c left the list
 
 
 def test_index_update_and_match_are_cheap():
@@ -598,13 +598,14 @@ def test_a_backlog_does_not_move_a_conversation_whose_history_is_held():
 
 
 def test_the_router_keeps_the_backlog_of_what_it_sent_and_what_its_siblings_sent():
+    from gateway.routing.inflight import InFlight
     from gateway.routing.router import Router
     from gateway.server.siblings import SharedCounts
     from tests.support.clock import FakeClock
 
     clock = FakeClock(mono=NOW)
     master = SharedCounts.create(2)
-    one, two = (Router(CFG, clock, random.Random(0), shared=master.for_row(master.claim_row())) for _ in range(2))
+    one, two = (Router(CFG, clock, random.Random(0), InFlight(master.for_row(master.claim_row()))) for _ in range(2))
     from types import SimpleNamespace
 
     from gateway.routing.tables import tables_from
@@ -615,9 +616,9 @@ def test_the_router_keeps_the_backlog_of_what_it_sent_and_what_its_siblings_sent
     first = one.route(req({"model": "m", "messages": [{"role": "user", "content": "tell me " * 400}]},
                           objective=FIRST_TOKEN))
     assert isinstance(first, Choice) and first.prefill > 0
-    assert one.backlog.ahead(["a", "b"], NOW) == pytest.approx({first.endpoint.id: first.prefill})
+    assert one.counts.backlog.ahead(["a", "b"], NOW) == pytest.approx({first.endpoint.id: first.prefill})
     second = two.route(req({"model": "m", "messages": [{"role": "user", "content": "and now " * 400}]},
                            objective=FIRST_TOKEN))
     assert isinstance(second, Choice) and second.endpoint.id != first.endpoint.id  # it saw the sibling's send
     clock.advance(5.0)
-    assert one.backlog.ahead(["a", "b"], clock.monotonic()) == {}  # drained by itself
+    assert one.counts.backlog.ahead(["a", "b"], clock.monotonic()) == {}  # drained by itself

@@ -7,17 +7,17 @@ from collections import Counter
 import pytest
 
 from gateway.config import RoutingConfig
-from gateway.routing.choice import Choice, Rejection, RouteContext, RouteRequest, score
+from gateway.routing.choice import Choice, Rejection, RouteContext, RouteRequest, policy_of, score
 from gateway.routing.choice import choose as choose_in
 from gateway.routing.load import EndpointStats
 from gateway.routing.speed import Speed
 from llmgw.state.records import EndpointInfo, LoadRecord
 
 
-def choose(endpoints, loads, inflight, request, now, *, rng, stats=None, cfg=RoutingConfig(), rr_counter=0,
+def choose(endpoints, loads, inflight, request, now, *, rng, stats=None, cfg=RoutingConfig(), policy=None,
            matched=None, exact=frozenset(), backlog=None):
     """The routing decision over the values it reads (gateway.routing.choice.RouteContext)."""
-    return choose_in(RouteContext(endpoints, loads, inflight, now, rng, cfg, stats or {}, rr_counter, matched, exact,
+    return choose_in(RouteContext(endpoints, loads, inflight, now, rng, cfg, stats or {}, policy, matched, exact,
                                   backlog), request)
 
 NOW = 1000.0
@@ -198,7 +198,9 @@ def test_affinity_survives_an_unrelated_endpoint_leaving():
 def test_round_robin_and_least_inflight_policies():
     eps = [ep("a"), ep("b"), ep("c")]
     rr = RoutingConfig(policy="round_robin")
-    assert [pick(eps, cfg=rr, rr_counter=i).endpoint.id for i in range(4)] == ["a", "b", "c", "a"]
+    turns = policy_of("round_robin")  # one router's instance: it keeps its own turn
+    assert [pick(eps, cfg=rr, policy=turns).endpoint.id for _ in range(4)] == ["a", "b", "c", "a"]
+    assert pick(eps, cfg=rr).endpoint.id == "a"  # a fresh instance starts at the first
     li = RoutingConfig(policy="least_inflight")
     assert pick(eps, inflight={"a": 2, "b": 0, "c": 1}, cfg=li).endpoint.id == "b"
 

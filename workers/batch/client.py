@@ -40,7 +40,7 @@ class LineSender:
         return s
 
     def __call__(self, path: str, body: dict, request_id: str) -> Answer:
-        headers = {"Content-Type": "application/json", PRIORITY_HEADER: "sheddable", "X-Request-Id": request_id}
+        headers = {"Content-Type": "application/json", PRIORITY_HEADER: "batch", "X-Request-Id": request_id}
         key = self.credential()
         if key:
             headers["Authorization"] = f"Bearer {key}"

@@ -1,8 +1,8 @@
 """The batch feeder's decisions, pure: how many lines it may have in flight (`allowance`, over what
 the fleet holds), what an answer means for its line (`judge`), and what a run does next (`step`).
 
-**Room.** Batch lines go through the gateway as `sheddable` requests, which admission sheds (429) as
-soon as a model is saturated or standard requests wait. That alone would let them fill every slot up
+**Room.** Batch lines go through the gateway in the `batch` class (the lowest: shed like `sheddable`),
+which admission sheds (429) as soon as a model is saturated or standard requests wait. That alone would let them fill every slot up
 to saturation, and an interactive request arriving then waits for one to free. So the feeder also
 keeps each endpoint below `(1 - reserve) x capacity` (at least one line): it reads what every endpoint holds, as the
 gateways reported it (every half second: their requests in flight there, the batch's own lines

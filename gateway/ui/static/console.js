@@ -1,11 +1,13 @@
-// llmgw console: a single page polling the gateway's /ui/api every 2 s (docs/console.md).
+// llmgw console: a single page polling the gateway's /ui/api every 2 s (docs/console.md); the playground
+// and the keys page render on demand (they hold what the user typed) and never poll.
 // Plain DOM, no framework, nothing fetched from elsewhere. Every value is put in the page as text
 // (textContent), never as HTML: model names, reasons and log lines come from the fleet.
 "use strict";
 
 const REFRESH_MS = 2000;
 const KEY_STORE = "llmgw.key";
-const TABS = ["fleet", "models", "events", "catalog", "batches"];
+const TABS = ["fleet", "models", "events", "catalog", "batches", "playground", "keys"];
+const ON_DEMAND = new Set(["playground", "keys"]); // rendered when opened or acted on, not every 2 s
 
 const state = {
   tab: "fleet",
@@ -79,9 +81,12 @@ function stateBadge(s) {
 }
 
 // --- the API ----------------------------------------------------------------------------------------
-async function api(path) {
+async function api(path, opts) {
+  const o = opts || {};
   const headers = state.key ? { Authorization: "Bearer " + state.key } : {};
-  const resp = await fetch(path, { headers, cache: "no-store" });
+  if (o.body !== undefined) headers["Content-Type"] = "application/json";
+  const resp = await fetch(path, { method: o.method || "GET", headers, cache: "no-store",
+    body: o.body === undefined ? undefined : JSON.stringify(o.body) });
   let body = null;
   try { body = await resp.json(); } catch (e) { body = null; }
   const message = body && body.error ? body.error.message : `${resp.status} ${resp.statusText}`;
@@ -395,7 +400,7 @@ async function renderBatches(view) {
 }
 
 const RENDER = { fleet: renderFleet, models: renderModels, events: renderEvents, catalog: renderCatalog,
-                 batches: renderBatches };
+                 batches: renderBatches, playground: renderPlayground, keys: renderKeys };
 
 // --- the loop -------------------------------------------------------------------------------------
 async function refresh() {
@@ -406,7 +411,8 @@ async function refresh() {
     await RENDER[tab](view);
     document.getElementById("auth").hidden = true;
     document.getElementById("forget-key").hidden = !state.key;
-    setStatus(`updated ${new Date().toLocaleTimeString()} · refreshes every ${REFRESH_MS / 1000} s`, false);
+    setStatus(ON_DEMAND.has(tab) ? "" : `updated ${new Date().toLocaleTimeString()} · refreshes every ${REFRESH_MS / 1000} s`,
+      false);
   } catch (e) {
     if (e instanceof AuthError) {
       showAuth(e.message);
@@ -415,7 +421,7 @@ async function refresh() {
     }
     setStatus("cannot refresh: " + e.message, true);
   }
-  if (tab === state.tab) state.timer = setTimeout(refresh, REFRESH_MS);
+  if (tab === state.tab && !ON_DEMAND.has(tab)) state.timer = setTimeout(refresh, REFRESH_MS);
 }
 
 function selectTab() {

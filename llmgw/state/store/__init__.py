@@ -5,8 +5,8 @@ A module per aggregate owns its keys (named in `llmgw.state.keys`) and how its r
 `catalog`, `apikeys`, `events`, `kicks`, `agents` (wake-ups), `credentials`, `passes` (counters),
 `weights` (sources' sizes and shapes, pulls), `adapters` (LoRA placement rows), `sends` (what the
 gateways sent where, for each other's prefix indexes), `batches` (the Batch API's files, batches,
-results and leases), `tenants` (the service each key received per model, for fair queueing) and
-`locks`; `snapshots`
+results and leases), `tenants` (the service each key received per model, for fair queueing),
+`served` (how the gateways served the requests that asked to be explained) and `locks`; `snapshots`
 composes their batched reads into what one control pass decides on. `Store` is all of them over one
 client, so callers keep one flat set of methods (`store.live_nodes()`, `store.create_key(...)`). No
 decisions here, and no other module holds a Redis client: adding a
@@ -40,6 +40,7 @@ from llmgw.state.store.nodes import Nodes
 from llmgw.state.store.passes import Passes
 from llmgw.state.store.replicas import Replicas
 from llmgw.state.store.sends import Sends
+from llmgw.state.store.served import ServedRequests
 from llmgw.state.store.snapshots import Snapshots
 from llmgw.state.store.tenants import Tenants
 from llmgw.state.store.traffic import Traffic
@@ -84,7 +85,7 @@ class _SentinelMaster(redis.Redis):
 
 class Store(Nodes, Replicas, Loads, Externals, Endpoints, Gateways, Traffic, Autoscale, Catalogs, ApiKeys,
             Events, Kicks, Agents, Credentials, Passes, Locks, Snapshots, Weights, Adapters, Sends, Batches,
-            Tenants):
+            Tenants, ServedRequests):
     """Every aggregate over one client. `r` is that client: for the aggregates, and for tests that
     check what landed in Redis. `durability`: how many replicas must hold a catalog apply or an API
     key's change before it returns (llmgw.redisurl.Durability; the roles pass `Settings.durability`)."""

@@ -4,6 +4,10 @@ each key's usage per model, its rate-limit windows per minute and its budget cou
 The gateway caches the whole table in memory, so it needs no by-hash index: `keys.api_key_by_hash`
 is never written, only deleted on revoke (records made by older versions had one). The record type
 and its policy are `llmgw.state.keypolicy` (pure).
+
+Every change of the table is an event in the history, in the same transaction (`key_created`,
+`key_updated`, `key_revoked`), naming who made it (`by`: `user@host` from the CLI, `admin key 'ops'`
+from the console) and where (`source`: cli, console).
 """
 
 from __future__ import annotations
@@ -14,8 +18,10 @@ from typing import Iterable, Mapping
 
 from llmgw.errors import NotFound
 from llmgw.state import keys
-from llmgw.state.keypolicy import ApiKeyInvalid, ApiKeyRecord, budget_status, check_changes, new_key, parse_table, updated
+from llmgw.state.keypolicy import (ApiKeyInvalid, ApiKeyRecord, budget_status, check_changes, describe_key, new_key,
+                                   parse_table, updated)
 from llmgw.state.store.base import Aggregate, Pipeline
+from llmgw.state.store.events import queue_event
 
 log = logging.getLogger("llmgw.state.store.apikeys")
 
@@ -44,21 +50,32 @@ class ApiKeys(Aggregate):
         return {k.id: k.name for k in self.list_keys()}
 
     def create_key(self, name: str, rpm: int | None = None, tpm: int | None = None,
-                   priority: str | None = None, now: float | None = None, **policy) -> tuple[str, str]:
-        """Store a new key; returns (key id, the key itself). Names are unique among live keys. Confirmed
-        on the replicas `durability` asks for: a key handed out must not vanish in a failover (when
-        they fall short, NotReplicated says so; the key is stored and its `value` is (key id, key))."""
+                   priority: str | None = None, now: float | None = None, *, by: str = "", source: str = "cli",
+                   first: bool = False, **policy) -> tuple[str, str]:
+        """Store a new key; returns (key id, the key itself). Names are unique among live keys. With
+        `first`, only while no key exists at all (the console's first key; ApiKeyInvalid otherwise).
+        Confirmed on the replicas `durability` asks for: a key handed out must not vanish in a failover
+        (when they fall short, NotReplicated says so; the key is stored and its `value` is (key id, key))."""
         rec, key = new_key(name, rpm, tpm, priority, time.time() if now is None else now, **policy)
-        if any(k.name == name for k in self.list_keys()):
-            raise ApiKeyInvalid(f"a key named {name!r} already exists (revoke it first)")
+
+        def txn(pipe: Pipeline) -> None:
+            recs, _ = parse_table(pipe.hgetall(keys.API_KEYS))
+            if first and pipe.hlen(keys.API_KEYS):
+                raise ApiKeyInvalid("a key exists already: only an admin key may create more")
+            if any(k.name == name for k in recs):
+                raise ApiKeyInvalid(f"a key named {name!r} already exists (revoke it first)")
+            pipe.multi()
+            pipe.hset(keys.API_KEYS, rec.id, rec.to_json())
+            _event(pipe, "key_created", rec, f"created by {by or 'an unnamed caller'}: {describe_key(rec)}", by,
+                   source)
 
         def write(r) -> tuple[str, str]:
-            r.hset(keys.API_KEYS, rec.id, rec.to_json())
+            r.transaction(txn, keys.API_KEYS)
             return rec.id, key
 
         return self.durably(f"API key {name!r}", write)
 
-    def update_key(self, name_or_id: str, **changes) -> ApiKeyRecord:
+    def update_key(self, name_or_id: str, *, by: str = "", source: str = "cli", **changes) -> ApiKeyRecord:
         """Change a key's limits or policy (`keypolicy.updated`), never the key itself; returns the new
         record. Compare-and-set on the table, so two updates of one key never lose each other's change.
         Confirmed on the replicas `durability` asks for, as `create_key`."""
@@ -73,6 +90,9 @@ class ApiKeys(Aggregate):
             new = updated(rec, changes)
             pipe.multi()
             pipe.hset(keys.API_KEYS, new.id, new.to_json())
+            changed = ", ".join(sorted(changes)) or "nothing"
+            _event(pipe, "key_updated", new, f"{changed} changed by {by or 'an unnamed caller'}: {describe_key(new)}",
+                   by, source, changed=sorted(changes))
             out[:] = [new]
 
         def write(r) -> ApiKeyRecord:
@@ -81,7 +101,7 @@ class ApiKeys(Aggregate):
 
         return self.durably(f"the change of API key {name_or_id!r}", write)
 
-    def revoke_key(self, name_or_id: str) -> str:
+    def revoke_key(self, name_or_id: str, *, by: str = "", source: str = "cli") -> str:
         """Delete a key; returns its id. Confirmed on the replicas `durability` asks for: a revoked key
         that a failover brought back would work again."""
         rec = self.find_key(name_or_id)
@@ -90,6 +110,7 @@ class ApiKeys(Aggregate):
             pipe = r.pipeline(transaction=True)
             pipe.hdel(keys.API_KEYS, rec.id)
             pipe.delete(keys.api_key_by_hash(rec.hash))  # index written by older versions
+            _event(pipe, "key_revoked", rec, f"revoked by {by or 'an unnamed caller'}", by, source)
             pipe.execute()
             return rec.id
 
@@ -157,3 +178,9 @@ class ApiKeys(Aggregate):
             pipe.mget([keys.budget(kid, period) for kid, period in read])
         out = pipe.execute()
         return [int(v or 0) for v in out[-1]] if read else []
+
+
+def _event(pipe, kind: str, rec: ApiKeyRecord, what: str, by: str, source: str, **data) -> None:
+    """A key's change in the event history, in the transaction that makes it (never its secret or hash)."""
+    queue_event(pipe, kind, f"API key {rec.name!r} ({rec.id}) {what}", source=source, key=rec.name, key_id=rec.id,
+                by=by, **data)

@@ -403,7 +403,7 @@ class Batches(Aggregate):
                 pipe.multi()
                 out[:] = [raw]
                 return
-            rec, key = new_key(BATCH_KEY_NAME, None, None, "sheddable", now)
+            rec, key = new_key(BATCH_KEY_NAME, None, None, "batch", now)
             old: list[ApiKeyRecord] = [r for r in recs if r.name == BATCH_KEY_NAME]
             pipe.multi()
             for r in old:
