@@ -46,10 +46,10 @@ MIN_WEIGHT, MAX_WEIGHT = 0.01, 1000.0
 # The header a trusted front end names a sub-tenant of its key with, and the longest name it takes.
 TENANT_HEADER = "X-LLMGW-Tenant"
 MAX_SUB_TENANT = 64
-# The classes in the order the engines receive (vLLM's `priority`: lower first; `order_rank`): the
-# order of PRIORITY_RANK, with the default class, `standard`, at vLLM's default 0, so a standard
-# request's body needs no field; a Batch API line (`batch`) comes last of all.
-ORDER_RANK = {"critical": -1, "standard": 0, "sheddable": 1, "batch": 2}
+# The classes in the order the engines receive (vLLM's `priority`: lower first; `order_rank`): PRIORITY_RANK
+# turned round, with the default class, `standard`, at vLLM's default 0, so a standard request's body
+# needs no field: critical -1, standard 0, sheddable 1, and a Batch API line (`batch`) 2, last of all.
+ORDER_RANK = {p: PRIORITY_RANK["standard"] - r for p, r in PRIORITY_RANK.items()}
 
 
 class ApiKeyInvalid(LlmgwError):
