@@ -16,7 +16,7 @@ from gateway.observe.demand import DemandSignal
 from gateway.observe.metrics import Metrics
 from gateway.observe.saturation import SaturationSignals
 from gateway.observe.tracing import queue_outcome
-from gateway.request.call import Call
+from gateway.request.call import Call, salted
 from gateway.request.client import ClientConn
 from gateway.request.plan import Plan
 from gateway.routing.adapters import Lift
@@ -60,7 +60,7 @@ class Admission:
         elsewhere = q.elsewhere()
         req = RouteRequest(call.model, plan.priority, plan.affinity, exclude, len(q) + elsewhere + 1, op=call.route.op,
                            pin=call.pin, prefix=plan.prefix, prompt_tokens=plan.prompt_tokens,
-                           objective=plan.objective, body=call.body, opens=plan.opens)
+                           objective=plan.objective, body=salted(call.body, plan.cache_salt), opens=plan.opens)
         res = router.route(req)
         # Who leaves the queue before it, in fair order (gateway.routing.fairness): its place in line.
         ahead = q.position(plan.tenant) - 1 if len(q) else 0

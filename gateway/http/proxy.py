@@ -25,6 +25,7 @@ from gateway.request.surface import Route
 from gateway.routing.choice import Rejection, RouteRequest
 from gateway.routing.router import Router
 from llmgw.state.clock import Clock
+from llmgw.state.keypolicy import cache_salt_of
 from llmgw.tracing import NOOP_REQUEST, OFF
 
 log = logging.getLogger("llmgw.gateway")
@@ -69,7 +70,8 @@ class Proxy:
             router.requested(call.model)
         if verdict.key is not None and verdict.key.budget:
             call = call.with_usage()
-        p = plan(call, tables, verdict.priority, verdict.tenant, environ.get("HTTP_X_SESSION_ID"), self.prefix_routing)
+        p = plan(call, tables, verdict.priority, verdict.tenant, environ.get("HTTP_X_SESSION_ID"), self.prefix_routing,
+                 cache_salt_of(verdict.key))
         environ["llmgw.model"] = p.canon  # known: charts may count it
         ex = Proxied(self.sender, call, p, verdict.key, rid, t0, environ.get("REQUEST_METHOD", "POST"), trace)
         hop = ex.send(first=True)

@@ -130,3 +130,58 @@ def test_the_sim_admits_waiting_requests_in_priority_order(policy, arrivals, ord
 def test_the_sim_refuses_an_unknown_policy():
     with pytest.raises(ValueError, match="policy must be one of fcfs, priority"):
         SimConfig(policy="lifo")
+
+
+# --- the gateway's side: the Plan carries the order, each attempt's body gets its engine's fields ---
+
+def _endpoint(engine: str):
+    from llmgw.state.records import EndpointInfo
+
+    return EndpointInfo(id=engine, url=f"http://{engine}", models=("m",), engine=engine, served_name="m", model="m")
+
+
+def _call(**extra):
+    import json
+
+    from gateway.request.call import Call
+    from gateway.request.surface import ROUTES
+
+    raw = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hello " * 200}], **extra}).encode()
+    return Call(ROUTES[op.CHAT], "m", raw, json.loads(raw))
+
+
+@pytest.mark.parametrize("priority, salt, engine, sent", [
+    ("standard", None, "vllm", None),  # the client's bytes, unchanged
+    ("batch", None, "vllm", {"priority": 2}),
+    ("critical", "llmgw-k", "sim", {"priority": -1, "cache_salt": "llmgw-k"}),
+    ("batch", "llmgw-k", "llamacpp", None),  # llama-server takes neither
+])
+def test_each_attempt_sends_what_its_engine_orders_and_caches_by(priority, salt, engine, sent):
+    import json
+
+    from gateway.request.call import engine_request
+    from gateway.request.plan import plan
+    from gateway.routing.tables import EMPTY
+
+    call = _call(stream=True)  # (a whole answer from llama-server is asked for as a stream: another change)
+    p = plan(call, EMPTY.tables, priority, None, None, cache_salt=salt)
+    assert (p.rank, p.cache_salt) == (order_rank(priority), salt)
+    body = engine_request(call, p.adapter, _endpoint(engine), p.rank, p.cache_salt).body
+    if sent is None:
+        assert body is call.data
+    else:
+        assert json.loads(body) == {**call.body, **sent}
+
+
+def test_an_isolating_key_s_prompts_match_no_other_key_s_prefix():
+    from gateway.request.plan import plan
+    from gateway.routing.tables import EMPTY
+
+    def keys(call, salt=None):
+        return plan(call, EMPTY.tables, "standard", None, None, cache_salt=salt).prefix
+
+    shared = keys(_call())
+    assert shared and keys(_call(cache_salt="mine")) != shared  # a client's own salt, as the engine sees it
+    a, b = keys(_call(), "llmgw-a"), keys(_call(cache_salt="mine"), "llmgw-a")
+    assert a == b and set(a).isdisjoint(shared)  # the key's salt replaces the client's
+    assert set(keys(_call(), "llmgw-b")).isdisjoint(a)
