@@ -30,7 +30,8 @@ from llmgw.engines.selfcheck import VLLM_MODEL, VLLM_PYTHON
 from llmgw.engines.vllm import VllmDriver
 from llmgw.state.keypolicy import order_rank
 
-pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.xdist_group("vllm"), pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.xdist_group("vllm"),
+              pytest.mark.timeout(900, func_only=True)]  # a vLLM start (up to 600 s, its fixture) is not a test's
 
 # x 128 tokens (the CPU build's block), one of which vLLM keeps aside: a prompt of 200 tokens and an
 # answer of 520 fit (vLLM refuses to start with a max_model_len its cache cannot hold once), two do not
