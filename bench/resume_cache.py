@@ -154,7 +154,11 @@ class Server:
     def __init__(self, spec: LaunchSpec, workdir: Path, name: str, timeout: float):
         self.spec, self.name = spec, name
         self.engine = Engine(spec, workdir / f"{name}.log")
-        failure = self.engine.wait_healthy(timeout)
+        try:
+            failure = self.engine.wait_healthy(timeout)
+        except BaseException:  # interrupted while it starts (Ctrl-C, `timeout -s INT`): no engine left behind
+            self.engine.stop()
+            raise
         if failure:
             self.engine.stop()
             sys.exit(failure_message(spec.argv[0], failure, "the benchmark", engine=name))
