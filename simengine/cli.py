@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 import os
 
+from simengine.core import POLICIES
 from simengine.sse import STREAM_STARTS
 from simengine.kvevents import LAYOUTS, KvEventsConfig, parse_config
 from simengine.lora import LoraOptions, runtime_allowed
@@ -124,6 +125,9 @@ def parser(exit_on_error: bool = True) -> argparse.ArgumentParser:
                    help="after --slow-after seconds, run at this fraction of --speed (0.3 = 30 %%)")
     g.add_argument("--slow-after", type=_non_negative, default=0.0,
                    help="seconds after the first completion request arrived when --slow-to takes effect")
+    g.add_argument("--scheduling-policy", choices=POLICIES, default="fcfs",
+                   help="vLLM's: fcfs (arrival order) or priority (each request's `priority`, lower first, then "
+                        "arrival); a --metrics-style llamacpp engine has no priority and keeps fcfs")
     g.add_argument("--max-tokens-default", type=_positive_int, default=16,
                    help="output length when a request sets no max_tokens")
     g.add_argument("--metrics-style", choices=("vllm", "llamacpp"), default="vllm",

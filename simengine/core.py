@@ -1,7 +1,8 @@
 """The simulated engine's batching model: pure, clock-free, unit-tested with a virtual clock.
 
 It models what makes a real engine's load numbers move: continuous batching of up to `max_seqs`
-running sequences (the rest wait, FIFO), a decode step that gets slower as the batch grows, prefill
+running sequences (the rest wait, FIFO; under vLLM's `priority` policy in order of each request's
+`priority`, lower first, then of arrival), a decode step that gets slower as the batch grows, prefill
 time proportional to the prompt, and a KV-cache budget in tokens. A request that comes with its
 tokens may find part of its prompt already computed, and skips that part of the prefill: in vLLM's
 prefix cache (simengine.prefix: blocks shared with running sequences within the KV budget) or in
@@ -16,6 +17,9 @@ from dataclasses import dataclass, field
 
 from simengine.prefix import PrefixCache, chain
 from simengine.slots import Slot, Slots
+
+
+POLICIES = ("fcfs", "priority")
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,9 @@ class SimConfig:
     slow_after: float = 0.0
     # LoRA: at most this many distinct adapters in the running batch (vLLM's max_loras; 0: no limit).
     max_loras: int = 0
+    # vLLM's --scheduling-policy: "fcfs" (arrival order) or "priority" (a request's `priority`, lower
+    # first, then arrival: vLLM's waiting queue under that policy).
+    policy: str = "fcfs"
 
     def __post_init__(self) -> None:
         if self.max_seqs < 1:
@@ -46,6 +53,8 @@ class SimConfig:
             raise ValueError("slow_to must be within (0, 1] and slow_after must not be negative")
         if self.step_ms < 0 or self.batch_alpha < 0 or self.prefill_ms_per_token < 0:
             raise ValueError("step_ms, batch_alpha and prefill_ms_per_token must not be negative")
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {', '.join(POLICIES)}")
 
     def decode_seconds(self, batch: int) -> float:
         """Duration of one decode step for `batch` running sequences."""
@@ -76,6 +85,7 @@ class _Seq:
     slot: Slot | None = None
     private: int = 0  # KV tokens reserved beyond the shared cached blocks it references
     adapter: str | None = None  # the LoRA adapter it runs with (None: the base model)
+    priority: int = 0  # vLLM's: lower is served first (only under the "priority" policy)
 
     @property
     def reserved(self) -> int:
@@ -132,9 +142,12 @@ class SimCore:
 
     # --- intake -----------------------------------------------------------------------------
     def submit(self, rid: str, prompt_tokens: int, max_tokens: int, now: float, tokens: list[int] | None = None,
-               output: list[int] | None = None, salt: str | None = None, adapter: str | None = None) -> None:
+               output: list[int] | None = None, salt: str | None = None, adapter: str | None = None,
+               priority: int = 0) -> None:
         """Queue a request; `tokens` (its prompt) and `output` (its answer, `max_tokens` long) let the
-        caches match it. Raises RequestTooLarge if it could never fit the KV budget."""
+        caches match it; `priority` places it in the waiting queue under the "priority" policy (behind
+        every request of a lower or equal one, ahead of any of a higher). Raises RequestTooLarge if it
+        could never fit the KV budget."""
         if max_tokens < 1:
             raise ValueError("max_tokens must be at least 1")
         need = max(1, prompt_tokens) + max_tokens
@@ -149,8 +162,13 @@ class SimCore:
             raise ValueError("output must hold max_tokens tokens")
         if self.first_arrival is None:
             self.first_arrival = now
-        self.waiting.append(_Seq(rid, max(1, prompt_tokens), max_tokens, now, tokens=tokens, output=output, salt=salt,
-                                 adapter=adapter))
+        seq = _Seq(rid, max(1, prompt_tokens), max_tokens, now, tokens=tokens, output=output, salt=salt,
+                   adapter=adapter, priority=priority)
+        if self.config.policy == "priority":
+            at = next((i for i, s in enumerate(self.waiting) if s.priority > priority), len(self.waiting))
+            self.waiting.insert(at, seq)
+        else:
+            self.waiting.append(seq)
 
     def cancel(self, rid: str) -> None:
         """Forget a request (client went away); frees its slot and KV at once."""

@@ -109,12 +109,12 @@ class Engine:
 
     def submit(self, prompt_tokens: int, max_tokens: int, tokens: list[int] | None = None,
                output: list[int] | None = None, salt: str | None = None,
-               adapter: str | None = None) -> tuple[str, queue.SimpleQueue[Emit]]:
+               adapter: str | None = None, priority: int = 0) -> tuple[str, queue.SimpleQueue[Emit]]:
         rid = uuid.uuid4().hex
         q: queue.SimpleQueue[Emit] = queue.SimpleQueue()
         with self._cond:
             self.core.submit(rid, prompt_tokens, max_tokens, self._clock(), tokens=tokens, output=output, salt=salt,
-                             adapter=adapter)
+                             adapter=adapter, priority=priority)
             self._queues[rid] = q
             self._cond.notify_all()
         return rid, q

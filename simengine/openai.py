@@ -34,6 +34,7 @@ class Job:
     # The answer is continued from text already in the prompt (an assistant message continued, or a
     # completion prompt): its first word is not an answer's first word.
     continued: bool = False
+    priority: int = 0  # vLLM's: lower first, under --scheduling-policy priority
 
     @property
     def reason(self) -> str:
@@ -100,9 +101,12 @@ def parse(chat: bool, body: dict, names: tuple[str, ...], max_tokens_default: in
     salt = body.get("cache_salt")
     if salt is not None and (not isinstance(salt, str) or not salt):
         raise BadRequest(400, "cache_salt must be a non-empty string", "BadRequestError")
+    priority = body.get("priority", 0)
+    if isinstance(priority, bool) or not isinstance(priority, int) or not -2**63 <= priority < 2**63:
+        raise BadRequest(400, "priority must be an integer", "BadRequestError")
     opts = body.get("stream_options") or {}
     return Job(chat, model, tokens, mt, explicit, bool(body.get("stream")),
-               bool(isinstance(opts, dict) and opts.get("include_usage")), salt, context, continued)
+               bool(isinstance(opts, dict) and opts.get("include_usage")), salt, context, continued, priority)
 
 
 def whole(job: Job, ident: str, created: int, fingerprint: str, content: str, cached: int | None,
@@ -168,5 +172,5 @@ def render(job: Job, request_id: str) -> dict:
     """vLLM's /v1/chat/completions/render answer (a GenerateRequest): the prompt's token ids."""
     return {"request_id": request_id, "token_ids": job.tokens, "features": None,
             "sampling_params": {"max_tokens": job.max_tokens}, "model": job.model, "stream": False,
-            "stream_options": None, "cache_salt": job.salt, "priority": 0, "kv_transfer_params": None}
+            "stream_options": None, "cache_salt": job.salt, "priority": job.priority, "kv_transfer_params": None}
 

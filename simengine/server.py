@@ -232,7 +232,7 @@ class Handler(BaseHTTPRequestHandler):
         words = app.answer(job.context, job.max_tokens, adapter, job.continued)
         try:
             rid, q = app.engine.submit(len(job.tokens), job.max_tokens, job.tokens,
-                                       [tok.word_token(w) for w in words], job.salt, adapter)
+                                       [tok.word_token(w) for w in words], job.salt, adapter, job.priority)
         except RequestTooLarge as e:
             raise BadRequest(400, str(e), "BadRequestError") from None
         ident = ("chatcmpl-" if chat else "cmpl-") + rid

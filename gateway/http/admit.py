@@ -17,7 +17,7 @@ from gateway.observe.demand import DemandSignal
 from gateway.observe.metrics import Metrics
 from gateway.observe.saturation import SaturationSignals
 from gateway.observe.tracing import queue_outcome
-from gateway.request.call import Call
+from gateway.request.call import Call, salted
 from gateway.request.client import ClientConn
 from gateway.request.plan import Plan
 from gateway.routing.adapters import Lift
@@ -64,7 +64,8 @@ class Admission:
         elsewhere = q.elsewhere()
         req = RouteRequest(call.model, plan.priority, plan.affinity, exclude, len(q) + elsewhere + 1, op=call.route.op,
                            pin=call.pin, prefix=plan.prefix, prompt_tokens=plan.prompt_tokens,
-                           objective=plan.objective, body=call.body, opens=plan.opens, slo=slo)
+                           objective=plan.objective, body=salted(call.body, plan.cache_salt), opens=plan.opens,
+                           slo=slo)
         res = router.route(req)
         # Who leaves the queue before it, in fair order (gateway.routing.fairness), or by its due time when
         # its latency target is near (gateway.routing.slo.due): its place in line.

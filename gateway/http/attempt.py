@@ -109,7 +109,7 @@ class Proxied:
             # From here the slot is ours: every path out of this block gives it back or hands it on.
             lease, resp = Lease(s.router, choice), None
             try:
-                ask = engine_request(call, self.plan.adapter, choice.endpoint)
+                ask = engine_request(call, self.plan.adapter, choice.endpoint, self.plan.rank, self.plan.cache_salt)
                 sent_at = s.clock.monotonic()
                 outcome, resp = self._once(call, ask, choice)
                 step = next_attempt(outcome, tries, s.cfg.retries)

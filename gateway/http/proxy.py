@@ -15,7 +15,7 @@ from gateway.http.answer import Answers, RawAnswer
 from gateway.http.attempt import Proxied, Sender
 from gateway.http.refusal import not_loaded, refusal
 from gateway.keys.gate import ASK, KeyGate
-from llmgw.state.keypolicy import ANONYMOUS
+from llmgw.state.keypolicy import ANONYMOUS, cache_salt_of
 from gateway.observe.metrics import Metrics
 from gateway.observe.saturation import SaturationSignals
 from gateway.observe.tracing import route_path
@@ -74,7 +74,7 @@ class Proxy:
             call = call.with_usage()
         key = verdict.key
         p = plan(call, tables, verdict.priority, verdict.tenant, environ.get("HTTP_X_SESSION_ID"), self.prefix_routing,
-                 asked, key.slo() if key is not None else None)
+                 asked, key.slo() if key is not None else None, cache_salt_of(key))
         environ["llmgw.model"] = p.canon  # known: charts may count it
         if p.targets:  # a refusal of it counts against its targets (`refused`)
             environ["llmgw.targets"] = (key.id if key is not None else ANONYMOUS,

@@ -1,11 +1,14 @@
 """One proxied request as the gateway reads it: `read_call(route, response_id, environ, tables, limit)
 -> Call`, a frozen value read once from the WSGI environ and the routing tables, raising ApiError
 (400, 404, 413, 503) for what cannot be sent; and what one endpoint is sent for it (`engine_request`).
-What the gateway decides for the request (adapter, prefix, objective, tenant) is gateway.request.plan's.
+What the gateway decides for the request (adapter, prefix, objective, tenant, the engines' order) is
+gateway.request.plan's.
 
 Only what routing needs is read: a JSON object's `model`/`stream`/`user`, a multipart form's `model`
 field (gateway.request.forms), or the endpoint a response id leads to (gateway.response_ids). The
-body is forwarded as it came unless the endpoint serves the model under another name.
+body is forwarded as it came unless the endpoint serves the model under another name, or its engine
+orders or caches it by fields the gateway owns (`EngineDriver.order_changes`: vLLM's `priority` and
+`cache_salt`).
 """
 
 from __future__ import annotations
@@ -87,26 +90,30 @@ class EngineRequest(NamedTuple):
     rewrite: IdRewrite | None  # how the endpoint's response ids become the client's (Responses operations)
 
 
-def engine_request(call: Call, adapter: AdapterRoute | None, ep: EndpointInfo) -> EngineRequest:
-    """The engine's path and body for endpoint `ep` (`adapter`: the LoRA adapter the request names),
-    whether its answer is assembled from a stream, and how its response ids are rewritten."""
+def engine_request(call: Call, adapter: AdapterRoute | None, ep: EndpointInfo, rank: int = 0,
+                   cache_salt: str | None = None) -> EngineRequest:
+    """The engine's path and body for endpoint `ep` (`adapter`: the LoRA adapter the request names;
+    `rank`, `cache_salt`: the Plan's, what the engine orders and caches it by), whether its answer is
+    assembled from a stream, and how its response ids are rewritten."""
     path = engine_path(ep.path(call.route.op), call.response_id[1] if call.response_id else None)
     if call.query:
         path += "?" + call.query
     assemble = call.assembled(ep)
-    return EngineRequest(path, _engine_body(call, adapter, ep, assemble is not None), assemble,
+    return EngineRequest(path, _engine_body(call, adapter, ep, assemble is not None, rank, cache_salt), assemble,
                          _rewrite(call, ep) if call.route.op in RESPONSE_OPS else None)
 
 
-def _engine_body(call: Call, adapter: AdapterRoute | None, ep: EndpointInfo, assembled: bool) -> bytes | None:
+def _engine_body(call: Call, adapter: AdapterRoute | None, ep: EndpointInfo, assembled: bool, rank: int,
+                 cache_salt: str | None) -> bytes | None:
     served = ep.served_name or ep.model or call.model
     body = call.body
     if body is not None:
-        changes = {}
+        engine = ENGINES.get(ep.engine)
+        changes = engine.order_changes(call.route.op, body, rank, cache_salt) if engine is not None else {}
         if assembled:
             opts = body.get("stream_options")
-            changes = {"stream": True,
-                       "stream_options": {**(opts if isinstance(opts, dict) else {}), "include_usage": True}}
+            changes.update(stream=True,
+                           stream_options={**(opts if isinstance(opts, dict) else {}), "include_usage": True})
         if adapter is not None or ep.adapters:
             changes.update(adapter_changes(body, adapter, ep, served))
         elif served != call.model:
@@ -135,6 +142,12 @@ def adapter_changes(body: dict, adapter: AdapterRoute | None, ep: EndpointInfo, 
     holds, all at scale 0 but this one)."""
     out = get_engine(ep.engine).adapter_body({**body, "model": served}, adapter, ep.adapters)
     return {k: v for k, v in out.items() if k not in body or body[k] != v}
+
+
+def salted(body: dict | None, cache_salt: str | None) -> dict | None:
+    """`body` as the engines that take a salt see it, for matching its prefix against what they cache:
+    a key that isolates its cache (`cache_salt`) replaces the client's own salt; else the body's stays."""
+    return {**body, "cache_salt": cache_salt} if cache_salt and body is not None else body
 
 
 def with_stream_usage(body: dict, data: bytes) -> tuple[dict, bytes]:

@@ -1,5 +1,5 @@
 """What the gateway decides for a request before routing it, pure: `plan(call, tables, priority, tenant,
-affinity, prefix_routing) -> Plan`, a frozen value beside the frozen Call.
+affinity, prefix_routing, cache_salt) -> Plan`, a frozen value beside the frozen Call.
 
 A retry, a resumed answer and an evicted one keep the same Plan: they are the same request, served for
 the same tenant, under the same key, charged once (gateway.http.attempt holds the charge).
@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gateway.request.call import Call
+from gateway.request.call import Call, salted
 from gateway.routing.adapters import AdapterRoute
 from gateway.routing.choice import COMPLETION, FIRST_TOKEN
 from gateway.routing.prefixkeys import opens_conversation, prefix_of
 from gateway.routing.tables import Tables
 from llmgw.slo import NO_TARGETS, Targets, resolve
-from llmgw.state.keypolicy import Tenant
+from llmgw.state.keypolicy import Tenant, order_rank
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,13 +33,19 @@ class Plan:
     opens: bool = False  # it starts a conversation (gateway.routing.prefixkeys.opens_conversation)
     # Its latency targets (llmgw.slo): its headers', else its key's defaults, else its model's catalog `slo:`.
     targets: Targets = NO_TARGETS
+    # What the engines order and cache it by (`EngineDriver.order_changes`): its class's place in their
+    # order (keypolicy.order_rank, vLLM's `priority`) and its key's prefix-cache salt (None: shared).
+    rank: int = 0
+    cache_salt: str | None = None
 
 
 def plan(call: Call, tables: Tables, priority: str, tenant: Tenant | None, affinity: str | None,
-         prefix_routing: bool = True, asked: Targets = NO_TARGETS, key_targets: Targets | None = None) -> Plan:
+         prefix_routing: bool = True, asked: Targets = NO_TARGETS, key_targets: Targets | None = None,
+         cache_salt: str | None = None) -> Plan:
     """The request's plan over the routing tables. `affinity`: the X-Session-ID header. Its objective: the catalog's `routing.objective` for
     the model, else its first token when it streams, else its completion. Its block keys are seeded
-    with the model's canonical name and the adapter; only read with `prefix_routing`. Its targets:
+    with the model's canonical name, the adapter and the salt the engines will see (`cache_salt`: its
+    key's, keypolicy.cache_salt_of, else the body's own); only read with `prefix_routing`. Its targets:
     what its headers `asked` (gateway.request.targets), else its key's defaults (`key_targets`), else
     its model's (the catalog's `slo:`, `Tables.slos`)."""
     model = call.model
@@ -49,12 +55,14 @@ def plan(call: Call, tables: Tables, priority: str, tenant: Tenant | None, affin
     affinity = affinity or user_of(call.body)
     slos = tables.slos
     targets = asked if key_targets is None and not slos else resolve(asked, key_targets, slos.get(canon))
+    order = {"targets": targets, "rank": order_rank(priority), "cache_salt": cache_salt}
     if not prefix_routing or call.body is None:
-        return Plan(canon, priority, tenant, affinity, adapter, objective, targets=targets)
-    keys, tokens = prefix_of(call.body, call.route.op, canon, adapter.name if adapter is not None else "")
+        return Plan(canon, priority, tenant, affinity, adapter, objective, **order)
+    keys, tokens = prefix_of(salted(call.body, cache_salt), call.route.op, canon,
+                             adapter.name if adapter is not None else "")
     # (read only with block keys: where a prompt's history goes, gateway.routing.choice._pick)
     opens = bool(keys) and opens_conversation(call.body, call.route.op)
-    return Plan(canon, priority, tenant, affinity, adapter, objective, keys, tokens, opens, targets)
+    return Plan(canon, priority, tenant, affinity, adapter, objective, keys, tokens, opens, **order)
 
 
 def user_of(body: dict | None) -> str | None:

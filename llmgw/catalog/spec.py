@@ -10,17 +10,17 @@ from llmgw.catalog.types import ADAPTERS_AT_LAUNCH, Model, Profile
 # Profile fields that shape the launched process: a change of any of them rolls the replicas; every
 # other field is read live by the router, the planner or the agent.
 LAUNCH_FIELDS = frozenset({"engine", "gpu", "tensor_parallel", "pipeline_parallel", "nodes", "args", "env", "capacity",
-                           "lora", "device", "threads"})
+                           "lora", "device", "threads", "cache_ram"})
 # Launch fields only when set: a profile without them hashes as it did before they existed. A CPU
 # replica of vLLM also gets its KV cache's size from `kv_cache_tokens` (VLLM_CPU_KVCACHE_SPACE).
-_WHEN_SET = ("lora", "device", "threads")
+_WHEN_SET = ("lora", "device", "threads", "cache_ram")
 
 
 def profile_spec_hash(model: Model, profile: Profile) -> str:
     """Hash of what shapes the launched process, so a change of it (and only that) rolls the replicas.
 
     Covered: engine, source (the profile's own or the model's), gpu, tensor/pipeline parallelism,
-    nodes, args, env, capacity (it becomes -np / --max-num-seqs), `lora` (flags), `device` and `threads`
+    nodes, args, env, capacity (it becomes -np / --max-num-seqs), `lora` (flags), `device`, `threads`, `cache_ram`
     (and for `device: cpu`, `kv_cache_tokens`: vLLM's CPU KV space), the model's name and
     aliases (they become served names), and on an engine that loads adapters at launch
     (ADAPTERS_AT_LAUNCH) the name and source of each adapter the profile serves. Not covered, because the router, planner or agent read them live: replicas,

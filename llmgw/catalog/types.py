@@ -165,6 +165,10 @@ class Profile(StrictModel):
     # cache can still hold (the gateway's index is sized to it). None: the engine's own figure (vLLM's
     # vllm:cache_config_info), else a default (llmgw.state.records.DEFAULT_KV_TOKENS).
     kv_cache_tokens: SInt | None = Field(default=None, ge=256)
+    # llama.cpp: MiB of llama-server's host-memory prompt cache per replica (`--cache-ram`), which keeps
+    # the KV of the prompts its slots gave up, so an answer evicted from a slot resumes without computing
+    # its prompt again; 0: none. None: a share of the node's memory (llmgw.engines.llamacpp.cache_ram_mib).
+    cache_ram: SInt | None = Field(default=None, ge=0)
     start_timeout: Duration = Field(default=120.0, gt=0, allow_inf_nan=False)
     # A planned stop (rolling update, scale-down, drain, removal) lets in-flight requests finish for up
     # to this long (seconds) after every gateway stopped sending new ones; 0 = stop at once.

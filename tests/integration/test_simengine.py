@@ -367,3 +367,34 @@ def test_llamacpp_answers_report_the_prompt_their_slot_kept(procs):
     text = requests.get(url + "/metrics", timeout=2).text
     cached = float(text.split("\nllamacpp:prompt_tokens_cached_total ")[1].split()[0])
     assert cached == second["timings"]["cache_n"]
+
+
+@pytest.mark.parametrize("policy, served", [("priority", ["high", "none", "low"]), ("fcfs", ["low", "none", "high"])])
+def test_waiting_requests_are_served_in_priority_order(procs, policy, served):
+    """vLLM's --scheduling-policy: under `priority` a request's `priority` (lower first) orders the
+    waiting queue; under `fcfs` arrival does, and the field is accepted all the same."""
+    _, url = start(procs, "--max-seqs", "1", "--step-ms", "5", "--scheduling-policy", policy)
+    done: list[str] = []
+
+    def send(name: str, max_tokens: int, priority: int | None) -> None:
+        body = {"model": "sim-model", "messages": [{"role": "user", "content": name}], "max_tokens": max_tokens,
+                **({"priority": priority} if priority is not None else {})}
+        r = requests.post(url + "/v1/chat/completions", json=body, timeout=30)
+        assert r.status_code == 200, r.text
+        done.append(name)
+
+    threads = [threading.Thread(target=send, args=("blocker", 150, 5))]
+    threads[0].start()
+    try:
+        wait_until(lambda: load(url).running == 1, 10, interval=0.01, what="the blocker running")
+        for i, (name, prio) in enumerate((("low", 2), ("none", None), ("high", -1))):
+            threads.append(threading.Thread(target=send, args=(name, 3, prio)))
+            threads[-1].start()
+            wait_until(lambda: load(url).waiting == i + 1, 10, interval=0.01, what=f"{name} waiting")
+    finally:
+        for t in threads:
+            t.join(60)
+    assert done == ["blocker", *served]
+    r = requests.post(url + "/v1/chat/completions", json={"model": "sim-model", "messages": [{"role": "user",
+                      "content": "x"}], "max_tokens": 1, "priority": "high"}, timeout=10)
+    assert r.status_code == 400 and "priority must be an integer" in r.text

@@ -740,3 +740,31 @@ def test_an_engine_without_a_profile_is_read_by_its_engines_default_metric_names
         assert load.ok, load.error
         assert (load.running, load.waiting, load.kv_usage) == (3, 1, 0.25)
         assert (load.prompt_tokens_total, load.prefix_hits_total, load.prefill_seconds_total) == (4000, 1000, 0.75)
+
+
+def test_llamacpp_prompt_caches_share_the_node_s_memory_among_the_replicas_placed_there(tmp_path, monkeypatch):
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    monkeypatch.setenv("LLMGW_LLAMA_SERVER", "/bin/true")
+    r = fakeredis.FakeRedis(decode_responses=True)
+    store = Store(r)
+    apply_catalog(store, parse_catalog({"models": [{"name": "m", "source": str(gguf), "profiles": [
+        {"name": "p", "engine": "llamacpp"}, {"name": "q", "engine": "llamacpp", "cache_ram": 1024}]}]}),
+        source="test", applied_by="test")
+    clock = FakeClock()
+    runner = FakeRunner(clock)
+    agent = Agent(agent_settings(node_name="a", port_range=(30000, 30009)), store, runner, FakeProber(runner), clock,
+                  bindable=lambda port: True, node_memory_mb=16384)
+    for rid, profile, node in (("l1", "p", "a"), ("l2", "p", "a"), ("l3", "q", "a"), ("other", "p", "b")):
+        store.create_replica(ReplicaRecord(id=rid, model="m", profile=profile, node=node, nodes=[node]))
+    store.create_replica(ReplicaRecord(id="going", model="m", profile="p", node="a", nodes=["a"],
+                                       stop_requested_at=1.0))
+    agent.tick()
+
+    def cache(rid: str) -> str:
+        argv = runner.specs[rid].argv
+        return argv[argv.index("--cache-ram") + 1]
+
+    # a quarter of 16 GiB, less what `q` fixes, split between the two replicas of `p` on this node; the
+    # replica on another node and the one being stopped take none of it
+    assert (cache("l1"), cache("l2"), cache("l3")) == ("1536", "1536", "1024")

@@ -102,8 +102,10 @@ def test_which_changes_restart_replicas():
 def test_a_profile_without_lora_hashes_as_before_profiles_had_lora():
     p = Profile(name="gpu", engine="vllm", gpu={"class": "h100"}, args=["--x"])
     m = Model(name="m", aliases=["a"], source="s", profiles=[p])
-    # (`device` and `threads`, launch fields since vLLM's CPU build, are left out the same way when unset.)
-    old = p.model_dump(mode="json", by_alias=True, include=set(LAUNCH_FIELDS - {"lora", "device", "threads"}))
+    # (`device` and `threads`, launch fields since vLLM's CPU build, and llama.cpp's `cache_ram`, are left
+    # out the same way when unset.)
+    old = p.model_dump(mode="json", by_alias=True,
+                       include=set(LAUNCH_FIELDS - {"lora", "device", "threads", "cache_ram"}))
     old["_model"] = {"name": "m", "aliases": ["a"], "source": "s"}
     digest = hashlib.sha256(json.dumps(old, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:12]
     assert profile_spec_hash(m, p) == digest

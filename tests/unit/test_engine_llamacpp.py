@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.catalog import MetricMapping, Model, Profile
+from llmgw.catalog import Adapter, MetricMapping, Model, Profile
 from llmgw.engines import get_engine
 from llmgw.engines.base import EngineUnavailable, LaunchContext
 from llmgw.engines.llamacpp import LlamaCppDriver
@@ -184,3 +184,82 @@ def test_llamacpp_loads_adapters_only_at_launch():
     a = get_engine("llamacpp")
     assert a.adapters_at_launch and a.adapter_load_call("x", "/x.gguf") is None and a.adapter_unload_call("x") is None
 
+
+
+# --- the host-memory prompt cache (--cache-ram) -------------------------------------------------
+
+def _p(**kw) -> Profile:
+    return Profile(name=kw.pop("name", "cpu"), engine=kw.pop("engine", "llamacpp"), **kw)
+
+
+@pytest.mark.parametrize("profile, memory, neighbours, mib", [
+    (_p(), 0, (), None),  # the node's memory unknown: llama-server's own default (8192)
+    (_p(), 16384, (), 4096),  # a quarter of the node
+    (_p(), 65536, (), 8192),  # never above llama-server's default
+    (_p(), 16384, (_p(), _p()), 1365),  # split evenly among the llama.cpp replicas placed there
+    (_p(), 16384, (_p(cache_ram=2048), _p()), 1024),  # less what a neighbour fixes
+    (_p(), 16384, (_p(args=["-cram", "3072"]),), 1024),  # in its args too
+    (_p(), 16384, (_p(args=["--cache-ram", "-1"]),), 2048),  # unbounded: counted as its share
+    (_p(), 16384, (_p(lora={"max_loras": 1}),), 4096),  # a LoRA replica runs without one
+    (_p(), 16384, (_p(name="v", engine="vllm", device="cpu"), _p(name="s", engine="sim")), 4096),  # other engines
+    (_p(), 4096, (_p(cache_ram=8192),), 0),  # nothing left
+    (_p(cache_ram=512), 0, (), 512),  # the profile's own figure, whatever the node
+    (_p(cache_ram=0), 65536, (_p(),), 0),
+    (_p(args=["--cache-ram", "300"]), 65536, (), 300),
+])
+def test_cache_ram_mib(profile, memory, neighbours, mib):
+    from llmgw.engines.llamacpp import cache_ram_mib
+
+    assert cache_ram_mib(profile, memory, neighbours) == mib
+
+
+def _sized_ctx(node_memory_mb=0, neighbours=(), held=(), **profile_kw) -> LaunchContext:
+    p = Profile(name="cpu", engine="llamacpp", **profile_kw)
+    adapters = [Adapter(name="pirate", source="/adapters/pirate.gguf", rank=8)]
+    m = Model(name="smollm2", profiles=[p], adapters=adapters if profile_kw.get("lora") else [])
+    return LaunchContext(replica_id="r1", model=m, profile=p, host="127.0.0.1", port=9001, adapters=tuple(held),
+                         node_memory_mb=node_memory_mb, neighbours=tuple(neighbours))
+
+
+def test_the_command_sizes_the_prompt_cache_from_the_node():
+    a = driver().command(_sized_ctx(16384, (_p(),), args=["-t", "1"])).argv
+    assert a[a.index("-ngl") + 2:] == ("--cache-ram", "2048", "-t", "1")
+    assert "--cache-ram" not in driver().command(_sized_ctx(0)).argv  # unknown memory: as before
+    a = driver().command(_sized_ctx(0, cache_ram=640)).argv
+    assert a[a.index("--cache-ram") + 1] == "640" and a.count("--cache-ram") == 1
+    a = driver().command(_sized_ctx(16384, args=["-cram", "100"])).argv  # the args' own, once
+    assert a.count("-cram") == 1 and "--cache-ram" not in a
+
+
+def test_a_replica_holding_adapters_runs_without_the_prompt_cache():
+    files = FILES | {Path("/adapters/pirate.gguf")}
+    a = driver(files=files).command(_sized_ctx(16384, held=["pirate"], lora={"max_loras": 1})).argv
+    assert a.count("--cache-ram") == 1 and a[a.index("--cache-ram") + 1] == "0"
+    a = driver(files=files).command(_sized_ctx(16384, held=[], lora={"max_loras": 1})).argv
+    assert a[a.index("--cache-ram") + 1] == "4096"  # none held yet: nothing to confuse
+
+
+def test_cache_ram_refusals():
+    a = get_engine("llamacpp")
+    assert a.refusals(_p(cache_ram=1024)) == []
+    both = a.refusals(_p(cache_ram=1024, args=["--cache-ram", "2048"]))
+    assert [(p.path, "in one place" in p.reason) for p in both] == [("cache_ram", True)]
+    lora = a.refusals(_p(cache_ram=1024, lora={"max_loras": 1}))
+    assert [p.path for p in lora] == ["cache_ram"] and "LoRA" in lora[0].reason
+    assert a.refusals(_p(cache_ram=0, lora={"max_loras": 1})) == []
+    with pytest.raises(ValueError, match="greater than or equal to 0"):
+        _p(cache_ram=-1)
+    for engine in ("vllm", "sim"):
+        assert "has none" in get_engine(engine).field_refusal("cache_ram")
+    assert a.field_refusal("cache_ram") is None
+
+
+def test_cache_ram_rolls_replicas_only_when_set():
+    from llmgw.catalog.spec import profile_spec_hash
+
+    def h(**kw):
+        p = _p(**kw)
+        return profile_spec_hash(Model(name="m", profiles=[p]), p)
+
+    assert h() == h()  # a profile without it hashes as before it existed
+    assert h(cache_ram=1024) != h() and h(cache_ram=1024) != h(cache_ram=2048)

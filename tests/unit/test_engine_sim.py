@@ -17,7 +17,8 @@ def ctx(**profile_kw) -> LaunchContext:
 def test_command_line():
     spec = get_engine("sim").command(ctx(capacity=3, args=["--speed", "4"], env={"X": "1"}))
     assert spec.argv == (sys.executable, "-m", "simengine", "--host", "127.0.0.1", "--port", "9100",
-                         "--served-model-name", "m", "m-alias", "--max-seqs", "3", "--speed", "4")
+                         "--served-model-name", "m", "m-alias", "--max-seqs", "3", "--scheduling-policy", "priority",
+                         "--speed", "4")
     assert spec.env == {"X": "1"} and spec.serves_http and spec.health_path == "/health"
 
 

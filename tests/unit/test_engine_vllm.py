@@ -24,7 +24,7 @@ def test_single_node_command_and_gpu_env():
     assert spec.argv == (
         "vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct", "--host", "10.0.0.5", "--port", "8101",
         "--served-model-name", "llama-8b", "llama", "l8", "--tensor-parallel-size", "2",
-        "--max-model-len", "8192",
+        "--scheduling-policy", "priority", "--max-model-len", "8192",
     )
     assert spec.env == {"HF_HOME": "/data/hf", "CUDA_VISIBLE_DEVICES": "2,3"}
     assert spec.serves_http and spec.health_path == "/health" and spec.metrics_path == "/metrics"
@@ -91,7 +91,7 @@ def test_lora_profile_enables_runtime_adapters():
     m = model(lora={"max_loras": 4, "max_lora_rank": 64, "max_cpu_loras": 16}, args=["--max-model-len", "8192"])
     spec = VllmDriver(environ={}).command(ctx(m, gpus=(0,)))
     a = spec.argv
-    assert a[a.index("--tensor-parallel-size") + 2:] == (
+    assert a[a.index("--scheduling-policy") + 2:] == (
         "--enable-lora", "--max-loras", "4", "--max-lora-rank", "64", "--max-cpu-loras", "16",
         "--max-model-len", "8192")
     assert spec.env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"

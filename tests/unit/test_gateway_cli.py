@@ -143,3 +143,21 @@ def test_usage_shows_fair_queueing_service(r, capsys):
     assert main(["usage", "--key", "team-a"]) == 0
     text = capsys.readouterr().out
     assert "SHARE 5m" in text and "100.0%" in text and "0.500s" in text
+
+
+def test_isolate_cache_is_off_by_default_and_set_by_create_and_update(r, capsys):
+    assert main(["keys", "create", "shared"]) == 0
+    assert main(["keys", "create", "private", "--isolate-cache"]) == 0
+    capsys.readouterr()
+    by = {k.name: k for k in Store(r).list_keys()}
+    assert (by["shared"].isolate_cache, by["private"].isolate_cache) == (False, True)
+    assert main(["keys", "update", "shared", "--isolate-cache"]) == 0
+    assert "isolated cache" in capsys.readouterr().out
+    assert main(["keys", "update", "private", "--no-isolate-cache"]) == 0
+    capsys.readouterr()
+    by = {k.name: k for k in Store(r).list_keys()}
+    assert (by["shared"].isolate_cache, by["private"].isolate_cache) == (True, False)
+    assert by["shared"].hash and by["shared"].id  # the key itself is the same key
+    assert main(["keys", "list", "--json"]) == 0
+    assert {d["name"]: d["isolate_cache"] for d in json.loads(capsys.readouterr().out)} == {
+        "shared": True, "private": False}

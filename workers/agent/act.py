@@ -115,7 +115,8 @@ class Actor:
                 launch = self.launcher.prepare(
                     rec, reserved, start.weights_path,
                     held_cpus=[c for rid, (c, going) in cpus.items() if rid != rec.id and not going],
-                    leaving_cpus=[c for rid, (c, going) in cpus.items() if rid != rec.id and going])
+                    leaving_cpus=[c for rid, (c, going) in cpus.items() if rid != rec.id and going],
+                    neighbours=self.launcher.neighbours(rec, records))
             except Exception as e:  # noqa: BLE001 - e.g. no free port, an engine binary missing
                 failed.append((rec, sv.launch_failed(rec, start.attempt, now, f"cannot build the launch: {e}",
                                                      self.policy)))

@@ -59,14 +59,14 @@ class CatalogCache:
         return self.catalog
 
     def lookup(self, rec: ReplicaRecord) -> tuple[Model, Profile] | None:
-        found = self._find(self.get(), rec)
+        found = self.find(self.get(), rec)
         if (found is None or not _declares(found[0], rec.adapters_wanted)) and self.clock.monotonic() - self.fetched > 0.05:
             # Newer than our copy (a model, profile or adapter just applied), or really gone.
-            found = self._find(self.get(fresh=True), rec)
+            found = self.find(self.get(fresh=True), rec)
         return found
 
     @staticmethod
-    def _find(cat: Catalog | None, rec: ReplicaRecord) -> tuple[Model, Profile] | None:
+    def find(cat: Catalog | None, rec: ReplicaRecord) -> tuple[Model, Profile] | None:
         model = cat.model(rec.model) if cat else None
         profile = model.profile(rec.profile) if model else None
         return (model, profile) if model and profile else None
@@ -78,21 +78,32 @@ def _declares(model: Model, adapters) -> bool:
 
 class Launcher:
     def __init__(self, settings: AgentSettings, store: Store, catalog: CatalogCache, gpus: tuple[GPUDevice, ...],
-                 bindable: Callable[[int], bool], cores: tuple[int, ...] = ()):
+                 bindable: Callable[[int], bool], cores: tuple[int, ...] = (), memory_mb: int = 0):
         self.settings, self.store, self.catalog = settings, store, catalog
         self.gpus, self.bindable = gpus, bindable
         self.cores = cores  # the CPU cores this agent (and so its engines) may run on
+        self.memory_mb = memory_mb  # this node's memory (0: unknown), which engines size host caches from
         self.node = settings.node_name
+
+    def neighbours(self, rec: ReplicaRecord, records: list[ReplicaRecord]) -> tuple[Profile, ...]:
+        """The profiles of the other replicas placed on this node that stay (not stopped, no stop asked
+        for), as the cached catalog has them: what shares the node's memory with `rec`'s engine."""
+        cat = self.catalog.get()
+        found = [self.catalog.find(cat, r) for r in records
+                 if r.id != rec.id and r.node == self.node and r.stopped_at is None and r.stop_requested_at is None]
+        return tuple(f[1] for f in found if f is not None)
 
     def prepare(self, rec: ReplicaRecord, reserved: set[int], weights_path: str | None = None,
                 held_cpus: list[tuple[int, ...]] | None = None,
-                leaving_cpus: list[tuple[int, ...]] | None = None) -> Launch | None:
+                leaving_cpus: list[tuple[int, ...]] | None = None,
+                neighbours: tuple[Profile, ...] = ()) -> Launch | None:
         """The next attempt of this node's part: ports chosen (never one in `reserved`, held by other
         records on this node), a CPU replica's cores (the least held in `held_cpus`, the cores of the
         other records on this node that stay, then in `leaving_cpus`, those of records being stopped;
         its processes restricted to `launch_cores`) and its command built (on `weights_path`, the
-        downloaded weights, when the source is remote). None when the replica's model or profile is not in the applied
-        catalog; raises (NoFreePorts, EngineUnavailable, ...) when it cannot be built."""
+        downloaded weights, when the source is remote), beside `neighbours` (`neighbours`). None when the replica's
+        model or profile is not in the applied catalog; raises (NoFreePorts, EngineUnavailable, ...) when it cannot
+        be built."""
         found = self.catalog.lookup(rec)
         if found is None:
             return None
@@ -117,7 +128,7 @@ class Launcher:
         if profile.device == "cpu" and profile.gpu is None and get_engine(profile.engine).runs_on_cpu:
             cpus = choose_cores(self.cores, profile.cpu_threads, held_cpus or (), prefer=rec.cpus,
                                 leaving=leaving_cpus or ())
-        spec = self.command(rec, model, profile, port, master_port, weights_path, kv_ports, cpus)
+        spec = self.command(rec, model, profile, port, master_port, weights_path, kv_ports, cpus, neighbours)
         if cpus:
             spec = dataclasses.replace(spec, cpus=launch_cores(self.cores, cpus, held_cpus or (),
                                                                leaving_cpus or ()))
@@ -137,12 +148,14 @@ class Launcher:
 
     def command(self, rec: ReplicaRecord, model: Model, profile: Profile, port: int,
                 master_port: int | None = None, weights_path: str | None = None,
-                kv_ports: tuple[int, int] | None = None, cpus: tuple[int, ...] | None = None) -> LaunchSpec:
+                kv_ports: tuple[int, int] | None = None, cpus: tuple[int, ...] | None = None,
+                neighbours: tuple[Profile, ...] = ()) -> LaunchSpec:
         """The engine command for this node's part. `master_port`: the head's rendezvous port (the head
         passes the one it just chose; a member part uses the one the head recorded). `weights_path`:
         the engine loads the downloaded weights there, offline (HF_HUB_OFFLINE: vLLM never downloads
         by itself). `kv_ports`: the KV events ports just chosen (else the recorded ones); `cpus`: the
-        cores just chosen (else the recorded ones)."""
+        cores just chosen (else the recorded ones); `neighbours`: the profiles of the other replicas on this
+        node, which with the node's memory size an engine's host caches (llama.cpp's prompt cache)."""
         if weights_path:
             profile = profile.model_copy(update={"source": weights_path})
         nodes = rec.all_nodes
@@ -163,6 +176,7 @@ class Launcher:
             kv_events_port=kv_ports[0] if kv_ports else rec.kv_events_port,
             kv_replay_port=kv_ports[1] if kv_ports else rec.kv_replay_port,
             cpus=tuple(cpus if cpus is not None else rec.cpus),
+            node_memory_mb=self.memory_mb, neighbours=neighbours,
         )
         spec = get_engine(profile.engine).command(ctx)
         if weights_path:

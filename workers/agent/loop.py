@@ -32,7 +32,7 @@ from workers.agent.act import Actor
 from workers.agent.adapterkeeper import AdapterKeeper
 from workers.agent.config import AgentSettings
 from workers.agent.heartbeat import Heartbeat
-from workers.agent.inventory import core_ids
+from workers.agent.inventory import core_ids, memory_mb
 from workers.agent.launch import CatalogCache, Launcher
 from workers.agent.memory import Memory
 from workers.agent.observe import Observer
@@ -48,7 +48,8 @@ class Agent:
     def __init__(self, settings: AgentSettings, store: Store, runner: Any, prober: Any, clock: Clock | None = None,
                  gpus: tuple[GPUDevice, ...] = (), bindable=None, sleep=None,
                  kick: Callable[[str], object] = lambda task: None, weights: NodeWeights | None = None,
-                 gpu_health: Any = None, tracing: Any = None, cores: tuple[int, ...] | None = None):
+                 gpu_health: Any = None, tracing: Any = None, cores: tuple[int, ...] | None = None,
+                 node_memory_mb: int | None = None):
         self.settings, self.store, self.runner, self.prober = settings, store, runner, prober
         self.clock = clock or Clock()
         self.node = node = settings.node_name
@@ -60,7 +61,8 @@ class Agent:
         self.catalog = CatalogCache(store, self.clock)
         self.launcher = Launcher(settings, store, self.catalog, gpus,
                                  bindable or (lambda port: can_bind(settings.engine_host, port)),
-                                 cores=core_ids() if cores is None else cores)
+                                 cores=core_ids() if cores is None else cores,
+                                 memory_mb=memory_mb() if node_memory_mb is None else node_memory_mb)
         self.adapters = AdapterKeeper(store, self.catalog, node, prober, kick, settings.adapter_timeout,
                                       settings.adapter_unload_grace)
         # Downloads, header reads and pulls (workers.agent.weights).

@@ -15,14 +15,15 @@ const KEY_TEXT = [ // [field, label, placeholder, what clears it in an update]
   ["slo_deadline", "target: whole answer", "none (or 60s)", "none"],
 ];
 const KEY_SWITCHES = [["admin", "admin (console, keys)", false], ["sub_tenants", "may name sub-tenants", false],
-  ["batches", "may use the Batch API", true]];
+  ["batches", "may use the Batch API", true], ["isolate_cache", "isolated prefix cache", false]];
 
 const keysPage = { editing: null, message: null, secret: null, revoking: null };
 
 function keyFormValues(rec) {
   // A record's fields as the form shows them (text as typed for the CLI's flags).
   if (!rec) return { models: "", expires: "", budget: "", budget_period: "month", rpm: "", tpm: "", weight: "",
-    slo_ttft: "", slo_tpot: "", slo_deadline: "", priority: "", admin: false, sub_tenants: false, batches: true };
+    slo_ttft: "", slo_tpot: "", slo_deadline: "", priority: "", admin: false, sub_tenants: false, batches: true,
+    isolate_cache: false };
   const secs = (v) => (v ? (v < 10 ? `${Math.round(v * 1e6) / 1e3}ms` : `${v}s`) : ""); // as llmgw.slo writes them
   return {
     models: (rec.models || []).join(","), expires: rec.expires_at ? new Date(rec.expires_at * 1000).toISOString() : "",
@@ -30,6 +31,7 @@ function keyFormValues(rec) {
     rpm: rec.rpm ? String(rec.rpm) : "", tpm: rec.tpm ? String(rec.tpm) : "", weight: String(rec.weight),
     slo_ttft: secs(rec.slo_ttft), slo_tpot: secs(rec.slo_tpot), slo_deadline: secs(rec.slo_deadline),
     priority: rec.priority || "", admin: rec.admin, sub_tenants: rec.sub_tenants, batches: rec.batches,
+    isolate_cache: rec.isolate_cache,
   };
 }
 
