@@ -92,11 +92,10 @@ class UsageRecorder:
         except REDIS_ERRORS as e:
             self.health.failed(e)
             with self.lock:  # put it back for the next flush
-                for k, (p, c, n) in usage.items():
+                for k, counted in usage.items():  # prompt, completion, requests, with targets, met them
                     u = self.usage[k]
-                    u[0] += p
-                    u[1] += c
-                    u[2] += n
+                    for i, n in enumerate(counted):
+                        u[i] += n
                 now_minute = int(self.clock.time() // 60)
                 for k, n in tpm.items():
                     if k[1] >= now_minute - 1:
