@@ -1,5 +1,5 @@
 """What the gateway decides for a request before routing it, pure: `plan(call, tables, priority, tenant,
-affinity, prefix_routing, cache_salt) -> Plan`, a frozen value beside the frozen Call.
+affinity, prefix_routing, asked, key_targets, cache_salt) -> Plan`, a frozen value beside the frozen Call.
 
 A retry, a resumed answer and an evicted one keep the same Plan: they are the same request, served for
 the same tenant, under the same key, charged once (gateway.http.attempt holds the charge).
