@@ -5,11 +5,11 @@
 
 Starts the vllm engine driver's command for a one-thread CPU replica of the model `make vllm` prepared
 (`llmgw.engines.selfcheck.vllm_launch_spec`, with LoRA enabled as in examples/vllm-cpu.yaml, which
-also keeps vLLM from compiling the model), then sends `--requests` chat requests of about 1,760 prompt
-tokens, each with a fresh id first so no prefix cache holds it, asking for 2 tokens, one at a time. On a
-CPU without bfloat16 instructions (AVX2 only) vLLM's bf16 linear layers fall back to a slow path
-("Failed to create oneDNN linear, fallback to torch linear" in its log): the reason
-examples/vllm-cpu.yaml runs the model at float32. Needs `make vllm`; says so and exits 1 without it.
+also keeps vLLM from compiling the model), then sends `--requests` chat requests of 1,589 prompt
+tokens (with the chat template), each with a fresh id first so no prefix cache holds it, asking for 2
+tokens, one at a time. On a CPU without bfloat16 instructions (AVX2 only) vLLM's bf16 linear layers
+fall back to a slow path ("Failed to create oneDNN linear, fallback to torch linear" in its log): the
+reason examples/vllm-cpu.yaml runs the model at float32. Needs `make vllm`; says so and exits 1 without it.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import requests
 from llmgw.engines.selfcheck import HOST, Engine, free_port, vllm_launch_spec
 
 PREPARED = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "llmgw" / "vllm" / "current"
-WORDS = " Every word here is new to the cache." * 170  # about 1,760 tokens with the chat template
+WORDS = " Every word here is new to the cache." * 170
 
 
 def run(dtype: str, requests_n: int, logs: Path) -> list[tuple[float, int]]:

@@ -330,7 +330,7 @@ def test_precise_prefix_routing_from_the_engines_own_kv_events(stack):
     turns: list[Turn] = []
     try:
         # A history no replica holds yet, long enough (about 1,200 tokens) that what its cache saves
-        # outweighs the two replicas' other differences: seconds, at the 90 prompt tokens a second one
+        # outweighs the two replicas' other differences: seconds, at the 97 prompt tokens a second one
         # core prefills at float32 (`python -m bench.vllm_dtype`), against milliseconds of noise.
         messages = [{"role": "system", "content": f"Desk {uuid.uuid4().hex}. "
                      + "You answer for the shipping desk, politely. " * 120},
