@@ -27,6 +27,7 @@ from llmgw.state.records import EndpointInfo, LoadRecord
 
 EWMA_ALPHA = 0.25  # time to first byte, per endpoint
 TOKENS_ALPHA = 0.05  # tokens per answer, fleet-wide
+PROMPT_WORK_MAX = 0.5  # seconds of predicted prompt work past which an answer teaches no first byte
 
 
 class Learned(NamedTuple):
@@ -58,15 +59,45 @@ class Learning:
         return Learning({k: v for k, v in self.learned.items() if k in listed}, self.tokens)
 
 
+def first_byte_sample(ttfb: float | None, prompt_work: float) -> float | None:
+    """The time to first byte an answer teaches, or None: the engine's own (a step, the network).
+    `prompt_work` is the prefill seconds `choose` predicted for the request there (its own prompt
+    and the backlog it waited behind): the cost adds that by itself, so it comes off, and an engine
+    that was sent more misses does not look slower to every later request. Past PROMPT_WORK_MAX it
+    teaches nothing (`answer_sample`)."""
+    if ttfb is None or prompt_work > PROMPT_WORK_MAX:
+        return None
+    return max(0.0, ttfb - prompt_work)
+
+
 def answer_sample(ep: EndpointInfo, ahead: int, held: int, elapsed: float, tokens: int | None, ttfb: float | None,
-                  rec: LoadRecord | None, st: EndpointStats | None, now: float, cfg: RoutingConfig) -> Answer:
+                  rec: LoadRecord | None, st: EndpointStats | None, now: float, cfg: RoutingConfig,
+                  prompt_work: float = 0.0) -> Answer | None:
     """A finished request on `ep`, sent with `ahead` requests before it and ending with `held` on
-    the endpoint (ours and the sibling workers'): the concurrency it ran in is the mean of the two."""
+    the endpoint (ours and the sibling workers'): the concurrency it ran in is the mean of the two.
+    `ttfb` is its first byte as measured (a stream's; None for a whole answer), `prompt_work` the
+    prefill seconds `choose` predicted for it there.
+
+    Its decode time is what followed its first byte; a whole answer's, its time less that predicted
+    prompt work. A whole answer predicted to spend more than PROMPT_WORK_MAX on its prompt teaches
+    nothing (None), nor does its first byte teach one then: what is left is mostly the error of that
+    prediction, not the engine's step or decode. On a busy machine (CI's, running the other half of
+    the suite) a 1,337-token prompt predicted at 10 s on vLLM's CPU build took long enough that its
+    whole time, learned as six tokens' decode, priced that replica above one predicted to prefill
+    the whole next turn there for 14 s: the conversation's next turn went there and computed its
+    history again (tests/e2e/test_vllm_cpu.py). The prefill rate is learned from the engine's own
+    counters instead (gateway.routing.prefill)."""
     slots = slots_of(ep, st)
     load = fresh_load(rec, now, cfg, st.load_seen if st is not None else None)
     conc = min(slots, max(1.0, (ahead + 1 + ahead_of(ep, load, held, st)) / 2))
-    decode = elapsed - ttfb if ttfb is not None and 0 <= ttfb < elapsed else elapsed
-    return Answer(ep.id, now, conc, decode, tokens, ttfb if ttfb is not None and ahead + 1 <= slots else None)
+    if ttfb is not None and 0 <= ttfb < elapsed:
+        decode = elapsed - ttfb
+    elif prompt_work > PROMPT_WORK_MAX:
+        return None
+    else:
+        decode = max(0.0, elapsed - prompt_work)
+    first = first_byte_sample(ttfb, prompt_work) if ahead + 1 <= slots else None
+    return Answer(ep.id, now, conc, decode, tokens, first)
 
 
 def learn_answer(lr: Learned | None, tokens: Tokens, a: Answer, half_life: float) -> tuple[Learned, Tokens]:

@@ -158,18 +158,14 @@ class Router:
         ep = choice.endpoint
         now = self.clock.monotonic()
         snap = self.snapshot
-        if ttfb is not None and (choice.prefill or choice.behind):
-            # The time to first byte learned is the engine's own (a step, the network): the prompt
-            # work this request did and waited for there is what `choose` adds to it by itself, so
-            # an engine that was sent more misses does not look slower to every later request.
-            ttfb = max(0.0, ttfb - choice.prefill - choice.behind)
         with self.counts.lock:
             ours = self.counts.remove(ep, self.clock.time(), now, choice.adapter)
             if service_time is not None and service_time > 0:
                 held = ours + self.counts.siblings(ep.id, now)  # with the other workers and gateways, as choice.ahead
-                self.counts.answers.append(answer_sample(ep, choice.ahead, held, service_time, tokens, ttfb,
-                                                         snap.loads.get(ep.id), snap.stats.get(ep.id), now,
-                                                         self.routing))
+                a = answer_sample(ep, choice.ahead, held, service_time, tokens, ttfb, snap.loads.get(ep.id),
+                                  snap.stats.get(ep.id), now, self.routing, choice.prefill + choice.behind)
+                if a is not None:
+                    self.counts.answers.append(a)
         if self.metrics:
             self.metrics.child(self.metrics.inflight, ep.id).dec()
         self.on_release(ep.model or ep.models[0])

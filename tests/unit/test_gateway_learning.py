@@ -129,6 +129,41 @@ def test_the_time_to_first_byte_is_learned_net_of_the_prompt_work_the_cost_adds_
     assert st.learning.learned["a"].ttfb == pytest.approx(0.05)
 
 
+def test_an_answer_whose_prompt_work_was_long_teaches_neither_its_decode_nor_its_first_byte():
+    """Two replicas answer alike; one then answers a whole (non-streamed) request whose 1,300-token
+    prompt was predicted at 10 s and took 30 s on a busy machine. Its time is mostly that prompt's,
+    whose prediction was off: learned as six tokens' decode it priced the replica holding a
+    conversation's history above one that would compute it all again (CI's vLLM run). It teaches
+    nothing; a short prompt's whole answer teaches its time less the predicted prompt work."""
+    st, polls, clock = setup(ep("a"), ep("b"))
+    for c in (ep("a"), ep("b")):
+        for _ in range(4):
+            st.release(Choice(c, 0.0, 0), 1.1, 51, 0.1)
+    scrape(polls, clock, "a", 0, 0, 0)
+    before = st.learning.learned["a"]
+    st.release(Choice(ep("a"), 0.0, 0, prefill=10.0), 30.0, 6, None)  # whole answer: no first byte seen
+    st.release(Choice(ep("a"), 0.0, 0, prefill=9.0, behind=1.0), 31.0, 6, 29.0)  # a stream's: its decode only
+    scrape(polls, clock, "a", 0, 0, 0)
+    after = st.learning.learned["a"]
+    assert after.ttfb == pytest.approx(before.ttfb)  # 29 s less 10 s predicted is no first step
+    assert after.per_request.sy / after.per_request.w < 1.5  # the stream's 2 s after its first byte, not 30 s
+    assert st.stats["a"].speed.decode1 < 1.5 * st.stats["b"].speed.decode1
+
+
+def test_a_whole_answers_decode_is_its_time_less_the_predicted_prompt_work():
+    from gateway.config import RoutingConfig
+    from gateway.routing.learn import PROMPT_WORK_MAX, answer_sample
+
+    cfg, a = RoutingConfig(), ep("a")
+    whole = answer_sample(a, 0, 1, 1.4, 51, None, None, None, 0.0, cfg, prompt_work=0.3)
+    assert whole.decode == pytest.approx(1.1) and whole.ttfb is None
+    streamed = answer_sample(a, 0, 1, 1.4, 51, 0.35, None, None, 0.0, cfg, prompt_work=0.3)
+    assert streamed.decode == pytest.approx(1.05) and streamed.ttfb == pytest.approx(0.05)
+    assert answer_sample(a, 0, 1, 30.0, 6, None, None, None, 0.0, cfg, prompt_work=PROMPT_WORK_MAX + 0.1) is None
+    long_stream = answer_sample(a, 0, 1, 31.0, 6, 29.0, None, None, 0.0, cfg, prompt_work=10.0)
+    assert long_stream.decode == pytest.approx(2.0) and long_stream.ttfb is None
+
+
 def test_each_answer_is_learned_once_at_its_end():
     st, polls, clock = setup(ep("a"), ep("b"))
     for _ in range(4):
