@@ -1,5 +1,5 @@
 """The real vLLM (its CPU build, `make vllm`) orders requests as the gateway ranks them: started the way
-the vllm engine driver starts it (`--scheduling-policy priority`), with a KV cache of 6 usable blocks of 128
+the vllm engine driver starts it (`--scheduling-policy priority`), with a KV cache of 6 usable blocks of 32
 tokens so that two answers outgrow it, and requests carrying what `EngineDriver.order_changes` gives
 them (`priority` from `order_rank`, a key's `cache_salt`).
 
@@ -33,8 +33,11 @@ from llmgw.state.keypolicy import order_rank
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.xdist_group("vllm"),
               pytest.mark.timeout(900, func_only=True)]  # a vLLM start (up to 600 s, its fixture) is not a test's
 
-# x 128 tokens (the CPU build's block), one of which vLLM keeps aside: a prompt of 200 tokens and an
-# answer of 520 fit (vLLM refuses to start with a max_model_len its cache cannot hold once), two do not
+# x BLOCK tokens, one of which vLLM keeps aside: a prompt of 56 tokens and an answer of 130 fit (vLLM
+# refuses to start with a max_model_len its cache cannot hold once), two do not. Blocks of 32, not the
+# CPU build's 128: the answers that outgrow the cache are a quarter as long (CI's run of this module
+# spent 276 s, most of its time, decoding two answers of 520 tokens on a machine busy with the suite).
+BLOCK = 32
 BLOCKS = 7
 SEQS = 2
 
@@ -45,7 +48,8 @@ def engine(tmp_path_factory):
     procs = ProcessSet(tmp_path_factory.mktemp("vllm-order"))
     port = free_port()
     profile = Profile(name="order", engine="vllm", device="cpu", threads=2, args=[
-        "--max-model-len", str((BLOCKS - 1) * 128), "--num-gpu-blocks-override", str(BLOCKS), "--max-num-seqs", str(SEQS),
+        "--block-size", str(BLOCK), "--max-model-len", str((BLOCKS - 1) * BLOCK), "--num-gpu-blocks-override",
+        str(BLOCKS), "--max-num-seqs", str(SEQS),
         "--enable-prompt-tokens-details",
         # Not compiled (minutes of both cores beside the suite on a 2-core machine, for a model this small) and
         # at float32 (bfloat16 falls back to a slow path on an AVX2 CPU: bench.vllm_dtype, docs/engines.md).
@@ -118,7 +122,9 @@ def stream(url: str, s: Stream, body: dict) -> None:
         s.error = repr(e)
 
 
-def answer(name: str, tokens: int, prompt_words: int = 60) -> dict:
+def answer(name: str, tokens: int, prompt_words: int = 12) -> dict:
+    """A chat request of `prompt_words` words (12: 56 tokens with SmolLM2's template; 3: 39) whose
+    answer is exactly `tokens` long."""
     return {"model": "m", "messages": [{"role": "user", "content": words(prompt_words, name)}],
             "max_tokens": tokens, "min_tokens": tokens, "ignore_eos": True, "temperature": 0}
 
@@ -136,7 +142,8 @@ def start(url: str, name: str, body: dict) -> tuple[Stream, threading.Thread]:
 
 
 def test_the_waiting_queue_admits_the_higher_class_first(engine):
-    blockers = [start(engine, f"b{i}", ordered(answer(f"b{i}", 120), "standard")) for i in range(SEQS)]
+    # Both fill the batch and half the cache each (39 + 50 tokens: 3 blocks), so the next two wait.
+    blockers = [start(engine, f"b{i}", ordered(answer(f"b{i}", 50, 3), "standard")) for i in range(SEQS)]
     wait_until(lambda: all(s.times for s, _ in blockers), 300, interval=0.05, what="both blockers running")
     low, t_low = start(engine, "low", ordered(answer("low", 8), "batch"))
     wait_until(lambda: metric(engine, "vllm:num_requests_waiting") >= 1, 60, interval=0.05, what="low waiting")
@@ -149,15 +156,18 @@ def test_the_waiting_queue_admits_the_higher_class_first(engine):
     assert high.first < low.first, (high.first - low.first)
 
 
+ANSWER = 130  # tokens: with its 56-token prompt, 6 blocks; two such outgrow the cache
+
+
 def test_under_kv_pressure_vllm_preempts_the_lower_ranked_answer_though_it_arrived_first(engine):
     before = metric(engine, "vllm:num_preemptions_total")
-    low, t_low = start(engine, "low", ordered(answer("low", 520), "sheddable"))
+    low, t_low = start(engine, "low", ordered(answer("low", ANSWER), "sheddable"))
     wait_until(lambda: low.times or low.error, 300, interval=0.05, what="the sheddable answer running")
-    high, t_high = start(engine, "high", ordered(answer("high", 520), "critical"))
+    high, t_high = start(engine, "high", ordered(answer("high", ANSWER), "critical"))
     t_low.join(600)
     t_high.join(600)
     assert not low.error and not high.error, (low.error, high.error)
-    assert len(low.times) == len(high.times) == 520
+    assert len(low.times) == len(high.times) == ANSWER
     preempted = metric(engine, "vllm:num_preemptions_total") - before
     assert preempted >= 1, "the two answers never outgrew the KV cache"
     # The sheddable answer, first to arrive, was the one preempted: it stalled while the critical one
@@ -171,7 +181,7 @@ def test_under_kv_pressure_vllm_preempts_the_lower_ranked_answer_though_it_arriv
 
 
 def test_a_key_s_cache_salt_keeps_its_prefix_out_of_other_keys_hits(engine):
-    prompt = {"model": "m", "messages": [{"role": "user", "content": words(100, "salted")}], "max_tokens": 1,
+    prompt = {"model": "m", "messages": [{"role": "user", "content": words(30, "salted")}], "max_tokens": 1,
               "temperature": 0}
 
     def cached(body: dict) -> int:
@@ -180,6 +190,6 @@ def test_a_key_s_cache_salt_keeps_its_prefix_out_of_other_keys_hits(engine):
         return (r.json()["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0
 
     assert cached(ordered(prompt, "standard", "llmgw-key-a")) == 0
-    assert cached(ordered(prompt, "standard", "llmgw-key-a")) >= 128  # the same key: its prefix hits
+    assert cached(ordered(prompt, "standard", "llmgw-key-a")) >= 3 * BLOCK  # the same key: its prefix hits (140 tokens)
     assert cached(ordered(prompt, "standard", "llmgw-key-b")) == 0  # another key's salt: nothing shared
     assert cached(ordered(prompt, "standard")) == 0  # nor a key that shares its cache
