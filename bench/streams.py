@@ -3,7 +3,7 @@ streams, side by side with the engines called directly, with nginx `least_conn`,
 (`vllm-router`, round robin; pip extra `bench`) and (when asked for) LiteLLM's proxy `least-busy`
 (bench/litellm_peer.py) in front of them.
 
-    python -m bench.streams [--levels 64,256,1024,4096] [--seconds 8] [--quick]
+    python -m bench.streams [--levels 64,256,1024,4096] [--seconds 8] [--quick] [--at-once]
                             [--targets direct,nginx,vllm-router,llmgw,litellm]
 
 Two fast fake engines (bench/fast_engine.py: asyncio, a slot for every stream) answer each request
@@ -15,6 +15,14 @@ per request (user + system of all their processes, from /proc/<pid>/stat) and th
 seen while the level ran). A target that fails requests gets its statuses and last error printed on
 its row, and the run goes on. The `direct` column shows what the client and the engines manage on
 their own on this machine: a proxy cannot beat it. Starts everything itself and stops it all.
+
+Users start spread over one answer time and are measured once all are in their loop; `--at-once`
+starts every user at the same moment instead, one new connection each, and measures from that moment
+(the burst and one answer time plus `--seconds` after it): a proxy whose listen queue overflows
+drops SYNs, and those clients wait out the kernel's retransmit backoff (1 s, 3 s, 7 s, ...): a request
+on a new connection is timed from its connect, so that wait is in its time to first token. Each row
+also prints the kernel's counters over its run (this network namespace's `TcpExtListenOverflows`,
+`TcpExtListenDrops` and `TcpExtTCPTimeouts`, from /proc/net/netstat): `ovf`, `drops`, `rto`.
 """
 
 from __future__ import annotations
@@ -101,10 +109,14 @@ async def user(i: int, urls: list[str], start_at: float, stop_at: float, measure
     await asyncio.sleep(max(0.0, start_at - time.perf_counter()))
     proto = None
     while time.perf_counter() < stop_at:
+        began = None  # a new connection's request is timed from its connect (a dropped SYN waits there)
         try:
             if proto is None or proto.transport.is_closing():
+                began = time.perf_counter()
                 _, proto = await loop.create_connection(lambda: Stream(loop), host, int(port))
             await asyncio.wait_for(proto.send(request), 120)
+            if began is not None:
+                proto.t0 = began
             ok = proto.status == 200
         except (OSError, asyncio.TimeoutError, ConnectionError) as e:
             ok = False
@@ -129,10 +141,15 @@ async def user(i: int, urls: list[str], start_at: float, stop_at: float, measure
 async def client_main(a: dict) -> dict:
     n, urls, seconds = a["concurrency"], a["urls"], a["seconds"]
     now = time.perf_counter()
-    # Users start spread evenly over one answer time: connections do not all open at once, and the
-    # answers end at evenly spread times (clustered ends would bias the count in a short window).
-    ramp = a["answer"]
-    measure_from = now + ramp + a["answer"]  # every user is in its steady loop
+    if a.get("at_once"):
+        # Every user opens its connection at this moment, and the burst is measured with the rest.
+        ramp, measure_from = 0.0, now
+        seconds += a["answer"]
+    else:
+        # Users start spread evenly over one answer time: connections do not all open at once, and the
+        # answers end at evenly spread times (clustered ends would bias the count in a short window).
+        ramp = a["answer"]
+        measure_from = now + ramp + a["answer"]  # every user is in its steady loop
     stop_at = measure_from + seconds
     out = {"ttft": [], "lat": [], "errors": 0, "statuses": {}, "last_error": ""}
     rng = random.Random(1)
@@ -166,10 +183,25 @@ def rss_bytes(pids: list[int]) -> int:
 
 
 # --- the run -----------------------------------------------------------------------------------------------
-def run_level(urls: list[str], n: int, seconds: float, answer: float, pids_of) -> dict:
-    """One closed-loop run; samples the proxy's CPU time over the measured window and its RSS."""
+KERNEL = ("ListenOverflows", "ListenDrops", "TCPTimeouts")  # TcpExt counters printed per row
+
+
+def tcp_ext() -> dict[str, int]:
+    """This network namespace's TcpExt counters (/proc/net/netstat: a names line, then a values line)."""
+    try:
+        lines = [ln.split() for ln in open("/proc/net/netstat") if ln.startswith("TcpExt:")]
+        return {k: int(v) for k, v in zip(lines[0][1:], lines[1][1:])}
+    except (OSError, IndexError, ValueError):
+        return {}
+
+
+def run_level(urls: list[str], n: int, seconds: float, answer: float, pids_of, at_once: bool = False) -> dict:
+    """One closed-loop run; samples the proxy's CPU time over the measured window and its RSS, and the
+    kernel's TCP counters over the whole run."""
+    k0 = tcp_ext()
     proc = subprocess.Popen([sys.executable, "-m", "bench.streams", "--client", json.dumps(
-        {"concurrency": n, "urls": urls, "seconds": seconds, "answer": answer})], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+        {"concurrency": n, "urls": urls, "seconds": seconds, "answer": answer, "at_once": at_once})],
+        stdout=subprocess.PIPE, text=True, cwd=ROOT)
     head = json.loads(proc.stdout.readline())
     pids = pids_of() if pids_of else []
     rss = [0]
@@ -183,9 +215,11 @@ def run_level(urls: list[str], n: int, seconds: float, answer: float, pids_of) -
     sampler.start()
     time.sleep(head["measure_from_in"])
     cpu0 = cpu_seconds(pids)
-    time.sleep(seconds)
+    time.sleep(head["seconds"])
     cpu1 = cpu_seconds(pids)
     res = json.loads(proc.stdout.readline())
+    k1 = tcp_ext()
+    res["kernel"] = {k: k1[k] - k0[k] for k in KERNEL if k in k0 and k in k1}
     proc.wait()
     stop.set()
     sampler.join()
@@ -197,8 +231,10 @@ def run_level(urls: list[str], n: int, seconds: float, answer: float, pids_of) -
 def fmt(r: dict) -> str:
     cpu = f"{r['cpu_ms']:.2f}" if r["cpu_ms"] is not None else "-"
     rss = f"{r['rss_mb']:.0f}" if r["rss_mb"] is not None else "-"
+    k = r.get("kernel") or {}
+    kern = " ".join(f"{k[c]:>6}" if c in k else f"{'-':>6}" for c in KERNEL)
     return (f"{r['rps']:>7.1f} {r['ttft50'] * 1000:>7.0f} {r['ttft99'] * 1000:>7.0f} {r['lat50'] * 1000:>7.0f} "
-            f"{r['lat99'] * 1000:>7.0f} {r['errors']:>6} {cpu:>7} {rss:>7}")
+            f"{r['lat99'] * 1000:>7.0f} {r['errors']:>6} {cpu:>7} {rss:>7} {kern}")
 
 
 def main() -> None:
@@ -212,6 +248,8 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=0, help="gateway workers (default: the conf's, one per core)")
     ap.add_argument("--answer", type=float, default=ANSWER_S, help="seconds per answer")
     ap.add_argument("--quick", action="store_true", help="64 and 256 streams, 4 s each")
+    ap.add_argument("--at-once", action="store_true", help="every user connects at the same moment, measured "
+                    "from then (else they start spread over one answer time and are measured once all run)")
     ap.add_argument("--client", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.client:
@@ -295,13 +333,15 @@ def main() -> None:
                                         a.workers or os.cpu_count() or 1)  # as many workers as the gateway
                 urls["litellm"] = ([f"http://127.0.0.1:{port}"], lambda: tree(lt.pid))
         print(f"streams: {os.cpu_count()} cores ({_cpu_model()}) shared by client, proxies and 2 fake engines; "
-              f"{EVENTS} SSE events over {a.answer}s per answer; closed loop, {a.seconds:.0f}s measured per cell")
+              f"{EVENTS} SSE events over {a.answer}s per answer; closed loop, "
+              + (f"every user connecting at once, measured from then for {a.answer + a.seconds:.1f}s per cell"
+                 if a.at_once else f"{a.seconds:.0f}s measured per cell"))
         print(f"{'streams':>7} {'target':14} {'req/s':>7} {'ttft50':>7} {'ttft99':>7} {'lat50':>7} {'lat99':>7} "
-              f"{'errors':>6} {'cpu ms':>7} {'rss MB':>7}")
+              f"{'errors':>6} {'cpu ms':>7} {'rss MB':>7} {'ovf':>6} {'drops':>6} {'rto':>6}")
         for n in levels:
             for t in targets:
                 target_urls, pids_of = urls[t]
-                r = run_level(target_urls, n, a.seconds, a.answer, pids_of)
+                r = run_level(target_urls, n, a.seconds, a.answer, pids_of, a.at_once)
                 print(f"{n:>7} {t:14} {fmt(r)}" + (f"  ({r['statuses']} {r['last_error']})" if r["errors"] else ""),
                       flush=True)
     finally:

@@ -81,11 +81,10 @@ def test_later_turns_reuse_the_prompt_and_answer_sooner_than_round_robin(cluster
     wait_until(lambda: requests.get(rr + "/healthz", timeout=5).json()["endpoints"] == 2, 30, what="rr endpoints")
     # Warm both replicas (first-request costs) through both gateways, with prompts that share nothing
     # with the conversations. Through llmgw two at once: each replica takes one (capacity 1), so the
-    # gateway has seen both answer a short prompt before the conversation, as one in service has. A
-    # replica whose first answer seen is the conversation's opening miss would have its time to first
-    # byte learned from that one answer, net of a prefill estimate a loaded machine can make several
-    # times too low (gateway.routing.router.Router.release): then the later turns' hits look dearer
-    # there than a miss elsewhere.
+    # gateway has seen both answer a short prompt before the conversation, as one in service has: its
+    # time to first byte is learned from short prompts only (a prompt predicted to take more than
+    # gateway.routing.learn.PROMPT_WORK_MAX teaches none), and with none learned a replica is priced
+    # without one.
     warmed: list[str] = []
     both = [threading.Thread(target=lambda i=i: warmed.append(
         turn(gw, [{"role": "user", "content": f"Say hello {i}"}])[2])) for i in range(2)]
