@@ -62,8 +62,11 @@ def pct_ms(x: float) -> str:
 
 def profile(pid: int, seconds: float, url: str, body: bytes, conns: int, top: int = 14) -> str:
     """py-spy's samples of `pid` while wrk loads `url`: the functions with the most samples."""
+    binary = Path(sys.executable).parent / "py-spy"
+    if not binary.exists():
+        return f"  (no py-spy at {binary}: pip install -e '.[bench]' installs it)"
     out = tempfile.mktemp(suffix=".txt")
-    spy = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "-p", str(pid), "-d",
+    spy = subprocess.Popen([str(binary), "record", "-p", str(pid), "-d",
                             str(max(1, round(seconds))), "-r", "200", "-f", "raw", "-o", out, "--nonblocking"],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wrk.run(url, body, conns, seconds)
