@@ -33,7 +33,7 @@ AGENT = {**FAST_AGENT, "LLMGW_AGENT_SCRAPE_INTERVAL": "0.5"}
 
 def system_prompt(topic: str) -> str:
     rules = " ".join(f"Rule {i}: when a customer asks about {topic} item {i}, answer politely and briefly."
-                     for i in range(60))
+                     for i in range(45))
     return f"You are the {topic} assistant of a shop. {rules}"
 
 
@@ -64,7 +64,7 @@ def turn(gw: str, messages: list[dict], why: list | None = None) -> tuple[float,
     return (first if first is not None else time.monotonic() - t0), cache_n, endpoint, "".join(text)
 
 
-def conversation(gw: str, topic: str, turns: int = 4, why: list | None = None) -> list[tuple[float, int, str]]:
+def conversation(gw: str, topic: str, turns: int = 3, why: list | None = None) -> list[tuple[float, int, str]]:
     msgs = [{"role": "system", "content": system_prompt(topic)}]
     out = []
     for i in range(turns):
