@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import tempfile
 import threading
@@ -203,7 +204,8 @@ def main() -> None:
     from llmgw.state.records import EndpointInfo
     from llmgw import surface
 
-    cluster = Cluster(Path(tempfile.mkdtemp(prefix="llmgw-preempt-")))
+    workdir = Path(tempfile.mkdtemp(prefix="llmgw-preempt-"))
+    cluster = Cluster(workdir)
     try:
         cluster.start_redis()
         port = free_port()
@@ -242,6 +244,7 @@ def main() -> None:
                 print(f"  {r['mode']}: {b}")
     finally:
         cluster.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 if __name__ == "__main__":
