@@ -82,11 +82,12 @@ def answer_sample(ep: EndpointInfo, ahead: int, held: int, elapsed: float, token
     prompt work. A whole answer predicted to spend more than PROMPT_WORK_MAX on its prompt teaches
     nothing (None), nor does its first byte teach one then: what is left is mostly the error of that
     prediction, not the engine's step or decode. On a busy machine (CI's, running the other half of
-    the suite) a 1,337-token prompt predicted at 10 s on vLLM's CPU build took long enough that its
-    whole time, learned as six tokens' decode, priced that replica above one predicted to prefill
-    the whole next turn there for 14 s: the conversation's next turn went there and computed its
-    history again (tests/e2e/test_vllm_cpu.py). The prefill rate is learned from the engine's own
-    counters instead (gateway.routing.prefill)."""
+    the suite) a conversation's next turn left the vLLM replica holding its 1,337-token history for
+    one predicted to prefill all of it for 14 s (tests/e2e/test_vllm_cpu.py): the history's first,
+    whole answer, predicted at 10 s and slower there, was learned as six tokens' decode, the one term
+    of the holder's cost that a single answer moves that far (the learner's state was not logged;
+    tests/unit/test_gateway_learning.py has the case). The prefill rate is learned from the engine's
+    own counters instead (gateway.routing.prefill)."""
     slots = slots_of(ep, st)
     load = fresh_load(rec, now, cfg, st.load_seen if st is not None else None)
     conc = min(slots, max(1.0, (ahead + 1 + ahead_of(ep, load, held, st)) / 2))
