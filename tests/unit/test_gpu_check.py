@@ -197,10 +197,19 @@ def test_the_fit_verdict_is_a_ratio_inside_a_band():
 
 
 def test_proc_environ_reads_a_live_process():
-    import os
+    """A child started with a known environment (not this process: a title set in it, as celery and
+    gunicorn set theirs when another test imports them here, may overwrite its environ area)."""
+    import subprocess
+    import sys
 
-    env = gpu_check.proc_environ(os.getpid())
-    assert env.get("PATH") == os.environ.get("PATH")
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE,
+                             env={"PATH": "/usr/bin", "LLMGW_GPU_CHECK_PROBE": "a=b"})
+    try:
+        env = gpu_check.proc_environ(child.pid)
+        assert env.get("PATH") == "/usr/bin" and env.get("LLMGW_GPU_CHECK_PROBE") == "a=b"
+    finally:
+        child.stdin.close()
+        child.wait(10)
     assert gpu_check.proc_environ(2 ** 22 + 17) == {}
 
 
