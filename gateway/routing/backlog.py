@@ -14,6 +14,14 @@ endpoint is expected to hold, at that endpoint's learned rate), starting from no
 had drained. `ahead(ep, now)` is what is left of it. It needs no signal from the engine and drains
 by itself, so a wrong estimate is forgotten within seconds. The router keeps one (under its lock);
 what the sibling workers sent (gateway.server.sentlog) is added to it as they learn of it.
+
+A backlog is only ever the prefill of requests still held there: one whose answer ended (or whose
+first byte came) is past its prefill, and so is everything sent before it. So where the gateway holds
+nothing on an endpoint (its workers and the other gateways together), `choose` takes no backlog there
+(gateway.routing.choice), and the next request sent there starts the clock afresh (`add(...,
+idle=True)`). Without that, a prompt predicted at 14 s and served in 6 left 8 s of backlog on an idle
+engine that held the conversation's history, and its next turn went to the other replica to prefill
+the whole of it (tests/e2e/test_vllm_cpu.py, in CI).
 """
 
 from __future__ import annotations
@@ -29,8 +37,11 @@ class PrefillBacklog:
     def __init__(self):
         self.done_at: dict[str, float] = {}
 
-    def add(self, endpoint_id: str, seconds: float, now: float) -> None:
-        """`seconds` of prefill were just sent to the endpoint."""
+    def add(self, endpoint_id: str, seconds: float, now: float, idle: bool = False) -> None:
+        """`seconds` of prefill were just sent to the endpoint; `idle`: it held nothing before (what was
+        left of its clock had drained, however long it was predicted)."""
+        if idle:
+            self.done_at.pop(endpoint_id, None)
         if seconds > 0:
             self.done_at[endpoint_id] = max(self.done_at.get(endpoint_id, now), now) + seconds
 

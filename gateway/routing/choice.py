@@ -329,7 +329,8 @@ def _candidates(ctx: RouteContext, tried: Sequence[EndpointInfo], request: Route
         else:
             joins = False
         need = (total - hit) * per_token
-        behind = backlog.get(e.id, 0.0) if backlog else 0.0
+        # a backlog is the prefill of requests held there: none where nothing is (gateway.routing.backlog)
+        behind = backlog.get(e.id, 0.0) if backlog and n else 0.0
         evicts = cfg.evict_weight * st.reuse if st is not None and st.reuse else 0.0
         when_free = 0.0
         if soft and not hard and (need or behind) and not math.isinf(slots):

@@ -133,18 +133,20 @@ class Router:
             matched = counts.prefixes.matches(snap.tables.by_id, req.prefix) if req.prefix else None
             if exact:
                 matched = {**(matched or {}), **exact}
-            ctx = RouteContext(endpoints, snap.loads, counts.held(endpoints, now, req.model), now, self.rng,
+            held = counts.held(endpoints, now, req.model)
+            ctx = RouteContext(endpoints, snap.loads, held, now, self.rng,
                                self.routing, snap.stats, self.policy, matched,
                                frozenset(exact) if exact else frozenset(),
                                counts.backlog.ahead(snap.tables.by_id if adapter is None else [e.id for e in endpoints],
                                                     now))
             res = choose(ctx, req)
             if isinstance(res, Choice):
+                idle = not held.get(res.endpoint.id, 0)  # before it counts this one (`held` may be the live counts)
                 if adapter is not None or (exact and res.endpoint.id in exact):
                     res = _reserved(res, adapter or "", bool(exact and res.endpoint.id in exact))
                 wall = self.clock.time()
                 counts.add(res.endpoint, wall, now, adapter or "")
-                counts.backlog.add(res.endpoint.id, res.prefill, now)
+                counts.backlog.add(res.endpoint.id, res.prefill, now, idle)
                 if req.prefix:
                     counts.sent(res, req.prefix, adapter is None, decision, wall, now)
         if isinstance(res, Choice) and self.metrics:

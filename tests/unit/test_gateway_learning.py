@@ -118,9 +118,9 @@ def test_the_time_to_first_byte_is_learned_net_of_the_prompt_work_the_cost_adds_
     keys, tokens = prefix_of({"messages": [{"role": "user", "content": "word " * 1600}]}, CHAT, "m")
     c = st.route(RouteRequest("m", prefix=keys, prompt_tokens=tokens))
     assert c.prefill == pytest.approx(tokens * 0.0001) and c.behind == 0
-    st.release(c, 1.25, 51, c.prefill + 0.05)
     hit = st.route(RouteRequest("m", prefix=keys, prompt_tokens=tokens))  # at once: behind the first's prefill
     assert hit.prefill == pytest.approx(0, abs=0.001) and hit.behind == pytest.approx(c.prefill)
+    st.release(c, 1.25, 51, c.prefill + 0.05)
     st.release(hit, 1.1, 51, hit.prefill + hit.behind + 0.05)
     clock.advance(2.0)  # the backlog drained
     other = st.route(RouteRequest("m", prefix=keys[:1] + (7,), prompt_tokens=tokens))

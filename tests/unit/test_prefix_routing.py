@@ -566,8 +566,8 @@ def test_what_opens_a_conversation():
 
 # --- the prefill backlog ------------------------------------------------------------------------------
 def test_a_prefill_just_sent_delays_the_next_first_token_there():
-    """Two idle endpoints alike but for a 2,000-token miss just sent to one: a new prompt goes to
-    the other; once that prefill has had time to finish, both are alike again."""
+    """Two endpoints alike, each holding one request, but for a 2,000-token miss just sent to one: a
+    new prompt goes to the other; once that prefill has had time to finish, both are alike again."""
     from gateway.routing.backlog import PrefillBacklog
 
     one_shot = req({"model": "m", "messages": [{"role": "user", "content": "tell me " * 400}]}, objective=FIRST_TOKEN)
@@ -575,15 +575,20 @@ def test_a_prefill_just_sent_delays_the_next_first_token_there():
     backlog.add("a", 0.5, NOW)  # 2,000 tokens at 0.25 ms
     assert backlog.ahead(["a", "b"], NOW + 0.1) == pytest.approx({"a": 0.4})
     assert backlog.ahead(["a", "b"], NOW + 0.6) == {}
+    held = {"a": 1, "b": 1}
 
-    def picks(at):
-        return Counter(choose([ep("a"), ep("b")], {}, {}, one_shot, at, stats=STATS, cfg=CFG, rng=random.Random(s),
+    def picks(at, held=held, backlog=backlog):
+        return Counter(choose([ep("a"), ep("b")], {}, held, one_shot, at, stats=STATS, cfg=CFG, rng=random.Random(s),
                               backlog=backlog.ahead(["a", "b"], at)).endpoint.id for s in range(10))
 
     assert picks(NOW + 0.1) == {"b": 10}
     # drained: the picks are the ones no backlog at all gives (the usual tie-break)
-    assert picks(NOW + 0.6) == Counter(choose([ep("a"), ep("b")], {}, {}, one_shot, NOW + 0.6, stats=STATS, cfg=CFG,
-                                              rng=random.Random(s)).endpoint.id for s in range(10))
+    assert picks(NOW + 0.6) == picks(NOW + 0.6, backlog=PrefillBacklog())
+    # Where nothing is held any more, the miss's answer has ended, its prefill with it: no backlog there,
+    # however long it was predicted (an idle engine holding a conversation's history kept its next turn).
+    assert picks(NOW + 0.1, held={}) == picks(NOW + 0.1, held={}, backlog=PrefillBacklog())
+    backlog.add("a", 0.25, NOW + 0.1, idle=True)  # sent there idle: the clock starts afresh
+    assert backlog.ahead(["a"], NOW + 0.1) == pytest.approx({"a": 0.25})
     c = choose([ep("a"), ep("b")], {}, {}, one_shot, NOW, stats=STATS, cfg=CFG, rng=random.Random(0))
     assert c.prefill == pytest.approx(one_shot.prompt_tokens * CFG.prefill_ms_per_token / 1000)
 
@@ -622,3 +627,33 @@ def test_the_router_keeps_the_backlog_of_what_it_sent_and_what_its_siblings_sent
     assert isinstance(second, Choice) and second.endpoint.id != first.endpoint.id  # it saw the sibling's send
     clock.advance(5.0)
     assert one.counts.backlog.ahead(["a", "b"], clock.monotonic()) == {}  # drained by itself
+
+
+def test_a_backlog_ends_with_the_requests_that_made_it():
+    """A 1,600-token miss predicted at seconds of prefill is answered sooner: once it has left the
+    endpoint, its prefill is over whatever the clock predicted, and the conversation's next turn,
+    whose history that endpoint holds, goes there at the cost of its own few new tokens (CI: the
+    other vLLM replica got it, to prefill the whole history again)."""
+    from gateway.routing.inflight import InFlight
+    from gateway.routing.router import Router
+    from gateway.routing.tables import tables_from
+    from gateway.server.siblings import SharedCounts
+    from tests.support.clock import FakeClock
+    from types import SimpleNamespace
+
+    clock = FakeClock(mono=NOW)
+    master = SharedCounts.create(2)
+    one, two = (Router(CFG, clock, random.Random(0), InFlight(master.for_row(master.claim_row()))) for _ in range(2))
+    tables = tables_from(1, "fp", [ep("a"), ep("b")], SimpleNamespace(canonical={}, groups=[("m",)], cold_start={}), {})
+    for r in (one, two):
+        r.apply_tables(tables, True)
+    history = [{"role": "user", "content": "tell me " * 800}]
+    first = one.route(req({"model": "m", "messages": history}, objective=FIRST_TOKEN))
+    assert isinstance(first, Choice) and first.prefill > 0.1
+    clock.advance(first.prefill / 4)  # answered well before its predicted prefill was over
+    one.release(first, first.prefill / 4)
+    turn = history + [{"role": "assistant", "content": "sure"}, {"role": "user", "content": "more"}]
+    for router in (one, two):  # whichever worker takes the next turn (the sibling learns of the send)
+        nxt = router.route(req({"model": "m", "messages": turn}, objective=FIRST_TOKEN))
+        assert isinstance(nxt, Choice) and nxt.endpoint.id == first.endpoint.id and nxt.behind == 0, nxt
+        router.release(nxt, 0.1)
