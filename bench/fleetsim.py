@@ -388,6 +388,8 @@ class _Engine:
                           prefix_queries_total=float(cache.queries) if cache is not None else None,
                           prefix_hits_total=float(cache.hits) if cache is not None else None,
                           prefill_seconds_total=self.prefill_seconds,  # vllm:request_prefill_time_seconds_sum
+                          # vllm:request_prefill_kv_computed_tokens_sum, counted with those seconds
+                          prefill_tokens_total=float(c.prompt_tokens_total - c.prompt_cached_total),
                           kv_tokens=c.config.kv_tokens)  # vllm:cache_config_info
 
 

@@ -123,6 +123,12 @@ class _VllmCollector:
                                   "for request.", labels=labels)
         h.add_metric(lv, [("+Inf", s.ttft.n)], s.busy_seconds_prompt)
         yield h
+        # The prompt tokens that prefill computed (not found cached), counted with its seconds: vLLM
+        # observes both as a request ends; here both as the step that computed them ends.
+        h = HistogramMetricFamily("vllm:request_prefill_kv_computed_tokens", "Histogram of new KV tokens "
+                                  "computed during prefill (excluding cached tokens).", labels=labels)
+        h.add_metric(lv, [("+Inf", s.ttft.n)], s.prompt_tokens_total - s.prompt_cached_total)
+        yield h
         if s.kv_tokens:
             # vLLM's info gauge of its CacheConfig (a subset of its labels, as strings, value 1), with
             # the `engine` label only: whole blocks, as vLLM allocates them.

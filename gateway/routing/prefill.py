@@ -7,6 +7,14 @@ each endpoint's own rate: the engine's prefill seconds (vLLM's `vllm:request_pre
 sum, llama.cpp's `llamacpp:prompt_seconds_total`) over the prompt tokens it computed (its prompt
 tokens, less its prefix-cache hits where it counts them; llama.cpp counts only the ones it computed).
 Until an endpoint has shown one, `LLMGW_GATEWAY_PREFILL_MS_PER_TOKEN` stands in.
+
+vLLM observes a request's prefill time when the request ends, but counts its prompt tokens at its
+first token and its cache hits when it is scheduled: a span between two scrapes could hold a long
+prompt's tokens and only the seconds of the short one before it, a sample several times too fast
+(CI's vLLM run learned 1.6 ms a token on one replica and 10.2 on the other, one core each). Where the
+engine counts the tokens its prefill computed with the same requests as its seconds (vLLM's
+`vllm:request_prefill_kv_computed_tokens` sum, `LoadRecord.prefill_tokens_total`), those are the span's
+tokens; the prompt-less-hits difference stands in only where it does not.
 """
 
 from __future__ import annotations
@@ -39,7 +47,11 @@ def prefill_seen(since: LoadRecord | None, rec: LoadRecord, prev: float | None
     p0, p1 = since.prompt_tokens_total, rec.prompt_tokens_total
     if s0 is None or s1 is None or p0 is None or p1 is None or s1 < s0 or p1 < p0:
         return prev, rec  # not counted, or the counters restarted (the engine did): a new span
-    computed = (p1 - p0) - ((rec.prefix_hits_total or 0.0) - (since.prefix_hits_total or 0.0))
+    c0, c1 = since.prefill_tokens_total, rec.prefill_tokens_total
+    if c0 is not None and c1 is not None and c1 >= c0:
+        computed = c1 - c0  # counted with the seconds, request by request
+    else:
+        computed = (p1 - p0) - ((rec.prefix_hits_total or 0.0) - (since.prefix_hits_total or 0.0))
     seconds = s1 - s0
     if computed < MIN_TOKENS or seconds <= 0:  # idle, or too little yet: counted with what follows
         return prev, since

@@ -126,6 +126,9 @@ class EngineDriver(ABC):
     prefix_queries_metric: ClassVar[str | None] = None
     prefix_hits_metric: ClassVar[str | None] = None
     prefill_seconds_metric: ClassVar[str | None] = None  # seconds spent prefilling (a counter or a sum)
+    # The prompt tokens computed in those seconds, where the engine counts them apart from its prompt
+    # tokens (vLLM observes its prefill time as a request ends, its prompt tokens at its first token).
+    prefill_tokens_metric: ClassVar[str | None] = None
     # An info series whose labels say the KV cache's size (vLLM's vllm:cache_config_info:
     # num_gpu_blocks x block_size tokens), which sizes the gateway's prefix index; None = not said.
     kv_config_metric: ClassVar[str | None] = None
@@ -326,9 +329,11 @@ class EngineDriver(ABC):
         """Names of the (prompt, generation) token counters this profile's engine process exports."""
         return self.prompt_tokens_metric, self.generation_tokens_metric
 
-    def cache_metrics(self, profile: Profile) -> tuple[str | None, str | None, str | None]:
-        """Names of the (prefix-cache queried tokens, hit tokens, prefill seconds) series it exports."""
-        return self.prefix_queries_metric, self.prefix_hits_metric, self.prefill_seconds_metric
+    def cache_metrics(self, profile: Profile) -> tuple[str | None, str | None, str | None, str | None]:
+        """Names of the (prefix-cache queried tokens, hit tokens, prefill seconds, tokens computed in
+        those seconds) series it exports."""
+        return (self.prefix_queries_metric, self.prefix_hits_metric, self.prefill_seconds_metric,
+                self.prefill_tokens_metric)
 
     def tokenize_prompt(self, operation: str, body: Mapping) -> list[int] | None:
         """The tokens this engine makes of a request's prompt, as its prefix cache sees them (chat

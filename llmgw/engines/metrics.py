@@ -40,6 +40,7 @@ class MappedLoad:
     prefix_queries_total: float | None = None  # prompt tokens looked up in the prefix cache
     prefix_hits_total: float | None = None  # of them found there
     prefill_seconds_total: float | None = None  # seconds spent prefilling
+    prefill_tokens_total: float | None = None  # prompt tokens computed in them, where counted apart
     kv_tokens: int | None = None  # the KV cache's size in tokens, where the engine says it
 
 
@@ -121,7 +122,7 @@ def read_load(metrics_text: str, engine: EngineDriver, profile: Profile) -> Mapp
             if kv is not None:
                 break
     prompt_name, gen_name = engine.token_metrics(profile)
-    queries_name, hits_name, prefill_name = engine.cache_metrics(profile)
+    queries_name, hits_name, prefill_name, computed_name = engine.cache_metrics(profile)
     return MappedLoad(
         running=_sum(_values(samples, mapping.running)),
         waiting=_sum(_values(samples, mapping.waiting)),
@@ -131,5 +132,6 @@ def read_load(metrics_text: str, engine: EngineDriver, profile: Profile) -> Mapp
         prefix_queries_total=_sum(_values(samples, queries_name)),
         prefix_hits_total=_sum(_values(samples, hits_name)),
         prefill_seconds_total=_sum(_values(samples, prefill_name)),
+        prefill_tokens_total=_sum(_values(samples, computed_name)),
         kv_tokens=read_kv_tokens(metrics_text, engine.kv_config_metric),
     )

@@ -80,6 +80,7 @@ class SimDriver(EngineDriver):
     prefix_queries_metric = VllmDriver.prefix_queries_metric
     prefix_hits_metric = VllmDriver.prefix_hits_metric
     prefill_seconds_metric = VllmDriver.prefill_seconds_metric
+    prefill_tokens_metric = VllmDriver.prefill_tokens_metric
     kv_config_metric = VllmDriver.kv_config_metric
     credential_env = "SIMENGINE_API_KEY"  # guards /v1, like vLLM
     # LoRA as vLLM serves it: loaded and unloaded at run time, with vLLM's calls, answers and flags.
@@ -131,9 +132,9 @@ class SimDriver(EngineDriver):
             return LlamaCppDriver.prompt_tokens_metric, LlamaCppDriver.generation_tokens_metric
         return super().token_metrics(profile)
 
-    def cache_metrics(self, profile: Profile) -> tuple[str | None, str | None, str | None]:
+    def cache_metrics(self, profile: Profile) -> tuple[str | None, str | None, str | None, str | None]:
         if _metrics_style(profile.args) == "llamacpp":
-            return None, None, LlamaCppDriver.prefill_seconds_metric
+            return None, None, LlamaCppDriver.prefill_seconds_metric, None
         return super().cache_metrics(profile)
 
     def tokenize_prompt(self, operation: str, body: Mapping) -> list[int] | None:

@@ -266,6 +266,7 @@ class VllmDriver(EngineDriver):
     prefix_queries_metric = "vllm:prefix_cache_queries_total"
     prefix_hits_metric = "vllm:prefix_cache_hits_total"
     prefill_seconds_metric = "vllm:request_prefill_time_seconds_sum"
+    prefill_tokens_metric = "vllm:request_prefill_kv_computed_tokens_sum"
     kv_config_metric = "vllm:cache_config_info"
     # vLLM guards only its /v1 (and /v2, /inference, /cohere) paths with it; see docs/engines.md.
     credential_env = "VLLM_API_KEY"

@@ -214,6 +214,10 @@ class LoadRecord:
     # Seconds the engine spent prefilling prompts since it started (vLLM's request_prefill_time sum,
     # llama.cpp's prompt_seconds_total): over the prompt tokens it computed, its prefill rate.
     prefill_seconds_total: float | None = None
+    # The prompt tokens those seconds computed (not found in the prefix cache), counted with the same
+    # requests as the seconds (vLLM's request_prefill_kv_computed_tokens sum: both observed as each
+    # request ends); None where the engine counts its seconds with its prompt tokens (llama.cpp).
+    prefill_tokens_total: float | None = None
     # The engine's KV cache in tokens (vLLM's vllm:cache_config_info: num_gpu_blocks x block_size);
     # None when it does not say. The gateway sizes its index of what it sent there to it.
     kv_tokens: int | None = None

@@ -734,12 +734,13 @@ def test_an_engine_without_a_profile_is_read_by_its_engines_default_metric_names
 
     text = ("vllm:num_requests_running 3\nvllm:num_requests_waiting 1\nvllm:kv_cache_usage_perc 0.25\n"
             "vllm:prompt_tokens_total 4000\nvllm:prefix_cache_hits_total 1000\n"
-            "vllm:request_prefill_time_seconds_sum 0.75\n")
+            "vllm:request_prefill_time_seconds_sum 0.75\nvllm:request_prefill_kv_computed_tokens_sum 2500\n")
     for engine in ("vllm", "sim"):
         load = scrape_one(ScrapeTarget("r1", "http://e/metrics", engine, None), lambda *a, **k: text, 1.0, 5.0)
         assert load.ok, load.error
         assert (load.running, load.waiting, load.kv_usage) == (3, 1, 0.25)
         assert (load.prompt_tokens_total, load.prefix_hits_total, load.prefill_seconds_total) == (4000, 1000, 0.75)
+        assert load.prefill_tokens_total == 2500  # counted with those seconds (gateway.routing.prefill)
 
 
 def test_llamacpp_prompt_caches_share_the_node_s_memory_among_the_replicas_placed_there(tmp_path, monkeypatch):

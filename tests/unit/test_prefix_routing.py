@@ -376,6 +376,33 @@ def test_a_scrape_between_a_prompts_hits_and_its_tokens_does_not_bias_the_rate()
     assert est == pytest.approx(0.001)
 
 
+def test_vllms_seconds_are_counted_with_the_tokens_they_computed_not_with_its_prompt_counter():
+    """vLLM observes a request's prefill time when it ends and counts its prompt tokens at its first
+    token. Alternating prompts of 300 and 3,000 tokens at 10 ms a token, each scraped between its
+    first token and its end: the span of a long prompt holds its tokens and the short one's seconds
+    (1 ms a token), a short prompt's span the long one's seconds (100 ms). By the prompt counter the
+    rate learned swings with the last spans, far from 10 ms (CI's vLLM replicas, one core each,
+    learned 1.6 and 10.2 ms); by the tokens vLLM counts with the seconds, 10 ms."""
+    from gateway.routing.prefill import prefill_seen
+    from llmgw.state.records import LoadRecord
+
+    def run(aligned: bool) -> float:
+        est, since = None, LoadRecord("e", ts=0.0, ok=True, prompt_tokens_total=0, prefill_seconds_total=0.0,
+                                      prefill_tokens_total=0 if aligned else None)
+        prompt = seconds = computed = 0.0
+        for k in range(1, 21):
+            n = 3000 if k % 2 else 300
+            prompt += n  # its first token: counted
+            rec = LoadRecord("e", ts=float(k), ok=True, prompt_tokens_total=prompt, prefill_seconds_total=seconds,
+                             prefill_tokens_total=computed if aligned else None)
+            est, since = prefill_seen(since, rec, est)
+            seconds, computed = seconds + n * 0.01, computed + n  # its end: its prefill time and tokens observed
+        return est
+
+    assert run(aligned=True) == pytest.approx(0.01)
+    assert not 0.005 < run(aligned=False) < 0.02  # what the prompt counter taught
+
+
 def test_a_learned_slow_prefill_makes_a_hit_worth_more():
     long = {"model": "m", "messages": [{"role": "system", "content": "policy " * 1000}, {"role": "user", "content": "x"}]}
     r = req(long)

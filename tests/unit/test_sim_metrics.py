@@ -26,6 +26,12 @@ def test_vllm_style_maps_with_the_vllm_defaults():
     assert (load.prompt_tokens_total, load.generation_tokens_total) == (120, 48)
     assert (load.prefix_queries_total, load.prefix_hits_total) == (100, 60)  # vLLM's prefix-cache counters
     assert load.prefill_seconds_total == 0.5  # vllm:request_prefill_time_seconds_sum
+    # vllm:request_prefill_kv_computed_tokens_sum: the prompt tokens computed, counted with those seconds
+    assert snap(prompt_cached_total=20).prompt_tokens_total - 20 == read_load(
+        render_vllm(snap(prompt_cached_total=20), "m"), get_engine("sim"),
+        Profile(name="s", engine="sim")).prefill_tokens_total == 100
+    llama = read_load(render_llamacpp(snap()), get_engine("sim"), Profile(name="s", engine="sim", args=["--metrics-style", "llamacpp"]))
+    assert llama.prefill_tokens_total is None  # llama.cpp counts its seconds with its prompt tokens
 
 
 def test_ttft_histogram_is_cumulative():

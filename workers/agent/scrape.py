@@ -57,7 +57,8 @@ def scrape_targets(heads: list[ReplicaRecord], launches: Mapping[str, Launch | N
 
 
 LOAD_FIELDS = ("running", "waiting", "kv_usage", "prompt_tokens_total", "generation_tokens_total",
-               "prefix_queries_total", "prefix_hits_total", "prefill_seconds_total", "kv_tokens")
+               "prefix_queries_total", "prefix_hits_total", "prefill_seconds_total",
+               "prefill_tokens_total", "kv_tokens")
 COUNT_FIELDS = frozenset({"kv_tokens"})  # whole numbers; the rest are floats
 
 
