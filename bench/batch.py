@@ -258,6 +258,7 @@ def simulate(a) -> int:
             self.sim, self.reserve = sim, reserve
             self.todo: deque[int] = deque(range(lines))
             self.inflight, self.done, self.shed, self.sent = 0, 0, 0, 0
+            self.live: dict[int, Req] = {}  # its lines sent and not ended, by id
             self.throttle = Throttle(a.slots * a.engines)
             self.reports: list[GatewayReport] = []
             self.slots_seen: dict[str, int] = {}
@@ -271,7 +272,8 @@ def simulate(a) -> int:
         def report(self) -> None:  # every gateway's report, every LLMGW_GATEWAY_REPORT_INTERVAL
             now = self.sim.now
             self.reports = [GatewayReport(str(g.idx), now, endpoints={e: EndpointUse(n) for e, n in g.router.inflight.items()},
-                                          models={"m": ModelDemand(0, len(g.queue))}) for g in self.sim.gateways]
+                                          models={"m": ModelDemand(0, len(g.queue))},
+                                          feeders={"bench": self.holding(g.idx)}) for g in self.sim.gateways]
             if self.todo or self.inflight:
                 self.sim.at(now + 0.5, "call", self.report)
 
@@ -279,11 +281,16 @@ def simulate(a) -> int:
             sim, now = self.sim, self.sim.now
             loads = dict(sim.store.records)
             self.slots_seen = learn_slots(self.slots_seen, loads)
-            r = room("m", sim.store.eps, loads, self.reports, now, self.reserve, self.slots_seen)
-            self.throttle.view(r, 1)
+            r = room("m", sim.store.eps, loads, self.reports, now, self.reserve, self.slots_seen, "bench")
+            self.throttle.view(r, 1, self.inflight)
             self.fill()
             if self.todo or self.inflight:
                 sim.at(now + 0.5, "call", self.view)
+
+        def holding(self, gateway: int) -> int:
+            """Its lines gateway `gateway` holds a slot for (the report's `feeders`: X-LLMGW-Feeder)."""
+            return sum(1 for q in self.live.values() if q.gateway == gateway and q.choice is not None
+                       and not getattr(q, "in_queue", False))
 
         def fill(self) -> None:
             while self.todo and self.throttle.may_send(self.inflight):
@@ -294,14 +301,14 @@ def simulate(a) -> int:
                 req.batch = k  # type: ignore[attr-defined]
                 self.sent += 1
                 self.inflight += 1
+                self.live[req.rid] = req
                 sim.pending += 1
-                self.throttle.count(sim.now, self.inflight)
                 sim.gateways[req.gateway].admit(req)
 
         def ended(self, req: Req, status: str) -> None:
             sim = self.sim
             self.inflight -= 1
-            self.throttle.count(sim.now, self.inflight)
+            self.live.pop(req.rid, None)
             if status == "ok":
                 self.done += 1
                 if not self.todo and not self.inflight:

@@ -40,6 +40,7 @@ from gateway.keys.table import KeyTable
 from gateway.keys.usage import UsageRecorder
 from gateway.observe.demand import DemandSignal
 from gateway.observe.explain import ExplainLog, Explaining, explained_wsgi
+from gateway.observe.feeders import FeederLines
 from gateway.observe.health import RedisHealth
 from gateway.observe.metrics import Metrics
 from gateway.observe.report import Identity
@@ -130,9 +131,11 @@ class Gateway:
             self.queues.model_of, metrics, board)
         # How the requests that ask (X-LLMGW-Explain) were served: `llmgw explain REQUEST_ID`, the playground.
         self.explained = ExplainLog()
+        # The batch lines held, by the feeder that sent them: the report's `feeders` (gateway.observe.feeders).
+        feeders = FeederLines()
         self.background = Background(cfg, clock, self.store, self.health, self.keys, self.usage, self.traffic,
                                      saturation, self.exchange, self.queues, self.identity, resumes, siblings,
-                                     self.evictions, self.explained)
+                                     self.evictions, self.explained, feeders)
         answers = Answers(clock, metrics, self.traffic, self.usage, cfg.total_timeout, self.open_requests,
                           cfg.stall_timeout, resumes, self.evictions,
                           Pause(cfg.pause_keepalive, clock.monotonic, metrics))
@@ -140,7 +143,7 @@ class Gateway:
                                 lambda eid: self.router.tables.by_id.get(eid),
                                 lambda key: (k.name, k.id) if (k := self.keys.lookup(key)) is not None else ("", ""))
         admission = Admission(cfg, clock, self.router, self.queues, metrics, saturation, self.demand, self.evictions)
-        sender = Sender(cfg, clock, self.router, self.upstream, admission, self.queues, metrics)
+        sender = Sender(cfg, clock, self.router, self.upstream, admission, self.queues, metrics, feeders)
         self.proxy = Proxy(cfg, clock, self.router, self.gate, sender, answers, metrics, self.traffic, saturation,
                            self.not_ready, tracing=explaining)
         # What this gateway sent and holds, exchanged with the other gateways under its name (the

@@ -18,6 +18,7 @@ from gateway.errors import ApiError
 from gateway.http.admit import Admission
 from gateway.http.refusal import attempt_failed
 from gateway.keys.table import ApiKey
+from gateway.observe.feeders import FeederLines
 from gateway.observe.metrics import Metrics
 from gateway.request.call import Call, EngineRequest, engine_request
 from gateway.request.plan import Plan
@@ -53,25 +54,50 @@ class Hop:
         self.lease.release()
 
 
+class FedLease(Lease):
+    """A batch line's slot, counted for the feeder that sent it while it is held
+    (gateway.observe.feeders: the report's `feeders`)."""
+
+    __slots__ = ("lines", "feeder")
+
+    def __init__(self, router: Router, choice: Choice, lines: FeederLines, feeder: str):
+        super().__init__(router, choice)
+        self.lines, self.feeder = lines, feeder
+        lines.took(feeder)
+
+    def release(self, service_time: float | None = None, tokens: int | None = None,
+                ttfb: float | None = None) -> None:
+        def slot() -> bool:
+            if self.done:
+                return False
+            Lease.release(self, service_time, tokens, ttfb)
+            return True
+
+        if not self.done:
+            self.lines.give_back(self.feeder, slot)
+
+
 class Sender:
-    """What every request's sends share in one gateway process."""
+    """What every request's sends share in one gateway process (`feeders`: the batch lines it holds,
+    by feeder)."""
 
     def __init__(self, cfg: GatewaySettings, clock: Clock, router: Router, upstream: Upstream, admission: Admission,
-                 queues: WaitQueues, metrics: Metrics):
+                 queues: WaitQueues, metrics: Metrics, feeders: FeederLines | None = None):
         self.cfg, self.clock, self.router, self.upstream = cfg, clock, router, upstream
         self.admission, self.queues, self.metrics = admission, queues, metrics
+        self.feeders = feeders
 
 
 class Proxied:
     """One client request, as every one of its sends needs it: the Call and its Plan, who asked, its id,
-    when it arrived, its method, its trace, and its charge."""
+    when it arrived, its method, its trace, its charge, and the batch feeder it is a line of ("": none)."""
 
-    __slots__ = ("sender", "call", "plan", "key", "rid", "t0", "method", "trace", "charge", "attempts")
+    __slots__ = ("sender", "call", "plan", "key", "rid", "t0", "method", "trace", "charge", "attempts", "feeder")
 
     def __init__(self, sender: Sender, call: Call, plan: Plan, key: ApiKey | None, rid: str, t0: float,
-                 method: str = "POST", trace=NOOP_REQUEST):
+                 method: str = "POST", trace=NOOP_REQUEST, feeder: str = ""):
         self.sender, self.call, self.plan, self.key, self.rid, self.t0 = sender, call, plan, key, rid, t0
-        self.method, self.trace = method, trace
+        self.method, self.trace, self.feeder = method, trace, feeder
         self.charge: Charge | None = None  # what its tenant was charged, once, when first sent
         self.attempts = 0  # the trace's number of the next attempt
 
@@ -107,7 +133,9 @@ class Proxied:
             if self.charge is None:  # its tenant charged what it is expected to cost, once
                 self.charge = s.queues.sent(call, self.plan, choice)
             # From here the slot is ours: every path out of this block gives it back or hands it on.
-            lease, resp = Lease(s.router, choice), None
+            lines = s.feeders if self.feeder else None
+            lease = Lease(s.router, choice) if lines is None else FedLease(s.router, choice, lines, self.feeder)
+            resp = None
             try:
                 ask = engine_request(call, self.plan.adapter, choice.endpoint, self.plan.rank, self.plan.cache_salt)
                 sent_at = s.clock.monotonic()

@@ -15,6 +15,7 @@ from gateway.http.answer import Answers, RawAnswer
 from gateway.http.attempt import Proxied, Sender
 from gateway.http.refusal import not_loaded, refusal
 from gateway.keys.gate import ASK, KeyGate
+from gateway.observe.feeders import feeder_of
 from llmgw.state.keypolicy import ANONYMOUS, cache_salt_of
 from gateway.observe.metrics import Metrics
 from gateway.observe.saturation import SaturationSignals
@@ -79,7 +80,9 @@ class Proxy:
         if p.targets:  # a refusal of it counts against its targets (`refused`)
             environ["llmgw.targets"] = (key.id if key is not None else ANONYMOUS,
                                         p.tenant.name if p.tenant is not None else ANONYMOUS)
-        ex = Proxied(self.sender, call, p, verdict.key, rid, t0, environ.get("REQUEST_METHOD", "POST"), trace)
+        # A batch line names its feeder: the gateway report counts its lines (gateway.observe.feeders).
+        feeder = feeder_of(environ.get("HTTP_X_LLMGW_FEEDER")) if p.priority == "batch" else ""
+        ex = Proxied(self.sender, call, p, verdict.key, rid, t0, environ.get("REQUEST_METHOD", "POST"), trace, feeder)
         hop = ex.send(first=True)
         try:
             return self.answers.respond(ex, hop)

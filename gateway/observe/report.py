@@ -45,6 +45,7 @@ def gateway_report(
     queued: Mapping[str, int],
     last_request_at: Mapping[str, float],
     prefix: Mapping[str, tuple[float, float, float, float]] | None = None,  # gateway.routing.prefill.PrefixTally
+    feeders: Mapping[str, int] | None = None,  # gateway.observe.feeders: batch lines by feeder, with `inflight`
 ) -> GatewayReport:
     """The report for this instant. Endpoints appear only when they have something to say: requests
     in flight, or a success or failure within EVIDENCE_WINDOW. Models appear once they were asked for
@@ -62,4 +63,4 @@ def gateway_report(
             models[name] = ModelDemand(n, q, last)
     return GatewayReport(id=who.id, at=now, version=version, host=who.host, pid=who.pid,
                          started_at=who.started_at, keys_loaded=keys_loaded, endpoints=endpoints,
-                         models=models)
+                         models=models, feeders={k: n for k, n in (feeders or {}).items() if n > 0})

@@ -12,6 +12,7 @@ from gateway.config import GatewaySettings
 from gateway.keys.table import KeyTable
 from gateway.keys.usage import UsageRecorder
 from gateway.observe.explain import ExplainLog
+from gateway.observe.feeders import FeederLines
 from gateway.observe.health import REDIS_ERRORS, RedisHealth
 from gateway.observe.report import Identity, gateway_report, report_ttl
 from gateway.observe.resumes import ResumeSignals
@@ -42,7 +43,7 @@ class Background:
     def __init__(self, cfg: GatewaySettings, clock: Clock, store: Store, health: RedisHealth, keys: KeyTable,
                  usage: UsageRecorder, traffic: TrafficCounter, saturation: SaturationSignals, exchange: Exchange,
                  queues: WaitQueues, identity: Identity, resumes: ResumeSignals | None = None, siblings=None,
-                 evictions=None, explained: ExplainLog | None = None):
+                 evictions=None, explained: ExplainLog | None = None, feeders: FeederLines | None = None):
         self.cfg, self.clock, self.store, self.health = cfg, clock, store, health
         self.keys, self.usage, self.traffic, self.saturation = keys, usage, traffic, saturation
         self.exchange, self.queues, self.identity = exchange, queues, identity
@@ -50,6 +51,7 @@ class Background:
         self.resumes = resumes if resumes is not None else ResumeSignals()
         self.evictions = evictions  # gateway.http.evictions.Evictions: the sibling workers' eviction flags
         self.explained = explained if explained is not None else ExplainLog()
+        self.feeders = feeders if feeders is not None else FeederLines()  # the batch lines held, by feeder
         self.episodes: dict[str, Episode] = {}
         self.report_due = threading.Event()  # set: write the report now, not at the next tick
         self.stopping = threading.Event()
@@ -175,6 +177,6 @@ class Background:
             if n:
                 m = canonical.get(name, name)
                 queued[m] = queued.get(m, 0) + n
-        f = self.exchange.report_facts()
+        feeders, f = self.feeders.read(self.exchange.report_facts)  # at one instant (gateway.observe.feeders)
         return gateway_report(self.identity, self.clock.time(), f.version, self.keys.loaded, f.inflight, f.ok_at,
-                              f.fail_at, f.by_model, queued, f.last_request_at, self.exchange.prefix_facts())
+                              f.fail_at, f.by_model, queued, f.last_request_at, self.exchange.prefix_facts(), feeders)

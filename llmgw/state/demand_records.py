@@ -59,7 +59,10 @@ class ModelDemand:
 @dataclass(frozen=True)
 class GatewayReport:
     """What one gateway process reports about itself, every fraction of a second, with a TTL: a
-    dead gateway's report expires and stops counting. `version` is the endpoint list it routes by."""
+    dead gateway's report expires and stops counting. `version` is the endpoint list it routes by.
+    `feeders`: of the requests in `endpoints`' counts, the batch lines of each batch feeder (by the id
+    its lines carry, X-LLMGW-Feeder), counted at the same instant: how a feeder tells its own lines
+    from the others' without assuming how long they took to get here (workers.batch.decide)."""
 
     id: str
     at: float
@@ -70,6 +73,7 @@ class GatewayReport:
     keys_loaded: bool = False
     endpoints: dict[str, EndpointUse] = field(default_factory=dict)
     models: dict[str, ModelDemand] = field(default_factory=dict)
+    feeders: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -77,6 +81,8 @@ class GatewayReport:
         d["endpoints"] = {k: [u.inflight, u.ok_at, u.fail_at, *([list(u.prefix)] if u.prefix else [])]
                           for k, u in self.endpoints.items()}
         d["models"] = {k: [m.inflight, m.queued, m.last_request_at] for k, m in self.models.items()}
+        if not self.feeders:
+            del d["feeders"]
         return d
 
     @classmethod

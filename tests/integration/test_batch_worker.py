@@ -53,6 +53,10 @@ def test_cancel_stops_the_sending_within_a_second_and_keeps_what_was_answered(cl
     b = client.batches.create(input_file_id=f.id, endpoint=CHAT, completion_window="24h")
     # The engine holds every request: the batch fills the room its reserve leaves (8 of 10), no more.
     wait_until(lambda: up.stats["requests"] == 8, 30, what="8 lines in flight")
+    # The gateway's report counts them as the feeder's (how it tells its lines from others', however
+    # long they took to get there: workers/batch/decide.py).
+    wait_until(lambda: [sum(r.feeders.values()) for r in cluster.store().gateway_reports()] == [8], 10,
+               what="the gateway's report to count the feeder's 8 lines")
     hold(1.0, lambda: None)  # the load held: the feeder keeps to its room
     assert up.stats["requests"] == 8
     assert client.batches.retrieve(b.id).status == "in_progress"

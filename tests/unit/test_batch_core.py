@@ -219,17 +219,32 @@ def test_room_without_capacity_probes_one_at_a_time():
     assert seen == {"a": 6} and room("m", eps, {"a": load("a", 3)}, [], 100.0, 0.0, seen).free == 3
 
 
-def test_the_throttle_counts_the_room_as_of_when_it_was_seen():
+def test_the_room_counts_the_feeders_own_lines_by_identity():
+    feeders = {"f-me": 5, "f-other": 2}
+    reps = [GatewayReport("g1", 100.0, endpoints={"a": EndpointUse(6)}, feeders={"f-me": 3}),
+            GatewayReport("g2", 100.0, endpoints={"a": EndpointUse(3)}, feeders=feeders)]
+    r = room("m", [ep("a")], {}, reps, 100.0, 0.1, {}, feeder="f-me")
+    assert (r.free, r.mine) == (9 - 9, 3 + 5)  # its 8 of the 9 held: the room is its own
+    assert room("m", [ep("a")], {}, reps, 100.0, 0.1, {}).mine == 0  # no feeder named: none of them
+    # Scrapes alone cannot tell its lines from others': none is its.
+    assert room("m", [ep("a")], {"a": load("a", 4)}, [], 100.0, 0.1, {}, feeder="f-me").mine == 0
+
+
+def test_the_throttle_counts_its_lines_as_the_reports_did_however_late():
     t = Throttle(most=64)
-    t.count(10.0, 4)
-    t.count(10.5, 12)  # eight sent since the report of 10.2 ...
-    assert t.inflight_at(10.2) == 4 and t.inflight_at(10.5) == 12 and t.inflight_at(9.0) == 4
-    assert t.view(Room(free=10, endpoints=2, at=10.2), feeders=1) == 14  # ... are within its 10, not beyond
-    # Sent just before the report (maybe not counted there yet): the lower count is taken.
-    assert t.inflight_near(10.6) == 4 and t.inflight_near(11.0) == 12
-    assert t.may_send(13) and not t.may_send(14)
-    t.shed(12)
-    assert not t.may_send(12)
+    # Room for 8; the report was made before any of the 8 lines sent since reached it (held 0,
+    # none of them its): they are within its 8, however long ago they were sent.
+    assert t.view(Room(free=8, endpoints=1, mine=0), feeders=1, inflight=8) == 8
+    assert not t.may_send(8)
+    # Counted now (held 8, all its): the same 8. Other traffic takes 2 of the room, or frees it.
+    assert t.view(Room(free=0, endpoints=1, mine=8), feeders=1, inflight=8) == 8
+    assert t.view(Room(free=-2, endpoints=1, mine=8), feeders=1, inflight=8) == 6
+    assert t.view(Room(free=3, endpoints=1, mine=8), feeders=1, inflight=8) == 11
+    # Lines the report counted that it no longer waits for (answered since) are not its room.
+    assert t.view(Room(free=0, endpoints=1, mine=8), feeders=1, inflight=5) == 5
+    assert t.may_send(4) and not t.may_send(5)
+    t.shed(4)
+    assert not t.may_send(4)
 
 
 def test_allowance_shares_the_room():

@@ -13,6 +13,8 @@ from urllib3.exceptions import NewConnectionError
 
 PRIORITY_HEADER = "X-LLMGW-Priority"
 DEADLINE_HEADER = "X-LLMGW-Deadline"  # what is left of the batch's completion window (llmgw.slo)
+# Which feeder sent the line: the gateways count each feeder's lines in their reports (GatewayReport.feeders).
+FEEDER_HEADER = "X-LLMGW-Feeder"
 
 
 def deadline_header(expires_at: float, now: float) -> str | None:
@@ -33,7 +35,8 @@ class Answer:
 
 
 class LineSender:
-    """`sender(path, body, request_id) -> Answer`. `credential()` is the key to send (None: none)."""
+    """`sender(path, body, request_id, deadline, feeder) -> Answer`. `credential()` is the key to send
+    (None: none)."""
 
     def __init__(self, base_url: str, timeout: float, credential: Callable[[], str | None]):
         self.base_url = base_url.rstrip("/")
@@ -47,10 +50,13 @@ class LineSender:
             s = self._local.session = requests.Session()
         return s
 
-    def __call__(self, path: str, body: dict, request_id: str, deadline: str | None = None) -> Answer:
+    def __call__(self, path: str, body: dict, request_id: str, deadline: str | None = None,
+                 feeder: str | None = None) -> Answer:
         headers = {"Content-Type": "application/json", PRIORITY_HEADER: "batch", "X-Request-Id": request_id}
         if deadline is not None:
             headers[DEADLINE_HEADER] = deadline
+        if feeder:
+            headers[FEEDER_HEADER] = feeder
         key = self.credential()
         if key:
             headers["Authorization"] = f"Bearer {key}"

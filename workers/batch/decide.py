@@ -7,10 +7,13 @@ to saturation, and an interactive request arriving then waits for one to free. S
 keeps each endpoint below `(1 - reserve) x capacity` (at least one line): it reads what every endpoint holds, as the
 gateways reported it (every half second: their requests in flight there, the batch's own lines
 among them), or, with no gateway report, the engine's last scrape (running + waiting), and sends
-only into the room left, shared between the feeders of the model. The room is as of the report: the
-lines this feeder sent or ended since are counted from its own record (`Throttle`), not twice (its
-count taken as the lowest it was within a quarter second of the report: a line in transit is not
-counted on both sides). An
+only into the room left, shared between the feeders of the model. Its own lines it tells apart in
+the gateways' counts by identity, not by time: each line says which feeder sent it (`X-LLMGW-Feeder`)
+and each report says how many of each feeder's lines it holds (`GatewayReport.feeders`), counted
+with the endpoints' counts at the same instant. So it may have in flight what the reports counted of
+its lines plus its share of the room they left, whatever the lines took to reach the gateways: a line
+not counted yet is neither held nor its own, and the room it takes is not free twice. A scrape
+cannot tell its lines from others', and counts them all as others' (it sends less, never more). An
 engine that queues (waiting > 0) has no room, and nor has the model while a gateway queues a standard
 request for it. An endpoint without a declared `capacity` is sized by the most sequences its engine
 was seen running, and probed one line more per view while its engine queues nothing.
@@ -19,16 +22,13 @@ was seen running, and probed one line more per view while its engine queues noth
 from __future__ import annotations
 
 import math
-from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from llmgw.state.batch_records import BatchRecord
 from llmgw.state.demand_records import GatewayReport
 from llmgw.state.records import EndpointInfo, LoadRecord
 
-TRANSIT = 0.25  # seconds a line may take to reach a gateway's count, or its end to reach the feeder
-HISTORY = 10.0  # seconds of its in-flight counts a feeder keeps (reports are at most a few old)
 STALE_LOAD = 3.0  # seconds after which a scrape says nothing (the gateway's LLMGW_GATEWAY_STALE_AFTER)
 MAX_BACKOFF = 30.0
 
@@ -37,21 +37,28 @@ MAX_BACKOFF = 30.0
 class Room:
     """What the model's endpoints can take beyond what they held at `at` (wall clock of the reports
     or scrapes it was read from): `free` lines in all (negative: they held more than the batch tier may
-    fill), over `endpoints` endpoints; `queued`: standard requests the gateways held for the model."""
+    fill), over `endpoints` endpoints; `queued`: standard requests the gateways held for the model;
+    `mine`: the lines of the feeder that asked the reports counted among what they held."""
 
     free: int
     endpoints: int
     queued: int = 0
     at: float = 0.0
+    mine: int = 0
 
 
 def room(model: str, endpoints: Sequence[EndpointInfo], loads: Mapping[str, LoadRecord],
-         reports: Sequence[GatewayReport], now: float, reserve: float, slots_seen: Mapping[str, int]) -> Room:
-    """The room the batch tier has on `model`'s endpoints (see the module's docstring)."""
+         reports: Sequence[GatewayReport], now: float, reserve: float, slots_seen: Mapping[str, int],
+         feeder: str = "") -> Room:
+    """The room the batch tier has on `model`'s endpoints (see the module's docstring), and what the
+    reports held of `feeder`'s lines."""
     mine = [e for e in endpoints if model in e.models]
     reported: dict[str, int] = {}
     queued = 0
+    counted = 0
     for r in reports:
+        if feeder:
+            counted += r.feeders.get(feeder, 0)
         for eid, use in r.endpoints.items():
             reported[eid] = reported.get(eid, 0) + use.inflight
         for name, demand in r.models.items():
@@ -81,7 +88,7 @@ def room(model: str, endpoints: Sequence[EndpointInfo], loads: Mapping[str, Load
             free += -waiting if waiting else 1
     if queued:
         free = min(free, -queued)
-    return Room(free, len(mine), queued, min(stamps) if stamps else now)
+    return Room(free, len(mine), queued, min(stamps) if stamps else now, counted)
 
 
 def learn_slots(slots_seen: Mapping[str, int], loads: Mapping[str, LoadRecord]) -> dict[str, int]:
@@ -94,52 +101,24 @@ def learn_slots(slots_seen: Mapping[str, int], loads: Mapping[str, LoadRecord]) 
 
 
 def allowance(r: Room, mine: int, feeders: int, most: int) -> int:
-    """How many lines this feeder may have in flight: what it had when the room was seen (`mine`),
-    plus its share of the room (a negative room shrinks every feeder of the model alike), never below
-    0 nor above `most`."""
+    """How many lines this feeder may have in flight: what the room's reports counted of its lines
+    (`mine`), plus its share of the room (a negative room shrinks every feeder of the model alike),
+    never below 0 nor above `most`."""
     share = r.free / max(1, feeders)
     return max(0, min(most, mine + math.floor(share)))
 
 
 @dataclass
 class Throttle:
-    """How many lines a feeder may have in flight, between views: `allowance` at each view, from
-    its in-flight count as of the room's time (its own record of the last seconds); a shed line (429)
-    stops its growth until the next view."""
+    """How many lines a feeder may have in flight, between views: `allowance` at each view, from what
+    the reports counted of its lines (never more than it has in flight now: one it no longer waits for
+    is another's as far as it knows); a shed line (429) stops its growth until the next view."""
 
     most: int
     allow: int = 0
-    history: deque = field(default_factory=deque)  # (time, lines in flight from then on)
 
-    def count(self, now: float, inflight: int) -> None:
-        """Note the feeder's lines in flight from `now` on (after each send and answer)."""
-        if self.history and self.history[-1][0] == now:
-            self.history[-1] = (now, inflight)
-        else:
-            self.history.append((now, inflight))
-        while len(self.history) > 1 and self.history[1][0] <= now - HISTORY:
-            self.history.popleft()
-
-    def inflight_at(self, t: float) -> int:
-        n = self.history[0][1] if self.history else 0
-        for at, k in self.history:
-            if at > t:
-                break
-            n = k
-        return n
-
-    def inflight_near(self, t: float, transit: float = TRANSIT) -> int:
-        """The fewest lines in flight within `transit` of `t`: what a gateway's count of them at `t`
-        surely held (a line sent just before is still on its way to it; one it answered just before is
-        still on its way back)."""
-        low = self.inflight_at(t - transit)
-        for at, k in self.history:
-            if t - transit < at <= t + transit:
-                low = min(low, k)
-        return low
-
-    def view(self, r: Room, feeders: int) -> int:
-        self.allow = allowance(r, self.inflight_near(r.at), feeders, self.most)
+    def view(self, r: Room, feeders: int, inflight: int) -> int:
+        self.allow = allowance(r, min(r.mine, inflight), feeders, self.most)
         return self.allow
 
     def shed(self, inflight: int) -> None:

@@ -4,9 +4,10 @@ The run takes the batch's lease (one run feeds a batch at a time; a killed worke
 and the sweep sends another run), then loops: every `view_interval` it reads the batch, the fleet's
 load and the other feeders' counts (one read), decides how many lines it may have in flight
 (`allowance`) and what the batch needs (`step`: feed, drain, seal); between views it sends the next
-unanswered lines, each on a thread of its own, and records each answer as it comes (`judge`; the
-store's line script writes a line once and bills it once). A slice later it hands the batch back
-to the queue, so more batches than threads take turns.
+unanswered lines, each on a thread of its own and marked as this run's (`feeder_id`: the gateways
+count each run's lines in their reports, which is how the allowance tells them from others'), and
+records each answer as it comes (`judge`; the store's line script writes a line once and bills it
+once). A slice later it hands the batch back to the queue, so more batches than threads take turns.
 
 Lines already answered are skipped by reading the results (a page per chunk), so a run that takes
 over a batch sends only what is missing: a line whose answer came back after the last run died and
@@ -84,6 +85,7 @@ class Run:
         self.retries: list[Retry] = []
         self.slots_seen: dict[str, int] = {}
         self.throttle = Throttle(settings.max_inflight)
+        self.feeder = feeder_id(token)
         self.paused_until = 0.0  # no gateway answers (or no replica): nothing new until then
         self.refusal: tuple[str, str] | None = None
         self.bill: Bill | None = None
@@ -221,11 +223,12 @@ class Run:
                                  period.counter_ttl if period else 0)
         self.refusal = owner_refusal(fresh, key, names, used, now)
         self.slots_seen = learn_slots(self.slots_seen, loads)
-        r = room(fresh.model, endpoints, loads, reports, now, s.reserve, self.slots_seen)
+        r = room(fresh.model, endpoints, loads, reports, now, s.reserve, self.slots_seen, self.feeder)
         others = len([f for f in feeders if f.token != self.token])
-        allow = self.throttle.view(r, others + 1)
-        log.debug("batch %s: room %d on %d endpoints as of %.2fs ago (%d queued), %d in flight, allowance %d",
-                  self.batch_id, r.free, r.endpoints, now - r.at, r.queued, len(self.inflight), allow)
+        allow = self.throttle.view(r, others + 1, len(self.inflight))
+        log.debug("batch %s: room %d on %d endpoints as of %.2fs ago (%d queued), %d in flight (%d counted there), "
+                  "allowance %d", self.batch_id, r.free, r.endpoints, now - r.at, r.queued, len(self.inflight), r.mine,
+                  allow)
         if fresh.model:
             store.write_feeder(fresh.model, self.token, len(self.inflight), now)
         if now - self.last_progress >= PROGRESS_EVERY:
@@ -257,9 +260,8 @@ class Run:
                 return True
             r, tries = req
             fut = pool.submit(self.send_line, b.endpoint, r.body, f"{self.batch_id}-{r.index}",
-                              deadline=deadline_header(b.expires_at, now))
+                              deadline=deadline_header(b.expires_at, now), feeder=self.feeder)
             self.inflight[fut] = (r, tries)
-            self.throttle.count(now, len(self.inflight))
             self.outcome.sent += 1
 
     def _next(self, lines: Iterator[Request], now: float, due_only: bool) -> tuple[Request, int] | None:
@@ -279,7 +281,6 @@ class Run:
         now = self.clock()
         for fut in done:
             req, tries = self.inflight.pop(fut)
-            self.throttle.count(now, len(self.inflight))
             try:
                 ans = fut.result()
             except Exception as e:  # noqa: BLE001 - a bug in sending must not lose the line
@@ -361,6 +362,12 @@ class Run:
         store.finish_batch(self.batch_id, status, **facts)
         log.info("batch %s %s: %d answered, %d failed of %d", b.id, b.sealed_as or "completed", b.n_completed,
                  b.n_failed, b.total)
+
+
+def feeder_id(token: str) -> str:
+    """The id a run's lines carry to the gateways (X-LLMGW-Feeder): its own (a run that takes over
+    a batch is another feeder, the lines of one that died are not its), and not its lease's token."""
+    return "f-" + hashlib.sha256(token.encode()).hexdigest()[:16]
 
 
 def output_file_id(batch_id: str, kind: str) -> str:
