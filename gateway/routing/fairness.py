@@ -72,16 +72,34 @@ def floor(backlogged: Iterable[float], last_served: float | None) -> float | Non
     return least if least is not None else last_served
 
 
-def lifted(counter: float, to: float | None, turn: float) -> float:
+def lifted(counter: float, to: float | None, turn: float, idle: bool = False, level: float | None = None) -> float:
     """A joining tenant's counter: lifted to the floor `to` less one `turn` (what one of its requests
-    costs, in counter units), never lowered. The turn lets the first request of a tenant that had
-    nothing waiting go next, ahead of the backlogs level with it: what the answers of the others'
-    requests in flight add to their counters, and its own to its, is noise of about that size, and
-    would otherwise put it behind a backlog as often as not. A tenant with requests waiting is never
-    lifted, so it banks nothing: it gains one request's place each time it comes back from idle, as
-    a tenant that sends less than its share should."""
+    costs, in counter units). The turn lets the first request of a tenant that had nothing waiting go
+    next, ahead of the backlogs level with it: what the answers of the others' requests in flight add
+    to their counters, and its own to its, is noise of about that size, and would otherwise put it
+    behind a backlog as often as not. A tenant with requests waiting is never lifted, so it banks
+    nothing: it gains one request's place each time it comes back from idle, as a tenant that sends
+    less than its share should.
+
+    A counter is not lowered, but for one case: `idle`, the tenant has nothing waiting and nothing
+    running anywhere in the gateway, and stands no more than one turn above the floor. It was charged its last
+    request when it sent it, while the others' running answers had been charged before it came, so it
+    comes back level with the floor (a little above, by what its answer's usage corrected): level, it
+    neither goes before their backlog nor outranks their running answers for eviction
+    (gateway.routing.eviction), and waits for the next answer to end (`python -m bench.preempt`).
+    Taken back to the floor less one turn, it gets the place the turn is for. A tenant further above
+    the floor (served more than the others) is not: what it was served beyond one of its requests is
+    never forgiven, and it is never more than one turn below the floor.
+
+    `level` (default `to`) is the floor "within one turn" is judged by, when `to` comes partly from
+    another view of the counters (the sibling workers' queue heads, whose view lags this one's by the
+    charges not exchanged yet): the key is judged against its own worker's floor, and taken below the
+    least of both."""
     if to is None:
         return counter
+    near = to if level is None else level
+    if idle and counter <= near + turn:
+        return min(to, near) - turn
     return max(counter, to - turn)
 
 

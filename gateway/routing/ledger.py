@@ -27,6 +27,9 @@ from llmgw.state.keypolicy import Tenant
 from llmgw.state.tenants import TenantDelta, TenantTotals
 
 T = TypeVar("T")
+# What the sibling workers say of a key joining a queue: whether they hold its requests (waiting or
+# running), and the least counter of another key's head in their queues (None: none).
+Elsewhere = Callable[[str], "tuple[bool, float | None]"]
 NO_TENANT = Tenant("", "", 1.0, "")  # a waiter without a tenant (a cold start's): one FIFO of its own
 SUB_IDLE = 600.0  # seconds after which a sub-tenant's counter is forgotten (one that returns is lifted)
 SUBS_MAX = 50_000  # sub-tenant counters kept before idle ones are forgotten early
@@ -36,17 +39,21 @@ SHARE_WINDOW = 60.0  # seconds the shares in /metrics are taken over
 class Charge:
     """What one request was charged when it was sent; `done` corrects it by what its answer reported."""
 
-    __slots__ = ("ledger", "model", "tenant", "estimate")
+    __slots__ = ("ledger", "model", "tenant", "estimate", "open")
 
     def __init__(self, ledger: "Ledger", model: str, tenant: Tenant, estimate: float):
         self.ledger, self.model, self.tenant, self.estimate = ledger, model, tenant, estimate
+        self.open = True  # its answer has not ended (the key is active: Ledger.idle)
 
     def done(self, usage) -> None:
         """The answer ended with `usage` (prompt, completion tokens, and `.cached` when the engine said;
         None: it said nothing, and the estimate stands)."""
+        led = self.ledger
+        if self.open:
+            self.open = False
+            led.ended(self.model, self.tenant)
         if not usage:
             return
-        led = self.ledger
         cached = getattr(usage, "cached", None) or 0
         actual = cost(usage[0] - cached, usage[1], led.output_weight)
         led.answered(self.model, self.tenant, actual - self.estimate, usage[1])
@@ -64,6 +71,7 @@ class Ledger:
         self.last: dict = {}  # model -> key served last; (model, key) -> its sub-tenant served last
         self.outputs: dict[tuple[str, str], float] = {}  # (model, key) -> expected output tokens
         self.turns: dict[tuple[str, str], float] = {}  # (model, key) -> what one of its requests costs (tokens)
+        self.active: dict[tuple[str, str], int] = {}  # (model, key) -> its requests sent here, not ended
         self.names: dict[str, str] = {}  # key id -> name (the metrics' label)
         # (model, key) -> [tokens, wait seconds, requests] counted here and not flushed yet
         self.stats: dict[tuple[str, str], list[float]] = {}
@@ -82,21 +90,30 @@ class Ledger:
         return self.outputs.get((model, key))
 
     # --- a tenant joins a queue with nothing waiting there ----------------------------------------
-    def join(self, model: str, tenant: Tenant, waiting_keys: Iterable[str]) -> None:
+    def idle(self, model: str, key: str) -> bool:
+        """Whether no request of the key sent by this process is running on the model."""
+        return not self.active.get((model, key))
+
+    def join(self, model: str, tenant: Tenant, waiting_keys: Iterable[str], idle: bool = False,
+             elsewhere: float | None = None) -> None:
         """Lift the key to the least counter of the keys waiting (else to the key served last), less
-        one of its requests (fairness.lifted)."""
+        one of its requests (fairness.lifted); `idle`: it has nothing waiting or running anywhere in the
+        gateway, and may be taken back down to that level from within one request of it. `elsewhere`:
+        the least counter of another key's head in the sibling workers' queues (their view of it, which
+        may lag this one's by the charges not exchanged yet): a key lifted above it would rank after it."""
         last = self.last.get(model)
         others = [k for k in waiting_keys if k != tenant.key] or ([last] if last is not None and last != tenant.key
                                                                    else [])
-        to = floor((self.counter(model, k) for k in waiting_keys if k != tenant.key),
-                   self.counter(model, last) if last is not None and last != tenant.key else None)
+        own = floor((self.counter(model, k) for k in waiting_keys if k != tenant.key),
+                    self.counter(model, last) if last is not None and last != tenant.key else None)
+        to = own if elsewhere is None else elsewhere if own is None else min(own, elsewhere)
         now = self.counter(model, tenant.key)
         # one of its requests; before it sent any, one of the others' (its own is not known yet)
         turn = self.turns.get((model, tenant.key))
         if turn is None:
             turn = max((self.turns.get((model, k), 0.0) for k in others), default=0.0)
-        gap = lifted(now, to, turn / tenant.weight) - now
-        if gap > 0:
+        gap = lifted(now, to, turn / tenant.weight, idle, own) - now
+        if gap:
             with self.lock:
                 k = (model, tenant.key)
                 self.lifted[k] = self.lifted.get(k, 0.0) + gap
@@ -122,9 +139,20 @@ class Ledger:
                 self.last[(model, tenant.key)] = tenant.sub
             self._charge(model, tenant, estimate, 1)
             k = (model, tenant.key)
+            self.active[k] = self.active.get(k, 0) + 1
             turn = self.turns.get(k)
             self.turns[k] = estimate if turn is None else turn + LEARN_OUTPUT * (estimate - turn)
         return Charge(self, model, tenant, estimate)
+
+    def ended(self, model: str, tenant: Tenant) -> None:
+        """A request of `tenant` sent by this process ended (answered or not)."""
+        with self.lock:
+            k = (model, tenant.key)
+            n = self.active.get(k, 0) - 1
+            if n > 0:
+                self.active[k] = n
+            else:
+                self.active.pop(k, None)
 
     def answered(self, model: str, tenant: Tenant, correction: float, generated: int) -> None:
         """An answer ended: charge what it cost beyond its estimate (or give back what it did not),
@@ -257,12 +285,15 @@ class Backlog(Generic[T]):
         return self.n > 0
 
     def push(self, tenant: Tenant, item: T, ledger: Ledger, model: str, front: bool = False, rank: int = 1,
-             due: float = math.inf) -> None:
+             due: float = math.inf, elsewhere: "Elsewhere | None" = None) -> None:
         """`front`: at the head of its tenant's FIFO, as the oldest (a continuation: work admitted before).
-        `rank`: its criticality class's. `due`: when its first byte is due (inf: no target)."""
+        `rank`: its criticality class's. `due`: when its first byte is due (inf: no target).
+        `elsewhere`: what the sibling workers' queues and answers say of the key (None: there are none);
+        with nothing of it there nor here, a joining key is idle (`Ledger.join`)."""
         subs = self.fifos.get(tenant.key)
         if subs is None:
-            ledger.join(model, tenant, self.fifos)
+            busy, least = elsewhere(tenant.key) if elsewhere is not None else (False, None)
+            ledger.join(model, tenant, self.fifos, not front and not busy and ledger.idle(model, tenant.key), least)
             subs = self.fifos[tenant.key] = {}
             self.weights[tenant.key] = tenant.weight
         fifo = subs.get(tenant.sub)

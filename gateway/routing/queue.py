@@ -27,7 +27,8 @@ DEFER = 0.05  # seconds a head that another worker's outranks sleeps before it l
 
 
 # Across workers (Order.first), a head due within the urgent window publishes this plus its due time as its
-# counter: it then ranks before every head that is not (counters are never negative), the least due first.
+# counter: it then ranks before every head that is not (a counter is never more than one of its key's
+# requests below zero: gateway.routing.fairness.lifted), the least due first.
 URGENT_COUNTER = -1e12
 
 
@@ -55,6 +56,8 @@ class Order(Protocol):
 
     def first(self, model: str, key: str, rank: int, counter: float, waiting: int, arrival: float,
               now: float) -> bool: ...
+
+    def elsewhere(self, model: str, key: str, now: float) -> tuple[bool, float | None]: ...
 
 
 class WaitQueue:
@@ -136,7 +139,9 @@ class WaitQueue:
             # backlog fills the queue for itself, not for one that sends little (fcfs: the length).
             if not head and self.waiters.position(tenant, self.ledger.fcfs) > self.max_len:
                 return None
-            self.waiters.push(tenant, ticket, self.ledger, model, front=head, rank=rank, due=due)
+            order = self.order
+            there = (lambda key: order.elsewhere(model, key, ticket.arrived)) if order is not None else None
+            self.waiters.push(tenant, ticket, self.ledger, model, front=head, rank=rank, due=due, elsewhere=there)
         if self.entered is not None:
             self.entered.set()
         event = ticket.event

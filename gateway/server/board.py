@@ -36,6 +36,9 @@ WAIT_MAX = 64  # queue heads one worker publishes (one per model with waiters)
 # machine loaded past its cores a thread can wait seconds to run, and a live head taken for stale
 # loses its turn to a younger request of its own key (2.5 s did, in the suite at 3x the cores).
 STALE = 10.0
+# A head due soon publishes a counter below this (gateway.routing.queue.URGENT_COUNTER, -1e12 plus its due
+# time): not a key's counter.
+URGENT_MAX = -1e11
 EVICT_LOOK = 0.01  # seconds between a worker's looks at its eviction flags while it has answers running
 
 _HEAD = 4  # owner pid (0: free), evictions asked of this worker (grows), running listed, heads listed
@@ -291,6 +294,35 @@ class Board:
                 if b[at] == mh and us - b[at + 5] <= STALE * 1e6:
                     total += max(1, b[at + 6 + _KEY])
         return total
+
+    def elsewhere(self, model: str, key: str, now: float) -> tuple[bool, float | None]:
+        """What the other workers say of `key` joining a queue of `model` (gateway.routing.ledger.Elsewhere):
+        whether one lists a running answer of it or a fresh queue head of it (a key waiting behind
+        another key's head there is not seen: the lift it then takes is bounded by one of its requests,
+        gateway.routing.fairness.lifted), and the least counter of another key's fresh head (not one
+        due soon, which publishes a counter below every other: gateway.routing.queue.URGENT_COUNTER)."""
+        mh, kints, us, b = self._hash(model), _key_ints(key), now * 1e6, self.buf
+        busy, least = False, None
+        for r in range(self.rows):
+            base = self._base(r)
+            if r == self.row or b[base] <= 0:
+                continue
+            if not busy:
+                for n in range(min(b[base + 2], RUN_MAX)):
+                    at = base + _HEAD + n * _RUN
+                    if b[at + 1] == mh and list(b[at + 4:at + 4 + _KEY]) == kints:
+                        busy = True
+                        break
+            wbase = base + _HEAD + RUN_MAX * _RUN
+            for n in range(min(b[base + 3], WAIT_MAX)):
+                at = wbase + n * _WAIT
+                if b[at] != mh or us - b[at + 5] > STALE * 1e6:
+                    continue
+                if list(b[at + 6:at + 6 + _KEY]) == kints:
+                    busy = True
+                elif (c := _float(b[at + 2])) > URGENT_MAX and (least is None or c < least):
+                    least = c
+        return busy, least
 
     def first(self, model: str, key: str, rank: int, counter: float, waiting: int, arrival: float,
               now: float) -> bool:

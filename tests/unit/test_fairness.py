@@ -56,6 +56,52 @@ def test_a_joining_tenant_is_lifted_to_the_floor_less_one_request_never_lowered(
     assert fair.lifted(7.0, None, 10.0) == 7.0
 
 
+def test_a_key_back_from_idle_level_with_the_floor_is_taken_one_request_below_it():
+    assert fair.lifted(100.0, 100.0, 10.0, idle=True) == 90.0  # level: one request's place again
+    assert fair.lifted(95.0, 100.0, 10.0, idle=True) == 90.0
+    assert fair.lifted(0.0, 100.0, 10.0, idle=True) == 90.0  # below: lifted as ever
+    assert fair.lifted(100.0, 100.0, 10.0) == 100.0  # requests still running or waiting: never lowered
+    assert fair.lifted(105.0, 100.0, 10.0, idle=True) == 90.0  # just above: its answer's usage corrected it
+    assert fair.lifted(120.0, 100.0, 10.0, idle=True) == 120.0  # served more than the floor: nothing forgiven
+    assert fair.lifted(7.0, None, 10.0, idle=True) == 7.0
+
+
+def test_a_light_key_that_sends_one_request_at_a_time_outranks_the_heavy_backlog_by_a_request():
+    """bench.preempt's case: the slots are full of a heavy key's answers (charged when sent, so its
+    counter stands still while they run) and a light key sends one request at a time. Charged its
+    last request, it comes back level with the heavy key: level, it could not evict a heavy answer
+    (gateway.routing.eviction: behind by more than half a request). Once that answer ended and it has
+    nothing running or waiting anywhere, it joins one request below the heavy key, each time."""
+    led, b = Ledger(), Backlog()
+    for i in range(10):
+        b.push(HEAVY, (HEAVY, i), led, "m")
+    drain(b, led, 4)  # the four slots filled
+    heavy = led.counter("m", HEAVY.key)
+    for i in range(3):
+        b.push(LIGHT, (LIGHT, i), led, "m")
+        assert led.counter("m", LIGHT.key) == pytest.approx(heavy - 100.0), i
+        head = b.head(led, "m")
+        assert head == (LIGHT, i)
+        b.remove(LIGHT, head)
+        charge = led.sent("m", LIGHT, 100.0)
+        assert led.counter("m", LIGHT.key) == pytest.approx(heavy)  # level while its answer runs
+        if i == 2:
+            nxt = (LIGHT, "next")
+            b.push(LIGHT, nxt, led, "m")  # its next request before that answer ended: kept level
+            assert led.counter("m", LIGHT.key) == pytest.approx(heavy)
+            b.remove(LIGHT, nxt)
+        charge.done((100, 0))
+    # another worker holds one of its requests: not idle
+    x = (LIGHT, "x")
+    b.push(LIGHT, x, led, "m", elsewhere=lambda key: (key == LIGHT.key, None))
+    assert led.counter("m", LIGHT.key) == pytest.approx(heavy)
+    b.remove(LIGHT, x)
+    # another worker's heavy head, as that worker sees the heavy key (its view lags ours by the charges
+    # not exchanged yet): lifted below it, or its head would go first
+    b.push(LIGHT, (LIGHT, "y"), led, "m", elsewhere=lambda key: (False, heavy - 250.0))
+    assert led.counter("m", LIGHT.key) == pytest.approx(heavy - 350.0)
+
+
 def test_what_a_request_is_charged():
     assert fair.cost(100, 50, 2.0) == 200.0
     assert fair.cost(-5, 10, 2.0) == 20.0
