@@ -302,6 +302,7 @@ class Board:
         gateway.routing.fairness.lifted), and the least counter of another key's fresh head (not one
         due soon, which publishes a counter below every other: gateway.routing.queue.URGENT_COUNTER)."""
         mh, kints, us, b = self._hash(model), _key_ints(key), now * 1e6, self.buf
+        k0 = kints[0]
         busy, least = False, None
         for r in range(self.rows):
             base = self._base(r)
@@ -310,7 +311,7 @@ class Board:
             if not busy:
                 for n in range(min(b[base + 2], RUN_MAX)):
                     at = base + _HEAD + n * _RUN
-                    if b[at + 1] == mh and list(b[at + 4:at + 4 + _KEY]) == kints:
+                    if b[at + 1] == mh and b[at + 4] == k0 and list(b[at + 4:at + 4 + _KEY]) == kints:
                         busy = True
                         break
             wbase = base + _HEAD + RUN_MAX * _RUN
