@@ -80,7 +80,13 @@ def answer_sample(ep: EndpointInfo, ahead: int, held: int, elapsed: float, token
 
     Its decode time is what followed its first byte; a whole answer's, its time less that predicted
     prompt work. A whole answer predicted to spend more than PROMPT_WORK_MAX on its prompt teaches
-    nothing (None), nor does its first byte teach one then: what is left is mostly the error of that
+    nothing (None), nor does its first byte teach one then, nor either of them while its engine's
+    counters have not shown its prefill rate yet (`unshown_prefill`: the prediction was the default's
+    guess: in a clean-clone run of the suite, a vLLM replica that had only answered short prompts was
+    predicted at 1.7 s for a 1,337-token prompt's whole answer, its prefill priced at the default 0.1 ms
+    a token, and then above 20 s for the conversation's next turn, dearer than prefilling all of it
+    again on the other replica: that prompt's seconds of prefill learned as decode, as inferred from
+    the two predictions): what is left is mostly the error of that
     prediction, not the engine's step or decode. On a busy machine (CI's, running the other half of
     the suite) a conversation's next turn left the vLLM replica holding its 1,337-token history for
     one predicted to prefill all of it for 14 s (tests/e2e/test_vllm_cpu.py): the history's first,
@@ -91,14 +97,25 @@ def answer_sample(ep: EndpointInfo, ahead: int, held: int, elapsed: float, token
     slots = slots_of(ep, st)
     load = fresh_load(rec, now, cfg, st.load_seen if st is not None else None)
     conc = min(slots, max(1.0, (ahead + 1 + ahead_of(ep, load, held, st)) / 2))
+    # The prompt work is a guess until the engine's counters showed its prefill rate: the default
+    # (LLMGW_GATEWAY_PREFILL_MS_PER_TOKEN, a GPU's) stood in, and on a CPU replica the real prefill
+    # was a hundred times that. What the answer took beyond its first byte is still its decode.
+    guessed = prompt_work > 0 and unshown_prefill(rec, st)
     if ttfb is not None and 0 <= ttfb < elapsed:
         decode = elapsed - ttfb
-    elif prompt_work > PROMPT_WORK_MAX:
+    elif prompt_work > PROMPT_WORK_MAX or guessed:
         return None
     else:
         decode = max(0.0, elapsed - prompt_work)
-    first = first_byte_sample(ttfb, prompt_work) if ahead + 1 <= slots else None
+    first = first_byte_sample(ttfb, prompt_work) if ahead + 1 <= slots and not guessed else None
     return Answer(ep.id, now, conc, decode, tokens, first)
+
+
+def unshown_prefill(rec: LoadRecord | None, st: EndpointStats | None) -> bool:
+    """The endpoint's engine counts its prefill (gateway.routing.prefill), but its counters have not
+    shown a rate yet. An engine that does not count it at all (an external endpoint) is priced at
+    the default for good, and its answers teach as ever."""
+    return rec is not None and rec.prefill_seconds_total is not None and (st is None or st.prefill is None)
 
 
 def learn_answer(lr: Learned | None, tokens: Tokens, a: Answer, half_life: float) -> tuple[Learned, Tokens]:

@@ -293,3 +293,27 @@ def test_readers_keep_the_snapshot_they_took():
     scrape(polls, clock, "a", 4, 0, 1000)
     assert st.snapshot is not taken and taken.loads == {} and taken.stats == {}
     assert st.snapshot.tables is taken.tables  # the list did not change: the same tables
+
+
+def test_an_answer_whose_prompt_was_priced_at_the_default_rate_teaches_neither_its_decode_nor_its_first_byte():
+    """A vLLM replica that has answered only short prompts has shown no prefill rate, so a 1,337-token
+    prompt is priced at the default 0.1 ms a token (0.13 s), well under PROMPT_WORK_MAX, and took ten
+    seconds on one core. Learned as a whole answer's decode, that priced the replica holding the
+    conversation's history above prefilling all of it again elsewhere (the suite's vLLM test, on a
+    clean clone). Until the engine's counters showed a rate, such an answer teaches nothing; once
+    they did, it teaches as ever; an engine that counts no prefill at all is priced at the default
+    for good, and teaches as ever too."""
+    from gateway.config import RoutingConfig
+    from gateway.routing.learn import answer_sample
+    from gateway.routing.load import EndpointStats
+
+    cfg, a = RoutingConfig(), ep("a")
+    counts = LoadRecord("a", 0.0, True, running=0, waiting=0, prompt_tokens_total=40.0, prefill_seconds_total=0.5)
+    assert answer_sample(a, 0, 1, 10.4, 6, None, counts, None, 0.0, cfg, prompt_work=0.13) is None
+    stream = answer_sample(a, 0, 1, 10.4, 6, 10.2, counts, None, 0.0, cfg, prompt_work=0.13)
+    assert stream.decode == pytest.approx(0.2) and stream.ttfb is None  # its decode, not its prefill as a step
+    shown = EndpointStats(prefill=0.01)
+    assert answer_sample(a, 0, 1, 13.6, 6, None, counts, shown, 0.0, cfg, prompt_work=0.13).decode == pytest.approx(13.47)
+    blind = LoadRecord("a", 0.0, True, running=0, waiting=0)  # an external endpoint: no prefill counters
+    assert answer_sample(a, 0, 1, 1.4, 6, None, blind, None, 0.0, cfg, prompt_work=0.13).decode == pytest.approx(1.27)
+    assert answer_sample(a, 0, 1, 1.4, 6, None, counts, None, 0.0, cfg).decode == pytest.approx(1.4)  # no prompt work
