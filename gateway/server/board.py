@@ -295,6 +295,16 @@ class Board:
                     total += max(1, b[at + 6 + _KEY])
         return total
 
+    def _fresh_heads(self, base: int, mh: int, us: float):
+        """The entries of the row at `base` that are a queue head of the model hashed `mh`, refreshed
+        within STALE of `us` (microseconds)."""
+        b = self.buf
+        wbase = base + _HEAD + RUN_MAX * _RUN
+        for n in range(min(b[base + 3], WAIT_MAX)):
+            at = wbase + n * _WAIT
+            if b[at] == mh and us - b[at + 5] <= STALE * 1e6:
+                yield at
+
     def elsewhere(self, model: str, key: str, now: float) -> tuple[bool, float | None]:
         """What the other workers say of `key` joining a queue of `model` (gateway.routing.ledger.Elsewhere):
         whether one lists a running answer of it or a fresh queue head of it (a key waiting behind
@@ -314,11 +324,7 @@ class Board:
                     if b[at + 1] == mh and b[at + 4] == k0 and list(b[at + 4:at + 4 + _KEY]) == kints:
                         busy = True
                         break
-            wbase = base + _HEAD + RUN_MAX * _RUN
-            for n in range(min(b[base + 3], WAIT_MAX)):
-                at = wbase + n * _WAIT
-                if b[at] != mh or us - b[at + 5] > STALE * 1e6:
-                    continue
+            for at in self._fresh_heads(base, mh, us):
                 if list(b[at + 6:at + 6 + _KEY]) == kints:
                     busy = True
                 elif (c := _float(b[at + 2])) > URGENT_MAX and (least is None or c < least):
@@ -341,11 +347,7 @@ class Board:
             base = self._base(r)
             if r == self.row or b[base] <= 0:
                 continue
-            wbase = base + _HEAD + RUN_MAX * _RUN
-            for n in range(min(b[base + 3], WAIT_MAX)):
-                at = wbase + n * _WAIT
-                if b[at] != mh or us - b[at + 5] > STALE * 1e6:
-                    continue
+            for at in self._fresh_heads(base, mh, us):
                 if list(b[at + 6:at + 6 + _KEY]) == kints:
                     if (-b[at + 1], b[at + 4], r) < same_key:
                         return False

@@ -629,22 +629,28 @@ def test_a_backlog_does_not_move_a_conversation_whose_history_is_held():
     assert c.endpoint.id == "a"
 
 
-def test_the_router_keeps_the_backlog_of_what_it_sent_and_what_its_siblings_sent():
+def sibling_routers(clock):
+    """Two gunicorn workers' routers over one shared table, both with endpoints a and b of model m."""
+    from types import SimpleNamespace
+
     from gateway.routing.inflight import InFlight
     from gateway.routing.router import Router
+    from gateway.routing.tables import tables_from
     from gateway.server.siblings import SharedCounts
+
+    master = SharedCounts.create(2)
+    routers = [Router(CFG, clock, random.Random(0), InFlight(master.for_row(master.claim_row()))) for _ in range(2)]
+    tables = tables_from(1, "fp", [ep("a"), ep("b")], SimpleNamespace(canonical={}, groups=[("m",)], cold_start={}), {})
+    for r in routers:
+        r.apply_tables(tables, True)
+    return routers
+
+
+def test_the_router_keeps_the_backlog_of_what_it_sent_and_what_its_siblings_sent():
     from tests.support.clock import FakeClock
 
     clock = FakeClock(mono=NOW)
-    master = SharedCounts.create(2)
-    one, two = (Router(CFG, clock, random.Random(0), InFlight(master.for_row(master.claim_row()))) for _ in range(2))
-    from types import SimpleNamespace
-
-    from gateway.routing.tables import tables_from
-
-    tables = tables_from(1, "fp", [ep("a"), ep("b")], SimpleNamespace(canonical={}, groups=[("m",)], cold_start={}), {})
-    for r in (one, two):
-        r.apply_tables(tables, True)
+    one, two = sibling_routers(clock)
     first = one.route(req({"model": "m", "messages": [{"role": "user", "content": "tell me " * 400}]},
                           objective=FIRST_TOKEN))
     assert isinstance(first, Choice) and first.prefill > 0
@@ -661,19 +667,10 @@ def test_a_backlog_ends_with_the_requests_that_made_it():
     endpoint, its prefill is over whatever the clock predicted, and the conversation's next turn,
     whose history that endpoint holds, goes there at the cost of its own few new tokens (CI: the
     other vLLM replica got it, to prefill the whole history again)."""
-    from gateway.routing.inflight import InFlight
-    from gateway.routing.router import Router
-    from gateway.routing.tables import tables_from
-    from gateway.server.siblings import SharedCounts
     from tests.support.clock import FakeClock
-    from types import SimpleNamespace
 
     clock = FakeClock(mono=NOW)
-    master = SharedCounts.create(2)
-    one, two = (Router(CFG, clock, random.Random(0), InFlight(master.for_row(master.claim_row()))) for _ in range(2))
-    tables = tables_from(1, "fp", [ep("a"), ep("b")], SimpleNamespace(canonical={}, groups=[("m",)], cold_start={}), {})
-    for r in (one, two):
-        r.apply_tables(tables, True)
+    one, two = sibling_routers(clock)
     history = [{"role": "user", "content": "tell me " * 800}]
     first = one.route(req({"model": "m", "messages": history}, objective=FIRST_TOKEN))
     assert isinstance(first, Choice) and first.prefill > 0.1
