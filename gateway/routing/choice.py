@@ -293,6 +293,11 @@ def _candidates(ctx: RouteContext, tried: Sequence[EndpointInfo], request: Route
     best = min(known, key=_DECODE1) if known else None
     cands: list[_Cand] = []
     total, modelled = request.prompt_tokens, cfg.prefill_ms_per_token / 1000.0
+    # An engine that has not shown its prefill rate yet is priced as the fastest of its model's endpoints
+    # that did, as an unknown speed is: at the configured default (a GPU's 0.1 ms a token) beside
+    # siblings that showed 10 ms, the first long prompt went to the unshown one as 100x cheaper.
+    rates = [s.prefill for e in tried if (s := stats.get(e.id)) is not None and s.prefill is not None]
+    unshown = min(rates) if rates else modelled
     for e in tried:
         n = inflight.get(e.id, 0)
         st = stats.get(e.id)
@@ -311,7 +316,7 @@ def _candidates(ctx: RouteContext, tried: Sequence[EndpointInfo], request: Route
         # priced at what that engine was seen to keep of what its index expected
         hit = raw * st.prefix_trust if raw and st is not None and e.id not in exact else raw
         # the endpoint's own prefill rate once its engine showed one (gateway.routing.prefill)
-        per_token = (st.prefill if st is not None and st.prefill is not None else modelled) if modelled else 0.0
+        per_token = (st.prefill if st is not None and st.prefill is not None else unshown) if modelled else 0.0
         if (soft and hit and not hard and e.capacity and e.capacity <= ahead < e.capacity + cfg.max_waiting
                 and load is not None and load.waiting is not None and request.queued <= 1):
             # It holds this prompt: the request may wait in its engine's queue, up to the engine's own

@@ -681,3 +681,30 @@ def test_a_backlog_ends_with_the_requests_that_made_it():
         nxt = router.route(req({"model": "m", "messages": turn}, objective=FIRST_TOKEN))
         assert isinstance(nxt, Choice) and nxt.endpoint.id == first.endpoint.id and nxt.behind == 0, nxt
         router.release(nxt, 0.1)
+
+
+def test_an_engine_that_showed_no_prefill_rate_is_priced_as_its_fastest_sibling():
+    """vLLM on one core each, `make vllm`'s pair: the holder of a 1,300-token history showed 12 ms a
+    token; its sibling had answered only short prompts and showed none. Priced at the configured
+    default (0.1 ms a token, a GPU's), recomputing the whole history there looked 0.13 s, and the next
+    turn left the holder for it (tests/e2e/test_vllm_cpu.py, a clean-clone run). Priced as the fastest
+    sibling that showed a rate, the miss costs what it will, and the turn stays with its history."""
+    long = req({"model": "m", "messages": [{"role": "system", "content": "policy " * 1000},
+                                           {"role": "user", "content": "x"}]})
+    assert long.prompt_tokens > 1000
+    eps = [ep("holder"), ep("fresh")]
+    speed = Speed(1.0, 0.05, ttfb=0.03)
+    stats = {"holder": EndpointStats(speed=speed, last_sample=NOW, prefill=0.012),
+             "fresh": EndpointStats(speed=speed, last_sample=NOW)}
+    kw = dict(stats=stats, cfg=CFG, rng=random.Random(0), matched={"holder": len(long.prefix)})
+    assert choose(eps, {}, {"holder": 2, "fresh": 0}, long, NOW, **kw).endpoint.id == "holder"
+    # where nobody holds it, the same price on both: load decides
+    kw["matched"] = {}
+    assert choose(eps, {}, {"holder": 2, "fresh": 0}, long, NOW, **kw).endpoint.id == "fresh"
+    # with no rate shown anywhere, the configured default prices every engine alike
+    blind = {i: EndpointStats(speed=speed, last_sample=NOW) for i in ("holder", "fresh")}
+    c = choose(eps, {}, {"holder": 0, "fresh": 0}, long, NOW, stats=blind, cfg=CFG, rng=random.Random(0),
+               matched={"holder": len(long.prefix)})
+    assert c.endpoint.id == "holder" and c.prefill == pytest.approx(
+        (long.prompt_tokens - min(long.prompt_tokens, len(long.prefix) * TOKENS_PER_BLOCK))
+        * CFG.prefill_ms_per_token / 1000.0)
