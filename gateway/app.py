@@ -52,12 +52,14 @@ from gateway.routing.inflight import InFlight
 from gateway.routing.kvindex import SharedIndex
 from gateway.routing.ledger import Ledger
 from gateway.routing.queue import WaitQueues
+from gateway.routing.remote_eviction import Asks
 from gateway.routing.router import Router
 from gateway.server.background import Background
 from gateway.server.kvevents import KvSubscriber
 from gateway.server.fairshare import FairShare
 from gateway.server.pollers import Pollers
 from gateway.server.tokenizers import Tokenizers
+from gateway.server.remote_evictions import RemoteEvictions
 from gateway.server.sendshare import SendShare
 from gateway.server.siblings import SharedCounts, handed
 from gateway.upstream.client import Upstream
@@ -125,10 +127,13 @@ class Gateway:
             self.store, lambda: Kicker(self.store, celery_sender(broker_app(cfg.redis_url)), enabled=cfg.event_driven),
             clock.time, clock.monotonic)
         # Running answers a request that ranks first may evict (gateway.routing.eviction).
+        # (this gateway's name, the gunicorn master's host:pid, which its workers share)
+        origin = siblings.origin if siblings is not None else self.identity.id
+        asks = Asks(f"{origin}/{os.getpid()}", origin) if cfg.evict and cfg.evict_remote > 0 else None
         self.evictions = Evictions(
             eviction.Settings(cfg.evict, cfg.evict_margin, cfg.evict_min_run, cfg.evict_max, cfg.evict_slack), clock,
             self.ledger,
-            self.queues.model_of, metrics, board)
+            self.queues.model_of, metrics, board, asks)
         # How the requests that ask (X-LLMGW-Explain) were served: `llmgw explain REQUEST_ID`, the playground.
         self.explained = ExplainLog()
         # The batch lines held, by the feeder that sent them: the report's `feeders` (gateway.observe.feeders).
@@ -148,8 +153,11 @@ class Gateway:
                            self.not_ready, tracing=explaining)
         # What this gateway sent and holds, exchanged with the other gateways under its name (the
         # gunicorn master's host:pid, which its workers share).
-        self.send_share = SendShare(self.store, self.exchange, clock, cfg.share_sends,
-                                    siblings.origin if siblings is not None else self.identity.id, metrics)
+        self.send_share = SendShare(self.store, self.exchange, clock, cfg.share_sends, origin, metrics)
+        # A request that finds only other gateways' answers to evict asks them (gateway.server.remote_evictions).
+        self.remote_evictions = (RemoteEvictions(self.store, asks, self.evictions, clock, cfg.evict_remote,
+                                                 lambda: self.send_share.peers, self.queues.wake, self.router.lend)
+                                 if asks is not None else None)
         self.fair_share = FairShare(self.store, self.queues, clock, cfg.share_fairness, metrics,
                                     lambda kid: (k.name if (k := self.keys.find(kid)) is not None else kid))
         self.stopping = threading.Event()
@@ -194,6 +202,8 @@ class Gateway:
         self.kv_events.start()
         self.send_share.start()
         self.fair_share.start()
+        if self.remote_evictions is not None:
+            self.remote_evictions.start()
         atexit.register(self.usage.flush)  # a graceful worker exit writes the last usage
 
     def serve(self, wait: float, tick=lambda: None) -> bool:
@@ -222,6 +232,8 @@ class Gateway:
         self.kv_events.stop()
         self.send_share.stop()
         self.fair_share.stop()
+        if self.remote_evictions is not None:
+            self.remote_evictions.stop()
         self.usage.flush()
 
 

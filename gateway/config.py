@@ -192,6 +192,12 @@ class GatewaySettings(Settings):
                                  meaning="seconds an answer runs on its replica before it may be evicted")
     evict_max: int = env("LLMGW_GATEWAY_EVICT_MAX", default=2, ge=0, le=100,
                          meaning="times one answer may be evicted (then it runs to its end)")
+    # ... across gateways (gateway.routing.remote_eviction): a request that finds only other gateways'
+    # answers to evict asks them through Redis; each worker looks this often while it asks or runs answers.
+    evict_remote: Seconds = env("LLMGW_GATEWAY_EVICT_REMOTE", default=0.02, ge=0, le=10,
+                                meaning="seconds between a worker's looks at the other gateways' eviction asks and "
+                                        "its own, while it asks or runs answers and another gateway shares "
+                                        "(0: a gateway evicts only its own answers)")
     # Latency targets in the queue (gateway.routing.ledger.Backlog.head): a waiter with less than this many
     # seconds of slack goes first, the least slack first; fair share decides while every waiter has more.
     slo_urgent: Seconds = env("LLMGW_GATEWAY_SLO_URGENT", default=1.0, ge=0,

@@ -114,7 +114,10 @@ class Admission:
 
         def again() -> Choice | Rejection:
             exclude = lift(router.tables.by_id)
-            got = router.route(replace(req, queued=1, waited=self.clock.monotonic() - entered, exclude=exclude))
+            # (a slot another gateway paused one of its answers for, for this request: gateway.routing.remote_eviction)
+            granted = evictions.granted(call.model, pending) if evictions is not None else None
+            got = router.route(replace(req, queued=1, waited=self.clock.monotonic() - entered, exclude=exclude,
+                                       granted=granted))
             if evictions is not None and isinstance(got, Rejection) and got.kind == SATURATED and step.why != RESUMING:
                 slack = (targets.slack(req.slo, self.clock.monotonic() - entered, got, router.completion_rate(req.model))
                          if req.slo is not None else None)
@@ -124,8 +127,12 @@ class Admission:
             return got
 
         due = targets.due(arrived, plan.targets) if req.slo is not None and arrived is not None else math.inf
-        got = self._wait(q, req, again, step.timeout, step.keep, call.client, trace, plan.tenant, step.head, arrived,
-                         due)
+        try:
+            got = self._wait(q, req, again, step.timeout, step.keep, call.client, trace, plan.tenant, step.head,
+                             arrived, due)
+        finally:
+            if evictions is not None:
+                evictions.withdraw(call.model, pending)  # its ask to the other gateways ends with its wait
         if req.slo is not None:
             return targets.after_wait(after_wait(got, step), req.slo, step, self.settings.queue_timeout)
         return after_wait(got, step)

@@ -18,6 +18,7 @@ from gateway.request.plan import Plan
 from gateway.routing import eviction as ev
 from gateway.routing.fairness import estimate, output_estimate, prompt_estimate
 from gateway.routing.ledger import Ledger
+from gateway.routing.remote_eviction import Asks
 from gateway.routing.tables import Tables
 from llmgw.state.clock import Clock
 from llmgw.state.keypolicy import PRIORITY_RANK
@@ -48,9 +49,11 @@ class Evictions:
     requested name's queue (gateway.routing.queue.WaitQueues.model_of)."""
 
     def __init__(self, settings: ev.Settings, clock: Clock, ledger: Ledger, model_of: Callable[[str], str],
-                 metrics: Metrics, board: "Board | None" = None):
+                 metrics: Metrics, board: "Board | None" = None, asks: Asks | None = None):
         self.settings, self.clock, self.ledger, self.model_of, self.metrics = settings, clock, ledger, model_of, metrics
         self.board = board  # the sibling workers' answers (gateway.server.board; None: this worker alone)
+        # This worker's asks to the other gateways (gateway.routing.remote_eviction; None: it asks none)
+        self.asks = asks
         self.lock = threading.Lock()
         self.answers: dict[int, tuple[str, Evictable]] = {}  # ident -> (model, answer)
         self._ids = itertools.count(1)
@@ -133,6 +136,44 @@ class Evictions:
             mine = [(i, a) for i, (m, a) in self.answers.items() if m == model and a.holding]
         return [a.running(i, counter, now) for i, a in mine]
 
+    def models(self) -> set[str]:
+        """The models this worker runs answers of that may be evicted."""
+        with self.lock:
+            return {m for m, a in self.answers.values() if a.holding}
+
+    def running_all(self) -> dict[str, list[ev.Running]]:
+        """This worker's answers that hold a slot, per model, as eviction reads them."""
+        now = self.clock.monotonic()
+        with self.lock:
+            mine = [(i, m, a) for i, (m, a) in self.answers.items() if a.holding]
+        out: dict[str, list[ev.Running]] = {}
+        for i, m, a in mine:
+            out.setdefault(m, []).append(a.running(i, self._counter(m), now))
+        return out
+
+    def evict_for(self, ident: int, reason: str) -> bool:
+        """Pause our answer `ident` for another gateway's request (gateway.server.remote_evictions)."""
+        with self.lock:
+            entry = self.answers.get(ident)
+        if entry is None:
+            return False
+        model, answer = entry
+        log.info("evicting answer %d for another gateway's waiting request (%s)", ident, reason)
+        answer.evict(reason)
+        self.metrics.child(self.metrics.evictions, model).inc()
+        return True
+
+    def granted(self, model: str, owner: object) -> str | None:
+        """The endpoint where another gateway paused an answer for `owner` (the waiting request's
+        eviction state), while it is its to take."""
+        asks = self.asks
+        return asks.granted(self.model_of(model), owner, self.clock.monotonic()) if asks is not None else None
+
+    def withdraw(self, model: str, owner: object) -> None:
+        """`owner` left its queue: its ask to the other gateways, if any, ends."""
+        if self.asks is not None:
+            self.asks.withdraw(self.model_of(model), owner)
+
     def _counter(self, model: str) -> Callable[[str], float]:
         led = self.ledger
         return lambda key: led.counter(model, key)
@@ -156,8 +197,12 @@ class Evictions:
                slack: float | None = None) -> ev.Evict | ev.Keep:
         """What eviction says for a request of a saturated model (pure, over what runs now); `slack`:
         what its first-byte target leaves it (gateway.routing.slo.slack; None: no target)."""
+        return self._decide(call, plan, tables, exclude, slack)[1]
+
+    def _decide(self, call: Call, plan: Plan, tables: Tables, exclude: frozenset[str],
+                slack: float | None) -> tuple[ev.Waiting | None, ev.Evict | ev.Keep]:
         if not self.settings.enabled:
-            return ev.Keep("eviction is off (LLMGW_GATEWAY_EVICT=0)")
+            return None, ev.Keep("eviction is off (LLMGW_GATEWAY_EVICT=0)")
         model = self.model_of(call.model)
         w = self.waiting(call, plan, serving(tables, call.model, exclude), slack)
         running = self.running(model)
@@ -167,7 +212,7 @@ class Evictions:
             running += board.running(model, self._counter(model), self.clock.monotonic(), eps)
         got = ev.evict(w, running, self.settings)
         self.last[model] = got
-        return got
+        return w, got
 
     def consider(self, call: Call, plan: Plan, tables: Tables, exclude: frozenset[str],
                  pending: set[int], slack: float | None = None) -> float | None:
@@ -181,8 +226,12 @@ class Evictions:
         if any(i > 0 for i in pending) or (board is not None and board.pending({i for i in pending if i < 0})):
             return None
         pending.clear()
-        got = self.decide(call, plan, tables, exclude, slack)
+        w, got = self._decide(call, plan, tables, exclude, slack)
         if not isinstance(got, ev.Evict):
+            if w is not None and self.asks is not None and self.asks.peers:  # nothing of ours: ask the others
+                model = self.model_of(call.model)
+                self.asks.ask(model, w, pending)
+                self.last[model] = ev.Keep(f"{got.reason}; asked the other gateways", got.retry_in)
             return got.retry_in
         victim = got.victim
         pending.add(victim.ident)

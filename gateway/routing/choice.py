@@ -119,6 +119,9 @@ class RouteRequest:
     # meet them it is routed as usual; when none will, a strict one is refused (MISSES), any other goes
     # where its miss is smallest (`_with_targets`).
     slo: Slo | None = None
+    # An endpoint where another gateway paused one of its answers for this request (gateway.routing.
+    # remote_eviction): that slot is its own, though the endpoint looks full until that gateway reports.
+    granted: str | None = None
 
 
 @dataclass(frozen=True)
@@ -309,6 +312,8 @@ def _candidates(ctx: RouteContext, tried: Sequence[EndpointInfo], request: Route
         soft = bool(e.capacity and ahead >= e.capacity)
         if best is not None and (st is None or st.speed is None) and n >= 1:
             soft = True  # unknown speed while others are known: one probe at a time until it is learned
+        if e.id == request.granted:
+            soft = False  # a slot another gateway frees for it: the endpoint is full without it
         speed = effective_speed(st, best, now, cfg) or NOTHING_KNOWN
         slots = slots_of(e, st)
         kv = load.kv_usage if load is not None else None

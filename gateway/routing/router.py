@@ -108,7 +108,7 @@ class Router:
         # (Built directly: dataclasses.replace costs microseconds on the request path.)
         sub = RouteRequest(ad.model, req.priority, req.affinity, req.exclude, req.queued, op=req.op, pin=req.pin,
                            waited=req.waited, prefix=req.prefix, prompt_tokens=req.prompt_tokens,
-                           objective=req.objective, opens=req.opens, slo=req.slo)
+                           objective=req.objective, opens=req.opens, slo=req.slo, granted=req.granted)
         res = self._reserve(ad.holders, sub, snap, ad.name, req)
         if isinstance(res, Rejection):
             if res.kind == "unknown_model":  # none of them is the one its response id pins it to
@@ -171,6 +171,23 @@ class Router:
         if self.metrics:
             self.metrics.child(self.metrics.inflight, ep.id).dec()
         self.on_release(ep.model or ep.models[0])
+
+    def lend(self, endpoint_id: str) -> Callable[[], None] | None:
+        """Hold a slot of `endpoint_id` for another gateway's request (gateway.server.remote_evictions
+        paused one of our answers for it) until the call returned gives it back: counted as ours
+        meanwhile, so our waiting requests leave that slot to it until its gateway reports it. None:
+        the endpoint is not listed."""
+        ep = self.snapshot.tables.by_id.get(endpoint_id)
+        if ep is None:
+            return None
+        with self.counts.lock:
+            self.counts.add(ep, self.clock.time(), self.clock.monotonic())
+
+        def give_back() -> None:
+            with self.counts.lock:
+                self.counts.remove(ep, self.clock.time(), self.clock.monotonic())
+            self.on_release(ep.model or ep.models[0])
+        return give_back
 
     def _engine_held(self, endpoints, req: RouteRequest, adapter: str | None) -> dict[str, float] | None:
         """Precise mode: per endpoint that publishes KV events (and was heard from), the prompt's

@@ -111,6 +111,19 @@ def sends(origin: str) -> str:
     return f"{PREFIX}:sends:{origin}"
 
 
+# Eviction across gateways (gateway.routing.remote_eviction). A hash per model: asker (a gateway
+# worker, "<origin>/<pid>") -> JSON ask of the request that ranks first in its queue, refreshed at each
+# of its looks and expiring when nobody asks ...
+def evict_asks(model: str) -> str:
+    return f"{PREFIX}:evict:asks:{model}"
+
+
+def evict_claim(asker: str, model: str, seq: int) -> str:
+    """... and one key per ask answered, set once (NX) by the worker that evicts for it: the victim's
+    endpoint id. Expires on its own."""
+    return f"{PREFIX}:evict:claim:{asker}:{model}:{seq}"
+
+
 # --- autoscaling (docs/autoscaling.md) --------------------------------------------------------------
 # Hash: "<model>/<profile>" -> JSON ScaleState, the autoscaler's wanted count and why (profile names
 # have no "/", so the last one splits the field). Written by the reconcile pass; read by `llmgw status`.

@@ -40,6 +40,7 @@ from llmgw.state.store.nodes import Nodes
 from llmgw.state.store.passes import Passes
 from llmgw.state.store.replicas import Replicas
 from llmgw.state.store.sends import Sends
+from llmgw.state.store.evictasks import EvictAsks
 from llmgw.state.store.served import ServedRequests
 from llmgw.state.store.snapshots import Snapshots
 from llmgw.state.store.tenants import Tenants
@@ -85,7 +86,7 @@ class _SentinelMaster(redis.Redis):
 
 class Store(Nodes, Replicas, Loads, Externals, Endpoints, Gateways, Traffic, Autoscale, Catalogs, ApiKeys,
             Events, Kicks, Agents, Credentials, Passes, Locks, Snapshots, Weights, Adapters, Sends, Batches,
-            Tenants, ServedRequests):
+            Tenants, ServedRequests, EvictAsks):
     """Every aggregate over one client. `r` is that client: for the aggregates, and for tests that
     check what landed in Redis. `durability`: how many replicas must hold a catalog apply or an API
     key's change before it returns (llmgw.redisurl.Durability; the roles pass `Settings.durability`)."""
