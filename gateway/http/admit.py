@@ -65,7 +65,7 @@ class Admission:
         req = RouteRequest(call.model, plan.priority, plan.affinity, exclude, len(q) + elsewhere + 1, op=call.route.op,
                            pin=call.pin, prefix=plan.prefix, prompt_tokens=plan.prompt_tokens,
                            objective=plan.objective, body=salted(call.body, plan.cache_salt), opens=plan.opens,
-                           slo=slo)
+                           slo=slo, continuation=continuation)
         res = router.route(req)
         # Who leaves the queue before it, in fair order (gateway.routing.fairness), or by its due time when
         # its latency target is near (gateway.routing.slo.due): its place in line.

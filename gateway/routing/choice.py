@@ -122,6 +122,9 @@ class RouteRequest:
     # An endpoint where another gateway paused one of its answers for this request (gateway.routing.
     # remote_eviction): that slot is its own, though the endpoint looks full until that gateway reports.
     granted: str | None = None
+    # It continues an answer that broke or was evicted (gateway.http.resume): it avoids the endpoints a
+    # rolling update is replacing (`EndpointInfo.retiring`) while another can serve it.
+    continuation: bool = False
 
 
 @dataclass(frozen=True)
@@ -244,6 +247,12 @@ def eligible(endpoints: Sequence[EndpointInfo], request: RouteRequest, stats: Ma
     # Endpoints that refused a connection a moment ago are passed over while any other can serve
     # (when all of them did, trying one is still better than refusing the request).
     up = [e for e in tried if (s := stats.get(e.id)) is None or s.down_until <= now]
+    if request.continuation:
+        # A continuation broke once already; on a replica being replaced it would break again under
+        # its drain (a rolling update's drain deadline shorter than the answer: tests/e2e/test_drain.py).
+        staying = [e for e in (up or tried) if not e.retiring]
+        if staying:
+            return staying
     return up or tried
 
 

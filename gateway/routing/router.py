@@ -108,7 +108,8 @@ class Router:
         # (Built directly: dataclasses.replace costs microseconds on the request path.)
         sub = RouteRequest(ad.model, req.priority, req.affinity, req.exclude, req.queued, op=req.op, pin=req.pin,
                            waited=req.waited, prefix=req.prefix, prompt_tokens=req.prompt_tokens,
-                           objective=req.objective, opens=req.opens, slo=req.slo, granted=req.granted)
+                           objective=req.objective, opens=req.opens, slo=req.slo, granted=req.granted,
+                           continuation=req.continuation)
         res = self._reserve(ad.holders, sub, snap, ad.name, req)
         if isinstance(res, Rejection):
             if res.kind == "unknown_model":  # none of them is the one its response id pins it to

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from llmgw.catalog.types import ADAPTERS_AT_LAUNCH, Model, Profile
+from llmgw.catalog.types import ADAPTERS_AT_LAUNCH, EXTERNAL_FIELDS, Model, Profile
 
 # Profile fields that shape the launched process: a change of any of them rolls the replicas; every
 # other field is read live by the router, the planner or the agent.
@@ -36,5 +36,16 @@ def profile_spec_hash(model: Model, profile: Profile) -> str:
     spec["_model"] = {"name": model.name, "aliases": model.aliases, "source": model.source_for(profile)}
     if profile.engine in ADAPTERS_AT_LAUNCH and model.adapters_for(profile):
         spec["_adapters"] = sorted([a.name, a.source] for a in model.adapters_for(profile))
+    blob = json.dumps(spec, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def legacy_spec_hash(model: Model, profile: Profile) -> str:
+    """The spec hash of records written before `profile_spec_hash` left out routing-only fields
+    (metrics, start_timeout, pool, node_selector). Such a record is current while its profile is
+    unchanged, so upgrading llmgw does not restart the fleet."""
+    # Fields added since (an external profile's) were not in that hash: leaving them out keeps it.
+    spec = profile.model_dump(mode="json", by_alias=True, exclude={"replicas", "priority", "weight", *EXTERNAL_FIELDS})
+    spec["_model"] = {"name": model.name, "aliases": model.aliases, "source": model.source_for(profile)}
     blob = json.dumps(spec, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:12]

@@ -289,6 +289,10 @@ class EndpointInfo:
     # The catalog's `kv_cache_tokens`: the KV cache one replica holds, in tokens, which sizes the
     # gateway's index of what it sent there (before the engine's own figure); None: not declared.
     kv_tokens: int | None = None
+    # Its replica runs a spec the catalog no longer has: a rolling update replaces it and drains it once
+    # its replacement is Ready. A continuation (an answer resumed after a break) goes elsewhere while it
+    # can (gateway.routing.choice.eligible): it would break again under that drain.
+    retiring: bool = False
 
     def slo_targets(self) -> Targets | None:
         """The model's default latency targets, or None when its catalog sets none."""

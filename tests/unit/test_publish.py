@@ -241,3 +241,22 @@ def test_the_catalogs_routing_objective_is_published_on_every_endpoint_of_its_mo
     eps = {e.id: e for e in endpoints_from(c, recs, {"b": node("b")}, NOW)}
     assert eps["t1"].objective == "completion" and eps["o1"].objective == ""
     assert EndpointInfo.from_dict(eps["t1"].to_dict()) == eps["t1"]
+
+
+def test_a_replica_whose_spec_left_the_catalog_is_published_as_retiring():
+    """A rolling update replaces it and drains it once its replacement is Ready; until then it serves,
+    and a continuation goes elsewhere while it can (gateway.routing.choice.eligible)."""
+    from llmgw.catalog import profile_spec_hash
+    from workers.control.plan import legacy_spec_hash
+
+    c = cat()
+    tiny = next(m for m in c.models if m.name == "tiny")
+    prof = tiny.profile("cpu")
+    recs = [ready_record("cur", "tiny", "cpu", "b", NOW, spec_hash=profile_spec_hash(tiny, prof)),
+            ready_record("legacy", "tiny", "cpu", "b", NOW, spec_hash=legacy_spec_hash(tiny, prof)),
+            ready_record("old", "tiny", "cpu", "b", NOW, spec_hash="0123456789ab")]
+    eps = {e.id: e.retiring for e in endpoints_from(c, recs, {"b": node("b")}, NOW)}
+    assert eps == {"cur": False, "legacy": False, "old": True}
+    # the endpoint list changes with it: the gateways learn it at the next publish
+    flipped = [dataclasses.replace(e, retiring=not e.retiring) for e in endpoints_from(c, recs, {"b": node("b")}, NOW)]
+    assert fingerprint(flipped) != fingerprint(endpoints_from(c, recs, {"b": node("b")}, NOW))

@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 
 from llmgw.catalog import Catalog, Model, Profile
 from llmgw.catalog.slo import endpoint_fields as slo_fields
+from llmgw.catalog.spec import legacy_spec_hash, profile_spec_hash
 from llmgw.engines import ENGINES
 from llmgw.state.demand_records import GatewayReport
 from llmgw.state.node_records import NodeInfo
@@ -115,6 +116,7 @@ def endpoints_from(
     out: list[EndpointInfo] = []
     models = {m.name: m for m in catalog.models}
     paths: dict[tuple[str, str], dict[str, str]] = {}  # what each profile's engine serves, asked once
+    specs: dict[tuple[str, str], tuple[str, ...]] = {}  # each profile's current spec hashes (as the plan's)
     last_seen = last_seen or {}
     evidence = evidence or {}
     for rec in replicas:
@@ -131,6 +133,10 @@ def endpoints_from(
         served = paths.get((model.name, profile.name))
         if served is None:
             served = paths[(model.name, profile.name)] = ENGINES[profile.engine].paths(profile)
+        current = specs.get((model.name, profile.name))
+        if current is None:
+            current = specs[(model.name, profile.name)] = (profile_spec_hash(model, profile),
+                                                           legacy_spec_hash(model, profile))
         out.append(
             EndpointInfo(
                 id=rec.id,
@@ -152,6 +158,7 @@ def endpoints_from(
                 objective=(model.routing.objective or "") if model.routing else "",
                 resume=model.routing.resume if model.routing else True,
                 kv_tokens=profile.kv_cache_tokens,
+                retiring=rec.spec_hash not in current,
                 **slo_fields(model.slo),
                 **kv_event_addresses(rec, model, profile),
             )

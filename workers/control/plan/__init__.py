@@ -40,7 +40,7 @@ from workers.control.plan.actions import (
 from workers.control.plan.config import PlanConfig
 from workers.control.plan.core import plan
 from workers.control.plan.ids import default_id_factory, slug
-from workers.control.plan.profile import legacy_spec_hash
+from llmgw.catalog.spec import legacy_spec_hash
 from workers.control.plan.requests import Kind
 
 __all__ = [

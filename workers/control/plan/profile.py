@@ -4,11 +4,10 @@ and which placements to attempt (new replicas, Pending records, crash loops to m
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 from typing import Callable, Iterable, Mapping
 
-from llmgw.catalog import DRAIN_TIMEOUT, EXTERNAL_FIELDS, Model, Profile, profile_spec_hash
+from llmgw.catalog import DRAIN_TIMEOUT, Model, Profile, profile_spec_hash
+from llmgw.catalog.spec import legacy_spec_hash
 from llmgw.gpus import normalize_gpu_class
 from llmgw.state.records import ReplicaRecord
 from llmgw.state.replica_state import State
@@ -30,17 +29,6 @@ _STOP_RANK = {
     State.UNHEALTHY: 2,
     State.READY: 3,
 }
-
-
-def legacy_spec_hash(model: Model, profile: Profile) -> str:
-    """The spec hash of records written before `profile_spec_hash` left out routing-only fields
-    (metrics, start_timeout, pool, node_selector). Such a record is current while its profile is
-    unchanged, so upgrading llmgw does not restart the fleet."""
-    # Fields added since (an external profile's) were not in that hash: leaving them out keeps it.
-    spec = profile.model_dump(mode="json", by_alias=True, exclude={"replicas", "priority", "weight", *EXTERNAL_FIELDS})
-    spec["_model"] = {"name": model.name, "aliases": model.aliases, "source": model.source_for(profile)}
-    blob = json.dumps(spec, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
 def _outdated(
