@@ -167,3 +167,23 @@ def test_splice_keeps_one_id_one_role_and_counts_the_prompt_once():
 def test_head_of_the_first_event():
     assert rs.head_of(chat_event("x")) == ("chatcmpl-1", 7)
     assert rs.head_of(b"") == ("", None)
+
+
+def test_a_continuation_avoids_a_retiring_endpoint_while_another_can_serve_it():
+    """An answer resumed after a break or an eviction: on a replica a rolling update is replacing it
+    would break again under that replica's drain."""
+    from dataclasses import replace
+
+    from gateway.routing.choice import RouteRequest, eligible
+    from llmgw.state.records import EndpointInfo
+
+    def ep(i):
+        return EndpointInfo(id=i, url=f"http://{i}", models=("m",), engine="sim", served_name="m", model="m")
+
+    old, new = replace(ep("old"), retiring=True), ep("new")
+    assert [e.id for e in eligible([old, new], RouteRequest("m", continuation=True), {}, 0.0)] == ["new"]
+    assert [e.id for e in eligible([old, new], RouteRequest("m"), {}, 0.0)] == ["old", "new"]  # new work: both
+    # the only one left: it still serves the continuation
+    assert [e.id for e in eligible([old], RouteRequest("m", continuation=True), {}, 0.0)] == ["old"]
+    assert [e.id for e in eligible([old, new], RouteRequest("m", continuation=True, exclude=frozenset({"new"})),
+                                   {}, 0.0)] == ["old"]

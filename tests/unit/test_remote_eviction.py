@@ -170,19 +170,3 @@ def test_a_lent_slot_counts_as_held_until_it_is_given_back():
     give_back()
     assert woken == ["m"]  # the model's queues try again
     assert isinstance(r.route(RouteRequest("m")), Choice)
-
-
-def test_a_continuation_avoids_a_retiring_endpoint_while_another_can_serve_it():
-    """(Not eviction's own rule, but the continuation's: an answer resumed after a break or an eviction.)
-    On a replica a rolling update is replacing it would break again under that replica's drain."""
-    from dataclasses import replace
-
-    from gateway.routing.choice import eligible
-
-    old, new = replace(_ep("old"), retiring=True), _ep("new")
-    assert [e.id for e in eligible([old, new], RouteRequest("m", continuation=True), {}, 0.0)] == ["new"]
-    assert [e.id for e in eligible([old, new], RouteRequest("m"), {}, 0.0)] == ["old", "new"]  # new work: both
-    # the only one left: it still serves the continuation
-    assert [e.id for e in eligible([old], RouteRequest("m", continuation=True), {}, 0.0)] == ["old"]
-    assert [e.id for e in eligible([old, new], RouteRequest("m", continuation=True, exclude=frozenset({"new"})),
-                                   {}, 0.0)] == ["old"]
