@@ -174,6 +174,10 @@ class Evictions:
         if self.asks is not None:
             self.asks.withdraw(self.model_of(model), owner)
 
+    def counter(self, model: str, key: str) -> float:
+        """This worker's view of `key`'s fair-share counter on `model` (gateway.routing.ledger)."""
+        return self.ledger.counter(model, key)
+
     def _counter(self, model: str) -> Callable[[str], float]:
         led = self.ledger
         return lambda key: led.counter(model, key)

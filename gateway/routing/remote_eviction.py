@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import threading
 from dataclasses import dataclass, replace
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 from gateway.routing import eviction as ev
 from llmgw.state.keypolicy import PRIORITY_RANK
@@ -65,10 +65,17 @@ def decode(asker: str, model: str, raw: str | bytes) -> Ask | None:
 
 
 def answer(asks: Iterable[Ask], origin: str, running: Mapping[str, list[ev.Running]], s: ev.Settings,
-           now: float) -> list[tuple[Ask, ev.Evict]]:
+           now: float, counter: Callable[[str, str], float] = lambda model, key: float("-inf")
+           ) -> list[tuple[Ask, ev.Evict]]:
     """Which of our answers (`running`, per model) each fresh ask of another gateway evicts: the asks
-    that rank first (class, then the key least served) choose first, and no answer goes to two asks."""
-    fresh = [a for a in asks if a.origin != origin and now - a.at <= STALE and a.model in running]
+    that rank first (class, then the key least served) choose first, and no answer goes to two asks.
+
+    `counter(model, key)`: our own view of a key's fair-share counter. The asking key counts as the more
+    served of its gateway's view and ours: each view lags the other gateway's charges by up to two
+    exchanges, and the running answers' counters are ours. Compared with the asker's view alone, a
+    heavy key whose gateway had not seen its latest charges yet evicted a light key's answer here
+    (`bench.preempt --gateways 2`: "131 behind" a key it did not trail)."""
+    fresh = [_as_seen(a, counter) for a in asks if a.origin != origin and now - a.at <= STALE and a.model in running]
     fresh.sort(key=lambda a: (-PRIORITY_RANK.get(a.waiting.klass, 1), a.waiting.counter, a.asker))
     taken: set[int] = set()
     out: list[tuple[Ask, ev.Evict]] = []
@@ -78,6 +85,12 @@ def answer(asks: Iterable[Ask], origin: str, running: Mapping[str, list[ev.Runni
             taken.add(got.victim.ident)
             out.append((a, got))
     return out
+
+
+def _as_seen(a: Ask, counter: Callable[[str, str], float]) -> Ask:
+    w = a.waiting
+    ours = counter(a.model, w.key) if w.key else float("-inf")
+    return a if ours <= w.counter else replace(a, waiting=replace(w, counter=ours))
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,8 @@ class Answers(Protocol):
 
     def evict_for(self, ident: int, reason: str) -> bool: ...
 
+    def counter(self, model: str, key: str) -> float: ...
+
 
 class RemoteEvictions:
     """`peers()`: whether another gateway shares with this one; `wake(model)`: the model's queues try
@@ -116,7 +118,8 @@ class RemoteEvictions:
         if not read:
             return 0
         paused = 0
-        for a, got in answer(read, asks.origin, self.answers.running_all(), self.answers.settings, wall):
+        for a, got in answer(read, asks.origin, self.answers.running_all(), self.answers.settings, wall,
+                             self.answers.counter):
             if self.store.claim_evict_ask(a.asker, a.model, a.seq, got.victim.endpoint):
                 give_back = self.lend(got.victim.endpoint)  # (before the victim gives its slot back)
                 if give_back is not None:

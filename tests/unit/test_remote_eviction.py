@@ -49,6 +49,11 @@ def test_the_other_gateways_fresh_asks_are_answered_each_with_its_own_victim():
     assert answer([ask(origin="gw1")], "gw1", running, S, NOW) == []
     assert answer([ask(at=NOW - STALE - 0.1)], "gw1", running, S, NOW) == []
     assert answer([ask(model="other")], "gw1", running, S, NOW) == []
+    # The asking key counts as the more served of its gateway's view and ours: a view that had not seen
+    # its latest charges yet does not let it evict an answer of a key it does not trail.
+    ours = {("m", "light"): 995.0}
+    assert answer([ask()], "gw1", running, S, NOW, lambda m, k: ours.get((m, k), 0.0)) == []
+    assert len(answer([ask()], "gw1", running, S, NOW, lambda m, k: 0.0)) == 1  # ours lower: the ask's stands
     # an ask that outranks nothing here takes nothing
     assert answer([ask(waiting=Waiting("standard", "light", 999.0, 20.0))], "gw1", running, S, NOW) == []
 
@@ -91,6 +96,9 @@ class FakeAnswers:
     def evict_for(self, ident, reason):
         self.evicted.append((ident, reason))
         return True
+
+    def counter(self, model, key):
+        return 0.0
 
 
 class Clock:
