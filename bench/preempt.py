@@ -5,6 +5,9 @@ fair order and eviction on, with fair order only, and first come first served, i
 
     python -m bench.preempt [--slots 4] [--heavy 32] [--light-requests 40] [--gateways 1] [--seconds 20]
 
+`fcfs` makes each light request wait out the heavy backlog (about 13 s with the defaults, so 40 of them
+take minutes); `--modes fair,evict` leaves it out.
+
 Each mode starts a fresh gateway (or two) on the same engine: `fcfs` (LLMGW_GATEWAY_FAIRNESS=fcfs,
 LLMGW_GATEWAY_EVICT=0), `fair` (the key least served first, no eviction) and `evict` (the defaults:
 fair order and eviction). The light key sends one short streamed request at a time; the heavy key keeps

@@ -165,6 +165,11 @@ class Asks:
             self.withdrawn.clear()
         return post, withdrawn, claims
 
+    def took_back(self, models: Iterable[str]) -> None:
+        """The look could not take these asks back (Redis failed): the next one does, unless asked again."""
+        with self.lock:
+            self.withdrawn.update(m for m in models if m not in self.mine)
+
     def claimed(self, model: str, seq: int, endpoint: str, now: float) -> bool:
         """A claim on our ask `seq` named `endpoint`: True when it grants a request still asking."""
         with self.lock:

@@ -109,7 +109,11 @@ class RemoteEvictions:
         models = self.answers.models()
         if not (post or withdrawn or claims or models):
             return 0
-        theirs, made = self.store.exchange_evict_asks(asks.asker, post, withdrawn, models, claims)
+        try:
+            theirs, made = self.store.exchange_evict_asks(asks.asker, post, withdrawn, models, claims)
+        except Exception:
+            asks.took_back(withdrawn)  # not taken back in Redis yet: the next look does it
+            raise
         for (model, seq), endpoint in made.items():
             if asks.claimed(model, seq, endpoint, now):
                 self.wake(model)
