@@ -126,7 +126,11 @@ class Router:
         the LoRA adapter the request names (`asked` is its request as made, for the engines' KV
         events, which name the adapter)."""
         now = self.clock.monotonic()
-        exact = self._engine_held(endpoints, asked or req, adapter) if snap.tables.precise else None
+        exact = None
+        if snap.tables.precise:
+            exact, length = self._engine_held(endpoints, asked or req, adapter)
+            if length and req.prompt_tokens and length != req.prompt_tokens:
+                req = replace(req, prompt_tokens=length)  # the engines' own count, not the body's estimate
         counts = self.counts
         with counts.lock, counts.deciding() as decision:  # the sibling workers decide one at a time too
             if req.prefix:
@@ -190,15 +194,17 @@ class Router:
             self.on_release(ep.model or ep.models[0])
         return give_back
 
-    def _engine_held(self, endpoints, req: RouteRequest, adapter: str | None) -> dict[str, float] | None:
+    def _engine_held(self, endpoints, req: RouteRequest, adapter: str | None
+                     ) -> tuple[dict[str, float] | None, int | None]:
         """Precise mode: per endpoint that publishes KV events (and was heard from), the prompt's
         cached part by the engine's own account, in the block keys `choose` counts (a prompt's
-        prefix keys are TOKENS_PER_BLOCK tokens each)."""
+        prefix keys are TOKENS_PER_BLOCK tokens each); and the prompt's length in those engines'
+        tokens (None: not known)."""
         if req.body is None:
-            return None
+            return None, None
         with self.kv.lock:
-            held = cached_tokens(self.kv.index, endpoints, req.op, req.body, self.tokenize, adapter)
-        return {i: n / TOKENS_PER_BLOCK for i, n in held.items()} if held else None
+            held, length = cached_tokens(self.kv.index, endpoints, req.op, req.body, self.tokenize, adapter)
+        return ({i: n / TOKENS_PER_BLOCK for i, n in held.items()} if held else None), length
 
     def reused(self, endpoint_id: str, prompt: int, cached: int) -> None:
         """An answer said how much of its prompt the engine reused (llama.cpp's timings.cache_n)."""
@@ -298,7 +304,8 @@ def _reserved(c: Choice, adapter: str, kv_events: bool) -> Choice:
     """`c` routed for `adapter`, its match reported by the engine's KV events or not."""
     # (Built directly: dataclasses.replace costs microseconds on the request path.)
     return Choice(c.endpoint, c.score, c.ahead, c.saturated, c.reason, adapter, c.matched, c.saved, c.prompt,
-                  kv_events, c.prefill, c.behind, c.waited, c.predicted_ttft, c.predicted_tpot, c.predicted_total)
+                  kv_events, c.prefill, c.behind, c.waited, c.predicted_ttft, c.predicted_tpot, c.predicted_total,
+                  c.runner_up)
 
 
 class Lease:

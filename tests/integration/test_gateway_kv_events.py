@@ -76,7 +76,7 @@ def subscriber(observed):
 
 def held(index, lock, ep, messages) -> int:
     with lock:
-        return cached_tokens(index, [ep], "chat", {"messages": messages}, TOKENIZERS.tokenize)[ep.id]
+        return cached_tokens(index, [ep], "chat", {"messages": messages}, TOKENIZERS.tokenize)[0][ep.id]
 
 
 def test_the_index_holds_what_the_engine_cached_even_before_the_gateway_listened(procs, subscriber, observed):
