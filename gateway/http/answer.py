@@ -88,7 +88,9 @@ def prefix_note(c: Choice, metrics: Metrics) -> str:
             # and seconds of prefill sent and not yet done), how long it waited in the gateway's queue
             # first, and the rule that picked it
             f"expected_ms={c.score * 1000:.0f}; ahead={c.ahead}; backlog_ms={c.behind * 1000:.0f}; "
-            f'held_ms={c.waited * 1000:.0f}; rule="{c.reason}"')
+            f'held_ms={c.waited * 1000:.0f}; rule="{c.reason}"'
+            + (f"; runner_up={c.runner_up[0]}; runner_up_ms={c.runner_up[1] * 1000:.0f}; "
+               f"runner_up_matched={int(c.runner_up[2])}" if c.runner_up else ""))
 
 
 class OpenRequests:

@@ -30,7 +30,7 @@ import hashlib
 import math
 import operator
 import random
-from dataclasses import KW_ONLY, dataclass, field
+from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Callable, Mapping, NamedTuple, Sequence
 
 from gateway.config import RoutingConfig
@@ -149,6 +149,11 @@ class Choice:
     predicted_ttft: float | None = None
     predicted_tpot: float | None = None
     predicted_total: float | None = None
+    # The open endpoint of the same tier that came next, for a request routed with prefix keys: (its
+    # id, its cost in seconds of the objective, the prompt tokens expected cached there). The answer's
+    # X-LLMGW-Prefix header names it, so a turn that left the replica holding its history says what
+    # that replica was expected to cost.
+    runner_up: tuple[str, float, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -401,7 +406,11 @@ def _llmgw(cands: list[_Cand], ctx: RouteContext, request: RouteRequest) -> Choi
             wait = _better_to_wait(tier, open_, request, cfg)
             if wait is not None:
                 return Rejection("saturated", request.model, "deferred: a faster endpoint frees sooner", wait)
-        return _pick(open_, request, rng, cfg, "tier %d" % prio)
+        picked = _pick(open_, request, rng, cfg, "tier %d" % prio)
+        if request.prefix and len(open_) > 1:
+            nxt = min((c for c in open_ if c.ep is not picked.endpoint), key=lambda c: c.score)
+            picked = replace(picked, runner_up=(nxt.ep.id, nxt.score, nxt.matched))
+        return picked
     if request.priority == "critical":
         best_c = min(cands, key=lambda c: c.score)
         return _choice(best_c, True, "critical past saturation", cfg, request)

@@ -83,7 +83,8 @@ class Served:
 
 def routing_fields(note: str) -> dict[str, str]:
     """An `X-LLMGW-Prefix` header (gateway.http.answer.prefix_note) read into its fields:
-    matched, endpoint_hit, saved_ms, via, expected_ms, ahead, backlog_ms, held_ms, rule."""
+    matched, endpoint_hit, saved_ms, via, expected_ms, ahead, backlog_ms, held_ms, rule, and where
+    another endpoint came next, runner_up, runner_up_ms, runner_up_matched."""
     out = {}
     for part in note.split("; "):
         name, eq, value = part.partition("=")
@@ -124,7 +125,11 @@ def _routing_sentence(note: str) -> str | None:
     if f.get("held_ms") and f["held_ms"] != "0":
         parts.append(f"held {f['held_ms']} ms in the gateway's queue first")
     rule = f" by the rule \"{f['rule']}\"" if f.get("rule") else ""
-    return f"Routed{rule}: " + "; ".join(parts) + "." if parts else f"Routed{rule}."
+    line = f"Routed{rule}: " + "; ".join(parts) + "." if parts else f"Routed{rule}."
+    if f.get("runner_up"):
+        line += (f" Next came {f['runner_up']}, expected cost {f.get('runner_up_ms', '?')} ms, expected to hold "
+                 f"{f.get('runner_up_matched', '0')} prompt tokens.")
+    return line
 
 
 def sentences(rec: Served) -> list[str]:

@@ -61,10 +61,12 @@ def test_a_conversations_turns_go_to_one_replica_whose_prefix_cache_hits(cluster
     assert len(set(served)) == 1, served
     first = re.match(r"matched=(\d+)/(\d+) tokens; endpoint_hit=([\d.]+); saved_ms=([\d.]+)", notes[0])
     assert first and first.group(1) == "0", notes[0]
-    # and why it went there: its expected cost, what the endpoint held, the rule that picked it
-    assert re.search(r'; expected_ms=\d+; ahead=0; backlog_ms=\d+; held_ms=0; rule="tier 0, prefix placed"$',
+    # and why it went there: its expected cost, what the endpoint held, the rule that picked it, and
+    # the endpoint that came next (what it was expected to cost and to hold)
+    nxt = r'; runner_up=\S+; runner_up_ms=\d+; runner_up_matched=\d+'
+    assert re.search(r'; expected_ms=\d+; ahead=0; backlog_ms=\d+; held_ms=0; rule="tier 0, prefix placed"' + nxt + '$',
                      notes[0]), notes[0]
-    assert all(re.search(r'; expected_ms=\d+; ahead=\d+; backlog_ms=\d+; held_ms=0; rule="tier 0[^"]*"$', n)
+    assert all(re.search(r'; expected_ms=\d+; ahead=\d+; backlog_ms=\d+; held_ms=0; rule="tier 0[^"]*"' + nxt + '$', n)
                for n in notes[1:]), notes
     for note in notes[1:]:
         m = re.match(r"matched=(\d+)/(\d+) tokens; endpoint_hit=([\d.]+); saved_ms=([\d.]+)", note)

@@ -9,7 +9,7 @@ from llmgw.state.served import Served, recordable, routing_fields, sentences
 from llmgw.tracing import NOOP_REQUEST, OFF
 
 NOTE = ('matched=64/80 tokens; endpoint_hit=0.80; saved_ms=12.5; via=sent; expected_ms=420; ahead=2; '
-        'backlog_ms=30; held_ms=0; rule="least_cost, prefix"')
+        'backlog_ms=30; held_ms=0; rule="least_cost, prefix"; runner_up=r2; runner_up_ms=980; runner_up_matched=0')
 EPS = {"r1": EndpointInfo("r1", "http://a:1", ("m",), "vllm", node="n1"),
        "r2": EndpointInfo("r2", "http://b:1", ("m",), "sim", node="n2")}
 
@@ -59,6 +59,7 @@ def test_a_resumed_stream_is_written_down_step_by_step():
     assert "Served by replica r2 on node n2 (sim): HTTP 200, 80 prompt and 12 completion tokens" in text
     assert 'Routed to r1 by the rule "least_cost, prefix": expected prefix-cache hit 80%: 64 of 80 prompt tokens' in text
     assert "2 request(s) already there, 30 ms of prefill queued" in text
+    assert "Next came r2, expected cost 980 ms, expected to hold 0 prompt tokens." in text
     assert log.get("rid-1") == got
 
 
