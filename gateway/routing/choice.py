@@ -149,10 +149,10 @@ class Choice:
     predicted_ttft: float | None = None
     predicted_tpot: float | None = None
     predicted_total: float | None = None
-    # The open endpoint of the same tier that came next, for a request routed with prefix keys: (its
-    # id, its cost in seconds of the objective, the prompt tokens expected cached there). The answer's
-    # X-LLMGW-Prefix header names it, so a turn that left the replica holding its history says what
-    # that replica was expected to cost.
+    # The open endpoint of the same tier that came next, for a request routed with prefix keys and no
+    # latency targets: (its id, its cost in seconds of the objective, the prompt tokens expected cached
+    # there). The answer's X-LLMGW-Prefix header names it, so a turn that left the replica holding its
+    # history says what that replica was expected to cost.
     runner_up: tuple[str, float, float] | None = None
 
 
